@@ -1,0 +1,97 @@
+"""The model's configuration: one frozen dataclass, no torch import, so any script can load it.
+
+Everything that decides the shape or the function of the network lives here and is saved inside
+every checkpoint, so a checkpoint alone rebuilds its model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, get_args
+
+PosEncoding = Literal["learned", "sinusoidal", "rope", "alibi", "none"]
+AttnBackend = Literal["auto", "eager", "sdpa", "flex"]
+
+POS_ENCODINGS: tuple[str, ...] = get_args(PosEncoding)
+ATTN_BACKENDS: tuple[str, ...] = get_args(AttnBackend)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig:
+    """Shape and behaviour of a GPT. Defaults are GPT-2 small (124M) with learned positions."""
+
+    vocab_size: int = 50304
+    """Number of token ids; GPT-2's 50257 padded up to a multiple of 64 for faster matmuls."""
+    block_size: int = 1024
+    """Training context length. Only `learned` positions are limited to it; the other schemes run longer."""
+    n_layer: int = 12
+    """Number of transformer blocks."""
+    n_head: int = 12
+    """Attention heads per block; `n_embd` must be divisible by it."""
+    n_embd: int = 768
+    """Width of the residual stream."""
+    dropout: float = 0.0
+    """Dropout on embeddings, attention weights and residual branches (0 disables it)."""
+    bias: bool = True
+    """Biases in Linear and LayerNorm layers, as GPT-2 has; False is slightly faster and as good."""
+    pos_encoding: PosEncoding = "learned"
+    """Position scheme: learned | sinusoidal | rope | alibi | none (NoPE: causal mask only)."""
+    attn_backend: AttnBackend = "auto"
+    """Attention kernel: auto (fastest correct choice per device) | eager (reference) | sdpa | flex."""
+    rope_base: float = 10000.0
+    """RoPE frequency base (theta): pair i rotates by position * rope_base^(-2i/head_dim)."""
+
+    def __post_init__(self) -> None:
+        _check_choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
+        _check_choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}.")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
+                f"pick n_head among the divisors of {self.n_embd} or change n_embd."
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}.")
+        if self.pos_encoding == "rope" and self.head_dim % 2:
+            raise ValueError(
+                f"GPTConfig.pos_encoding='rope' rotates pairs of dimensions, so the head size "
+                f"n_embd / n_head must be even; got {self.n_embd} / {self.n_head} = {self.head_dim}."
+            )
+        if self.pos_encoding == "sinusoidal" and self.n_embd % 2:
+            raise ValueError(
+                f"GPTConfig.pos_encoding='sinusoidal' pairs sin and cos channels, so n_embd must be even; "
+                f"got {self.n_embd}."
+            )
+        if self.rope_base <= 0:
+            raise ValueError(f"GPTConfig.rope_base must be positive, got {self.rope_base!r}.")
+        if self.attn_backend == "flex" and self.dropout > 0:
+            raise ValueError(
+                "GPTConfig.attn_backend='flex' cannot drop attention weights (FlexAttention has no "
+                "dropout); set dropout=0, or use attn_backend='auto' or 'sdpa' when training with dropout."
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Size of each attention head (n_embd / n_head)."""
+        return self.n_embd // self.n_head
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every field, for checkpoints and logs."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
+        """Rebuild a config from `to_dict` output; unknown keys are an error that names them."""
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"Unknown GPTConfig field(s) {unknown}; valid fields: {sorted(known)}.")
+        return cls(**values)
+
+
+def _check_choice(field: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"GPTConfig.{field} must be one of {list(choices)}, got {value!r}.")

@@ -1,0 +1,150 @@
+"""The GPT: token embedding -> position scheme -> pre-LayerNorm blocks -> final LayerNorm -> tied head."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.attention import AttentionContext, CausalSelfAttention, build_context, resolve_backend
+from model.config import GPTConfig
+from model.positions import PositionEncoding, build_positions
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network: C -> 4C -> GELU -> C."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.proj(self.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor, pe: PositionEncoding, ctx: AttentionContext) -> Tensor:
+        x = x + self.attn(self.ln_1(x), pe, ctx)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer whose position scheme is `config.pos_encoding`.
+
+    Example:
+        >>> model = GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384))
+        >>> logits, loss = model(idx, targets)  # idx, targets: (B, T) int64; targets of -1 ignored
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.pe = build_positions(config)  # one instance, shared by every block
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied input/output embeddings (Press & Wolf 2017)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """GPT-2 initialisation (Radford et al. 2019), as nanoGPT does it.
+
+        | parameter                                       | init                          |
+        |-------------------------------------------------|-------------------------------|
+        | Linear and Embedding weights (incl. learned PE) | normal(0, 0.02)               |
+        | residual output projections (attn.proj, mlp.proj) | normal(0, 0.02 / sqrt(2 L)) |
+        | Linear biases                                   | 0                             |
+        | LayerNorm weight / bias                         | 1 / 0                         |
+
+        The residual projections are scaled down because each of the 2L residual branches adds to
+        the same stream; this keeps its variance from growing with depth.
+        """
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Logits for every position, and the mean cross-entropy when targets are given.
+
+        Args:
+            idx: (B, T) token ids. T may exceed `block_size` for every scheme but `learned`.
+            targets: (B, T) next-token ids; positions holding -1 are left out of the loss.
+
+        Returns:
+            logits (B, T, vocab_size) and the loss (a scalar) or None.
+        """
+        T = idx.size(1)
+        self._check_length(T)
+        x = self.drop(self.pe.embed(self.wte(idx), start=0))  # (B, T, C)
+        backend = resolve_backend(
+            self.config.attn_backend,
+            self.config.pos_encoding,
+            idx.device,
+            dropout_active=self.training and self.config.dropout > 0,
+            needs_grad=x.requires_grad,
+        )
+        ctx = build_context(backend, self.pe, T, T, idx.device)
+        for block in self.blocks:
+            x = block(x, self.pe, ctx)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+        return logits, loss
+
+    def _check_length(self, length: int) -> None:
+        limit = self.pe.max_positions
+        if limit is not None and length > limit:
+            raise ValueError(
+                f"pos_encoding={self.config.pos_encoding!r} can encode at most {limit} positions "
+                f"(block_size={self.config.block_size}) but got a sequence of {length} tokens. Crop "
+                f"the input to its last {limit} tokens, or use a scheme that extrapolates "
+                "(sinusoidal, rope, alibi, none)."
+            )
+
+    def num_params(self, exclude_embeddings: bool = True) -> int:
+        """Number of parameters (tied weights counted once).
+
+        With `exclude_embeddings` the position-embedding table is left out: it is a lookup that does
+        no arithmetic. The token embedding stays in, because tied to the output head it does a
+        (C x V) matmul per token. This is nanoGPT's convention, and the N of `flops_per_token`.
+        """
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            total -= sum(p.numel() for p in self.pe.parameters())
+        return total
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token (forward + backward) at context `seq_len`: 6N + 12 L H Q T.
+
+        6N covers the weight matmuls (PaLM appendix B; Kaplan et al. 2020); 12 L H Q T the
+        attention scores and their weighted sum, counted over the full T x T square as nanoGPT's
+        MFU estimate does. Use it with a throughput to get model FLOPs utilisation.
+        """
+        c = self.config
+        return 6 * self.num_params(exclude_embeddings=True) + 12 * c.n_layer * c.n_head * c.head_dim * seq_len

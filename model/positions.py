@@ -1,0 +1,225 @@
+"""Position schemes behind one small interface, and the registry that builds them from a config.
+
+Every scheme implements up to three hooks, each a no-op by default:
+
+- `embed(x, start)`        adds something to the token embeddings (learned, sinusoidal);
+- `rotate(q, k, start)`    rotates queries and keys per head (RoPE);
+- `score_bias` / `score_mod` add a bias to the attention scores (ALiBi): a dense `(H, Tq, Tk)`
+  tensor for the eager and SDPA kernels, and a FlexAttention `score_mod` that computes the same
+  values inside the fused kernel. Tests check that the two agree.
+
+Positions are always contiguous: the `Tq` queries are the last `Tq` of `Tk` key positions,
+starting at `start = Tk - Tq` (0 for a plain forward, > 0 when decoding with a KV cache).
+
+Caches (the sinusoid table, RoPE's cos/sin) are non-persistent float32 buffers that grow on
+demand; nothing is cropped to `block_size`. Only `learned` has a hard limit (`max_positions`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from model.config import GPTConfig
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+class PositionEncoding(nn.Module):
+    """Base class: no position information at all (this is also NoPE)."""
+
+    max_positions: int | None = None
+    """Longest sequence the scheme can encode; None means no limit."""
+
+    def embed(self, x: Tensor, start: int) -> Tensor:
+        """Token embeddings `x` (B, T, C) at positions start..start+T-1 -> input of the first block."""
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, start: int) -> tuple[Tensor, Tensor]:
+        """Queries and keys (B, H, T, D) at positions start..start+T-1 -> rotated copies."""
+        return q, k
+
+    def score_bias(self, q_len: int, k_len: int, device: torch.device) -> Tensor | None:
+        """Additive float32 bias (H, Tq, Tk) for the attention scores, or None. Causal masking is
+        the kernel's job: entries above the diagonal may hold anything."""
+        return None
+
+    def score_mod(self, q_len: int, k_len: int) -> ScoreMod | None:
+        """The same bias as `score_bias`, as a FlexAttention score_mod, or None."""
+        return None
+
+
+class NoPositions(PositionEncoding):
+    """NoPE: no position signal; the causal mask is the only source of order (Kazemnejad et al. 2023)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+
+
+class LearnedPositions(PositionEncoding):
+    """One trained vector per absolute position, added to the token embedding (GPT-2)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.max_positions = config.block_size
+        self.table = nn.Embedding(config.block_size, config.n_embd)
+
+    def embed(self, x: Tensor, start: int) -> Tensor:
+        end = start + x.size(1)
+        if end > self.table.num_embeddings:
+            # GPT.forward checks lengths first with a friendlier message; this guards direct use.
+            raise ValueError(
+                f"pos_encoding='learned' has embeddings for {self.table.num_embeddings} positions "
+                f"(block_size) but position {end - 1} was asked for."
+            )
+        positions = torch.arange(start, end, device=x.device)
+        return x + self.table(positions)
+
+
+class SinusoidalPositions(PositionEncoding):
+    """The fixed sin/cos table of "Attention Is All You Need" (Vaswani et al. 2017, section 3.5).
+
+    PE[pos, 2i] = sin(pos / 10000^(2i/C)) and PE[pos, 2i+1] = cos(pos / 10000^(2i/C)). As in the
+    paper (section 3.4), token embeddings are multiplied by sqrt(C) before the table is added:
+    with GPT-2's 0.02 init the tokens would otherwise be drowned by the unit-amplitude table.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_embd = config.n_embd
+        self.register_buffer("table", sinusoid_table(config.block_size, config.n_embd), persistent=False)
+
+    def embed(self, x: Tensor, start: int) -> Tensor:
+        end = start + x.size(1)
+        if end > self.table.size(0) or self.table.dtype != torch.float32:
+            self.table = sinusoid_table(_grown(end), self.n_embd, device=x.device)
+        return x * math.sqrt(self.n_embd) + self.table[start:end].to(x.dtype)
+
+
+class RotaryPositions(PositionEncoding):
+    """RoPE (Su et al. 2021): rotate each (q, k) dimension pair by an angle proportional to position,
+    so that q_m . k_n depends on positions only through m - n.
+
+    Pairs are the two halves of the head (dimension i with i + D/2), as in GPT-NeoX and litgpt.
+    Angles and the rotation are computed in float32 whatever the activations' dtype.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.base = config.rope_base
+        cos, sin = rope_cos_sin(config.block_size, self.head_dim, self.base)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def rotate(self, q: Tensor, k: Tensor, start: int) -> tuple[Tensor, Tensor]:
+        end = start + q.size(-2)
+        if end > self.cos.size(0) or self.cos.dtype != torch.float32:
+            self.cos, self.sin = rope_cos_sin(_grown(end), self.head_dim, self.base, device=q.device)
+        cos, sin = self.cos[start:end], self.sin[start:end]  # (T, D/2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+class ALiBi(PositionEncoding):
+    """ALiBi (Press et al. 2022): no position vectors; head h adds -m_h * (i - j) to the score of
+    query i on key j, with the paper's head-specific slopes m_h (see `alibi_slopes`)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.register_buffer("slopes", _alibi_slopes_tensor(config.n_head), persistent=False)
+
+    def _fp32_slopes(self) -> Tensor:
+        if self.slopes.dtype != torch.float32:  # e.g. after model.to(torch.bfloat16)
+            self.slopes = _alibi_slopes_tensor(self.n_head, device=self.slopes.device)
+        return self.slopes
+
+    def score_bias(self, q_len: int, k_len: int, device: torch.device) -> Tensor:
+        q_pos = torch.arange(k_len - q_len, k_len, device=device)
+        k_pos = torch.arange(k_len, device=device)
+        distance = (q_pos[:, None] - k_pos[None, :]).float()  # (Tq, Tk)
+        return -self._fp32_slopes().to(device)[:, None, None] * distance  # (H, Tq, Tk)
+
+    def score_mod(self, q_len: int, k_len: int) -> ScoreMod:
+        slopes, offset = self._fp32_slopes(), k_len - q_len
+
+        def alibi(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score - slopes[h] * (q_idx + offset - kv_idx)
+
+        return alibi
+
+
+def sinusoid_table(length: int, dim: int, device: torch.device | None = None) -> Tensor:
+    """(length, dim) float32 table; even channels sin, odd channels cos, of pos / 10000^(2i/dim)."""
+    pos = torch.arange(length, dtype=torch.float32, device=device)[:, None]
+    inv_freq = torch.exp(
+        torch.arange(0, dim, 2, dtype=torch.float32, device=device) * (-math.log(10000.0) / dim)
+    )
+    table = torch.empty(length, dim, dtype=torch.float32, device=device)
+    table[:, 0::2] = torch.sin(pos * inv_freq)
+    table[:, 1::2] = torch.cos(pos * inv_freq)
+    return table
+
+
+def rope_cos_sin(
+    length: int, head_dim: int, base: float, device: torch.device | None = None
+) -> tuple[Tensor, Tensor]:
+    """cos and sin of the RoPE angles, each (length, head_dim / 2) in float32."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    angles = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)
+    return torch.cos(angles), torch.sin(angles)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x (..., T, D) pairwise: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in float32."""
+    x1, x2 = x.float().chunk(2, dim=-1)  # (..., T, D/2) each
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotated.to(x.dtype)
+
+
+def alibi_slopes(n_head: int) -> list[float]:
+    """The ALiBi paper's slopes. For n a power of two, the geometric sequence that starts at and has
+    ratio 2^(-8/n). Otherwise take the slopes of the closest smaller power of two n' and add every
+    other slope of the sequence for 2n' until there are n (Press et al. 2022, appendix; their code)."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if n_head & (n_head - 1) == 0:
+        return power_of_two(n_head)
+    closest = 2 ** math.floor(math.log2(n_head))
+    return power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_head - closest]
+
+
+def _alibi_slopes_tensor(n_head: int, device: torch.device | None = None) -> Tensor:
+    return torch.tensor(alibi_slopes(n_head), dtype=torch.float32, device=device)
+
+
+def _grown(needed: int) -> int:
+    """Cache size for `needed` positions: the next power of two, so that token-by-token growth
+    (generation past the training length) rebuilds a cache only log2(n) times."""
+    return 1 << (needed - 1).bit_length()
+
+
+_REGISTRY: dict[str, type[PositionEncoding]] = {
+    "learned": LearnedPositions,
+    "sinusoidal": SinusoidalPositions,
+    "rope": RotaryPositions,
+    "alibi": ALiBi,
+    "none": NoPositions,
+}
+
+
+def build_positions(config: GPTConfig) -> PositionEncoding:
+    """The position scheme that `config.pos_encoding` names."""
+    try:
+        cls = _REGISTRY[config.pos_encoding]
+    except KeyError:
+        raise ValueError(
+            f"Unknown pos_encoding {config.pos_encoding!r}; valid choices: {sorted(_REGISTRY)}."
+        ) from None
+    return cls(config)
