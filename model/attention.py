@@ -108,7 +108,7 @@ def eager_attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """softmax(q k^T / sqrt(D) + bias + causal mask) v, written out in float32: the reference.
+    """softmax(q k^T / sqrt(D) + bias + causal mask) v, written out in (at least) float32: the reference.
 
     Args:
         q: (B, H, Tq, D) queries; k, v: (B, H, Tk, D) keys and values.
@@ -120,12 +120,13 @@ def eager_attention(
         The (B, H, Tq, D) output in q's dtype, and the weights or None.
     """
     q_len, k_len = q.size(-2), k.size(-2)
-    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
+    dtype = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 if given float64
+    scores = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
     if bias is not None:
-        scores = scores + bias.float()
+        scores = scores + bias.to(dtype)
     scores = scores.masked_fill(~causal_mask(q_len, k_len, q.device), float("-inf"))
     weights = F.dropout(torch.softmax(scores, dim=-1), p=dropout_p)
-    out = (weights @ v.float()).to(q.dtype)  # (B, H, Tq, D)
+    out = (weights @ v.to(dtype)).to(q.dtype)  # (B, H, Tq, D)
     return out, (weights if need_weights else None)
 
 

@@ -1,0 +1,53 @@
+"""Helpers shared by the CPU and GPU attention tests."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from model import GPT, GPTConfig
+
+
+def lengths(config: GPTConfig, odd_len: int) -> list[int]:
+    """A length that is not a multiple of 16 for every scheme, plus 4 x block_size for those that
+    extrapolate (every scheme but `learned`)."""
+    if config.pos_encoding == "learned":
+        return [odd_len]
+    return [odd_len, 4 * config.block_size]
+
+
+def build(config: GPTConfig, scheme: str, backend: str) -> GPT:
+    return GPT(dataclasses.replace(config, pos_encoding=scheme, attn_backend=backend))
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """||actual - expected|| / ||expected||, in float64."""
+    actual, expected = actual.double(), expected.double()
+    return ((actual - expected).norm() / expected.norm()).item()
+
+
+def run_pair(
+    config: GPTConfig, scheme: str, backend: str, device: torch.device, dtype: torch.dtype, odd_len: int
+):
+    """Yield, for each test length, the eager float32 reference's and `backend`'s logits and
+    gradients (None where `backend` has no backward pass on `device`), from the same weights and
+    input; `backend` runs under autocast to `dtype` unless that is float32."""
+    reference = build(config, scheme, "eager").to(device)
+    candidate = build(config, scheme, backend).to(device)
+    candidate.load_state_dict(reference.state_dict())
+    with_grad = backend != "flex" or device.type == "cuda"
+    for T in lengths(reference.config, odd_len):
+        idx = torch.randint(0, config.vocab_size, (2, T), device=device)
+        targets = torch.randint(0, config.vocab_size, (2, T), device=device)
+        results = []
+        for model, autocast in ((reference, False), (candidate, dtype != torch.float32)):
+            model.zero_grad(set_to_none=True)
+            with torch.set_grad_enabled(with_grad), torch.autocast(device.type, dtype, enabled=autocast):
+                logits, loss = model(idx, targets)
+            grads = None
+            if with_grad:
+                loss.backward()
+                grads = {name: p.grad.float() for name, p in model.named_parameters()}
+            results.append((logits.float(), grads))
+        yield T, results[0], results[1]

@@ -1,0 +1,122 @@
+"""Attention kernels: causality for every scheme x backend, and sdpa / flex against the eager reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model import POS_ENCODINGS, GPTConfig
+from model.attention import causal_mask, eager_attention, resolve_backend, sdpa_attention
+
+from helpers import build, lengths, run_pair
+
+BACKENDS = ("eager", "sdpa", "flex")
+ODD_LEN = 13  # not a multiple of 16 (FlexAttention's and the flash kernels' tile sizes)
+
+
+def _marks(backend: str) -> list[pytest.MarkDecorator]:
+    # FlexAttention compiles on first use for each new shape (seconds each on CPU).
+    return [pytest.mark.slow] if backend == "flex" else []
+
+
+SCHEME_X_BACKEND = [
+    pytest.param(scheme, backend, marks=_marks(backend), id=f"{scheme}-{backend}")
+    for backend in BACKENDS
+    for scheme in POS_ENCODINGS
+]
+
+
+@pytest.mark.parametrize(("scheme", "backend"), SCHEME_X_BACKEND)
+def test_future_tokens_never_change_past_logits(tiny_config, scheme, backend):
+    model = build(tiny_config, scheme, backend).eval()
+    vocab = tiny_config.vocab_size
+    for T in lengths(model.config, ODD_LEN):
+        idx = torch.randint(0, vocab, (2, T))
+        for t in (1, T // 2, T - 1):
+            changed = idx.clone()
+            shift = torch.randint(1, vocab, idx[:, t:].shape)  # every token from t on differs
+            changed[:, t:] = (idx[:, t:] + shift) % vocab
+            with torch.no_grad():
+                before, _ = model(idx)
+                after, _ = model(changed)
+            torch.testing.assert_close(after[:, :t], before[:, :t], atol=1e-5, rtol=1e-5)
+            # the change is visible from position t on, so the test can fail
+            assert (after[:, t:] - before[:, t:]).abs().max() > 1e-3
+
+
+def assert_matches_eager(config: GPTConfig, scheme: str, backend: str) -> None:
+    """Same weights and input: `backend` gives the float32 eager reference's logits, and its
+    gradients where the backend has a backward pass on CPU, at an odd length and 4 x block_size."""
+    for T, (ref_logits, ref_grads), (logits, grads) in run_pair(
+        config, scheme, backend, torch.device("cpu"), torch.float32, ODD_LEN
+    ):
+        torch.testing.assert_close(logits, ref_logits, atol=2e-5, rtol=1e-4, msg=f"logits, T={T}")
+        if ref_grads is not None:
+            for name, grad in grads.items():
+                torch.testing.assert_close(grad, ref_grads[name], atol=2e-5, rtol=1e-4, msg=f"{name}, T={T}")
+        else:
+            assert backend == "flex"  # the only kernel without a CPU backward pass
+
+
+@pytest.mark.parametrize("scheme", POS_ENCODINGS)
+def test_sdpa_matches_eager_in_float32(tiny_config, scheme):
+    assert_matches_eager(tiny_config, scheme, "sdpa")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", POS_ENCODINGS)
+def test_flex_matches_eager_in_float32(tiny_config, scheme):
+    assert_matches_eager(tiny_config, scheme, "flex")
+
+
+def test_eager_reference_is_softmax_of_masked_scores():
+    q, k, v = torch.randn(3, 2, 3, 6, 4, dtype=torch.float64).unbind(0)  # (B, H, T, D)
+    bias = torch.randn(3, 6, 6, dtype=torch.float64)
+    out, weights = eager_attention(q, k, v, bias, need_weights=True)
+    assert weights is not None
+    mask = causal_mask(6, 6)
+    assert torch.all(weights[..., ~mask] == 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 6, dtype=torch.float64))
+    # by hand, one row: query 4 of batch 1, head 2 sees keys 0..4
+    scores = q[1, 2, 4] @ k[1, 2, :5].T / 2.0 + bias[2, 4, :5]
+    torch.testing.assert_close(out[1, 2, 4], torch.softmax(scores, -1) @ v[1, 2, :5])
+
+
+def test_sdpa_with_a_cache_shaped_query_matches_eager():
+    """Queries that are the last Tq of Tk positions (KV-cache decoding): 1 query, and a chunk of 5."""
+    k, v = torch.randn(2, 2, 3, 12, 8).unbind(0)
+    for q_len in (1, 5):
+        q = torch.randn(2, 3, q_len, 8)
+        torch.testing.assert_close(sdpa_attention(q, k, v), eager_attention(q, k, v)[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "device", "dropout_active", "expected"),
+    [
+        ("alibi", "cpu", False, "sdpa"),
+        ("alibi", "cuda", False, "flex"),
+        ("alibi", "cuda", True, "sdpa"),
+        ("rope", "cuda", False, "sdpa"),
+        ("learned", "cpu", True, "sdpa"),
+        ("none", "cpu", False, "sdpa"),
+    ],
+)
+def test_auto_picks_the_fused_kernel_and_never_flex_on_cpu(scheme, device, dropout_active, expected):
+    for needs_grad in (True, False):
+        got = resolve_backend("auto", scheme, torch.device(device), dropout_active, needs_grad)
+        assert got == expected
+
+
+def test_explicit_flex_with_gradients_on_cpu_fails_clearly(tiny_config):
+    model = build(tiny_config, "alibi", "flex").train()
+    idx = torch.randint(0, 64, (1, 8))
+    with pytest.raises(RuntimeError, match="flex.*no backward pass on cpu.*'auto' or 'sdpa'"):
+        model(idx, idx)
+
+
+def test_auto_trains_alibi_on_cpu(tiny_config):
+    model = build(tiny_config, "alibi", "auto").train()
+    idx = torch.randint(0, 64, (2, 16))
+    _, loss = model(idx, idx)
+    loss.backward()
+    assert model.wte.weight.grad is not None and model.wte.weight.grad.abs().sum() > 0

@@ -1,0 +1,71 @@
+"""GPTConfig validation, serialisation, and the promise that `model` never imports Lightning."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from model import ATTN_BACKENDS, POS_ENCODINGS, GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_choices_are_the_documented_ones():
+    assert set(POS_ENCODINGS) == {"learned", "sinusoidal", "rope", "alibi", "none"}
+    assert set(ATTN_BACKENDS) == {"auto", "eager", "sdpa", "flex"}
+    assert GPTConfig().rope_base == 10000.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [
+        ({"n_embd": 30, "n_head": 4}, ["n_embd (30)", "n_head (4)", "divisible"]),
+        ({"n_embd": 12, "n_head": 4, "pos_encoding": "rope"}, ["rope", "even", "3"]),
+        ({"n_embd": 9, "n_head": 3, "pos_encoding": "sinusoidal"}, ["sinusoidal", "even"]),
+        ({"pos_encoding": "rotary"}, ["pos_encoding", "'rotary'", "learned", "alibi", "none"]),
+        ({"attn_backend": "flash"}, ["attn_backend", "'flash'", "sdpa", "flex", "eager", "auto"]),
+        ({"attn_backend": "flex", "dropout": 0.1}, ["flex", "dropout"]),
+        ({"n_layer": 0}, ["n_layer", "positive"]),
+        ({"vocab_size": 1.5}, ["vocab_size", "positive integer"]),
+        ({"dropout": 1.0}, ["dropout", "[0, 1)"]),
+        ({"rope_base": 0.0}, ["rope_base", "positive"]),
+    ],
+)
+def test_invalid_values_fail_at_construction_naming_field_and_fix(overrides, needles):
+    with pytest.raises(ValueError) as info:
+        GPTConfig(**overrides)
+    for needle in needles:
+        assert needle in str(info.value)
+
+
+def test_config_is_frozen_and_keyword_only():
+    config = GPTConfig(n_layer=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.n_layer = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        GPTConfig(50304)  # type: ignore[misc]
+
+
+def test_head_dim_is_derived():
+    assert GPTConfig(n_embd=384, n_head=6).head_dim == 64
+
+
+def test_dict_round_trip_and_unknown_key():
+    config = GPTConfig(vocab_size=65, pos_encoding="alibi", rope_base=500.0)
+    assert GPTConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="n_layers"):
+        GPTConfig.from_dict({**config.to_dict(), "n_layers": 3})
+
+
+def test_importing_model_does_not_import_lightning():
+    code = (
+        "import sys, model; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')]; "
+        "assert not bad, bad"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

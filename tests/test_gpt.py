@@ -1,0 +1,108 @@
+"""The GPT as a whole: shapes, loss, parameter and FLOP counts, init, tying, and that it learns."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, POS_ENCODINGS, GPTConfig
+
+
+@pytest.mark.parametrize("scheme", POS_ENCODINGS)
+def test_forward_shapes_and_loss(tiny_config, scheme):
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme))
+    idx = torch.randint(0, 64, (3, 11))
+    logits, loss = model(idx)
+    assert logits.shape == (3, 11, 64) and loss is None
+    targets = torch.randint(0, 64, (3, 11))
+    targets[0, :4] = -1
+    targets[2, -1] = -1
+    logits, loss = model(idx, targets)
+    keep = targets != -1
+    expected = F.cross_entropy(logits[keep], targets[keep])
+    torch.testing.assert_close(loss, expected)
+
+
+@pytest.mark.parametrize("scheme", [s for s in POS_ENCODINGS if s != "learned"])
+def test_extrapolating_schemes_run_at_four_times_block_size(tiny_config, scheme):
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).eval()
+    idx = torch.randint(0, 64, (1, 4 * tiny_config.block_size))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        short, _ = model(idx[:, : tiny_config.block_size])
+    assert logits.shape == (1, 64, 64) and torch.isfinite(logits).all()
+    # the first block_size positions are computed exactly as in a short forward: nothing cropped
+    torch.testing.assert_close(logits[:, : tiny_config.block_size], short, atol=1e-5, rtol=1e-5)
+
+
+def _expected_params(c: GPTConfig, with_learned_table: bool) -> int:
+    C = c.n_embd
+    per_block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) + (4 * C * C + C)
+    total = c.vocab_size * C + c.n_layer * per_block + 2 * C  # tied head adds nothing
+    return total + (c.block_size * C if with_learned_table else 0)
+
+
+def test_num_params_and_flops_per_token(tiny_config):
+    learned = GPT(dataclasses.replace(tiny_config, pos_encoding="learned"))
+    assert learned.num_params(exclude_embeddings=False) == _expected_params(tiny_config, True)
+    assert learned.num_params(exclude_embeddings=True) == _expected_params(tiny_config, False)
+    for scheme in ("sinusoidal", "rope", "alibi", "none"):
+        model = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme))
+        assert model.num_params(exclude_embeddings=False) == _expected_params(tiny_config, False)
+    n = _expected_params(tiny_config, False)
+    L, H, Q = tiny_config.n_layer, tiny_config.n_head, tiny_config.head_dim
+    assert learned.flops_per_token(256) == 6 * n + 12 * L * H * Q * 256
+
+
+def test_gpt2_small_has_124m_parameters():
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab_size=50257))
+    assert model.num_params(exclude_embeddings=False) == 124_439_808  # GPT-2 small, as published
+
+
+def test_init_ties_embeddings_and_scales_residual_projections():
+    config = GPTConfig(vocab_size=512, block_size=64, n_layer=4, n_head=4, n_embd=256)
+    model = GPT(config)
+    assert model.lm_head.weight is model.wte.weight
+    residual_std = 0.02 / (2 * config.n_layer) ** 0.5
+    for block in model.blocks:
+        assert block.attn.proj.weight.std().item() == pytest.approx(residual_std, rel=0.03)
+        assert block.mlp.proj.weight.std().item() == pytest.approx(residual_std, rel=0.03)
+        assert block.attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.03)
+        assert torch.all(block.attn.qkv.bias == 0) and torch.all(block.ln_1.weight == 1)
+    assert model.wte.weight.std().item() == pytest.approx(0.02, rel=0.03)
+
+
+def test_no_bias_config_has_no_biases(tiny_config):
+    model = GPT(dataclasses.replace(tiny_config, bias=False))
+    assert all(name.endswith("weight") for name, _ in model.named_parameters())
+
+
+def test_dropout_is_active_in_train_mode_only(tiny_config):
+    model = GPT(dataclasses.replace(tiny_config, dropout=0.3))
+    idx = torch.randint(0, 64, (2, 16))
+    model.train()
+    assert not torch.allclose(model(idx)[0], model(idx)[0])
+    model.eval()
+    torch.testing.assert_close(model(idx)[0], model(idx)[0])
+
+
+@pytest.mark.parametrize("scheme", POS_ENCODINGS)
+def test_each_scheme_overfits_one_batch(tiny_config, scheme):
+    """Gradients reach every part of the model: a fixed batch of random tokens gets memorised."""
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme))
+    idx = torch.randint(0, 64, (4, 17))
+    x, y = idx[:, :-1], idx[:, 1:]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    first = model(x, y)[1].item()
+    for _ in range(200):
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    final = model(x, y)[1].item()
+    assert first > 3.5  # about ln(64) = 4.16 at init
+    assert final < 0.1, f"{scheme}: loss {first:.3f} -> {final:.3f}"  # from ~4.16

@@ -1,0 +1,122 @@
+"""Each position scheme against its paper's definition."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from model import GPT
+from model.positions import (
+    ALiBi,
+    RotaryPositions,
+    SinusoidalPositions,
+    alibi_slopes,
+    apply_rope,
+    rope_cos_sin,
+    sinusoid_table,
+)
+
+
+def test_alibi_slopes_for_8_heads_are_the_papers_geometric_sequence():
+    assert alibi_slopes(8) == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
+
+
+def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two():
+    # The paper's rule: slopes of the closest power of two, then every other slope of twice that.
+    assert alibi_slopes(6) == pytest.approx([2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3])
+    expected_12 = [2.0**-i for i in range(1, 9)] + [
+        0.7071067811865476,  # 2^-0.5
+        0.3535533905932738,  # 2^-1.5
+        0.17677669529663687,  # 2^-2.5
+        0.08838834764831843,  # 2^-3.5
+    ]
+    assert alibi_slopes(12) == pytest.approx(expected_12, rel=1e-12)
+    assert alibi_slopes(4) == [1 / 4, 1 / 16, 1 / 64, 1 / 256]
+
+
+@pytest.mark.parametrize(("q_len", "k_len"), [(7, 7), (3, 11), (1, 20)])
+def test_alibi_dense_bias_equals_its_score_mod(tiny_config, q_len, k_len):
+    pe = ALiBi(dataclasses.replace(tiny_config, pos_encoding="alibi"))
+    bias = pe.score_bias(q_len, k_len, torch.device("cpu"))  # (H, Tq, Tk)
+    n_head = tiny_config.n_head
+    h = torch.arange(n_head)[:, None, None]
+    q_idx = torch.arange(q_len)[None, :, None]
+    kv_idx = torch.arange(k_len)[None, None, :]
+    score = torch.zeros(n_head, q_len, k_len)
+    modded = pe.score_mod(q_len, k_len)(score, torch.tensor(0), h, q_idx, kv_idx)
+    torch.testing.assert_close(modded, bias)
+    # and both are -m_h * (i - j) with i the query's absolute position
+    slopes = torch.tensor(alibi_slopes(n_head))
+    i, j = k_len - 1, 0
+    torch.testing.assert_close(bias[:, -1, 0], -slopes * (i - j))
+
+
+def _rope_at(x: torch.Tensor, position: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    cos, sin = rope_cos_sin(position + 1, head_dim, base)
+    return apply_rope(x[None], cos[position : position + 1], sin[position : position + 1])[0]
+
+
+def test_rope_score_depends_only_on_relative_position():
+    head_dim = 16
+    q, k = torch.randn(2, 1, head_dim, dtype=torch.float32).unbind(0)  # (1, D) each
+    for m, n in [(5, 2), (9, 9), (3, 7)]:
+        base_score = (_rope_at(q, m, head_dim) * _rope_at(k, n, head_dim)).sum()
+        for shift in (1, 17, 300, 4000):
+            shifted = (_rope_at(q, m + shift, head_dim) * _rope_at(k, n + shift, head_dim)).sum()
+            torch.testing.assert_close(shifted, base_score, atol=2e-4, rtol=1e-4)
+    # it does depend on the distance, or the test above would prove nothing
+    near = (_rope_at(q, 5, head_dim) * _rope_at(k, 4, head_dim)).sum()
+    far = (_rope_at(q, 5, head_dim) * _rope_at(k, 0, head_dim)).sum()
+    assert not torch.isclose(near, far, atol=1e-3)
+
+
+def test_rope_preserves_norms_and_rotates_in_float32(tiny_config):
+    pe = RotaryPositions(dataclasses.replace(tiny_config, pos_encoding="rope"))
+    q = torch.randn(2, 4, 40, 8)
+    k = torch.randn(2, 4, 40, 8)
+    q_rot, k_rot = pe.rotate(q, k, start=3)  # positions 3..42: past the 16 cached at init
+    torch.testing.assert_close(q_rot.norm(dim=-1), q.norm(dim=-1))
+    torch.testing.assert_close(k_rot.norm(dim=-1), k.norm(dim=-1))
+    assert not torch.allclose(q_rot, q)
+    assert pe.cos.size(0) >= 43 and pe.cos.dtype == torch.float32  # the cache grew, not cropped
+    cos, sin = rope_cos_sin(43, 8, 10000.0)
+    torch.testing.assert_close(q_rot, apply_rope(q, cos[3:], sin[3:]))
+
+
+def test_rope_cache_stays_float32_after_casting_the_model(tiny_config):
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding="rope")).to(torch.bfloat16)
+    assert model.pe.cos.dtype == torch.bfloat16  # what .to() does to every float buffer
+    model(torch.randint(0, 64, (1, 8)))
+    assert model.pe.cos.dtype == torch.float32
+
+
+def test_sinusoid_table_matches_the_formula():
+    dim = 16
+    table = sinusoid_table(100, dim)
+    for pos in (0, 1, 7, 99):
+        for i in (0, 1, 3, 7):
+            angle = pos / 10000 ** (2 * i / dim)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
+
+
+def test_sinusoidal_embedding_grows_and_adds_the_table(tiny_config):
+    config = dataclasses.replace(tiny_config, pos_encoding="sinusoidal")
+    pe = SinusoidalPositions(config)
+    x = torch.randn(2, 50, config.n_embd)
+    out = pe.embed(x, start=10)
+    expected = x * math.sqrt(config.n_embd) + sinusoid_table(60, config.n_embd)[10:]
+    torch.testing.assert_close(out, expected)
+    assert sum(p.numel() for p in pe.parameters()) == 0
+
+
+def test_learned_positions_refuse_to_run_past_block_size(tiny_config):
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding="learned"))
+    model(torch.randint(0, 64, (1, 16)))  # exactly block_size is fine
+    with pytest.raises(ValueError) as info:
+        model(torch.randint(0, 64, (1, 17)))
+    message = str(info.value)
+    assert "16" in message and "block_size" in message and "17" in message
