@@ -73,9 +73,7 @@ def resolve_backend(
     return backend
 
 
-def build_context(
-    backend: str, pe: PositionEncoding, q_len: int, k_len: int, device: torch.device
-) -> AttentionContext:
+def build_context(backend: str, pe: PositionEncoding, q_len: int, k_len: int, device: torch.device) -> AttentionContext:
     """Masks and biases for one forward pass, shared by all layers."""
     if backend == "flex":
         offset = k_len - q_len
@@ -84,9 +82,7 @@ def build_context(
             return q_idx + offset >= kv_idx
 
         block_mask = create_block_mask(causal, None, None, q_len, k_len, device=device)
-        return AttentionContext(
-            backend, q_len, k_len, block_mask=block_mask, score_mod=pe.score_mod(q_len, k_len)
-        )
+        return AttentionContext(backend, q_len, k_len, block_mask=block_mask, score_mod=pe.score_mod(q_len, k_len))
     bias = pe.score_bias(q_len, k_len, device)
     if bias is not None:
         bias = bias.masked_fill(~causal_mask(q_len, k_len, device), float("-inf"))
@@ -130,9 +126,7 @@ def eager_attention(
     return out, (weights if need_weights else None)
 
 
-def sdpa_attention(
-    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, dropout_p: float = 0.0
-) -> Tensor:
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
     """PyTorch's fused scaled_dot_product_attention.
 
     Without a bias the call uses `is_causal=True` and no mask, which lets PyTorch pick its
@@ -160,9 +154,7 @@ def compiled_flex_attention() -> Callable[..., Tensor]:
     return torch.compile(flex_attention)
 
 
-def flex_attention_fused(
-    q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, score_mod: ScoreMod | None
-) -> Tensor:
+def flex_attention_fused(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, score_mod: ScoreMod | None) -> Tensor:
     """FlexAttention: causal block mask plus an optional score_mod (ALiBi), fused in one kernel."""
     return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask)
 

@@ -148,3 +148,26 @@ class GPT(nn.Module):
         """
         c = self.config
         return 6 * self.num_params(exclude_embeddings=True) + 12 * c.n_layer * c.n_head * c.head_dim * seq_len
+
+    @torch.no_grad()
+    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None) -> Tensor:
+        """Extend each row of `idx` (B, T) by `max_new_tokens` sampled tokens; returns (B, T + new).
+
+        Recomputes the whole context for every token (no KV cache). A temperature of 0 is greedy.
+        `learned` positions see at most the last `block_size` tokens (nanoGPT's sliding window);
+        the other schemes see the whole context.
+        """
+        window = self.pe.max_positions
+        for _ in range(max_new_tokens):
+            context = idx if window is None else idx[:, -window:]
+            logits = self(context)[0][:, -1, :].float()  # (B, V)
+            if temperature == 0:
+                next_id = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_id = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, next_id), dim=1)
+        return idx

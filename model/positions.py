@@ -155,18 +155,14 @@ class ALiBi(PositionEncoding):
 def sinusoid_table(length: int, dim: int, device: torch.device | None = None) -> Tensor:
     """(length, dim) float32 table; even channels sin, odd channels cos, of pos / 10000^(2i/dim)."""
     pos = torch.arange(length, dtype=torch.float32, device=device)[:, None]
-    inv_freq = torch.exp(
-        torch.arange(0, dim, 2, dtype=torch.float32, device=device) * (-math.log(10000.0) / dim)
-    )
+    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32, device=device) * (-math.log(10000.0) / dim))
     table = torch.empty(length, dim, dtype=torch.float32, device=device)
     table[:, 0::2] = torch.sin(pos * inv_freq)
     table[:, 1::2] = torch.cos(pos * inv_freq)
     return table
 
 
-def rope_cos_sin(
-    length: int, head_dim: int, base: float, device: torch.device | None = None
-) -> tuple[Tensor, Tensor]:
+def rope_cos_sin(length: int, head_dim: int, base: float, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
     """cos and sin of the RoPE angles, each (length, head_dim / 2) in float32."""
     inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
     angles = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)
@@ -219,7 +215,5 @@ def build_positions(config: GPTConfig) -> PositionEncoding:
     try:
         cls = _REGISTRY[config.pos_encoding]
     except KeyError:
-        raise ValueError(
-            f"Unknown pos_encoding {config.pos_encoding!r}; valid choices: {sorted(_REGISTRY)}."
-        ) from None
+        raise ValueError(f"Unknown pos_encoding {config.pos_encoding!r}; valid choices: {sorted(_REGISTRY)}.") from None
     return cls(config)

@@ -27,9 +27,7 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual - expected).norm() / expected.norm()).item()
 
 
-def run_pair(
-    config: GPTConfig, scheme: str, backend: str, device: torch.device, dtype: torch.dtype, odd_len: int
-):
+def run_pair(config: GPTConfig, scheme: str, backend: str, device: torch.device, dtype: torch.dtype, odd_len: int):
     """Yield, for each test length, the eager float32 reference's and `backend`'s logits and
     gradients (None where `backend` has no backward pass on `device`), from the same weights and
     input; `backend` runs under autocast to `dtype` unless that is float32."""

@@ -1,0 +1,117 @@
+"""Benchmarks whose figures go into BENCHMARKS.md.
+
+    python bench.py train-step --input ../shared/data/tinyshakespeare.txt [--steps 300 --rounds 2]
+
+`train-step` times optimizer steps of the default CPU shape (nanoGPT's CPU config, learned
+positions) two ways, interleaved A B B A so that the machine's drift hits both alike:
+  A: the Lightning trainer (`training.run.train`, as `python train.py` runs it);
+  B: a hand-written PyTorch loop in the style of nanoGPT's train.py, on the same model, data and
+     optimizer (np.memmap batches, forward, backward, clip, AdamW step).
+It prints the median tokens/s of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.prepare import prepare
+from model import GPT, GPTConfig
+from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
+from training.module import lr_factor
+from training.run import train
+
+SHAPE = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, bias=False, pos_encoding="learned")
+BATCH = 12
+
+
+def lightning_tokens_per_s(data_dir: Path, out: Path, steps: int) -> float:
+    """Median of the trainer's own tokens/s readings (SpeedMonitor, every 25 steps, warm-up excluded)."""
+    cfg = RunConfig(
+        model=SHAPE,
+        data=DataConfig(input=None, dir=str(data_dir)),
+        optim=OptimConfig(beta2=0.99),
+        train=TrainConfig(
+            max_steps=steps,
+            batch_size=BATCH,
+            eval_interval=10**9,
+            log_interval=25,
+            out_dir=str(out),
+            run_name="lightning",
+            progress_bar=False,
+            sample_tokens=0,
+        ),
+    )
+    result = train(cfg)
+    rows = (result.run_dir / "logs" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    col = header.index("perf/tokens_per_s")
+    values = [float(r.split(",")[col]) for r in rows[1:] if r.split(",")[col]]
+    return statistics.median(values)
+
+
+def plain_loop_tokens_per_s(data_dir: Path, steps: int) -> float:
+    """nanoGPT-style loop; median over steps (the first 10 excluded as warm-up)."""
+    torch.manual_seed(1337)
+    model = GPT(SHAPE)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, betas=(0.9, 0.99)
+    )
+    T = SHAPE.block_size
+    times = []
+    for step in range(steps):
+        start = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = 1e-3 * lr_factor(step, 1e-3, 1e-4, 100, steps)
+        data = np.memmap(data_dir / "train.bin", dtype=np.uint16, mode="r")
+        ix = torch.randint(len(data) - T, (BATCH,))
+        x = torch.stack([torch.from_numpy(data[i : i + T].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + T].astype(np.int64)) for i in ix])
+        _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    return BATCH * T / statistics.median(times[10:])
+
+
+def bench_train_step(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp) / "data"
+        prepare(args.input, str(data_dir), "char")
+        results: dict[str, list[float]] = {"lightning": [], "plain": []}
+        for _ in range(args.rounds):
+            for kind in ("lightning", "plain", "plain", "lightning"):
+                if kind == "lightning":
+                    results[kind].append(lightning_tokens_per_s(data_dir, Path(tmp) / "runs", args.steps))
+                else:
+                    results[kind].append(plain_loop_tokens_per_s(data_dir, args.steps))
+                print(f"{kind:9s} {results[kind][-1]:9.0f} tokens/s", flush=True)
+    for kind, values in results.items():
+        median = statistics.median(values)
+        print(f"median {kind:9s} {median:9.0f} tokens/s over {len(values)} runs of {args.steps} steps")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="bench", required=True)
+    step = sub.add_parser("train-step", help="Lightning trainer vs a hand-written loop, tokens/s on CPU")
+    step.add_argument("--input", required=True, help="a text file, e.g. ../shared/data/tinyshakespeare.txt")
+    step.add_argument("--steps", type=int, default=300)
+    step.add_argument("--rounds", type=int, default=2, help="ABBA rounds")
+    args = parser.parse_args()
+    if args.bench == "train-step":
+        bench_train_step(args)
+
+
+if __name__ == "__main__":
+    main()

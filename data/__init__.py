@@ -1,0 +1,1 @@
+"""The corpus pipeline: text -> token files (`prepare`), token files -> batches (`dataset`, `datamodule`)."""

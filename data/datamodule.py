@@ -1,0 +1,57 @@
+"""LightningDataModule over prepared token files: random training windows, fixed validation windows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from data.dataset import FixedWindows, PreparedData, RandomWindows
+from data.errors import DataError
+
+
+class TokenDataModule(L.LightningDataModule):
+    """Batches of (x, y) windows of `block_size` tokens from a prepared directory.
+
+    The position of the training stream is `global_step * grad_accum` micro-batches. It is saved in
+    every checkpoint (with the seed) and restored before the training loader starts iterating, so a
+    resumed run continues the exact stream an uninterrupted run would have seen.
+    """
+
+    def __init__(self, data: PreparedData, block_size: int, batch_size: int, seed: int, eval_tokens: int = 0) -> None:
+        super().__init__()
+        self.data, self.block_size, self.batch_size = data, block_size, batch_size
+        self.seed, self.eval_tokens = seed, eval_tokens
+        self._start = 0
+        for split in ("train", "val"):
+            n = data.meta[f"{split}_tokens"]
+            if n < block_size + 1:
+                raise DataError(
+                    f"The {split} split has {n} tokens, shorter than one training window of block_size + 1 = "
+                    f"{block_size + 1}. Use more text, a smaller --model.block_size, or another --data.val_fraction."
+                )
+
+    def _micro_batches_done(self) -> int:
+        trainer = self.trainer
+        return 0 if trainer is None else trainer.global_step * trainer.accumulate_grad_batches
+
+    def train_dataloader(self) -> DataLoader:
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        stream = RandomWindows(self.data, self.block_size, self.batch_size, self.seed, rank, lambda: self._start)
+        return DataLoader(stream, batch_size=None, num_workers=0, pin_memory=self._pin())
+
+    def val_dataloader(self) -> DataLoader:
+        windows = FixedWindows(self.data, "val", self.block_size, self.batch_size, self.eval_tokens)
+        return DataLoader(windows, batch_size=None, shuffle=False, num_workers=0, pin_memory=self._pin())
+
+    def _pin(self) -> bool:
+        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "micro_batches": self._micro_batches_done()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["seed"] != self.seed:
+            raise DataError(f"The checkpoint's data stream used seed {state['seed']}, this run {self.seed}.")
+        self._start = state["micro_batches"]

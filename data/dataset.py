@@ -1,0 +1,121 @@
+"""Prepared token files -> training and evaluation windows.
+
+Training draws `batch_size` random windows of `block_size + 1` tokens per batch. Batch number i of
+rank r comes from a generator seeded with (seed, r, i), so the stream is a pure function of its
+position: resuming at batch i reproduces exactly what an uninterrupted run would have drawn.
+Evaluation uses fixed, non-overlapping windows from the start of the split, so a val loss is
+comparable across runs, schemes and checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from data.errors import DataError
+from data.prepare import FORMAT_VERSION
+from data.tokenizer import Tokenizer, tokenizer_from_meta
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """A directory written by `data.prepare`: its metadata and the paths of its token files."""
+
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.meta["dtype"])
+
+    def tokens(self, split: str) -> np.memmap:
+        """The `split` ("train" or "val") tokens, memory-mapped read-only."""
+        return np.memmap(self.path / f"{split}.bin", dtype=self.dtype, mode="r")
+
+    def tokenizer(self, ranks_path: str | None = None) -> Tokenizer:
+        return tokenizer_from_meta(self.meta["tokenizer"], ranks_path)
+
+
+def load_prepared(path: str | Path) -> PreparedData:
+    """Open a prepared directory, refusing one that is incomplete or from another format version."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except FileNotFoundError:
+        raise DataError(
+            f"{path} is not a prepared dataset (no meta.json; an interrupted prepare leaves none). "
+            "Run `python -m data.prepare` on your text, or pass --data.input FILE instead."
+        ) from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        version = meta.get("format_version")
+        raise DataError(f"{path} was prepared by another version (format {version}); re-run prepare.")
+    data = PreparedData(path, meta)
+    for split in ("train", "val"):
+        file = path / f"{split}.bin"
+        expected = meta[f"{split}_tokens"] * data.dtype.itemsize
+        if not file.is_file() or file.stat().st_size != expected:
+            raise DataError(f"{file} is missing or incomplete; re-run `python -m data.prepare`.")
+    return data
+
+
+def _window_batch(tokens: np.ndarray, offsets: np.ndarray, block_size: int) -> Batch:
+    rows = np.stack([tokens[o : o + block_size + 1] for o in offsets]).astype(np.int64)  # (B, T+1)
+    rows_t = torch.from_numpy(rows)
+    return rows_t[:, :-1], rows_t[:, 1:]
+
+
+class RandomWindows(IterableDataset):
+    """An endless stream of (x, y) batches of random windows, starting at batch `start()`."""
+
+    def __init__(
+        self,
+        data: PreparedData,
+        block_size: int,
+        batch_size: int,
+        seed: int,
+        rank: int,
+        start: Callable[[], int],
+    ) -> None:
+        super().__init__()
+        self.data, self.block_size, self.batch_size = data, block_size, batch_size
+        self.seed, self.rank, self.start = seed, rank, start
+
+    def batch(self, tokens: np.ndarray, index: int) -> Batch:
+        """Batch number `index` of this rank's stream."""
+        rng = np.random.default_rng([self.seed, self.rank, index])
+        offsets = rng.integers(0, len(tokens) - self.block_size, size=self.batch_size)
+        return _window_batch(tokens, offsets, self.block_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        tokens = self.data.tokens("train")
+        index = self.start()  # read when iteration starts, i.e. after a checkpoint was restored
+        while True:
+            yield self.batch(tokens, index)
+            index += 1
+
+
+class FixedWindows(Dataset):
+    """Non-overlapping windows from the start of a split, `batch_size` per item."""
+
+    def __init__(self, data: PreparedData, split: str, block_size: int, batch_size: int, max_tokens: int = 0):
+        self.data, self.split, self.block_size, self.batch_size = data, split, block_size, batch_size
+        n_windows = (data.meta[f"{split}_tokens"] - 1) // block_size
+        if max_tokens:
+            n_windows = min(n_windows, max(1, max_tokens // block_size))
+        self.offsets = np.arange(n_windows) * block_size
+
+    def __len__(self) -> int:
+        return -(-len(self.offsets) // self.batch_size)
+
+    def __getitem__(self, i: int) -> Batch:
+        offsets = self.offsets[i * self.batch_size : (i + 1) * self.batch_size]
+        return _window_batch(self.data.tokens(self.split), offsets, self.block_size)

@@ -1,0 +1,139 @@
+"""Tokenizers: `char` (vocabulary built from the corpus) and `gpt2` (tiktoken's GPT-2 BPE).
+
+A tokenizer is rebuilt from the `tokenizer` block of a prepared dataset's `meta.json`, and the same
+block is saved in every checkpoint, so a checkpoint alone can encode prompts and decode samples.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+from data.errors import DataError
+
+RANKS_ENV = "POSGPT_TIKTOKEN_RANKS"
+"""Environment variable naming a local GPT-2 ranks file (`r50k_base.tiktoken`), for offline BPE."""
+R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+GPT2_VOCAB = 50257
+EOT = "<|endoftext|>"
+
+
+class Tokenizer(Protocol):
+    """What the pipeline, trainer and sampler need from a tokenizer."""
+
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def meta(self) -> dict[str, Any]:
+        """JSON-able description from which `tokenizer_from_meta` rebuilds this tokenizer."""
+        ...
+
+
+class CharTokenizer:
+    """One id per distinct character of the corpus, in sorted order (as nanoGPT's shakespeare_char)."""
+
+    def __init__(self, chars: Iterable[str]) -> None:
+        self.chars = sorted(set(chars))
+        if not self.chars:
+            raise DataError("A char tokenizer needs at least one character; the corpus is empty.")
+        self.vocab_size = len(self.chars)
+        self._ids = {c: i for i, c in enumerate(self.chars)}
+
+    def encode(self, text: str) -> list[int]:
+        unknown = sorted(set(text) - self._ids.keys())
+        if unknown:
+            raise DataError(
+                f"Characters not in the vocabulary: {''.join(unknown)!r} ({len(unknown)} distinct). "
+                "A char-level model only knows the characters of its training corpus."
+            )
+        return [self._ids[c] for c in text]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def meta(self) -> dict[str, Any]:
+        return {"kind": "char", "vocab_size": self.vocab_size, "chars": "".join(self.chars)}
+
+
+class GPT2Tokenizer:
+    """GPT-2's byte-level BPE (tiktoken's `gpt2` encoding: the `r50k_base` ranks plus <|endoftext|>).
+
+    Offline, pass the ranks file (`r50k_base.tiktoken`) as `ranks_path` or through the
+    POSGPT_TIKTOKEN_RANKS environment variable; its sha256 is checked. Without one, tiktoken loads
+    `gpt2` itself, from its cache or the internet.
+    """
+
+    def __init__(self, ranks_path: str | os.PathLike | None = None) -> None:
+        import tiktoken
+
+        ranks_path = ranks_path or os.environ.get(RANKS_ENV) or None
+        if ranks_path is None:
+            try:
+                self._enc = tiktoken.get_encoding("gpt2")
+            except Exception as error:  # no cache and no network: tiktoken raises requests errors
+                raise DataError(
+                    "Could not load tiktoken's GPT-2 encoding (no cached copy and no network?). Pass "
+                    f"a local r50k_base.tiktoken ranks file with --data.tiktoken_ranks PATH or {RANKS_ENV}."
+                ) from error
+        else:
+            self._enc = _encoding_from_ranks(Path(ranks_path))
+        self.vocab_size = GPT2_VOCAB
+        self.eot_id = self._enc.eot_token
+
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str], num_threads: int) -> list[list[int]]:
+        """Encode many texts at once; tiktoken runs them on `num_threads` threads outside the GIL."""
+        return self._enc.encode_ordinary_batch(texts, num_threads=num_threads)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._enc.decode(list(ids))
+
+    def meta(self) -> dict[str, Any]:
+        return {"kind": "gpt2", "vocab_size": self.vocab_size}
+
+
+def _encoding_from_ranks(path: Path):  # -> tiktoken.Encoding
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    if not path.is_file():
+        raise DataError(f"GPT-2 ranks file not found: {path} (expected r50k_base.tiktoken).")
+    try:
+        ranks = load_tiktoken_bpe(str(path), expected_hash=R50K_SHA256)
+    except ValueError as error:
+        raise DataError(
+            f"{path} is not tiktoken's r50k_base ranks file (sha256 {R50K_SHA256[:8]}...): {error}"
+        ) from None
+    return tiktoken.Encoding(
+        name="gpt2",
+        explicit_n_vocab=GPT2_VOCAB,
+        pat_str=r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={EOT: GPT2_VOCAB - 1},
+    )
+
+
+def build_tokenizer(kind: str, text_chars: Iterable[str] = (), ranks_path: str | None = None) -> Tokenizer:
+    """A new tokenizer: `char` from the corpus' characters, or `gpt2`."""
+    if kind == "char":
+        return CharTokenizer(text_chars)
+    if kind == "gpt2":
+        return GPT2Tokenizer(ranks_path)
+    raise ValueError(f"Unknown tokenizer {kind!r}; valid choices: ['char', 'gpt2'].")
+
+
+def tokenizer_from_meta(meta: dict[str, Any], ranks_path: str | None = None) -> Tokenizer:
+    """Rebuild the tokenizer that `Tokenizer.meta()` described."""
+    if meta.get("kind") == "char":
+        return CharTokenizer(meta["chars"])
+    if meta.get("kind") == "gpt2":
+        return GPT2Tokenizer(ranks_path)
+    raise ValueError(f"Unknown tokenizer description {meta!r}; expected kind 'char' or 'gpt2'.")
