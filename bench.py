@@ -49,7 +49,8 @@ def lightning_tokens_per_s(data_dir: Path, out: Path, steps: int) -> float:
         ),
     )
     result = train(cfg)
-    rows = (result.run_dir / "logs" / "metrics.csv").read_text().splitlines()
+    latest = max((result.run_dir / "logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    rows = (latest / "metrics.csv").read_text().splitlines()
     header = rows[0].split(",")
     col = header.index("perf/tokens_per_s")
     values = [float(r.split(",")[col]) for r in rows[1:] if r.split(",")[col]]

@@ -10,7 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
 from data.errors import DataError
 from training.checkpoint import CheckpointError
@@ -21,6 +21,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "shakespeare_char
 
 
 def build_parser() -> ArgumentParser:
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # field docstrings become --help text
     parser = ArgumentParser(
         prog="train.py",
         description="Train a GPT on any text; the position scheme is --model.pos_encoding.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
 from torch.utils.data import DataLoader
 
 from data.dataset import FixedWindows, PreparedData, RandomWindows
@@ -39,11 +40,11 @@ class TokenDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank = self.trainer.global_rank if self.trainer is not None else 0
         stream = RandomWindows(self.data, self.block_size, self.batch_size, self.seed, rank, lambda: self._start)
-        return DataLoader(stream, batch_size=None, num_workers=0, pin_memory=self._pin())
+        return DataLoader(stream, batch_size=None, pin_memory=self._pin(), generator=_private_generator())
 
     def val_dataloader(self) -> DataLoader:
         windows = FixedWindows(self.data, "val", self.block_size, self.batch_size, self.eval_tokens)
-        return DataLoader(windows, batch_size=None, shuffle=False, num_workers=0, pin_memory=self._pin())
+        return DataLoader(windows, batch_size=None, pin_memory=self._pin(), generator=_private_generator())
 
     def _pin(self) -> bool:
         return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
@@ -55,3 +56,10 @@ class TokenDataModule(L.LightningDataModule):
         if state["seed"] != self.seed:
             raise DataError(f"The checkpoint's data stream used seed {state['seed']}, this run {self.seed}.")
         self._start = state["micro_batches"]
+
+
+def _private_generator() -> torch.Generator:
+    """Every DataLoader iterator draws a seed from its generator; with the global one that draw would
+    shift dropout's random stream whenever a loader restarts (after a resume, at each validation),
+    and a resumed run would no longer match an uninterrupted one. Our windows need no torch RNG."""
+    return torch.Generator().manual_seed(0)

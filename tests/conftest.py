@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -30,3 +33,43 @@ def _seed_and_dtype():
 def tiny_config() -> GPTConfig:
     """2 layers, width 32, 4 heads of 8, vocabulary 64, training context 16."""
     return GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
+
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture
+def shakespeare_path() -> Path:
+    """The shared Tiny Shakespeare file; the test is skipped where ../shared is absent."""
+    path = SHARED_DATA / "tinyshakespeare.txt"
+    if not path.is_file():
+        pytest.skip(f"{path} not present")
+    return path
+
+
+@pytest.fixture
+def gpt2_ranks() -> Path:
+    """The shared GPT-2 BPE ranks file (r50k_base.tiktoken); skipped where absent."""
+    path = SHARED_DATA / "r50k_base.tiktoken"
+    if not path.is_file():
+        pytest.skip(f"{path} not present")
+    return path
+
+
+def make_text(n_sentences: int = 400, seed: int = 0) -> str:
+    """Generated English-like text with enough structure for a tiny model to learn quickly."""
+    rng = random.Random(seed)
+    subjects = ["the king", "a fool", "my lord", "the queen", "good sir", "this night"]
+    verbs = ["speaks of", "loves", "fears", "remembers", "forgets", "awaits"]
+    objects = ["the crown", "his horse", "a sword", "the sea", "her letter", "our fate"]
+    lines = []
+    for _ in range(n_sentences):
+        lines.append(f"{rng.choice(subjects).capitalize()} {rng.choice(verbs)} {rng.choice(objects)}.")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text(make_text(), encoding="utf-8")
+    return path

@@ -41,7 +41,7 @@ class LastCheckpoint(L.Callback):
 
     def _save(self, trainer: L.Trainer) -> None:
         if trainer.global_step != self._saved_step:
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)
             self._saved_step = trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import subprocess
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,8 @@ def make_logger(cfg: RunConfig, run_dir: Path, config_dict: dict[str, Any]):
     if kind == "none":
         return False
     if kind == "csv":
-        return L.pytorch.loggers.CSVLogger(save_dir=str(run_dir), name="logs", version="")
+        # one version_N directory per launch: a resumed run adds a version instead of overwriting
+        return L.pytorch.loggers.CSVLogger(save_dir=str(run_dir), name="logs")
     from lightning.pytorch.loggers import WandbLogger
 
     online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
@@ -179,7 +181,10 @@ def train(cfg: RunConfig) -> RunResult:
             run_dir,
             f", resuming from {ckpt_path}" if ckpt_path else "",
         )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    with warnings.catch_warnings():
+        # config.yaml (and, on resume, the checkpoints) are meant to be in the run directory
+        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
     best = trainer.checkpoint_callback
     best_path = Path(best.best_model_path) if best and best.best_model_path else None

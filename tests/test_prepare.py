@@ -1,0 +1,156 @@
+"""data.prepare: token files, tokenizers, splits, reuse, atomicity, and errors a user can cause."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_text
+
+from data import prepare as prepare_module
+from data.dataset import load_prepared
+from data.errors import DataError
+from data.prepare import prepare, token_dtype
+from data.tokenizer import EOT, CharTokenizer, GPT2Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _all_tokens(out: Path) -> np.ndarray:
+    data = load_prepared(out)
+    return np.concatenate([data.tokens("train"), data.tokens("val")])
+
+
+def test_char_round_trip_split_and_meta(text_file, tmp_path):
+    text = text_file.read_text()
+    meta = prepare(str(text_file), str(tmp_path / "out"), "char", val_fraction=0.1)
+    assert meta["dtype"] == "uint16"
+    assert meta["train_tokens"] == int(len(text) * 0.9) and meta["train_tokens"] + meta["val_tokens"] == len(text)
+    assert meta["tokenizer"]["vocab_size"] == len(set(text)) and meta["format_version"] == 1
+    data = load_prepared(tmp_path / "out")
+    assert data.tokenizer().decode(_all_tokens(tmp_path / "out").tolist()) == text
+    # the split is the end of the corpus: val decodes to the text's last characters
+    assert data.tokenizer().decode(data.tokens("val").tolist()) == text[meta["train_tokens"] :]
+
+
+def test_gpt2_round_trip_offline_with_the_shared_ranks(text_file, tmp_path, gpt2_ranks, monkeypatch):
+    monkeypatch.setenv("POSGPT_TIKTOKEN_RANKS", str(gpt2_ranks))  # the environment-variable route
+    text = text_file.read_text()
+    meta = prepare(str(text_file), str(tmp_path / "out"), "gpt2", workers=2)
+    assert meta["dtype"] == "uint16" and meta["tokenizer"] == {"kind": "gpt2", "vocab_size": 50257}
+    tok = GPT2Tokenizer(gpt2_ranks)  # the option route
+    assert tok.encode("Hello world") == [15496, 995]  # GPT-2's ids
+    assert tok.decode(_all_tokens(tmp_path / "out").tolist()) == text + EOT  # <|endoftext|> ends each file
+
+
+def test_gpt2_without_ranks_offline_fails_clearly(tmp_path, monkeypatch):
+    monkeypatch.delenv("POSGPT_TIKTOKEN_RANKS", raising=False)
+    with pytest.raises(DataError, match="not found"):
+        GPT2Tokenizer(tmp_path / "missing.tiktoken")
+    bad = tmp_path / "bad.tiktoken"
+    bad.write_text("not a ranks file\n")
+    with pytest.raises(DataError, match="r50k_base"):
+        GPT2Tokenizer(bad)
+
+
+def test_token_dtype_fits_the_vocabulary():
+    assert token_dtype(65) == np.uint16 and token_dtype(50257) == np.uint16 and token_dtype(65536) == np.uint16
+    assert token_dtype(65537) == np.uint32 and token_dtype(100277) == np.uint32
+
+
+def test_directory_input_is_recursive_sorted_and_globbed(tmp_path):
+    root = tmp_path / "corpus"
+    (root / "b").mkdir(parents=True)
+    (root / "a.txt").write_text("first\n")
+    (root / "b" / "c.txt").write_text("second\n")
+    (root / "notes.md").write_text("ignored\n")
+    prepare(str(root), str(tmp_path / "out"), "char", val_fraction=0.0)
+    data = load_prepared(tmp_path / "out")
+    assert data.tokenizer().decode(data.tokens("train").tolist()) == "first\nsecond\n"
+    prepare([str(root / "notes.md"), str(root / "a.txt")], str(tmp_path / "out2"), "char", val_fraction=0.0)
+    data = load_prepared(tmp_path / "out2")
+    assert data.tokenizer().decode(data.tokens("train").tolist()) == "ignored\nfirst\n"
+
+
+def test_unchanged_sources_are_reused_and_changed_ones_redone(text_file, tmp_path):
+    out = tmp_path / "out"
+    prepare(str(text_file), str(out), "char")
+    stamp = (out / "train.bin").stat().st_mtime_ns
+    prepare(str(text_file), str(out), "char")
+    assert (out / "train.bin").stat().st_mtime_ns == stamp
+    text_file.write_text(make_text(seed=1))
+    meta = prepare(str(text_file), str(out), "char")
+    assert json.loads((out / "meta.json").read_text())["fingerprint"] == meta["fingerprint"]
+    assert load_prepared(out).tokenizer().decode(_all_tokens(out).tolist()) == make_text(seed=1)
+
+
+def test_an_interrupted_prepare_leaves_nothing_trusted(text_file, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    prepare(str(text_file), str(out), "char")
+    text_file.write_text(make_text(seed=2))
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prepare_module, "_split", crash)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(str(text_file), str(out), "char")
+    assert not (out / "meta.json").exists() and not list(out.glob("*.tmp"))
+    with pytest.raises(DataError, match="no meta.json"):
+        load_prepared(out)
+    monkeypatch.undo()
+    prepare(str(text_file), str(out), "char")
+    assert load_prepared(out).tokenizer().decode(_all_tokens(out).tolist()) == make_text(seed=2)
+
+
+@pytest.mark.parametrize(
+    ("content", "setup", "needle"),
+    [
+        (None, "missing", "Input not found"),
+        (b"", "file", "no text"),
+        (None, "empty_dir", "no files matching"),
+        (b"GIF89a\x00\x01\x02binary", "file", "binary"),
+        (b"caf\xe9 au lait\n", "file", "not valid UTF-8"),
+    ],
+    ids=["missing", "empty", "no-matching-files", "binary", "latin-1"],
+)
+def test_bad_inputs_fail_with_one_clear_message_and_write_nothing(tmp_path, content, setup, needle):
+    source = tmp_path / "input.txt"
+    if setup == "file":
+        source.write_bytes(content)
+    elif setup == "empty_dir":
+        source = tmp_path / "dir"
+        source.mkdir()
+        (source / "readme.md").write_text("not a txt file")
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match=needle):
+        prepare(str(source), str(out), "char")
+    assert not (out / "meta.json").exists() and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_invalid_utf8_can_be_replaced_explicitly(tmp_path):
+    source = tmp_path / "latin1.txt"
+    source.write_bytes(b"caf\xe9 au lait\n" * 20)
+    prepare(str(source), str(tmp_path / "out"), "char", errors="replace")
+    assert "\ufffd" in load_prepared(tmp_path / "out").tokenizer().decode(_all_tokens(tmp_path / "out").tolist())
+
+
+def test_char_tokenizer_names_unknown_characters():
+    tok = CharTokenizer("abc")
+    with pytest.raises(DataError, match="'xz'"):
+        tok.encode("abxcz")
+
+
+def test_command_line_error_is_one_line_and_nonzero(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "data.prepare", "--inputs", str(tmp_path / "nope.txt"), "--out_dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert "Input not found" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,174 @@
+"""train.py end to end on CPU: checkpoints that rebuild model and tokenizer, falling val loss,
+exact resume, DDP with two processes, and one clear message for each mistake a user can make."""
+
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import train as train_script
+from training.checkpoint import load_checkpoint, read_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "--model.n_layer", "2", "--model.n_head", "4", "--model.n_embd", "32", "--model.block_size", "32",
+    "--train.batch_size", "8", "--train.log_interval", "5", "--train.progress_bar", "false",
+    "--train.sample_tokens", "0", "--optim.lr", "3e-3", "--optim.warmup_steps", "5",
+]  # fmt: skip
+
+
+def tiny_args(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
+    return [
+        *TINY,
+        "--data.input", str(text_file),
+        "--data.prepared_root", str(tmp_path / "prepared"),
+        "--train.out_dir", str(tmp_path / "runs"),
+        "--train.run_name", "tiny",
+        *extra,
+    ]  # fmt: skip
+
+
+def val_losses(run_dir: Path) -> list[float]:
+    """Validation losses that the latest launch logged (each launch writes logs/version_N)."""
+    latest = max((run_dir / "logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    with open(latest / "metrics.csv") as f:
+        return [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
+
+
+def test_training_leaves_checkpoints_that_rebuild_model_and_tokenizer(tmp_path, text_file, capsys):
+    train_script.main(
+        tiny_args(
+            tmp_path, text_file, "--train.max_steps", "40", "--train.eval_interval", "20", "--train.sample_tokens", "50"
+        )
+    )
+    run_dir = tmp_path / "runs" / "tiny"
+    assert {"last.ckpt", "best.ckpt", "config.yaml"} <= {p.name for p in run_dir.iterdir()}
+    assert not list(run_dir.glob(".*tmp*"))  # no temporary checkpoint left behind
+    losses = val_losses(run_dir)
+    vocab = len(set(text_file.read_text()))
+    assert len(losses) == 2 and losses[-1] < losses[0] < math.log(vocab)  # val loss falls from ~ln(V)
+    loaded = load_checkpoint(run_dir / "last.ckpt")
+    assert loaded.step == 40 and loaded.model.config.pos_encoding == "rope"  # the default config's scheme
+    assert loaded.tokenizer.decode(loaded.tokenizer.encode("The king loves the sea.")) == "The king loves the sea."
+    idx = torch.tensor([loaded.tokenizer.encode("The king ")])
+    with torch.no_grad():
+        logits, _ = loaded.model(idx)
+    assert logits.shape == (1, idx.size(1), loaded.model.config.vocab_size)
+    assert "--- sample ---" in capsys.readouterr().out
+
+
+def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return read_checkpoint(run_dir / "last.ckpt")["state_dict"]
+
+
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, text_file):
+    # dropout on, so that the random stream must be restored too; decay_steps fixed, because by
+    # default the cosine ends at max_steps, which differs between the two halves here
+    common = ["--model.dropout", "0.1", "--train.eval_interval", "10", "--train.ckpt_interval", "10"]
+    common += ["--optim.decay_steps", "20"]
+    straight = tmp_path / "a"
+    train_script.main(tiny_args(straight, text_file, *common, "--train.max_steps", "20"))
+    split = tmp_path / "b"
+    train_script.main(tiny_args(split, text_file, *common, "--train.max_steps", "10"))
+    train_script.main(tiny_args(split, text_file, *common, "--train.max_steps", "20", "--train.resume", "auto"))
+    a, b = _final_weights(straight / "runs" / "tiny"), _final_weights(split / "runs" / "tiny")
+    assert read_checkpoint(split / "runs" / "tiny" / "last.ckpt")["global_step"] == 20
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert val_losses(straight / "runs" / "tiny")[-1] == pytest.approx(
+        val_losses(split / "runs" / "tiny")[-1], rel=1e-5
+    )
+
+
+def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, capture_output=True, text=True)
+
+
+@pytest.mark.slow
+def test_ddp_on_cpu_with_two_processes(tmp_path, text_file):
+    result = _run_cli(
+        *tiny_args(tmp_path, text_file, "--train.max_steps", "6", "--train.eval_interval", "3"),
+        "--train.accelerator", "cpu", "--train.devices", "2", "--train.strategy", "ddp",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    ckpt = read_checkpoint(tmp_path / "runs" / "tiny" / "last.ckpt")
+    assert ckpt["global_step"] == 6
+
+
+def _expect_clean_failure(result: subprocess.CompletedProcess, needle: str) -> None:
+    assert result.returncode != 0
+    assert needle in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+def _bad_input(kind: str, d: Path) -> Path:
+    """A data source that is wrong in the way `kind` names."""
+    contents = {
+        "empty": b"",
+        "binary": b"\x00\x01\x02" * 50,
+        "not-utf8": b"caf\xe9\n" * 50,
+        "shorter-than-a-window": b"too short\n" * 3,
+    }
+    if kind == "missing":
+        return d / "missing.txt"
+    if kind == "no-matching-files":
+        (d / "sub").mkdir()
+        (d / "sub" / "notes.md").write_text("not a .txt file")
+        return d / "sub"
+    path = d / f"{kind}.txt"
+    path.write_bytes(contents[kind])
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "needle"),
+    [
+        ("missing", "Input not found"),
+        ("empty", "no text"),
+        ("no-matching-files", "no files matching"),
+        ("binary", "binary"),
+        ("not-utf8", "--data.errors replace"),
+        ("shorter-than-a-window", "shorter than one training window"),
+    ],
+)
+def test_bad_data_fails_with_one_clear_message(tmp_path, kind, needle):
+    with pytest.raises(SystemExit) as info:
+        train_script.main(tiny_args(tmp_path, _bad_input(kind, tmp_path), "--train.max_steps", "2"))
+    assert needle in str(info.value.code)
+    assert not (tmp_path / "runs").exists()  # nothing written for a run that never started
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_config_mistakes_fail_with_one_clear_message(tmp_path, text_file):
+    result = _run_cli(*tiny_args(tmp_path, text_file), "--model.n_layr", "3", cwd=tmp_path)
+    _expect_clean_failure(result, "n_layr")
+    result = _run_cli(*tiny_args(tmp_path, text_file), "--model.n_embd", "30", cwd=tmp_path)
+    _expect_clean_failure(result, "n_embd (30) must be divisible by n_head (4)")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_resuming_a_different_model_shape_fails_clearly(tmp_path, text_file):
+    train_script.main(tiny_args(tmp_path, text_file, "--train.max_steps", "2"))
+    with pytest.raises(SystemExit) as info:
+        train_script.main(
+            tiny_args(tmp_path, text_file, "--train.max_steps", "4", "--model.n_layer", "3", "--train.resume", "auto")
+        )
+    message = str(info.value.code)
+    assert "different model" in message and "n_layer: checkpoint 2 vs now 3" in message
+
+
+def test_help_and_print_config(tmp_path):
+    result = _run_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for option in ("--model.pos_encoding", "--train.resume", "--data.tiktoken_ranks", "--optim.warmup_steps"):
+        assert option in result.stdout
+    assert "Optimizer steps of linear warm-up" in result.stdout  # field docstrings are the help text
+    result = _run_cli("--print_config", "--model.pos_encoding", "alibi", cwd=tmp_path)
+    assert result.returncode == 0 and "pos_encoding: alibi" in result.stdout and "n_layer: 4" in result.stdout
