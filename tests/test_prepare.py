@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ from conftest import make_text
 from data import prepare as prepare_module
 from data.dataset import load_prepared
 from data.errors import DataError
-from data.prepare import prepare, token_dtype
+from data.prepare import prepare, resolve_sources, token_dtype
 from data.tokenizer import EOT, CharTokenizer, GPT2Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,3 +156,27 @@ def test_command_line_error_is_one_line_and_nonzero(tmp_path):
     )
     assert result.returncode != 0
     assert "Input not found" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_named_corpus_comes_from_the_cache_without_network(tmp_path, monkeypatch, shakespeare_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "tinyshakespeare.txt").write_bytes(shakespeare_path.read_bytes())
+    monkeypatch.setenv("POSGPT_CACHE", str(cache))
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("must not download when the cache holds the file")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    assert resolve_sources("shakespeare") == [(cache / "tinyshakespeare.txt").resolve()]
+
+
+def test_named_corpus_offline_says_how_to_pass_a_local_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSGPT_CACHE", str(tmp_path / "empty-cache"))
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no route to host")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(DataError, match=r"offline\? Pass a local copy instead: --data.input"):
+        resolve_sources("shakespeare")

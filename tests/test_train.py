@@ -172,3 +172,15 @@ def test_help_and_print_config(tmp_path):
     assert "Optimizer steps of linear warm-up" in result.stdout  # field docstrings are the help text
     result = _run_cli("--print_config", "--model.pos_encoding", "alibi", cwd=tmp_path)
     assert result.returncode == 0 and "pos_encoding: alibi" in result.stdout and "n_layer: 4" in result.stdout
+
+
+@pytest.mark.slow
+def test_wandb_without_an_api_key_logs_offline_into_the_run_dir(tmp_path, text_file, monkeypatch):
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    train_script.main(tiny_args(tmp_path, text_file, "--train.max_steps", "4", "--train.logger", "wandb"))
+    runs = list((tmp_path / "runs" / "tiny" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].rglob("*.wandb"))
