@@ -1,6 +1,7 @@
 """Benchmarks whose figures go into BENCHMARKS.md.
 
     python bench.py train-step --input ../shared/data/tinyshakespeare.txt [--steps 300 --rounds 2]
+    python bench.py val-noise --ckpt runs/X/last.ckpt --data_dir prepared/Y
 
 `train-step` times optimizer steps of the default CPU shape (nanoGPT's CPU config, learned
 positions) two ways, interleaved A B B A so that the machine's drift hits both alike:
@@ -21,8 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data.dataset import FixedWindows, load_prepared
 from data.prepare import prepare
 from model import GPT, GPTConfig
+from training.checkpoint import load_checkpoint
 from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
 from training.module import lr_factor
 from training.run import train
@@ -102,6 +105,35 @@ def bench_train_step(args: argparse.Namespace) -> None:
         print(f"median {kind:9s} {median:9.0f} tokens/s over {len(values)} runs of {args.steps} steps")
 
 
+def bench_val_noise(args: argparse.Namespace) -> None:
+    """How far nanoGPT's val estimate (mean loss of 20 random batches of 12 windows) strays from the
+    loss over the whole validation split, for one checkpoint: the noise in a figure like 1.886."""
+    ckpt = load_checkpoint(args.ckpt)
+    data = load_prepared(args.data_dir)
+    val = data.tokens("val")
+    T = ckpt.model.config.block_size
+    full = FixedWindows(data, "val", T, 64)
+    with torch.no_grad():
+        losses = [ckpt.model(x, y)[1].item() * x.size(0) for x, y in (full[i] for i in range(len(full)))]
+        full_loss = sum(losses) / len(full.offsets)
+        rng = np.random.default_rng(0)
+        estimates = []
+        for _ in range(args.draws):
+            batch_losses = []
+            for _ in range(20):
+                offsets = rng.integers(0, len(val) - T, size=BATCH)
+                x = torch.from_numpy(np.stack([val[o : o + T] for o in offsets]).astype(np.int64))
+                y = torch.from_numpy(np.stack([val[o + 1 : o + 1 + T] for o in offsets]).astype(np.int64))
+                batch_losses.append(ckpt.model(x, y)[1].item())
+            estimates.append(statistics.mean(batch_losses))
+    print(f"whole val split: {full_loss:.4f}")
+    print(
+        f"20 random batches of {BATCH}: mean {statistics.mean(estimates):.4f}, "
+        f"std {statistics.stdev(estimates):.4f}, min {min(estimates):.4f}, max {max(estimates):.4f} "
+        f"over {args.draws} draws"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="bench", required=True)
@@ -109,9 +141,15 @@ def main() -> None:
     step.add_argument("--input", required=True, help="a text file, e.g. ../shared/data/tinyshakespeare.txt")
     step.add_argument("--steps", type=int, default=300)
     step.add_argument("--rounds", type=int, default=2, help="ABBA rounds")
+    noise = sub.add_parser("val-noise", help="spread of nanoGPT's 20-batch val estimate for a checkpoint")
+    noise.add_argument("--ckpt", required=True)
+    noise.add_argument("--data_dir", required=True, help="the prepared directory the run trained on")
+    noise.add_argument("--draws", type=int, default=100)
     args = parser.parse_args()
     if args.bench == "train-step":
         bench_train_step(args)
+    else:
+        bench_val_noise(args)
 
 
 if __name__ == "__main__":

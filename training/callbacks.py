@@ -60,8 +60,8 @@ class SpeedMonitor(L.Callback):
     validation does not. MFU = flops_per_token(block_size) x tokens/s per device / peak FLOP/s.
     """
 
-    def __init__(self, tokens_per_step: int, flops_per_token: int, log_every: int) -> None:
-        self.tokens_per_step, self.flops_per_token, self.log_every = tokens_per_step, flops_per_token, log_every
+    def __init__(self, flops_per_token: int, log_every: int) -> None:
+        self.flops_per_token, self.log_every = flops_per_token, log_every
         self._t0: float | None = None
         self._steps = 0
         self._peak: float | None = None
@@ -86,7 +86,7 @@ class SpeedMonitor(L.Callback):
             return
         self._steps += 1
         if self._steps >= self.log_every:
-            tokens_per_s = self._steps * self.tokens_per_step / (now - self._t0)
+            tokens_per_s = self._steps * pl_module.tokens_per_step / (now - self._t0)
             pl_module.log("perf/tokens_per_s", tokens_per_s, prog_bar=True, rank_zero_only=True)
             if self._peak:
                 per_device = tokens_per_s / trainer.world_size

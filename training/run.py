@@ -7,11 +7,13 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import subprocess
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import lightning as L
 import torch
@@ -48,7 +50,7 @@ def prepared_data(cfg: DataConfig) -> PreparedData:
     sources = resolve_sources(cfg.input, cfg.glob)
     settings = [str(p) for p in sources] + [cfg.tokenizer, str(cfg.val_fraction), cfg.errors, cfg.glob]
     key = hashlib.sha256("\n".join(settings).encode()).hexdigest()[:10]
-    name = sources[0].stem if len(sources) == 1 else f"{sources[0].parent.name}"
+    name = sources[0].stem if len(sources) == 1 else sources[0].parent.name
     out = Path(cfg.prepared_root) / f"{name}-{cfg.tokenizer}-{key}"
     prepare(
         [str(p) for p in sources], str(out), cfg.tokenizer, cfg.glob, cfg.val_fraction, cfg.errors, cfg.tiktoken_ranks
@@ -101,9 +103,9 @@ def make_logger(cfg: RunConfig, run_dir: Path, config_dict: dict[str, Any]):
         return L.pytorch.loggers.CSVLogger(save_dir=str(run_dir), name="logs")
     from lightning.pytorch.loggers import WandbLogger
 
-    online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
+    online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline" and _wandb_reachable()
     if not online:
-        log.info("wandb: no WANDB_API_KEY set, logging offline to %s/wandb (sync later with `wandb sync`)", run_dir)
+        log.info("wandb: no API key or no network; logging offline to %s/wandb (upload later: wandb sync)", run_dir)
     return WandbLogger(
         project=cfg.train.wandb_project,
         name=run_dir.name,
@@ -113,9 +115,22 @@ def make_logger(cfg: RunConfig, run_dir: Path, config_dict: dict[str, Any]):
     )
 
 
+def _wandb_reachable(timeout: float = 3.0) -> bool:
+    """Whether the wandb server answers a TCP connection (checked only when an API key is set)."""
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def _git_sha() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        repo = Path(__file__).resolve().parents[1]
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -166,8 +181,7 @@ def train(cfg: RunConfig) -> RunResult:
         enable_progress_bar=t.progress_bar,
         default_root_dir=str(run_dir),
     )
-    module.tokens_per_step = t.batch_size * cfg.model.block_size * t.grad_accum * trainer.world_size
-    speed = SpeedMonitor(module.tokens_per_step, module.model.flops_per_token(cfg.model.block_size), t.log_interval)
+    speed = SpeedMonitor(module.model.flops_per_token(cfg.model.block_size), t.log_interval)
     trainer.callbacks.append(speed)
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -201,7 +215,8 @@ def sample_text(module: GPTModule, tokenizer: Tokenizer, n_tokens: int) -> str:
     start = tokenizer.encode("\n") if tokenizer.meta()["kind"] == "char" else [getattr(tokenizer, "eot_id", 0)]
     idx = torch.tensor([start], dtype=torch.long, device=module.device)
     out = model.generate(idx, n_tokens, temperature=0.8, top_k=200)
-    return tokenizer.decode(out[0, len(start) :].tolist())
+    ids = [i for i in out[0, len(start) :].tolist() if i < tokenizer.vocab_size]  # padding rows are no tokens
+    return tokenizer.decode(ids)
 
 
 def result_summary(result: RunResult) -> str:
