@@ -17,6 +17,9 @@ import torch
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 from model import GPT, GPTConfig
 
+CHANGEABLE_ON_RESUME = frozenset({"attn_backend", "dropout"})
+"""Model fields that a resumed run may change: they leave the weights' meaning unchanged."""
+
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable, or does not fit what it is used for."""
@@ -65,7 +68,11 @@ def load_checkpoint(path: str | Path, ranks_path: str | None = None) -> LoadedCh
 def check_same_model(path: str | Path, config: GPTConfig) -> None:
     """Refuse to resume from a checkpoint whose model differs from `config`, naming the differences."""
     saved = model_config_of(read_checkpoint(path))
-    diffs = {k: (v, getattr(config, k)) for k, v in saved.to_dict().items() if getattr(config, k) != v}
+    diffs = {
+        k: (v, getattr(config, k))
+        for k, v in saved.to_dict().items()
+        if k not in CHANGEABLE_ON_RESUME and getattr(config, k) != v
+    }
     if diffs:
         listed = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diffs.items())
         raise CheckpointError(
