@@ -1,6 +1,7 @@
 """Benchmarks whose figures go into BENCHMARKS.md.
 
     python bench.py train-step --input ../shared/data/tinyshakespeare.txt [--steps 300 --rounds 2]
+    python bench.py plain-run --input ../shared/data/tinyshakespeare.txt --seeds 1337 1 2
     python bench.py val-noise --ckpt runs/X/last.ckpt --data_dir prepared/Y
 
 `train-step` times optimizer steps of the default CPU shape (nanoGPT's CPU config, learned
@@ -8,7 +9,9 @@ positions) two ways, interleaved A B B A so that the machine's drift hits both a
   A: the Lightning trainer (`training.run.train`, as `python train.py` runs it);
   B: a hand-written PyTorch loop in the style of nanoGPT's train.py, on the same model, data and
      optimizer (np.memmap batches, forward, backward, clip, AdamW step).
-It prints the median tokens/s of each.
+It prints the median tokens/s of each. `plain-run` trains B for a whole run and reports the val
+loss the trainer would log (every fixed window of the validation split), so the two can be
+compared on loss as well as speed. `val-noise` measures how noisy nanoGPT's own val estimate is.
 """
 
 from __future__ import annotations
@@ -62,7 +65,23 @@ def lightning_tokens_per_s(data_dir: Path, out: Path, steps: int) -> float:
 
 def plain_loop_tokens_per_s(data_dir: Path, steps: int) -> float:
     """nanoGPT-style loop; median over steps (the first 10 excluded as warm-up)."""
-    torch.manual_seed(1337)
+    _, times = plain_loop(data_dir, steps, seed=1337)
+    return BATCH * SHAPE.block_size / statistics.median(times[10:])
+
+
+def whole_split_loss(model: GPT, data_dir: Path) -> float:
+    """Mean loss over every fixed window of the validation split (what the trainer logs as val/loss)."""
+    windows = FixedWindows(load_prepared(data_dir), "val", model.config.block_size, 64)
+    model.eval()
+    with torch.no_grad():
+        total = sum(model(x, y)[1].item() * x.size(0) for x, y in (windows[i] for i in range(len(windows))))
+    return total / len(windows.offsets)
+
+
+def plain_loop(data_dir: Path, steps: int, seed: int) -> tuple[GPT, list[float]]:
+    """Train SHAPE with a hand-written loop in the style of nanoGPT's train.py; return the model and
+    the wall time of every step."""
+    torch.manual_seed(seed)
     model = GPT(SHAPE)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -85,7 +104,19 @@ def plain_loop_tokens_per_s(data_dir: Path, steps: int) -> float:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
-    return BATCH * T / statistics.median(times[10:])
+    return model, times
+
+
+def bench_plain_run(args: argparse.Namespace) -> None:
+    """The hand-written loop for a whole run, with the trainer's val loss at the end, per seed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp) / "data"
+        prepare(args.input, str(data_dir), "char")
+        for seed in args.seeds:
+            model, times = plain_loop(data_dir, args.steps, seed)
+            tokens_per_s = BATCH * SHAPE.block_size / statistics.median(times[10:])
+            loss = whole_split_loss(model, data_dir)
+            print(f"seed {seed}: val loss {loss:.4f}, {tokens_per_s:.0f} tokens/s", flush=True)
 
 
 def bench_train_step(args: argparse.Namespace) -> None:
@@ -112,10 +143,8 @@ def bench_val_noise(args: argparse.Namespace) -> None:
     data = load_prepared(args.data_dir)
     val = data.tokens("val")
     T = ckpt.model.config.block_size
-    full = FixedWindows(data, "val", T, 64)
+    full_loss = whole_split_loss(ckpt.model, Path(args.data_dir))
     with torch.no_grad():
-        losses = [ckpt.model(x, y)[1].item() * x.size(0) for x, y in (full[i] for i in range(len(full)))]
-        full_loss = sum(losses) / len(full.offsets)
         rng = np.random.default_rng(0)
         estimates = []
         for _ in range(args.draws):
@@ -141,15 +170,17 @@ def main() -> None:
     step.add_argument("--input", required=True, help="a text file, e.g. ../shared/data/tinyshakespeare.txt")
     step.add_argument("--steps", type=int, default=300)
     step.add_argument("--rounds", type=int, default=2, help="ABBA rounds")
+    plain = sub.add_parser("plain-run", help="a whole run of the hand-written loop: val loss per seed")
+    plain.add_argument("--input", required=True)
+    plain.add_argument("--steps", type=int, default=2000)
+    plain.add_argument("--seeds", type=int, nargs="+", default=[1337])
     noise = sub.add_parser("val-noise", help="spread of nanoGPT's 20-batch val estimate for a checkpoint")
     noise.add_argument("--ckpt", required=True)
     noise.add_argument("--data_dir", required=True, help="the prepared directory the run trained on")
     noise.add_argument("--draws", type=int, default=100)
     args = parser.parse_args()
-    if args.bench == "train-step":
-        bench_train_step(args)
-    else:
-        bench_val_noise(args)
+    commands = {"train-step": bench_train_step, "plain-run": bench_plain_run, "val-noise": bench_val_noise}
+    commands[args.bench](args)
 
 
 if __name__ == "__main__":
