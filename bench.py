@@ -31,7 +31,7 @@ from model import GPT, GPTConfig
 from training.checkpoint import load_checkpoint
 from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
 from training.module import lr_factor
-from training.run import train
+from training.run import latest_metrics, train
 
 SHAPE = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, bias=False, pos_encoding="learned")
 BATCH = 12
@@ -55,8 +55,7 @@ def lightning_tokens_per_s(data_dir: Path, out: Path, steps: int) -> float:
         ),
     )
     result = train(cfg)
-    latest = max((result.run_dir / "logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-    rows = (latest / "metrics.csv").read_text().splitlines()
+    rows = latest_metrics(result.run_dir).read_text().splitlines()
     header = rows[0].split(",")
     col = header.index("perf/tokens_per_s")
     values = [float(r.split(",")[col]) for r in rows[1:] if r.split(",")[col]]

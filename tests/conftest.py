@@ -38,22 +38,23 @@ def tiny_config() -> GPTConfig:
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-@pytest.fixture
-def shakespeare_path() -> Path:
-    """The shared Tiny Shakespeare file; the test is skipped where ../shared is absent."""
-    path = SHARED_DATA / "tinyshakespeare.txt"
+def _shared_file(name: str) -> Path:
+    path = SHARED_DATA / name
     if not path.is_file():
         pytest.skip(f"{path} not present")
     return path
+
+
+@pytest.fixture
+def shakespeare_path() -> Path:
+    """The shared Tiny Shakespeare file; the test is skipped where ../shared is absent."""
+    return _shared_file("tinyshakespeare.txt")
 
 
 @pytest.fixture
 def gpt2_ranks() -> Path:
     """The shared GPT-2 BPE ranks file (r50k_base.tiktoken); skipped where absent."""
-    path = SHARED_DATA / "r50k_base.tiktoken"
-    if not path.is_file():
-        pytest.skip(f"{path} not present")
-    return path
+    return _shared_file("r50k_base.tiktoken")
 
 
 def make_text(n_sentences: int = 400, seed: int = 0) -> str:

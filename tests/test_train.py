@@ -14,6 +14,7 @@ import torch
 
 import train as train_script
 from training.checkpoint import load_checkpoint, read_checkpoint
+from training.run import latest_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -36,8 +37,7 @@ def tiny_args(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
 
 def val_losses(run_dir: Path) -> list[float]:
     """Validation losses that the latest launch logged (each launch writes logs/version_N)."""
-    latest = max((run_dir / "logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-    with open(latest / "metrics.csv") as f:
+    with open(latest_metrics(run_dir)) as f:
         return [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
 
 

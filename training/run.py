@@ -219,6 +219,12 @@ def sample_text(module: GPTModule, tokenizer: Tokenizer, n_tokens: int) -> str:
     return tokenizer.decode(ids)
 
 
+def latest_metrics(run_dir: Path) -> Path:
+    """metrics.csv of the latest launch of a run logged with the csv logger (logs/version_N)."""
+    versions = (run_dir / "logs").glob("version_*")
+    return max(versions, key=lambda p: int(p.name.split("_")[1])) / "metrics.csv"
+
+
 def result_summary(result: RunResult) -> str:
     return json.dumps(
         {
