@@ -1,0 +1,1 @@
+"""Training under Lightning: run config, LightningModule, callbacks, checkpoints, and `train()`."""
