@@ -10,6 +10,7 @@ Which kernel `attn_backend="auto"` runs (`resolve_backend`):
 | learned, sinusoidal, rope, none     | sdpa, is_causal=True (FlashAttention)  | sdpa        |
 | alibi                               | flex (bias computed inside the kernel) | sdpa        |
 | alibi with attention dropout active | sdpa (flex has no dropout)             | sdpa        |
+| alibi, decoding with a KV cache     | sdpa (small bias, no per-length compile)| sdpa        |
 
 `auto` never picks flex off CUDA: in torch 2.13 FlexAttention has no CPU backward pass and
 compiles for ~15 s per new shape there, while SDPA's CPU kernels are fast enough.
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from model.cache import LayerCache
 from model.config import GPTConfig
 from model.positions import PositionEncoding, ScoreMod
 
@@ -54,16 +56,23 @@ class AttentionContext:
 
 
 def resolve_backend(
-    requested: str, pos_encoding: str, device: torch.device, dropout_active: bool, needs_grad: bool
+    requested: str,
+    pos_encoding: str,
+    device: torch.device,
+    dropout_active: bool,
+    needs_grad: bool,
+    decoding: bool = False,
 ) -> str:
     """The kernel to run for this forward (see the table in the module docstring).
 
     Resolved per forward rather than at construction because the device, grad mode and train/eval
-    mode are only known then; it is a handful of comparisons on Python values.
+    mode are only known then; it is a handful of comparisons on Python values. `decoding` (new
+    tokens against a KV cache) keeps `auto` on SDPA: its bias is then only (H, Tq, Tk) with Tq
+    small, while FlexAttention would compile a kernel for every new cache length.
     """
     backend = requested
     if requested == "auto":
-        fused_bias = pos_encoding == "alibi" and device.type == "cuda" and not dropout_active
+        fused_bias = pos_encoding == "alibi" and device.type == "cuda" and not (dropout_active or decoding)
         backend = "flex" if fused_bias else "sdpa"
     if backend == "flex" and needs_grad and device.type != "cuda":
         raise RuntimeError(
@@ -183,13 +192,17 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, pe: PositionEncoding, ctx: AttentionContext) -> Tensor:
+    def forward(
+        self, x: Tensor, pe: PositionEncoding, ctx: AttentionContext, cache: LayerCache | None = None
+    ) -> Tensor:
         B, T, C = x.shape
         q, k, v = (
             t.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
             for t in self.qkv(x).split(C, dim=2)
         )
-        q, k = pe.rotate(q, k, ctx.start)
+        q, k = pe.rotate(q, k, ctx.start)  # the new tokens, at their absolute positions
+        if cache is not None:
+            k, v = cache.update(k, v, ctx.start)  # (B, H, start + T, D): cached keys and the new ones
         y = attend(q, k, v, ctx, self.dropout if self.training else 0.0)  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.proj(y))

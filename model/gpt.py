@@ -9,7 +9,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.attention import AttentionContext, CausalSelfAttention, build_context, resolve_backend
+from model.cache import KVCache, LayerCache
 from model.config import GPTConfig
+from model.generation import stream
 from model.positions import PositionEncoding, build_positions
 
 
@@ -37,8 +39,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, pe: PositionEncoding, ctx: AttentionContext) -> Tensor:
-        x = x + self.attn(self.ln_1(x), pe, ctx)
+    def forward(
+        self, x: Tensor, pe: PositionEncoding, ctx: AttentionContext, cache: LayerCache | None = None
+    ) -> Tensor:
+        x = x + self.attn(self.ln_1(x), pe, ctx, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -88,29 +92,39 @@ class GPT(nn.Module):
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, idx: Tensor, targets: Tensor | None = None, cache: KVCache | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """Logits for every position, and the mean cross-entropy when targets are given.
 
         Args:
             idx: (B, T) token ids. T may exceed `block_size` for every scheme but `learned`.
             targets: (B, T) next-token ids; positions holding -1 are left out of the loss.
+            cache: a KV cache holding the `cache.length` tokens before `idx`; the new tokens sit at
+                positions cache.length.. and are added to it.
 
         Returns:
             logits (B, T, vocab_size) and the loss (a scalar) or None.
         """
         T = idx.size(1)
-        self._check_length(T)
-        x = self.drop(self.pe.embed(self.wte(idx), start=0))  # (B, T, C)
+        start = cache.length if cache is not None else 0
+        self._check_length(start + T)
+        if cache is not None and start + T > cache.capacity:
+            raise ValueError(f"The KV cache holds {cache.capacity} positions; {start} + {T} do not fit.")
+        x = self.drop(self.pe.embed(self.wte(idx), start=start))  # (B, T, C)
         backend = resolve_backend(
             self.config.attn_backend,
             self.config.pos_encoding,
             idx.device,
             dropout_active=self.training and self.config.dropout > 0,
             needs_grad=x.requires_grad,
+            decoding=start > 0,
         )
-        ctx = build_context(backend, self.pe, T, T, idx.device)
-        for block in self.blocks:
-            x = block(x, self.pe, ctx)
+        ctx = build_context(backend, self.pe, T, start + T, idx.device)
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.pe, ctx, cache.layers[i] if cache is not None else None)
+        if cache is not None:
+            cache.length += T
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         loss = None
         if targets is not None:
@@ -150,24 +164,21 @@ class GPT(nn.Module):
         return 6 * self.num_params(exclude_embeddings=True) + 12 * c.n_layer * c.n_head * c.head_dim * seq_len
 
     @torch.no_grad()
-    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None) -> Tensor:
-        """Extend each row of `idx` (B, T) by `max_new_tokens` sampled tokens; returns (B, T + new).
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        use_cache: bool = True,
+        max_context: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Extend each row of `idx` (B, T) by `max_new_tokens` tokens; returns (B, T + new).
 
-        Recomputes the whole context for every token (no KV cache). A temperature of 0 is greedy.
-        `learned` positions see at most the last `block_size` tokens (nanoGPT's sliding window);
-        the other schemes see the whole context.
+        See `model.generation.stream` for the arguments and for what happens past the training
+        length; this collects its tokens.
         """
-        window = self.pe.max_positions
-        for _ in range(max_new_tokens):
-            context = idx if window is None else idx[:, -window:]
-            logits = self(context)[0][:, -1, :].float()  # (B, V)
-            if temperature == 0:
-                next_id = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                next_id = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
-            idx = torch.cat((idx, next_id), dim=1)
-        return idx
+        steps = stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, max_context, generator)
+        return torch.cat([idx, *steps], dim=1)

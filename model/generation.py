@@ -1,0 +1,117 @@
+"""Autoregressive sampling with a KV cache, for every position scheme.
+
+The context window: a model sees at most `window` tokens, the last ones. `window` is
+`block_size` for `learned` positions (they have no embedding beyond it, so the window slides, as
+nanoGPT does), and `max_context` for the schemes that extrapolate (default 4 x block_size), past
+which they slide too. The uncached path feeds the last `window` tokens for every new token. The
+cached path feeds the prompt once and then one token at a time; when the cache is full it is
+refilled from the last `window` tokens, which is exactly what the uncached path sees, so both
+produce the same tokens. Past the window every new token therefore costs a full forward over
+`window` tokens in both paths; below it the cached path costs one token's forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from model.cache import KVCache
+
+if TYPE_CHECKING:
+    from model.gpt import GPT
+
+DEFAULT_CONTEXT_MULTIPLE = 4
+"""max_context defaults to this many block sizes for the schemes that extrapolate."""
+
+
+def context_window(model: GPT, max_context: int | None = None) -> int:
+    """How many of the last tokens the model sees when generating (see the module docstring)."""
+    limit = max_context or DEFAULT_CONTEXT_MULTIPLE * model.config.block_size
+    learned = model.pe.max_positions
+    return limit if learned is None else min(limit, learned)
+
+
+def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """Logits (B, V) with every token outside the allowed set set to -inf.
+
+    top_k keeps the k most likely tokens; top_p keeps the smallest set of most likely tokens whose
+    probabilities sum to at least p (nucleus sampling, Holtzman et al. 2020); the most likely token
+    is always kept. With both, a token must pass both.
+    """
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # probability mass strictly above each token
+        drop_sorted = before >= top_p  # the first token always has 0 above it: always kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def next_token(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """(B, V) logits -> (B, 1) token ids: argmax for temperature 0, else a filtered sample."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = filter_logits(logits.float() / temperature, top_k, top_p)
+    return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
+def stream(
+    model: GPT,
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    max_context: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Iterator[Tensor]:
+    """Yield `max_new_tokens` new tokens, each (B, 1), continuing every row of `idx` (B, T).
+
+    Args:
+        model: the GPT, in eval mode.
+        idx: prompts of equal length, at least one token each.
+        temperature: 0 is greedy; higher flattens the distribution.
+        top_k, top_p: restrict sampling (see `filter_logits`).
+        use_cache: keep keys and values instead of recomputing the context for every token.
+        max_context: window of the extrapolating schemes (see the module docstring).
+        generator: random generator, for reproducible samples.
+    """
+    if idx.size(1) == 0:
+        raise ValueError("generate needs a prompt of at least one token (e.g. a newline or <|endoftext|>).")
+    window = context_window(model, max_context)
+    cache = KVCache(model.config.n_layer, window) if use_cache else None
+    tokens = idx
+    with torch.no_grad():
+        logits = _forward_last(model, tokens[:, -window:], cache)
+        for i in range(max_new_tokens):
+            new = next_token(logits, temperature, top_k, top_p, generator)
+            tokens = torch.cat([tokens, new], dim=1)
+            yield new
+            if i == max_new_tokens - 1:
+                break
+            if cache is not None and cache.length < window:
+                logits = _forward_last(model, new, cache)
+            else:  # no cache, or a full one: the last `window` tokens from scratch
+                if cache is not None:
+                    cache.reset()
+                logits = _forward_last(model, tokens[:, -window:], cache)
+
+
+def _forward_last(model: GPT, idx: Tensor, cache: KVCache | None) -> Tensor:
+    """Logits (B, V) for the token after `idx`, adding `idx` to the cache if there is one."""
+    logits, _ = model(idx, cache=cache)
+    return logits[:, -1, :].float()
