@@ -29,6 +29,15 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Iterable[int]) -> str: ...
 
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """UTF-8 bytes of the tokens; a BPE token can hold part of a character, so streams decode
+        these incrementally rather than token by token."""
+        ...
+
+    def start_ids(self) -> list[int]:
+        """What an empty prompt starts from."""
+        ...
+
     def meta(self) -> dict[str, Any]:
         """JSON-able description from which `tokenizer_from_meta` rebuilds this tokenizer."""
         ...
@@ -44,17 +53,29 @@ class CharTokenizer:
         self.vocab_size = len(self.chars)
         self._ids = {c: i for i, c in enumerate(self.chars)}
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, drop_unknown: bool = False) -> list[int]:
+        """Ids of `text`; characters outside the vocabulary are an error naming them, or, with
+        `drop_unknown`, left out."""
         unknown = sorted(set(text) - self._ids.keys())
-        if unknown:
+        if unknown and drop_unknown:
+            text = "".join(c for c in text if c in self._ids)
+        elif unknown:
             raise DataError(
                 f"Characters not in the vocabulary: {''.join(unknown)!r} ({len(unknown)} distinct). "
-                "A char-level model only knows the characters of its training corpus."
+                "A char-level model only knows the characters of its training corpus; remove them "
+                "(sample.py: --drop_unknown)."
             )
         return [self._ids[c] for c in text]
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.chars[i] for i in ids)
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        return self.decode(ids).encode()
+
+    def start_ids(self) -> list[int]:
+        """A newline, where the corpus has one (the start of a line), else the first character."""
+        return [self._ids.get("\n", 0)]
 
     def meta(self) -> dict[str, Any]:
         return {"kind": "char", "vocab_size": self.vocab_size, "chars": "".join(self.chars)}
@@ -94,6 +115,13 @@ class GPT2Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._enc.decode(list(ids))
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        return self._enc.decode_bytes(list(ids))
+
+    def start_ids(self) -> list[int]:
+        """<|endoftext|>, which separates documents in GPT-2 style training data."""
+        return [self.eot_id]
 
     def meta(self) -> dict[str, Any]:
         return {"kind": "gpt2", "vocab_size": self.vocab_size}

@@ -210,9 +210,9 @@ def train(cfg: RunConfig) -> RunResult:
 
 
 def sample_text(module: GPTModule, tokenizer: Tokenizer, n_tokens: int) -> str:
-    """A short sample from the trained model, starting from a newline (char) or <|endoftext|> (BPE)."""
+    """A short sample from the trained model, from the tokenizer's start token."""
     model = module.model.eval()
-    start = tokenizer.encode("\n") if tokenizer.meta()["kind"] == "char" else [getattr(tokenizer, "eot_id", 0)]
+    start = tokenizer.start_ids()
     idx = torch.tensor([start], dtype=torch.long, device=module.device)
     out = model.generate(idx, n_tokens, temperature=0.8, top_k=200)
     ids = [i for i in out[0, len(start) :].tolist() if i < tokenizer.vocab_size]  # padding rows are no tokens

@@ -1,0 +1,108 @@
+"""Sampling: the KV cache changes nothing but speed, windows slide as documented, filters hold."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from model import GPT, POS_ENCODINGS
+from model.cache import KVCache
+from model.generation import context_window, filter_logits, next_token
+
+
+def _model(tiny_config, scheme: str) -> GPT:
+    return GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).eval()
+
+
+@pytest.mark.parametrize("scheme", POS_ENCODINGS)
+def test_greedy_with_cache_equals_without_token_for_token(tiny_config, scheme):
+    """block_size 16, window 64 (16 for learned): 5 + 75 tokens cross block_size, and the window
+    slide for every scheme (learned slides at 16, the others at max_context = 4 x 16)."""
+    model = _model(tiny_config, scheme)
+    prompt = torch.randint(0, 64, (3, 5))
+    cached = model.generate(prompt, 75, temperature=0, use_cache=True)
+    uncached = model.generate(prompt, 75, temperature=0, use_cache=False)
+    assert cached.shape == (3, 80)
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "learned"])
+def test_cached_logits_equal_a_full_forward(tiny_config, scheme):
+    """Prompt then one token at a time through the cache: the same logits as one full forward, at
+    every position, including past block_size for the schemes that allow it."""
+    model = _model(tiny_config, scheme)
+    T = 16 if scheme == "learned" else 40
+    idx = torch.randint(0, 64, (2, T))
+    with torch.no_grad():
+        full, _ = model(idx)
+        cache = KVCache(tiny_config.n_layer, T)
+        steps = [model(idx[:, :7], cache=cache)[0]]
+        steps += [model(idx[:, t : t + 1], cache=cache)[0] for t in range(7, T)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert cache.length == T
+
+
+def test_window_is_block_size_for_learned_and_max_context_for_the_others(tiny_config):
+    assert context_window(_model(tiny_config, "learned")) == 16
+    assert context_window(_model(tiny_config, "learned"), max_context=100) == 16
+    assert context_window(_model(tiny_config, "rope")) == 64
+    assert context_window(_model(tiny_config, "alibi"), max_context=24) == 24
+
+
+def test_generation_past_max_context_sees_only_the_last_window(tiny_config):
+    """With max_context 24, the token after 30 tokens depends on the last 24 only."""
+    model = _model(tiny_config, "rope")
+    a = torch.randint(0, 64, (1, 30))
+    b = a.clone()
+    b[:, :6] = (b[:, :6] + 1) % 64  # differs only outside the window
+    out_a = model.generate(a, 1, temperature=0, max_context=24)
+    out_b = model.generate(b, 1, temperature=0, max_context=24)
+    assert out_a[0, -1] == out_b[0, -1]
+    with torch.no_grad():
+        expected = model(a[:, -24:])[0][:, -1].argmax(-1)
+    assert out_a[0, -1] == expected
+
+
+def test_same_seed_same_sample_and_batched_rows_differ(tiny_config):
+    model = _model(tiny_config, "alibi")
+    prompt = torch.zeros(4, 1, dtype=torch.long)
+    one = model.generate(prompt, 30, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    two = model.generate(prompt, 30, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    other = model.generate(prompt, 30, temperature=1.0, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(one, two) and not torch.equal(one, other)
+    assert len({tuple(row.tolist()) for row in one}) > 1  # several samples of one prompt
+
+
+def test_top_k_keeps_exactly_the_k_most_likely():
+    logits = torch.tensor([[1.0, 5.0, 3.0, 4.0, 2.0]])
+    kept = torch.isfinite(filter_logits(logits, top_k=2))
+    assert kept.tolist() == [[False, True, False, True, False]]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.tensor([[0.05, 0.5, 0.3, 0.15]])
+    logits = probs.log()
+    assert torch.isfinite(filter_logits(logits, top_p=0.5)).tolist() == [[False, True, False, False]]
+    assert torch.isfinite(filter_logits(logits, top_p=0.75)).tolist() == [[False, True, True, False]]
+    assert torch.isfinite(filter_logits(logits, top_p=0.81)).tolist() == [[False, True, True, True]]
+    assert torch.isfinite(filter_logits(logits, top_p=0.01)).tolist() == [[False, True, False, False]]
+    # renormalised, the kept tokens keep their relative odds
+    filtered = torch.softmax(filter_logits(logits, top_p=0.75), -1)
+    torch.testing.assert_close(filtered[0, 1:3], torch.tensor([0.5, 0.3]) / 0.8)
+
+
+def test_sampled_tokens_never_leave_the_allowed_set():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 50)
+    allowed = torch.isfinite(filter_logits(logits / 1.3, top_k=5, top_p=0.6))  # temperature first, as sampled
+    assert (allowed.sum(-1) < 5).any()  # top_p binds for some rows, so both filters are exercised
+    for _ in range(20):
+        tokens = next_token(logits, temperature=1.3, top_k=5, top_p=0.6, generator=gen)
+        assert allowed.gather(1, tokens).all()
+
+
+def test_empty_prompt_is_refused_with_a_hint(tiny_config):
+    with pytest.raises(ValueError, match="at least one token"):
+        _model(tiny_config, "rope").generate(torch.zeros(1, 0, dtype=torch.long), 3)
