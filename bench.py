@@ -3,6 +3,7 @@
     python bench.py train-step --input ../shared/data/tinyshakespeare.txt [--steps 300 --rounds 2]
     python bench.py plain-run --input ../shared/data/tinyshakespeare.txt --seeds 1337 1 2
     python bench.py val-noise --ckpt runs/X/last.ckpt --data_dir prepared/Y
+    python bench.py sample [--tokens 1000 --runs 4]
 
 `train-step` times optimizer steps of the default CPU shape (nanoGPT's CPU config, learned
 positions) two ways, interleaved A B B A so that the machine's drift hits both alike:
@@ -162,6 +163,24 @@ def bench_val_noise(args: argparse.Namespace) -> None:
     )
 
 
+def bench_sample(args: argparse.Namespace) -> None:
+    """Decode speed with and without the KV cache: a ~10M-parameter char model (nanoGPT's
+    shakespeare_char GPU shape, random weights: speed does not depend on them), batch 1, one-token
+    prompt, `--tokens` new tokens, runs interleaved A B B A."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, bias=False)).eval()
+    print(f"{model.num_params() / 1e6:.2f}M parameters, window {4 * 256} tokens")
+    prompt = torch.zeros(1, 1, dtype=torch.long)
+    results: dict[bool, list[float]] = {True: [], False: []}
+    for use_cache in [True, False, False, True][: args.runs]:
+        start = time.perf_counter()
+        model.generate(prompt, args.tokens, temperature=0, use_cache=use_cache)
+        results[use_cache].append(args.tokens / (time.perf_counter() - start))
+        print(f"{'kv cache' if use_cache else 'no cache'}: {results[use_cache][-1]:.1f} tokens/s", flush=True)
+    cached, uncached = statistics.median(results[True]), statistics.median(results[False])
+    print(f"median: kv cache {cached:.1f} tokens/s, no cache {uncached:.1f} tokens/s, {cached / uncached:.1f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="bench", required=True)
@@ -177,8 +196,16 @@ def main() -> None:
     noise.add_argument("--ckpt", required=True)
     noise.add_argument("--data_dir", required=True, help="the prepared directory the run trained on")
     noise.add_argument("--draws", type=int, default=100)
+    decode = sub.add_parser("sample", help="decode tokens/s with and without the KV cache, CPU")
+    decode.add_argument("--tokens", type=int, default=1000)
+    decode.add_argument("--runs", type=int, default=4, help="2 (A B) or 4 (A B B A)")
     args = parser.parse_args()
-    commands = {"train-step": bench_train_step, "plain-run": bench_plain_run, "val-noise": bench_val_noise}
+    commands = {
+        "train-step": bench_train_step,
+        "plain-run": bench_plain_run,
+        "val-noise": bench_val_noise,
+        "sample": bench_sample,
+    }
     commands[args.bench](args)
 
 
