@@ -18,6 +18,7 @@ compared on loss as well as speed. `val-noise` measures how noisy nanoGPT's own 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -29,6 +30,7 @@ import torch
 from data.dataset import FixedWindows, load_prepared
 from data.prepare import prepare
 from model import GPT, GPTConfig
+from model.generation import context_window
 from training.checkpoint import load_checkpoint
 from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
 from training.module import lr_factor
@@ -165,11 +167,14 @@ def bench_val_noise(args: argparse.Namespace) -> None:
 
 def bench_sample(args: argparse.Namespace) -> None:
     """Decode speed with and without the KV cache: a ~10M-parameter char model (nanoGPT's
-    shakespeare_char GPU shape, random weights: speed does not depend on them), batch 1, one-token
+    shakespeare_char GPU shape, random weights: speed does not depend on them; RoPE by default, whose
+    window is 4 x 256 tokens), batch 1, one-token
     prompt, `--tokens` new tokens, runs interleaved A B B A."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, bias=False)).eval()
-    print(f"{model.num_params() / 1e6:.2f}M parameters, window {4 * 256} tokens")
+    shape = GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, bias=False)
+    model = GPT(dataclasses.replace(shape, pos_encoding=args.pos_encoding)).eval()
+    window = context_window(model)
+    print(f"{model.num_params() / 1e6:.2f}M parameters, {args.pos_encoding}, window {window} tokens")
     prompt = torch.zeros(1, 1, dtype=torch.long)
     results: dict[bool, list[float]] = {True: [], False: []}
     for use_cache in [True, False, False, True][: args.runs]:
@@ -199,6 +204,7 @@ def main() -> None:
     decode = sub.add_parser("sample", help="decode tokens/s with and without the KV cache, CPU")
     decode.add_argument("--tokens", type=int, default=1000)
     decode.add_argument("--runs", type=int, default=4, help="2 (A B) or 4 (A B B A)")
+    decode.add_argument("--pos_encoding", default="rope", help="learned slides its window past block_size 256")
     args = parser.parse_args()
     commands = {
         "train-step": bench_train_step,
