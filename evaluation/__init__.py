@@ -1,0 +1,1 @@
+"""Length-extrapolation evaluation: loss and perplexity of a model against context length."""
