@@ -11,9 +11,11 @@ from typing import Any, Literal, get_args
 
 PosEncoding = Literal["learned", "sinusoidal", "rope", "alibi", "none"]
 AttnBackend = Literal["auto", "eager", "sdpa", "flex"]
+RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 
 POS_ENCODINGS: tuple[str, ...] = get_args(PosEncoding)
 ATTN_BACKENDS: tuple[str, ...] = get_args(AttnBackend)
+ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +42,10 @@ class GPTConfig:
     """Attention kernel: auto (fastest correct choice per device) | eager (reference) | sdpa | flex."""
     rope_base: float = 10000.0
     """RoPE frequency base (theta): pair i rotates by position * rope_base^(-2i/head_dim)."""
+    rope_scaling: RopeScaling = "none"
+    """RoPE context extension, usually set at evaluation time: linear (position interpolation), ntk, yarn."""
+    rope_scaling_factor: float = 1.0
+    """How many times block_size the scaled RoPE should cover (1 changes nothing)."""
 
     def __post_init__(self) -> None:
         _check_choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
@@ -65,6 +71,11 @@ class GPTConfig:
                 f"GPTConfig.pos_encoding='sinusoidal' pairs sin and cos channels, so n_embd must be even; "
                 f"got {self.n_embd}."
             )
+        _check_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+        if self.rope_scaling_factor < 1.0:
+            raise ValueError(f"GPTConfig.rope_scaling_factor must be >= 1, got {self.rope_scaling_factor!r}.")
+        if self.rope_scaling == "ntk" and self.head_dim <= 2:
+            raise ValueError("GPTConfig.rope_scaling='ntk' needs a head size above 2 (it scales by D / (D - 2)).")
         if self.rope_base <= 0:
             raise ValueError(f"GPTConfig.rope_base must be positive, got {self.rope_base!r}.")
         if self.attn_backend == "flex" and self.dropout > 0:

@@ -111,16 +111,21 @@ class RotaryPositions(PositionEncoding):
         super().__init__()
         self.head_dim = config.head_dim
         self.base = config.rope_base
-        cos, sin = rope_cos_sin(config.block_size, self.head_dim, self.base)
+        self.scaling = (config.rope_scaling, config.rope_scaling_factor, config.block_size)
+        cos, sin = self._cos_sin(config.block_size)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     def rotate(self, q: Tensor, k: Tensor, start: int) -> tuple[Tensor, Tensor]:
         end = start + q.size(-2)
         if end > self.cos.size(0) or self.cos.dtype != torch.float32:
-            self.cos, self.sin = rope_cos_sin(_grown(end), self.head_dim, self.base, device=q.device)
+            self.cos, self.sin = self._cos_sin(_grown(end), device=q.device)
         cos, sin = self.cos[start:end], self.sin[start:end]  # (T, D/2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    def _cos_sin(self, length: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+        kind, factor, trained_length = self.scaling
+        return rope_cos_sin(length, self.head_dim, self.base, device, kind, factor, trained_length)
 
 
 class ALiBi(PositionEncoding):
@@ -162,11 +167,42 @@ def sinusoid_table(length: int, dim: int, device: torch.device | None = None) ->
     return table
 
 
-def rope_cos_sin(length: int, head_dim: int, base: float, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
-    """cos and sin of the RoPE angles, each (length, head_dim / 2) in float32."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+def rope_cos_sin(
+    length: int,
+    head_dim: int,
+    base: float,
+    device: torch.device | None = None,
+    scaling: str = "none",
+    factor: float = 1.0,
+    trained_length: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """cos and sin of the RoPE angles, each (length, head_dim / 2) in float32, optionally scaled to
+    cover `factor` times the `trained_length`:
+
+    - linear: position interpolation (Chen et al. 2023): every angle divided by `factor`;
+    - ntk: NTK-aware base scaling (bloc97, 2023): base * factor^(D / (D - 2)), which stretches the
+      low frequencies and leaves the highest almost untouched;
+    - yarn (Peng et al. 2023: "NTK-by-parts" plus an attention temperature): a dimension whose
+      wavelength fits more than beta = 32 times into the trained length keeps its frequency, one
+      that fits less than alpha = 1 time is interpolated by `factor`, with a linear ramp between;
+      cos and sin are multiplied by 0.1 ln(factor) + 1, so every attention score is scaled by its
+      square (the paper's sqrt(1/t) on both q and k).
+    With factor 1 every method gives the unscaled angles.
+    """
+    dims = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+    if scaling == "ntk":
+        base = base * factor ** (head_dim / (head_dim - 2))
+    inv_freq = base**-dims
+    mscale = 1.0
+    if scaling == "linear":
+        inv_freq = inv_freq / factor
+    elif scaling == "yarn":
+        rotations = trained_length * inv_freq / (2 * math.pi)  # full turns within the trained length
+        keep = ((rotations - 1.0) / (32.0 - 1.0)).clamp(0.0, 1.0)  # 0: interpolate, 1: keep
+        inv_freq = inv_freq / factor * (1.0 - keep) + inv_freq * keep
+        mscale = 0.1 * math.log(factor) + 1.0
     angles = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)
-    return torch.cos(angles), torch.sin(angles)
+    return torch.cos(angles) * mscale, torch.sin(angles) * mscale
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

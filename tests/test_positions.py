@@ -120,3 +120,52 @@ def test_learned_positions_refuse_to_run_past_block_size(tiny_config):
         model(torch.randint(0, 64, (1, 17)))
     message = str(info.value)
     assert "16" in message and "block_size" in message and "17" in message
+
+
+@pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn"])
+def test_rope_scaling_with_factor_one_changes_nothing(tiny_config, scaling):
+    plain = GPT(dataclasses.replace(tiny_config, pos_encoding="rope")).eval()
+    scaled = GPT(dataclasses.replace(tiny_config, pos_encoding="rope", rope_scaling=scaling, rope_scaling_factor=1.0))
+    scaled.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 64, (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(scaled.eval()(idx)[0], plain(idx)[0])
+
+
+def test_linear_scaling_is_position_interpolation():
+    cos, sin = rope_cos_sin(64, 16, 10000.0, scaling="linear", factor=4.0, trained_length=16)
+    ref_cos, ref_sin = rope_cos_sin(16, 16, 10000.0)
+    torch.testing.assert_close(cos[::4], ref_cos)  # position 4p scaled == position p unscaled
+    torch.testing.assert_close(sin[::4], ref_sin)
+
+
+def test_ntk_scaling_raises_the_base():
+    cos, _ = rope_cos_sin(50, 16, 10000.0, scaling="ntk", factor=4.0, trained_length=16)
+    ref_cos, _ = rope_cos_sin(50, 16, 10000.0 * 4.0 ** (16 / 14))
+    torch.testing.assert_close(cos, ref_cos)
+    # the highest frequency (pair 0) is untouched, the lowest is slowed by the full factor
+    plain, _ = rope_cos_sin(50, 16, 10000.0)
+    torch.testing.assert_close(cos[:, 0], plain[:, 0])
+
+
+def test_yarn_keeps_fast_dimensions_interpolates_slow_ones_and_scales_attention():
+    trained, factor, dim = 256, 8.0, 64
+    cos, sin = rope_cos_sin(2048, dim, 10000.0, scaling="yarn", factor=factor, trained_length=trained)
+    mscale = 0.1 * math.log(factor) + 1.0
+    plain_cos, plain_sin = rope_cos_sin(2048, dim, 10000.0)
+    # pair 0 turns 256 / (2 pi) ~ 41 times within 256 tokens (> beta = 32): frequency kept
+    torch.testing.assert_close(cos[:, 0] / mscale, plain_cos[:, 0])
+    # the last pair turns far less than once (< alpha = 1): interpolated by the full factor
+    lin_cos, _ = rope_cos_sin(2048, dim, 10000.0, scaling="linear", factor=factor)
+    torch.testing.assert_close(cos[:, -1] / mscale, lin_cos[:, -1])
+    torch.testing.assert_close(cos**2 + sin**2, torch.full_like(cos, mscale**2))
+    assert not torch.allclose(cos[:, 10] / mscale, plain_cos[:, 10])
+
+
+def test_rope_scaling_is_validated():
+    from model import GPTConfig
+
+    with pytest.raises(ValueError, match="rope_scaling"):
+        GPTConfig(rope_scaling="dynamic")
+    with pytest.raises(ValueError, match="rope_scaling_factor must be >= 1"):
+        GPTConfig(rope_scaling="linear", rope_scaling_factor=0.5)
