@@ -17,8 +17,9 @@ import torch
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 from model import GPT, GPTConfig
 
-CHANGEABLE_ON_RESUME = frozenset({"attn_backend", "dropout"})
-"""Model fields that a resumed run may change: they leave the weights' meaning unchanged."""
+CHANGEABLE_ON_RESUME = frozenset({"attn_backend", "dropout", "rope_scaling", "rope_scaling_factor"})
+"""Model fields that a resumed run may change: the weights keep their shapes and meaning (RoPE
+scaling is how position interpolation fine-tunes a trained model for longer contexts)."""
 
 
 class CheckpointError(ValueError):
