@@ -113,5 +113,5 @@ def stream(
 
 def _forward_last(model: GPT, idx: Tensor, cache: KVCache | None) -> Tensor:
     """Logits (B, V) for the token after `idx`, adding `idx` to the cache if there is one."""
-    logits, _ = model(idx, cache=cache)
+    logits, _ = model(idx, cache=cache, last_only=True)  # through __call__, so a compiled model stays compiled
     return logits[:, -1, :].float()

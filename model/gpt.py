@@ -93,7 +93,7 @@ class GPT(nn.Module):
             nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
 
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, cache: KVCache | None = None
+        self, idx: Tensor, targets: Tensor | None = None, cache: KVCache | None = None, last_only: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """Logits for every position, and the mean cross-entropy when targets are given.
 
@@ -102,10 +102,22 @@ class GPT(nn.Module):
             targets: (B, T) next-token ids; positions holding -1 are left out of the loss.
             cache: a KV cache holding the `cache.length` tokens before `idx`; the new tokens sit at
                 positions cache.length.. and are added to it.
+            last_only: logits for the last position only, (B, 1, vocab_size), as generation needs:
+                for a GPT-2 vocabulary and a long context the logits of every position would be the
+                largest tensor of the forward pass.
 
         Returns:
             logits (B, T, vocab_size) and the loss (a scalar) or None.
         """
+        x = self._hidden(idx, cache)  # (B, T, C)
+        logits = self.lm_head(x[:, -1:] if last_only else x)  # (B, T or 1, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+        return logits, loss
+
+    def _hidden(self, idx: Tensor, cache: KVCache | None) -> Tensor:
+        """The final-LayerNorm states (B, T, C) that the tied head turns into logits."""
         T = idx.size(1)
         start = cache.length if cache is not None else 0
         self._check_length(start + T)
@@ -125,11 +137,7 @@ class GPT(nn.Module):
             x = block(x, self.pe, ctx, cache.layers[i] if cache is not None else None)
         if cache is not None:
             cache.length += T
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
-        return logits, loss
+        return self.ln_f(x)
 
     def _check_length(self, length: int) -> None:
         limit = self.pe.max_positions

@@ -106,3 +106,13 @@ def test_each_scheme_overfits_one_batch(tiny_config, scheme):
     final = model(x, y)[1].item()
     assert first > 3.5  # about ln(64) = 4.16 at init
     assert final < 0.1, f"{scheme}: loss {first:.3f} -> {final:.3f}"  # from ~4.16
+
+
+def test_last_only_gives_the_last_row_of_the_full_logits(tiny_config):
+    model = GPT(tiny_config).eval()
+    idx = torch.randint(0, 64, (2, 9))
+    with torch.no_grad():
+        full, _ = model(idx)
+        last, _ = model(idx, last_only=True)
+    assert last.shape == (2, 1, 64)
+    torch.testing.assert_close(last, full[:, -1:])

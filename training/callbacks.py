@@ -79,13 +79,14 @@ class SpeedMonitor(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if trainer.fit_loop._should_accumulate():
             return
-        self._sync(trainer)
-        now = time.perf_counter()
         if self._t0 is None:  # the first step (and the first after validation) includes warm-up: skip it
-            self._t0, self._steps = now, 0
+            self._sync(trainer)
+            self._t0, self._steps = time.perf_counter(), 0
             return
         self._steps += 1
-        if self._steps >= self.log_every:
+        if self._steps >= self.log_every:  # synchronise only here: a sync every step would stall the GPU queue
+            self._sync(trainer)
+            now = time.perf_counter()
             tokens_per_s = self._steps * pl_module.tokens_per_step / (now - self._t0)
             pl_module.log("perf/tokens_per_s", tokens_per_s, prog_bar=True, rank_zero_only=True)
             if self._peak:
