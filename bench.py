@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.dataset import FixedWindows, load_prepared
+from data.dataset import load_prepared
 from data.prepare import prepare
+from evaluation.extrapolation import evaluate_length
 from model import GPT, GPTConfig
 from model.generation import context_window
 from training.checkpoint import load_checkpoint
@@ -73,11 +74,8 @@ def plain_loop_tokens_per_s(data_dir: Path, steps: int) -> float:
 
 def whole_split_loss(model: GPT, data_dir: Path) -> float:
     """Mean loss over every fixed window of the validation split (what the trainer logs as val/loss)."""
-    windows = FixedWindows(load_prepared(data_dir), "val", model.config.block_size, 64)
-    model.eval()
-    with torch.no_grad():
-        total = sum(model(x, y)[1].item() * x.size(0) for x, y in (windows[i] for i in range(len(windows))))
-    return total / len(windows.offsets)
+    val = load_prepared(data_dir).tokens("val")
+    return evaluate_length(model, val, model.config.block_size, token_budget=len(val), batch_size=64).loss
 
 
 def plain_loop(data_dir: Path, steps: int, seed: int) -> tuple[GPT, list[float]]:

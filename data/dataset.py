@@ -103,15 +103,23 @@ class RandomWindows(IterableDataset):
             index += 1
 
 
+def window_starts(n_tokens: int, length: int, stride: int, token_budget: int) -> np.ndarray:
+    """Start offsets of the windows: advancing by `stride`, each needing length + 1 tokens, until
+    `token_budget` tokens are scored (stride per window) or the text ends."""
+    last_start = n_tokens - (length + 1)
+    if last_start < 0:
+        return np.zeros(0, dtype=np.int64)
+    n_windows = min(last_start // stride + 1, max(1, token_budget // stride))
+    return np.arange(n_windows, dtype=np.int64) * stride
+
+
 class FixedWindows(Dataset):
     """Non-overlapping windows from the start of a split, `batch_size` per item."""
 
     def __init__(self, data: PreparedData, split: str, block_size: int, batch_size: int, max_tokens: int = 0):
         self.data, self.split, self.block_size, self.batch_size = data, split, block_size, batch_size
-        n_windows = (data.meta[f"{split}_tokens"] - 1) // block_size
-        if max_tokens:
-            n_windows = min(n_windows, max(1, max_tokens // block_size))
-        self.offsets = np.arange(n_windows) * block_size
+        n_tokens = data.meta[f"{split}_tokens"]
+        self.offsets = window_starts(n_tokens, block_size, block_size, max_tokens or n_tokens)
 
     def __len__(self) -> int:
         return -(-len(self.offsets) // self.batch_size)

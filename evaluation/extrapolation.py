@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from data.dataset import window_starts
 from model import GPT
 
 
@@ -39,16 +40,6 @@ class LengthResult:
     @property
     def ppl(self) -> float:
         return math.exp(self.loss) if self.applicable else math.nan
-
-
-def window_starts(n_tokens: int, length: int, stride: int, token_budget: int) -> np.ndarray:
-    """Start offsets of the windows: advancing by `stride`, each needing length + 1 tokens, until
-    `token_budget` tokens are scored (stride per window) or the text ends."""
-    last_start = n_tokens - (length + 1)
-    if last_start < 0:
-        return np.zeros(0, dtype=np.int64)
-    n_windows = min(last_start // stride + 1, max(1, token_budget // stride))
-    return np.arange(n_windows, dtype=np.int64) * stride
 
 
 @torch.no_grad()

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from evaluation.extrapolation import evaluate_length, window_starts
+from data.dataset import window_starts
+from evaluation.extrapolation import evaluate_length
 from model import GPT
 
 
