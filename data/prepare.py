@@ -53,7 +53,7 @@ def cache_dir() -> Path:
 def shakespeare_path() -> Path:
     """Tiny Shakespeare from the cache, downloaded once when online."""
     path = cache_dir() / "tinyshakespeare.txt"
-    if path.is_file() and _sha256(path) == SHAKESPEARE_SHA256:
+    if path.is_file() and sha256_file(path) == SHAKESPEARE_SHA256:
         return path
     log.info("Downloading Tiny Shakespeare from %s", SHAKESPEARE_URL)
     try:
@@ -67,7 +67,7 @@ def shakespeare_path() -> Path:
     if hashlib.sha256(payload).hexdigest() != SHAKESPEARE_SHA256:
         raise DataError(f"The download from {SHAKESPEARE_URL} is not Tiny Shakespeare (sha256 mismatch).")
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_bytes(path, payload)
+    atomic_write_bytes(path, payload)
     return path
 
 
@@ -164,7 +164,7 @@ def prepare(
         "sources": [str(p) for p in sources],
         "fingerprint": fingerprint,
     }
-    _atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode())
+    atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode())
     log.info("Wrote %s: %d train and %d val tokens (%s)", out, n_train, n_val, dtype.name)
     return meta
 
@@ -244,7 +244,7 @@ def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
 def _fingerprint(sources: list[Path], settings: dict[str, Any]) -> str:
     digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True).encode())
     for path in sources:
-        digest.update(str(path).encode() + b"\0" + _sha256(path).encode())
+        digest.update(str(path).encode() + b"\0" + sha256_file(path).encode())
     return digest.hexdigest()
 
 
@@ -264,7 +264,8 @@ def _reusable(out: Path, fingerprint: str) -> dict[str, Any] | None:
     return meta
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 22):
@@ -272,7 +273,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _atomic_write_bytes(path: Path, payload: bytes) -> None:
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
     """Write to a temporary file beside `path`, then rename: readers never see a partial file."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:

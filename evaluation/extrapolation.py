@@ -8,18 +8,27 @@
 Every length scores the same number of tokens (`token_budget`), taken from the start of the text,
 so lengths are compared on equal footing. Loss is also reported by position inside the window,
 in equal buckets, which shows where a scheme breaks down.
+
+Memory stays bounded at any L: a batch holds about `batch_tokens` tokens (fewer windows as L
+grows, halved again on a CUDA out-of-memory error), and logits are formed for the scored
+positions only, a chunk at a time, never as one (B, L, vocab) tensor.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from data.dataset import window_starts
 from model import GPT
+
+LOGIT_ELEMENTS = 1 << 25
+"""Most logits formed at once (128 MiB in float32), whatever the vocabulary and batch."""
 
 
 @dataclass
@@ -36,10 +45,17 @@ class LengthResult:
     loss: float = math.nan
     by_position: list[float] = field(default_factory=list)
     """Mean loss in `len(by_position)` equal buckets of the scored positions, first to last."""
+    bucket_starts: list[int] = field(default_factory=list)
+    """Position in the window (0 = first) where each bucket of `by_position` begins."""
 
     @property
     def ppl(self) -> float:
         return math.exp(self.loss) if self.applicable else math.nan
+
+
+def count_windows(n_tokens: int, length: int, stride: int | None, token_budget: int) -> int:
+    """How many windows `evaluate_length` runs (for a progress bar)."""
+    return int(window_starts(n_tokens, length, stride or length, token_budget).size)
 
 
 @torch.no_grad()
@@ -49,8 +65,11 @@ def evaluate_length(
     length: int,
     stride: int | None = None,
     token_budget: int = 65536,
-    batch_size: int = 8,
+    batch_size: int | None = None,
     buckets: int = 8,
+    batch_tokens: int = 65536,
+    autocast_dtype: torch.dtype | None = None,
+    on_windows: Callable[[int], None] | None = None,
 ) -> LengthResult:
     """Loss of `model` on `tokens` at context `length` (see the module docstring).
 
@@ -60,8 +79,12 @@ def evaluate_length(
         length: context length L.
         stride: S for sliding windows; None (or L) means non-overlapping windows.
         token_budget: tokens to score (fewer if the text runs out).
-        batch_size: windows per forward pass.
+        batch_size: windows per forward pass; None picks batch_tokens // L (at least 1).
         buckets: number of position buckets in `by_position`.
+        batch_tokens: tokens per forward pass when batch_size is None.
+        autocast_dtype: run the model under autocast to this dtype (bfloat16 on a GPU); the loss
+            is always computed in float32.
+        on_windows: called with the number of windows after each batch (a progress bar).
     """
     stride = length if stride is None else stride
     mode = "nonoverlap" if stride == length else "sliding"
@@ -74,26 +97,53 @@ def evaluate_length(
     starts = window_starts(len(tokens), length, stride, token_budget)
     if starts.size == 0:
         raise ValueError(f"The evaluation text has {len(tokens)} tokens, too few for one window of {length} + 1.")
-    device = next(model.parameters()).device
+    batch_size = batch_size or max(1, batch_tokens // length)
     was_training = model.training
     model.eval()
     position_loss = torch.zeros(stride, dtype=torch.float64)  # summed over windows, scored positions only
-    for i in range(0, starts.size, batch_size):
+    i = 0
+    while i < starts.size:
         rows = np.stack([tokens[s : s + length + 1] for s in starts[i : i + batch_size]]).astype(np.int64)
-        batch = torch.from_numpy(rows).to(device)
-        logits, _ = model(batch[:, :-1])
-        scored = logits[:, length - stride :].float()  # (B, S, V): the last S positions
-        targets = batch[:, length - stride + 1 :]
-        losses = torch.nn.functional.cross_entropy(scored.transpose(1, 2), targets, reduction="none")  # (B, S)
+        try:
+            losses = _window_losses(model, torch.from_numpy(rows), stride, autocast_dtype)  # (B, S)
+        except torch.OutOfMemoryError:
+            if batch_size == 1:
+                raise
+            batch_size //= 2  # retry the same windows in smaller batches
+            torch.cuda.empty_cache()
+            continue
         position_loss += losses.double().sum(0).cpu()
+        i += len(rows)
+        if on_windows is not None:
+            on_windows(len(rows))
     model.train(was_training)
     per_position = position_loss / starts.size
-    bucketed = [chunk.mean().item() for chunk in per_position.tensor_split(min(buckets, stride))]
+    chunks = per_position.tensor_split(min(buckets, stride))
+    offsets = np.cumsum([0] + [len(c) for c in chunks[:-1]])
     return LengthResult(
         length,
         mode,
         stride,
         scored_tokens=int(starts.size * stride),
         loss=per_position.mean().item(),
-        by_position=bucketed,
+        by_position=[chunk.mean().item() for chunk in chunks],
+        bucket_starts=[int(length - stride + o) for o in offsets],
     )
+
+
+def _window_losses(model: GPT, rows: torch.Tensor, stride: int, autocast_dtype: torch.dtype | None) -> torch.Tensor:
+    """Cross-entropy (B, S) of the last `stride` positions of each row of `rows` (B, L + 1)."""
+    device = model.wte.weight.device
+    rows = rows.to(device)
+    length = rows.size(1) - 1
+    use_autocast = autocast_dtype is not None
+    with torch.autocast(device.type, autocast_dtype or torch.float32, enabled=use_autocast):
+        hidden = model.hidden_states(rows[:, :-1])[:, length - stride :]  # (B, S, C)
+    targets = rows[:, length - stride + 1 :]  # (B, S)
+    chunk = max(1, LOGIT_ELEMENTS // (rows.size(0) * model.config.vocab_size))
+    losses = []
+    for c in range(0, stride, chunk):
+        with torch.autocast(device.type, autocast_dtype or torch.float32, enabled=use_autocast):
+            logits = model.lm_head(hidden[:, c : c + chunk])  # (B, chunk, V)
+        losses.append(F.cross_entropy(logits.float().transpose(1, 2), targets[:, c : c + chunk], reduction="none"))
+    return torch.cat(losses, dim=1)

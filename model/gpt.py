@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -115,6 +116,25 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return logits, loss
+
+    def hidden_states(self, idx: Tensor) -> Tensor:
+        """The final-LayerNorm states (B, T, C); `lm_head` turns them into logits.
+
+        For evaluations at long contexts that need the logits of only some positions, or project
+        them in chunks: (B, T, vocab_size) logits can outgrow the rest of the forward pass.
+        """
+        return self._hidden(idx, None)
+
+    def set_rope_scaling(self, scaling: str, factor: float) -> None:
+        """Switch RoPE scaling in place (`config.rope_scaling` and its factor).
+
+        The weights do not depend on it, so evaluating a RoPE model with position interpolation,
+        NTK or YaRN at some factor needs no new model. Only `rope` models have it.
+        """
+        if self.config.pos_encoding != "rope":
+            raise ValueError(f"RoPE scaling applies to pos_encoding='rope' only, not {self.config.pos_encoding!r}.")
+        self.config = dataclasses.replace(self.config, rope_scaling=scaling, rope_scaling_factor=float(factor))
+        self.pe = build_positions(self.config).to(self.wte.weight.device)
 
     def _hidden(self, idx: Tensor, cache: KVCache | None) -> Tensor:
         """The final-LayerNorm states (B, T, C) that the tied head turns into logits."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from model import GPT, GPTConfig
 
@@ -49,3 +51,18 @@ def run_pair(config: GPTConfig, scheme: str, backend: str, device: torch.device,
                 grads = {name: p.grad.float() for name, p in model.named_parameters()}
             results.append((logits.float(), grads))
         yield T, results[0], results[1]
+
+
+def direct_loss(model: GPT, tokens: np.ndarray, length: int, stride: int, budget: int) -> float:
+    """The extrapolation loss computed the slow, obvious way: one window at a time, advancing by
+    `stride`, scoring the last `stride` tokens of each, until `budget` tokens are scored."""
+    losses = []
+    start = 0
+    while start + length + 1 <= len(tokens) and len(losses) < budget:
+        window = torch.from_numpy(tokens[start : start + length + 1].astype(np.int64))[None]
+        with torch.no_grad():
+            logits, _ = model(window[:, :-1])
+        for pos in range(length - stride, length):
+            losses.append(F.cross_entropy(logits[0, pos], window[0, pos + 1]).item())
+        start += stride
+    return sum(losses) / len(losses)

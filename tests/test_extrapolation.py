@@ -7,12 +7,12 @@ import math
 
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 
 from data.dataset import window_starts
 from evaluation.extrapolation import evaluate_length
 from model import GPT
+
+from helpers import direct_loss
 
 
 @pytest.fixture
@@ -24,27 +24,13 @@ def _model(tiny_config, scheme: str) -> GPT:
     return GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).eval()
 
 
-def _by_hand(model: GPT, tokens: np.ndarray, length: int, stride: int, budget: int) -> float:
-    """Loop over the windows one at a time, score the last `stride` tokens of each."""
-    losses = []
-    start = 0
-    while start + length + 1 <= len(tokens) and len(losses) < budget:
-        window = torch.from_numpy(tokens[start : start + length + 1].astype(np.int64))[None]
-        with torch.no_grad():
-            logits, _ = model(window[:, :-1])
-        for pos in range(length - stride, length):
-            losses.append(F.cross_entropy(logits[0, pos], window[0, pos + 1]).item())
-        start += stride
-    return sum(losses) / len(losses)
-
-
 @pytest.mark.parametrize("scheme", ["rope", "alibi", "sinusoidal"])
 @pytest.mark.parametrize(("length", "stride"), [(16, 16), (40, 40), (40, 10), (64, 7)])
 def test_matches_a_direct_computation(tiny_config, text_tokens, scheme, length, stride):
     model = _model(tiny_config, scheme)
     budget = 280
     result = evaluate_length(model, text_tokens, length, stride, token_budget=budget, batch_size=3)
-    expected = _by_hand(model, text_tokens, length, stride, budget=result.scored_tokens)
+    expected = direct_loss(model, text_tokens, length, stride, budget=result.scored_tokens)
     assert result.loss == pytest.approx(expected, rel=1e-5)
     assert result.mode == ("nonoverlap" if stride == length else "sliding")
     assert result.ppl == pytest.approx(math.exp(expected), rel=1e-5)

@@ -125,7 +125,7 @@ def _wandb_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _git_sha() -> str:
+def git_sha() -> str:
     try:
         repo = Path(__file__).resolve().parents[1]
         out = subprocess.run(
@@ -188,7 +188,7 @@ def train(cfg: RunConfig) -> RunResult:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config_dict, sort_keys=False))
         log.info(
             "git %s, torch %s, %s, %d parameters, run dir %s%s",
-            _git_sha(),
+            git_sha(),
             torch.__version__,
             precision,
             module.model.num_params(),

@@ -1,0 +1,80 @@
+"""What an extrapolation evaluation runs: typed dataclasses shared by `evaluate.py` and the
+experiment runner (whose YAML has an `eval:` section of `EvalSettings`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from model.config import RopeScaling
+
+
+@dataclass
+class EvalSettings:
+    """How each checkpoint is evaluated: lengths, mode, budget, RoPE scaling, hardware."""
+
+    lengths: list[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048, 4096])
+    """Context lengths L to evaluate at, in tokens."""
+    mode: Literal["nonoverlap", "sliding"] = "nonoverlap"
+    """nonoverlap: windows of L, every token scored; sliding: windows advance by `stride`, the last
+    `stride` tokens of each scored (each sees at least L - stride tokens of context)."""
+    stride: int | None = None
+    """Stride S of the sliding mode, at most the smallest length."""
+    token_budget: int = 65536
+    """Tokens scored at every length, from the start of the text, so lengths compare on equal footing."""
+    rope_scaling: list[RopeScaling] = field(default_factory=lambda: ["none"])
+    """For RoPE checkpoints: evaluate once per entry. none = as trained; linear (position
+    interpolation), ntk (NTK-aware base), yarn. Other schemes are evaluated once."""
+    rope_scaling_factor: float | Literal["dynamic"] = "dynamic"
+    """A fixed factor (>= 1) for the scaled RoPE variants, or 'dynamic': L / block_size at each
+    length L beyond the training length (1 within it, where scaling changes nothing)."""
+    buckets: int = 16
+    """Position buckets for the loss-by-position curves."""
+    batch_tokens: int = 32768
+    """Tokens per forward pass (windows per batch = batch_tokens // L, at least 1; halved on OOM)."""
+    device: str = "auto"
+    """auto (cuda if available, else cpu), cpu, cuda, cuda:1, ..."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Autocast dtype: auto is bfloat16 on a GPU that has it, float32 otherwise (losses in float32)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if not self.lengths or any(not isinstance(n, int) or n < 1 for n in self.lengths):
+            raise ValueError(f"lengths must be positive integers, got {self.lengths!r}.")
+        self.lengths = sorted(set(self.lengths))
+        if self.mode == "sliding":
+            if self.stride is None:
+                raise ValueError("mode 'sliding' needs --stride S (the tokens scored per window).")
+            if not 0 < self.stride <= self.lengths[0]:
+                raise ValueError(
+                    f"stride must be in 1..{self.lengths[0]} (the smallest length), got {self.stride}."
+                )
+        elif self.stride is not None:
+            raise ValueError("--stride applies to --mode sliding only; drop it or add --mode sliding.")
+        if self.token_budget < 1 or self.buckets < 1 or self.batch_tokens < 1:
+            raise ValueError("token_budget, buckets and batch_tokens must be positive.")
+        if self.rope_scaling_factor != "dynamic" and float(self.rope_scaling_factor) < 1:
+            raise ValueError(f"rope_scaling_factor must be >= 1 or 'dynamic', got {self.rope_scaling_factor!r}.")
+        if not self.rope_scaling:
+            raise ValueError("rope_scaling needs at least one entry (none = as trained).")
+
+
+@dataclass
+class EvalData:
+    """The text to evaluate on (default: each checkpoint's own validation split)."""
+
+    input: str | None = None
+    """A text file, tokenized with each checkpoint's own tokenizer."""
+    dir: str | None = None
+    """A directory written by `python -m data.prepare` (its tokenizer must be the checkpoints')."""
+    split: Literal["val", "train"] = "val"
+    """Split of a prepared directory (or of each checkpoint's own data)."""
+    tiktoken_ranks: str | None = None
+    """Local r50k_base.tiktoken for offline GPT-2 BPE (or set POSGPT_TIKTOKEN_RANKS)."""
+    drop_unknown: bool = False
+    """With --data.input and a char-level checkpoint: leave out characters outside its vocabulary."""
+
+    def __post_init__(self) -> None:
+        if self.input and self.dir:
+            raise ValueError("Pass either --data.input FILE or --data.dir PREPARED, not both.")

@@ -1,0 +1,234 @@
+"""Write an evaluation's results: `results.json`, `results.md`, `ppl_vs_length.png` and
+`loss_by_position.png`.
+
+Runs that share a label are seeds of one model: the table and plots show their mean, and the
+standard deviation across seeds where there are several. Each file is written to a temporary name
+and renamed, so a report directory never holds a half-written file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display; before pyplot is imported
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator  # noqa: E402
+
+from data.prepare import atomic_write_bytes  # noqa: E402
+
+MAX_PANELS = 6
+"""Lengths shown in loss_by_position.png (evenly chosen, the longest always among them)."""
+
+
+@dataclass
+class Group:
+    """The runs of one label (one per seed)."""
+
+    label: str
+    runs: list[dict[str, Any]]
+
+    def column(self, key: str) -> list[Any]:
+        return [run[key] for run in self.runs]
+
+    def rows_at(self, length: int) -> list[dict[str, Any]]:
+        return [next(r for r in run["results"] if r["length"] == length) for run in self.runs]
+
+    def ppl_at(self, length: int) -> tuple[float, float] | None:
+        """Mean and standard deviation (0 for one seed) of the perplexity, None when not applicable."""
+        values = [row["ppl"] for row in self.rows_at(length)]
+        if any(v is None for v in values):
+            return None
+        return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def group_runs(doc: dict[str, Any]) -> list[Group]:
+    groups: dict[str, Group] = {}
+    for run in doc["runs"]:
+        groups.setdefault(run["label"], Group(run["label"], [])).runs.append(run)
+    return list(groups.values())
+
+
+def write_report(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    """Write the four files into `out_dir` (created if needed); returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = group_runs(doc)
+    files = {
+        "results.json": json.dumps(doc, indent=1, allow_nan=False).encode(),
+        "results.md": markdown_table(doc, groups).encode(),
+        "ppl_vs_length.png": _png(ppl_figure(doc, groups)),
+        "loss_by_position.png": _png(position_figure(doc, groups)),
+    }
+    for name, payload in files.items():
+        atomic_write_bytes(out / name, payload)
+    return [out / name for name in files]
+
+
+def fmt(value: float) -> str:
+    """A perplexity with about three significant figures, never in e-notation."""
+    if value < 100:
+        return f"{value:.2f}"
+    if value < 1000:
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
+def markdown_table(doc: dict[str, Any], groups: list[Group]) -> str:
+    """Rows = models, columns = lengths, cells = perplexity (mean ± std over seeds)."""
+    s = doc["settings"]
+    lengths = s["lengths"]
+    lines = ["# Perplexity against context length", ""]
+    lines += [f"- {line}" for line in _settings_lines(doc, groups)]
+    lines += ["", "| model | positions | train length | tokenizer | seeds | " + " | ".join(map(str, lengths)) + " |"]
+    lines.append("|---|---|---:|---|---:|" + "---:|" * len(lengths))
+    for g in groups:
+        cells = []
+        for length in lengths:
+            stat = g.ppl_at(length)
+            if stat is None:
+                cells.append("n/a")
+            else:
+                cells.append(fmt(stat[0]) + (f" ± {fmt(stat[1])}" if len(g.runs) > 1 else ""))
+        train = _one_or_list(g.column("train_length"))
+        tokenizer = _one_or_list(g.column("tokenizer"))
+        pos = g.runs[0]["pos_encoding"]
+        lines.append(f"| {g.label} | {pos} | {train} | {tokenizer} | {len(g.runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _settings_lines(doc: dict[str, Any], groups: list[Group]) -> list[str]:
+    s = doc["settings"]
+    if s["mode"] == "sliding":
+        mode = f"sliding windows, stride {s['stride']}: only the last {s['stride']} tokens of each window scored"
+    else:
+        mode = "non-overlapping windows: every token scored, so position i of a window sees i tokens of context"
+    lines = [f"mode: {mode}", f"token budget: {s['token_budget']:,} tokens scored at every length, from the start"]
+    scored = {row["scored_tokens"] for run in doc["runs"] for row in run["results"] if row["applicable"]}
+    if len(scored) > 1:
+        lines.append(f"scored tokens differ across lengths ({', '.join(map(str, sorted(scored)))}): the text ran out")
+    sources = {(run["data"]["source"], run["data"]["tokens"], run["data"]["sha256"][:12]) for run in doc["runs"]}
+    for source, tokens, digest in sorted(sources):
+        lines.append(f"text: {source}, {tokens:,} tokens (sha256 {digest})")
+    tokenizers = sorted({run["tokenizer"] for run in doc["runs"]})
+    if len(tokenizers) > 1:
+        lines.append(
+            f"tokenizers differ ({', '.join(tokenizers)}): each checkpoint tokenized the text with its own, so a "
+            "length counts its own tokens and a perplexity is per token of its own; compare curves, not values "
+            "across tokenizers"
+        )
+    if any(run["rope_scaling"] not in (None, "none") for run in doc["runs"]):
+        factor = s["rope_scaling_factor"]
+        how = "L / train length beyond the training length" if factor == "dynamic" else f"{factor}"
+        lines.append(f"RoPE scaling factor ('+ linear / ntk / yarn' rows): {how}")
+    if any(row["reason"] for run in doc["runs"] for row in run["results"]):
+        lines.append("n/a: the scheme cannot run at that length (learned positions exist up to block_size)")
+    if any(len(g.runs) > 1 for g in groups):
+        lines.append("several seeds: mean ± standard deviation across seeds")
+    lines.append(f"{doc['device']}, {doc['dtype']}, torch {doc['torch']}, git {doc['git']}, {doc['created']}")
+    return lines
+
+
+def _one_or_list(values: list[Any]) -> str:
+    distinct = list(dict.fromkeys(values))
+    return str(distinct[0]) if len(distinct) == 1 else ", ".join(map(str, distinct))
+
+
+def ppl_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
+    """Perplexity against length, log-log, one line per model, the training length(s) marked."""
+    lengths = doc["settings"]["lengths"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    for i, g in enumerate(groups):
+        points = [(n, stat) for n in lengths if (stat := g.ppl_at(n)) is not None]
+        if not points:
+            continue
+        xs = [n for n, _ in points]
+        ax.errorbar(xs, [m for _, (m, _) in points], yerr=[sd for _, (_, sd) in points], marker="o", ms=3.5,
+                    capsize=2, color=f"C{i % 10}", label=g.label)  # fmt: skip
+    _mark_train_lengths(ax, groups)
+    ax.set_xscale("log", base=2)
+    _length_ticks(ax, lengths)
+    low, high = ax.get_ylim()
+    if low > 0 and high / low > 4:  # a scheme that breaks down spans decades: log scale, plain labels
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("evaluation context length (tokens)")
+    ax.set_ylabel("perplexity")
+    mode = doc["settings"]["mode"] + (f", stride {doc['settings']['stride']}" if doc["settings"]["stride"] else "")
+    ax.set_title(f"Perplexity against context length ({mode})", fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def position_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
+    """Loss by position inside the window, one panel per length, one line per model."""
+    shown = _panel_lengths(doc["settings"]["lengths"])
+    cols = min(3, len(shown))
+    rows = math.ceil(len(shown) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows + 0.6), dpi=90, squeeze=False)
+    for ax, length in zip(axes.flat, shown, strict=False):
+        for i, g in enumerate(groups):
+            found = g.rows_at(length)
+            if not all(r["applicable"] for r in found):
+                continue
+            starts = found[0]["bucket_starts"]
+            ends = starts[1:] + [length]
+            mids = [(a + b) / 2 for a, b in zip(starts, ends, strict=True)]
+            curve = [statistics.fmean(col) for col in zip(*(r["by_position"] for r in found), strict=True)]
+            ax.plot(mids, curve, marker=".", ms=3, color=f"C{i % 10}", label=g.label)
+        _mark_train_lengths(ax, groups, below=length)
+        ax.set_title(f"L = {length}", fontsize=9)
+        ax.set_xlim(0, length)
+        ax.tick_params(labelsize=7)
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(shown) :]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("position in window", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("loss (nats)", fontsize=8)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    if not handles:  # the first panel may have no applicable model
+        handles, labels = next((a.get_legend_handles_labels() for a in axes.flat if a.lines), ([], []))
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6) or 1, fontsize=8, frameon=False)
+    fig.suptitle("Loss by position inside the window", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def _panel_lengths(lengths: list[int]) -> list[int]:
+    if len(lengths) <= MAX_PANELS:
+        return lengths
+    picks = {round(i * (len(lengths) - 1) / (MAX_PANELS - 1)) for i in range(MAX_PANELS)}
+    return [lengths[i] for i in sorted(picks)]
+
+
+def _mark_train_lengths(ax: plt.Axes, groups: list[Group], below: float = math.inf) -> None:
+    for n in sorted({t for g in groups for t in g.column("train_length")}):
+        if n < below:
+            ax.axvline(n, color="0.4", ls="--", lw=0.9)
+            ax.annotate(f"trained at {n}", (n, 1), xycoords=("data", "axes fraction"), xytext=(3, -10),
+                        textcoords="offset points", fontsize=7, color="0.3")  # fmt: skip
+
+
+def _length_ticks(ax: plt.Axes, lengths: list[int]) -> None:
+    ax.xaxis.set_major_locator(FixedLocator(lengths))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(n) for n in lengths], fontsize=8)
+
+
+def _png(fig: plt.Figure) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()

@@ -1,0 +1,268 @@
+"""Evaluate checkpoints at several context lengths: the logic behind `evaluate.py`.
+
+Each checkpoint is scored on the same text at every length (`evaluation.extrapolation`), once per
+RoPE scaling asked for when it is a RoPE model. The text is each checkpoint's own validation split,
+a prepared directory, or a text file tokenized with each checkpoint's own tokenizer. Everything is
+checked before the first forward pass (files, tokenizers, text long enough), so a bad input fails
+in seconds, not after an hour of evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from data.dataset import load_prepared
+from data.errors import DataError
+from data.prepare import sha256_file, token_dtype
+from data.tokenizer import CharTokenizer
+from evaluation.config import EvalData, EvalSettings
+from evaluation.extrapolation import count_windows, evaluate_length
+from training.checkpoint import LoadedCheckpoint, load_checkpoint
+from training.config import DataConfig
+from training.run import git_sha, prepared_data
+
+FORMAT = "posgpt-extrapolation/1"
+
+
+@dataclass
+class Subject:
+    """A checkpoint to evaluate, and the label its rows get (checkpoints sharing a label are
+    seeds of one model: the table shows their mean and spread)."""
+
+    path: str
+    label: str
+
+
+@dataclass
+class EvalText:
+    """Token ids to evaluate on, and where they came from."""
+
+    tokens: np.ndarray
+    info: dict[str, Any]
+
+
+def default_labels(paths: list[str]) -> list[str]:
+    """`runs/NAME/last.ckpt` -> NAME (a file named otherwise: its stem); repeats get #2, #3, ..."""
+    labels: list[str] = []
+    for path in paths:
+        p = Path(path)
+        base = p.parent.name if p.stem in ("last", "best") and p.parent.name else p.stem
+        label, n = base, 1
+        while label in labels:
+            n += 1
+            label = f"{base}#{n}"
+        labels.append(label)
+    return labels
+
+
+def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: EvalData) -> dict[str, Any]:
+    """Every subject at every length; returns the results document that `evaluation.report` writes."""
+    loaded = [load_checkpoint(s.path, data.tiktoken_ranks) for s in subjects]  # all checked before any work
+    texts = _texts(loaded, subjects, data)
+    for subject, text in zip(subjects, texts, strict=True):
+        _check_long_enough(subject, text, settings.lengths[-1])
+    device, autocast = _device_and_autocast(settings)
+    plan = [
+        (subject, ckpt, text, scaling)
+        for subject, ckpt, text in zip(subjects, loaded, texts, strict=True)
+        for scaling in (settings.rope_scaling if ckpt.model.config.pos_encoding == "rope" else ["none"])
+    ]
+    total = sum(
+        count_windows(len(text.tokens), n, settings.stride, settings.token_budget)
+        for _, ckpt, text, _ in plan
+        for n in settings.lengths
+        if ckpt.model.pe.max_positions is None or n <= ckpt.model.pe.max_positions
+    )
+    runs = []
+    with tqdm(total=total, unit="window", disable=not settings.progress, dynamic_ncols=True) as bar:
+        for subject, ckpt, text, scaling in plan:
+            runs.append(_evaluate_one(subject, ckpt, text, scaling, settings, device, autocast, bar))
+    return {
+        "format": FORMAT,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git": git_sha(),
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+        "dtype": str(autocast or torch.float32).removeprefix("torch."),
+        "settings": dataclasses.asdict(settings),
+        "data": dataclasses.asdict(data),
+        "runs": runs,
+    }
+
+
+def _evaluate_one(
+    subject: Subject,
+    ckpt: LoadedCheckpoint,
+    text: EvalText,
+    scaling: str,
+    settings: EvalSettings,
+    device: torch.device,
+    autocast: torch.dtype | None,
+    bar: tqdm,
+) -> dict[str, Any]:
+    """One checkpoint under one RoPE scaling ('none': as trained) at every length."""
+    model = ckpt.model.to(device)
+    config = model.config
+    rows = []
+    for length in settings.lengths:
+        factor = _scaling_factor(settings.rope_scaling_factor, length, config.block_size)
+        if scaling != "none":
+            model.set_rope_scaling(scaling, factor)
+        bar.set_description(f"{_run_label(subject.label, scaling)} L={length}")
+        result = evaluate_length(
+            model,
+            text.tokens,
+            length,
+            settings.stride,
+            settings.token_budget,
+            buckets=settings.buckets,
+            batch_tokens=settings.batch_tokens,
+            autocast_dtype=autocast,
+            on_windows=bar.update,
+        )
+        row = dataclasses.asdict(result)
+        row.update(
+            loss=_finite(result.loss),
+            ppl=_finite(result.ppl),
+            rope_scaling=model.config.rope_scaling if config.pos_encoding == "rope" else None,
+            rope_scaling_factor=model.config.rope_scaling_factor if config.pos_encoding == "rope" else None,
+        )
+        rows.append(row)
+    if scaling != "none":
+        model.set_rope_scaling(config.rope_scaling, config.rope_scaling_factor)  # back to as trained
+    ckpt.model.to("cpu")
+    return {
+        "label": _run_label(subject.label, scaling),
+        "model": subject.label,
+        "checkpoint": str(subject.path),
+        "step": ckpt.step,
+        "seed": ckpt.config.get("train", {}).get("seed"),
+        "pos_encoding": config.pos_encoding,
+        "train_length": config.block_size,
+        "tokenizer": _tokenizer_name(ckpt),
+        "rope_scaling": scaling if config.pos_encoding == "rope" else None,
+        "rope_scaling_factor": settings.rope_scaling_factor if scaling != "none" else None,
+        "data": text.info,
+        "config": ckpt.config,
+        "results": rows,
+    }
+
+
+def _run_label(label: str, scaling: str) -> str:
+    return label if scaling == "none" else f"{label} + {scaling}"
+
+
+def _scaling_factor(setting: float | str, length: int, train_length: int) -> float:
+    """The RoPE scaling factor at `length`: fixed, or (dynamic) how far past the training length it is."""
+    if setting == "dynamic":
+        return max(1.0, length / train_length)
+    return float(setting)
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no NaN: a number that is not finite (not applicable) is written as null."""
+    return value if math.isfinite(value) else None
+
+
+def _tokenizer_name(ckpt: LoadedCheckpoint) -> str:
+    return f"{ckpt.tokenizer.meta()['kind']} ({ckpt.tokenizer.vocab_size})"
+
+
+def _device_and_autocast(settings: EvalSettings) -> tuple[torch.device, torch.dtype | None]:
+    name = settings.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DataError(f"--device {settings.device}: CUDA is not available here; use --device cpu or auto.")
+    if settings.dtype == "auto":
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return device, torch.bfloat16 if bf16 else None
+    return device, None if settings.dtype == "float32" else getattr(torch, settings.dtype)
+
+
+def _texts(loaded: list[LoadedCheckpoint], subjects: list[Subject], data: EvalData) -> list[EvalText]:
+    """The evaluation text of each checkpoint, tokenized once per distinct tokenizer (and data)."""
+    memo: dict[str, EvalText] = {}
+    texts = []
+    for ckpt, subject in zip(loaded, subjects, strict=True):
+        own_data = ckpt.config["data"] if not (data.input or data.dir) else None
+        key = json.dumps([ckpt.tokenizer.meta(), own_data], sort_keys=True)
+        if key not in memo:
+            memo[key] = _text_for(ckpt, subject.path, data)
+        texts.append(memo[key])
+    return texts
+
+
+def _text_for(ckpt: LoadedCheckpoint, path: str, data: EvalData) -> EvalText:
+    """The tokens `ckpt` is evaluated on: a text file in its own tokenizer, a prepared split whose
+    tokenizer must be its own, or (default) the split of the data it was trained on."""
+    if data.input:
+        return _tokenize_file(ckpt, path, Path(data.input), data.drop_unknown)
+    if data.dir:
+        prepared = load_prepared(data.dir)
+        if prepared.meta["tokenizer"] != ckpt.tokenizer.meta():
+            raise DataError(
+                f"{data.dir} was tokenized with {prepared.meta['tokenizer']['kind']} "
+                f"({prepared.meta['tokenizer']['vocab_size']} ids) but {path} uses {_tokenizer_name(ckpt)}. "
+                "Pass the text itself with --data.input FILE: each checkpoint then tokenizes it with its own tokenizer."
+            )
+        source = f"{data.dir} ({data.split} split)"
+    else:
+        cfg = DataConfig(**{**ckpt.config["data"], "tiktoken_ranks": data.tiktoken_ranks})
+        prepared = prepared_data(cfg)
+        source = f"{prepared.path} ({data.split} split, the checkpoint's own data)"
+    tokens = np.asarray(prepared.tokens(data.split))
+    return EvalText(tokens, {"source": source, "tokens": int(tokens.size), "sha256": _tokens_sha256(tokens)})
+
+
+def _tokenize_file(ckpt: LoadedCheckpoint, ckpt_path: str, path: Path, drop_unknown: bool) -> EvalText:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"--data.input {path}: no such file.") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"Cannot read --data.input {path} as UTF-8 text: {error}") from None
+    tok = ckpt.tokenizer
+    if isinstance(tok, CharTokenizer):
+        unknown = sorted(set(text) - set(tok.chars))
+        if unknown and not drop_unknown:
+            raise DataError(
+                f"{path} has {len(unknown)} distinct characters outside the vocabulary of {ckpt_path} "
+                f"(a char-level model knows only its corpus' characters): {''.join(unknown[:40])!r}. "
+                "Pass --data.drop_unknown true to leave them out."
+            )
+        ids = tok.encode(text, drop_unknown=True)
+    else:
+        ids = tok.encode(text)
+    tokens = np.asarray(ids, dtype=token_dtype(tok.vocab_size))
+    info = {
+        "source": str(path),
+        "text_sha256": sha256_file(path),
+        "tokens": int(tokens.size),
+        "sha256": _tokens_sha256(tokens),
+    }
+    return EvalText(tokens, info)
+
+
+def _tokens_sha256(tokens: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()
+
+
+def _check_long_enough(subject: Subject, text: EvalText, longest: int) -> None:
+    if len(text.tokens) < longest + 1:
+        raise DataError(
+            f"The evaluation text of {subject.path} has {len(text.tokens)} tokens, too few for one window "
+            f"at length {longest} (it needs {longest + 1}). Use shorter --lengths or a longer text."
+        )

@@ -1,0 +1,1 @@
+"""Experiments that combine training and evaluation: `python -m experiments.<name> --config ...`."""

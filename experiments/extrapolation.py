@@ -1,0 +1,154 @@
+"""Train short, test long, in one command: one model per position scheme, then the evaluation.
+
+    python -m experiments.extrapolation --config configs/extrapolation_shakespeare.yaml
+
+Trains one model per scheme in `schemes` and per seed in `seeds`, identical except for the
+position scheme (same data, steps, batch, size, seed), then evaluates every final checkpoint with
+`evaluation` at every length and writes one report directory:
+
+    <out_dir>/results.md, results.json, ppl_vs_length.png, loss_by_position.png
+    <out_dir>/experiment.yaml     the resolved experiment config
+    <out_dir>/runs/<scheme>-seed<S>/  each run's checkpoints, config.yaml and logs
+
+Runs already trained to `max_steps` are reused, and an interrupted one resumes from its last.ckpt,
+so re-running the command after a crash (or with new evaluation settings) only does what is left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+
+from data.errors import DataError
+from evaluation.config import EvalData, EvalSettings
+from evaluation.report import write_report
+from evaluation.run import Subject, evaluate_checkpoints
+from model.config import POS_ENCODINGS, PosEncoding
+from training.checkpoint import CheckpointError, read_checkpoint
+from training.config import RunConfig
+from training.run import train
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExperimentConfig:
+    """A length-extrapolation experiment: the runs to train and how to evaluate them."""
+
+    out_dir: str = "reports/extrapolation"
+    """Report directory; the runs are trained under <out_dir>/runs."""
+    schemes: list[PosEncoding] = field(default_factory=lambda: list(POS_ENCODINGS))
+    """Position schemes to train, one model each (per seed)."""
+    seeds: list[int] = field(default_factory=lambda: [1337])
+    """Training seeds; with several, the table shows mean ± std across seeds."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """The training run shared by every scheme (model.pos_encoding and train.seed are set per run)."""
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    """The evaluation of every final checkpoint."""
+    eval_data: EvalData = field(default_factory=EvalData)
+    """Evaluation text (default: the validation split of the training data)."""
+
+    def __post_init__(self) -> None:
+        if not self.schemes or not self.seeds:
+            raise ValueError("An experiment needs at least one scheme and one seed.")
+        if len(set(self.schemes)) != len(self.schemes) or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"schemes and seeds must not repeat: {self.schemes}, {self.seeds}.")
+
+
+def run_config_for(cfg: ExperimentConfig, scheme: str, seed: int) -> RunConfig:
+    """The shared run with this scheme and seed, trained under <out_dir>/runs/<scheme>-seed<seed>."""
+    run = cfg.run
+    return dataclasses.replace(
+        run,
+        model=dataclasses.replace(run.model, pos_encoding=scheme),
+        train=dataclasses.replace(
+            run.train,
+            seed=seed,
+            out_dir=str(Path(cfg.out_dir) / "runs"),
+            run_name=f"{scheme}-seed{seed}",
+            resume="auto",
+        ),
+    )
+
+
+def finished(ckpt: Path, max_steps: int) -> bool:
+    """Whether `ckpt` exists and was written at (or after) `max_steps` optimizer steps."""
+    return ckpt.is_file() and int(read_checkpoint(ckpt).get("global_step", 0)) >= max_steps
+
+
+def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Train what is not trained yet, evaluate everything, write the report; returns its document."""
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    subjects, train_wall = [], {}
+    started = time.perf_counter()
+    for seed in cfg.seeds:
+        for scheme in cfg.schemes:
+            run_cfg = run_config_for(cfg, scheme, seed)
+            ckpt = Path(run_cfg.train.out_dir) / run_cfg.train.run_name / "last.ckpt"
+            if finished(ckpt, run_cfg.train.max_steps):
+                log.info("%s: trained already (%s), reused", run_cfg.train.run_name, ckpt)
+            else:
+                log.info("training %s (%d of %d)", run_cfg.train.run_name, len(subjects) + 1,
+                         len(cfg.seeds) * len(cfg.schemes))  # fmt: skip
+                t0 = time.perf_counter()
+                try:
+                    result = train(run_cfg)
+                except CheckpointError as error:
+                    raise CheckpointError(f"{error} (runs are reused from {out / 'runs'}; choose another out_dir "
+                                          "to start afresh)") from None  # fmt: skip
+                train_wall[run_cfg.train.run_name] = round(time.perf_counter() - t0, 1)
+                ckpt = result.last_ckpt
+            subjects.append(Subject(str(ckpt), label=scheme))
+    t0 = time.perf_counter()
+    doc = evaluate_checkpoints(subjects, cfg.eval, cfg.eval_data)
+    doc["experiment"] = {
+        "config": dataclasses.asdict(cfg),
+        "train_wall_s": train_wall,
+        "eval_wall_s": round(time.perf_counter() - t0, 1),
+        "total_wall_s": round(time.perf_counter() - started, 1),
+    }
+    write_report(doc, out)
+    return doc
+
+
+def build_parser() -> ArgumentParser:
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    parser = ArgumentParser(
+        prog="python -m experiments.extrapolation",
+        description="Train one model per position scheme, evaluate them all at every length, write a report.",
+    )
+    parser.add_argument("--config", action=ActionConfigFile, help="A YAML file of options (see configs/).")
+    parser.add_class_arguments(ExperimentConfig, None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        config = parser.instantiate(args)
+        cfg = ExperimentConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(ExperimentConfig)})
+        doc = run_experiment(cfg)
+    except (ValueError, DataError, CheckpointError) as error:
+        sys.exit(f"error: {error}")
+    out = Path(cfg.out_dir)
+    print((out / "results.md").read_text())
+    wall = doc["experiment"]
+    trained = sum(wall["train_wall_s"].values())
+    print(f"report in {out} (training {trained:.0f} s, evaluation {wall['eval_wall_s']:.0f} s, "
+          f"total {wall['total_wall_s']:.0f} s)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""evaluate.py and `evaluation.run` on checkpoints from tiny training runs: numbers against a
+direct computation, RoPE scaling rows, the four output files, and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_text
+
+import evaluate as evaluate_script
+from data.dataset import load_prepared
+from evaluation.config import EvalData, EvalSettings
+from evaluation.run import Subject, default_labels, evaluate_checkpoints
+from model import GPTConfig
+from training.checkpoint import load_checkpoint
+from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
+from training.run import train
+
+from helpers import direct_loss
+
+BLOCK = 16
+
+
+def _train_tiny(tmp: Path, text: Path, scheme: str, name: str, seed: int = 1337) -> Path:
+    cfg = RunConfig(
+        model=GPTConfig(block_size=BLOCK, n_layer=2, n_head=4, n_embd=32, bias=False, pos_encoding=scheme),
+        data=DataConfig(input=str(text), prepared_root=str(tmp / "prepared")),
+        optim=OptimConfig(lr=3e-3, warmup_steps=5),
+        train=TrainConfig(max_steps=25, batch_size=8, eval_interval=25, seed=seed, out_dir=str(tmp / "runs"),
+                          run_name=name, logger="none", progress_bar=False, sample_tokens=0),
+    )  # fmt: skip
+    return train(cfg).last_ckpt
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """rope, learned and alibi checkpoints on one corpus, plus a rope one (`other`) on a corpus with
+    more characters, i.e. another char tokenizer."""
+    tmp = tmp_path_factory.mktemp("evaluate")
+    text = tmp / "corpus.txt"
+    text.write_text(make_text(1500))
+    other = tmp / "other.txt"
+    other.write_text(make_text(1500, seed=1) + "0123456789 ;:!?\n" * 50)
+    ckpts = {scheme: _train_tiny(tmp, text, scheme, scheme) for scheme in ("rope", "learned", "alibi")}
+    ckpts["rope_seed2"] = _train_tiny(tmp, text, "rope", "rope_seed2", seed=2)
+    ckpts["other"] = _train_tiny(tmp, other, "rope", "other")
+    ckpts["corpus"], ckpts["tmp"] = text, tmp
+    return ckpts
+
+
+def _evaluate(tmp: Path, *args: str) -> dict:
+    out = tmp / "out"
+    evaluate_script.main([*args, "--out", str(out), "--progress", "false"])
+    return json.loads((out / "results.json").read_text())
+
+
+def _val_tokens(ckpt: Path) -> np.ndarray:
+    cfg = load_checkpoint(ckpt).config["data"]
+    prepared = next(Path(cfg["prepared_root"]).glob(Path(cfg["input"]).stem + "-*"))
+    return np.asarray(load_prepared(prepared).tokens("val"))
+
+
+@pytest.mark.parametrize(("mode", "stride"), [("nonoverlap", None), ("sliding", 8), ("sliding", 16)])
+def test_numbers_equal_a_direct_computation(runs, tmp_path, mode, stride):
+    args = ["--ckpt", str(runs["rope"]), str(runs["alibi"]), "--lengths", "16", "48", "--token_budget", "240",
+            "--mode", mode]  # fmt: skip
+    doc = _evaluate(tmp_path, *args, *(["--stride", str(stride)] if stride else []))
+    tokens = _val_tokens(runs["rope"])
+    for run in doc["runs"]:
+        model = load_checkpoint(run["checkpoint"]).model
+        for row in run["results"]:
+            s = stride or row["length"]
+            expected = direct_loss(model, tokens, row["length"], s, budget=row["scored_tokens"])
+            assert row["loss"] == pytest.approx(expected, rel=1e-5)
+            assert row["ppl"] == pytest.approx(math.exp(expected), rel=1e-5)
+            assert row["mode"] == ("nonoverlap" if s == row["length"] else "sliding") and row["stride"] == s
+
+
+def test_output_files_and_not_applicable_rows(runs, tmp_path):
+    lengths = [8, 16, 32, 64]
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["learned"]), "--lengths", *map(str, lengths),
+                    "--token_budget", "128")  # fmt: skip
+    out = tmp_path / "out"
+    for name in ("results.json", "results.md", "ppl_vs_length.png", "loss_by_position.png"):
+        assert (out / name).stat().st_size > 0
+    for name in ("ppl_vs_length.png", "loss_by_position.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert doc["settings"]["lengths"] == lengths and doc["settings"]["token_budget"] == 128
+    assert [run["label"] for run in doc["runs"]] == ["rope", "learned"]
+    for run in doc["runs"]:
+        assert [row["length"] for row in run["results"]] == lengths
+        assert run["config"]["model"]["pos_encoding"] == run["pos_encoding"] and run["train_length"] == BLOCK
+        assert len(run["data"]["sha256"]) == 64 and run["data"]["tokens"] > 64
+    learned = {row["length"]: row for row in doc["runs"][1]["results"]}
+    assert learned[16]["applicable"] and learned[16]["ppl"] > 1
+    assert not learned[32]["applicable"] and learned[32]["ppl"] is None and "block_size=16" in learned[32]["reason"]
+    assert all(row["scored_tokens"] == 128 for row in doc["runs"][0]["results"])
+    table = (out / "results.md").read_text()
+    assert "| rope | rope | 16 | char" in table and "| n/a | n/a |" in table
+
+
+def test_rope_scaling_with_factor_one_changes_nothing(runs, tmp_path):
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["alibi"]), "--lengths", "16", "64",
+                    "--token_budget", "128", "--rope_scaling", "none", "linear", "ntk", "yarn",
+                    "--rope_scaling_factor", "1")  # fmt: skip
+    labels = [run["label"] for run in doc["runs"]]
+    assert labels == ["rope", "rope + linear", "rope + ntk", "rope + yarn", "alibi"]  # one row for alibi
+    losses = [[row["loss"] for row in run["results"]] for run in doc["runs"][:4]]
+    assert all(other == pytest.approx(losses[0], rel=1e-6) for other in losses[1:])
+    assert all(row["rope_scaling_factor"] == 1.0 for run in doc["runs"][1:4] for row in run["results"])
+
+
+def test_dynamic_rope_scaling_acts_beyond_the_training_length_only(runs, tmp_path):
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), "--lengths", "16", "64", "--token_budget", "128",
+                    "--rope_scaling", "none", "yarn")  # fmt: skip
+    plain, yarn = ({row["length"]: row for row in run["results"]} for run in doc["runs"])
+    assert yarn[16]["loss"] == pytest.approx(plain[16]["loss"], rel=1e-6) and yarn[16]["rope_scaling_factor"] == 1
+    assert yarn[64]["loss"] != pytest.approx(plain[64]["loss"], rel=1e-6)
+    assert yarn[64]["rope_scaling"] == "yarn" and yarn[64]["rope_scaling_factor"] == 4.0
+    assert plain[64]["rope_scaling"] == "none"
+    assert "RoPE scaling factor" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_checkpoints_sharing_a_label_are_seeds(runs, tmp_path):
+    _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["rope_seed2"]), "--labels", "rope", "rope",
+              "--lengths", "16", "32", "--token_budget", "64")  # fmt: skip
+    table = (tmp_path / "out" / "results.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| rope |"))
+    assert "| 2 |" in row and row.count("±") == 2 and "mean ± standard deviation" in table
+
+
+def test_each_checkpoint_tokenizes_a_given_text_with_its_own_tokenizer(runs, tmp_path):
+    text = tmp_path / "eval.txt"
+    text.write_text(make_text(300, seed=5))  # characters both vocabularies have
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["other"]), "--lengths", "16", "32",
+                    "--token_budget", "64", "--data.input", str(text))  # fmt: skip
+    first, second = doc["runs"]
+    assert first["tokenizer"] != second["tokenizer"] and first["data"]["sha256"] != second["data"]["sha256"]
+    assert first["data"]["text_sha256"] == second["data"]["text_sha256"]
+    for run in doc["runs"]:  # the numbers are the model's on its own tokenization of the text
+        ckpt = load_checkpoint(run["checkpoint"])
+        tokens = np.array(ckpt.tokenizer.encode(text.read_text()), dtype=np.int64)
+        assert run["results"][0]["loss"] == pytest.approx(direct_loss(ckpt.model, tokens, 16, 16, 64), rel=1e-5)
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert "tokenizers differ" in table and first["tokenizer"] in table and second["tokenizer"] in table
+
+
+def _fails(capsys, *args: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_script.main([*args, "--progress", "false"])
+    message = str(exit_info.value.code)
+    assert message.startswith("error: ") and "Traceback" not in capsys.readouterr().err
+    return message
+
+
+def test_bad_input_fails_with_one_clear_message(runs, tmp_path, capsys):
+    rope, other = str(runs["rope"]), str(runs["other"])
+    short = tmp_path / "short.txt"
+    short.write_text("the king speaks of the sea.\n")
+    out = ["--out", str(tmp_path / "out")]
+    assert "too few for one window at length 64" in _fails(capsys, "--ckpt", rope, "--lengths", "16", "64",
+                                                            "--data.input", str(short), *out)  # fmt: skip
+    assert "Checkpoint not found: nope.ckpt" in _fails(capsys, "--ckpt", rope, "nope.ckpt", *out)
+    unknown = _fails(capsys, "--ckpt", rope, "--data.input", str(runs["tmp"] / "other.txt"), *out)
+    assert "outside the vocabulary" in unknown and "--data.drop_unknown true" in unknown
+    prepared_other = next((runs["tmp"] / "prepared").glob("other-*"))
+    assert "was tokenized with char" in _fails(capsys, "--ckpt", rope, "--data.dir", str(prepared_other), *out)
+    assert "--mode sliding" in _fails(capsys, "--ckpt", rope, "--stride", "8", *out)
+    assert "needs --stride" in _fails(capsys, "--ckpt", rope, "--mode", "sliding", *out)
+    assert "smallest length" in _fails(capsys, "--ckpt", rope, "--mode", "sliding", "--stride", "32",
+                                       "--lengths", "16", "64", *out)  # fmt: skip
+    assert "number >= 1 or 'dynamic'" in _fails(capsys, "--ckpt", rope, "--rope_scaling_factor", "big", *out)
+    assert "2 names for 1 checkpoints" in _fails(capsys, "--ckpt", rope, "--labels", "a", "b", *out)
+    assert not (tmp_path / "out").exists()  # nothing written by a run that failed its checks
+    assert other  # the other-tokenizer checkpoint exists for the tests above
+
+
+def test_drop_unknown_leaves_out_unknown_characters(runs, tmp_path):
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), "--data.input", str(runs["tmp"] / "other.txt"),
+                    "--data.drop_unknown", "true", "--lengths", "16", "--token_budget", "64")  # fmt: skip
+    assert doc["runs"][0]["results"][0]["ppl"] > 1
+
+
+def test_default_labels_name_the_run_directory():
+    assert default_labels(["runs/a/last.ckpt", "runs/b/best.ckpt", "x/model.ckpt", "runs/a/best.ckpt"]) == [
+        "a", "b", "model", "a#2",
+    ]  # fmt: skip
+
+
+def test_memory_is_bounded_by_batch_tokens(runs):
+    """A long length runs in batches of one window when batch_tokens is small (and gives the same loss)."""
+    subject = [Subject(str(runs["alibi"]), "alibi")]
+    big = evaluate_checkpoints(subject, EvalSettings(lengths=[64], token_budget=256, progress=False), EvalData())
+    small = evaluate_checkpoints(
+        subject, EvalSettings(lengths=[64], token_budget=256, batch_tokens=1, progress=False), EvalData()
+    )
+    assert small["runs"][0]["results"][0]["loss"] == pytest.approx(big["runs"][0]["results"][0]["loss"], rel=1e-5)

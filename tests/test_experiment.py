@@ -1,0 +1,69 @@
+"""`python -m experiments.extrapolation`: a tiny experiment end to end with the shipped CPU config
+shrunk from the command line, run reuse, and the configs in configs/ parse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import extrapolation as experiment
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tiny(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
+    return [
+        "--config", str(ROOT / "configs" / "extrapolation_shakespeare.yaml"),
+        "--out_dir", str(tmp_path / "report"),
+        "--schemes", "[rope, learned]",
+        "--seeds", "[1, 2]",
+        "--run.data.input", str(text_file),
+        "--run.data.prepared_root", str(tmp_path / "prepared"),
+        "--run.model.block_size", "16", "--run.model.n_layer", "1", "--run.model.n_embd", "32",
+        "--run.train.max_steps", "8", "--run.train.eval_interval", "8", "--run.train.logger", "none",
+        "--eval.lengths", "[8, 16, 32]", "--eval.token_budget", "64", "--eval.progress", "false",
+        *extra,
+    ]  # fmt: skip
+
+
+def test_a_tiny_experiment_end_to_end_and_reuse(tmp_path, text_file, capsys):
+    experiment.main(_tiny(tmp_path, text_file))
+    report = tmp_path / "report"
+    for name in ("results.json", "results.md", "ppl_vs_length.png", "loss_by_position.png", "experiment.yaml"):
+        assert (report / name).stat().st_size > 0
+    for run in ("rope-seed1", "rope-seed2", "learned-seed1", "learned-seed2"):
+        assert (report / "runs" / run / "last.ckpt").is_file()
+    doc = json.loads((report / "results.json").read_text())
+    labels = [run["label"] for run in doc["runs"]]
+    assert labels.count("rope") == 2 and labels.count("rope + yarn") == 2 and labels.count("learned") == 2
+    assert {run["seed"] for run in doc["runs"]} == {1, 2}
+    assert len(doc["experiment"]["train_wall_s"]) == 4
+    table = capsys.readouterr().out
+    learned = next(line for line in table.splitlines() if line.startswith("| learned |"))
+    assert learned.endswith("| n/a |") and "±" in learned  # two seeds: mean ± std; 32 > block_size 16
+    models = {json.dumps(run["config"]["model"], sort_keys=True) for run in doc["runs"] if run["label"] == "rope"}
+    assert len(models) == 1  # the seeds share one model config
+
+    experiment.main(_tiny(tmp_path, text_file, "--eval.lengths", "[16, 32]"))  # evaluation only
+    again = json.loads((report / "results.json").read_text())
+    assert again["experiment"]["train_wall_s"] == {} and again["settings"]["lengths"] == [16, 32]
+
+
+@pytest.mark.parametrize("name", ["extrapolation_shakespeare.yaml", "extrapolation_gpu.yaml"])
+def test_shipped_experiment_configs_parse(name):
+    parser = experiment.build_parser()
+    config = parser.instantiate(parser.parse_args(["--config", str(ROOT / "configs" / name)]))
+    assert config.schemes == ["learned", "sinusoidal", "rope", "alibi", "none"]
+    assert max(config.eval.lengths) >= 8 * config.run.model.block_size  # train short, test at 8x or more
+    assert config.eval.mode == "nonoverlap"
+
+
+def test_experiment_config_mistakes_fail_clearly(tmp_path, text_file):
+    with pytest.raises(SystemExit) as info:
+        experiment.main(_tiny(tmp_path, text_file, "--seeds", "[1, 1]"))
+    assert "must not repeat" in str(info.value.code)
+    with pytest.raises(SystemExit):  # jsonargparse names the field and the choices
+        experiment.main(_tiny(tmp_path, text_file, "--schemes", "[rope, t5]"))
+    assert not (tmp_path / "report").exists()
