@@ -31,7 +31,8 @@ class EvalSettings:
     buckets: int = 16
     """Position buckets for the loss-by-position curves."""
     batch_tokens: int = 32768
-    """Tokens per forward pass (windows per batch = batch_tokens // L, at least 1; halved on OOM)."""
+    """Tokens per forward pass: batch_tokens // L windows (at least 1; on CPU capped so that L x L
+    attention scores stay under 512 MiB; halved on a CUDA out-of-memory error)."""
     device: str = "auto"
     """auto (cuda if available, else cpu), cpu, cuda, cuda:1, ..."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

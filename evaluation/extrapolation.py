@@ -10,8 +10,9 @@ so lengths are compared on equal footing. Loss is also reported by position insi
 in equal buckets, which shows where a scheme breaks down.
 
 Memory stays bounded at any L: a batch holds about `batch_tokens` tokens (fewer windows as L
-grows, halved again on a CUDA out-of-memory error), and logits are formed for the scored
-positions only, a chunk at a time, never as one (B, L, vocab) tensor.
+grows, fewer still on CPU where a biased attention forms L x L scores, halved again on a CUDA
+out-of-memory error), and logits are formed for the scored positions only, a chunk at a time,
+never as one (B, L, vocab) tensor.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from model import GPT
 
 LOGIT_ELEMENTS = 1 << 25
 """Most logits formed at once (128 MiB in float32), whatever the vocabulary and batch."""
+CPU_SCORE_ELEMENTS = 1 << 27
+"""On CPU, attention with a bias (ALiBi's float mask) forms the (B, H, L, L) scores: batches are cut
+so that these stay under 512 MiB in float32. GPU kernels (Flash, Flex) never form them."""
 
 
 @dataclass
@@ -97,7 +101,7 @@ def evaluate_length(
     starts = window_starts(len(tokens), length, stride, token_budget)
     if starts.size == 0:
         raise ValueError(f"The evaluation text has {len(tokens)} tokens, too few for one window of {length} + 1.")
-    batch_size = batch_size or max(1, batch_tokens // length)
+    batch_size = batch_size or _adaptive_batch(model, length, batch_tokens)
     was_training = model.training
     model.eval()
     position_loss = torch.zeros(stride, dtype=torch.float64)  # summed over windows, scored positions only
@@ -129,6 +133,15 @@ def evaluate_length(
         by_position=[chunk.mean().item() for chunk in chunks],
         bucket_starts=[int(length - stride + o) for o in offsets],
     )
+
+
+def _adaptive_batch(model: GPT, length: int, batch_tokens: int) -> int:
+    """Windows per batch: about `batch_tokens` tokens, and on CPU few enough that a full score
+    matrix per head would fit in CPU_SCORE_ELEMENTS."""
+    batch = max(1, batch_tokens // length)
+    if model.wte.weight.device.type == "cpu":
+        batch = min(batch, max(1, CPU_SCORE_ELEMENTS // (model.config.n_head * length * length)))
+    return batch
 
 
 def _window_losses(model: GPT, rows: torch.Tensor, stride: int, autocast_dtype: torch.dtype | None) -> torch.Tensor:

@@ -116,3 +116,27 @@ def test_last_only_gives_the_last_row_of_the_full_logits(tiny_config):
         last, _ = model(idx, last_only=True)
     assert last.shape == (2, 1, 64)
     torch.testing.assert_close(last, full[:, -1:])
+
+
+def test_hidden_states_through_the_head_are_the_logits(tiny_config):
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding="alibi")).eval()
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 40))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        assert torch.allclose(model.lm_head(model.hidden_states(idx)), logits, atol=1e-6)
+
+
+def test_set_rope_scaling_equals_a_model_built_with_it(tiny_config):
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding="rope")).eval()
+    scaled = GPT(dataclasses.replace(model.config, rope_scaling="yarn", rope_scaling_factor=4.0)).eval()
+    scaled.load_state_dict(model.state_dict())
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 64))
+    with torch.no_grad():
+        plain = model(idx)[0]
+        model.set_rope_scaling("yarn", 4.0)
+        assert model.config.rope_scaling == "yarn" and torch.allclose(model(idx)[0], scaled(idx)[0], atol=1e-6)
+        assert not torch.allclose(model(idx)[0], plain, atol=1e-4)
+        model.set_rope_scaling("none", 1.0)
+        assert torch.allclose(model(idx)[0], plain, atol=1e-6)
+    with pytest.raises(ValueError, match="pos_encoding='rope' only"):
+        GPT(tiny_config).set_rope_scaling("linear", 2.0)
