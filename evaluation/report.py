@@ -20,7 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display; before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
 from data.prepare import atomic_write_bytes  # noqa: E402
 
@@ -158,8 +158,10 @@ def ppl_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
     low, high = ax.get_ylim()
     if low > 0 and high / low > 4:  # a scheme that breaks down spans decades: log scale, plain labels
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
-        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_locator(FixedLocator(_nice_ticks(low, high)))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_ylim(low, high)
     ax.set_xlabel("evaluation context length (tokens)")
     ax.set_ylabel("perplexity")
     mode = doc["settings"]["mode"] + (f", stride {doc['settings']['stride']}" if doc["settings"]["stride"] else "")
@@ -175,7 +177,7 @@ def position_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
     shown = _panel_lengths(doc["settings"]["lengths"])
     cols = min(3, len(shown))
     rows = math.ceil(len(shown) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows + 0.6), dpi=90, squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows + 0.6), dpi=72, squeeze=False)
     for ax, length in zip(axes.flat, shown, strict=False):
         for i, g in enumerate(groups):
             found = g.rows_at(length)
@@ -219,6 +221,13 @@ def _mark_train_lengths(ax: plt.Axes, groups: list[Group], below: float = math.i
             ax.axvline(n, color="0.4", ls="--", lw=0.9)
             ax.annotate(f"trained at {n}", (n, 1), xycoords=("data", "axes fraction"), xytext=(3, -10),
                         textcoords="offset points", fontsize=7, color="0.3")  # fmt: skip
+
+
+def _nice_ticks(low: float, high: float) -> list[float]:
+    """Tick values 1, 1.5, 2, 3, 5, 7 x 10^k between low and high: a log axis with readable labels."""
+    ticks = [m * 10.0**e for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+             for m in (1, 1.5, 2, 3, 5, 7)]  # fmt: skip
+    return [t for t in ticks if low <= t <= high]
 
 
 def _length_ticks(ax: plt.Axes, lengths: list[int]) -> None:

@@ -220,7 +220,8 @@ def _text_for(ckpt: LoadedCheckpoint, path: str, data: EvalData) -> EvalText:
             )
         source = f"{data.dir} ({data.split} split)"
     else:
-        cfg = DataConfig(**{**ckpt.config["data"], "tiktoken_ranks": data.tiktoken_ranks})
+        own = ckpt.config["data"]
+        cfg = DataConfig(**{**own, "tiktoken_ranks": data.tiktoken_ranks or own.get("tiktoken_ranks")})
         prepared = prepared_data(cfg)
         source = f"{prepared.path} ({data.split} split, the checkpoint's own data)"
     tokens = np.asarray(prepared.tokens(data.split))

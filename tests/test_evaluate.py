@@ -199,3 +199,23 @@ def test_memory_is_bounded_by_batch_tokens(runs):
         subject, EvalSettings(lengths=[64], token_budget=256, batch_tokens=1, progress=False), EvalData()
     )
     assert small["runs"][0]["results"][0]["loss"] == pytest.approx(big["runs"][0]["results"][0]["loss"], rel=1e-5)
+
+
+def test_a_char_and_a_bpe_checkpoint_on_one_text(runs, tmp_path, gpt2_ranks):
+    """Different kinds of tokenizer: each encodes the text itself; the table says so."""
+    cfg = RunConfig(
+        model=GPTConfig(block_size=BLOCK, n_layer=1, n_head=2, n_embd=16, bias=False, pos_encoding="alibi"),
+        data=DataConfig(input=str(runs["corpus"]), tokenizer="gpt2", tiktoken_ranks=str(gpt2_ranks),
+                        prepared_root=str(tmp_path / "prepared")),
+        train=TrainConfig(max_steps=3, batch_size=4, eval_interval=3, out_dir=str(tmp_path / "runs"),
+                          run_name="bpe", logger="none", progress_bar=False, sample_tokens=0),
+    )  # fmt: skip
+    bpe = train(cfg).last_ckpt
+    text = tmp_path / "eval.txt"
+    text.write_text(make_text(400, seed=7))
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["alibi"]), str(bpe), "--lengths", "16", "32",
+                    "--token_budget", "64", "--data.input", str(text))  # fmt: skip
+    char_run, bpe_run = doc["runs"]
+    assert bpe_run["tokenizer"] == "gpt2 (50257)" and char_run["tokenizer"].startswith("char")
+    assert bpe_run["data"]["tokens"] < char_run["data"]["tokens"] / 2  # BPE tokens span several characters
+    assert "tokenizers differ (char" in (tmp_path / "out" / "results.md").read_text()
