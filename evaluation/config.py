@@ -57,8 +57,8 @@ class EvalSettings:
             raise ValueError("token_budget, buckets and batch_tokens must be positive.")
         if self.rope_scaling_factor != "dynamic" and float(self.rope_scaling_factor) < 1:
             raise ValueError(f"rope_scaling_factor must be >= 1 or 'dynamic', got {self.rope_scaling_factor!r}.")
-        if not self.rope_scaling:
-            raise ValueError("rope_scaling needs at least one entry (none = as trained).")
+        if not self.rope_scaling or len(set(self.rope_scaling)) != len(self.rope_scaling):
+            raise ValueError(f"rope_scaling needs distinct entries (none = as trained), got {self.rope_scaling!r}.")
 
 
 @dataclass

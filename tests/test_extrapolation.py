@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from data.dataset import window_starts
 from evaluation.extrapolation import evaluate_length
@@ -62,3 +63,23 @@ def test_learned_beyond_its_length_is_not_applicable(tiny_config, text_tokens):
 def test_a_length_longer_than_the_text_is_refused(tiny_config, text_tokens):
     with pytest.raises(ValueError, match="too few for one window"):
         evaluate_length(_model(tiny_config, "rope"), text_tokens[:50], 64)
+
+
+def test_out_of_memory_halves_the_batch_and_gives_the_same_result(tiny_config, text_tokens, monkeypatch):
+    import evaluation.extrapolation as engine
+
+    model = _model(tiny_config, "rope")
+    expected = evaluate_length(model, text_tokens, 32, token_budget=256, batch_size=8)
+    real, sizes = engine._window_losses, []
+
+    def small_memory(model, rows, stride, dtype):
+        sizes.append(rows.size(0))
+        if rows.size(0) > 2:
+            raise torch.OutOfMemoryError("pretend the GPU is full")
+        return real(model, rows, stride, dtype)
+
+    monkeypatch.setattr(engine, "_window_losses", small_memory)
+    monkeypatch.setattr(engine.torch.cuda, "empty_cache", lambda: None)
+    result = evaluate_length(model, text_tokens, 32, token_budget=256, batch_size=8)
+    assert sizes[:3] == [8, 4, 2] and set(sizes[3:]) == {2}
+    assert result.loss == pytest.approx(expected.loss, rel=1e-6) and result.scored_tokens == expected.scored_tokens
