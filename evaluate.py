@@ -8,6 +8,7 @@ each checkpoint's own tokenizer) or --data.dir PREPARED is given. The logic is i
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from jsonargparse import ActionConfigFile, ArgumentParser
@@ -61,19 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        settings = EvalSettings(
-            lengths=args.lengths,
-            mode=args.mode,
-            stride=args.stride,
-            token_budget=args.token_budget,
-            rope_scaling=args.rope_scaling,
-            rope_scaling_factor=parse_factor(args.rope_scaling_factor),
-            buckets=args.buckets,
-            batch_tokens=args.batch_tokens,
-            device=args.device,
-            dtype=args.dtype,
-            progress=args.progress,
-        )
+        options = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalSettings)}
+        settings = EvalSettings(**{**options, "rope_scaling_factor": parse_factor(args.rope_scaling_factor)})
         data = EvalData(**vars(args.data))
         labels = args.labels or default_labels(args.ckpt)
         if len(labels) != len(args.ckpt):

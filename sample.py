@@ -17,7 +17,7 @@ import torch
 from data.errors import DataError
 from data.tokenizer import CharTokenizer, Tokenizer
 from model.generation import stream
-from training.checkpoint import CheckpointError, load_checkpoint
+from training.checkpoint import CheckpointError, load_checkpoint, pick_device_dtype
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,25 +60,15 @@ def encode_prompt(tokenizer: Tokenizer, text: str, drop_unknown: bool) -> list[i
     return ids or tokenizer.start_ids()
 
 
-def pick_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dtype == "auto":
-        bf16 = dev.type == "cuda" and torch.cuda.is_bf16_supported()
-        return dev, torch.bfloat16 if bf16 else torch.float32
-    return dev, getattr(torch, dtype)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         ckpt = load_checkpoint(args.ckpt, args.tiktoken_ranks)
         text = read_prompt(args)
         prompt = encode_prompt(ckpt.tokenizer, text, args.drop_unknown)
-    except (CheckpointError, DataError) as error:
+        device, dtype = pick_device_dtype(args.device, args.dtype)
+    except (CheckpointError, DataError, ValueError) as error:
         sys.exit(f"error: {error}")
-    device, dtype = pick_device_dtype(args.device, args.dtype)
     model = ckpt.model.to(device=device, dtype=dtype).eval()
     if args.compile:
         model.compile(dynamic=True)

@@ -28,7 +28,7 @@ from data.prepare import sha256_file, token_dtype
 from data.tokenizer import CharTokenizer
 from evaluation.config import EvalData, EvalSettings
 from evaluation.extrapolation import count_windows, evaluate_length
-from training.checkpoint import LoadedCheckpoint, load_checkpoint
+from training.checkpoint import LoadedCheckpoint, load_checkpoint, pick_device_dtype
 from training.config import DataConfig
 from training.run import git_sha, prepared_data
 
@@ -72,7 +72,8 @@ def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: 
     texts = _texts(loaded, subjects, data)
     for subject, text in zip(subjects, texts, strict=True):
         _check_long_enough(subject, text, settings.lengths[-1])
-    device, autocast = _device_and_autocast(settings)
+    device, dtype = pick_device_dtype(settings.device, settings.dtype)
+    autocast = None if dtype == torch.float32 else dtype
     plan = [
         (subject, ckpt, text, scaling)
         for subject, ckpt, text in zip(subjects, loaded, texts, strict=True)
@@ -116,9 +117,8 @@ def _evaluate_one(
     config = model.config
     rows = []
     for length in settings.lengths:
-        factor = _scaling_factor(settings.rope_scaling_factor, length, config.block_size)
         if scaling != "none":
-            model.set_rope_scaling(scaling, factor)
+            model.set_rope_scaling(scaling, _scaling_factor(settings.rope_scaling_factor, length, config.block_size))
         bar.set_description(f"{_run_label(subject.label, scaling)} L={length}")
         result = evaluate_length(
             model,
@@ -177,19 +177,6 @@ def _finite(value: float) -> float | None:
 
 def _tokenizer_name(ckpt: LoadedCheckpoint) -> str:
     return f"{ckpt.tokenizer.meta()['kind']} ({ckpt.tokenizer.vocab_size})"
-
-
-def _device_and_autocast(settings: EvalSettings) -> tuple[torch.device, torch.dtype | None]:
-    name = settings.device
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise DataError(f"--device {settings.device}: CUDA is not available here; use --device cpu or auto.")
-    if settings.dtype == "auto":
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        return device, torch.bfloat16 if bf16 else None
-    return device, None if settings.dtype == "float32" else getattr(torch, settings.dtype)
 
 
 def _texts(loaded: list[LoadedCheckpoint], subjects: list[Subject], data: EvalData) -> list[EvalText]:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import sample as sample_script
 import train as train_script
@@ -91,3 +92,10 @@ def test_missing_or_corrupt_checkpoint_fails_with_one_message(tmp_path):
     with pytest.raises(SystemExit) as info:
         sample_script.main(["--ckpt", str(corrupt)])
     assert "not a readable checkpoint" in str(info.value.code)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_a_cuda_device_without_cuda_is_one_clear_message(checkpoint):
+    with pytest.raises(SystemExit) as info:
+        sample_script.main(["--ckpt", str(checkpoint), "--device", "cuda", "--max_new_tokens", "2"])
+    assert "CUDA is not available here" in str(info.value.code)

@@ -80,3 +80,18 @@ def check_same_model(path: str | Path, config: GPTConfig) -> None:
             f"Cannot resume from {path}: it holds a different model ({listed}). Use the same model "
             "settings, or start a fresh run (another --train.run_name, or no --train.resume)."
         )
+
+
+def pick_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """Where and in what dtype to run a loaded checkpoint: 'auto' is CUDA when present, else CPU,
+    and bfloat16 on a GPU that has it, else float32. A CUDA device on a machine without one is an
+    error that says so."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available here; use --device cpu or auto.")
+    if dtype == "auto":
+        bf16 = dev.type == "cuda" and torch.cuda.is_bf16_supported()
+        return dev, torch.bfloat16 if bf16 else torch.float32
+    return dev, getattr(torch, dtype)
