@@ -17,6 +17,7 @@ from model.positions import (
     apply_rope,
     rope_cos_sin,
     sinusoid_table,
+    yarn_correction_range,
 )
 
 
@@ -148,18 +149,29 @@ def test_ntk_scaling_raises_the_base():
     torch.testing.assert_close(cos[:, 0], plain[:, 0])
 
 
-def test_yarn_keeps_fast_dimensions_interpolates_slow_ones_and_scales_attention():
-    trained, factor, dim = 256, 8.0, 64
-    cos, sin = rope_cos_sin(2048, dim, 10000.0, scaling="yarn", factor=factor, trained_length=trained)
-    mscale = 0.1 * math.log(factor) + 1.0
-    plain_cos, plain_sin = rope_cos_sin(2048, dim, 10000.0)
-    # pair 0 turns 256 / (2 pi) ~ 41 times within 256 tokens (> beta = 32): frequency kept
-    torch.testing.assert_close(cos[:, 0] / mscale, plain_cos[:, 0])
-    # the last pair turns far less than once (< alpha = 1): interpolated by the full factor
-    lin_cos, _ = rope_cos_sin(2048, dim, 10000.0, scaling="linear", factor=factor)
-    torch.testing.assert_close(cos[:, -1] / mscale, lin_cos[:, -1])
+def test_yarn_correction_range_is_the_reference_codes():
+    # i(r) = D ln(L / (2 pi r)) / (2 ln b), low = floor(i(32)), high = ceil(i(1)), clamped to [0, D - 1]
+    # D=32, L=256, b=1e4: i(32) = 32 ln(1.2732) / 18.4207 = 0.4196 -> 0; i(1) = 32 ln(40.744) / 18.4207 = 6.440 -> 7
+    assert yarn_correction_range(32, 10000.0, 256) == (0, 7)
+    # Llama 2 (D=128, L=4096, b=1e4), the YaRN paper's model: i(32) = 20.95 -> 20, i(1) = 45.03 -> 46
+    assert yarn_correction_range(128, 10000.0, 4096) == (20, 46)
+    # D=64, L=256: i(32) = 0.839 -> 0, i(1) = 12.88 -> 13
+    assert yarn_correction_range(64, 10000.0, 256) == (0, 13)
+
+
+def test_yarn_frequencies_ramp_linearly_in_the_pair_index():
+    head_dim, trained, factor = 32, 256, 4.0
+    cos, sin = rope_cos_sin(300, head_dim, 10000.0, scaling="yarn", factor=factor, trained_length=trained)
+    mscale = 0.1 * math.log(4.0) + 1.0  # 1.138629...
     torch.testing.assert_close(cos**2 + sin**2, torch.full_like(cos, mscale**2))
-    assert not torch.allclose(cos[:, 10] / mscale, plain_cos[:, 10])
+    angle = torch.atan2(sin[1], cos[1]).double()  # position 1: the angle is the frequency itself
+    # worked out by hand from the range (0, 7): weight w_i = min(i / 7, 1) of theta_i / 4 against theta_i
+    theta = [10000.0 ** (-i / 16) for i in range(16)]
+    expected = [t * (1 - min(i / 7, 1)) + t / 4 * min(i / 7, 1) for i, t in enumerate(theta)]
+    torch.testing.assert_close(angle, torch.tensor(expected, dtype=torch.float64), rtol=1e-5, atol=0)
+    assert expected[0] == theta[0] and expected[7] == theta[7] / 4 and expected[15] == theta[15] / 4
+    # pair 3: w = 3/7, theta_3 = 1e4^(-3/16) = 0.177828; 0.177828 * (4/7 + 3/28) = 0.120669
+    assert angle[3].item() == pytest.approx(0.120669, rel=1e-5)
 
 
 def test_rope_scaling_is_validated():
