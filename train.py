@@ -15,6 +15,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 from data.errors import DataError
 from training.checkpoint import CheckpointError
 from training.config import RunConfig
+from training.hardware import HardwareError
 from training.run import result_summary, train
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "shakespeare_char.yaml"
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         result = train(run_config)
-    except (DataError, CheckpointError) as error:
+    except (DataError, CheckpointError, HardwareError) as error:
         sys.exit(f"error: {error}")
     if result.sample is not None:
         print(f"\n--- sample ---\n{result.sample}\n--------------")

@@ -2,9 +2,10 @@
 
     python -m data.prepare --input corpus/ --out prepared/mycorpus --tokenizer gpt2
 
-Input is a file, several files, a directory (recursive, `*.txt` by default) or the named corpus
-`shakespeare`. Text is streamed in chunks that end on line boundaries, so memory stays bounded
-whatever the corpus size; GPT-2 BPE encodes a batch of chunks at once on several threads. The last
+Input is a file, several files, a directory (recursive, `*.txt` by default) or a named corpus
+(`shakespeare`, `python-docs`, `auto`: see `data.corpora`). Text is streamed in chunks that end on
+line boundaries, so memory stays bounded whatever the corpus size; GPT-2 BPE encodes a batch of
+chunks at once on several threads. The last
 `val_fraction` of the tokens is the validation split (as nanoGPT does): deterministic, and
 contiguous, so no window straddles the two splits.
 
@@ -19,24 +20,20 @@ import hashlib
 import json
 import logging
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from data.corpora import NAMED
 from data.errors import DataError
+from data.files import atomic_write_bytes, sha256_file
 from data.tokenizer import GPT2Tokenizer, Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-SHAKESPEARE = "shakespeare"
-SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-CACHE_ENV = "POSGPT_CACHE"
 CHUNK_CHARS = 1 << 20
 
 
@@ -45,41 +42,15 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
 
-def cache_dir() -> Path:
-    """Where downloads are kept: $POSGPT_CACHE, else ~/.cache/posgpt."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "posgpt")
-
-
-def shakespeare_path() -> Path:
-    """Tiny Shakespeare from the cache, downloaded once when online."""
-    path = cache_dir() / "tinyshakespeare.txt"
-    if path.is_file() and sha256_file(path) == SHAKESPEARE_SHA256:
-        return path
-    log.info("Downloading Tiny Shakespeare from %s", SHAKESPEARE_URL)
-    try:
-        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=20) as response:
-            payload = response.read()
-    except (urllib.error.URLError, OSError) as error:
-        raise DataError(
-            f"Could not download Tiny Shakespeare ({error}); are you offline? Pass a local copy "
-            f"instead: --data.input /path/to/tinyshakespeare.txt (or place it at {path})."
-        ) from None
-    if hashlib.sha256(payload).hexdigest() != SHAKESPEARE_SHA256:
-        raise DataError(f"The download from {SHAKESPEARE_URL} is not Tiny Shakespeare (sha256 mismatch).")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, payload)
-    return path
-
-
 def resolve_sources(inputs: str | os.PathLike | Sequence[str | os.PathLike], glob: str = "*.txt") -> list[Path]:
     """The files to read, in a fixed order: files as given, directories searched recursively."""
     items = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
     if not items:
-        raise DataError("No input given: pass --data.input FILE|DIR|shakespeare.")
+        raise DataError(f"No input given: pass --data.input FILE|DIR or a named corpus ({', '.join(NAMED)}).")
     sources: list[Path] = []
     for item in items:
-        if str(item) == SHAKESPEARE:
-            sources.append(shakespeare_path())
+        if str(item) in NAMED:
+            sources.append(NAMED[str(item)]())
             continue
         path = Path(item).expanduser()
         if path.is_dir():
@@ -90,7 +61,9 @@ def resolve_sources(inputs: str | os.PathLike | Sequence[str | os.PathLike], glo
         elif path.is_file():
             sources.append(path)
         else:
-            raise DataError(f"Input not found: {path}. Pass an existing file or directory, or 'shakespeare'.")
+            raise DataError(
+                f"Input not found: {path}. Pass an existing file or directory, or a named corpus ({', '.join(NAMED)})."
+            )
     return list(dict.fromkeys(p.resolve() for p in sources))  # drop repeats, keep order
 
 
@@ -107,7 +80,7 @@ def prepare(
     """Tokenize `inputs` into `out_dir` (see the module docstring) and return its metadata.
 
     Args:
-        inputs: file(s), directory(ies) or "shakespeare".
+        inputs: file(s), directory(ies) or a named corpus (`data.corpora.NAMED`).
         out_dir: output directory, created if needed.
         tokenizer: "char" (vocabulary from the corpus) or "gpt2" (BPE; <|endoftext|> after each file).
         glob: file pattern for directories.
@@ -262,25 +235,6 @@ def _reusable(out: Path, fingerprint: str) -> dict[str, Any] | None:
         if not file.is_file() or file.stat().st_size != meta[f"{split}_tokens"] * itemsize:
             return None
     return meta
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 4 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see a partial file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> None:

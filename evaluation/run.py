@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 from data.dataset import load_prepared
 from data.errors import DataError
-from data.prepare import sha256_file, token_dtype
+from data.files import sha256_file
+from data.prepare import token_dtype
 from data.tokenizer import CharTokenizer
 from evaluation.config import EvalData, EvalSettings
 from evaluation.extrapolation import count_windows, evaluate_length

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -66,3 +67,21 @@ def direct_loss(model: GPT, tokens: np.ndarray, length: int, stride: int, budget
             losses.append(F.cross_entropy(logits[0, pos], window[0, pos + 1]).item())
         start += stride
     return sum(losses) / len(losses)
+
+
+TINY = [
+    "--model.n_layer", "2", "--model.n_head", "4", "--model.n_embd", "32", "--model.block_size", "32",
+    "--train.batch_size", "8", "--train.log_interval", "5", "--train.progress_bar", "false",
+    "--train.sample_tokens", "0", "--optim.lr", "3e-3", "--optim.warmup_steps", "5",
+]  # fmt: skip
+
+
+def tiny_args(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
+    return [
+        *TINY,
+        "--data.input", str(text_file),
+        "--data.prepared_root", str(tmp_path / "prepared"),
+        "--train.out_dir", str(tmp_path / "runs"),
+        "--train.run_name", "tiny",
+        *extra,
+    ]  # fmt: skip

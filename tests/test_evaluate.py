@@ -219,3 +219,15 @@ def test_a_char_and_a_bpe_checkpoint_on_one_text(runs, tmp_path, gpt2_ranks):
     assert bpe_run["tokenizer"] == "gpt2 (50257)" and char_run["tokenizer"].startswith("char")
     assert bpe_run["data"]["tokens"] < char_run["data"]["tokens"] / 2  # BPE tokens span several characters
     assert "tokenizers differ (char" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_bfloat16_autocast_on_cpu_stays_close_to_float32(runs, tmp_path):
+    """The GPU default (bf16 autocast, float32 losses), run on the CPU's autocast."""
+    args = ["--ckpt", str(runs["rope"]), str(runs["alibi"]), "--lengths", "16", "48", "--token_budget", "240",
+            "--device", "cpu"]  # fmt: skip
+    fp32 = _evaluate(tmp_path / "fp32", *args, "--dtype", "float32")
+    bf16 = _evaluate(tmp_path / "bf16", *args, "--dtype", "bfloat16")
+    assert (fp32["dtype"], bf16["dtype"]) == ("float32", "bfloat16")
+    for run, ref in zip(bf16["runs"], fp32["runs"], strict=True):
+        for row, ref_row in zip(run["results"], ref["results"], strict=True):
+            assert row["loss"] == pytest.approx(ref_row["loss"], rel=2e-2) and row["loss"] != ref_row["loss"]

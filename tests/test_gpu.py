@@ -1,9 +1,12 @@
 """CUDA checks: bf16 agreement with the float32 reference, the FlashAttention kernel really runs for
-bias-free SDPA, and compiled FlexAttention runs ALiBi (forward and backward). Skipped without CUDA."""
+bias-free SDPA, compiled FlexAttention runs ALiBi (forward and backward), and training through the
+Trainer as a GPU run does (auto precision, compile, fp16 with its loss scale, FSDP). Skipped without
+CUDA; test_gpu_paths.py runs what of this a CPU can."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -81,3 +84,73 @@ def test_auto_alibi_trains_through_compiled_flex_on_cuda(gpu_config):
     ref_loss = _forward_backward(reference, idx)
     assert abs(loss.item() - ref_loss.item()) < 2e-2 * ref_loss.item()
     assert model.wte.weight.grad is not None and torch.isfinite(model.wte.weight.grad).all()
+
+
+def _record_step_norms(monkeypatch) -> list[float]:
+    """Patch AdamW.step to record the global gradient norm the optimizer steps with: after Lightning's
+    closure (forward, backward, clipping) under bf16, at entry under fp16 (GradScaler.step calls step
+    after the closure and the clipping already ran)."""
+    norms: list[float] = []
+    real_step = torch.optim.AdamW.step
+
+    def norm(optimizer) -> float:
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        return torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])).item()
+
+    def recording_step(self, closure=None):
+        if closure is None:
+            norms.append(norm(self))
+            return real_step(self)
+
+        def wrapped():
+            loss = closure()
+            norms.append(norm(self))
+            return loss
+
+        return real_step(self, wrapped)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    return norms
+
+
+def _gpu_run(tmp_path, text_file, *extra: str) -> list[str]:
+    from helpers import tiny_args
+
+    return tiny_args(tmp_path, text_file, "--train.max_steps", "12", "--train.eval_interval", "12", *extra)
+
+
+def test_default_gpu_run_trains_with_compile_bf16_fused_adamw_clipping_and_mfu(tmp_path, text_file, monkeypatch):
+    """The first optimizer step of every default GPU run failed (bf16-mixed + fused AdamW + clipping);
+    test_gpu_paths.py reproduces it on the CPU, this runs the real thing: auto precision, compile,
+    pinned memory and the MFU logged against the device's peak."""
+    import csv
+
+    import train as train_script
+    from training.run import latest_metrics
+
+    norms = _record_step_norms(monkeypatch)
+    train_script.main(_gpu_run(tmp_path, text_file, "--train.compile", "true", "--optim.grad_clip", "0.05"))
+    assert len(norms) == 12 and norms == pytest.approx([0.05] * 12, rel=1e-2)
+    with open(latest_metrics(tmp_path / "runs" / "tiny")) as f:
+        mfu = [float(row["perf/mfu"]) for row in csv.DictReader(f) if row.get("perf/mfu")]
+    assert mfu and all(0 < m < 1 for m in mfu)
+
+
+def test_fp16_mixed_unscales_before_clipping_through_the_trainer(tmp_path, text_file, monkeypatch):
+    """GradScaler with the fused AdamW: only CUDA runs 16-mixed (Lightning turns it into bf16 on a CPU)."""
+    import train as train_script
+
+    norms = _record_step_norms(monkeypatch)
+    train_script.main(_gpu_run(tmp_path, text_file, "--train.precision", "16-mixed", "--optim.grad_clip", "0.05"))
+    finite = [n for n in norms if math.isfinite(n)]  # steps the scaler skips have inf gradients
+    assert finite and finite == pytest.approx([0.05] * len(finite), rel=1e-2)
+
+
+def test_fsdp_on_one_gpu_clips_through_the_sharded_module(tmp_path, text_file):
+    """Lightning runs FSDP only on GPUs; its own clipping refuses FSDP, ours calls the root module's
+    clip_grad_norm_."""
+    import train as train_script
+    from training.checkpoint import read_checkpoint
+
+    train_script.main(_gpu_run(tmp_path, text_file, "--train.strategy", "fsdp", "--train.devices", "1"))
+    assert read_checkpoint(tmp_path / "runs" / "tiny" / "last.ckpt")["global_step"] == 12

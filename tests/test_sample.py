@@ -99,3 +99,15 @@ def test_a_cuda_device_without_cuda_is_one_clear_message(checkpoint):
     with pytest.raises(SystemExit) as info:
         sample_script.main(["--ckpt", str(checkpoint), "--device", "cuda", "--max_new_tokens", "2"])
     assert "CUDA is not available here" in str(info.value.code)
+
+
+def test_bfloat16_weights_on_cpu_sample_as_a_gpu_run_would(checkpoint, capsys):
+    """`--dtype auto` is bfloat16 on a GPU: the same cast weights, run here on the CPU."""
+    args = ["--ckpt", str(checkpoint), "--prompt", "The king", "--max_new_tokens", "30", "--device", "cpu"]
+    sample_script.main([*args, "--dtype", "bfloat16", "--temperature", "0"])
+    captured = capsys.readouterr()
+    out = captured.out
+    assert out.startswith("The king") and len(out.rstrip("\n")) == len("The king") + 30
+    assert "cpu, torch.bfloat16" in captured.err
+    uncached = _sample(capsys, *args, "--dtype", "bfloat16", "--temperature", "0", "--no_cache")
+    assert uncached == out  # the KV cache holds bf16 keys and values, as the uncached path computes them

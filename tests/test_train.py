@@ -16,23 +16,9 @@ import train as train_script
 from training.checkpoint import load_checkpoint, read_checkpoint
 from training.run import latest_metrics
 
+from helpers import tiny_args
+
 ROOT = Path(__file__).resolve().parents[1]
-TINY = [
-    "--model.n_layer", "2", "--model.n_head", "4", "--model.n_embd", "32", "--model.block_size", "32",
-    "--train.batch_size", "8", "--train.log_interval", "5", "--train.progress_bar", "false",
-    "--train.sample_tokens", "0", "--optim.lr", "3e-3", "--optim.warmup_steps", "5",
-]  # fmt: skip
-
-
-def tiny_args(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
-    return [
-        *TINY,
-        "--data.input", str(text_file),
-        "--data.prepared_root", str(tmp_path / "prepared"),
-        "--train.out_dir", str(tmp_path / "runs"),
-        "--train.run_name", "tiny",
-        *extra,
-    ]  # fmt: skip
 
 
 def val_losses(run_dir: Path) -> list[float]:

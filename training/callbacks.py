@@ -9,8 +9,9 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from training.hardware import peak_flops
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -67,10 +68,7 @@ class SpeedMonitor(L.Callback):
         self._peak: float | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        device = trainer.strategy.root_device
-        precision = str(trainer.precision)
-        dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if precision.startswith("16") else "tfloat32"
-        self._peak = get_available_flops(device, dtype) if device.type == "cuda" else None
+        self._peak = peak_flops(trainer.strategy.root_device, str(trainer.precision))
 
     def _sync(self, trainer: L.Trainer) -> None:
         if trainer.strategy.root_device.type == "cuda":

@@ -16,8 +16,10 @@ from model import GPTConfig
 class DataConfig:
     """Where the tokens come from."""
 
-    input: str | list[str] | None = "shakespeare"
-    """Text file(s), directory(ies) (searched recursively with `glob`) or the named corpus 'shakespeare'."""
+    input: str | list[str] | None = "auto"
+    """Text file(s), directory(ies) (searched recursively with `glob`), or a named corpus: shakespeare (Tiny
+    Shakespeare, cached or downloaded), python-docs (bundled with Python, no network), auto (shakespeare where it can
+    be had, else python-docs)."""
     dir: str | None = None
     """A directory written by `python -m data.prepare`; used instead of `input` when given."""
     tokenizer: Literal["char", "gpt2"] = "char"

@@ -74,6 +74,25 @@ class GPTModule(L.LightningModule):
         self.log("val/loss", loss, prog_bar=True, sync_dist=False)
         self.log("val/ppl", torch.exp(loss), sync_dist=False)
 
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
+    ) -> None:
+        """Clip the global gradient norm to `optim.grad_clip` (the Trainer's own `gradient_clip_val`
+        stays unset).
+
+        Lightning's clipping refuses any optimizer that unscales inside its step, which the fused
+        AdamW does, even under bf16, where there is no loss scale at all; and its FSDP plugin cannot
+        clip by norm. Here: under fp16 the gradients are unscaled first (GradScaler then tells the
+        fused step they are), under FSDP the sharded module computes the norm over every rank's
+        shard, otherwise `clip_grad_norm_` runs on the gradients as they are.
+        """
+        max_norm = self.optim["grad_clip"]
+        if not max_norm:
+            return
+        norm = clip_grad_norm(self.trainer, self, optimizer, max_norm)
+        if self._logging_step():
+            self.log("train/grad_norm", norm)  # before clipping, as nanoGPT-style logs report it
+
     def configure_optimizers(self):
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
@@ -103,3 +122,22 @@ class GPTModule(L.LightningModule):
             torch.set_rng_state(checkpoint["torch_rng"])
         if "cuda_rng" in checkpoint and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
+
+
+def clip_grad_norm(
+    trainer: L.Trainer, module: L.LightningModule, optimizer: torch.optim.Optimizer, max_norm: float
+) -> torch.Tensor:
+    """Scale the gradients of `module` so that their global L2 norm is at most `max_norm`; returns
+    the norm before clipping."""
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+        # fp16 with a fused optimizer: Lightning leaves unscaling to the optimizer's step, but a norm
+        # of scaled gradients is meaningless. After unscale_, GradScaler.step passes no scale on.
+        scaler.unscale_(optimizer)
+    wrapped = trainer.strategy.model
+    if torch.distributed.is_available():
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if isinstance(wrapped, FullyShardedDataParallel):
+            return wrapped.clip_grad_norm_(max_norm)
+    return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm, foreach=True)

@@ -27,6 +27,7 @@ from data.tokenizer import Tokenizer
 from training.callbacks import AtomicCheckpointIO, LastCheckpoint, SpeedMonitor
 from training.checkpoint import check_same_model
 from training.config import DataConfig, RunConfig
+from training.hardware import check_strategy, resolve_precision
 from training.module import GPTModule
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def prepared_data(cfg: DataConfig) -> PreparedData:
     if cfg.dir:
         return load_prepared(cfg.dir)
     if not cfg.input:
-        raise DataError("No data: pass --data.input FILE|DIR|shakespeare or --data.dir PREPARED_DIR.")
+        raise DataError("No data: pass --data.input FILE|DIR|auto|shakespeare|python-docs or --data.dir PREPARED_DIR.")
     sources = resolve_sources(cfg.input, cfg.glob)
     settings = [str(p) for p in sources] + [cfg.tokenizer, str(cfg.val_fraction), cfg.errors, cfg.glob]
     key = hashlib.sha256("\n".join(settings).encode()).hexdigest()[:10]
@@ -63,14 +64,6 @@ def padded_vocab(tokenizer: Tokenizer) -> int:
     (GPT-2's 50257 -> 50304, nanoGPT's trick for faster matmuls; the extra rows are never targets)."""
     n = tokenizer.vocab_size
     return n if n <= 256 else -(-n // 64) * 64
-
-
-def resolve_precision(precision: str, accelerator: str) -> str:
-    """'auto' -> bf16-mixed where a CUDA GPU supports it (and is used), else 32-true."""
-    if precision != "auto":
-        return precision
-    gpu = accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-    return "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
 
 
 def run_dir_of(cfg: RunConfig, data: PreparedData) -> Path:
@@ -138,7 +131,10 @@ def git_sha() -> str:
 
 def train(cfg: RunConfig) -> RunResult:
     """Prepare data, build model and Trainer, fit, and sample a little text at the end."""
-    L.seed_everything(cfg.train.seed, workers=True, verbose=False)
+    t = cfg.train
+    check_strategy(t.strategy, t.accelerator)
+    precision = resolve_precision(t.precision, t.accelerator, cfg.model)
+    L.seed_everything(t.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
     data = prepared_data(cfg.data)
     tokenizer = data.tokenizer(cfg.data.tiktoken_ranks)
@@ -155,8 +151,6 @@ def train(cfg: RunConfig) -> RunResult:
     if cfg.train.compile:
         module.model.compile()  # in place: state_dict keys keep their names
 
-    t = cfg.train
-    precision = resolve_precision(t.precision, t.accelerator)
     trainer = L.Trainer(
         accelerator=t.accelerator,
         devices=t.devices,
@@ -165,7 +159,6 @@ def train(cfg: RunConfig) -> RunResult:
         precision=precision,
         max_steps=t.max_steps,
         accumulate_grad_batches=t.grad_accum,
-        gradient_clip_val=cfg.optim.grad_clip or None,
         val_check_interval=t.eval_interval * t.grad_accum,
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
@@ -190,7 +183,7 @@ def train(cfg: RunConfig) -> RunResult:
             "git %s, torch %s, %s, %d parameters, run dir %s%s",
             git_sha(),
             torch.__version__,
-            precision,
+            trainer.precision,  # as Lightning runs it (it turns 16-mixed on a CPU into bf16-mixed)
             module.model.num_params(),
             run_dir,
             f", resuming from {ckpt_path}" if ckpt_path else "",
@@ -198,6 +191,7 @@ def train(cfg: RunConfig) -> RunResult:
     with warnings.catch_warnings():
         # config.yaml (and, on resume, the checkpoints) are meant to be in the run directory
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        warnings.filterwarnings("ignore", message=r"Precision .* is not supported by the model summary")
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
     best = trainer.checkpoint_callback
@@ -214,7 +208,9 @@ def sample_text(module: GPTModule, tokenizer: Tokenizer, n_tokens: int) -> str:
     model = module.model.eval()
     start = tokenizer.start_ids()
     idx = torch.tensor([start], dtype=torch.long, device=module.device)
-    out = model.generate(idx, n_tokens, temperature=0.8, top_k=200)
+    # eagerly, even for a compiled model: each new cache length would otherwise be a new compilation
+    with torch.compiler.set_stance("force_eager"):
+        out = model.generate(idx, n_tokens, temperature=0.8, top_k=200)
     ids = [i for i in out[0, len(start) :].tolist() if i < tokenizer.vocab_size]  # padding rows are no tokens
     return tokenizer.decode(ids)
 

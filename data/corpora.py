@@ -1,0 +1,131 @@
+"""Named corpora: text a run can use without the user providing any.
+
+| name          | what                                                                             |
+|---------------|----------------------------------------------------------------------------------|
+| `shakespeare` | Tiny Shakespeare (1.1 MB), from the cache or downloaded once; offline, an error   |
+|               | that says how to pass a local copy                                               |
+| `python-docs` | the English documentation bundled with CPython (`pydoc_data`, ~465 KB), or, where |
+|               | an installation lacks it, the standard library's own source: no network needed    |
+| `auto`        | the default of `python train.py`: `shakespeare` where it can be had, else         |
+|               | `python-docs`, saying so in one line                                              |
+
+Every corpus becomes a file in the cache directory ($POSGPT_CACHE, else ~/.cache/posgpt), so the
+rest of the pipeline (hashing, preparing, naming the run after the file) treats it like any file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+import sysconfig
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from data.errors import DataError
+from data.files import atomic_write_bytes, sha256_file
+
+log = logging.getLogger(__name__)
+
+SHAKESPEARE = "shakespeare"
+PYTHON_DOCS = "python-docs"
+AUTO = "auto"
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+CACHE_ENV = "POSGPT_CACHE"
+STDLIB_SOURCE_CHARS = 1 << 20
+"""How much of the standard library's source stands in for the documentation where it is missing."""
+
+
+def cache_dir() -> Path:
+    """Where downloads and extracted corpora are kept: $POSGPT_CACHE, else ~/.cache/posgpt."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "posgpt")
+
+
+def shakespeare_path() -> Path:
+    """Tiny Shakespeare from the cache, downloaded once when online."""
+    path = cache_dir() / "tinyshakespeare.txt"
+    if path.is_file() and sha256_file(path) == SHAKESPEARE_SHA256:
+        return path
+    log.info("Downloading Tiny Shakespeare from %s", SHAKESPEARE_URL)
+    try:
+        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=20) as response:
+            payload = response.read()
+    except (urllib.error.URLError, OSError) as error:
+        raise DataError(
+            f"Could not download Tiny Shakespeare ({error}); are you offline? Pass a local copy "
+            f"instead: --data.input /path/to/tinyshakespeare.txt (or place it at {path})."
+        ) from None
+    if hashlib.sha256(payload).hexdigest() != SHAKESPEARE_SHA256:
+        raise DataError(f"The download from {SHAKESPEARE_URL} is not Tiny Shakespeare (sha256 mismatch).")
+    _write_to_cache(path, payload)
+    return path
+
+
+def python_docs_path() -> Path:
+    """A text every Python installation carries, written once into the cache: the documentation
+    topics that `help()` shows (pydoc_data), else the standard library's source."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions strip it
+        return _cached_text(f"python-stdlib-{version}.txt", _stdlib_source)
+    return _cached_text(f"python-docs-{version}.txt", lambda: "\n".join(topics[k] for k in sorted(topics)))
+
+
+def default_corpus() -> Path:
+    """`auto`: Tiny Shakespeare where it can be had; otherwise Python's documentation, with one
+    line that says what is used, why, and how to pass a file instead."""
+    try:
+        return shakespeare_path()
+    except DataError as error:
+        reason = str(error).split(";")[0]
+        path = python_docs_path()
+        log.warning(
+            "%s: training on Python's bundled documentation instead (%s, %d KB). Pass your own text with "
+            "--data.input FILE, or Tiny Shakespeare with --data.input /path/to/tinyshakespeare.txt.",
+            reason,
+            path.name,
+            path.stat().st_size // 1024,
+        )
+        return path
+
+
+NAMED: dict[str, Callable[[], Path]] = {
+    SHAKESPEARE: shakespeare_path,
+    PYTHON_DOCS: python_docs_path,
+    AUTO: default_corpus,
+}
+"""Names that `--data.input` accepts besides files and directories."""
+
+
+def _stdlib_source() -> str:
+    """The first STDLIB_SOURCE_CHARS characters of the standard library's top-level modules."""
+    parts, size = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        parts.append(text)
+        size += len(text)
+        if size >= STDLIB_SOURCE_CHARS:
+            break
+    if not parts:
+        raise DataError("This Python installation carries neither pydoc_data nor its library's source.")
+    return "".join(parts)[:STDLIB_SOURCE_CHARS]
+
+
+def _cached_text(name: str, make: Callable[[], str]) -> Path:
+    path = cache_dir() / name
+    if not path.is_file():
+        _write_to_cache(path, make().encode("utf-8"))
+    return path
+
+
+def _write_to_cache(path: Path, payload: bytes) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, payload)
+    except OSError as error:
+        raise DataError(f"Cannot write {path} ({error}); set {CACHE_ENV} to a writable directory.") from None

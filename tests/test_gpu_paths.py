@@ -1,0 +1,244 @@
+"""What a GPU run exercises, run on the CPU: bf16-mixed training through the Trainer with the fused
+optimizer, clipping and accumulation; fp16's unscale-then-clip; the shipped GPU configs; FSDP's
+message; the precision `auto` picks; and the CUDA-only branches (MFU peaks, synchronisation,
+pinned memory), driven with a stand-in CUDA device. What can only fail on a GPU is in test_gpu.py."""
+
+from __future__ import annotations
+
+import csv
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import train as train_script
+from data.datamodule import TokenDataModule
+from data.dataset import load_prepared
+from data.prepare import prepare
+from model import GPTConfig
+from training import hardware
+from training.callbacks import SpeedMonitor
+from training.checkpoint import read_checkpoint
+from training.module import clip_grad_norm
+from training.run import latest_metrics
+
+from helpers import tiny_args
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _global_norm(optimizer: torch.optim.Optimizer) -> float:
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
+
+
+def test_bf16_mixed_clips_before_every_fused_step_with_accumulation(tmp_path, text_file, monkeypatch):
+    """The default GPU run (bf16-mixed, fused AdamW, clipping) used to stop at its first step."""
+    norms_at_step: list[float] = []
+    real_step = torch.optim.AdamW.step
+
+    def recording_step(self, closure=None):
+        def after_backward_and_clipping():
+            loss = closure()  # Lightning's closure: forward, backward, then the clipping hook
+            norms_at_step.append(_global_norm(self))
+            return loss
+
+        assert self.defaults["fused"]
+        return real_step(self, after_backward_and_clipping)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    args = tiny_args(tmp_path, text_file, "--train.precision", "bf16-mixed", "--optim.grad_clip", "0.05",
+                     "--train.grad_accum", "2", "--train.max_steps", "6", "--train.log_interval", "2",
+                     "--train.eval_interval", "6")  # fmt: skip
+    train_script.main(args)
+    run_dir = tmp_path / "runs" / "tiny"
+    assert read_checkpoint(run_dir / "last.ckpt")["global_step"] == 6
+    assert len(norms_at_step) == 6  # one clipped step per two micro-batches
+    assert norms_at_step == pytest.approx([0.05] * 6, rel=1e-3)
+    with open(latest_metrics(run_dir)) as f:
+        logged = [float(row["train/grad_norm"]) for row in csv.DictReader(f) if row.get("train/grad_norm")]
+    assert len(logged) == 3 and all(norm > 0.05 for norm in logged)  # the norm before clipping
+
+
+def test_fp16_gradients_are_unscaled_before_they_are_clipped():
+    """Under 16-mixed Lightning leaves unscaling to a fused optimizer's step; clipping a norm of scaled
+    gradients would be wrong. Checked against float32 with the same clipping, on CPU tensors."""
+    torch.manual_seed(0)
+    model, reference = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    reference.load_state_dict(model.state_dict())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=0.1, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    trainer = types.SimpleNamespace(
+        precision_plugin=types.SimpleNamespace(scaler=scaler), strategy=types.SimpleNamespace(model=model)
+    )
+    x = torch.randn(4, 8)
+    scaler.scale(model(x).pow(2).sum()).backward()
+    norm = clip_grad_norm(trainer, model, optimizer, max_norm=0.5)
+    scaler.step(optimizer)
+    scaler.update()
+    reference(x).pow(2).sum().backward()
+    ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+    ref_optimizer.step()
+    assert norm.item() == pytest.approx(ref_norm.item(), rel=1e-6) and ref_norm > 0.5
+    torch.testing.assert_close(model.weight, reference.weight)
+
+
+def test_resume_under_bf16_is_exact(tmp_path, text_file):
+    common = ["--train.precision", "bf16-mixed", "--model.dropout", "0.1", "--train.eval_interval", "5",
+              "--train.ckpt_interval", "5", "--optim.decay_steps", "10"]  # fmt: skip
+    straight, split = tmp_path / "a", tmp_path / "b"
+    train_script.main(tiny_args(straight, text_file, *common, "--train.max_steps", "10"))
+    train_script.main(tiny_args(split, text_file, *common, "--train.max_steps", "5"))
+    train_script.main(tiny_args(split, text_file, *common, "--train.max_steps", "10", "--train.resume", "auto"))
+    a = read_checkpoint(straight / "runs" / "tiny" / "last.ckpt")["state_dict"]
+    b = read_checkpoint(split / "runs" / "tiny" / "last.ckpt")["state_dict"]
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
+
+
+def _shrunk(tmp_path: Path, text_file: Path, config: str, *extra: str) -> list[str]:
+    """configs/`config` with a tiny model and two steps (the file first: later options override it)."""
+    return [
+        "--config", str(ROOT / "configs" / config),
+        "--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32", "--model.block_size", "32",
+        "--train.batch_size", "4", "--train.max_steps", "2", "--train.eval_interval", "2",
+        "--train.eval_tokens", "256", "--train.precision", "bf16-mixed", "--train.progress_bar", "false",
+        "--train.logger", "csv", "--train.run_name", "gpu-config",
+        "--data.input", str(text_file), "--data.prepared_root", str(tmp_path / "prepared"),
+        "--train.out_dir", str(tmp_path / "runs"), *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["shakespeare_char_gpu.yaml", "gpt2_124m.yaml"])
+def test_shipped_gpu_training_configs_train_two_steps_in_bf16(tmp_path, text_file, request, name):
+    extra = ["--train.compile", "false", "--train.sample_tokens", "20"]
+    if name == "gpt2_124m.yaml":  # BPE: the shared ranks file (skips where absent)
+        ranks = str(request.getfixturevalue("gpt2_ranks"))
+        extra += ["--data.tiktoken_ranks", ranks, "--data.val_fraction", "0.1", "--train.grad_accum", "4"]
+    train_script.main(_shrunk(tmp_path, text_file, name, *extra))
+    ckpt = read_checkpoint(tmp_path / "runs" / "gpu-config" / "last.ckpt")
+    config = ckpt["hyper_parameters"]["config"]
+    assert ckpt["global_step"] == 2 and config["optim"]["grad_clip"] == 1.0
+    assert config["train"]["grad_accum"] == (4 if name == "gpt2_124m.yaml" else 1)
+    assert all(torch.isfinite(t).all() for t in ckpt["state_dict"].values())
+
+
+def test_the_gpu_recipe_compiles_and_trains_in_bf16_on_cpu(tmp_path, text_file, capsys):
+    """torch.compile (inductor) with bf16 autocast, dropout, clipping and a validation pass, as
+    configs/shakespeare_char_gpu.yaml runs it on a GPU; the sample at the end runs eagerly."""
+    train_script.main(_shrunk(tmp_path, text_file, "shakespeare_char_gpu.yaml", "--train.sample_tokens", "20"))
+    config = read_checkpoint(tmp_path / "runs" / "gpu-config" / "last.ckpt")["hyper_parameters"]["config"]
+    assert config["train"]["compile"] and config["model"]["dropout"] == 0.2
+    out = capsys.readouterr().out
+    assert "--- sample ---" in out
+
+
+def test_shipped_gpu_experiment_config_trains_and_evaluates_in_bf16(tmp_path, text_file, gpt2_ranks):
+    from experiments import extrapolation as experiment
+
+    experiment.main([
+        "--config", str(ROOT / "configs" / "extrapolation_gpu.yaml"), "--out_dir", str(tmp_path / "report"),
+        "--schemes", "[rope, alibi]",
+        "--run.model.n_layer", "1", "--run.model.n_head", "2", "--run.model.n_embd", "32",
+        "--run.model.block_size", "32", "--run.train.batch_size", "2", "--run.train.max_steps", "2",
+        "--run.train.eval_interval", "2", "--run.train.compile", "false", "--run.train.precision", "bf16-mixed",
+        "--run.data.input", str(text_file), "--run.data.prepared_root", str(tmp_path / "prepared"),
+        "--run.data.tiktoken_ranks", str(gpt2_ranks), "--eval_data.tiktoken_ranks", str(gpt2_ranks),
+        "--eval.lengths", "[32, 64]", "--eval.token_budget", "64", "--eval.dtype", "bfloat16",
+        "--eval.progress", "false",
+    ])  # fmt: skip
+    report = tmp_path / "report"
+    assert (report / "results.md").is_file()
+    assert {p.name for p in (report / "runs").iterdir()} == {"rope-seed1337", "alibi-seed1337"}
+
+
+def test_fsdp_without_gpus_is_one_clear_message(tmp_path, text_file):
+    with pytest.raises(SystemExit) as info:
+        train_script.main(tiny_args(tmp_path, text_file, "--train.strategy", "fsdp", "--train.accelerator", "cpu"))
+    assert "needs CUDA GPUs" in str(info.value.code) and "ddp" in str(info.value.code)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "prepared").exists()
+
+
+def _capabilities(monkeypatch, **caps: bool) -> None:
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+
+
+def test_auto_precision_by_device_and_model_width(monkeypatch):
+    narrow, wide = GPTConfig(n_embd=128, n_head=4), GPTConfig(n_embd=384, n_head=6)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert hardware.resolve_precision("auto", "auto", narrow) == "bf16-mixed"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)  # e.g. a V100 or T4
+    assert hardware.resolve_precision("auto", "gpu", wide) == "16-mixed"
+    assert hardware.resolve_precision("32-true", "gpu", wide) == "32-true"  # explicit settings stay
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _capabilities(monkeypatch, avx512_bf16=True)
+    assert hardware.resolve_precision("auto", "auto", wide) == "bf16-mixed"
+    assert hardware.resolve_precision("auto", "cpu", narrow) == "32-true"
+    _capabilities(monkeypatch, amx_bf16=True)
+    assert hardware.resolve_precision("auto", "cpu", wide) == "bf16-mixed"
+    _capabilities(monkeypatch, avx2=True)  # no bf16 instructions: bf16 would be emulated
+    assert hardware.resolve_precision("auto", "cpu", wide) == "32-true"
+
+
+class _StandInCuda:
+    """A CUDA device as far as the CUDA-only branches can tell: its name, and a synchronize that counts."""
+
+    def __init__(self, monkeypatch, name: str = "NVIDIA H100 80GB HBM3") -> None:
+        self.syncs = 0
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+        monkeypatch.setattr(torch.cuda, "synchronize", self._sync)
+
+    def _sync(self, device=None) -> None:
+        self.syncs += 1
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16-mixed", 989.4e12),
+        ("NVIDIA H100 80GB HBM3", "32-true", 494.7e12),  # TF32
+        ("NVIDIA H100 PCIe", "16-mixed", 756.0e12),
+        ("NVIDIA H200", "bf16-mixed", 989.4e12),  # Lightning's table has no plain H200
+        ("NVIDIA H200 NVL", "bf16-mixed", 835.5e12),
+        ("NVIDIA A100-SXM4-80GB", "bf16-mixed", 312e12),
+        ("Tesla T4", "16-mixed", 65e12),  # from Lightning's table
+    ],
+)
+def test_mfu_peaks_are_dense_bf16_figures(monkeypatch, name, precision, peak):
+    _StandInCuda(monkeypatch, name)
+    assert hardware.peak_flops(torch.device("cuda"), precision) == pytest.approx(peak)
+    assert hardware.peak_flops(torch.device("cpu"), precision) is None
+
+
+def test_speed_monitor_on_cuda_syncs_only_when_it_measures_and_logs_mfu(monkeypatch):
+    cuda = _StandInCuda(monkeypatch)
+    logged: dict[str, list[float]] = {"perf/tokens_per_s": [], "perf/mfu": []}
+    module = types.SimpleNamespace(tokens_per_step=1024, log=lambda name, value, **_: logged[name].append(value))
+    trainer = types.SimpleNamespace(
+        strategy=types.SimpleNamespace(root_device=torch.device("cuda", 0)),
+        precision="bf16-mixed",
+        world_size=2,
+        fit_loop=types.SimpleNamespace(_should_accumulate=lambda: False),
+    )
+    monitor = SpeedMonitor(flops_per_token=6_000_000, log_every=5)
+    monitor.setup(trainer, module, "fit")
+    for _ in range(1 + 10):  # the first step starts the clock; then two measurements of 5 steps
+        monitor.on_train_batch_end(trainer, module)
+    assert cuda.syncs == 3  # the start and each measurement, never every step
+    assert len(logged["perf/tokens_per_s"]) == 2 and len(logged["perf/mfu"]) == 2
+    for tokens_per_s, mfu in zip(logged["perf/tokens_per_s"], logged["perf/mfu"], strict=True):
+        assert mfu == pytest.approx(tokens_per_s / 2 * 6_000_000 / 989.4e12)  # per device
+
+
+def test_batches_are_pinned_for_cuda_only(tmp_path, text_file):
+    prepare(str(text_file), str(tmp_path / "data"))
+    datamodule = TokenDataModule(load_prepared(tmp_path / "data"), block_size=16, batch_size=2, seed=0)
+    for device, pinned in ((torch.device("cpu"), False), (torch.device("cuda", 0), True)):
+        datamodule.trainer = types.SimpleNamespace(
+            strategy=types.SimpleNamespace(root_device=device), global_rank=0, global_step=0, accumulate_grad_batches=1
+        )
+        assert datamodule.train_dataloader().pin_memory is pinned
+        assert datamodule.val_dataloader().pin_memory is pinned

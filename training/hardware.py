@@ -1,0 +1,87 @@
+"""What the hardware decides: the precision `auto` picks, the peak FLOP/s behind MFU, and which
+strategies a device can run. Every rule here is a measured or documented one (BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import torch
+
+from model import GPTConfig
+
+
+class HardwareError(ValueError):
+    """A setting that this machine's devices cannot run."""
+
+
+CPU_BF16_MIN_WIDTH = 256
+"""On a CPU with bf16 matrix instructions, `auto` trains in bf16-mixed from this model width
+(n_embd) on. Below it the matmuls are too small to repay autocast's casts: measured in BENCHMARKS.md
+("bf16 on the CPU"), bf16 is slower than float32 at nanoGPT's 128-wide CPU shape and about twice
+as fast at the 384-wide shakespeare_char shape."""
+
+DENSE_BF16_PEAKS: tuple[tuple[str, float], ...] = (
+    ("h200 nvl", 835.5e12),
+    ("h200", 989.4e12),
+    ("h100 nvl", 835.5e12),
+    ("h100 pcie", 756.0e12),
+    ("h100", 989.4e12),  # "NVIDIA H100 80GB HBM3", the SXM part
+    ("a100", 312.0e12),
+)
+"""Dense (no structured sparsity) bf16 / fp16 tensor-core peaks per GPU from NVIDIA's datasheets,
+first match of a lower-cased device name wins. TF32 is half of it. Lightning's table (the fallback
+for other GPUs) lists some of these with sparsity, or not at all for a plain "NVIDIA H200"."""
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU has bf16 dot-product instructions (x86 AVX512-BF16 or AMX-BF16, Arm BF16),
+    which oneDNN uses for bf16 matmuls; without them bf16 is emulated and slower than float32."""
+    caps = torch.cpu.get_capabilities()
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16") or caps.get("bf16") or caps.get("sve_bf16"))
+
+
+def uses_cuda(accelerator: str) -> bool:
+    """Whether Lightning's accelerator setting ends up on a CUDA GPU here."""
+    return accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+
+
+def resolve_precision(precision: str, accelerator: str, model: GPTConfig) -> str:
+    """'auto' -> the fastest precision that trains correctly here; anything else as given.
+
+    | where                                              | auto        |
+    |----------------------------------------------------|-------------|
+    | CUDA GPU with bf16 (Ampere and later)               | bf16-mixed  |
+    | older CUDA GPU                                      | 16-mixed (fp16 with a loss scale, as nanoGPT) |
+    | CPU with bf16 instructions, n_embd >= CPU_BF16_MIN_WIDTH | bf16-mixed |
+    | any other CPU                                       | 32-true     |
+    """
+    if precision != "auto":
+        return precision
+    if uses_cuda(accelerator):
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    if accelerator in ("auto", "cpu") and cpu_has_bf16_matmul() and model.n_embd >= CPU_BF16_MIN_WIDTH:
+        return "bf16-mixed"
+    return "32-true"
+
+
+def check_strategy(strategy: str, accelerator: str) -> None:
+    """Refuse, with the fix, a strategy that Lightning cannot run on this machine's devices."""
+    if strategy.startswith("fsdp") and not uses_cuda(accelerator):
+        raise HardwareError(
+            f"--train.strategy {strategy} needs CUDA GPUs (Lightning runs FSDP only there) and none is used here. "
+            "On CPUs use --train.strategy ddp (or auto)."
+        )
+
+
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    """The device's peak FLOP/s for the matmuls of `precision`, or None where unknown (CPUs)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device).lower()
+    half = "bf16" in precision or precision.startswith("16")
+    for chip, bf16_peak in DENSE_BF16_PEAKS:
+        if chip in name:
+            return bf16_peak if half else bf16_peak / 2  # float32 runs as TF32 (set in training.run)
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if half else "tfloat32"
+    peak = get_available_flops(device, dtype)
+    return float(peak) if peak else None
