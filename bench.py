@@ -4,6 +4,8 @@
     python bench.py plain-run --input ../shared/data/tinyshakespeare.txt --seeds 1337 1 2
     python bench.py val-noise --ckpt runs/X/last.ckpt --data_dir prepared/Y
     python bench.py sample [--tokens 1000 --runs 4]
+    python bench.py vs-nanogpt --peer ../shared/peers/nanoGPT --input ../shared/data/tinyshakespeare.txt --shape cpu
+    python bench.py precision [--steps 30]
 
 `train-step` times optimizer steps of the default CPU shape (nanoGPT's CPU config, learned
 positions) two ways, interleaved A B B A so that the machine's drift hits both alike:
@@ -13,13 +15,23 @@ positions) two ways, interleaved A B B A so that the machine's drift hits both a
 It prints the median tokens/s of each. `plain-run` trains B for a whole run and reports the val
 loss the trainer would log (every fixed window of the validation split), so the two can be
 compared on loss as well as speed. `val-noise` measures how noisy nanoGPT's own val estimate is.
+
+`vs-nanogpt` runs nanoGPT's own train.py (a scratch copy of the peer, outside the project) and our
+train.py with default flags, as separate processes, at one shape, for two run lengths each, rounds
+interleaved A B B A: the per-step cost is the difference of the wall times over the difference of
+the step counts, so start-up, the evaluation and the final checkpoint cancel out. `precision` times
+a training step (forward, backward, clip, fused AdamW) in float32 and under bf16 autocast over a
+grid of model shapes on this CPU: the measurement behind `training.hardware.CPU_BF16_MIN_WIDTH`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -184,6 +196,99 @@ def bench_sample(args: argparse.Namespace) -> None:
     print(f"median: kv cache {cached:.1f} tokens/s, no cache {uncached:.1f} tokens/s, {cached / uncached:.1f}x")
 
 
+SHAPES = {
+    # nanoGPT's README laptop command
+    "cpu": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "batch_size": 12},
+    # its shakespeare_char recipe's model, at a CPU batch
+    "6x384": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "batch_size": 8},
+}
+ROOT = Path(__file__).resolve().parent
+
+
+def nanogpt_command(peer: Path, shape: dict[str, int], steps: int, out: Path) -> list[str]:
+    """nanoGPT's laptop command at `shape`, evaluating only at step 0 and saving nothing."""
+    flags = {**shape, "device": "cpu", "compile": False, "eval_iters": 20, "log_interval": 1, "dropout": 0.0,
+             "max_iters": steps, "lr_decay_iters": steps, "eval_interval": 10**9, "out_dir": str(out)}  # fmt: skip
+    return [sys.executable, "train.py", "config/train_shakespeare_char.py", *(f"--{k}={v}" for k, v in flags.items())]
+
+
+def our_command(data_dir: Path, shape: dict[str, int], steps: int, out: Path, extra: list[str]) -> list[str]:
+    """Our train.py with its default flags at `shape` (learned positions, as nanoGPT), one evaluation
+    (at the end, 20 batches as nanoGPT's) and one checkpoint."""
+    model = {k: shape[k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
+    eval_tokens = 20 * shape["batch_size"] * shape["block_size"]
+    args = [f"--model.{k}={v}" for k, v in model.items()] + [
+        f"--train.batch_size={shape['batch_size']}", "--model.pos_encoding=learned", f"--data.dir={data_dir}",
+        f"--train.max_steps={steps}", f"--train.eval_interval={steps}", f"--train.ckpt_interval={steps}",
+        f"--train.eval_tokens={eval_tokens}", "--train.sample_tokens=0", f"--train.out_dir={out}",
+    ]  # fmt: skip
+    return [sys.executable, str(ROOT / "train.py"), *args, *extra]
+
+
+def wall_time(command: list[str], cwd: Path) -> float:
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def bench_vs_nanogpt(args: argparse.Namespace) -> None:
+    shape = SHAPES[args.shape]
+    short, long = args.steps
+    with tempfile.TemporaryDirectory() as tmp:
+        peer = Path(tmp) / "nanoGPT"
+        shutil.copytree(args.peer, peer)  # a scratch copy: the peer is run, never imported or copied in
+        data = peer / "data" / "shakespeare_char"
+        shutil.copy(args.input, data / "input.txt")
+        subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
+        ours_data = Path(tmp) / "ours-data"
+        prepare(args.input, str(ours_data), "char")
+        commands = {
+            "nanoGPT": lambda n: (nanogpt_command(peer, shape, n, Path(tmp) / f"nano-{n}"), peer),
+            "ours": lambda n: (our_command(ours_data, shape, n, Path(tmp) / "runs", args.ours_args), ROOT),
+        }
+        per_step: dict[str, list[float]] = {"ours": [], "nanoGPT": []}
+        for _ in range(args.rounds):
+            for kind in ("ours", "nanoGPT", "nanoGPT", "ours"):
+                times = {n: wall_time(*commands[kind](n)) for n in (short, long)}
+                per_step[kind].append((times[long] - times[short]) / (long - short))
+                print(f"{kind:8s} {short} steps {times[short]:6.1f} s, {long} steps {times[long]:6.1f} s: "
+                      f"{1000 * per_step[kind][-1]:.1f} ms/step", flush=True)  # fmt: skip
+    ours, nano = statistics.median(per_step["ours"]), statistics.median(per_step["nanoGPT"])
+    tokens = shape["batch_size"] * shape["block_size"]
+    print(f"shape {args.shape} {shape}, ours {' '.join(args.ours_args)}")
+    print(f"median ms/step: ours {1000 * ours:.1f} ({tokens / ours:,.0f} tokens/s), nanoGPT {1000 * nano:.1f} "
+          f"({tokens / nano:,.0f} tokens/s): ours {nano / ours:.2f}x nanoGPT's tokens/s")  # fmt: skip
+
+
+def bench_precision(args: argparse.Namespace) -> None:
+    """ms per training step, float32 against bf16 autocast, per shape, A B B A."""
+    print(f"{'shape':>24s} {'float32 ms':>11s} {'bf16 ms':>9s} {'bf16 speed-up':>14s}")
+    for layers, width, block, batch in args.grid:
+        config = GPTConfig(vocab_size=65, block_size=block, n_layer=layers, n_head=4 if width <= 256 else 6,
+                           n_embd=width, bias=False, pos_encoding="learned")  # fmt: skip
+        torch.manual_seed(0)
+        model = GPT(config)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        x = torch.randint(0, 65, (batch, block))
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for bf16 in (False, True, True, False):
+            for step in range(args.steps + 3):
+                start = time.perf_counter()
+                with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+                    _, loss = model(x, x)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if step >= 3:  # warm-up excluded
+                    times[bf16].append(time.perf_counter() - start)
+        fp32, bf16 = (1000 * statistics.median(times[k]) for k in (False, True))
+        name = f"{layers}x{width}, T={block}, B={batch}"
+        print(f"{name:>24s} {fp32:11.1f} {bf16:9.1f} {fp32 / bf16:13.2f}x", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="bench", required=True)
@@ -203,12 +308,27 @@ def main() -> None:
     decode.add_argument("--tokens", type=int, default=1000)
     decode.add_argument("--runs", type=int, default=4, help="2 (A B) or 4 (A B B A)")
     decode.add_argument("--pos_encoding", default="rope", help="learned slides its window past block_size 256")
+    versus = sub.add_parser("vs-nanogpt", help="our train.py against nanoGPT's, per-step cost, CPU")
+    versus.add_argument("--peer", required=True, help="nanoGPT's directory (copied to a scratch directory)")
+    versus.add_argument("--input", required=True)
+    versus.add_argument("--shape", choices=sorted(SHAPES), default="cpu")
+    versus.add_argument("--steps", type=int, nargs=2, default=[50, 250], help="the two run lengths")
+    versus.add_argument("--rounds", type=int, default=1, help="ABBA rounds")
+    versus.add_argument("--ours_args", nargs="*", default=[], help="extra flags for our train.py")
+    prec = sub.add_parser("precision", help="float32 against bf16 autocast, ms per training step, CPU")
+    prec.add_argument("--steps", type=int, default=20)
+    prec.add_argument("--grid", type=lambda s: tuple(map(int, s.split(","))), nargs="+",
+                      default=[(4, 128, 64, 12), (4, 128, 256, 12), (4, 192, 64, 12), (4, 256, 64, 12),
+                               (4, 256, 256, 8), (6, 384, 64, 12), (6, 384, 256, 8)],
+                      help="layers,width,block,batch ...")  # fmt: skip
     args = parser.parse_args()
     commands = {
         "train-step": bench_train_step,
         "plain-run": bench_plain_run,
         "val-noise": bench_val_noise,
         "sample": bench_sample,
+        "vs-nanogpt": bench_vs_nanogpt,
+        "precision": bench_precision,
     }
     commands[args.bench](args)
 

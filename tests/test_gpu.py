@@ -5,17 +5,25 @@ CUDA; test_gpu_paths.py runs what of this a CPU can."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import json
 import math
 
 import pytest
 import torch
+from conftest import make_text
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import evaluate as evaluate_script
+import sample as sample_script
+import train as train_script
 from model import POS_ENCODINGS, GPTConfig
 from model.attention import compiled_flex_attention, resolve_backend
+from training.checkpoint import read_checkpoint
+from training.run import latest_metrics
 
-from helpers import build, relative_error, run_pair
+from helpers import build, relative_error, run_pair, tiny_args
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -114,7 +122,6 @@ def _record_step_norms(monkeypatch) -> list[float]:
 
 
 def _gpu_run(tmp_path, text_file, *extra: str) -> list[str]:
-    from helpers import tiny_args
 
     return tiny_args(tmp_path, text_file, "--train.max_steps", "12", "--train.eval_interval", "12", *extra)
 
@@ -123,11 +130,6 @@ def test_default_gpu_run_trains_with_compile_bf16_fused_adamw_clipping_and_mfu(t
     """The first optimizer step of every default GPU run failed (bf16-mixed + fused AdamW + clipping);
     test_gpu_paths.py reproduces it on the CPU, this runs the real thing: auto precision, compile,
     pinned memory and the MFU logged against the device's peak."""
-    import csv
-
-    import train as train_script
-    from training.run import latest_metrics
-
     norms = _record_step_norms(monkeypatch)
     train_script.main(_gpu_run(tmp_path, text_file, "--train.compile", "true", "--optim.grad_clip", "0.05"))
     assert len(norms) == 12 and norms == pytest.approx([0.05] * 12, rel=1e-2)
@@ -138,7 +140,6 @@ def test_default_gpu_run_trains_with_compile_bf16_fused_adamw_clipping_and_mfu(t
 
 def test_fp16_mixed_unscales_before_clipping_through_the_trainer(tmp_path, text_file, monkeypatch):
     """GradScaler with the fused AdamW: only CUDA runs 16-mixed (Lightning turns it into bf16 on a CPU)."""
-    import train as train_script
 
     norms = _record_step_norms(monkeypatch)
     train_script.main(_gpu_run(tmp_path, text_file, "--train.precision", "16-mixed", "--optim.grad_clip", "0.05"))
@@ -149,8 +150,60 @@ def test_fp16_mixed_unscales_before_clipping_through_the_trainer(tmp_path, text_
 def test_fsdp_on_one_gpu_clips_through_the_sharded_module(tmp_path, text_file):
     """Lightning runs FSDP only on GPUs; its own clipping refuses FSDP, ours calls the root module's
     clip_grad_norm_."""
-    import train as train_script
-    from training.checkpoint import read_checkpoint
-
     train_script.main(_gpu_run(tmp_path, text_file, "--train.strategy", "fsdp", "--train.devices", "1"))
     assert read_checkpoint(tmp_path / "runs" / "tiny" / "last.ckpt")["global_step"] == 12
+
+
+@pytest.fixture(scope="module")
+def cpu_checkpoints(tmp_path_factory) -> dict[str, object]:
+    """Tiny rope and alibi checkpoints trained on the CPU, to be run on the GPU."""
+
+    tmp = tmp_path_factory.mktemp("gpu-eval")
+    text = tmp / "corpus.txt"
+    text.write_text(make_text(1500))
+    ckpts: dict[str, object] = {"text": text}
+    for scheme in ("rope", "alibi"):
+        train_script.main(tiny_args(tmp / scheme, text, "--model.pos_encoding", scheme, "--train.max_steps", "20",
+                                    "--train.eval_interval", "20", "--train.accelerator", "cpu"))  # fmt: skip
+        ckpts[scheme] = tmp / scheme / "runs" / "tiny" / "last.ckpt"
+    return ckpts
+
+
+def test_evaluation_on_cuda_runs_bf16_autocast_and_flex_and_matches_the_cpu(cpu_checkpoints, tmp_path):
+    """evaluate.py's GPU branch: bf16 autocast by default, FlexAttention for ALiBi, the device's name."""
+    common = ["--ckpt", str(cpu_checkpoints["rope"]), str(cpu_checkpoints["alibi"]), "--lengths", "32", "128",
+              "--token_budget", "512", "--progress", "false"]  # fmt: skip
+    docs = {}
+    for device in ("cpu", "cuda"):
+        evaluate_script.main([*common, "--device", device, "--out", str(tmp_path / device)])
+        docs[device] = json.loads((tmp_path / device / "results.json").read_text())
+    assert docs["cuda"]["dtype"] == "bfloat16" and "NVIDIA" in docs["cuda"]["device"]
+    for run, ref in zip(docs["cuda"]["runs"], docs["cpu"]["runs"], strict=True):
+        for row, ref_row in zip(run["results"], ref["results"], strict=True):
+            assert row["loss"] == pytest.approx(ref_row["loss"], rel=2e-2)
+
+
+@pytest.mark.parametrize("compile_flag", [[], ["--compile"]])
+def test_sampling_on_cuda_in_bf16_eager_and_compiled(cpu_checkpoints, capsys, compile_flag):
+    """sample.py's GPU branch: bf16 weights by default, a CUDA generator, and --compile."""
+    sample_script.main(["--ckpt", str(cpu_checkpoints["rope"]), "--prompt", "The king", "--max_new_tokens", "40",
+                        "--temperature", "0", *compile_flag])  # fmt: skip
+    captured = capsys.readouterr()
+    assert captured.out.startswith("The king") and len(captured.out.rstrip("\n")) == len("The king") + 40
+    assert "cuda" in captured.err and "bfloat16" in captured.err
+
+
+def test_resume_on_cuda_restores_the_cuda_random_stream(tmp_path, text_file):
+    """Dropout on a GPU draws from the CUDA generator, which checkpoints save and a resume restores:
+    a branch a CPU never takes. Tolerances allow for non-deterministic GPU kernels, not for other
+    dropout masks (which move the weights by orders of magnitude more)."""
+    common = ["--model.dropout", "0.1", "--train.eval_interval", "5", "--train.ckpt_interval", "5",
+              "--optim.decay_steps", "10", "--train.precision", "32-true"]  # fmt: skip
+    straight, split = tmp_path / "a", tmp_path / "b"
+    train_script.main(tiny_args(straight, text_file, *common, "--train.max_steps", "10"))
+    train_script.main(tiny_args(split, text_file, *common, "--train.max_steps", "5"))
+    train_script.main(tiny_args(split, text_file, *common, "--train.max_steps", "10", "--train.resume", "auto"))
+    a = read_checkpoint(straight / "runs" / "tiny" / "last.ckpt")["state_dict"]
+    b = read_checkpoint(split / "runs" / "tiny" / "last.ckpt")["state_dict"]
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
