@@ -221,16 +221,31 @@ def our_command(data_dir: Path, shape: dict[str, int], steps: int, out: Path, ex
         f"--train.batch_size={shape['batch_size']}", "--model.pos_encoding=learned", f"--data.dir={data_dir}",
         f"--train.max_steps={steps}", f"--train.eval_interval={steps}", f"--train.ckpt_interval={steps}",
         f"--train.eval_tokens={eval_tokens}", "--train.sample_tokens=0", f"--train.out_dir={out}",
+        f"--train.run_name=bench-{shape['batch_size'] * shape['block_size']}-{steps}", "--train.log_interval=10",
     ]  # fmt: skip
     return [sys.executable, str(ROOT / "train.py"), *args, *extra]
 
 
-def wall_time(command: list[str], cwd: Path) -> float:
+def timed_run(command: list[str], cwd: Path) -> tuple[float, str]:
+    """Wall time and stdout of a command that must succeed."""
     start = time.perf_counter()
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
-    return time.perf_counter() - start
+    return time.perf_counter() - start, result.stdout
+
+
+def logged_step_ms(kind: str, stdout: str, run_dir: Path) -> float:
+    """The median step time a run logged itself: nanoGPT prints each iteration's time (the first
+    five left out: warm-up); ours logs tokens/s every log_interval steps (its first step left out)."""
+    if kind == "nanoGPT":
+        times = [float(line.split("time ")[1].split("ms")[0]) for line in stdout.splitlines() if "time " in line]
+        return statistics.median(times[5:])
+    rows = latest_metrics(run_dir).read_text().splitlines()
+    col = rows[0].split(",").index("perf/tokens_per_s")
+    speeds = [float(r.split(",")[col]) for r in rows[1:] if r.split(",")[col]]
+    tokens = int(run_dir.name.split("-")[1])  # bench-<tokens per step>-<steps>
+    return 1000 * tokens / statistics.median(speeds)
 
 
 def bench_vs_nanogpt(args: argparse.Namespace) -> None:
@@ -249,17 +264,30 @@ def bench_vs_nanogpt(args: argparse.Namespace) -> None:
             "ours": lambda n: (our_command(ours_data, shape, n, Path(tmp) / "runs", args.ours_args), ROOT),
         }
         per_step: dict[str, list[float]] = {"ours": [], "nanoGPT": []}
+        logged: dict[str, list[float]] = {"ours": [], "nanoGPT": []}
         for _ in range(args.rounds):
             for kind in ("ours", "nanoGPT", "nanoGPT", "ours"):
-                times = {n: wall_time(*commands[kind](n)) for n in (short, long)}
-                per_step[kind].append((times[long] - times[short]) / (long - short))
-                print(f"{kind:8s} {short} steps {times[short]:6.1f} s, {long} steps {times[long]:6.1f} s: "
-                      f"{1000 * per_step[kind][-1]:.1f} ms/step", flush=True)  # fmt: skip
+                runs = {n: timed_run(*commands[kind](n)) for n in (short, long)}
+                per_step[kind].append((runs[long][0] - runs[short][0]) / (long - short))
+                run_dir = Path(tmp) / "runs" / f"bench-{shape['batch_size'] * shape['block_size']}-{long}"
+                logged[kind].append(logged_step_ms(kind, runs[long][1], run_dir))
+                print(
+                    f"{kind:8s} {short} steps {runs[short][0]:6.1f} s, {long} steps {runs[long][0]:6.1f} s: "
+                    f"{1000 * per_step[kind][-1]:.1f} ms/step (its own log: {logged[kind][-1]:.1f})",
+                    flush=True,
+                )
     ours, nano = statistics.median(per_step["ours"]), statistics.median(per_step["nanoGPT"])
     tokens = shape["batch_size"] * shape["block_size"]
     print(f"shape {args.shape} {shape}, ours {' '.join(args.ours_args)}")
-    print(f"median ms/step: ours {1000 * ours:.1f} ({tokens / ours:,.0f} tokens/s), nanoGPT {1000 * nano:.1f} "
-          f"({tokens / nano:,.0f} tokens/s): ours {nano / ours:.2f}x nanoGPT's tokens/s")  # fmt: skip
+    print(
+        f"median ms/step from the two lengths: ours {1000 * ours:.1f} ({tokens / ours:,.0f} tokens/s), nanoGPT "
+        f"{1000 * nano:.1f} ({tokens / nano:,.0f} tokens/s): ours {nano / ours:.2f}x nanoGPT's tokens/s"
+    )
+    ours_log, nano_log = statistics.median(logged["ours"]), statistics.median(logged["nanoGPT"])
+    print(
+        f"median ms/step from the runs' own logs: ours {ours_log:.1f}, nanoGPT {nano_log:.1f}: "
+        f"ours {nano_log / ours_log:.2f}x"
+    )
 
 
 def bench_precision(args: argparse.Namespace) -> None:

@@ -141,7 +141,18 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, 
     Without a bias the call uses `is_causal=True` and no mask, which lets PyTorch pick its
     FlashAttention kernel on GPU. A bias (ALiBi) goes in as a float mask that already holds -inf on
     future keys; no flash kernel accepts one, so this path keeps a (H, Tq, Tk) tensor in memory.
+
+    On a CPU, bf16 / fp16 inputs (under bf16 autocast) are attended in float32: the fused CPU
+    kernel's bf16 forward + backward measured 1.1-4x slower than its float32 one up to 512 tokens
+    (BENCHMARKS.md, "bf16 on the CPU"), while the matmuls around it run 2x faster in bf16.
     """
+    if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
+        with torch.autocast("cpu", enabled=False):
+            return _sdpa(q.float(), k.float(), v.float(), bias, dropout_p).to(q.dtype)
+    return _sdpa(q, k, v, bias, dropout_p)
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float) -> Tensor:
     q_len, k_len = q.size(-2), k.size(-2)
     if bias is not None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p)

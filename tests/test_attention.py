@@ -120,3 +120,28 @@ def test_auto_trains_alibi_on_cpu(tiny_config):
     _, loss = model(idx, idx)
     loss.backward()
     assert model.wte.weight.grad is not None and model.wte.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi"])
+def test_sdpa_under_cpu_bf16_autocast_attends_in_float32_and_matches_the_reference(tiny_config, scheme, monkeypatch):
+    """bf16 training on a CPU: the projections run in bf16, the fused attention in float32 (its bf16
+    kernel is the slower one there); logits and gradients stay close to the float32 reference."""
+    import model.attention as attention
+
+    seen: list[torch.dtype] = []
+    real = attention.F.scaled_dot_product_attention
+
+    def recording(q, k, v, *args, **kwargs):
+        seen.append(q.dtype)
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    for T, (ref_logits, ref_grads), (logits, grads) in run_pair(
+        tiny_config, scheme, "sdpa", torch.device("cpu"), torch.bfloat16, ODD_LEN
+    ):
+        assert seen and set(seen) == {torch.float32}, f"T={T}"
+        seen.clear()
+        assert ((logits - ref_logits).norm() / ref_logits.norm()).item() < 2e-2, f"logits, T={T}"
+        for name, grad in grads.items():
+            cosine = torch.nn.functional.cosine_similarity(grad.flatten(), ref_grads[name].flatten(), dim=0)
+            assert cosine > 0.98, f"gradient of {name}, T={T}: cosine {cosine:.4f}"

@@ -16,7 +16,6 @@ import train as train_script
 from data.datamodule import TokenDataModule
 from data.dataset import load_prepared
 from data.prepare import prepare
-from model import GPTConfig
 from training import hardware
 from training.callbacks import SpeedMonitor
 from training.checkpoint import read_checkpoint
@@ -165,22 +164,21 @@ def _capabilities(monkeypatch, **caps: bool) -> None:
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
 
 
-def test_auto_precision_by_device_and_model_width(monkeypatch):
-    narrow, wide = GPTConfig(n_embd=128, n_head=4), GPTConfig(n_embd=384, n_head=6)
+def test_auto_precision_by_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-    assert hardware.resolve_precision("auto", "auto", narrow) == "bf16-mixed"
+    assert hardware.resolve_precision("auto", "auto") == "bf16-mixed"
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)  # e.g. a V100 or T4
-    assert hardware.resolve_precision("auto", "gpu", wide) == "16-mixed"
-    assert hardware.resolve_precision("32-true", "gpu", wide) == "32-true"  # explicit settings stay
+    assert hardware.resolve_precision("auto", "gpu") == "16-mixed"
+    assert hardware.resolve_precision("32-true", "gpu") == "32-true"  # explicit settings stay
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _capabilities(monkeypatch, avx512_bf16=True)
-    assert hardware.resolve_precision("auto", "auto", wide) == "bf16-mixed"
-    assert hardware.resolve_precision("auto", "cpu", narrow) == "32-true"
+    assert hardware.resolve_precision("auto", "auto") == "bf16-mixed"
     _capabilities(monkeypatch, amx_bf16=True)
-    assert hardware.resolve_precision("auto", "cpu", wide) == "bf16-mixed"
+    assert hardware.resolve_precision("auto", "cpu") == "bf16-mixed"
     _capabilities(monkeypatch, avx2=True)  # no bf16 instructions: bf16 would be emulated
-    assert hardware.resolve_precision("auto", "cpu", wide) == "32-true"
+    assert hardware.resolve_precision("auto", "cpu") == "32-true"
+    assert hardware.resolve_precision("auto", "mps") == "32-true"
 
 
 class _StandInCuda:

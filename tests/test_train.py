@@ -132,11 +132,12 @@ def test_bad_data_fails_with_one_clear_message(tmp_path, kind, needle):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
-def test_config_mistakes_fail_with_one_clear_message(tmp_path, text_file):
-    result = _run_cli(*tiny_args(tmp_path, text_file), "--model.n_layr", "3", cwd=tmp_path)
+def test_config_mistakes_fail_with_one_clear_message(tmp_path, text_file, capsys):
+    result = _run_cli(*tiny_args(tmp_path, text_file), "--model.n_layr", "3", cwd=tmp_path)  # the real CLI
     _expect_clean_failure(result, "n_layr")
-    result = _run_cli(*tiny_args(tmp_path, text_file), "--model.n_embd", "30", cwd=tmp_path)
-    _expect_clean_failure(result, "n_embd (30) must be divisible by n_head (4)")
+    with pytest.raises(SystemExit) as info:
+        train_script.main([*tiny_args(tmp_path, text_file), "--model.n_embd", "30"])
+    assert "n_embd (30) must be divisible by n_head (4)" in str(info.value.code)
     assert not (tmp_path / "runs").exists()
 
 
@@ -150,14 +151,18 @@ def test_resuming_a_different_model_shape_fails_clearly(tmp_path, text_file):
     assert "different model" in message and "n_layer: checkpoint 2 vs now 3" in message
 
 
-def test_help_and_print_config(tmp_path):
-    result = _run_cli("--help", cwd=tmp_path)
-    assert result.returncode == 0
+def test_help_and_print_config(capsys):
+    with pytest.raises(SystemExit) as info:
+        train_script.main(["--help"])
+    help_text = capsys.readouterr().out
+    assert info.value.code == 0
     for option in ("--model.pos_encoding", "--train.resume", "--data.tiktoken_ranks", "--optim.warmup_steps"):
-        assert option in result.stdout
-    assert "Optimizer steps of linear warm-up" in result.stdout  # field docstrings are the help text
-    result = _run_cli("--print_config", "--model.pos_encoding", "alibi", cwd=tmp_path)
-    assert result.returncode == 0 and "pos_encoding: alibi" in result.stdout and "n_layer: 4" in result.stdout
+        assert option in help_text
+    assert "Optimizer steps of linear warm-up" in help_text  # field docstrings are the help text
+    with pytest.raises(SystemExit) as info:
+        train_script.main(["--print_config", "--model.pos_encoding", "alibi"])
+    config = capsys.readouterr().out
+    assert info.value.code == 0 and "pos_encoding: alibi" in config and "n_layer: 4" in config
 
 
 @pytest.mark.slow

@@ -5,18 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from model import GPTConfig
-
 
 class HardwareError(ValueError):
     """A setting that this machine's devices cannot run."""
 
-
-CPU_BF16_MIN_WIDTH = 256
-"""On a CPU with bf16 matrix instructions, `auto` trains in bf16-mixed from this model width
-(n_embd) on. Below it the matmuls are too small to repay autocast's casts: measured in BENCHMARKS.md
-("bf16 on the CPU"), bf16 is slower than float32 at nanoGPT's 128-wide CPU shape and about twice
-as fast at the 384-wide shakespeare_char shape."""
 
 DENSE_BF16_PEAKS: tuple[tuple[str, float], ...] = (
     ("h200 nvl", 835.5e12),
@@ -33,7 +25,7 @@ for other GPUs) lists some of these with sparsity, or not at all for a plain "NV
 
 def cpu_has_bf16_matmul() -> bool:
     """Whether this CPU has bf16 dot-product instructions (x86 AVX512-BF16 or AMX-BF16, Arm BF16),
-    which oneDNN uses for bf16 matmuls; without them bf16 is emulated and slower than float32."""
+    which oneDNN uses for bf16 matmuls. Without them `auto` keeps float32 (bf16 was not measured there)."""
     caps = torch.cpu.get_capabilities()
     return bool(caps.get("avx512_bf16") or caps.get("amx_bf16") or caps.get("bf16") or caps.get("sve_bf16"))
 
@@ -43,21 +35,24 @@ def uses_cuda(accelerator: str) -> bool:
     return accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
 
 
-def resolve_precision(precision: str, accelerator: str, model: GPTConfig) -> str:
+def resolve_precision(precision: str, accelerator: str) -> str:
     """'auto' -> the fastest precision that trains correctly here; anything else as given.
 
-    | where                                              | auto        |
-    |----------------------------------------------------|-------------|
-    | CUDA GPU with bf16 (Ampere and later)               | bf16-mixed  |
-    | older CUDA GPU                                      | 16-mixed (fp16 with a loss scale, as nanoGPT) |
-    | CPU with bf16 instructions, n_embd >= CPU_BF16_MIN_WIDTH | bf16-mixed |
-    | any other CPU                                       | 32-true     |
+    | where                                 | auto                                          |
+    |---------------------------------------|-----------------------------------------------|
+    | CUDA GPU with bf16 (Ampere and later) | bf16-mixed                                    |
+    | older CUDA GPU                        | 16-mixed (fp16 with a loss scale, as nanoGPT) |
+    | CPU with bf16 instructions            | bf16-mixed (1.3-2x float32's speed)           |
+    | any other CPU                         | 32-true                                       |
+
+    The CPU row is measured (BENCHMARKS.md, "bf16 on the CPU") at widths 128-384 and contexts 64-256,
+    with attention kept in float32 (see `model.attention.sdpa_attention`).
     """
     if precision != "auto":
         return precision
     if uses_cuda(accelerator):
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    if accelerator in ("auto", "cpu") and cpu_has_bf16_matmul() and model.n_embd >= CPU_BF16_MIN_WIDTH:
+    if accelerator in ("auto", "cpu") and cpu_has_bf16_matmul():
         return "bf16-mixed"
     return "32-true"
 

@@ -133,7 +133,7 @@ def train(cfg: RunConfig) -> RunResult:
     """Prepare data, build model and Trainer, fit, and sample a little text at the end."""
     t = cfg.train
     check_strategy(t.strategy, t.accelerator)
-    precision = resolve_precision(t.precision, t.accelerator, cfg.model)
+    precision = resolve_precision(t.precision, t.accelerator)
     L.seed_everything(t.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
     data = prepared_data(cfg.data)
