@@ -85,3 +85,15 @@ def tiny_args(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
         "--train.run_name", "tiny",
         *extra,
     ]  # fmt: skip
+
+
+def straight_and_resumed(tmp_path: Path, text_file: Path, steps: int, *extra: str) -> tuple[dict, dict]:
+    """State dicts of a `steps`-step tiny run, and of the same run stopped halfway and resumed."""
+    import train as train_script
+    from training.checkpoint import read_checkpoint
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train_script.main(tiny_args(straight, text_file, *extra, "--train.max_steps", str(steps)))
+    train_script.main(tiny_args(split, text_file, *extra, "--train.max_steps", str(steps // 2)))
+    train_script.main(tiny_args(split, text_file, *extra, "--train.max_steps", str(steps), "--train.resume", "auto"))
+    return tuple(read_checkpoint(d / "runs" / "tiny" / "last.ckpt")["state_dict"] for d in (straight, split))

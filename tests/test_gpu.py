@@ -23,7 +23,7 @@ from model.attention import compiled_flex_attention, resolve_backend
 from training.checkpoint import read_checkpoint
 from training.run import latest_metrics
 
-from helpers import build, relative_error, run_pair, tiny_args
+from helpers import build, relative_error, run_pair, straight_and_resumed, tiny_args
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -199,11 +199,6 @@ def test_resume_on_cuda_restores_the_cuda_random_stream(tmp_path, text_file):
     dropout masks (which move the weights by orders of magnitude more)."""
     common = ["--model.dropout", "0.1", "--train.eval_interval", "5", "--train.ckpt_interval", "5",
               "--optim.decay_steps", "10", "--train.precision", "32-true"]  # fmt: skip
-    straight, split = tmp_path / "a", tmp_path / "b"
-    train_script.main(tiny_args(straight, text_file, *common, "--train.max_steps", "10"))
-    train_script.main(tiny_args(split, text_file, *common, "--train.max_steps", "5"))
-    train_script.main(tiny_args(split, text_file, *common, "--train.max_steps", "10", "--train.resume", "auto"))
-    a = read_checkpoint(straight / "runs" / "tiny" / "last.ckpt")["state_dict"]
-    b = read_checkpoint(split / "runs" / "tiny" / "last.ckpt")["state_dict"]
+    a, b = straight_and_resumed(tmp_path, text_file, 10, *common)
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)

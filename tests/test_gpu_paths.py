@@ -22,7 +22,7 @@ from training.checkpoint import read_checkpoint
 from training.module import clip_grad_norm
 from training.run import latest_metrics
 
-from helpers import tiny_args
+from helpers import straight_and_resumed, tiny_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,12 +87,7 @@ def test_fp16_gradients_are_unscaled_before_they_are_clipped():
 def test_resume_under_bf16_is_exact(tmp_path, text_file):
     common = ["--train.precision", "bf16-mixed", "--model.dropout", "0.1", "--train.eval_interval", "5",
               "--train.ckpt_interval", "5", "--optim.decay_steps", "10"]  # fmt: skip
-    straight, split = tmp_path / "a", tmp_path / "b"
-    train_script.main(tiny_args(straight, text_file, *common, "--train.max_steps", "10"))
-    train_script.main(tiny_args(split, text_file, *common, "--train.max_steps", "5"))
-    train_script.main(tiny_args(split, text_file, *common, "--train.max_steps", "10", "--train.resume", "auto"))
-    a = read_checkpoint(straight / "runs" / "tiny" / "last.ckpt")["state_dict"]
-    b = read_checkpoint(split / "runs" / "tiny" / "last.ckpt")["state_dict"]
+    a, b = straight_and_resumed(tmp_path, text_file, 10, *common)
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
 

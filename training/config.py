@@ -85,7 +85,8 @@ class TrainConfig:
     resume: str | None = None
     """'auto' resumes from <run dir>/last.ckpt when it exists; or a checkpoint path."""
     precision: str = "auto"
-    """Lightning precision: auto (bf16-mixed on a GPU that supports it, else 32-true), 32-true, bf16-mixed, ..."""
+    """Lightning precision: auto (bf16-mixed on a GPU or CPU with bf16, 16-mixed on older GPUs, else 32-true),
+    32-true, bf16-mixed, 16-mixed, ..."""
     compile: bool = False
     """Compile the model with torch.compile."""
     accelerator: str = "auto"
