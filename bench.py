@@ -43,12 +43,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.checkpoint import load_checkpoint
 from data.dataset import load_prepared
 from data.prepare import prepare
 from evaluation.extrapolation import evaluate_length
 from model import GPT, GPTConfig
 from model.generation import context_window
-from training.checkpoint import load_checkpoint
 from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
 from training.module import lr_factor
 from training.run import latest_metrics, train

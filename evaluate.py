@@ -13,12 +13,12 @@ import sys
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
+from core.checkpoint import CheckpointError
 from data.errors import DataError
 from evaluation.config import EvalData, EvalSettings
 from evaluation.report import write_report
 from evaluation.run import Subject, default_labels, evaluate_checkpoints
 from model.config import ROPE_SCALINGS
-from training.checkpoint import CheckpointError
 
 DEFAULTS = EvalSettings()
 

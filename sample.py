@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 
+from core.checkpoint import CheckpointError, load_checkpoint
+from core.device import pick_device_dtype
 from data.errors import DataError
 from data.tokenizer import CharTokenizer, Tokenizer
 from model.generation import stream
-from training.checkpoint import CheckpointError, load_checkpoint, pick_device_dtype
 
 
 def build_parser() -> argparse.ArgumentParser:

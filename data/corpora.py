@@ -25,8 +25,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from core.files import atomic_write_bytes, sha256_file
 from data.errors import DataError
-from data.files import atomic_write_bytes, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ comparable across runs, schemes and checkpoints.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from data.errors import DataError
-from data.prepare import FORMAT_VERSION
+from data.prepare import FORMAT_VERSION, prepare, resolve_sources
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -48,6 +49,11 @@ class PreparedData:
 def load_prepared(path: str | Path) -> PreparedData:
     """Open a prepared directory, refusing one that is incomplete or from another format version."""
     path = Path(path)
+    if not path.is_dir():
+        raise DataError(
+            f"{path} is not a prepared dataset directory ({'a file' if path.exists() else 'not found'}). "
+            "Pass a directory written by `python -m data.prepare`, or the text itself with --data.input FILE."
+        )
     try:
         meta = json.loads((path / "meta.json").read_text())
     except FileNotFoundError:
@@ -55,16 +61,63 @@ def load_prepared(path: str | Path) -> PreparedData:
             f"{path} is not a prepared dataset (no meta.json; an interrupted prepare leaves none). "
             "Run `python -m data.prepare` on your text, or pass --data.input FILE instead."
         ) from None
-    if meta.get("format_version") != FORMAT_VERSION:
-        version = meta.get("format_version")
+    except (OSError, ValueError) as error:
+        raise DataError(
+            f"{path}/meta.json is unreadable or corrupt ({error}); re-run `python -m data.prepare`."
+        ) from None
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        version = meta.get("format_version") if isinstance(meta, dict) else None
         raise DataError(f"{path} was prepared by another version (format {version}); re-run prepare.")
-    data = PreparedData(path, meta)
-    for split in ("train", "val"):
+    try:
+        data = PreparedData(path, meta)
+        sizes = {split: meta[f"{split}_tokens"] * data.dtype.itemsize for split in ("train", "val")}
+        _ = meta["tokenizer"]["kind"]
+    except (KeyError, TypeError, ValueError) as error:
+        raise DataError(f"{path}/meta.json lacks or garbles {error}; re-run `python -m data.prepare`.") from None
+    for split, expected in sizes.items():
         file = path / f"{split}.bin"
-        expected = meta[f"{split}_tokens"] * data.dtype.itemsize
         if not file.is_file() or file.stat().st_size != expected:
             raise DataError(f"{file} is missing or incomplete; re-run `python -m data.prepare`.")
     return data
+
+
+def prepare_dir(
+    inputs: str | list[str] | None,
+    prepared: str | None,
+    prepared_root: str,
+    tokenizer: str = "char",
+    glob: str = "*.txt",
+    val_fraction: float = 0.1,
+    errors: str = "strict",
+    tiktoken_ranks: str | None = None,
+) -> PreparedData:
+    """The prepared directory `prepared`, or one prepared (or reused) from `inputs` under
+    `prepared_root`, named after the text and keyed by the sources and settings."""
+    if prepared:
+        return load_prepared(prepared)
+    if not inputs:
+        raise DataError("No data: pass --data.input FILE|DIR|auto|shakespeare|python-docs or --data.dir PREPARED_DIR.")
+    sources = resolve_sources(inputs, glob)
+    settings = [str(p) for p in sources] + [tokenizer, str(val_fraction), errors, glob]
+    key = hashlib.sha256("\n".join(settings).encode()).hexdigest()[:10]
+    name = sources[0].stem if len(sources) == 1 else sources[0].parent.name
+    out = Path(prepared_root) / f"{name}-{tokenizer}-{key}"
+    prepare([str(p) for p in sources], str(out), tokenizer, glob, val_fraction, errors, tiktoken_ranks)
+    return load_prepared(out)
+
+
+def provenance(data: PreparedData) -> dict[str, Any]:
+    """What a checkpoint records of its training data: enough to find it again and to tell whether
+    it is still the same (the fingerprint covers the sources' contents and the settings)."""
+    meta = data.meta
+    return {
+        "prepared": str(data.path.resolve()),
+        "fingerprint": meta.get("fingerprint"),
+        "sources": meta.get("sources", []),
+        "tokenizer": meta["tokenizer"]["kind"],
+        "train_tokens": meta["train_tokens"],
+        "val_tokens": meta["val_tokens"],
+    }
 
 
 def _window_batch(tokens: np.ndarray, offsets: np.ndarray, block_size: int) -> Batch:

@@ -11,11 +11,15 @@ contiguous, so no window straddles the two splits.
 
 Writes are atomic: `meta.json` is removed first and written last, after both token files are in
 place, and the data loader trusts a directory only when `meta.json` is there and agrees with the
-files. Re-running on unchanged sources and settings reuses the output.
+files. Re-running on unchanged sources and settings reuses the output. A directory lock serialises
+concurrent prepares of one output (the second waits, then reuses what the first wrote), and
+temporary files carry the writer's pid; those a killed prepare left are removed by the next one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -26,9 +30,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from core.files import LockedError, atomic_write_bytes, directory_lock, remove_stale_tmp, sha256_file, tmp_path
 from data.corpora import NAMED
 from data.errors import DataError
-from data.files import atomic_write_bytes, sha256_file
 from data.tokenizer import GPT2Tokenizer, Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -98,12 +102,58 @@ def prepare(
     sources = resolve_sources(inputs, glob)
     out = Path(out_dir)
     settings = {"tokenizer": tokenizer, "val_fraction": val_fraction, "errors": errors}
-    fingerprint = _fingerprint(sources, settings)
-    existing = _reusable(out, fingerprint)
+    key = fingerprint(sources, settings)
+    try:
+        with _prepare_lock(out):
+            return _prepare_locked(sources, out, tokenizer, settings, key, tiktoken_ranks, workers)
+    except OSError as error:
+        raise _os_error(error, out) from None
+
+
+def _os_error(error: OSError, out: Path) -> DataError:
+    """A file-system error of a prepare as one message that names the file and the fix."""
+    name = Path(error.filename) if error.filename else out
+    reason = error.strerror or str(error)
+    if out.resolve() in (name.resolve(), *name.resolve().parents):
+        fix = (
+            "Free some space and run it again (what was written is discarded)"
+            if error.errno == errno.ENOSPC
+            else "Pass a directory you can write (--data.prepared_root DIR in train.py, --out_dir DIR in data.prepare)"
+        )
+        return DataError(f"Cannot write prepared data to {out} ({name}: {reason}). {fix}.")
+    return DataError(f"Cannot read {name}: {reason}. Check the path and its permissions.")
+
+
+@contextlib.contextmanager
+def _prepare_lock(out: Path) -> Iterator[None]:
+    """The output's lock: at once when free, else (another prepare of the same output is running)
+    after saying that this one waits for it."""
+    try:
+        with directory_lock(out):
+            yield
+        return
+    except LockedError as error:
+        log.info("%s; waiting for it to finish", error)
+    with directory_lock(out, wait=True):
+        yield
+
+
+def _prepare_locked(
+    sources: list[Path],
+    out: Path,
+    tokenizer: str,
+    settings: dict[str, Any],
+    key: str,
+    tiktoken_ranks: str | None,
+    workers: int | None,
+) -> dict[str, Any]:
+    """`prepare`, once the output's lock is held; `key` is the fingerprint of sources and settings."""
+    val_fraction, errors = settings["val_fraction"], settings["errors"]
+    existing = _reusable(out, key)
     if existing is not None:
         log.info("Reusing %s: sources and settings unchanged", out)
         return existing
-
+    remove_stale_tmp(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").unlink(missing_ok=True)  # from here on, the directory is not trusted
     chars: set[str] = set()
@@ -114,7 +164,7 @@ def prepare(
             raise DataError(f"The input has no text: {_names(sources)} (empty).")
     tok = build_tokenizer(tokenizer, chars, tiktoken_ranks)
     dtype = token_dtype(tok.vocab_size)
-    tmp = out / "tokens.bin.tmp"
+    tmp = tmp_path(out / "tokens.bin")
     try:
         total = _write_tokens(tmp, sources, tok, dtype, errors, workers or os.cpu_count() or 1)
         if total == 0:
@@ -135,7 +185,7 @@ def prepare(
         "val_fraction": val_fraction,
         "errors": errors,
         "sources": [str(p) for p in sources],
-        "fingerprint": fingerprint,
+        "fingerprint": key,
     }
     atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode())
     log.info("Wrote %s: %d train and %d val tokens (%s)", out, n_train, n_val, dtype.name)
@@ -199,7 +249,7 @@ def _encoded(sources: list[Path], tok: Tokenizer, errors: str, workers: int) -> 
 def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
     """Last tokens -> val.bin; the file itself, truncated to the first n_train, -> train.bin."""
     all_tokens = np.memmap(tokens, dtype=dtype, mode="r")
-    val_tmp = out / "val.bin.tmp"
+    val_tmp = tmp_path(out / "val.bin")
     with open(val_tmp, "wb") as f:
         for start in range(n_train, all_tokens.size, 1 << 24):
             f.write(np.asarray(all_tokens[start : start + (1 << 24)]).tobytes())
@@ -214,20 +264,22 @@ def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
     os.replace(tokens, out / "train.bin")
 
 
-def _fingerprint(sources: list[Path], settings: dict[str, Any]) -> str:
+def fingerprint(sources: list[Path], settings: dict[str, Any]) -> str:
+    """What identifies a prepared dataset: the sources' paths and contents and the settings
+    (`tokenizer`, `val_fraction`, `errors`); checkpoints record it."""
     digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True).encode())
     for path in sources:
         digest.update(str(path).encode() + b"\0" + sha256_file(path).encode())
     return digest.hexdigest()
 
 
-def _reusable(out: Path, fingerprint: str) -> dict[str, Any] | None:
+def _reusable(out: Path, key: str) -> dict[str, Any] | None:
     """The existing metadata when `out` holds complete output for this fingerprint."""
     try:
         meta = json.loads((out / "meta.json").read_text())
     except (OSError, ValueError):
         return None
-    if meta.get("fingerprint") != fingerprint:
+    if meta.get("fingerprint") != key:
         return None
     itemsize = np.dtype(meta["dtype"]).itemsize
     for split in ("train", "val"):

@@ -48,9 +48,7 @@ class EvalSettings:
             if self.stride is None:
                 raise ValueError("mode 'sliding' needs --stride S (the tokens scored per window).")
             if not 0 < self.stride <= self.lengths[0]:
-                raise ValueError(
-                    f"stride must be in 1..{self.lengths[0]} (the smallest length), got {self.stride}."
-                )
+                raise ValueError(f"stride must be in 1..{self.lengths[0]} (the smallest length), got {self.stride}.")
         elif self.stride is not None:
             raise ValueError("--stride applies to --mode sliding only; drop it or add --mode sliding.")
         if self.token_budget < 1 or self.buckets < 1 or self.batch_tokens < 1:

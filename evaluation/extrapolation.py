@@ -153,7 +153,7 @@ def _window_losses(model: GPT, rows: torch.Tensor, stride: int, autocast_dtype: 
     with torch.autocast(device.type, autocast_dtype or torch.float32, enabled=use_autocast):
         hidden = model.hidden_states(rows[:, :-1])[:, length - stride :]  # (B, S, C)
     targets = rows[:, length - stride + 1 :]  # (B, S)
-    chunk = max(1, LOGIT_ELEMENTS // (rows.size(0) * model.config.vocab_size))
+    chunk = max(1, LOGIT_ELEMENTS // (rows.size(0) * model.config.padded_vocab_size))
     losses = []
     for c in range(0, stride, chunk):
         with torch.autocast(device.type, autocast_dtype or torch.float32, enabled=use_autocast):

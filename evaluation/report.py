@@ -22,7 +22,7 @@ matplotlib.use("Agg")  # files only, no display; before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
-from data.files import atomic_write_bytes  # noqa: E402
+from core.files import atomic_write_bytes  # noqa: E402
 
 MAX_PANELS = 6
 """Lengths shown in loss_by_position.png (evenly chosen, the longest always among them)."""

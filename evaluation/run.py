@@ -22,16 +22,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from data.dataset import load_prepared
+from core.checkpoint import LoadedCheckpoint, load_checkpoint
+from core.device import pick_device_dtype
+from core.files import sha256_file
+from core.repo import git_sha
+from data.dataset import PreparedData, load_prepared, prepare_dir
 from data.errors import DataError
-from data.files import sha256_file
-from data.prepare import token_dtype
+from data.prepare import fingerprint, resolve_sources, token_dtype
 from data.tokenizer import CharTokenizer
 from evaluation.config import EvalData, EvalSettings
 from evaluation.extrapolation import count_windows, evaluate_length
-from training.checkpoint import LoadedCheckpoint, load_checkpoint, pick_device_dtype
-from training.config import DataConfig
-from training.run import git_sha, prepared_data
 
 FORMAT = "posgpt-extrapolation/1"
 
@@ -208,12 +208,51 @@ def _text_for(ckpt: LoadedCheckpoint, path: str, data: EvalData) -> EvalText:
             )
         source = f"{data.dir} ({data.split} split)"
     else:
-        own = ckpt.config["data"]
-        cfg = DataConfig(**{**own, "tiktoken_ranks": data.tiktoken_ranks or own.get("tiktoken_ranks")})
-        prepared = prepared_data(cfg)
+        prepared = own_data(ckpt, path, data.tiktoken_ranks)
         source = f"{prepared.path} ({data.split} split, the checkpoint's own data)"
     tokens = np.asarray(prepared.tokens(data.split))
     return EvalText(tokens, {"source": source, "tokens": int(tokens.size), "sha256": _tokens_sha256(tokens)})
+
+
+def own_data(ckpt: LoadedCheckpoint, path: str, ranks: str | None = None) -> PreparedData:
+    """The prepared data `ckpt` was trained on, as its checkpoint records it, and only if it is
+    still that data: the recorded prepared directory when its fingerprint is the recorded one, else
+    a fresh prepare of the recorded sources when they still hold what they held (same fingerprint).
+    A changed text is refused: its split would be tokenized or cut differently from training."""
+    own = ckpt.config["data"]
+    settings = {"tokenizer": own["tokenizer"], "val_fraction": own["val_fraction"], "errors": own["errors"]}
+    record = ckpt.data
+    if record is None:  # written before checkpoints recorded their data: compare the tokenizers at least
+        prepared = prepare_dir(
+            own["input"], own["dir"], own["prepared_root"], **settings, glob=own["glob"], tiktoken_ranks=ranks
+        )
+        if prepared.meta["tokenizer"] != ckpt.tokenizer.meta():
+            raise DataError(_changed_data(path, f"{prepared.path} now has another vocabulary"))
+        return prepared
+    try:
+        prepared = load_prepared(record["prepared"])
+        if prepared.meta.get("fingerprint") == record["fingerprint"]:
+            return prepared
+    except DataError:
+        pass  # gone or incomplete: prepare it again from the sources, if they are unchanged
+    try:
+        sources = resolve_sources(record["sources"], own["glob"])
+        unchanged = fingerprint(sources, settings) == record["fingerprint"]
+    except (DataError, OSError):
+        unchanged = False
+    if not unchanged:
+        raise DataError(_changed_data(path, f"{', '.join(record['sources'])} changed or moved since"))
+    return prepare_dir(
+        [str(p) for p in sources], None, str(Path(record["prepared"]).parent), **settings, glob=own["glob"]
+    )
+
+
+def _changed_data(path: str, what: str) -> str:
+    return (
+        f"{path} was trained on other data than there is now: {what}, so its validation split cannot be "
+        "rebuilt. Evaluate on a text of your choice with --data.input FILE (tokenized with the checkpoint's "
+        "own tokenizer), or restore the original text."
+    )
 
 
 def _tokenize_file(ckpt: LoadedCheckpoint, ckpt_path: str, path: Path, drop_unknown: bool) -> EvalText:

@@ -27,12 +27,12 @@ from typing import Any
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
+from core.checkpoint import CheckpointError, read_checkpoint
 from data.errors import DataError
 from evaluation.config import EvalData, EvalSettings
 from evaluation.report import write_report
 from evaluation.run import Subject, evaluate_checkpoints
 from model.config import POS_ENCODINGS, PosEncoding
-from training.checkpoint import CheckpointError, read_checkpoint
 from training.config import RunConfig
 from training.run import train
 

@@ -22,8 +22,8 @@ ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
 class GPTConfig:
     """Shape and behaviour of a GPT. Defaults are GPT-2 small (124M) with learned positions."""
 
-    vocab_size: int = 50304
-    """Number of token ids; GPT-2's 50257 padded up to a multiple of 64 for faster matmuls."""
+    vocab_size: int = 50257
+    """Number of token ids, the tokenizer's (train.py sets it from the data); GPT-2's by default."""
     block_size: int = 1024
     """Training context length. Only `learned` positions are limited to it; the other schemes run longer."""
     n_layer: int = 12
@@ -46,6 +46,14 @@ class GPTConfig:
     """RoPE context extension, usually set at evaluation time: linear (position interpolation), ntk, yarn."""
     rope_scaling_factor: float = 1.0
     """How many times block_size the scaled RoPE should cover (1 changes nothing)."""
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and the output layer: a small vocabulary as is, a large one rounded
+        up to a multiple of 64 (GPT-2's 50257 -> 50304, nanoGPT's trick for faster matmuls). The extra
+        rows are never targets, and the sampler never draws them."""
+        n = self.vocab_size
+        return n if n <= 256 else -(-n // 64) * 64
 
     def __post_init__(self) -> None:
         _check_choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)

@@ -13,15 +13,27 @@ produce the same tokens. Past the window every new token therefore costs a full 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from model.cache import KVCache
+from model.config import GPTConfig
+from model.positions import PositionEncoding
 
-if TYPE_CHECKING:
-    from model.gpt import GPT
+
+class GPT(Protocol):
+    """What sampling needs of a model: `model.gpt.GPT` (named here as a protocol, so that this module
+    and `model.gpt`, whose `generate` calls `stream`, do not import each other)."""
+
+    config: GPTConfig
+    pe: PositionEncoding
+
+    def __call__(
+        self, idx: Tensor, targets: Tensor | None = None, *, cache: KVCache | None = None, last_only: bool = False
+    ) -> tuple[Tensor, Tensor | None]: ...
+
 
 DEFAULT_CONTEXT_MULTIPLE = 4
 """max_context defaults to this many block sizes for the schemes that extrapolate."""
@@ -112,6 +124,8 @@ def stream(
 
 
 def _forward_last(model: GPT, idx: Tensor, cache: KVCache | None) -> Tensor:
-    """Logits (B, V) for the token after `idx`, adding `idx` to the cache if there is one."""
+    """Logits (B, vocab_size) for the token after `idx`, adding `idx` to the cache if there is one.
+    The padding rows of the output layer (`padded_vocab_size`) are cut off here, the one place,
+    so that no sample ever holds an id the tokenizer cannot decode."""
     logits, _ = model(idx, cache=cache, last_only=True)  # through __call__, so a compiled model stays compiled
-    return logits[:, -1, :].float()
+    return logits[:, -1, : model.config.vocab_size].float()

@@ -58,12 +58,12 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.pe = build_positions(config)  # one instance, shared by every block
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied input/output embeddings (Press & Wolf 2017)
         self.init_weights()
 
@@ -103,12 +103,12 @@ class GPT(nn.Module):
             targets: (B, T) next-token ids; positions holding -1 are left out of the loss.
             cache: a KV cache holding the `cache.length` tokens before `idx`; the new tokens sit at
                 positions cache.length.. and are added to it.
-            last_only: logits for the last position only, (B, 1, vocab_size), as generation needs:
+            last_only: logits for the last position only, (B, 1, padded_vocab_size), as generation needs:
                 for a GPT-2 vocabulary and a long context the logits of every position would be the
                 largest tensor of the forward pass.
 
         Returns:
-            logits (B, T, vocab_size) and the loss (a scalar) or None.
+            logits (B, T, padded_vocab_size) and the loss (a scalar) or None.
         """
         x = self._hidden(idx, cache)  # (B, T, C)
         logits = self.lm_head(x[:, -1:] if last_only else x)  # (B, T or 1, V)
@@ -121,7 +121,7 @@ class GPT(nn.Module):
         """The final-LayerNorm states (B, T, C); `lm_head` turns them into logits.
 
         For evaluations at long contexts that need the logits of only some positions, or project
-        them in chunks: (B, T, vocab_size) logits can outgrow the rest of the forward pass.
+        them in chunks: (B, T, padded_vocab_size) logits can outgrow the rest of the forward pass.
         """
         return self._hidden(idx, None)
 

@@ -90,7 +90,7 @@ def tiny_args(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
 def straight_and_resumed(tmp_path: Path, text_file: Path, steps: int, *extra: str) -> tuple[dict, dict]:
     """State dicts of a `steps`-step tiny run, and of the same run stopped halfway and resumed."""
     import train as train_script
-    from training.checkpoint import read_checkpoint
+    from core.checkpoint import read_checkpoint
 
     straight, split = tmp_path / "straight", tmp_path / "split"
     train_script.main(tiny_args(straight, text_file, *extra, "--train.max_steps", str(steps)))

@@ -12,11 +12,11 @@ import pytest
 from conftest import make_text
 
 import evaluate as evaluate_script
+from core.checkpoint import load_checkpoint
 from data.dataset import load_prepared
 from evaluation.config import EvalData, EvalSettings
 from evaluation.run import Subject, default_labels, evaluate_checkpoints
 from model import GPTConfig
-from training.checkpoint import load_checkpoint
 from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
 from training.run import train
 

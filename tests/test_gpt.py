@@ -60,7 +60,15 @@ def test_num_params_and_flops_per_token(tiny_config):
 def test_gpt2_small_has_124m_parameters():
     with torch.device("meta"):
         model = GPT(GPTConfig(vocab_size=50257))
-    assert model.num_params(exclude_embeddings=False) == 124_439_808  # GPT-2 small, as published
+    assert model.config.padded_vocab_size == 50304  # embedding rows, a multiple of 64 (nanoGPT's padding)
+    # GPT-2 small as published (124,439,808), plus the 47 padding rows of the tied embedding
+    assert model.num_params(exclude_embeddings=False) == 124_439_808 + 47 * 768
+
+
+def test_padded_vocab_size_pads_large_vocabularies_only():
+    sizes = {65: 65, 256: 256, 257: 320, 50257: 50304, 50304: 50304, 100277: 100288}
+    for vocab, padded in sizes.items():
+        assert GPTConfig(vocab_size=vocab).padded_vocab_size == padded
 
 
 def test_init_ties_embeddings_and_scales_residual_projections():

@@ -18,9 +18,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import evaluate as evaluate_script
 import sample as sample_script
 import train as train_script
+from core.checkpoint import read_checkpoint
 from model import POS_ENCODINGS, GPTConfig
 from model.attention import compiled_flex_attention, resolve_backend
-from training.checkpoint import read_checkpoint
 from training.run import latest_metrics
 
 from helpers import build, relative_error, run_pair, straight_and_resumed, tiny_args

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import train as train_script
+from core.checkpoint import read_checkpoint
 from data.datamodule import TokenDataModule
 from data.dataset import load_prepared
 from data.prepare import prepare
 from training import hardware
 from training.callbacks import SpeedMonitor
-from training.checkpoint import read_checkpoint
 from training.module import clip_grad_norm
 from training.run import latest_metrics
 

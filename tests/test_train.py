@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import train as train_script
-from training.checkpoint import load_checkpoint, read_checkpoint
+from core.checkpoint import load_checkpoint, read_checkpoint
 from training.run import latest_metrics
 
 from helpers import tiny_args
@@ -148,7 +148,7 @@ def test_resuming_a_different_model_shape_fails_clearly(tmp_path, text_file):
             tiny_args(tmp_path, text_file, "--train.max_steps", "4", "--model.n_layer", "3", "--train.resume", "auto")
         )
     message = str(info.value.code)
-    assert "different model" in message and "n_layer: checkpoint 2 vs now 3" in message
+    assert "Cannot resume" in message and "model.n_layer: checkpoint 2 vs now 3" in message
 
 
 def test_help_and_print_config(capsys):

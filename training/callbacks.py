@@ -1,17 +1,30 @@
-"""Callbacks and the checkpoint plugin: throughput and MFU, `last.ckpt`, atomic writes."""
+"""Callbacks and the checkpoint plugin: throughput and MFU, `last.ckpt` (also on SIGTERM and
+SIGINT), the divergence guard, atomic writes."""
 
 from __future__ import annotations
 
-import os
+import math
+import signal
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from core.files import atomic_file
 from training.hardware import peak_flops
+
+
+class TrainingStopped(Exception):
+    """Training stopped early on purpose (a signal, a diverged loss); the message says where it
+    stopped, what was saved and what to do, and `exit_code` is the process' exit status."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -21,37 +34,115 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with atomic_file(path, hidden=True) as f:
+            torch.save(checkpoint, f)
+
+
+def parameters_finite(module: torch.nn.Module) -> bool:
+    """Whether every parameter is finite (one synchronisation; run it only before a save)."""
+    flags = [torch.isfinite(p).all() for p in module.parameters()]
+    return bool(torch.stack(flags).all()) if flags else True
 
 
 class LastCheckpoint(L.Callback):
-    """Save `<dir>/last.ckpt` every `every_n_steps` optimizer steps and when training ends."""
+    """Save `<dir>/last.ckpt` every `every_n_steps` optimizer steps, when training ends, and at the
+    first optimizer step after a SIGTERM or SIGINT, after which training stops with exit status
+    128 + the signal's number (a second Ctrl+C stops at once, without saving). A model with
+    non-finite weights is never saved: the previous checkpoint stays."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self, dirpath: Path, every_n_steps: int) -> None:
         self.path = Path(dirpath) / "last.ckpt"
         self.every_n_steps = every_n_steps
-        self._saved_step = -1
+        self.saved_step = -1
+        """The step of the last checkpoint this run wrote (-1: none yet)."""
+        self._signal: int | None = None
+        self._previous: dict[int, Any] = {}
 
-    def _save(self, trainer: L.Trainer) -> None:
-        if trainer.global_step != self._saved_step:
-            trainer.save_checkpoint(self.path, weights_only=False)
-            self._saved_step = trainer.global_step
+    def _save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step == self.saved_step:
+            return
+        if not parameters_finite(pl_module):
+            raise TrainingStopped(divergence_message(trainer.global_step, self), exit_code=1)
+        trainer.save_checkpoint(self.path, weights_only=False)
+        self.saved_step = trainer.global_step
 
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._signal == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # the second Ctrl+C: stop now
+        self._signal = signum
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if trainer.fit_loop._should_accumulate():
+            return
         step = trainer.global_step
-        if step > 0 and step % self.every_n_steps == 0 and not trainer.fit_loop._should_accumulate():
-            self._save(trainer)
+        if self._signal is not None:
+            self._save(trainer, pl_module)
+            name = signal.Signals(self._signal).name
+            raise TrainingStopped(
+                f"Stopped by {name} at step {step}; saved {self.path}. Continue with the same command "
+                "and --train.resume auto.",
+                exit_code=128 + self._signal,
+            )
+        if step > 0 and step % self.every_n_steps == 0:
+            self._save(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._save(trainer)
+        self._save(trainer, pl_module)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+
+def divergence_message(step: int, last: LastCheckpoint) -> str:
+    saved = (
+        f"the last good checkpoint is {last.path} (step {last.saved_step})"
+        if last.saved_step >= 0
+        else (f"{last.path} is from before this launch" if last.path.is_file() else "no checkpoint was written")
+    )
+    return (
+        f"Training diverged: the loss or the weights are NaN or inf by step {step}; {saved}, and it was not "
+        "overwritten. Try a lower --optim.lr, a smaller --optim.grad_clip or a longer --optim.warmup_steps, "
+        "or --train.precision 32-true; resume from a good checkpoint with --train.resume PATH."
+    )
+
+
+class DivergenceGuard(L.Callback):
+    """Stop training when a loss is NaN or inf, before any checkpoint of the diverged model is
+    written. The module flags every step's loss on the device; the flag is read (one
+    synchronisation) on logging steps, before every checkpoint and evaluation, and at the end, so
+    that a GPU's queue is not stalled every step. Put it before the checkpoint callbacks."""
+
+    def __init__(self, last: LastCheckpoint, log_every: int, ckpt_every: int, eval_every: int) -> None:
+        self.last = last
+        self.every = (log_every, ckpt_every, eval_every)
+
+    def _check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        flag = getattr(pl_module, "nonfinite", None)
+        if flag is not None and bool(flag):
+            raise TrainingStopped(divergence_message(trainer.global_step, self.last), exit_code=1)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        step = trainer.global_step
+        if trainer.fit_loop._should_accumulate():
+            return
+        if any(step % n == 0 for n in self.every) or step >= trainer.max_steps:
+            self._check(trainer, pl_module)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        loss = trainer.callback_metrics.get("val/loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            raise TrainingStopped(divergence_message(trainer.global_step, self.last), exit_code=1)
 
 
 class SpeedMonitor(L.Callback):

@@ -1,97 +1,61 @@
-"""Reading checkpoints without a Trainer: a checkpoint alone rebuilds its model and tokenizer.
+"""What a resumed run may change, and the check that refuses the rest.
 
-A checkpoint is Lightning's dictionary; `hyper_parameters` holds the resolved run config (as plain
-dicts) and the tokenizer description, and `state_dict` the `GPTModule`'s weights under `model.`.
+A resume restores weights, optimizer moments, the LR scheduler's step, the data stream's position
+and the random state. Of the new command's settings:
+
+- model: only `CHANGEABLE_MODEL_FIELDS` may differ (the weights keep their shapes and meaning);
+- data: the prepared data must be the same (same fingerprint: same text, tokenizer and split),
+  and `train.seed` too (it defines the data stream being resumed);
+- optim: every field may change and is applied: the learning-rate schedule (lr, min_lr,
+  warmup_steps, decay_steps) to the scheduler from the resumed step on, betas and weight decay
+  to the optimizer's parameter groups, grad_clip to the clipping;
+- train: every other field may change (max_steps to train longer, intervals, precision, compile,
+  hardware, logging); batch_size and grad_accum apply from the resumed step on.
 """
 
 from __future__ import annotations
 
-import pickle
-import zipfile
-from dataclasses import dataclass
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-import torch
+from core.checkpoint import CheckpointError, model_config_of, read_checkpoint
+from training.config import RunConfig
 
-from data.tokenizer import Tokenizer, tokenizer_from_meta
-from model import GPT, GPTConfig
-
-CHANGEABLE_ON_RESUME = frozenset({"attn_backend", "dropout", "rope_scaling", "rope_scaling_factor"})
+CHANGEABLE_MODEL_FIELDS = frozenset({"attn_backend", "dropout", "rope_scaling", "rope_scaling_factor"})
 """Model fields that a resumed run may change: the weights keep their shapes and meaning (RoPE
 scaling is how position interpolation fine-tunes a trained model for longer contexts)."""
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, unreadable, or does not fit what it is used for."""
-
-
-@dataclass
-class LoadedCheckpoint:
-    model: GPT
-    tokenizer: Tokenizer
-    config: dict[str, Any]
-    """The resolved run config: {"model": ..., "data": ..., "optim": ..., "train": ...}."""
-    step: int
-
-
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint dictionary, or one clear error when the file is missing or not a checkpoint."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"Checkpoint not found: {path}.")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as error:
-        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {error}") from None
-    if not isinstance(ckpt, dict) or "config" not in ckpt.get("hyper_parameters", {}):
-        raise CheckpointError(f"{path} is not a checkpoint written by this project's train.py.")
-    return ckpt
-
-
-def model_config_of(ckpt: dict[str, Any]) -> GPTConfig:
-    return GPTConfig.from_dict(ckpt["hyper_parameters"]["config"]["model"])
-
-
-def load_checkpoint(path: str | Path, ranks_path: str | None = None) -> LoadedCheckpoint:
-    """Rebuild the model (on CPU, eval mode) and tokenizer that a checkpoint holds."""
+def check_resume(path: str | Path, config: RunConfig, data: dict[str, Any]) -> list[str]:
+    """Refuse to resume from `path` with `config` on `data` (the provenance record of the prepared
+    data) when the model, the data or the seed differ; return the optim and train settings that
+    change, as "section.field: old -> new" lines, for the log."""
     ckpt = read_checkpoint(path)
-    hparams = ckpt["hyper_parameters"]
-    model = GPT(model_config_of(ckpt))
-    prefix = "model."
-    state = {k[len(prefix) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
-    model.load_state_dict(state)
-    model.eval()
-    tokenizer = tokenizer_from_meta(hparams["tokenizer"], ranks_path or hparams["config"]["data"].get("tiktoken_ranks"))
-    return LoadedCheckpoint(model, tokenizer, hparams["config"], int(ckpt.get("global_step", 0)))
-
-
-def check_same_model(path: str | Path, config: GPTConfig) -> None:
-    """Refuse to resume from a checkpoint whose model differs from `config`, naming the differences."""
-    saved = model_config_of(read_checkpoint(path))
-    diffs = {
-        k: (v, getattr(config, k))
-        for k, v in saved.to_dict().items()
-        if k not in CHANGEABLE_ON_RESUME and getattr(config, k) != v
-    }
-    if diffs:
-        listed = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diffs.items())
-        raise CheckpointError(
-            f"Cannot resume from {path}: it holds a different model ({listed}). Use the same model "
-            "settings, or start a fresh run (another --train.run_name, or no --train.resume)."
+    saved_model = model_config_of(ckpt)
+    diffs = [
+        f"model.{k}: checkpoint {v!r} vs now {getattr(config.model, k)!r}"
+        for k, v in saved_model.to_dict().items()
+        if k not in CHANGEABLE_MODEL_FIELDS and getattr(config.model, k) != v
+    ]
+    saved = ckpt["hyper_parameters"]["config"]
+    if saved["train"].get("seed") != config.train.seed:
+        diffs.append(f"train.seed: checkpoint {saved['train'].get('seed')!r} vs now {config.train.seed!r}")
+    saved_data = ckpt["hyper_parameters"].get("data")
+    if saved_data and saved_data.get("fingerprint") != data.get("fingerprint"):
+        diffs.append(
+            f"data: checkpoint trained on {saved_data.get('prepared')}, now {data.get('prepared')} "
+            "(another text or other data settings)"
         )
-
-
-def pick_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    """Where and in what dtype to run a loaded checkpoint: 'auto' is CUDA when present, else CPU,
-    and bfloat16 on a GPU that has it, else float32. A CUDA device on a machine without one is an
-    error that says so."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: CUDA is not available here; use --device cpu or auto.")
-    if dtype == "auto":
-        bf16 = dev.type == "cuda" and torch.cuda.is_bf16_supported()
-        return dev, torch.bfloat16 if bf16 else torch.float32
-    return dev, getattr(torch, dtype)
+    if diffs:
+        raise CheckpointError(
+            f"Cannot resume from {path}: {'; '.join(diffs)}. A resume continues the same run; use the "
+            "checkpoint's settings, or start a fresh run (another --train.run_name, or --train.overwrite true)."
+        )
+    now = dataclasses.asdict(config)
+    return [
+        f"{section}.{k}: {v!r} -> {now[section][k]!r}"
+        for section in ("optim", "train")
+        for k, v in saved[section].items()
+        if k in now[section] and now[section][k] != v and k != "resume"
+    ]

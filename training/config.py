@@ -11,6 +11,19 @@ from typing import Literal
 
 from model import GPTConfig
 
+PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "64")
+"""The values of --train.precision: auto (see `training.hardware.resolve_precision`), or Lightning's."""
+
+
+def _at_least(name: str, value: float, low: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value!r}.")
+
+
+def _positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be positive, got {value!r}.")
+
 
 @dataclass
 class DataConfig:
@@ -35,6 +48,12 @@ class DataConfig:
     prepared_root: str = "prepared"
     """Where token files prepared from `input` are written (and reused when unchanged)."""
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction!r}.")
+        if not self.input and not self.dir:
+            raise ValueError("No data: pass --data.input FILE|DIR|auto|shakespeare|python-docs or --data.dir DIR.")
+
 
 @dataclass
 class OptimConfig:
@@ -50,12 +69,25 @@ class OptimConfig:
     """Step at which the cosine reaches `min_lr` (default: train.max_steps)."""
     beta1: float = 0.9
     """AdamW beta1."""
-    beta2: float = 0.95
-    """AdamW beta2."""
+    beta2: float = 0.99
+    """AdamW beta2 (nanoGPT uses 0.99 for small batches of tokens, 0.95 for GPT-2)."""
     weight_decay: float = 0.1
     """Decoupled weight decay, applied to matrices (2-D and up) only, not to biases, norms or gains."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
+
+    def __post_init__(self) -> None:
+        _positive("optim.lr", self.lr)
+        if not 0.0 <= self.min_lr <= self.lr:
+            raise ValueError(f"optim.min_lr must be in [0, optim.lr = {self.lr}], got {self.min_lr!r}.")
+        _at_least("optim.warmup_steps", self.warmup_steps, 0)
+        if self.decay_steps is not None:
+            _at_least("optim.decay_steps", self.decay_steps, 1)
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"optim.{name} must be in [0, 1), got {getattr(self, name)!r}.")
+        _at_least("optim.weight_decay", self.weight_decay, 0)
+        _at_least("optim.grad_clip", self.grad_clip, 0)
 
 
 @dataclass
@@ -101,18 +133,43 @@ class TrainConfig:
     """csv: <run dir>/logs/metrics.csv; wandb: offline (files in the run dir) when no API key is set."""
     wandb_project: str = "posgpt"
     """wandb project name."""
-    sample_tokens: int = 200
+    sample_tokens: int = 300
     """Characters/tokens of text to sample and print when training ends (0: none)."""
     progress_bar: bool = True
     """Show Lightning's progress bar."""
+    overwrite: bool = False
+    """Start afresh in a run directory that holds checkpoints of an earlier run, deleting them (without
+    it, such a run stops and asks for --train.resume auto or another run name)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "batch_size", "grad_accum", "eval_interval", "log_interval", "ckpt_interval"):
+            _at_least(f"train.{name}", getattr(self, name), 1)
+        _at_least("train.eval_tokens", self.eval_tokens, 0)
+        _at_least("train.sample_tokens", self.sample_tokens, 0)
+        _at_least("train.num_nodes", self.num_nodes, 1)
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision {self.precision!r} is not one of {', '.join(PRECISIONS)}.")
+        if isinstance(self.devices, int) and not isinstance(self.devices, bool) and self.devices < 1:
+            raise ValueError(
+                f"train.devices must be at least 1 (or 'auto' or a list such as '0,1'), got {self.devices}."
+            )
+        if self.run_name is not None and (not self.run_name or "/" in self.run_name or self.run_name in (".", "..")):
+            raise ValueError(f"train.run_name must be a plain directory name, got {self.run_name!r}.")
+
+
+def default_model() -> GPTConfig:
+    """The default run's network: nanoGPT's CPU shape (4 layers, 4 heads, 128 wide, block 64, no
+    biases) with RoPE; `vocab_size` is set from the tokenizer when training starts."""
+    return GPTConfig(block_size=64, n_layer=4, n_head=4, n_embd=128, bias=False, pos_encoding="rope")
 
 
 @dataclass
 class RunConfig:
-    """Everything one training run needs; saved, resolved, in the run directory and in each checkpoint."""
+    """Everything one training run needs; saved, resolved, in the run directory and in each checkpoint.
+    `RunConfig()` is the default run, the same as `python train.py` with no options."""
 
-    model: GPTConfig = field(default_factory=GPTConfig)
-    """The network (model.vocab_size is set from the tokenizer)."""
+    model: GPTConfig = field(default_factory=default_model)
+    """The network (its vocab_size is the tokenizer's, set when training starts)."""
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

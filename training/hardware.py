@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from core.device import DeviceError, auto_dtype
 
-class HardwareError(ValueError):
-    """A setting that this machine's devices cannot run."""
+HardwareError = DeviceError
+"""A setting that this machine's devices cannot run."""
 
 
 DENSE_BF16_PEAKS: tuple[tuple[str, float], ...] = (
@@ -21,13 +22,6 @@ DENSE_BF16_PEAKS: tuple[tuple[str, float], ...] = (
 """Dense (no structured sparsity) bf16 / fp16 tensor-core peaks per GPU from NVIDIA's datasheets,
 first match of a lower-cased device name wins. TF32 is half of it. Lightning's table (the fallback
 for other GPUs) lists some of these with sparsity, or not at all for a plain "NVIDIA H200"."""
-
-
-def cpu_has_bf16_matmul() -> bool:
-    """Whether this CPU has bf16 dot-product instructions (x86 AVX512-BF16 or AMX-BF16, Arm BF16),
-    which oneDNN uses for bf16 matmuls. Without them `auto` keeps float32 (bf16 was not measured there)."""
-    caps = torch.cpu.get_capabilities()
-    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16") or caps.get("bf16") or caps.get("sve_bf16"))
 
 
 def uses_cuda(accelerator: str) -> bool:
@@ -45,16 +39,31 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     | CPU with bf16 instructions            | bf16-mixed (1.3-2x float32's speed)           |
     | any other CPU                         | 32-true                                       |
 
-    The CPU row is measured (BENCHMARKS.md, "bf16 on the CPU") at widths 128-384 and contexts 64-256,
-    with attention kept in float32 (see `model.attention.sdpa_attention`).
+    The rule is `core.device.auto_dtype`'s. The CPU row is measured (BENCHMARKS.md, "bf16 on the
+    CPU") at widths 128-384 and contexts 64-256, with attention kept in float32 (see
+    `model.attention.sdpa_attention`).
     """
     if precision != "auto":
         return precision
     if uses_cuda(accelerator):
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    if accelerator in ("auto", "cpu") and cpu_has_bf16_matmul():
-        return "bf16-mixed"
-    return "32-true"
+        device_type = "cuda"
+    elif accelerator in ("auto", "cpu"):
+        device_type = "cpu"
+    else:
+        return "32-true"
+    dtype = auto_dtype(device_type, training=True)
+    return {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed"}.get(dtype, "32-true")
+
+
+def check_accelerator(accelerator: str) -> None:
+    """Refuse, with the fix, a GPU accelerator on a machine without one (Lightning's own error is
+    a traceback)."""
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise HardwareError(
+            f"--train.accelerator {accelerator}: no CUDA GPU is available here. Use --train.accelerator auto or cpu."
+        )
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        raise HardwareError("--train.accelerator mps: MPS is not available here. Use --train.accelerator auto or cpu.")
 
 
 def check_strategy(strategy: str, accelerator: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -9,7 +10,8 @@ import lightning as L
 import torch
 
 from data.dataset import Batch
-from model import GPT, GPTConfig
+from model import GPT
+from training.config import RunConfig
 
 
 def lr_factor(step: int, base_lr: float, min_lr: float, warmup: int, decay_steps: int) -> float:
@@ -27,21 +29,28 @@ def lr_factor(step: int, base_lr: float, min_lr: float, warmup: int, decay_steps
 
 
 class GPTModule(L.LightningModule):
-    """Trains a GPT. `config` is the resolved `RunConfig` as plain dicts; with `tokenizer` (the
-    tokenizer's description) it is saved in every checkpoint's hyper-parameters."""
+    """Trains a GPT. The resolved `config`, the tokenizer's description and the provenance of the
+    training data (`data`: the prepared directory and its fingerprint) are saved, as plain dicts, in
+    every checkpoint's hyper-parameters: a checkpoint alone rebuilds model and tokenizer, and an
+    evaluation can tell whether its data is still what the model was trained on."""
 
-    def __init__(self, config: dict[str, Any], tokenizer: dict[str, Any]) -> None:
+    def __init__(self, config: RunConfig, tokenizer: dict[str, Any], data: dict[str, Any]) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        self.optim = config["optim"]
-        self.train_cfg = config["train"]
-        self.model = GPT(GPTConfig.from_dict(config["model"]))
+        self.save_hyperparameters({"config": dataclasses.asdict(config), "tokenizer": tokenizer, "data": data})
+        self.config = config
+        self.model = GPT(config.model)
         self.tokens_per_step = 0  # known once the Trainer (world size) is: see `setup`
         self._val_sum: torch.Tensor | None = None
+        self.nonfinite: torch.Tensor | None = None
+        """Whether any training loss since the start was NaN or inf: kept on the device, so that
+        checking every step costs no synchronisation; `training.callbacks.DivergenceGuard` reads it."""
 
     def setup(self, stage: str) -> None:
-        t, block = self.train_cfg, self.model.config.block_size
-        self.tokens_per_step = t["batch_size"] * block * t["grad_accum"] * self.trainer.world_size
+        t, block = self.config.train, self.model.config.block_size
+        self.tokens_per_step = t.batch_size * block * t.grad_accum * self.trainer.world_size
+
+    def on_train_start(self) -> None:
+        self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.model(idx, targets)
@@ -49,6 +58,7 @@ class GPTModule(L.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         x, y = batch
         _, loss = self.model(x, y)
+        self.nonfinite |= ~torch.isfinite(loss.detach())
         if self._logging_step():
             self.log("train/loss", loss, prog_bar=True)
             self.log("lr", self.lr_schedulers().get_last_lr()[0])
@@ -86,7 +96,7 @@ class GPTModule(L.LightningModule):
         fused step they are), under FSDP the sharded module computes the norm over every rank's
         shard, otherwise `clip_grad_norm_` runs on the gradients as they are.
         """
-        max_norm = self.optim["grad_clip"]
+        max_norm = self.config.optim.grad_clip
         if not max_norm:
             return
         norm = clip_grad_norm(self.trainer, self, optimizer, max_norm)
@@ -96,20 +106,22 @@ class GPTModule(L.LightningModule):
     def configure_optimizers(self):
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
-        o = self.optim
+        o = self.config.optim
         optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": o["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=o["lr"],
-            betas=(o["beta1"], o["beta2"]),
+            [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=o.lr,
+            betas=(o.beta1, o.beta2),
             # one fused kernel for all parameters: on CPU too, where it cuts the step of the default
             # config by ~3 ms (BENCHMARKS.md)
             fused=self.device.type in ("cuda", "cpu"),
         )
-        decay_steps = o["decay_steps"] or self.train_cfg["max_steps"]
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step, o["lr"], o["min_lr"], o["warmup_steps"], decay_steps)
-        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, self.lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def lr_factor(self, step: int) -> float:
+        """The schedule of the current config at optimizer step `step` (a multiple of optim.lr)."""
+        o = self.config.optim
+        return lr_factor(step, o.lr, o.min_lr, o.warmup_steps, o.decay_steps or self.config.train.max_steps)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # dropout's random stream, so that a resumed run draws the same masks as an uninterrupted one
@@ -118,10 +130,30 @@ class GPTModule(L.LightningModule):
             checkpoint["cuda_rng"] = torch.cuda.get_rng_state_all()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Restore the random state, and apply the current optim settings to the optimizer and
+        scheduler states about to be restored (Lightning would otherwise bring back the saved
+        learning rate, betas and weight decay, whatever the new command says). With unchanged
+        settings every value written here equals the saved one, so a resume stays bit-identical."""
+        self._apply_optim_config(checkpoint)
         if "torch_rng" in checkpoint:
             torch.set_rng_state(checkpoint["torch_rng"])
         if "cuda_rng" in checkpoint and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
+
+    def _apply_optim_config(self, checkpoint: dict[str, Any]) -> None:
+        o = self.config.optim
+        schedulers = checkpoint.get("lr_schedulers") or []
+        step = schedulers[0]["last_epoch"] if schedulers else 0
+        for scheduler in schedulers:
+            scheduler["base_lrs"] = [o.lr] * len(scheduler["base_lrs"])
+        for state in checkpoint.get("optimizer_states") or []:
+            for group, weight_decay in zip(state["param_groups"], (o.weight_decay, 0.0), strict=True):
+                group.update(
+                    initial_lr=o.lr,
+                    lr=o.lr * self.lr_factor(step),  # what LambdaLR sets after step `step`
+                    betas=(o.beta1, o.beta2),
+                    weight_decay=weight_decay,
+                )
 
 
 def clip_grad_norm(

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
 import socket
-import subprocess
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,16 +16,17 @@ from urllib.parse import urlparse
 import lightning as L
 import torch
 import yaml
+from lightning.pytorch.utilities import rank_zero_only
 
+from core.files import LockedError, atomic_write_bytes, directory_lock, remove_stale_tmp
+from core.repo import git_sha
 from data.datamodule import TokenDataModule
-from data.dataset import PreparedData, load_prepared
-from data.errors import DataError
-from data.prepare import prepare, resolve_sources
+from data.dataset import PreparedData, prepare_dir, provenance
 from data.tokenizer import Tokenizer
-from training.callbacks import AtomicCheckpointIO, LastCheckpoint, SpeedMonitor
-from training.checkpoint import check_same_model
+from training.callbacks import AtomicCheckpointIO, DivergenceGuard, LastCheckpoint, SpeedMonitor
+from training.checkpoint import check_resume
 from training.config import DataConfig, RunConfig
-from training.hardware import check_strategy, resolve_precision
+from training.hardware import check_accelerator, check_strategy, resolve_precision
 from training.module import GPTModule
 
 log = logging.getLogger(__name__)
@@ -42,28 +41,15 @@ class RunResult:
     sample: str | None
 
 
+class RunError(ValueError):
+    """A problem with the run directory or the run's options; the message says how to fix it."""
+
+
 def prepared_data(cfg: DataConfig) -> PreparedData:
     """The prepared directory `cfg` names, preparing (or reusing) one under `prepared_root`."""
-    if cfg.dir:
-        return load_prepared(cfg.dir)
-    if not cfg.input:
-        raise DataError("No data: pass --data.input FILE|DIR|auto|shakespeare|python-docs or --data.dir PREPARED_DIR.")
-    sources = resolve_sources(cfg.input, cfg.glob)
-    settings = [str(p) for p in sources] + [cfg.tokenizer, str(cfg.val_fraction), cfg.errors, cfg.glob]
-    key = hashlib.sha256("\n".join(settings).encode()).hexdigest()[:10]
-    name = sources[0].stem if len(sources) == 1 else sources[0].parent.name
-    out = Path(cfg.prepared_root) / f"{name}-{cfg.tokenizer}-{key}"
-    prepare(
-        [str(p) for p in sources], str(out), cfg.tokenizer, cfg.glob, cfg.val_fraction, cfg.errors, cfg.tiktoken_ranks
+    return prepare_dir(
+        cfg.input, cfg.dir, cfg.prepared_root, cfg.tokenizer, cfg.glob, cfg.val_fraction, cfg.errors, cfg.tiktoken_ranks
     )
-    return load_prepared(out)
-
-
-def padded_vocab(tokenizer: Tokenizer) -> int:
-    """Embedding rows: a small vocabulary as is, a large one rounded up to a multiple of 64
-    (GPT-2's 50257 -> 50304, nanoGPT's trick for faster matmuls; the extra rows are never targets)."""
-    n = tokenizer.vocab_size
-    return n if n <= 256 else -(-n // 64) * 64
 
 
 def run_dir_of(cfg: RunConfig, data: PreparedData) -> Path:
@@ -83,8 +69,50 @@ def resume_path(resume: str | None, run_dir: Path) -> Path | None:
         return last if last.is_file() else None
     path = Path(resume)
     if not path.is_file():
-        raise DataError(f"--train.resume {resume}: no such checkpoint. Pass an existing .ckpt file or 'auto'.")
+        raise RunError(f"--train.resume {resume}: no such checkpoint. Pass an existing .ckpt file or 'auto'.")
     return path
+
+
+CHECKPOINT_NAMES = ("last.ckpt", "best.ckpt")
+
+
+def claim_run_dir(run_dir: Path, resume: Path | None, overwrite: bool) -> None:
+    """Refuse to start a fresh run in a directory that holds checkpoints (unless `overwrite`, which
+    removes them first), and remove what killed writers left there. Call it holding the lock."""
+    existing = [run_dir / name for name in CHECKPOINT_NAMES if (run_dir / name).is_file()]
+    if existing and resume is None:
+        if not overwrite:
+            raise RunError(
+                f"{run_dir} already holds {', '.join(p.name for p in existing)} from an earlier run. Resume it "
+                "with --train.resume auto, or pass --train.overwrite true (deletes them) or another --train.run_name."
+            )
+        for path in existing:
+            path.unlink()
+        log.info("--train.overwrite: removed %s", ", ".join(str(p) for p in existing))
+    for path in remove_stale_tmp(run_dir):
+        log.info("Removed %s, left by a run that was killed while writing it", path)
+
+
+def check_writable(path: Path, option: str) -> None:
+    """Stop, before any work is done, when `path` cannot be created or written (a file is in the
+    way, or a parent is read-only); creates nothing."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunError(f"Cannot create {path}: {existing} is a file. Pass {option} DIR, a directory.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunError(f"Cannot write to {path}: {existing} is read-only. Pass {option} DIR that you can write.")
+
+
+def make_run_dir(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise RunError(
+            f"Cannot create the run directory {run_dir} ({error.strerror or error}). Pass --train.out_dir DIR "
+            "that you can write, or another --train.run_name."
+        ) from None
 
 
 def make_logger(cfg: RunConfig, run_dir: Path, config_dict: dict[str, Any]):
@@ -118,39 +146,53 @@ def _wandb_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def git_sha() -> str:
-    try:
-        repo = Path(__file__).resolve().parents[1]
-        out = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def train(cfg: RunConfig) -> RunResult:
     """Prepare data, build model and Trainer, fit, and sample a little text at the end."""
     t = cfg.train
+    check_accelerator(t.accelerator)
     check_strategy(t.strategy, t.accelerator)
     precision = resolve_precision(t.precision, t.accelerator)
+    check_writable(Path(t.out_dir), "--train.out_dir")
     L.seed_everything(t.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
     data = prepared_data(cfg.data)
     tokenizer = data.tokenizer(cfg.data.tiktoken_ranks)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=padded_vocab(tokenizer)))
-    config_dict = dataclasses.asdict(cfg)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
+    datamodule = TokenDataModule(data, cfg.model.block_size, t.batch_size, t.seed, t.eval_tokens)  # checks the splits
     run_dir = run_dir_of(cfg, data)
-    ckpt_path = resume_path(cfg.train.resume, run_dir)
+    make_run_dir(run_dir)
+    if not rank_zero_only.rank == 0:  # DDP/FSDP workers: rank 0 holds the directory and has checked it
+        return _fit(cfg, data, datamodule, tokenizer, run_dir, precision, resume_path(t.resume, run_dir))
+    try:
+        with directory_lock(run_dir):
+            ckpt_path = resume_path(t.resume, run_dir)
+            claim_run_dir(run_dir, ckpt_path, t.overwrite)
+            return _fit(cfg, data, datamodule, tokenizer, run_dir, precision, ckpt_path)
+    except LockedError as error:
+        raise RunError(
+            f"{error}: another run is training into it. Wait for it, or pass another --train.run_name."
+        ) from None
+
+
+def _fit(
+    cfg: RunConfig,
+    data: PreparedData,
+    datamodule: TokenDataModule,
+    tokenizer: Tokenizer,
+    run_dir: Path,
+    precision: str,
+    ckpt_path: Path | None,
+) -> RunResult:
+    t = cfg.train
+    record = provenance(data)
     if ckpt_path is not None:
-        check_same_model(ckpt_path, cfg.model)
-    datamodule = TokenDataModule(
-        data, cfg.model.block_size, cfg.train.batch_size, cfg.train.seed, cfg.train.eval_tokens
-    )
-    module = GPTModule(config_dict, tokenizer.meta())
-    if cfg.train.compile:
+        for change in check_resume(ckpt_path, cfg, record):
+            log.info("Resuming with %s", change)
+    module = GPTModule(cfg, tokenizer.meta(), record)
+    if t.compile:
         module.model.compile()  # in place: state_dict keys keep their names
 
+    last = LastCheckpoint(run_dir, t.ckpt_interval)
     trainer = L.Trainer(
         accelerator=t.accelerator,
         devices=t.devices,
@@ -163,22 +205,22 @@ def train(cfg: RunConfig) -> RunResult:
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
         log_every_n_steps=t.log_interval,
-        logger=make_logger(cfg, run_dir, config_dict),
+        logger=make_logger(cfg, run_dir, dataclasses.asdict(cfg)),
         callbacks=[
-            LastCheckpoint(run_dir, t.ckpt_interval),
+            DivergenceGuard(last, t.log_interval, t.ckpt_interval, t.eval_interval),
+            last,
             L.pytorch.callbacks.ModelCheckpoint(
                 dirpath=run_dir, filename="best", monitor="val/loss", mode="min", enable_version_counter=False
             ),
+            SpeedMonitor(module.model.flops_per_token(cfg.model.block_size), t.log_interval),
         ],
         plugins=[AtomicCheckpointIO()],
         enable_progress_bar=t.progress_bar,
         default_root_dir=str(run_dir),
     )
-    speed = SpeedMonitor(module.model.flops_per_token(cfg.model.block_size), t.log_interval)
-    trainer.callbacks.append(speed)
     if trainer.is_global_zero:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_dict, sort_keys=False))
+        config_yaml = yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False).encode()
+        atomic_write_bytes(run_dir / "config.yaml", config_yaml)
         log.info(
             "git %s, torch %s, %s, %d parameters, run dir %s%s",
             git_sha(),
@@ -211,8 +253,7 @@ def sample_text(module: GPTModule, tokenizer: Tokenizer, n_tokens: int) -> str:
     # eagerly, even for a compiled model: each new cache length would otherwise be a new compilation
     with torch.compiler.set_stance("force_eager"):
         out = model.generate(idx, n_tokens, temperature=0.8, top_k=200)
-    ids = [i for i in out[0, len(start) :].tolist() if i < tokenizer.vocab_size]  # padding rows are no tokens
-    return tokenizer.decode(ids)
+    return tokenizer.decode(out[0, len(start) :].tolist())
 
 
 def latest_metrics(run_dir: Path) -> Path:

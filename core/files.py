@@ -1,0 +1,94 @@
+"""File helpers shared by data preparation, training, evaluation and the corpora cache.
+
+Writes are atomic (a temporary file beside the target, fsynced, then renamed), temporary names
+carry the writer's pid so that two processes never write one file, and a directory lock keeps two
+live writers (two runs, two prepares) out of one directory. A lock is released by the kernel when
+its process dies, even under kill -9, so it never goes stale; the temporary files a killed writer
+left are removed by the next holder of the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+TMP_MARK = ".tmp"
+"""Temporary files are named `<name>.tmp<pid>` (hidden ones `.<name>.tmp<pid>`)."""
+
+
+class LockedError(OSError):
+    """Another live process holds the directory's lock."""
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tmp_path(path: Path, hidden: bool = False) -> Path:
+    """The temporary name this process writes `path` under."""
+    return path.with_name(f"{'.' if hidden else ''}{path.name}{TMP_MARK}{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, hidden: bool = False) -> Iterator[BinaryIO]:
+    """Open a temporary file for writing; on success it is fsynced and renamed to `path`, on any
+    error (or interruption) it is removed: readers see the old file or the new one, never a part."""
+    tmp = tmp_path(path, hidden)
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
+    """Write `payload` to `path` atomically (see `atomic_file`)."""
+    with atomic_file(path) as f:
+        f.write(payload)
+
+
+def remove_stale_tmp(directory: Path) -> list[Path]:
+    """Remove the temporary files that killed writers left in `directory`; call it only while holding
+    the directory's lock (no live writer can then be using them). Returns what was removed."""
+    removed = []
+    for path in directory.glob(f"*{TMP_MARK}*"):
+        suffix = path.name.rsplit(TMP_MARK, 1)[1]
+        if path.is_file() and suffix.isdigit():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def directory_lock(directory: Path, wait: bool = False) -> Iterator[None]:
+    """Hold an exclusive lock on `directory` (its `.lock` file) for the duration of the block.
+
+    `wait=False` raises `LockedError` at once when another process holds it; `wait=True` blocks
+    until that process finishes (or dies). The `.lock` file holds the holder's pid, for messages.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise LockedError(f"{directory} is in use by another process (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
