@@ -6,45 +6,89 @@ for one sample in a terminal); speed goes to stderr, so stdout can be piped.
 
 from __future__ import annotations
 
-import argparse
 import codecs
+import dataclasses
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
+from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
-from core.checkpoint import CheckpointError, load_checkpoint
+from core.checkpoint import load_checkpoint
 from core.device import pick_device_dtype
 from data.errors import DataError
 from data.tokenizer import CharTokenizer, Tokenizer
 from model.generation import stream
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sample.py", description=__doc__.splitlines()[0])
-    p.add_argument("--ckpt", required=True, help="checkpoint written by train.py")
-    p.add_argument("--prompt", default="", help="text to continue, or @FILE to read it from a file (default: empty)")
-    p.add_argument("--prompt_file", help="read the prompt from this file")
-    p.add_argument("--num_samples", type=int, default=1, help="samples of the prompt, generated as one batch")
-    p.add_argument("--max_new_tokens", type=int, default=500)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
-    p.add_argument("--top_k", type=int, default=200, help="sample among the k most likely tokens (0: all)")
-    p.add_argument("--top_p", type=float, default=None, help="nucleus sampling: the most likely tokens up to mass p")
-    p.add_argument("--seed", type=int, default=1337, help="same seed, same output")
-    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--no_cache", action="store_true", help="recompute the context for every token (to compare)")
-    p.add_argument("--max_context", type=int, default=None, help="window for extrapolating schemes (4 x block_size)")
-    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
-                   help="print tokens as they come (default: on for one sample in a terminal)")  # fmt: skip
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--drop_unknown", action="store_true", help="drop prompt characters outside a char vocabulary")
-    p.add_argument("--tiktoken_ranks", help="local r50k_base.tiktoken for offline GPT-2 BPE")
+@dataclass
+class SampleConfig:
+    """What to sample from which checkpoint, and how."""
+
+    ckpt: str
+    """Checkpoint written by train.py."""
+    prompt: str = ""
+    """Text to continue, or @FILE to read it from a file (default: empty, the tokenizer's start token)."""
+    prompt_file: str | None = None
+    """Read the prompt from this file."""
+    num_samples: int = 1
+    """Samples of the prompt, generated as one batch."""
+    max_new_tokens: int = 500
+    """Tokens to generate per sample."""
+    temperature: float = 0.8
+    """Softmax temperature: 0 is greedy, higher flattens the distribution."""
+    top_k: int = 200
+    """Sample among the k most likely tokens (0: all)."""
+    top_p: float | None = None
+    """Nucleus sampling: the most likely tokens up to probability mass p, in (0, 1]; the most likely
+    token is always kept."""
+    seed: int = 1337
+    """Same seed, same output."""
+    device: str = "auto"
+    """auto (cuda if available, else cpu), cpu, cuda, cuda:1, ..."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and activations: auto is bfloat16 on a GPU that has it, else float32."""
+    no_cache: bool = False
+    """Recompute the whole context for every token instead of keeping keys and values (to compare)."""
+    max_context: int | None = None
+    """Context window of the schemes that extrapolate (default: 4 x block_size)."""
+    stream: bool | None = None
+    """Print tokens as they come (default: on for one sample in a terminal)."""
+    compile: bool = False
+    """torch.compile the model."""
+    drop_unknown: bool = False
+    """Drop prompt characters outside a char-level vocabulary instead of stopping."""
+    tiktoken_ranks: str | None = None
+    """Local r50k_base.tiktoken for offline GPT-2 BPE (or set POSGPT_TIKTOKEN_RANKS)."""
+
+    def __post_init__(self) -> None:
+        for name, low in (("num_samples", 1), ("max_new_tokens", 1), ("top_k", 0)):
+            value = getattr(self, name)
+            if value < low:
+                raise ValueError(f"--{name} must be at least {low}, got {value}.")
+        if self.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0 (0 is greedy), got {self.temperature}.")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"--top_p must be in (0, 1], got {self.top_p}.")
+        if self.max_context is not None and self.max_context < 1:
+            raise ValueError(f"--max_context must be at least 1, got {self.max_context}.")
+        if self.prompt_file and self.prompt:
+            raise ValueError("Pass either --prompt or --prompt_file, not both.")
+        pick_device_dtype(self.device, self.dtype)  # a device this machine has
+
+
+def build_parser() -> ArgumentParser:
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # field docstrings become --help text
+    p = ArgumentParser(prog="sample.py", description=__doc__.splitlines()[0])
+    p.add_argument("--config", action=ActionConfigFile, help="A YAML file of these options.")
+    p.add_class_arguments(SampleConfig, None)
     return p
 
 
-def read_prompt(args: argparse.Namespace) -> str:
+def read_prompt(args: SampleConfig) -> str:
     source = args.prompt_file or (args.prompt[1:] if args.prompt.startswith("@") else None)
     if source is None:
         return args.prompt
@@ -62,13 +106,15 @@ def encode_prompt(tokenizer: Tokenizer, text: str, drop_unknown: bool) -> list[i
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    namespace = parser.parse_args(argv)
     try:
+        args = SampleConfig(**{f.name: namespace[f.name] for f in dataclasses.fields(SampleConfig)})
         ckpt = load_checkpoint(args.ckpt, args.tiktoken_ranks)
         text = read_prompt(args)
         prompt = encode_prompt(ckpt.tokenizer, text, args.drop_unknown)
         device, dtype = pick_device_dtype(args.device, args.dtype)
-    except (CheckpointError, DataError, ValueError) as error:
+    except ValueError as error:  # CheckpointError, DataError, DeviceError and the options' own checks
         sys.exit(f"error: {error}")
     model = ckpt.model.to(device=device, dtype=dtype).eval()
     if args.compile:

@@ -63,7 +63,7 @@ class CharTokenizer:
             raise DataError(
                 f"Characters not in the vocabulary: {''.join(unknown)!r} ({len(unknown)} distinct). "
                 "A char-level model only knows the characters of its training corpus; remove them "
-                "(sample.py: --drop_unknown)."
+                "(sample.py: --drop_unknown true)."
             )
         return [self._ids[c] for c in text]
 

@@ -3,9 +3,12 @@ experiment runner (whose YAML has an `eval:` section of `EvalSettings`)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
+from core.device import pick_device_dtype
 from model.config import RopeScaling
 
 
@@ -46,15 +49,16 @@ class EvalSettings:
         self.lengths = sorted(set(self.lengths))
         if self.mode == "sliding":
             if self.stride is None:
-                raise ValueError("mode 'sliding' needs --stride S (the tokens scored per window).")
+                raise ValueError("mode 'sliding' needs --eval.stride S (the tokens scored per window).")
             if not 0 < self.stride <= self.lengths[0]:
                 raise ValueError(f"stride must be in 1..{self.lengths[0]} (the smallest length), got {self.stride}.")
         elif self.stride is not None:
-            raise ValueError("--stride applies to --mode sliding only; drop it or add --mode sliding.")
+            raise ValueError("--eval.stride applies to --eval.mode sliding only; drop it or add --eval.mode sliding.")
         if self.token_budget < 1 or self.buckets < 1 or self.batch_tokens < 1:
             raise ValueError("token_budget, buckets and batch_tokens must be positive.")
         if self.rope_scaling_factor != "dynamic" and float(self.rope_scaling_factor) < 1:
             raise ValueError(f"rope_scaling_factor must be >= 1 or 'dynamic', got {self.rope_scaling_factor!r}.")
+        pick_device_dtype(self.device, self.dtype)  # a device this machine has
         if not self.rope_scaling or len(set(self.rope_scaling)) != len(self.rope_scaling):
             raise ValueError(f"rope_scaling needs distinct entries (none = as trained), got {self.rope_scaling!r}.")
 
@@ -72,8 +76,20 @@ class EvalData:
     tiktoken_ranks: str | None = None
     """Local r50k_base.tiktoken for offline GPT-2 BPE (or set POSGPT_TIKTOKEN_RANKS)."""
     drop_unknown: bool = False
-    """With --data.input and a char-level checkpoint: leave out characters outside its vocabulary."""
+    """With --eval_data.input and a char-level checkpoint: leave out characters outside its vocabulary."""
 
     def __post_init__(self) -> None:
         if self.input and self.dir:
-            raise ValueError("Pass either --data.input FILE or --data.dir PREPARED, not both.")
+            raise ValueError("Pass either --eval_data.input FILE or --eval_data.dir PREPARED, not both.")
+
+
+def check_output_dir(out: str) -> None:
+    """Stop before any evaluation when the results cannot be written to `out`."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {out} is a file; pass a directory (created if needed) for the results.")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {existing} cannot be written; pass a directory you can write.")

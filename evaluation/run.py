@@ -204,7 +204,8 @@ def _text_for(ckpt: LoadedCheckpoint, path: str, data: EvalData) -> EvalText:
             raise DataError(
                 f"{data.dir} was tokenized with {prepared.meta['tokenizer']['kind']} "
                 f"({prepared.meta['tokenizer']['vocab_size']} ids) but {path} uses {_tokenizer_name(ckpt)}. "
-                "Pass the text itself with --data.input FILE: each checkpoint then tokenizes it with its own tokenizer."
+                "Pass the text itself with --eval_data.input FILE: each checkpoint then tokenizes it with "
+                "its own tokenizer."
             )
         source = f"{data.dir} ({data.split} split)"
     else:
@@ -250,7 +251,7 @@ def own_data(ckpt: LoadedCheckpoint, path: str, ranks: str | None = None) -> Pre
 def _changed_data(path: str, what: str) -> str:
     return (
         f"{path} was trained on other data than there is now: {what}, so its validation split cannot be "
-        "rebuilt. Evaluate on a text of your choice with --data.input FILE (tokenized with the checkpoint's "
+        "rebuilt. Evaluate on a text of your choice with --eval_data.input FILE (tokenized with the checkpoint's "
         "own tokenizer), or restore the original text."
     )
 
@@ -259,9 +260,9 @@ def _tokenize_file(ckpt: LoadedCheckpoint, ckpt_path: str, path: Path, drop_unkn
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise DataError(f"--data.input {path}: no such file.") from None
+        raise DataError(f"--eval_data.input {path}: no such file.") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"Cannot read --data.input {path} as UTF-8 text: {error}") from None
+        raise DataError(f"Cannot read --eval_data.input {path} as UTF-8 text: {error}") from None
     tok = ckpt.tokenizer
     if isinstance(tok, CharTokenizer):
         unknown = sorted(set(text) - set(tok.chars))
@@ -269,7 +270,7 @@ def _tokenize_file(ckpt: LoadedCheckpoint, ckpt_path: str, path: Path, drop_unkn
             raise DataError(
                 f"{path} has {len(unknown)} distinct characters outside the vocabulary of {ckpt_path} "
                 f"(a char-level model knows only its corpus' characters): {''.join(unknown[:40])!r}. "
-                "Pass --data.drop_unknown true to leave them out."
+                "Pass --eval_data.drop_unknown true to leave them out."
             )
         ids = tok.encode(text, drop_unknown=True)
     else:

@@ -54,7 +54,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 def _evaluate(tmp: Path, *args: str) -> dict:
     out = tmp / "out"
-    evaluate_script.main([*args, "--out", str(out), "--progress", "false"])
+    evaluate_script.main([*args, "--out", str(out), "--eval.progress", "false"])
     return json.loads((out / "results.json").read_text())
 
 
@@ -66,9 +66,9 @@ def _val_tokens(ckpt: Path) -> np.ndarray:
 
 @pytest.mark.parametrize(("mode", "stride"), [("nonoverlap", None), ("sliding", 8), ("sliding", 16)])
 def test_numbers_equal_a_direct_computation(runs, tmp_path, mode, stride):
-    args = ["--ckpt", str(runs["rope"]), str(runs["alibi"]), "--lengths", "16", "48", "--token_budget", "240",
-            "--mode", mode]  # fmt: skip
-    doc = _evaluate(tmp_path, *args, *(["--stride", str(stride)] if stride else []))
+    args = ["--ckpt", str(runs["rope"]), str(runs["alibi"]), "--eval.lengths", "[16,48]", "--eval.token_budget", "240",
+            "--eval.mode", mode]  # fmt: skip
+    doc = _evaluate(tmp_path, *args, *(["--eval.stride", str(stride)] if stride else []))
     tokens = _val_tokens(runs["rope"])
     for run in doc["runs"]:
         model = load_checkpoint(run["checkpoint"]).model
@@ -82,8 +82,8 @@ def test_numbers_equal_a_direct_computation(runs, tmp_path, mode, stride):
 
 def test_output_files_and_not_applicable_rows(runs, tmp_path):
     lengths = [8, 16, 32, 64]
-    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["learned"]), "--lengths", *map(str, lengths),
-                    "--token_budget", "128")  # fmt: skip
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["learned"]), "--eval.lengths", str(lengths),
+                    "--eval.token_budget", "128")  # fmt: skip
     out = tmp_path / "out"
     for name in ("results.json", "results.md", "ppl_vs_length.png", "loss_by_position.png"):
         assert (out / name).stat().st_size > 0
@@ -104,9 +104,9 @@ def test_output_files_and_not_applicable_rows(runs, tmp_path):
 
 
 def test_rope_scaling_with_factor_one_changes_nothing(runs, tmp_path):
-    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["alibi"]), "--lengths", "16", "64",
-                    "--token_budget", "128", "--rope_scaling", "none", "linear", "ntk", "yarn",
-                    "--rope_scaling_factor", "1")  # fmt: skip
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["alibi"]), "--eval.lengths", "[16,64]",
+                    "--eval.token_budget", "128", "--eval.rope_scaling", "[none,linear,ntk,yarn]",
+                    "--eval.rope_scaling_factor", "1")  # fmt: skip
     labels = [run["label"] for run in doc["runs"]]
     assert labels == ["rope", "rope + linear", "rope + ntk", "rope + yarn", "alibi"]  # one row for alibi
     losses = [[row["loss"] for row in run["results"]] for run in doc["runs"][:4]]
@@ -115,8 +115,8 @@ def test_rope_scaling_with_factor_one_changes_nothing(runs, tmp_path):
 
 
 def test_dynamic_rope_scaling_acts_beyond_the_training_length_only(runs, tmp_path):
-    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), "--lengths", "16", "64", "--token_budget", "128",
-                    "--rope_scaling", "none", "yarn")  # fmt: skip
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), "--eval.lengths", "[16,64]", "--eval.token_budget", "128",
+                    "--eval.rope_scaling", "[none,yarn]")  # fmt: skip
     plain, yarn = ({row["length"]: row for row in run["results"]} for run in doc["runs"])
     assert yarn[16]["loss"] == pytest.approx(plain[16]["loss"], rel=1e-6) and yarn[16]["rope_scaling_factor"] == 1
     assert yarn[64]["loss"] != pytest.approx(plain[64]["loss"], rel=1e-6)
@@ -127,7 +127,7 @@ def test_dynamic_rope_scaling_acts_beyond_the_training_length_only(runs, tmp_pat
 
 def test_checkpoints_sharing_a_label_are_seeds(runs, tmp_path):
     _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["rope_seed2"]), "--labels", "rope", "rope",
-              "--lengths", "16", "32", "--token_budget", "64")  # fmt: skip
+              "--eval.lengths", "[16,32]", "--eval.token_budget", "64")  # fmt: skip
     table = (tmp_path / "out" / "results.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| rope |"))
     assert "| 2 |" in row and row.count("±") == 2 and "mean ± standard deviation" in table
@@ -136,8 +136,8 @@ def test_checkpoints_sharing_a_label_are_seeds(runs, tmp_path):
 def test_each_checkpoint_tokenizes_a_given_text_with_its_own_tokenizer(runs, tmp_path):
     text = tmp_path / "eval.txt"
     text.write_text(make_text(300, seed=5))  # characters both vocabularies have
-    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["other"]), "--lengths", "16", "32",
-                    "--token_budget", "64", "--data.input", str(text))  # fmt: skip
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["other"]), "--eval.lengths", "[16,32]",
+                    "--eval.token_budget", "64", "--eval_data.input", str(text))  # fmt: skip
     first, second = doc["runs"]
     assert first["tokenizer"] != second["tokenizer"] and first["data"]["sha256"] != second["data"]["sha256"]
     assert first["data"]["text_sha256"] == second["data"]["text_sha256"]
@@ -151,7 +151,7 @@ def test_each_checkpoint_tokenizes_a_given_text_with_its_own_tokenizer(runs, tmp
 
 def _fails(capsys, *args: str) -> str:
     with pytest.raises(SystemExit) as exit_info:
-        evaluate_script.main([*args, "--progress", "false"])
+        evaluate_script.main([*args, "--eval.progress", "false"])
     message = str(exit_info.value.code)
     assert message.startswith("error: ") and "Traceback" not in capsys.readouterr().err
     return message
@@ -162,26 +162,29 @@ def test_bad_input_fails_with_one_clear_message(runs, tmp_path, capsys):
     short = tmp_path / "short.txt"
     short.write_text("the king speaks of the sea.\n")
     out = ["--out", str(tmp_path / "out")]
-    assert "too few for one window at length 64" in _fails(capsys, "--ckpt", rope, "--lengths", "16", "64",
-                                                            "--data.input", str(short), *out)  # fmt: skip
+    assert "too few for one window at length 64" in _fails(capsys, "--ckpt", rope, "--eval.lengths", "[16,64]",
+                                                            "--eval_data.input", str(short), *out)  # fmt: skip
     assert "Checkpoint not found: nope.ckpt" in _fails(capsys, "--ckpt", rope, "nope.ckpt", *out)
-    unknown = _fails(capsys, "--ckpt", rope, "--data.input", str(runs["tmp"] / "other.txt"), *out)
-    assert "outside the vocabulary" in unknown and "--data.drop_unknown true" in unknown
+    unknown = _fails(capsys, "--ckpt", rope, "--eval_data.input", str(runs["tmp"] / "other.txt"), *out)
+    assert "outside the vocabulary" in unknown and "--eval_data.drop_unknown true" in unknown
     prepared_other = next((runs["tmp"] / "prepared").glob("other-*"))
-    assert "was tokenized with char" in _fails(capsys, "--ckpt", rope, "--data.dir", str(prepared_other), *out)
-    assert "--mode sliding" in _fails(capsys, "--ckpt", rope, "--stride", "8", *out)
-    assert "needs --stride" in _fails(capsys, "--ckpt", rope, "--mode", "sliding", *out)
-    assert "smallest length" in _fails(capsys, "--ckpt", rope, "--mode", "sliding", "--stride", "32",
-                                       "--lengths", "16", "64", *out)  # fmt: skip
-    assert "number >= 1 or 'dynamic'" in _fails(capsys, "--ckpt", rope, "--rope_scaling_factor", "big", *out)
+    assert "was tokenized with char" in _fails(capsys, "--ckpt", rope, "--eval_data.dir", str(prepared_other), *out)
+    assert "--eval.mode sliding" in _fails(capsys, "--ckpt", rope, "--eval.stride", "8", *out)
+    assert "needs --eval.stride" in _fails(capsys, "--ckpt", rope, "--eval.mode", "sliding", *out)
+    assert "smallest length" in _fails(capsys, "--ckpt", rope, "--eval.mode", "sliding", "--eval.stride", "32",
+                                       "--eval.lengths", "[16,64]", *out)  # fmt: skip
+    assert "rope_scaling_factor must be >= 1" in _fails(
+        capsys, "--ckpt", rope, "--eval.rope_scaling_factor", "0.5", *out
+    )
     assert "2 names for 1 checkpoints" in _fails(capsys, "--ckpt", rope, "--labels", "a", "b", *out)
     assert not (tmp_path / "out").exists()  # nothing written by a run that failed its checks
     assert other  # the other-tokenizer checkpoint exists for the tests above
 
 
 def test_drop_unknown_leaves_out_unknown_characters(runs, tmp_path):
-    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), "--data.input", str(runs["tmp"] / "other.txt"),
-                    "--data.drop_unknown", "true", "--lengths", "16", "--token_budget", "64")  # fmt: skip
+    other = str(runs["tmp"] / "other.txt")
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), "--eval_data.input", other, "--eval_data.drop_unknown",
+                    "true", "--eval.lengths", "[16]", "--eval.token_budget", "64")  # fmt: skip
     assert doc["runs"][0]["results"][0]["ppl"] > 1
 
 
@@ -213,8 +216,8 @@ def test_a_char_and_a_bpe_checkpoint_on_one_text(runs, tmp_path, gpt2_ranks):
     bpe = train(cfg).last_ckpt
     text = tmp_path / "eval.txt"
     text.write_text(make_text(400, seed=7))
-    doc = _evaluate(tmp_path, "--ckpt", str(runs["alibi"]), str(bpe), "--lengths", "16", "32",
-                    "--token_budget", "64", "--data.input", str(text))  # fmt: skip
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["alibi"]), str(bpe), "--eval.lengths", "[16,32]",
+                    "--eval.token_budget", "64", "--eval_data.input", str(text))  # fmt: skip
     char_run, bpe_run = doc["runs"]
     assert bpe_run["tokenizer"] == "gpt2 (50257)" and char_run["tokenizer"].startswith("char")
     assert bpe_run["data"]["tokens"] < char_run["data"]["tokens"] / 2  # BPE tokens span several characters
@@ -223,10 +226,10 @@ def test_a_char_and_a_bpe_checkpoint_on_one_text(runs, tmp_path, gpt2_ranks):
 
 def test_bfloat16_autocast_on_cpu_stays_close_to_float32(runs, tmp_path):
     """The GPU default (bf16 autocast, float32 losses), run on the CPU's autocast."""
-    args = ["--ckpt", str(runs["rope"]), str(runs["alibi"]), "--lengths", "16", "48", "--token_budget", "240",
-            "--device", "cpu"]  # fmt: skip
-    fp32 = _evaluate(tmp_path / "fp32", *args, "--dtype", "float32")
-    bf16 = _evaluate(tmp_path / "bf16", *args, "--dtype", "bfloat16")
+    args = ["--ckpt", str(runs["rope"]), str(runs["alibi"]), "--eval.lengths", "[16,48]", "--eval.token_budget", "240",
+            "--eval.device", "cpu"]  # fmt: skip
+    fp32 = _evaluate(tmp_path / "fp32", *args, "--eval.dtype", "float32")
+    bf16 = _evaluate(tmp_path / "bf16", *args, "--eval.dtype", "bfloat16")
     assert (fp32["dtype"], bf16["dtype"]) == ("float32", "bfloat16")
     for run, ref in zip(bf16["runs"], fp32["runs"], strict=True):
         for row, ref_row in zip(run["results"], ref["results"], strict=True):

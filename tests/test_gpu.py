@@ -171,11 +171,11 @@ def cpu_checkpoints(tmp_path_factory) -> dict[str, object]:
 
 def test_evaluation_on_cuda_runs_bf16_autocast_and_flex_and_matches_the_cpu(cpu_checkpoints, tmp_path):
     """evaluate.py's GPU branch: bf16 autocast by default, FlexAttention for ALiBi, the device's name."""
-    common = ["--ckpt", str(cpu_checkpoints["rope"]), str(cpu_checkpoints["alibi"]), "--lengths", "32", "128",
-              "--token_budget", "512", "--progress", "false"]  # fmt: skip
+    common = ["--ckpt", str(cpu_checkpoints["rope"]), str(cpu_checkpoints["alibi"]), "--eval.lengths", "[32,128]",
+              "--eval.token_budget", "512", "--eval.progress", "false"]  # fmt: skip
     docs = {}
     for device in ("cpu", "cuda"):
-        evaluate_script.main([*common, "--device", device, "--out", str(tmp_path / device)])
+        evaluate_script.main([*common, "--eval.device", device, "--out", str(tmp_path / device)])
         docs[device] = json.loads((tmp_path / device / "results.json").read_text())
     assert docs["cuda"]["dtype"] == "bfloat16" and "NVIDIA" in docs["cuda"]["device"]
     for run, ref in zip(docs["cuda"]["runs"], docs["cpu"]["runs"], strict=True):
@@ -183,7 +183,7 @@ def test_evaluation_on_cuda_runs_bf16_autocast_and_flex_and_matches_the_cpu(cpu_
             assert row["loss"] == pytest.approx(ref_row["loss"], rel=2e-2)
 
 
-@pytest.mark.parametrize("compile_flag", [[], ["--compile"]])
+@pytest.mark.parametrize("compile_flag", [[], ["--compile", "true"]])
 def test_sampling_on_cuda_in_bf16_eager_and_compiled(cpu_checkpoints, capsys, compile_flag):
     """sample.py's GPU branch: bf16 weights by default, a CUDA generator, and --compile."""
     sample_script.main(["--ckpt", str(cpu_checkpoints["rope"]), "--prompt", "The king", "--max_new_tokens", "40",

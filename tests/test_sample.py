@@ -47,7 +47,7 @@ def test_same_seed_same_sample_and_the_prompt_is_continued(checkpoint, capsys):
 
 def test_cache_and_no_cache_give_the_same_text(checkpoint, capsys):
     args = ["--ckpt", str(checkpoint), "--prompt", "A fool", "--max_new_tokens", "80", "--temperature", "0"]
-    assert _sample(capsys, *args) == _sample(capsys, *args, "--no_cache")
+    assert _sample(capsys, *args) == _sample(capsys, *args, "--no_cache", "true")
 
 
 def test_several_samples_and_prompt_from_a_file(checkpoint, capsys, tmp_path):
@@ -67,7 +67,7 @@ def test_empty_prompt_starts_from_a_newline(checkpoint, capsys):
 def test_command_line_streams_text_and_reports_speed(checkpoint):
     result = subprocess.run(
         [sys.executable, str(ROOT / "sample.py"), "--ckpt", str(checkpoint), "--prompt", "The queen",
-         "--max_new_tokens", "30", "--stream"],
+         "--max_new_tokens", "30", "--stream", "true"],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -79,7 +79,9 @@ def test_characters_outside_the_vocabulary_are_named_or_dropped(checkpoint, caps
     with pytest.raises(SystemExit) as info:
         sample_script.main(["--ckpt", str(checkpoint), "--prompt", "The kïng€", "--max_new_tokens", "5"])
     assert "'ï€'" in str(info.value.code) and "--drop_unknown" in str(info.value.code)
-    out = _sample(capsys, "--ckpt", str(checkpoint), "--prompt", "The kïng", "--drop_unknown", "--max_new_tokens", "5")
+    out = _sample(
+        capsys, "--ckpt", str(checkpoint), "--prompt", "The kïng", "--drop_unknown", "true", "--max_new_tokens", "5"
+    )
     assert out.startswith("The kng")
 
 
@@ -109,5 +111,5 @@ def test_bfloat16_weights_on_cpu_sample_as_a_gpu_run_would(checkpoint, capsys):
     out = captured.out
     assert out.startswith("The king") and len(out.rstrip("\n")) == len("The king") + 30
     assert "cpu, torch.bfloat16" in captured.err
-    uncached = _sample(capsys, *args, "--dtype", "bfloat16", "--temperature", "0", "--no_cache")
+    uncached = _sample(capsys, *args, "--dtype", "bfloat16", "--temperature", "0", "--no_cache", "true")
     assert uncached == out  # the KV cache holds bf16 keys and values, as the uncached path computes them
