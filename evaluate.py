@@ -10,6 +10,7 @@ same names, so `--config` takes either. The logic is in `evaluation/`.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
@@ -35,6 +36,7 @@ def build_parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         config = parser.instantiate(args)
         labels = config.labels or default_labels(config.ckpt)

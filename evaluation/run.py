@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from evaluation.config import EvalData, EvalSettings
 from evaluation.extrapolation import count_windows, evaluate_length
 
 FORMAT = "posgpt-extrapolation/1"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -231,16 +233,23 @@ def own_data(ckpt: LoadedCheckpoint, path: str, ranks: str | None = None) -> Pre
             raise DataError(_changed_data(path, f"{prepared.path} now has another vocabulary"))
         return prepared
     try:
-        prepared = load_prepared(record["prepared"])
-        if prepared.meta.get("fingerprint") == record["fingerprint"]:
-            return prepared
-    except DataError:
-        pass  # gone or incomplete: prepare it again from the sources, if they are unchanged
-    try:
         sources = resolve_sources(record["sources"], own["glob"])
         unchanged = fingerprint(sources, settings) == record["fingerprint"]
     except (DataError, OSError):
         unchanged = False
+    try:
+        prepared = load_prepared(record["prepared"])
+        if prepared.meta.get("fingerprint") == record["fingerprint"]:
+            if not unchanged:
+                log.warning(
+                    "%s changed since training; %s evaluates on the split prepared from it at training time (%s)",
+                    ", ".join(record["sources"]),
+                    path,
+                    prepared.path,
+                )
+            return prepared
+    except DataError:
+        pass  # gone or incomplete: prepare it again from the sources, if they are unchanged
     if not unchanged:
         raise DataError(_changed_data(path, f"{', '.join(record['sources'])} changed or moved since"))
     return prepare_dir(

@@ -69,3 +69,47 @@ def test_importing_model_does_not_import_lightning():
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_evaluation_and_sampling_import_neither_lightning_nor_training():
+    code = (
+        "import sys, evaluate, sample, evaluation.run, evaluation.report; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning', 'training')]; "
+        "assert not bad, bad"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_no_import_cycle_inside_model():
+    modules = {f"model.{p.stem}": _imports(p) for p in (ROOT / "model").glob("*.py") if p.stem != "__init__"}
+    graph = {m: {i for i in imports if i in modules} for m, imports in modules.items()}
+
+    def reaches(start: str, target: str, seen: set[str]) -> bool:
+        return any(n == target or (n not in seen and reaches(n, target, seen | {n})) for n in graph[start])
+
+    cycles = [m for m in graph if reaches(m, m, {m})]
+    assert not cycles, cycles
+
+
+def test_run_config_defaults_are_the_default_run():
+    import train as train_script
+    from training.config import RunConfig
+
+    parser = train_script.build_parser()
+    parsed = parser.instantiate(parser.parse_args([]))
+    defaults = RunConfig()
+    for section in ("model", "data", "optim", "train"):
+        assert getattr(parsed, section) == getattr(defaults, section), section

@@ -158,7 +158,7 @@ def _fails(capsys, *args: str) -> str:
 
 
 def test_bad_input_fails_with_one_clear_message(runs, tmp_path, capsys):
-    rope, other = str(runs["rope"]), str(runs["other"])
+    rope = str(runs["rope"])
     short = tmp_path / "short.txt"
     short.write_text("the king speaks of the sea.\n")
     out = ["--out", str(tmp_path / "out")]
@@ -178,7 +178,6 @@ def test_bad_input_fails_with_one_clear_message(runs, tmp_path, capsys):
     )
     assert "2 names for 1 checkpoints" in _fails(capsys, "--ckpt", rope, "--labels", "a", "b", *out)
     assert not (tmp_path / "out").exists()  # nothing written by a run that failed its checks
-    assert other  # the other-tokenizer checkpoint exists for the tests above
 
 
 def test_drop_unknown_leaves_out_unknown_characters(runs, tmp_path):
@@ -194,13 +193,26 @@ def test_default_labels_name_the_run_directory():
     ]  # fmt: skip
 
 
-def test_memory_is_bounded_by_batch_tokens(runs):
+def test_memory_is_bounded_by_batch_tokens(runs, monkeypatch):
     """A long length runs in batches of one window when batch_tokens is small (and gives the same loss)."""
+    from model import GPT
+
+    batch_sizes: list[int] = []
+    hidden_states = GPT.hidden_states
+
+    def counting(self, idx, *args, **kwargs):
+        batch_sizes.append(idx.size(0))
+        return hidden_states(self, idx, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "hidden_states", counting)
     subject = [Subject(str(runs["alibi"]), "alibi")]
     big = evaluate_checkpoints(subject, EvalSettings(lengths=[64], token_budget=256, progress=False), EvalData())
+    assert batch_sizes == [4]  # 256 tokens in windows of 64: one forward pass of 4 windows
+    batch_sizes.clear()
     small = evaluate_checkpoints(
-        subject, EvalSettings(lengths=[64], token_budget=256, batch_tokens=1, progress=False), EvalData()
+        subject, EvalSettings(lengths=[64], token_budget=256, batch_tokens=64, progress=False), EvalData()
     )
+    assert batch_sizes == [1, 1, 1, 1]  # batch_tokens = one window: one window per forward pass
     assert small["runs"][0]["results"][0]["loss"] == pytest.approx(big["runs"][0]["results"][0]["loss"], rel=1e-5)
 
 

@@ -1,0 +1,403 @@
+"""Hostile input and faults: each case ends in one clear message and a non-zero exit, with nothing
+silently wrong, half-written or destroyed (issue 10's battery; tiny models, generated text)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_text
+
+import evaluate as evaluate_script
+import sample as sample_script
+import train as train_script
+from core.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, tiktoken_ranks
+from core.files import LockedError, directory_lock
+from data.dataset import prepare_dir
+from data.prepare import prepare
+from data.tokenizer import RANKS_ENV
+from training.module import lr_factor
+
+from helpers import tiny_args
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path: Path, text_file: Path, *extra: str) -> Path:
+    train_script.main(tiny_args(tmp_path, text_file, "--train.logger", "none", *extra))
+    return tmp_path / "runs" / "tiny"
+
+
+def _exit(capsys, main, argv: list[str]) -> tuple[int | str, str]:
+    """Run a script's main expecting it to stop: (exit code or message, stderr)."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return info.value.code, err
+
+
+def _message(capsys, main, argv: list[str]) -> str:
+    code, err = _exit(capsys, main, argv)
+    message = code if isinstance(code, str) else err
+    assert code not in (0, None) and message.strip(), (code, err)
+    return message
+
+
+@pytest.fixture
+def trained(tmp_path, text_file) -> Path:
+    """A tiny run of 6 steps with a checkpoint every 3."""
+    return _run(tmp_path, text_file, "--train.max_steps", "6", "--train.ckpt_interval", "3")
+
+
+# 1. data provenance
+
+
+def test_evaluation_refuses_a_changed_corpus(tmp_path, text_file, trained, capsys, caplog):
+    ckpt = str(trained / "last.ckpt")
+    args = ["--ckpt", ckpt, "--eval.lengths", "[16]", "--eval.token_budget", "32", "--eval.progress", "false"]
+    record = load_checkpoint(ckpt).data
+    assert record["fingerprint"] and record["sources"] == [str(text_file.resolve())]  # recorded at training time
+    evaluate_script.main([*args, "--out", str(tmp_path / "ok")])
+    reference = json.loads((tmp_path / "ok" / "results.json").read_text())["runs"][0]["results"][0]["loss"]
+    text_file.write_text("\t" + text_file.read_text())  # one character more, and a new one
+    # the split prepared for training is still there: it is used, and the changed source is named
+    evaluate_script.main([*args, "--out", str(tmp_path / "kept")])
+    kept = json.loads((tmp_path / "kept" / "results.json").read_text())["runs"][0]["results"][0]["loss"]
+    assert kept == reference and "changed since training" in caplog.text
+    # re-prepared from the changed text (e.g. by another run): refused, nothing written
+    prepare_dir(str(text_file), None, str(tmp_path / "prepared"))
+    message = _message(capsys, evaluate_script.main, [*args, "--out", str(tmp_path / "changed")])
+    assert "trained on other data" in message and "--eval_data.input" in message
+    assert not (tmp_path / "changed").exists()
+
+
+def test_evaluation_rebuilds_a_deleted_split_from_unchanged_sources(tmp_path, text_file, trained):
+    ckpt = load_checkpoint(trained / "last.ckpt")
+    prepared = Path(ckpt.data["prepared"])
+    for file in prepared.iterdir():
+        file.unlink()
+    out = tmp_path / "out"
+    evaluate_script.main(["--ckpt", str(trained / "last.ckpt"), "--eval.lengths", "[16]", "--eval.token_budget", "32",
+                          "--eval.progress", "false", "--out", str(out)])  # fmt: skip
+    assert json.loads((out / "results.json").read_text())["runs"][0]["results"][0]["ppl"] > 1
+    assert json.loads((prepared / "meta.json").read_text())["fingerprint"] == ckpt.data["fingerprint"]
+
+
+def test_resume_refuses_other_data_and_another_seed(tmp_path, text_file, trained, capsys):
+    other = tmp_path / "other.txt"
+    other.write_text(make_text(400, seed=3))
+    message = _message(capsys, train_script.main, tiny_args(tmp_path, other, "--train.max_steps", "8",
+                                                             "--train.resume", "auto"))  # fmt: skip
+    assert "Cannot resume" in message and "data: checkpoint trained on" in message
+    argv = tiny_args(tmp_path, text_file, "--train.max_steps", "8", "--train.resume", "auto", "--train.seed", "7")
+    message = _message(capsys, train_script.main, argv)
+    assert "train.seed: checkpoint 1337 vs now 7" in message
+
+
+# 2. NaN and inf
+
+
+def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, text_file, trained, capsys):
+    good = read_checkpoint(trained / "last.ckpt")
+    argv = tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "40",
+                     "--train.ckpt_interval", "3", "--train.resume", "auto", "--optim.lr", "1e6")  # fmt: skip
+    code, err = _exit(capsys, train_script.main, argv)
+    assert code == 1 and "Training diverged" in err and "--optim.lr" in err
+    assert f"{trained / 'last.ckpt'} (step 6)" in err or "from before this launch" in err
+    after = read_checkpoint(trained / "last.ckpt")
+    assert after["global_step"] == good["global_step"] == 6  # not overwritten with a diverged model
+    assert all(torch.isfinite(t).all() for t in after["state_dict"].values())
+    assert not (trained / "best.ckpt").exists()  # no evaluation ran before the divergence
+
+
+def test_a_fresh_diverging_run_writes_no_checkpoint(tmp_path, text_file, capsys):
+    argv = tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "30", "--optim.lr", "1e6",
+                     "--optim.warmup_steps", "0")  # fmt: skip
+    code, err = _exit(capsys, train_script.main, argv)
+    assert code == 1 and "no checkpoint was written" in err
+    assert not (tmp_path / "runs" / "tiny" / "last.ckpt").exists()
+    assert not (tmp_path / "runs" / "tiny" / "best.ckpt").exists()
+
+
+def test_sampling_and_evaluating_a_non_finite_checkpoint_is_one_message(tmp_path, trained, capsys):
+    ckpt = torch.load(trained / "last.ckpt", weights_only=False)
+    key = next(k for k in ckpt["state_dict"] if k.endswith("mlp.fc.weight"))
+    ckpt["state_dict"][key][0, 0] = float("nan")
+    bad = tmp_path / "nan.ckpt"
+    torch.save(ckpt, bad)
+    for main, argv in (
+        (sample_script.main, ["--ckpt", str(bad), "--max_new_tokens", "5"]),
+        (evaluate_script.main, ["--ckpt", str(bad), "--eval.lengths", "[16]", "--out", str(tmp_path / "e")]),
+    ):
+        assert "non-finite weights" in _message(capsys, main, argv)
+
+
+# 3. signals
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_saves_a_checkpoint_and_exits_non_zero_and_resume_is_exact(tmp_path, text_file, signum):
+    common = ["--train.logger", "none", "--optim.decay_steps", "200", "--train.ckpt_interval", "1000"]
+    killed = tmp_path / "killed"
+    argv = tiny_args(killed, text_file, *common, "--train.max_steps", "100000", "--train.progress_bar", "true")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((killed / "runs" / "tiny").glob("config.yaml")):
+        time.sleep(0.2)
+    time.sleep(2.0)  # well into training
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, err[-2000:]
+    assert f"Stopped by {signal.Signals(signum).name}" in err and "--train.resume auto" in err
+    assert "Traceback" not in err
+    stopped = read_checkpoint(killed / "runs" / "tiny" / "last.ckpt")
+    step = stopped["global_step"]
+    assert 0 < step < 100000
+    if signum != signal.SIGTERM:
+        return
+    end = str(step + 3)
+    train_script.main(tiny_args(killed, text_file, *common, "--train.max_steps", end, "--train.resume", "auto"))
+    straight = tmp_path / "straight"
+    train_script.main(tiny_args(straight, text_file, *common, "--train.max_steps", end))
+    a = read_checkpoint(killed / "runs" / "tiny" / "last.ckpt")["state_dict"]
+    b = read_checkpoint(straight / "runs" / "tiny" / "last.ckpt")["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+# 4. concurrent prepares, locks and temporary files
+
+
+def test_concurrent_prepares_of_one_corpus_both_succeed_and_agree(tmp_path):
+    corpus = tmp_path / "big.txt"
+    corpus.write_text(make_text(300000))  # a few seconds to prepare: the two overlap
+    out = tmp_path / "prepared"
+    cmd = [sys.executable, "-m", "data.prepare", "--inputs", str(corpus), "--out_dir", str(out)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    assert sum("waiting for it to finish" in err for _, err in results) == 1  # one waited for the other
+    meta = json.loads((out / "meta.json").read_text())
+    assert (out / "train.bin").stat().st_size == meta["train_tokens"] * np.dtype(meta["dtype"]).itemsize
+    assert not [p for p in out.iterdir() if ".tmp" in p.name]
+
+
+def test_a_directory_lock_keeps_a_second_holder_out(tmp_path):
+    with directory_lock(tmp_path):
+        with pytest.raises(LockedError, match=f"pid {os.getpid()}"):
+            with directory_lock(tmp_path):
+                pass
+    with directory_lock(tmp_path):  # released
+        pass
+
+
+def test_a_prepare_removes_what_a_killed_one_left(tmp_path, text_file):
+    out = tmp_path / "prepared"
+    out.mkdir()
+    stale = out / "tokens.bin.tmp999999"
+    stale.write_bytes(b"\0" * 100)
+    prepare(str(text_file), str(out))
+    assert not stale.exists()
+
+
+# 5. run directories
+
+
+def test_a_second_run_into_a_directory_with_checkpoints_stops(tmp_path, text_file, trained, capsys):
+    before = read_checkpoint(trained / "last.ckpt")
+    message = _message(capsys, train_script.main, tiny_args(tmp_path, text_file, "--train.max_steps", "4"))
+    assert "already holds" in message and "--train.resume auto" in message and "--train.overwrite true" in message
+    assert torch.equal(read_checkpoint(trained / "last.ckpt")["state_dict"]["model.wte.weight"],
+                       before["state_dict"]["model.wte.weight"])  # fmt: skip
+    _run(tmp_path, text_file, "--train.max_steps", "4", "--train.overwrite", "true")
+    assert read_checkpoint(trained / "last.ckpt")["global_step"] == 4
+
+
+def test_a_run_directory_in_use_is_refused(tmp_path, text_file, capsys):
+    run_dir = tmp_path / "runs" / "tiny"
+    with directory_lock(run_dir):
+        message = _message(capsys, train_script.main, tiny_args(tmp_path, text_file, "--train.max_steps", "2"))
+    assert "in use by another process" in message and "--train.run_name" in message
+
+
+def test_a_resume_removes_temporary_checkpoints_that_killed_runs_left(tmp_path, text_file, trained):
+    stale = trained / ".last.ckpt.tmp999999"
+    stale.write_bytes(b"partial")
+    _run(tmp_path, text_file, "--train.max_steps", "7", "--train.resume", "auto")
+    assert not stale.exists()
+
+
+# 6. resume with new settings
+
+
+def test_resume_applies_a_new_learning_rate_schedule(tmp_path, text_file, trained):
+    _run(tmp_path, text_file, "--train.max_steps", "8", "--train.resume", "auto", "--optim.lr", "1e-3",
+         "--optim.min_lr", "1e-5", "--optim.beta2", "0.9")  # fmt: skip
+    ckpt = read_checkpoint(trained / "last.ckpt")
+    assert ckpt["lr_schedulers"][0]["base_lrs"] == [1e-3, 1e-3]
+    decay, no_decay = ckpt["optimizer_states"][0]["param_groups"]
+    expected = 1e-3 * lr_factor(8, 1e-3, 1e-5, 5, 8)  # tiny runs warm up for 5 steps; decay ends at max_steps
+    assert decay["lr"] == pytest.approx(expected) and no_decay["lr"] == pytest.approx(expected)
+    assert decay["betas"] == (0.9, 0.9) and decay["initial_lr"] == 1e-3
+    assert ckpt["hyper_parameters"]["config"]["optim"]["lr"] == 1e-3
+
+
+def test_lr_factor_warms_up_decays_and_stays_at_min_lr():
+    assert lr_factor(0, 1.0, 0.1, 10, 110) == pytest.approx(1 / 11)
+    assert lr_factor(9, 1.0, 0.1, 10, 110) == pytest.approx(10 / 11)
+    assert lr_factor(10, 1.0, 0.1, 10, 110) == pytest.approx(1.0)
+    assert lr_factor(60, 1.0, 0.1, 10, 110) == pytest.approx(0.55)  # half way down the cosine
+    assert lr_factor(110, 1.0, 0.1, 10, 110) == pytest.approx(0.1)
+    assert lr_factor(500, 1.0, 0.1, 10, 110) == pytest.approx(0.1)
+
+
+# 7. truncated checkpoints
+
+
+def test_every_truncation_of_a_checkpoint_is_one_message(tmp_path, text_file, trained, capsys):
+    data = (trained / "last.ckpt").read_bytes()
+    cuts = sorted(
+        {1, 10, 100, 1000, len(data) // 2, len(data) - 100, len(data) - 1} | {len(data) * i // 40 for i in range(1, 40)}
+    )
+    for cut in cuts:
+        bad = tmp_path / f"cut{cut}.ckpt"
+        bad.write_bytes(data[:cut])
+        with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+            load_checkpoint(bad)
+        bad.unlink()
+    bad = tmp_path / "cut.ckpt"
+    bad.write_bytes(data[: len(data) // 3])
+    for main, argv in (
+        (sample_script.main, ["--ckpt", str(bad), "--max_new_tokens", "5"]),
+        (evaluate_script.main, ["--ckpt", str(bad), "--eval.lengths", "[16]", "--out", str(tmp_path / "e")]),
+        (train_script.main, tiny_args(tmp_path, text_file, "--train.max_steps", "8", "--train.resume", str(bad))),
+    ):
+        assert "not a readable checkpoint" in _message(capsys, main, argv)
+
+
+# 8. the GPT-2 ranks file
+
+
+def test_the_ranks_file_passed_or_in_the_environment_wins_over_the_recorded_one(monkeypatch):
+    monkeypatch.delenv(RANKS_ENV, raising=False)
+    assert tiktoken_ranks(None, "/old/r50k") == "/old/r50k"
+    monkeypatch.setenv(RANKS_ENV, "/env/r50k")
+    assert tiktoken_ranks(None, "/old/r50k") == "/env/r50k"
+    assert tiktoken_ranks("/given/r50k", "/old/r50k") == "/given/r50k"
+
+
+def test_a_bpe_checkpoint_whose_ranks_file_moved(tmp_path, text_file, gpt2_ranks, monkeypatch, capsys):
+    monkeypatch.delenv(RANKS_ENV, raising=False)
+    moved = tmp_path / "r50k_base.tiktoken"
+    moved.write_bytes(gpt2_ranks.read_bytes())
+    _run(tmp_path, text_file, "--data.tokenizer", "gpt2", "--data.tiktoken_ranks", str(moved), "--train.max_steps", "2",
+         "--model.n_embd", "16", "--model.n_head", "2")  # fmt: skip
+    ckpt = str(tmp_path / "runs" / "tiny" / "last.ckpt")
+    moved.unlink()
+    message = _message(capsys, sample_script.main, ["--ckpt", ckpt, "--max_new_tokens", "3"])
+    assert "ranks file not found" in message and "--tiktoken_ranks" in message and RANKS_ENV in message
+    monkeypatch.setenv(RANKS_ENV, str(gpt2_ranks))
+    sample_script.main(["--ckpt", ckpt, "--max_new_tokens", "3"])
+    assert "3 tokens" in capsys.readouterr().err
+
+
+# 9. range checks
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--train.batch_size", "0"], "train.batch_size must be at least 1"),
+        (["--train.batch_size", "-2"], "train.batch_size must be at least 1"),
+        (["--train.max_steps", "0"], "train.max_steps must be at least 1"),
+        (["--train.max_steps", "-1"], "train.max_steps must be at least 1"),
+        (["--optim.lr", "0"], "optim.lr must be positive"),
+        (["--optim.lr=-1e-3"], "optim.lr must be positive"),
+        (["--train.ckpt_interval", "0"], "train.ckpt_interval must be at least 1"),
+        (["--train.eval_interval", "0"], "train.eval_interval must be at least 1"),
+        (["--train.log_interval", "0"], "train.log_interval must be at least 1"),
+        (["--train.grad_accum", "0"], "train.grad_accum must be at least 1"),
+        (["--train.precision", "bf17"], "train.precision 'bf17' is not one of"),
+        (["--train.accelerator", "gpu"] if not torch.cuda.is_available() else ["--train.devices", "0"], "train"),
+    ],
+)
+def test_run_settings_out_of_range_are_one_message(tmp_path, text_file, capsys, args, needle):
+    message = _message(capsys, train_script.main, tiny_args(tmp_path, text_file, *args))
+    assert needle in message
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "prepared").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--max_new_tokens", "-5"], "--max_new_tokens must be at least 1"),
+        (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--top_p", "0"], "--top_p must be in (0, 1]"),
+        (["--top_k", "-3"], "--top_k must be at least 0"),
+        (["--num_samples", "0"], "--num_samples must be at least 1"),
+        (["--max_context", "-4"], "--max_context must be at least 1"),
+        (["--device", "tpu"], "--device tpu"),
+    ],
+)
+def test_sample_settings_out_of_range_are_one_message(tmp_path, capsys, args, needle):
+    assert needle in _message(capsys, sample_script.main, ["--ckpt", str(tmp_path / "any.ckpt"), *args])
+
+
+def test_top_p_keeps_the_most_likely_token():
+    from model.generation import filter_logits
+
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    assert torch.isfinite(filter_logits(logits, top_p=1e-9)).tolist() == [[False, True, False]]
+
+
+# 10. the file system
+
+
+def test_file_system_mistakes_are_one_message(tmp_path, text_file, trained, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    cases = [
+        (tiny_args(tmp_path, text_file, "--train.out_dir", str(a_file)), "is a file"),
+        (tiny_args(tmp_path, text_file, "--data.prepared_root", str(a_file / "sub")), "Cannot write prepared data"),
+        (tiny_args(tmp_path, text_file, "--data.dir", str(a_file)), "not a prepared dataset directory"),
+    ]
+    prepared = Path(load_checkpoint(trained / "last.ckpt").data["prepared"])
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    for file in prepared.glob("*.bin"):
+        (corrupt / file.name).write_bytes(file.read_bytes())
+    (corrupt / "meta.json").write_text("{not json")
+    cases.append((tiny_args(tmp_path, text_file, "--data.dir", str(corrupt)), "meta.json is unreadable or corrupt"))
+    for argv, needle in cases:
+        assert needle in _message(capsys, train_script.main, argv)
+    started = time.perf_counter()
+    message = _message(capsys, evaluate_script.main, ["--ckpt", str(trained / "last.ckpt"), "--out", str(a_file)])
+    assert "--out" in message and "is a file" in message and time.perf_counter() - started < 5
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(tmp_path, text_file, trained, capsys, monkeypatch):
+    import training.callbacks as callbacks
+
+    before = (trained / "last.ckpt").read_bytes()
+
+    def no_space(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", str(trained / ".last.ckpt.tmp"))
+
+    monkeypatch.setattr(callbacks.torch, "save", no_space)
+    argv = tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "9", "--train.ckpt_interval",
+                     "3", "--train.resume", "auto")  # fmt: skip
+    message = _message(capsys, train_script.main, argv)
+    assert "no space left" in message and "--train.resume auto" in message
+    assert (trained / "last.ckpt").read_bytes() == before
+    assert not [p for p in trained.iterdir() if ".tmp" in p.name]
