@@ -70,6 +70,7 @@ def lightning_tokens_per_s(data_dir: Path, out: Path, steps: int) -> float:
             log_interval=25,
             out_dir=str(out),
             run_name="lightning",
+            overwrite=True,  # each round starts afresh in the same directory
             progress_bar=False,
             sample_tokens=0,
         ),
@@ -226,6 +227,7 @@ def our_command(data_dir: Path, shape: dict[str, int], steps: int, out: Path, ex
         f"--train.max_steps={steps}", f"--train.eval_interval={steps}", f"--train.ckpt_interval={steps}",
         f"--train.eval_tokens={eval_tokens}", "--train.sample_tokens=0", f"--train.out_dir={out}",
         f"--train.run_name=bench-{shape['batch_size'] * shape['block_size']}-{steps}", "--train.log_interval=10",
+        "--train.overwrite=true",  # rounds repeat a run length in the same directory
     ]  # fmt: skip
     return [sys.executable, str(ROOT / "train.py"), *args, *extra]
 

@@ -5,7 +5,7 @@ per length, and writes results.json, results.md, ppl_vs_length.png and loss_by_p
 --out. The text is each checkpoint's own validation split unless --eval_data.input FILE (tokenized
 with each checkpoint's own tokenizer) or --eval_data.dir PREPARED is given. The options are the
 `eval:` and `eval_data:` sections of an experiment config (`experiments.extrapolation`), under the
-same names, so `--config` takes either. The logic is in `evaluation/`.
+same names, so those sections work unchanged in a `--config` file. The logic is in `evaluation/`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import sys
 
 from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
+from core.checkpoint import CheckpointError
+from core.device import DeviceError
+from data.errors import DataError
 from evaluation.config import EvalData, EvalSettings, check_output_dir
 from evaluation.report import write_report
 from evaluation.run import Subject, default_labels, evaluate_checkpoints
@@ -38,15 +41,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        config = parser.instantiate(args)
+        config = parser.instantiate(args)  # the settings' own checks
         labels = config.labels or default_labels(config.ckpt)
         if len(labels) != len(config.ckpt):
             raise ValueError(f"--labels gives {len(labels)} names for {len(config.ckpt)} checkpoints.")
         check_output_dir(config.out)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    try:
         subjects = [Subject(path, label) for path, label in zip(config.ckpt, labels, strict=True)]
         doc = evaluate_checkpoints(subjects, config.eval, config.eval_data)
         paths = write_report(doc, config.out)
-    except ValueError as error:  # DataError, CheckpointError, DeviceError and the settings' own checks
+    except (DataError, CheckpointError, DeviceError) as error:  # problems a user can fix: each says how
         sys.exit(f"error: {error}")
     except OSError as error:
         sys.exit(f"error: cannot write the results to {args.out}: {error.strerror or error}.")

@@ -17,8 +17,8 @@ from typing import Literal
 import torch
 from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
-from core.checkpoint import load_checkpoint
-from core.device import pick_device_dtype
+from core.checkpoint import CheckpointError, load_checkpoint
+from core.device import DeviceError, pick_device_dtype
 from data.errors import DataError
 from data.tokenizer import CharTokenizer, Tokenizer
 from model.generation import stream
@@ -110,11 +110,14 @@ def main(argv: list[str] | None = None) -> None:
     namespace = parser.parse_args(argv)
     try:
         args = SampleConfig(**{f.name: namespace[f.name] for f in dataclasses.fields(SampleConfig)})
+    except ValueError as error:  # the options' own checks
+        sys.exit(f"error: {error}")
+    try:
         ckpt = load_checkpoint(args.ckpt, args.tiktoken_ranks)
         text = read_prompt(args)
         prompt = encode_prompt(ckpt.tokenizer, text, args.drop_unknown)
         device, dtype = pick_device_dtype(args.device, args.dtype)
-    except ValueError as error:  # CheckpointError, DataError, DeviceError and the options' own checks
+    except (CheckpointError, DataError, DeviceError) as error:  # problems a user can fix: each says how
         sys.exit(f"error: {error}")
     model = ckpt.model.to(device=device, dtype=dtype).eval()
     if args.compile:

@@ -14,9 +14,15 @@ from pathlib import Path
 
 from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
+from core.checkpoint import CheckpointError
+from core.device import DeviceError
+from data.errors import DataError
 from training.callbacks import TrainingStopped
 from training.config import RunConfig
-from training.run import result_summary, train
+from training.run import RunError, result_summary, train
+
+USER_ERRORS = (DataError, CheckpointError, DeviceError, RunError)
+"""Problems a user can fix; anything else is a bug and keeps its traceback."""
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "shakespeare_char.yaml"
 
@@ -46,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         result = train(run_config)
-    except ValueError as error:  # DataError, CheckpointError, DeviceError, RunError: each says what to do
+    except USER_ERRORS as error:  # each says what to do
         sys.exit(f"error: {error}")
     except TrainingStopped as stop:
         print(f"error: {stop}" if stop.exit_code == 1 else str(stop), file=sys.stderr)

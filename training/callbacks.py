@@ -69,9 +69,9 @@ class LastCheckpoint(L.Callback):
         self.saved_step = trainer.global_step
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.is_global_zero:
-            for signum in self.SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._on_signal)
+        # on every rank (a scheduler signals them all), though rank 0's signal decides: see `_stop_signal`
+        for signum in self.SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._signal == signal.SIGINT and signum == signal.SIGINT:
@@ -82,16 +82,27 @@ class LastCheckpoint(L.Callback):
         if trainer.fit_loop._should_accumulate():
             return
         step = trainer.global_step
-        if self._signal is not None:
+        signum = self._stop_signal(trainer)
+        if signum:
             self._save(trainer, pl_module)
-            name = signal.Signals(self._signal).name
             raise TrainingStopped(
-                f"Stopped by {name} at step {step}; saved {self.path}. Continue with the same command "
-                "and --train.resume auto.",
-                exit_code=128 + self._signal,
+                f"Stopped by {signal.Signals(signum).name} at step {step}; saved {self.path}. Continue with "
+                "the same command and --train.resume auto.",
+                exit_code=128 + signum,
             )
         if step > 0 and step % self.every_n_steps == 0:
             self._save(trainer, pl_module)
+
+    def _stop_signal(self, trainer: L.Trainer) -> int:
+        """The signal to stop at (0: none). With several processes, rank 0's, sent to all (one tiny
+        broadcast per optimizer step, as Lightning's own SIGTERM handling does), so that every rank
+        takes part in the checkpoint and stops at the same step."""
+        signum = self._signal or 0
+        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([signum], device=trainer.strategy.root_device)
+            torch.distributed.broadcast(flag, src=0)
+            signum = int(flag.item())
+        return signum
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._save(trainer, pl_module)
