@@ -125,7 +125,6 @@ def main(argv: list[str] | None = None) -> None:
     generator = torch.Generator(device=device).manual_seed(args.seed)
     idx = torch.tensor([prompt] * args.num_samples, dtype=torch.long, device=device)
     live = args.stream if args.stream is not None else (args.num_samples == 1 and sys.stdout.isatty())
-    vocab = ckpt.tokenizer.vocab_size
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     if live:
         sys.stdout.write(ckpt.tokenizer.decode(prompt) if text else "")
@@ -134,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     for token in stream(model, idx, args.max_new_tokens, args.temperature, args.top_k or None, args.top_p,
                         not args.no_cache, args.max_context, generator):  # fmt: skip
         new_tokens.append(token)
-        if live and token[0, 0].item() < vocab:
+        if live:
             sys.stdout.write(decoder.decode(ckpt.tokenizer.decode_bytes([token[0, 0].item()])))
             sys.stdout.flush()
     elapsed = time.perf_counter() - start
@@ -143,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         out = torch.cat([idx, *new_tokens], dim=1).tolist()
         for i, row in enumerate(out):
-            text = ckpt.tokenizer.decode([t for t in row if t < vocab])
+            text = ckpt.tokenizer.decode(row)
             sys.stdout.write(text + ("\n---------------\n" if i < len(out) - 1 else "\n"))
     total = args.max_new_tokens * args.num_samples
     cache = "no cache" if args.no_cache else "kv cache"

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from model import GPT, POS_ENCODINGS
+from model import GPT, POS_ENCODINGS, GPTConfig
 from model.cache import KVCache
 from model.generation import context_window, filter_logits, next_token
 
@@ -106,3 +106,17 @@ def test_sampled_tokens_never_leave_the_allowed_set():
 def test_empty_prompt_is_refused_with_a_hint(tiny_config):
     with pytest.raises(ValueError, match="at least one token"):
         _model(tiny_config, "rope").generate(torch.zeros(1, 0, dtype=torch.long), 3)
+
+
+def test_the_sampler_never_draws_a_padding_row():
+    config = GPTConfig(vocab_size=300, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    model = GPT(config).eval()
+    assert config.padded_vocab_size == 320
+    with torch.no_grad():  # make the padding rows by far the most likely outputs
+        model.wte.weight[300:] = 10 * model.ln_f(model.wte.weight[:1].expand(20, -1)).sign()
+    idx = torch.zeros(4, 3, dtype=torch.long)
+    logits, _ = model(idx)
+    assert (logits[:, -1].argmax(-1) >= 300).all()  # the model itself prefers them
+    out = model.generate(idx, 20, temperature=1.0, top_k=None)
+    assert out.max() < 300
+    assert model.generate(idx, 5, temperature=0).max() < 300

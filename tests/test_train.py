@@ -159,6 +159,7 @@ def test_help_and_print_config(capsys):
     for option in ("--model.pos_encoding", "--train.resume", "--data.tiktoken_ranks", "--optim.warmup_steps"):
         assert option in help_text
     assert "Optimizer steps of linear warm-up" in help_text  # field docstrings are the help text
+    assert "--model.vocab_size" not in help_text  # the tokenizer's, set from the data
     with pytest.raises(SystemExit) as info:
         train_script.main(["--print_config", "--model.pos_encoding", "alibi"])
     config = capsys.readouterr().out
