@@ -16,6 +16,7 @@ so re-running the command after a crash (or with new evaluation settings) only d
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 import sys
@@ -129,6 +130,9 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--config", action=ActionConfigFile, help="A YAML file of options (see configs/).")
     parser.add_class_arguments(ExperimentConfig, None)
+    for action in parser._actions:  # the tokenizer's, set from the data: not offered (older experiment.yaml
+        if action.dest == "run.model.vocab_size":  # files that record it still load)
+            action.help = argparse.SUPPRESS
     return parser
 
 
