@@ -176,3 +176,13 @@ def test_wandb_without_an_api_key_logs_offline_into_the_run_dir(tmp_path, text_f
     train_script.main(tiny_args(tmp_path, text_file, "--train.max_steps", "4", "--train.logger", "wandb"))
     runs = list((tmp_path / "runs" / "tiny" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].rglob("*.wandb"))
+
+
+def test_every_run_ends_evaluated(tmp_path, text_file):
+    """Validation runs every eval_interval steps and after the last step, also when max_steps is no
+    multiple of the interval (Lightning alone would skip it): best.ckpt always exists."""
+    train_script.main(tiny_args(tmp_path, text_file, "--train.max_steps", "7", "--train.eval_interval", "5"))
+    with open(latest_metrics(tmp_path / "runs" / "tiny")) as f:
+        steps = [int(row["step"]) for row in csv.DictReader(f) if row.get("val/loss")]
+    assert steps == [4, 6]  # Lightning's 0-based step of the 5th and the 7th optimizer step
+    assert read_checkpoint(tmp_path / "runs" / "tiny" / "best.ckpt")["global_step"] in (5, 7)

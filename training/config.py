@@ -121,7 +121,7 @@ class TrainConfig:
     32-true, bf16-mixed, 16-mixed, ..."""
     compile: bool = False
     """Compile the model with torch.compile."""
-    accelerator: str = "auto"
+    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
     """Lightning accelerator: auto, cpu, gpu/cuda, mps."""
     devices: int | str = "auto"
     """Devices per node (a count, 'auto', or a list such as '0,1')."""

@@ -65,6 +65,13 @@ class GPTModule(L.LightningModule):
             self.log("train/tokens", float((self.global_step + 1) * self.tokens_per_step))
         return loss
 
+    def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
+        # After the last optimizer step: asking Lightning to stop here makes it run the final
+        # validation (every run ends evaluated, as `train.eval_interval` promises), which it
+        # otherwise skips when max_steps is not a multiple of the interval.
+        if self.global_step >= self.trainer.max_steps:
+            self.trainer.should_stop = True
+
     def _logging_step(self) -> bool:
         """Log on the steps the logger writes. `self.log` costs a few hundred microseconds of
         Python per call, which is measurable next to a small model's step on a CPU."""

@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 import lightning as L
 import torch
 import yaml
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_only
 
 from core.files import LockedError, atomic_write_bytes, directory_lock, remove_stale_tmp
@@ -25,7 +26,7 @@ from data.dataset import PreparedData, prepare_dir, provenance
 from data.tokenizer import Tokenizer
 from training.callbacks import AtomicCheckpointIO, DivergenceGuard, LastCheckpoint, SpeedMonitor
 from training.checkpoint import check_resume
-from training.config import DataConfig, RunConfig
+from training.config import DataConfig, RunConfig, TrainConfig
 from training.hardware import check_accelerator, check_strategy, resolve_precision
 from training.module import GPTModule
 
@@ -193,11 +194,8 @@ def _fit(
         module.model.compile()  # in place: state_dict keys keep their names
 
     last = LastCheckpoint(run_dir, t.ckpt_interval)
-    trainer = L.Trainer(
-        accelerator=t.accelerator,
-        devices=t.devices,
-        strategy=t.strategy,
-        num_nodes=t.num_nodes,
+    trainer = _trainer(
+        t,
         precision=precision,
         max_steps=t.max_steps,
         accumulate_grad_batches=t.grad_accum,
@@ -243,6 +241,20 @@ def _fit(
     if trainer.is_global_zero and t.sample_tokens > 0:
         sample = sample_text(module, tokenizer, t.sample_tokens)
     return RunResult(run_dir, run_dir / "last.ckpt", best_path, best_loss, sample)
+
+
+def _trainer(t: TrainConfig, **kwargs: Any) -> L.Trainer:
+    """A Trainer on the hardware `t` names; what Lightning refuses there (an unknown strategy, a device
+    list that does not exist, a missing accelerator package) becomes one message."""
+    try:
+        return L.Trainer(
+            accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, **kwargs
+        )
+    except (ValueError, TypeError, ImportError, MisconfigurationException) as error:
+        raise RunError(
+            f"Lightning cannot run --train.accelerator {t.accelerator} --train.devices {t.devices} "
+            f"--train.strategy {t.strategy} here: {error}"
+        ) from None
 
 
 def sample_text(module: GPTModule, tokenizer: Tokenizer, n_tokens: int) -> str:
