@@ -109,6 +109,7 @@ def test_resume_refuses_other_data_and_another_seed(tmp_path, text_file, trained
 
 def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, text_file, trained, capsys):
     good = read_checkpoint(trained / "last.ckpt")
+    assert (trained / "best.ckpt").is_file()
     argv = tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "40",
                      "--train.ckpt_interval", "3", "--train.resume", "auto", "--optim.lr", "1e6")  # fmt: skip
     code, err = _exit(capsys, train_script.main, argv)
@@ -117,7 +118,8 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, text
     after = read_checkpoint(trained / "last.ckpt")
     assert after["global_step"] == good["global_step"] == 6  # not overwritten with a diverged model
     assert all(torch.isfinite(t).all() for t in after["state_dict"].values())
-    assert not (trained / "best.ckpt").exists()  # no evaluation ran before the divergence
+    best = read_checkpoint(trained / "best.ckpt")  # from the good run's final evaluation, kept
+    assert best["global_step"] == 6 and all(torch.isfinite(t).all() for t in best["state_dict"].values())
 
 
 def test_a_fresh_diverging_run_writes_no_checkpoint(tmp_path, text_file, capsys):
