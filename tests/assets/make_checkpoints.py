@@ -15,8 +15,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import train as train_script  # noqa: E402
 from conftest import make_text  # noqa: E402
+
+import train as train_script  # noqa: E402
 from core.checkpoint import load_checkpoint  # noqa: E402
 from model import POS_ENCODINGS  # noqa: E402
 
