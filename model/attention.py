@@ -1,19 +1,24 @@
-"""Causal self-attention and its three kernels: eager (the reference), SDPA and FlexAttention.
+"""Causal self-attention, and the registry of kernels that compute it.
 
 Shapes: B batch, H heads, Tq / Tk query / key lengths, D head size, C = H * D model width.
-Queries are always the last Tq of the Tk key positions (Tq == Tk in a plain forward).
+Positions are absolute: the Tq queries sit at q_start.., the Tk keys at `k_pos` (0..Tk-1 in a
+plain forward; a rolling KV cache holds other positions).
 
-Which kernel `attn_backend="auto"` runs (`resolve_backend`):
+A kernel is one `KERNELS` entry that declares what it can run (a score bias, gradients through a
+learned bias, attention dropout, the devices with a backward pass, masks beyond causal, returning
+the weights). `attn_backend="auto"` picks the first kernel of the device's preference order whose
+declarations cover what the position scheme and the mask need (`choose_kernel`):
 
-| scheme                              | CUDA                                   | CPU / other |
-|-------------------------------------|----------------------------------------|-------------|
-| learned, sinusoidal, rope, none     | sdpa, is_causal=True (FlashAttention)  | sdpa        |
-| alibi                               | flex (bias computed inside the kernel) | sdpa        |
-| alibi with attention dropout active | sdpa (flex has no dropout)             | sdpa        |
-| alibi, decoding with a KV cache     | sdpa (small bias, no per-length compile)| sdpa        |
+| needs                                        | CUDA                                         | CPU / other |
+|----------------------------------------------|----------------------------------------------|-------------|
+| nothing beyond causal (learned, sinusoidal, rope, none) | sdpa, is_causal=True (FlashAttention) | sdpa  |
+| a score bias (alibi, t5) or a window mask    | flex (bias and block sparsity in the kernel) | sdpa        |
+| the same, with attention dropout or decoding | sdpa (flex has no dropout; no per-length compile) | sdpa   |
 
 `auto` never picks flex off CUDA: in torch 2.13 FlexAttention has no CPU backward pass and
-compiles for ~15 s per new shape there, while SDPA's CPU kernels are fast enough.
+compiles for ~15 s per new shape there, while SDPA's CPU kernels are fast enough. An explicit
+kernel that cannot run a configuration fails with a message naming what is missing and which
+kernels can.
 """
 
 from __future__ import annotations
@@ -30,79 +35,216 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 from model.cache import LayerCache
 from model.config import GPTConfig
-from model.positions import PositionEncoding, ScoreMod
+from model.masks import AttentionMask
+from model.positions import PositionEncoding
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
 class AttentionContext:
     """What every layer's attention needs for one forward pass, built once by `GPT`.
 
-    For eager and SDPA `bias` is the position scheme's (H, Tq, Tk) score bias with -inf on the
-    masked (future) keys, or None when the scheme has no bias. For flex, `block_mask` holds the
-    causal structure and `score_mod` the bias.
+    For eager and SDPA: `mask` is the dense (Tq, Tk) visibility (None when SDPA can use its own
+    causal shortcut) and `bias` the scheme's (H, Tq, Tk) score bias with -inf where a key is not
+    visible (None without a bias). For flex: `block_mask` and `score_mod`.
     """
 
-    backend: str
+    kernel: Kernel
+    q_start: int
     q_len: int
     k_len: int
+    mask: Tensor | None = None
     bias: Tensor | None = None
     block_mask: BlockMask | None = None
     score_mod: ScoreMod | None = None
 
-    @property
-    def start(self) -> int:
-        """Absolute position of the first query."""
-        return self.k_len - self.q_len
+
+@dataclass(frozen=True)
+class Needs:
+    """What one forward pass asks of a kernel."""
+
+    score_bias: bool = False
+    bias_gradients: bool = False
+    dropout: bool = False
+    backward_on: str | None = None
+    sparse_mask: bool = False
+    decoding: bool = False
+
+    def unmet(self, kernel: Kernel) -> list[str]:
+        """What `kernel` cannot do of these needs, in words."""
+        missing = []
+        if self.score_bias and not kernel.score_bias:
+            missing.append("a position score bias")
+        if self.bias_gradients and not kernel.bias_gradients:
+            missing.append("gradients through a learned score bias")
+        if self.dropout and not kernel.dropout:
+            missing.append("attention dropout")
+        if self.backward_on and kernel.backward_devices is not None and self.backward_on not in kernel.backward_devices:
+            missing.append(f"a backward pass on {self.backward_on}")
+        if self.sparse_mask and not kernel.sparse_masks:
+            missing.append("a mask beyond causal (attn_window, attn_sinks)")
+        return missing
 
 
-def resolve_backend(
-    requested: str,
-    pos_encoding: str,
+@dataclass(frozen=True)
+class Kernel:
+    """An attention kernel and what it declares it can run."""
+
+    name: str
+    run: Callable[[Tensor, Tensor, Tensor, AttentionContext, float], Tensor]
+    score_bias: bool
+    bias_gradients: bool
+    dropout: bool
+    backward_devices: frozenset[str] | None
+    """Devices with a backward pass (None: every device)."""
+    auto_devices: frozenset[str] | None
+    """Devices where `auto` may pick it (None: every device)."""
+    sparse_masks: bool
+    weights: bool
+    """Can return the attention weights (attention maps)."""
+
+
+def needs_of(
+    pe: PositionEncoding,
+    mask: AttentionMask,
     device: torch.device,
     dropout_active: bool,
     needs_grad: bool,
-    decoding: bool = False,
-) -> str:
-    """The kernel to run for this forward (see the table in the module docstring).
+    decoding: bool,
+) -> Needs:
+    return Needs(
+        score_bias=pe.bias_kind is not None,
+        bias_gradients=pe.bias_kind == "learned" and needs_grad,
+        dropout=dropout_active,
+        backward_on=device.type if needs_grad else None,
+        sparse_mask=not mask.causal_only,
+        decoding=decoding,
+    )
 
-    Resolved per forward rather than at construction because the device, grad mode and train/eval
-    mode are only known then; it is a handful of comparisons on Python values. `decoding` (new
-    tokens against a KV cache) keeps `auto` on SDPA: its bias is then only (H, Tq, Tk) with Tq
-    small, while FlexAttention would compile a kernel for every new cache length.
-    """
-    backend = requested
+
+def choose_kernel(requested: str, needs: Needs, device: torch.device) -> Kernel:
+    """The kernel `requested` names, or for 'auto' the first one of the device's preference order
+    that can run `needs` (see the module docstring); an explicit kernel that cannot is an error."""
+    if requested != "auto":
+        kernel = _kernel(requested)
+        missing = needs.unmet(kernel)
+        if missing:
+            able = [k.name for k in KERNELS.values() if not needs.unmet(k)]
+            raise RuntimeError(
+                f"attn_backend={requested!r} cannot run this configuration: it lacks {', '.join(missing)}. "
+                f"Kernels that can: {', '.join(able) or 'none'} (or attn_backend='auto')."
+            )
+        return kernel
+    flex_first = device.type == "cuda" and (needs.score_bias or needs.sparse_mask) and not needs.decoding
+    order = ("flex", "sdpa", "eager") if flex_first else ("sdpa", "flex", "eager")
+    for name in order:
+        kernel = KERNELS[name]
+        if kernel.auto_devices is not None and device.type not in kernel.auto_devices:
+            continue
+        if not needs.unmet(kernel):
+            return kernel
+    raise RuntimeError(f"No attention kernel can run this configuration on {device.type}.")
+
+
+def check_kernel(requested: str, pe: PositionEncoding, mask: AttentionMask, dropout: bool) -> None:
+    """At construction: refuse an explicit kernel that cannot run the scheme, the mask or the
+    dropout at all (the needs that depend on the device and on gradients are checked at each
+    forward)."""
     if requested == "auto":
-        fused_bias = pos_encoding == "alibi" and device.type == "cuda" and not (dropout_active or decoding)
-        backend = "flex" if fused_bias else "sdpa"
-    if backend == "flex" and needs_grad and device.type != "cuda":
-        raise RuntimeError(
-            f"attn_backend='flex' has no backward pass on {device.type} in this PyTorch: train with "
-            "attn_backend='auto' or 'sdpa' instead, or run flex under torch.no_grad() for inference."
+        return
+    needs = Needs(score_bias=pe.bias_kind is not None, sparse_mask=not mask.causal_only, dropout=dropout)
+    try:
+        choose_kernel(requested, needs, torch.device("cpu"))
+    except RuntimeError as error:
+        raise ValueError(str(error)) from None
+
+
+def _kernel(name: str) -> Kernel:
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise ValueError(f"Unknown attention kernel {name!r}; valid: auto, {', '.join(KERNELS)}.") from None
+
+
+def build_context(
+    kernel: Kernel,
+    pe: PositionEncoding,
+    mask: AttentionMask,
+    n_head: int,
+    q_start: int,
+    q_len: int,
+    k_pos: Tensor | None,
+    device: torch.device,
+    block_masks: dict | None = None,
+) -> AttentionContext:
+    """Masks and biases for one forward pass, shared by all layers. `k_pos` holds the keys' absolute
+    positions (None: 0..q_start + q_len - 1; a rolling cache marks empty slots with -1)."""
+    k_len = k_pos.numel() if k_pos is not None else q_start + q_len
+    if kernel.name == "flex":
+        return AttentionContext(
+            kernel,
+            q_start,
+            q_len,
+            k_len,
+            block_mask=_block_mask(mask, q_start, q_len, k_pos, device, block_masks),
+            score_mod=_score_mod(pe, q_start, k_pos) if pe.bias_kind else None,
         )
-    return backend
+    q_pos = torch.arange(q_start, q_start + q_len, device=device)
+    keys = k_pos if k_pos is not None else torch.arange(k_len, device=device)
+    plain = mask.causal_only and k_pos is None  # SDPA's own causal shortcuts apply
+    visible = None if plain and kernel.name != "eager" else _visible(mask, q_pos, keys)
+    bias = None
+    if pe.bias_kind:
+        heads = torch.arange(n_head, device=device)[:, None, None]
+        bias = pe.relative_bias(heads, (q_pos[:, None] - keys[None, :])[None])  # (H, Tq, Tk): formula written once
+        bias = bias.masked_fill(~(visible if visible is not None else _visible(mask, q_pos, keys)), float("-inf"))
+    return AttentionContext(kernel, q_start, q_len, k_len, mask=visible, bias=bias)
 
 
-def build_context(backend: str, pe: PositionEncoding, q_len: int, k_len: int, device: torch.device) -> AttentionContext:
-    """Masks and biases for one forward pass, shared by all layers."""
-    if backend == "flex":
-        offset = k_len - q_len
-
-        def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return q_idx + offset >= kv_idx
-
-        block_mask = create_block_mask(causal, None, None, q_len, k_len, device=device)
-        return AttentionContext(backend, q_len, k_len, block_mask=block_mask, score_mod=pe.score_mod(q_len, k_len))
-    bias = pe.score_bias(q_len, k_len, device)
-    if bias is not None:
-        bias = bias.masked_fill(~causal_mask(q_len, k_len, device), float("-inf"))
-    return AttentionContext(backend, q_len, k_len, bias=bias)
+def _visible(mask: AttentionMask, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    return mask.dense(q_pos, k_pos) & (k_pos >= 0)[None, :]
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:
     """(Tq, Tk) bool, True where query i (at position k_len - q_len + i) may attend to key j."""
-    q_pos = torch.arange(k_len - q_len, k_len, device=device)
-    k_pos = torch.arange(k_len, device=device)
-    return k_pos[None, :] <= q_pos[:, None]
+    return AttentionMask().dense(torch.arange(k_len - q_len, k_len, device=device), torch.arange(k_len, device=device))
+
+
+def _score_mod(pe: PositionEncoding, q_start: int, k_pos: Tensor | None) -> ScoreMod:
+    """The scheme's bias as a FlexAttention score_mod: the same `relative_bias` as the dense path."""
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        k = kv_idx if k_pos is None else k_pos[kv_idx]
+        return score + pe.relative_bias(h, q_idx + q_start - k)
+
+    return score_mod
+
+
+def _block_mask(
+    mask: AttentionMask, q_start: int, q_len: int, k_pos: Tensor | None, device: torch.device, cache: dict | None
+) -> BlockMask:
+    """The block mask of `mask`, built once per shape and reused (in `cache`) by later forwards: on
+    CUDA through a compiled `create_block_mask`, which never materialises the dense Tq x Tk mask."""
+    key = (mask, q_start, q_len, None if k_pos is None else tuple(k_pos.tolist()), str(device))
+    if cache is not None and key in cache:
+        return cache[key]
+    if k_pos is None:
+        mask_mod = mask.mask_mod(q_start)
+    else:
+
+        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            k = k_pos[kv_idx]
+            return mask.visible(q_idx + q_start, k) & (k >= 0)
+
+    k_len = k_pos.numel() if k_pos is not None else q_start + q_len
+    build = compiled_create_block_mask() if device.type == "cuda" else create_block_mask
+    block_mask = build(mask_mod, None, None, q_len, k_len, device=device)
+    if cache is not None:
+        if len(cache) > 8:  # a handful of shapes per model (training, evaluation lengths)
+            cache.clear()
+        cache[key] = block_mask
+    return block_mask
 
 
 def eager_attention(
@@ -112,14 +254,17 @@ def eager_attention(
     bias: Tensor | None = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """softmax(q k^T / sqrt(D) + bias + causal mask) v, written out in (at least) float32: the reference.
+    """softmax(q k^T / sqrt(D) + bias, over the visible keys) v, written out in (at least) float32:
+    the reference every kernel is tested against.
 
     Args:
         q: (B, H, Tq, D) queries; k, v: (B, H, Tk, D) keys and values.
-        bias: additive (H, Tq, Tk) score bias, or None.
+        bias: additive (H, Tq, Tk) score bias (-inf where not visible), or None.
         dropout_p: dropout on the attention weights.
         need_weights: also return the (B, H, Tq, Tk) attention weights (after dropout).
+        mask: (Tq, Tk) bool visibility; None is plain causal (the queries are the last Tq keys).
 
     Returns:
         The (B, H, Tq, D) output in q's dtype, and the weights or None.
@@ -129,18 +274,22 @@ def eager_attention(
     scores = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
     if bias is not None:
         scores = scores + bias.to(dtype)
-    scores = scores.masked_fill(~causal_mask(q_len, k_len, q.device), float("-inf"))
+    visible = mask if mask is not None else causal_mask(q_len, k_len, q.device)
+    scores = scores.masked_fill(~visible, float("-inf"))
     weights = F.dropout(torch.softmax(scores, dim=-1), p=dropout_p)
     out = (weights @ v.to(dtype)).to(q.dtype)  # (B, H, Tq, D)
     return out, (weights if need_weights else None)
 
 
-def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
+def sdpa_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, dropout_p: float = 0.0, mask: Tensor | None = None
+) -> Tensor:
     """PyTorch's fused scaled_dot_product_attention.
 
-    Without a bias the call uses `is_causal=True` and no mask, which lets PyTorch pick its
-    FlashAttention kernel on GPU. A bias (ALiBi) goes in as a float mask that already holds -inf on
-    future keys; no flash kernel accepts one, so this path keeps a (H, Tq, Tk) tensor in memory.
+    Plain causal attention (no bias, `mask` None) uses `is_causal=True` and no mask, which lets
+    PyTorch pick its FlashAttention kernel on GPU. A bias (ALiBi, T5) goes in as a float mask that
+    already holds -inf where keys are not visible, a window as a boolean mask; no flash kernel
+    accepts either, so those keep a (H, Tq, Tk) tensor in memory.
 
     On a CPU, bf16 / fp16 inputs (under bf16 autocast) are attended in float32: the fused CPU
     kernel's bf16 forward + backward measured 1.1-4x slower than its float32 one up to 512 tokens
@@ -148,20 +297,21 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, 
     """
     if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
         with torch.autocast("cpu", enabled=False):
-            return _sdpa(q.float(), k.float(), v.float(), bias, dropout_p).to(q.dtype)
-    return _sdpa(q, k, v, bias, dropout_p)
+            return _sdpa(q.float(), k.float(), v.float(), bias, dropout_p, mask).to(q.dtype)
+    return _sdpa(q, k, v, bias, dropout_p, mask)
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float) -> Tensor:
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float, mask: Tensor | None) -> Tensor:
     q_len, k_len = q.size(-2), k.size(-2)
     if bias is not None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p)
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     if q_len == k_len:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     if q_len == 1:  # one new token attends to every cached key: no mask at all
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-    mask = causal_mask(q_len, k_len, q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q_len, k_len, q.device), dropout_p=dropout_p)
 
 
 @functools.cache
@@ -174,21 +324,48 @@ def compiled_flex_attention() -> Callable[..., Tensor]:
     return torch.compile(flex_attention)
 
 
-def flex_attention_fused(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, score_mod: ScoreMod | None) -> Tensor:
-    """FlexAttention: causal block mask plus an optional score_mod (ALiBi), fused in one kernel."""
+@functools.cache
+def compiled_create_block_mask() -> Callable[..., BlockMask]:
+    """create_block_mask compiled once per process (as torchtitan does): uncompiled, it builds the
+    dense Tq x Tk mask that a block mask exists to avoid."""
+    return torch.compile(create_block_mask)
+
+
+def flex_attention_fused(
+    q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, score_mod: ScoreMod | None = None
+) -> Tensor:
+    """FlexAttention: the block mask and an optional score_mod (a position bias), fused in one kernel."""
     return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
-    """Run the kernel `ctx.backend` names on (B, H, T, D) queries, keys and values."""
-    if ctx.backend == "eager":
-        return eager_attention(q, k, v, ctx.bias, dropout_p)[0]
-    if ctx.backend == "sdpa":
-        return sdpa_attention(q, k, v, ctx.bias, dropout_p)
-    if ctx.backend == "flex":
-        assert ctx.block_mask is not None, "build_context makes a block mask for flex"
-        return flex_attention_fused(q, k, v, ctx.block_mask, ctx.score_mod)
-    raise ValueError(f"Unknown attention backend {ctx.backend!r}; valid: eager, sdpa, flex.")
+def _run_eager(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+    return eager_attention(q, k, v, ctx.bias, dropout_p, mask=ctx.mask)[0]
+
+
+def _run_sdpa(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+    return sdpa_attention(q, k, v, ctx.bias, dropout_p, mask=ctx.mask)
+
+
+def _run_flex(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+    assert ctx.block_mask is not None, "build_context makes a block mask for flex"
+    return flex_attention_fused(q, k, v, ctx.block_mask, ctx.score_mod)
+
+
+KERNELS: dict[str, Kernel] = {
+    "eager": Kernel(
+        "eager", _run_eager, score_bias=True, bias_gradients=True, dropout=True, backward_devices=None,
+        auto_devices=None, sparse_masks=True, weights=True,
+    ),
+    "sdpa": Kernel(
+        "sdpa", _run_sdpa, score_bias=True, bias_gradients=True, dropout=True, backward_devices=None,
+        auto_devices=None, sparse_masks=True, weights=False,
+    ),
+    "flex": Kernel(
+        "flex", _run_flex, score_bias=True, bias_gradients=True, dropout=False,
+        backward_devices=frozenset({"cuda"}), auto_devices=frozenset({"cuda"}), sparse_masks=True, weights=False,
+    ),
+}  # fmt: skip
+"""The attention kernels, each with what it declares it can run (see `Kernel`)."""
 
 
 class CausalSelfAttention(nn.Module):
@@ -211,9 +388,9 @@ class CausalSelfAttention(nn.Module):
             t.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
             for t in self.qkv(x).split(C, dim=2)
         )
-        q, k = pe.rotate(q, k, ctx.start)  # the new tokens, at their absolute positions
+        q, k = pe.rotate(q, k, ctx.q_start)  # the new tokens, at their absolute positions
         if cache is not None:
-            k, v = cache.update(k, v, ctx.start)  # (B, H, start + T, D): cached keys and the new ones
-        y = attend(q, k, v, ctx, self.dropout if self.training else 0.0)  # (B, H, T, D)
+            k, v = cache.update(k, v, ctx.q_start)  # the keys and values `ctx` describes
+        y = ctx.kernel.run(q, k, v, ctx, self.dropout if self.training else 0.0)  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.proj(y))

@@ -46,6 +46,11 @@ class GPTConfig:
     """RoPE context extension, usually set at evaluation time: linear (position interpolation), ntk, yarn."""
     rope_scaling_factor: float = 1.0
     """How many times block_size the scaled RoPE should cover (1 changes nothing)."""
+    attn_window: int = 0
+    """Sliding-window attention: each token sees itself and the W - 1 tokens before it (0: all earlier
+    tokens). Decoding then keeps only the last W keys (plus sinks)."""
+    attn_sinks: int = 0
+    """With a window: the first S tokens stay visible to every token (StreamingLLM's attention sinks)."""
 
     @property
     def padded_vocab_size(self) -> int:
@@ -86,10 +91,13 @@ class GPTConfig:
             raise ValueError("GPTConfig.rope_scaling='ntk' needs a head size above 2 (it scales by D / (D - 2)).")
         if self.rope_base <= 0:
             raise ValueError(f"GPTConfig.rope_base must be positive, got {self.rope_base!r}.")
-        if self.attn_backend == "flex" and self.dropout > 0:
+        for name in ("attn_window", "attn_sinks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"GPTConfig.{name} must be an integer >= 0, got {value!r}.")
+        if self.attn_sinks and not self.attn_window:
             raise ValueError(
-                "GPTConfig.attn_backend='flex' cannot drop attention weights (FlexAttention has no "
-                "dropout); set dropout=0, or use attn_backend='auto' or 'sdpa' when training with dropout."
+                "GPTConfig.attn_sinks keeps the first tokens visible beyond a window: set attn_window > 0."
             )
 
     @property

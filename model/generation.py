@@ -8,6 +8,10 @@ cached path feeds the prompt once and then one token at a time; when the cache i
 refilled from the last `window` tokens, which is exactly what the uncached path sees, so both
 produce the same tokens. Past the window every new token therefore costs a full forward over
 `window` tokens in both paths; below it the cached path costs one token's forward.
+
+A sliding-window model (`attn_window`) with a scheme that extrapolates has no such limit: its
+rolling cache holds only the last W keys (plus sinks) whatever the length, so it decodes at a
+constant cost per token without ever refilling (unless `max_context` asks for a limit).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from torch import Tensor
 
 from model.cache import KVCache
 from model.config import GPTConfig
+from model.masks import AttentionMask
 from model.positions import PositionEncoding
 
 
@@ -29,6 +34,7 @@ class GPT(Protocol):
 
     config: GPTConfig
     pe: PositionEncoding
+    mask: AttentionMask
 
     def __call__(
         self, idx: Tensor, targets: Tensor | None = None, *, cache: KVCache | None = None, last_only: bool = False
@@ -39,10 +45,13 @@ DEFAULT_CONTEXT_MULTIPLE = 4
 """max_context defaults to this many block sizes for the schemes that extrapolate."""
 
 
-def context_window(model: GPT, max_context: int | None = None) -> int:
-    """How many of the last tokens the model sees when generating (see the module docstring)."""
-    limit = max_context or DEFAULT_CONTEXT_MULTIPLE * model.config.block_size
+def context_window(model: GPT, max_context: int | None = None) -> int | None:
+    """How many of the last tokens the model sees when generating (see the module docstring);
+    None: all of them (a sliding-window model whose scheme extrapolates)."""
     learned = model.pe.max_positions
+    if learned is None and max_context is None and not model.mask.causal_only:
+        return None
+    limit = max_context or DEFAULT_CONTEXT_MULTIPLE * model.config.block_size
     return limit if learned is None else min(limit, learned)
 
 
@@ -105,22 +114,26 @@ def stream(
     if idx.size(1) == 0:
         raise ValueError("generate needs a prompt of at least one token (e.g. a newline or <|endoftext|>).")
     window = context_window(model, max_context)
-    cache = KVCache(model.config.n_layer, window) if use_cache else None
+    cache = KVCache(model.config.n_layer, window or 0, model.mask) if use_cache else None
     tokens = idx
     with torch.no_grad():
-        logits = _forward_last(model, tokens[:, -window:], cache)
+        logits = _forward_last(model, _last(tokens, window), cache)
         for i in range(max_new_tokens):
             new = next_token(logits, temperature, top_k, top_p, generator)
             tokens = torch.cat([tokens, new], dim=1)
             yield new
             if i == max_new_tokens - 1:
                 break
-            if cache is not None and cache.length < window:
+            if cache is not None and (window is None or cache.length < window):
                 logits = _forward_last(model, new, cache)
             else:  # no cache, or a full one: the last `window` tokens from scratch
                 if cache is not None:
                     cache.reset()
-                logits = _forward_last(model, tokens[:, -window:], cache)
+                logits = _forward_last(model, _last(tokens, window), cache)
+
+
+def _last(tokens: Tensor, window: int | None) -> Tensor:
+    return tokens if window is None else tokens[:, -window:]
 
 
 def _forward_last(model: GPT, idx: Tensor, cache: KVCache | None) -> Tensor:

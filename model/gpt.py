@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.attention import AttentionContext, CausalSelfAttention, build_context, resolve_backend
+from model.attention import AttentionContext, CausalSelfAttention, build_context, check_kernel, choose_kernel, needs_of
 from model.cache import KVCache, LayerCache
 from model.config import GPTConfig
 from model.generation import stream
+from model.masks import AttentionMask
 from model.positions import PositionEncoding, build_positions
 
 
@@ -60,6 +61,9 @@ class GPT(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.pe = build_positions(config)  # one instance, shared by every block
+        self.mask = AttentionMask(config.attn_window, config.attn_sinks)  # one description, every kernel's mask
+        check_kernel(config.attn_backend, self.pe, self.mask, dropout=config.dropout > 0)
+        self._block_masks: dict = {}  # FlexAttention block masks by shape, reused across forwards
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -69,19 +73,25 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """GPT-2 initialisation (Radford et al. 2019), as nanoGPT does it.
+        """GPT-2 initialisation (Radford et al. 2019), as nanoGPT does it; the position scheme
+        initialises its own parameters (`PositionEncoding.reset_parameters`).
 
-        | parameter                                       | init                          |
-        |-------------------------------------------------|-------------------------------|
-        | Linear and Embedding weights (incl. learned PE) | normal(0, 0.02)               |
-        | residual output projections (attn.proj, mlp.proj) | normal(0, 0.02 / sqrt(2 L)) |
-        | Linear biases                                   | 0                             |
-        | LayerNorm weight / bias                         | 1 / 0                         |
+        | parameter                                         | init                          |
+        |---------------------------------------------------|-------------------------------|
+        | Linear and Embedding weights                      | normal(0, 0.02)               |
+        | residual output projections (attn.proj, mlp.proj) | normal(0, 0.02 / sqrt(2 L))   |
+        | Linear biases                                     | 0                             |
+        | LayerNorm weight / bias                           | 1 / 0                         |
 
         The residual projections are scaled down because each of the 2L residual branches adds to
-        the same stream; this keeps its variance from growing with depth.
+        the same stream; this keeps its variance from growing with depth. Modules are visited in
+        registration order, so a seed gives the same weights as before schemes owned their init.
         """
-        for module in self.modules():
+        for name, module in self.named_modules():
+            if module is self.pe:
+                module.reset_parameters()
+            if name == "pe" or name.startswith("pe."):
+                continue
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
@@ -141,22 +151,26 @@ class GPT(nn.Module):
         T = idx.size(1)
         start = cache.length if cache is not None else 0
         self._check_length(start + T)
-        if cache is not None and start + T > cache.capacity:
+        if cache is not None and not cache.fits(T):
             raise ValueError(f"The KV cache holds {cache.capacity} positions; {start} + {T} do not fit.")
         x = self.drop(self.pe.embed(self.wte(idx), start=start))  # (B, T, C)
-        backend = resolve_backend(
-            self.config.attn_backend,
-            self.config.pos_encoding,
+        needs = needs_of(
+            self.pe,
+            self.mask,
             idx.device,
             dropout_active=self.training and self.config.dropout > 0,
             needs_grad=x.requires_grad,
             decoding=start > 0,
         )
-        ctx = build_context(backend, self.pe, T, start + T, idx.device)
+        kernel = choose_kernel(self.config.attn_backend, needs, idx.device)
+        k_pos = cache.key_positions(T, idx.device) if cache is not None else None
+        ctx = build_context(
+            kernel, self.pe, self.mask, self.config.n_head, start, T, k_pos, idx.device, self._block_masks
+        )
         for i, block in enumerate(self.blocks):
             x = block(x, self.pe, ctx, cache.layers[i] if cache is not None else None)
         if cache is not None:
-            cache.length += T
+            cache.advance(T)
         return self.ln_f(x)
 
     def _check_length(self, length: int) -> None:
@@ -172,13 +186,14 @@ class GPT(nn.Module):
     def num_params(self, exclude_embeddings: bool = True) -> int:
         """Number of parameters (tied weights counted once).
 
-        With `exclude_embeddings` the position-embedding table is left out: it is a lookup that does
-        no arithmetic. The token embedding stays in, because tied to the output head it does a
-        (C x V) matmul per token. This is nanoGPT's convention, and the N of `flops_per_token`.
+        With `exclude_embeddings` the position scheme's lookup tables (`lookup_parameters`, such as
+        learned position embeddings) are left out: a lookup does no arithmetic. The token embedding
+        stays in, because tied to the output head it does a (C x V) matmul per token. This is
+        nanoGPT's convention, and the N of `flops_per_token`.
         """
         total = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
-            total -= sum(p.numel() for p in self.pe.parameters())
+            total -= sum(p.numel() for p in self.pe.lookup_parameters())
         return total
 
     def flops_per_token(self, seq_len: int) -> int:
@@ -189,7 +204,8 @@ class GPT(nn.Module):
         MFU estimate does. Use it with a throughput to get model FLOPs utilisation.
         """
         c = self.config
-        return 6 * self.num_params(exclude_embeddings=True) + 12 * c.n_layer * c.n_head * c.head_dim * seq_len
+        keys = self.mask.kept_keys(seq_len)  # a window attends to at most W + S keys
+        return 6 * self.num_params(exclude_embeddings=True) + 12 * c.n_layer * c.n_head * c.head_dim * keys
 
     @torch.no_grad()
     def generate(

@@ -4,12 +4,17 @@ Every scheme implements up to three hooks, each a no-op by default:
 
 - `embed(x, start)`        adds something to the token embeddings (learned, sinusoidal);
 - `rotate(q, k, start)`    rotates queries and keys per head (RoPE);
-- `score_bias` / `score_mod` add a bias to the attention scores (ALiBi): a dense `(H, Tq, Tk)`
-  tensor for the eager and SDPA kernels, and a FlexAttention `score_mod` that computes the same
-  values inside the fused kernel. Tests check that the two agree.
+- `relative_bias(h, d)`    a bias on the attention score of head h for a query d positions after
+  its key (ALiBi). It is written once: the dense (H, Tq, Tk) bias of eager and SDPA is this
+  function on index grids, and FlexAttention's `score_mod` calls it inside the fused kernel.
 
-Positions are always contiguous: the `Tq` queries are the last `Tq` of `Tk` key positions,
-starting at `start = Tk - Tq` (0 for a plain forward, > 0 when decoding with a KV cache).
+and declares what it is: `max_positions` (None: no limit), `bias_kind` (None, "fixed", or
+"learned": a bias with parameters, whose gradients a kernel must carry). A scheme initialises its
+own parameters in `reset_parameters` (which `GPT.init_weights` calls) and names those that are
+table lookups, with no per-token arithmetic, in `lookup_parameters` (left out of the FLOP count).
+
+Positions are always contiguous for the queries: the `Tq` queries are at `start`..`start + Tq - 1`
+(`start` > 0 when decoding with a KV cache).
 
 Caches (the sinusoid table, RoPE's cos/sin) are non-persistent float32 buffers that grow on
 demand; nothing is cropped to `block_size`. Only `learned` has a hard limit (`max_positions`).
@@ -18,14 +23,12 @@ demand; nothing is cropped to `block_size`. Only `learned` has a hard limit (`ma
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from model.config import GPTConfig
-
-ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 class PositionEncoding(nn.Module):
@@ -33,6 +36,8 @@ class PositionEncoding(nn.Module):
 
     max_positions: int | None = None
     """Longest sequence the scheme can encode; None means no limit."""
+    bias_kind: Literal["fixed", "learned"] | None = None
+    """Whether the scheme biases attention scores (`relative_bias`), and whether that bias is learned."""
 
     def embed(self, x: Tensor, start: int) -> Tensor:
         """Token embeddings `x` (B, T, C) at positions start..start+T-1 -> input of the first block."""
@@ -42,14 +47,17 @@ class PositionEncoding(nn.Module):
         """Queries and keys (B, H, T, D) at positions start..start+T-1 -> rotated copies."""
         return q, k
 
-    def score_bias(self, q_len: int, k_len: int, device: torch.device) -> Tensor | None:
-        """Additive float32 bias (H, Tq, Tk) for the attention scores, or None. Causal masking is
-        the kernel's job: entries above the diagonal may hold anything."""
-        return None
+    def relative_bias(self, h: Tensor, distance: Tensor) -> Tensor:
+        """Float32 bias for head(s) `h` on a key `distance` = q - k positions before the query
+        (broadcasting tensors). Only schemes with a `bias_kind` have one; masking is the kernel's job."""
+        raise NotImplementedError(f"{type(self).__name__} has no score bias.")
 
-    def score_mod(self, q_len: int, k_len: int) -> ScoreMod | None:
-        """The same bias as `score_bias`, as a FlexAttention score_mod, or None."""
-        return None
+    def reset_parameters(self) -> None:
+        """Initialise the scheme's own parameters (called by `GPT.init_weights`)."""
+
+    def lookup_parameters(self) -> list[nn.Parameter]:
+        """Parameters read by lookup, with no per-token multiply-adds: left out of `flops_per_token`."""
+        return []
 
 
 class NoPositions(PositionEncoding):
@@ -66,6 +74,13 @@ class LearnedPositions(PositionEncoding):
         super().__init__()
         self.max_positions = config.block_size
         self.table = nn.Embedding(config.block_size, config.n_embd)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.table.weight, mean=0.0, std=0.02)  # GPT-2's init
+
+    def lookup_parameters(self) -> list[nn.Parameter]:
+        return [self.table.weight]
 
     def embed(self, x: Tensor, start: int) -> Tensor:
         end = start + x.size(1)
@@ -132,6 +147,8 @@ class ALiBi(PositionEncoding):
     """ALiBi (Press et al. 2022): no position vectors; head h adds -m_h * (i - j) to the score of
     query i on key j, with the paper's head-specific slopes m_h (see `alibi_slopes`)."""
 
+    bias_kind = "fixed"
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.n_head = config.n_head
@@ -142,19 +159,8 @@ class ALiBi(PositionEncoding):
             self.slopes = _alibi_slopes_tensor(self.n_head, device=self.slopes.device)
         return self.slopes
 
-    def score_bias(self, q_len: int, k_len: int, device: torch.device) -> Tensor:
-        q_pos = torch.arange(k_len - q_len, k_len, device=device)
-        k_pos = torch.arange(k_len, device=device)
-        distance = (q_pos[:, None] - k_pos[None, :]).float()  # (Tq, Tk)
-        return -self._fp32_slopes().to(device)[:, None, None] * distance  # (H, Tq, Tk)
-
-    def score_mod(self, q_len: int, k_len: int) -> ScoreMod:
-        slopes, offset = self._fp32_slopes(), k_len - q_len
-
-        def alibi(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score - slopes[h] * (q_idx + offset - kv_idx)
-
-        return alibi
+    def relative_bias(self, h: Tensor, distance: Tensor) -> Tensor:
+        return -self._fp32_slopes()[h] * distance
 
 
 def sinusoid_table(length: int, dim: int, device: torch.device | None = None) -> Tensor:

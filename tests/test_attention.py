@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from model import POS_ENCODINGS, GPTConfig
-from model.attention import causal_mask, eager_attention, resolve_backend, sdpa_attention
+from model.attention import causal_mask, choose_kernel, eager_attention, needs_of, sdpa_attention
+from model.masks import AttentionMask
+from model.positions import build_positions
 
 from helpers import build, lengths, run_pair
 
@@ -101,16 +105,17 @@ def test_sdpa_with_a_cache_shaped_query_matches_eager():
         ("none", "cpu", False, "sdpa"),
     ],
 )
-def test_auto_picks_the_fused_kernel_and_never_flex_on_cpu(scheme, device, dropout_active, expected):
+def test_auto_picks_the_fused_kernel_and_never_flex_on_cpu(tiny_config, scheme, device, dropout_active, expected):
+    pe = build_positions(dataclasses.replace(tiny_config, pos_encoding=scheme))
     for needs_grad in (True, False):
-        got = resolve_backend("auto", scheme, torch.device(device), dropout_active, needs_grad)
-        assert got == expected
+        needs = needs_of(pe, AttentionMask(), torch.device(device), dropout_active, needs_grad, decoding=False)
+        assert choose_kernel("auto", needs, torch.device(device)).name == expected
 
 
 def test_explicit_flex_with_gradients_on_cpu_fails_clearly(tiny_config):
     model = build(tiny_config, "alibi", "flex").train()
     idx = torch.randint(0, 64, (1, 8))
-    with pytest.raises(RuntimeError, match="flex.*no backward pass on cpu.*'auto' or 'sdpa'"):
+    with pytest.raises(RuntimeError, match="flex.*lacks a backward pass on cpu.*Kernels that can: eager, sdpa"):
         model(idx, idx)
 
 

@@ -28,7 +28,8 @@ def test_choices_are_the_documented_ones():
         ({"n_embd": 9, "n_head": 3, "pos_encoding": "sinusoidal"}, ["sinusoidal", "even"]),
         ({"pos_encoding": "rotary"}, ["pos_encoding", "'rotary'", "learned", "alibi", "none"]),
         ({"attn_backend": "flash"}, ["attn_backend", "'flash'", "sdpa", "flex", "eager", "auto"]),
-        ({"attn_backend": "flex", "dropout": 0.1}, ["flex", "dropout"]),
+        ({"attn_sinks": 2}, ["attn_sinks", "attn_window > 0"]),
+        ({"attn_window": -1}, ["attn_window", ">= 0"]),
         ({"n_layer": 0}, ["n_layer", "positive"]),
         ({"vocab_size": 1.5}, ["vocab_size", "positive integer"]),
         ({"dropout": 1.0}, ["dropout", "[0, 1)"]),
@@ -40,6 +41,14 @@ def test_invalid_values_fail_at_construction_naming_field_and_fix(overrides, nee
         GPTConfig(**overrides)
     for needle in needles:
         assert needle in str(info.value)
+
+
+def test_an_explicit_kernel_that_cannot_run_the_model_fails_at_construction():
+    from model import GPT
+
+    config = GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8, attn_backend="flex", dropout=0.1)
+    with pytest.raises(ValueError, match="'flex' cannot run.*attention dropout.*Kernels that can: eager, sdpa"):
+        GPT(config)
 
 
 def test_config_is_frozen_and_keyword_only():

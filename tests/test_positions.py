@@ -39,20 +39,25 @@ def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two():
 
 
 @pytest.mark.parametrize(("q_len", "k_len"), [(7, 7), (3, 11), (1, 20)])
-def test_alibi_dense_bias_equals_its_score_mod(tiny_config, q_len, k_len):
+def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
+    """The two derivations of one formula (`relative_bias`): eager/SDPA's dense (H, Tq, Tk) tensor
+    and FlexAttention's score_mod, for queries that are the last Tq of Tk positions."""
+    from model.attention import KERNELS, _score_mod, build_context
+    from model.masks import AttentionMask
+
     pe = ALiBi(dataclasses.replace(tiny_config, pos_encoding="alibi"))
-    bias = pe.score_bias(q_len, k_len, torch.device("cpu"))  # (H, Tq, Tk)
-    n_head = tiny_config.n_head
+    n_head, start = tiny_config.n_head, k_len - q_len
+    ctx = build_context(KERNELS["eager"], pe, AttentionMask(), n_head, start, q_len, None, torch.device("cpu"))
     h = torch.arange(n_head)[:, None, None]
     q_idx = torch.arange(q_len)[None, :, None]
     kv_idx = torch.arange(k_len)[None, None, :]
-    score = torch.zeros(n_head, q_len, k_len)
-    modded = pe.score_mod(q_len, k_len)(score, torch.tensor(0), h, q_idx, kv_idx)
-    torch.testing.assert_close(modded, bias)
+    modded = _score_mod(pe, start, None)(torch.zeros(n_head, q_len, k_len), torch.tensor(0), h, q_idx, kv_idx)
+    visible = ctx.bias > float("-inf")
+    assert visible.sum() == n_head * sum(start + i + 1 for i in range(q_len))  # the causal triangle
+    torch.testing.assert_close(modded[visible], ctx.bias[visible])
     # and both are -m_h * (i - j) with i the query's absolute position
     slopes = torch.tensor(alibi_slopes(n_head))
-    i, j = k_len - 1, 0
-    torch.testing.assert_close(bias[:, -1, 0], -slopes * (i - j))
+    torch.testing.assert_close(ctx.bias[:, -1, 0], -slopes * (k_len - 1))
 
 
 def _rope_at(x: torch.Tensor, position: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
