@@ -1,0 +1,128 @@
+"""Sliding-window attention and attention sinks: one mask description, every kernel, the rolling
+KV cache."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from model import GPT, POS_ENCODINGS, GPTConfig
+from model.cache import KVCache
+from model.generation import context_window
+from model.masks import AttentionMask
+
+from helpers import run_pair
+
+ODD_LEN = 13
+MASKS = {"window": {"attn_window": 5}, "window+sinks": {"attn_window": 5, "attn_sinks": 2}}
+
+
+def _config(tiny_config: GPTConfig, scheme: str, mask: str, **extra) -> GPTConfig:
+    return dataclasses.replace(tiny_config, pos_encoding=scheme, **MASKS[mask], **extra)
+
+
+def test_the_mask_predicates_by_hand():
+    mask = AttentionMask(window=3, sinks=1)
+    q, k = torch.arange(6)[:, None], torch.arange(6)[None, :]
+    expected = torch.tensor([
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],  # key 0 is a sink; keys 1..3 the window
+        [1, 0, 1, 1, 1, 0],
+        [1, 0, 0, 1, 1, 1],
+    ], dtype=torch.bool)  # fmt: skip
+    assert torch.equal(mask.visible(q, k), expected)
+    assert torch.equal(AttentionMask().visible(q, k), torch.ones(6, 6, dtype=torch.bool).tril())
+    assert mask.kept_keys(100) == 4 and AttentionMask().kept_keys(100) == 100
+    with pytest.raises(ValueError, match="attn_window > 0"):
+        AttentionMask(window=0, sinks=2)
+
+
+@pytest.mark.parametrize("mask", sorted(MASKS))
+@pytest.mark.parametrize("scheme", POS_ENCODINGS)
+def test_sdpa_with_a_window_matches_eager(tiny_config, scheme, mask):
+    config = _config(tiny_config, scheme, mask)
+    for T, (ref_logits, ref_grads), (logits, grads) in run_pair(
+        config, scheme, "sdpa", torch.device("cpu"), torch.float32, ODD_LEN
+    ):
+        torch.testing.assert_close(logits, ref_logits, atol=2e-5, rtol=1e-4, msg=f"logits, T={T}")
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, ref_grads[name], atol=2e-5, rtol=1e-4, msg=f"{name}, T={T}")
+
+
+@pytest.mark.slow
+def test_flex_with_a_window_and_sinks_matches_eager(tiny_config):
+    """FlexAttention's block mask and score_mod from the same description (one scheme with a bias:
+    each new mask compiles a kernel, seconds on a CPU)."""
+    config = _config(tiny_config, "alibi", "window+sinks")
+    for T, (ref, _), (logits, _) in run_pair(config, "alibi", "flex", torch.device("cpu"), torch.float32, ODD_LEN):
+        torch.testing.assert_close(logits, ref, atol=2e-5, rtol=1e-4, msg=f"logits, T={T}")
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("scheme", ["learned", "rope", "alibi"])
+def test_a_key_outside_the_window_has_no_influence_and_one_inside_does(tiny_config, scheme, backend):
+    """One layer: the last token's logits depend on the tokens in its window and the sinks only."""
+    config = _config(tiny_config, scheme, "window+sinks", n_layer=1, attn_backend=backend)  # W = 5, S = 2
+    model = GPT(config).eval()
+    idx = torch.randint(0, config.vocab_size, (1, 14))
+    last = idx.size(1) - 1
+    with torch.no_grad():
+        base = model(idx)[0][0, -1]
+        for position, inside in ((last - 5, False), (2, False), (last - 4, True), (1, True)):
+            changed = idx.clone()
+            changed[0, position] = (changed[0, position] + 1) % config.vocab_size
+            diff = (model(changed)[0][0, -1] - base).abs().max()
+            assert (diff > 1e-4) == inside, (position, inside, diff)
+
+
+@pytest.mark.parametrize("scheme", ["sinusoidal", "alibi"])
+def test_a_window_as_long_as_the_sequence_is_full_causal_attention(tiny_config, scheme):
+    full = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme, attn_backend="eager")).eval()
+    windowed = GPT(dataclasses.replace(full.config, attn_window=ODD_LEN)).eval()
+    windowed.load_state_dict(full.state_dict())
+    idx = torch.randint(0, tiny_config.vocab_size, (2, ODD_LEN))
+    with torch.no_grad():
+        assert torch.equal(windowed(idx)[0], full(idx)[0])
+
+
+@pytest.mark.parametrize("mask", sorted(MASKS))
+@pytest.mark.parametrize("scheme", POS_ENCODINGS)
+def test_cached_decoding_equals_uncached_and_the_cache_stays_small(tiny_config, scheme, mask):
+    model = GPT(_config(tiny_config, scheme, mask)).eval()
+    prompt = torch.randint(0, tiny_config.vocab_size, (2, 9))  # longer than the window: a rolling prefill
+    cached = model.generate(prompt, 30, temperature=0)
+    uncached = model.generate(prompt, 30, temperature=0, use_cache=False)
+    assert torch.equal(cached, uncached)
+    if model.pe.max_positions is None:
+        assert context_window(model) is None  # constant memory: no window to slide
+    cache = KVCache(model.config.n_layer, 0, model.mask)
+    steps = 25 if model.pe.max_positions is None else model.pe.max_positions - prompt.size(1)
+    with torch.no_grad():
+        model(prompt, cache=cache)
+        for _ in range(steps):
+            model(prompt[:, :1], cache=cache)
+            assert cache.layers[0].k.size(2) == model.mask.window + model.mask.sinks  # never more than W + S
+
+
+def test_a_window_model_overfits_a_batch(tiny_config):
+    model = GPT(_config(tiny_config, "rope", "window+sinks"))
+    idx = torch.randint(0, tiny_config.vocab_size, (4, 16))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.2
+
+
+def test_flops_count_the_keys_a_window_sees(tiny_config):
+    full = GPT(tiny_config)
+    windowed = GPT(dataclasses.replace(tiny_config, attn_window=4, attn_sinks=1))
+    c = tiny_config
+    per_key = 12 * c.n_layer * c.n_head * c.head_dim
+    assert full.flops_per_token(64) - windowed.flops_per_token(64) == per_key * (64 - 5)
