@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
-PosEncoding = Literal["learned", "sinusoidal", "rope", "alibi", "none"]
+PosEncoding = Literal["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
 AttnBackend = Literal["auto", "eager", "sdpa", "flex"]
 RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 
@@ -37,7 +37,7 @@ class GPTConfig:
     bias: bool = True
     """Biases in Linear and LayerNorm layers, as GPT-2 has; False is slightly faster and as good."""
     pos_encoding: PosEncoding = "learned"
-    """Position scheme: learned | sinusoidal | rope | alibi | none (NoPE: causal mask only)."""
+    """Position scheme: learned | sinusoidal | rope | alibi | t5 (relative bias) | none (NoPE: causal mask only)."""
     attn_backend: AttnBackend = "auto"
     """Attention kernel: auto (fastest correct choice per device) | eager (reference) | sdpa | flex."""
     rope_base: float = 10000.0
@@ -46,6 +46,10 @@ class GPTConfig:
     """RoPE context extension, usually set at evaluation time: linear (position interpolation), ntk, yarn."""
     rope_scaling_factor: float = 1.0
     """How many times block_size the scaled RoPE should cover (1 changes nothing)."""
+    t5_num_buckets: int = 32
+    """pos_encoding='t5': learned biases per head for this many buckets of distance, half of them exact."""
+    t5_max_distance: int = 128
+    """pos_encoding='t5': distances from here on share the last bucket."""
     attn_window: int = 0
     """Sliding-window attention: each token sees itself and the W - 1 tokens before it (0: all earlier
     tokens). Decoding then keeps only the last W keys (plus sinks)."""
@@ -91,6 +95,11 @@ class GPTConfig:
             raise ValueError("GPTConfig.rope_scaling='ntk' needs a head size above 2 (it scales by D / (D - 2)).")
         if self.rope_base <= 0:
             raise ValueError(f"GPTConfig.rope_base must be positive, got {self.rope_base!r}.")
+        if self.t5_num_buckets < 2 or self.t5_max_distance <= self.t5_num_buckets // 2:
+            raise ValueError(
+                f"GPTConfig.t5_num_buckets must be >= 2 and t5_max_distance above half of it (the exact buckets), "
+                f"got {self.t5_num_buckets} and {self.t5_max_distance}."
+            )
         for name in ("attn_window", "attn_sinks"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -180,7 +180,7 @@ class GPT(nn.Module):
                 f"pos_encoding={self.config.pos_encoding!r} can encode at most {limit} positions "
                 f"(block_size={self.config.block_size}) but got a sequence of {length} tokens. Crop "
                 f"the input to its last {limit} tokens, or use a scheme that extrapolates "
-                "(sinusoidal, rope, alibi, none)."
+                "(sinusoidal, rope, alibi, t5, none)."
             )
 
     def num_params(self, exclude_embeddings: bool = True) -> int:

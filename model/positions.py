@@ -163,6 +163,45 @@ class ALiBi(PositionEncoding):
         return -self._fp32_slopes()[h] * distance
 
 
+class T5Bias(PositionEncoding):
+    """T5's relative position bias (Raffel et al. 2020), causal: a learned scalar per head for each
+    bucket of the distance d = q - k >= 0. Buckets 0..N/2-1 hold one distance each; the other N/2
+    are log-spaced up to `max_distance`, from which on every distance shares the last bucket (so
+    the scheme runs at any length). The table is looked up, once per forward for eager and SDPA
+    and inside the kernel for flex, and shared by every layer."""
+
+    bias_kind = "learned"
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.num_buckets, self.max_distance = config.t5_num_buckets, config.t5_max_distance
+        self.table = nn.Parameter(torch.empty(config.t5_num_buckets, config.n_head))  # (buckets, H)
+        distances = torch.arange(config.t5_max_distance + 1)
+        self.register_buffer("buckets", t5_bucket(distances, self.num_buckets, self.max_distance), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.table, mean=0.0, std=0.02)  # the scale of GPT-2's other weights
+
+    def lookup_parameters(self) -> list[nn.Parameter]:
+        return [self.table]
+
+    def relative_bias(self, h: Tensor, distance: Tensor) -> Tensor:
+        bucket = self.buckets[distance.clamp(0, self.max_distance)]  # saturates at max_distance
+        return self.table[bucket, h].float()
+
+
+def t5_bucket(distance: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """T5's causal (unidirectional) bucket of each distance q - k: the distance itself below
+    N/2 = num_buckets // 2, else N/2 + floor(ln(d / (N/2)) / ln(max_distance / (N/2)) * (N - N/2)),
+    at most N - 1 (`_relative_position_bucket` of the T5 code with bidirectional=False)."""
+    exact = num_buckets // 2
+    d = distance.clamp(min=0)
+    log_ratio = torch.log(d.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+    large = (exact + (log_ratio * (num_buckets - exact)).long()).clamp(max=num_buckets - 1)
+    return torch.where(d < exact, d, large)
+
+
 def sinusoid_table(length: int, dim: int, device: torch.device | None = None) -> Tensor:
     """(length, dim) float32 table; even channels sin, odd channels cos, of pos / 10000^(2i/dim)."""
     pos = torch.arange(length, dtype=torch.float32, device=device)[:, None]
@@ -277,6 +316,7 @@ _REGISTRY: dict[str, type[PositionEncoding]] = {
     "sinusoidal": SinusoidalPositions,
     "rope": RotaryPositions,
     "alibi": ALiBi,
+    "t5": T5Bias,
     "none": NoPositions,
 }
 

@@ -13,10 +13,12 @@ from model.positions import (
     ALiBi,
     RotaryPositions,
     SinusoidalPositions,
+    T5Bias,
     alibi_slopes,
     apply_rope,
     rope_cos_sin,
     sinusoid_table,
+    t5_bucket,
     yarn_correction_range,
 )
 
@@ -186,3 +188,36 @@ def test_rope_scaling_is_validated():
         GPTConfig(rope_scaling="dynamic")
     with pytest.raises(ValueError, match="rope_scaling_factor must be >= 1"):
         GPTConfig(rope_scaling="linear", rope_scaling_factor=0.5)
+
+
+def test_t5_buckets_by_hand():
+    """32 buckets, max distance 128: 0..15 exact; then 16 + floor(ln(d / 16) / ln(8) * 16), at most 31."""
+    distances = torch.tensor([0, 1, 15, 16, 20, 32, 64, 100, 127, 128, 1000])
+    # d=20: ln(1.25)/ln(8)*16 = 1.72 -> 17; d=32: 16/3 -> 21; d=64: 32/3 -> 26; d=100: 14.1 -> 30
+    expected = [0, 1, 15, 16, 17, 21, 26, 30, 31, 31, 31]
+    assert t5_bucket(distances).tolist() == expected
+    # 8 buckets up to 20: 0..3 exact, then 4 + floor(ln(d / 4) / ln(5) * 4): d=8 -> 5, d=19 -> 7
+    assert t5_bucket(torch.tensor([3, 4, 8, 19, 20, 50]), 8, 20).tolist() == [3, 4, 5, 7, 7, 7]
+
+
+def test_t5_bias_is_a_learned_table_lookup_that_saturates(tiny_config):
+    config = dataclasses.replace(tiny_config, pos_encoding="t5", t5_num_buckets=8, t5_max_distance=20)
+    pe = T5Bias(config)
+    h = torch.arange(config.n_head)[:, None]
+    for d, bucket in ((0, 0), (3, 3), (8, 5), (20, 7), (500, 7)):
+        torch.testing.assert_close(pe.relative_bias(h, torch.tensor([[d]])), pe.table[bucket][:, None])
+    assert pe.lookup_parameters() == [pe.table]
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_t5_gradients_reach_the_table(tiny_config, backend):
+    from model import GPT
+
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding="t5", attn_backend=backend))
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 40))  # past block_size: distances 0..39
+    _, loss = model(idx, idx)
+    loss.backward()
+    grad = model.pe.table.grad
+    assert grad is not None
+    used = set(t5_bucket(torch.arange(40)).tolist())  # the buckets of distances 0..39 get gradients, no other
+    assert {int(b) for b in torch.nonzero(grad.abs().sum(1)).flatten()} == used
