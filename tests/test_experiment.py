@@ -65,5 +65,5 @@ def test_experiment_config_mistakes_fail_clearly(tmp_path, text_file):
         experiment.main(_tiny(tmp_path, text_file, "--seeds", "[1, 1]"))
     assert "must not repeat" in str(info.value.code)
     with pytest.raises(SystemExit):  # jsonargparse names the field and the choices
-        experiment.main(_tiny(tmp_path, text_file, "--schemes", "[rope, t5]"))
+        experiment.main(_tiny(tmp_path, text_file, "--schemes", "[rope, t7]"))
     assert not (tmp_path / "report").exists()
