@@ -35,6 +35,12 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 from model.cache import LayerCache
 from model.config import GPTConfig
+from model.linear_attention import (
+    LayerStateCache,
+    feature_map,
+    linear_attention_chunked,
+    linear_attention_quadratic,
+)
 from model.masks import AttentionMask
 from model.positions import PositionEncoding
 
@@ -64,6 +70,8 @@ class AttentionContext:
 class Needs:
     """What one forward pass asks of a kernel."""
 
+    function: str = "softmax"
+    """The attention function: softmax or linear (`GPTConfig.attention`)."""
     score_bias: bool = False
     bias_gradients: bool = False
     dropout: bool = False
@@ -74,6 +82,8 @@ class Needs:
     def unmet(self, kernel: Kernel) -> list[str]:
         """What `kernel` cannot do of these needs, in words."""
         missing = []
+        if kernel.function != self.function:
+            missing.append(f"{self.function} attention (it computes {kernel.function} attention)")
         if self.score_bias and not kernel.score_bias:
             missing.append("a position score bias")
         if self.bias_gradients and not kernel.bias_gradients:
@@ -92,6 +102,8 @@ class Kernel:
     """An attention kernel and what it declares it can run."""
 
     name: str
+    function: str
+    """The attention function it computes: softmax, or linear (a different function, not a kernel for softmax)."""
     run: Callable[[Tensor, Tensor, Tensor, AttentionContext, float], Tensor]
     score_bias: bool
     bias_gradients: bool
@@ -112,11 +124,15 @@ def needs_of(
     dropout_active: bool,
     needs_grad: bool,
     decoding: bool,
+    function: str = "softmax",
 ) -> Needs:
+    """What a forward pass of a model with scheme `pe` and `mask` asks of a kernel. Linear attention
+    has no attention weights to drop: dropout there applies to embeddings and residual branches."""
     return Needs(
+        function=function,
         score_bias=pe.bias_kind is not None,
         bias_gradients=pe.bias_kind == "learned" and needs_grad,
-        dropout=dropout_active,
+        dropout=dropout_active and function == "softmax",
         backward_on=device.type if needs_grad else None,
         sparse_mask=not mask.causal_only,
         decoding=decoding,
@@ -127,7 +143,7 @@ def choose_kernel(requested: str, needs: Needs, device: torch.device) -> Kernel:
     """The kernel `requested` names, or for 'auto' the first one of the device's preference order
     that can run `needs` (see the module docstring); an explicit kernel that cannot is an error."""
     if requested != "auto":
-        kernel = _kernel(requested)
+        kernel = KERNELS.get((needs.function, requested)) or _kernel(requested)
         missing = needs.unmet(kernel)
         if missing:
             able = [k.name for k in KERNELS.values() if not needs.unmet(k)]
@@ -136,24 +152,33 @@ def choose_kernel(requested: str, needs: Needs, device: torch.device) -> Kernel:
                 f"Kernels that can: {', '.join(able) or 'none'} (or attn_backend='auto')."
             )
         return kernel
-    flex_first = device.type == "cuda" and (needs.score_bias or needs.sparse_mask) and not needs.decoding
-    order = ("flex", "sdpa", "eager") if flex_first else ("sdpa", "flex", "eager")
+    if needs.function == "linear":
+        order: tuple[str, ...] = ("chunked", "eager")
+    elif device.type == "cuda" and (needs.score_bias or needs.sparse_mask) and not needs.decoding:
+        order = ("flex", "sdpa", "eager")
+    else:
+        order = ("sdpa", "flex", "eager")
+    unmet: list[str] = []
     for name in order:
-        kernel = KERNELS[name]
+        kernel = KERNELS[(needs.function, name)]
         if kernel.auto_devices is not None and device.type not in kernel.auto_devices:
             continue
-        if not needs.unmet(kernel):
+        unmet = needs.unmet(kernel)
+        if not unmet:
             return kernel
-    raise RuntimeError(f"No attention kernel can run this configuration on {device.type}.")
+    raise RuntimeError(f"No attention kernel can run this configuration on {device.type}: none has {', '.join(unmet)}.")
 
 
-def check_kernel(requested: str, pe: PositionEncoding, mask: AttentionMask, dropout: bool) -> None:
-    """At construction: refuse an explicit kernel that cannot run the scheme, the mask or the
-    dropout at all (the needs that depend on the device and on gradients are checked at each
-    forward)."""
-    if requested == "auto":
-        return
-    needs = Needs(score_bias=pe.bias_kind is not None, sparse_mask=not mask.causal_only, dropout=dropout)
+def check_kernel(requested: str, pe: PositionEncoding, mask: AttentionMask, dropout: bool, function: str) -> None:
+    """At construction: refuse a model that no kernel can run (linear attention with a score bias or
+    a window), and an explicit kernel that cannot run the scheme, the mask or the dropout at all
+    (the needs that depend on the device and on gradients are checked at each forward)."""
+    needs = Needs(
+        function=function,
+        score_bias=pe.bias_kind is not None,
+        sparse_mask=not mask.causal_only,
+        dropout=dropout and function == "softmax",
+    )
     try:
         choose_kernel(requested, needs, torch.device("cpu"))
     except RuntimeError as error:
@@ -161,10 +186,10 @@ def check_kernel(requested: str, pe: PositionEncoding, mask: AttentionMask, drop
 
 
 def _kernel(name: str) -> Kernel:
-    try:
-        return KERNELS[name]
-    except KeyError:
-        raise ValueError(f"Unknown attention kernel {name!r}; valid: auto, {', '.join(KERNELS)}.") from None
+    for kernel in KERNELS.values():
+        if kernel.name == name:
+            return kernel
+    raise ValueError(f"Unknown attention kernel {name!r}; valid: auto, {', '.join(k.name for k in KERNELS.values())}.")
 
 
 def build_context(
@@ -181,6 +206,8 @@ def build_context(
     """Masks and biases for one forward pass, shared by all layers. `k_pos` holds the keys' absolute
     positions (None: 0..q_start + q_len - 1; a rolling cache marks empty slots with -1)."""
     k_len = k_pos.numel() if k_pos is not None else q_start + q_len
+    if kernel.function == "linear":  # causal by construction: no mask, no bias
+        return AttentionContext(kernel, q_start, q_len, k_len)
     if kernel.name == "flex":
         return AttentionContext(
             kernel,
@@ -351,21 +378,38 @@ def _run_flex(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p:
     return flex_attention_fused(q, k, v, ctx.block_mask, ctx.score_mod)
 
 
-KERNELS: dict[str, Kernel] = {
-    "eager": Kernel(
-        "eager", _run_eager, score_bias=True, bias_gradients=True, dropout=True, backward_devices=None,
+def _run_linear_quadratic(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+    return linear_attention_quadratic(q, k, v)
+
+
+def _run_linear_chunked(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+    return linear_attention_chunked(q, k, v)[0]
+
+
+KERNELS: dict[tuple[str, str], Kernel] = {
+    ("softmax", "eager"): Kernel(
+        "eager", "softmax", _run_eager, score_bias=True, bias_gradients=True, dropout=True, backward_devices=None,
         auto_devices=None, sparse_masks=True, weights=True,
     ),
-    "sdpa": Kernel(
-        "sdpa", _run_sdpa, score_bias=True, bias_gradients=True, dropout=True, backward_devices=None,
+    ("softmax", "sdpa"): Kernel(
+        "sdpa", "softmax", _run_sdpa, score_bias=True, bias_gradients=True, dropout=True, backward_devices=None,
         auto_devices=None, sparse_masks=True, weights=False,
     ),
-    "flex": Kernel(
-        "flex", _run_flex, score_bias=True, bias_gradients=True, dropout=False,
+    ("softmax", "flex"): Kernel(
+        "flex", "softmax", _run_flex, score_bias=True, bias_gradients=True, dropout=False,
         backward_devices=frozenset({"cuda"}), auto_devices=frozenset({"cuda"}), sparse_masks=True, weights=False,
     ),
+    ("linear", "eager"): Kernel(
+        "eager", "linear", _run_linear_quadratic, score_bias=False, bias_gradients=False, dropout=False,
+        backward_devices=None, auto_devices=None, sparse_masks=False, weights=True,
+    ),
+    ("linear", "chunked"): Kernel(
+        "chunked", "linear", _run_linear_chunked, score_bias=False, bias_gradients=False, dropout=False,
+        backward_devices=None, auto_devices=None, sparse_masks=False, weights=False,
+    ),
 }  # fmt: skip
-"""The attention kernels, each with what it declares it can run (see `Kernel`)."""
+"""The attention kernels by (attention function, name), each with what it declares it can run
+(see `Kernel`). Linear attention's kernels take q and k as [R phi(x), phi(x)] (`model.linear_attention`)."""
 
 
 class CausalSelfAttention(nn.Module):
@@ -379,18 +423,37 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
+        self.linear = config.attention == "linear"
 
     def forward(
-        self, x: Tensor, pe: PositionEncoding, ctx: AttentionContext, cache: LayerCache | None = None
+        self,
+        x: Tensor,
+        pe: PositionEncoding,
+        ctx: AttentionContext,
+        cache: LayerCache | LayerStateCache | None = None,
     ) -> Tensor:
         B, T, C = x.shape
         q, k, v = (
             t.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
             for t in self.qkv(x).split(C, dim=2)
         )
-        q, k = pe.rotate(q, k, ctx.q_start)  # the new tokens, at their absolute positions
-        if cache is not None:
-            k, v = cache.update(k, v, ctx.q_start)  # the keys and values `ctx` describes
-        y = ctx.kernel.run(q, k, v, ctx, self.dropout if self.training else 0.0)  # (B, H, T, D)
+        if self.linear:
+            y = self._linear(q, k, v, pe, ctx, cache)
+        else:
+            q, k = pe.rotate(q, k, ctx.q_start)  # the new tokens, at their absolute positions
+            if isinstance(cache, LayerCache):
+                k, v = cache.update(k, v, ctx.q_start)  # the keys and values `ctx` describes
+            y = ctx.kernel.run(q, k, v, ctx, self.dropout if self.training else 0.0)  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.proj(y))
+
+    @staticmethod
+    def _linear(q: Tensor, k: Tensor, v: Tensor, pe: PositionEncoding, ctx: AttentionContext, cache: object) -> Tensor:
+        """Linear attention: features phi(q), phi(k); the scheme's rotation on them for the numerator
+        only (RoFormer); with a state cache, the recurrent form."""
+        fq, fk = feature_map(q), feature_map(k)
+        rq, rk = pe.rotate(fq, fk, ctx.q_start)
+        q2, k2 = torch.cat([rq, fq], dim=-1), torch.cat([rk, fk], dim=-1)
+        if isinstance(cache, LayerStateCache):
+            return cache.attend(q2, k2, v)
+        return ctx.kernel.run(q2, k2, v, ctx, 0.0)

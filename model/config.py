@@ -10,11 +10,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
 PosEncoding = Literal["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
-AttnBackend = Literal["auto", "eager", "sdpa", "flex"]
+AttnBackend = Literal["auto", "eager", "sdpa", "flex", "chunked"]
+Attention = Literal["softmax", "linear"]
 RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 
 POS_ENCODINGS: tuple[str, ...] = get_args(PosEncoding)
 ATTN_BACKENDS: tuple[str, ...] = get_args(AttnBackend)
+ATTENTIONS: tuple[str, ...] = get_args(Attention)
 ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
 
 
@@ -39,7 +41,11 @@ class GPTConfig:
     pos_encoding: PosEncoding = "learned"
     """Position scheme: learned | sinusoidal | rope | alibi | t5 (relative bias) | none (NoPE: causal mask only)."""
     attn_backend: AttnBackend = "auto"
-    """Attention kernel: auto (fastest correct choice per device) | eager (reference) | sdpa | flex."""
+    """Attention kernel: auto (fastest correct choice per device) | eager (reference) | sdpa | flex;
+    for attention='linear': auto | chunked | eager (the quadratic reference)."""
+    attention: Attention = "softmax"
+    """softmax (Vaswani et al.) or linear: causal kernelized attention with phi = elu + 1 (Katharopoulos
+    et al. 2020), O(T) memory and a constant-size decoding state; no score-bias schemes, no windows."""
     rope_base: float = 10000.0
     """RoPE frequency base (theta): pair i rotates by position * rope_base^(-2i/head_dim)."""
     rope_scaling: RopeScaling = "none"
@@ -67,6 +73,7 @@ class GPTConfig:
     def __post_init__(self) -> None:
         _check_choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
         _check_choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
+        _check_choice("attention", self.attention, ATTENTIONS)
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -24,8 +24,11 @@ from torch import Tensor
 
 from model.cache import KVCache
 from model.config import GPTConfig
+from model.linear_attention import StateCache
 from model.masks import AttentionMask
 from model.positions import PositionEncoding
+
+Cache = KVCache | StateCache
 
 
 class GPT(Protocol):
@@ -37,8 +40,10 @@ class GPT(Protocol):
     mask: AttentionMask
 
     def __call__(
-        self, idx: Tensor, targets: Tensor | None = None, *, cache: KVCache | None = None, last_only: bool = False
+        self, idx: Tensor, targets: Tensor | None = None, *, cache: Cache | None = None, last_only: bool = False
     ) -> tuple[Tensor, Tensor | None]: ...
+
+    def new_cache(self, capacity: int) -> Cache: ...
 
 
 DEFAULT_CONTEXT_MULTIPLE = 4
@@ -49,7 +54,8 @@ def context_window(model: GPT, max_context: int | None = None) -> int | None:
     """How many of the last tokens the model sees when generating (see the module docstring);
     None: all of them (a sliding-window model whose scheme extrapolates)."""
     learned = model.pe.max_positions
-    if learned is None and max_context is None and not model.mask.causal_only:
+    constant_memory = not model.mask.causal_only or model.config.attention == "linear"
+    if learned is None and max_context is None and constant_memory:
         return None
     limit = max_context or DEFAULT_CONTEXT_MULTIPLE * model.config.block_size
     return limit if learned is None else min(limit, learned)
@@ -114,7 +120,7 @@ def stream(
     if idx.size(1) == 0:
         raise ValueError("generate needs a prompt of at least one token (e.g. a newline or <|endoftext|>).")
     window = context_window(model, max_context)
-    cache = KVCache(model.config.n_layer, window or 0, model.mask) if use_cache else None
+    cache = model.new_cache(window or 0) if use_cache else None
     tokens = idx
     with torch.no_grad():
         logits = _forward_last(model, _last(tokens, window), cache)
@@ -136,7 +142,7 @@ def _last(tokens: Tensor, window: int | None) -> Tensor:
     return tokens if window is None else tokens[:, -window:]
 
 
-def _forward_last(model: GPT, idx: Tensor, cache: KVCache | None) -> Tensor:
+def _forward_last(model: GPT, idx: Tensor, cache: Cache | None) -> Tensor:
     """Logits (B, vocab_size) for the token after `idx`, adding `idx` to the cache if there is one.
     The padding rows of the output layer (`padded_vocab_size`) are cut off here, the one place,
     so that no sample ever holds an id the tokenizer cannot decode."""

@@ -13,6 +13,7 @@ from model.attention import AttentionContext, CausalSelfAttention, build_context
 from model.cache import KVCache, LayerCache
 from model.config import GPTConfig
 from model.generation import stream
+from model.linear_attention import StateCache
 from model.masks import AttentionMask
 from model.positions import PositionEncoding, build_positions
 
@@ -62,7 +63,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.pe = build_positions(config)  # one instance, shared by every block
         self.mask = AttentionMask(config.attn_window, config.attn_sinks)  # one description, every kernel's mask
-        check_kernel(config.attn_backend, self.pe, self.mask, dropout=config.dropout > 0)
+        check_kernel(config.attn_backend, self.pe, self.mask, config.dropout > 0, config.attention)
         self._block_masks: dict = {}  # FlexAttention block masks by shape, reused across forwards
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
@@ -161,6 +162,7 @@ class GPT(nn.Module):
             dropout_active=self.training and self.config.dropout > 0,
             needs_grad=x.requires_grad,
             decoding=start > 0,
+            function=self.config.attention,
         )
         kernel = choose_kernel(self.config.attn_backend, needs, idx.device)
         k_pos = cache.key_positions(T, idx.device) if cache is not None else None
@@ -172,6 +174,13 @@ class GPT(nn.Module):
         if cache is not None:
             cache.advance(T)
         return self.ln_f(x)
+
+    def new_cache(self, capacity: int) -> KVCache | StateCache:
+        """What decoding keeps: running sums for linear attention (constant size), else a KV cache
+        shaped by the attention mask (`capacity` positions, or a rolling S + W with a window)."""
+        if self.config.attention == "linear":
+            return StateCache(self.config.n_layer)
+        return KVCache(self.config.n_layer, capacity, self.mask)
 
     def _check_length(self, length: int) -> None:
         limit = self.pe.max_positions

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_choices_are_the_documented_ones():
     assert set(POS_ENCODINGS) == {"learned", "sinusoidal", "rope", "alibi", "t5", "none"}
-    assert set(ATTN_BACKENDS) == {"auto", "eager", "sdpa", "flex"}
+    assert set(ATTN_BACKENDS) == {"auto", "eager", "sdpa", "flex", "chunked"}
     assert GPTConfig().rope_base == 10000.0
 
 

@@ -1,0 +1,128 @@
+"""Causal linear attention (Katharopoulos et al. 2020, "Transformers are RNNs").
+
+With the feature map phi(x) = elu(x) + 1 (positive), the output of query i is
+
+    out_i = phi(q_i)^T S_i / phi(q_i)^T z_i,   S_i = sum_{j<=i} phi(k_j) v_j^T,   z_i = sum_{j<=i} phi(k_j)
+
+a ratio of running sums instead of a softmax over a T x T matrix. With RoPE the rotation goes into
+the numerator only (RoFormer, Su et al. 2021, section 3.3): the numerator uses R phi(q) and
+R phi(k), the denominator the unrotated features, which keeps it positive. The attention layer
+passes both, concatenated on the last dimension: q2 = [R phi(q), phi(q)], k2 = [R phi(k), phi(k)].
+
+Three forms of the same function, tested against each other:
+- `linear_attention_quadratic`: the masked T x T form, the reference;
+- `linear_attention_chunked`: chunks of C queries, the quadratic form inside a chunk and the running
+  sums (S, z) across chunks: O(T C + D^2) memory, never a T x T matrix;
+- decoding: the chunked form with a chunk of one token and the state carried between calls, O(1)
+  per token whatever the length (`LinearState`, kept by `StateCache`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+CHUNK = 64
+"""Queries per chunk of the chunked form."""
+
+
+def _wide(x: Tensor) -> Tensor:
+    """In (at least) float32: float32, or float64 if given float64."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def feature_map(x: Tensor) -> Tensor:
+    """phi(x) = elu(x) + 1, in (at least) float32."""
+    return F.elu(_wide(x)) + 1.0
+
+
+@dataclass
+class LinearState:
+    """The running sums after some tokens: S (B, H, D, D) and z (B, H, D)."""
+
+    S: Tensor
+    z: Tensor
+
+
+def _split(x2: Tensor) -> tuple[Tensor, Tensor]:
+    rotated, plain = _wide(x2).chunk(2, dim=-1)
+    return rotated, plain
+
+
+def linear_attention_quadratic(q2: Tensor, k2: Tensor, v: Tensor) -> Tensor:
+    """The reference: the masked (T, T) numerator and denominator written out, in (at least) float32."""
+    rq, fq = _split(q2)
+    rk, fk = _split(k2)
+    T = q2.size(-2)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q2.device).tril()
+    numerator = (rq @ rk.transpose(-2, -1)).masked_fill(~causal, 0.0) @ _wide(v)  # (B, H, T, D)
+    denominator = (fq @ fk.transpose(-2, -1)).masked_fill(~causal, 0.0).sum(-1, keepdim=True)  # (B, H, T, 1)
+    return (numerator / denominator).to(v.dtype)
+
+
+def linear_attention_chunked(
+    q2: Tensor, k2: Tensor, v: Tensor, state: LinearState | None = None, chunk: int = CHUNK
+) -> tuple[Tensor, LinearState]:
+    """The chunked form, continuing from `state` (None: from the start); returns the output and the
+    state after the last token."""
+    rq, fq = _split(q2)
+    rk, fk = _split(k2)
+    vf = _wide(v)
+    B, H, T, D = rq.shape
+    if state is None:
+        state = LinearState(rq.new_zeros(B, H, D, vf.size(-1)), rq.new_zeros(B, H, D))
+    S, z = state.S, state.z
+    outputs = []
+    for c in range(0, T, chunk):
+        sl = slice(c, min(c + chunk, T))
+        n = sl.stop - sl.start
+        causal = torch.ones(n, n, dtype=torch.bool, device=q2.device).tril()
+        scores = (rq[:, :, sl] @ rk[:, :, sl].transpose(-2, -1)).masked_fill(~causal, 0.0)
+        weights = (fq[:, :, sl] @ fk[:, :, sl].transpose(-2, -1)).masked_fill(~causal, 0.0)
+        numerator = scores @ vf[:, :, sl] + rq[:, :, sl] @ S  # within the chunk + every earlier chunk
+        denominator = weights.sum(-1) + (fq[:, :, sl] @ z[..., None]).squeeze(-1)
+        outputs.append(numerator / denominator[..., None])
+        S = S + rk[:, :, sl].transpose(-2, -1) @ vf[:, :, sl]
+        z = z + fk[:, :, sl].sum(-2)
+    return torch.cat(outputs, dim=2).to(v.dtype), LinearState(S, z)
+
+
+class StateCache:
+    """What decoding keeps for linear attention: one `LinearState` per layer, the same size after
+    any number of tokens (the KV cache's interface: `length`, `layers`, `advance`, `reset`)."""
+
+    rolling = True
+    capacity = None
+
+    def __init__(self, n_layer: int) -> None:
+        self.length = 0
+        self.layers = [LayerStateCache() for _ in range(n_layer)]
+
+    def reset(self) -> None:
+        self.length = 0
+        for layer in self.layers:
+            layer.state = None
+
+    def fits(self, new_tokens: int) -> bool:
+        return True
+
+    def key_positions(self, new_tokens: int, device: torch.device) -> None:
+        return None
+
+    def advance(self, new_tokens: int) -> None:
+        self.length += new_tokens
+
+
+class LayerStateCache:
+    """One layer's running sums."""
+
+    def __init__(self) -> None:
+        self.state: LinearState | None = None
+
+    def attend(self, q2: Tensor, k2: Tensor, v: Tensor) -> Tensor:
+        """The new tokens' outputs, continuing from (and updating) the state."""
+        out, self.state = linear_attention_chunked(q2, k2, v, self.state)
+        return out
