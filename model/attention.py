@@ -24,7 +24,6 @@ kernels can.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +42,7 @@ from model.linear_attention import (
 )
 from model.masks import AttentionMask
 from model.positions import PositionEncoding
+from model.scores import ScaledDot, Score, build_score
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -78,6 +78,7 @@ class Needs:
     backward_on: str | None = None
     sparse_mask: bool = False
     decoding: bool = False
+    score: str = "scaled_dot"
 
     def unmet(self, kernel: Kernel) -> list[str]:
         """What `kernel` cannot do of these needs, in words."""
@@ -92,6 +93,8 @@ class Needs:
             missing.append("attention dropout")
         if self.backward_on and kernel.backward_devices is not None and self.backward_on not in kernel.backward_devices:
             missing.append(f"a backward pass on {self.backward_on}")
+        if self.score not in kernel.scores:
+            missing.append(f"the {self.score} score")
         if self.sparse_mask and not kernel.sparse_masks:
             missing.append("a mask beyond causal (attn_window, attn_sinks)")
         return missing
@@ -104,7 +107,7 @@ class Kernel:
     name: str
     function: str
     """The attention function it computes: softmax, or linear (a different function, not a kernel for softmax)."""
-    run: Callable[[Tensor, Tensor, Tensor, AttentionContext, float], Tensor]
+    run: Callable[[Tensor, Tensor, Tensor, AttentionContext, float, Score], Tensor]
     score_bias: bool
     bias_gradients: bool
     dropout: bool
@@ -115,6 +118,8 @@ class Kernel:
     sparse_masks: bool
     weights: bool
     """Can return the attention weights (attention maps)."""
+    scores: frozenset[str]
+    """Scoring functions it computes (`model.scores`)."""
 
 
 def needs_of(
@@ -125,6 +130,7 @@ def needs_of(
     needs_grad: bool,
     decoding: bool,
     function: str = "softmax",
+    score: str = "scaled_dot",
 ) -> Needs:
     """What a forward pass of a model with scheme `pe` and `mask` asks of a kernel. Linear attention
     has no attention weights to drop: dropout there applies to embeddings and residual branches."""
@@ -136,6 +142,7 @@ def needs_of(
         backward_on=device.type if needs_grad else None,
         sparse_mask=not mask.causal_only,
         decoding=decoding,
+        score=score,
     )
 
 
@@ -169,7 +176,9 @@ def choose_kernel(requested: str, needs: Needs, device: torch.device) -> Kernel:
     raise RuntimeError(f"No attention kernel can run this configuration on {device.type}: none has {', '.join(unmet)}.")
 
 
-def check_kernel(requested: str, pe: PositionEncoding, mask: AttentionMask, dropout: bool, function: str) -> None:
+def check_kernel(
+    requested: str, pe: PositionEncoding, mask: AttentionMask, dropout: bool, function: str, score: str
+) -> None:
     """At construction: refuse a model that no kernel can run (linear attention with a score bias or
     a window), and an explicit kernel that cannot run the scheme, the mask or the dropout at all
     (the needs that depend on the device and on gradients are checked at each forward)."""
@@ -178,6 +187,7 @@ def check_kernel(requested: str, pe: PositionEncoding, mask: AttentionMask, drop
         score_bias=pe.bias_kind is not None,
         sparse_mask=not mask.causal_only,
         dropout=dropout and function == "softmax",
+        score=score,
     )
     try:
         choose_kernel(requested, needs, torch.device("cpu"))
@@ -282,9 +292,11 @@ def eager_attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
     mask: Tensor | None = None,
+    score: Score | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """softmax(q k^T / sqrt(D) + bias, over the visible keys) v, written out in (at least) float32:
-    the reference every kernel is tested against.
+    """softmax(score(q, k) + bias, over the visible keys) v, written out in (at least) float32: the
+    reference every kernel is tested against. The score is q k^T / sqrt(D) unless `score` says
+    otherwise (`model.scores`); queries are taken in chunks when the score needs it (additive).
 
     Args:
         q: (B, H, Tq, D) queries; k, v: (B, H, Tk, D) keys and values.
@@ -292,24 +304,40 @@ def eager_attention(
         dropout_p: dropout on the attention weights.
         need_weights: also return the (B, H, Tq, Tk) attention weights (after dropout).
         mask: (Tq, Tk) bool visibility; None is plain causal (the queries are the last Tq keys).
+        score: the scoring function (default: scaled dot product).
 
     Returns:
         The (B, H, Tq, D) output in q's dtype, and the weights or None.
     """
     q_len, k_len = q.size(-2), k.size(-2)
     dtype = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 if given float64
-    scores = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
-    if bias is not None:
-        scores = scores + bias.to(dtype)
+    score = score if score is not None else ScaledDot(q.size(-1))
     visible = mask if mask is not None else causal_mask(q_len, k_len, q.device)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    weights = F.dropout(torch.softmax(scores, dim=-1), p=dropout_p)
-    out = (weights @ v.to(dtype)).to(q.dtype)  # (B, H, Tq, D)
-    return out, (weights if need_weights else None)
+    qw, kw, vw = q.to(dtype), k.to(dtype), v.to(dtype)
+    outs, all_weights = [], []
+    step = score.query_chunk(qw, kw)
+    for c in range(0, q_len, step):
+        rows = slice(c, min(c + step, q_len))
+        scores = score(qw[:, :, rows], kw)  # (B, H, chunk, Tk)
+        if bias is not None:
+            scores = scores + bias[:, rows].to(dtype)
+        scores = scores.masked_fill(~visible[rows], float("-inf"))
+        weights = F.dropout(torch.softmax(scores, dim=-1), p=dropout_p)
+        outs.append(weights @ vw)  # (B, H, chunk, D)
+        if need_weights:
+            all_weights.append(weights)
+    out = torch.cat(outs, dim=2).to(q.dtype)
+    return out, (torch.cat(all_weights, dim=2) if need_weights else None)
 
 
 def sdpa_attention(
-    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, dropout_p: float = 0.0, mask: Tensor | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None = None,
+    dropout_p: float = 0.0,
+    mask: Tensor | None = None,
+    scale: float | None = None,
 ) -> Tensor:
     """PyTorch's fused scaled_dot_product_attention.
 
@@ -324,21 +352,24 @@ def sdpa_attention(
     """
     if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
         with torch.autocast("cpu", enabled=False):
-            return _sdpa(q.float(), k.float(), v.float(), bias, dropout_p, mask).to(q.dtype)
-    return _sdpa(q, k, v, bias, dropout_p, mask)
+            return _sdpa(q.float(), k.float(), v.float(), bias, dropout_p, mask, scale).to(q.dtype)
+    return _sdpa(q, k, v, bias, dropout_p, mask, scale)
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float, mask: Tensor | None) -> Tensor:
+def _sdpa(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float, mask: Tensor | None, scale: float | None
+) -> Tensor:
     q_len, k_len = q.size(-2), k.size(-2)
+    sdpa = functools.partial(F.scaled_dot_product_attention, dropout_p=dropout_p, scale=scale)
     if bias is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p)
+        return sdpa(q, k, v, attn_mask=bias.to(q.dtype))
     if mask is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        return sdpa(q, k, v, attn_mask=mask)
     if q_len == k_len:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        return sdpa(q, k, v, is_causal=True)
     if q_len == 1:  # one new token attends to every cached key: no mask at all
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q_len, k_len, q.device), dropout_p=dropout_p)
+        return sdpa(q, k, v)
+    return sdpa(q, k, v, attn_mask=causal_mask(q_len, k_len, q.device))
 
 
 @functools.cache
@@ -359,53 +390,69 @@ def compiled_create_block_mask() -> Callable[..., BlockMask]:
 
 
 def flex_attention_fused(
-    q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, score_mod: ScoreMod | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    block_mask: BlockMask,
+    score_mod: ScoreMod | None = None,
+    scale: float | None = None,
 ) -> Tensor:
     """FlexAttention: the block mask and an optional score_mod (a position bias), fused in one kernel."""
-    return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
 
-def _run_eager(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
-    return eager_attention(q, k, v, ctx.bias, dropout_p, mask=ctx.mask)[0]
+def _run_eager(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float, score: Score) -> Tensor:
+    return eager_attention(q, k, v, ctx.bias, dropout_p, mask=ctx.mask, score=score)[0]
 
 
-def _run_sdpa(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
-    return sdpa_attention(q, k, v, ctx.bias, dropout_p, mask=ctx.mask)
+def _run_sdpa(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float, score: Score) -> Tensor:
+    return sdpa_attention(q, k, v, ctx.bias, dropout_p, mask=ctx.mask, scale=score.scale)
 
 
-def _run_flex(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+def _run_flex(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float, score: Score) -> Tensor:
     assert ctx.block_mask is not None, "build_context makes a block mask for flex"
-    return flex_attention_fused(q, k, v, ctx.block_mask, ctx.score_mod)
+    return flex_attention_fused(q, k, v, ctx.block_mask, ctx.score_mod, scale=score.scale)
 
 
-def _run_linear_quadratic(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+def _run_linear_quadratic(
+    q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float, score: Score
+) -> Tensor:
     return linear_attention_quadratic(q, k, v)
 
 
-def _run_linear_chunked(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+def _run_linear_chunked(
+    q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float, score: Score
+) -> Tensor:
     return linear_attention_chunked(q, k, v)[0]
+
+
+DOT_SCORES = frozenset({"scaled_dot", "dot"})
+ALL_SCORES = frozenset({"scaled_dot", "dot", "additive"})
 
 
 KERNELS: dict[tuple[str, str], Kernel] = {
     ("softmax", "eager"): Kernel(
         "eager", "softmax", _run_eager, score_bias=True, bias_gradients=True, dropout=True, backward_devices=None,
-        auto_devices=None, sparse_masks=True, weights=True,
+        auto_devices=None, sparse_masks=True, weights=True, scores=ALL_SCORES,
     ),
     ("softmax", "sdpa"): Kernel(
         "sdpa", "softmax", _run_sdpa, score_bias=True, bias_gradients=True, dropout=True, backward_devices=None,
-        auto_devices=None, sparse_masks=True, weights=False,
+        auto_devices=None, sparse_masks=True, weights=False, scores=DOT_SCORES,
     ),
     ("softmax", "flex"): Kernel(
         "flex", "softmax", _run_flex, score_bias=True, bias_gradients=True, dropout=False,
         backward_devices=frozenset({"cuda"}), auto_devices=frozenset({"cuda"}), sparse_masks=True, weights=False,
+        scores=DOT_SCORES,
     ),
     ("linear", "eager"): Kernel(
         "eager", "linear", _run_linear_quadratic, score_bias=False, bias_gradients=False, dropout=False,
         backward_devices=None, auto_devices=None, sparse_masks=False, weights=True,
+        scores=frozenset({"scaled_dot"}),
     ),
     ("linear", "chunked"): Kernel(
         "chunked", "linear", _run_linear_chunked, score_bias=False, bias_gradients=False, dropout=False,
         backward_devices=None, auto_devices=None, sparse_masks=False, weights=False,
+        scores=frozenset({"scaled_dot"}),
     ),
 }  # fmt: skip
 """The attention kernels by (attention function, name), each with what it declares it can run
@@ -424,6 +471,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
         self.linear = config.attention == "linear"
+        self.score = build_score(config)
 
     def forward(
         self,
@@ -443,12 +491,13 @@ class CausalSelfAttention(nn.Module):
             q, k = pe.rotate(q, k, ctx.q_start)  # the new tokens, at their absolute positions
             if isinstance(cache, LayerCache):
                 k, v = cache.update(k, v, ctx.q_start)  # the keys and values `ctx` describes
-            y = ctx.kernel.run(q, k, v, ctx, self.dropout if self.training else 0.0)  # (B, H, T, D)
+            y = ctx.kernel.run(q, k, v, ctx, self.dropout if self.training else 0.0, self.score)  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.proj(y))
 
-    @staticmethod
-    def _linear(q: Tensor, k: Tensor, v: Tensor, pe: PositionEncoding, ctx: AttentionContext, cache: object) -> Tensor:
+    def _linear(
+        self, q: Tensor, k: Tensor, v: Tensor, pe: PositionEncoding, ctx: AttentionContext, cache: object
+    ) -> Tensor:
         """Linear attention: features phi(q), phi(k); the scheme's rotation on them for the numerator
         only (RoFormer); with a state cache, the recurrent form."""
         fq, fk = feature_map(q), feature_map(k)
@@ -456,4 +505,4 @@ class CausalSelfAttention(nn.Module):
         q2, k2 = torch.cat([rq, fq], dim=-1), torch.cat([rk, fk], dim=-1)
         if isinstance(cache, LayerStateCache):
             return cache.attend(q2, k2, v)
-        return ctx.kernel.run(q2, k2, v, ctx, 0.0)
+        return ctx.kernel.run(q2, k2, v, ctx, 0.0, self.score)

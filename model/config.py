@@ -12,11 +12,13 @@ from typing import Any, Literal, get_args
 PosEncoding = Literal["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
 AttnBackend = Literal["auto", "eager", "sdpa", "flex", "chunked"]
 Attention = Literal["softmax", "linear"]
+AttnScore = Literal["scaled_dot", "dot", "additive"]
 RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 
 POS_ENCODINGS: tuple[str, ...] = get_args(PosEncoding)
 ATTN_BACKENDS: tuple[str, ...] = get_args(AttnBackend)
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
+ATTN_SCORES: tuple[str, ...] = get_args(AttnScore)
 ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
 
 
@@ -56,6 +58,9 @@ class GPTConfig:
     """pos_encoding='t5': learned biases per head for this many buckets of distance, half of them exact."""
     t5_max_distance: int = 128
     """pos_encoding='t5': distances from here on share the last bucket."""
+    attn_score: AttnScore = "scaled_dot"
+    """Scoring function: scaled_dot (q.k / sqrt(D), Vaswani) | dot (q.k, Luong) | additive (v.tanh(Wq q + Wk k),
+    Bahdanau; eager kernel only, chunked over queries)."""
     attn_window: int = 0
     """Sliding-window attention: each token sees itself and the W - 1 tokens before it (0: all earlier
     tokens). Decoding then keeps only the last W keys (plus sinks)."""
@@ -74,6 +79,7 @@ class GPTConfig:
         _check_choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
         _check_choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
         _check_choice("attention", self.attention, ATTENTIONS)
+        _check_choice("attn_score", self.attn_score, ATTN_SCORES)
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -63,7 +63,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.pe = build_positions(config)  # one instance, shared by every block
         self.mask = AttentionMask(config.attn_window, config.attn_sinks)  # one description, every kernel's mask
-        check_kernel(config.attn_backend, self.pe, self.mask, config.dropout > 0, config.attention)
+        check_kernel(config.attn_backend, self.pe, self.mask, config.dropout > 0, config.attention, config.attn_score)
         self._block_masks: dict = {}  # FlexAttention block masks by shape, reused across forwards
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
@@ -163,6 +163,7 @@ class GPT(nn.Module):
             needs_grad=x.requires_grad,
             decoding=start > 0,
             function=self.config.attention,
+            score=self.config.attn_score,
         )
         kernel = choose_kernel(self.config.attn_backend, needs, idx.device)
         k_pos = cache.key_positions(T, idx.device) if cache is not None else None

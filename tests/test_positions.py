@@ -49,7 +49,9 @@ def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
 
     pe = ALiBi(dataclasses.replace(tiny_config, pos_encoding="alibi"))
     n_head, start = tiny_config.n_head, k_len - q_len
-    ctx = build_context(KERNELS[("softmax", "eager")], pe, AttentionMask(), n_head, start, q_len, None, torch.device("cpu"))
+    ctx = build_context(
+        KERNELS[("softmax", "eager")], pe, AttentionMask(), n_head, start, q_len, None, torch.device("cpu")
+    )
     h = torch.arange(n_head)[:, None, None]
     q_idx = torch.arange(q_len)[None, :, None]
     kv_idx = torch.arange(k_len)[None, None, :]

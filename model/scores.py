@@ -1,0 +1,97 @@
+"""Scoring functions: how a query and a key make an attention score before the softmax.
+
+| `attn_score` | score(q, k)                               | parameters per head | per query-key pair   |
+|--------------|-------------------------------------------|---------------------|----------------------|
+| `scaled_dot` | q . k / sqrt(D) (Vaswani et al. 2017)     | none                | D multiply-adds      |
+| `dot`        | q . k (Luong et al. 2015)                 | none                | D multiply-adds      |
+| `additive`   | v . tanh(W_q q + W_k k) (Bahdanau et al.) | 2 D^2 + D           | D tanh + D mult-adds |
+
+The additive score also forms a (Tq, Tk, D) tensor of tanh inputs.
+
+Why the sqrt(D): with q and k of independent unit-variance components, q . k has variance D, so
+unscaled scores grow with the head size and push the softmax into saturation, where its gradients
+vanish; dividing by sqrt(D) keeps the variance at 1 (Vaswani et al., section 3.2.1). The additive
+score is bounded by |v|_1 through the tanh and needs no scale, but forms a (Tq, Tk, D) tensor: the
+eager kernel computes it in chunks of queries so that memory stays bounded, and no fused kernel
+can run it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from model.config import GPTConfig
+
+ADDITIVE_CHUNK_ELEMENTS = 1 << 24
+"""Largest (B, H, chunk, Tk, D) tensor the additive score forms at once (64 MiB in float32)."""
+
+
+class Score(nn.Module):
+    """A scoring function. `scale` is the factor of a dot-product score (the fused kernels take it),
+    None for a score that is not a scaled dot product."""
+
+    kind: str = "scaled_dot"
+    scale: float | None = None
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        """Scores (B, H, Tq, Tk) of queries (B, H, Tq, D) on keys (B, H, Tk, D), in q's dtype."""
+        return (q @ k.transpose(-2, -1)) * self.scale
+
+    def query_chunk(self, q: Tensor, k: Tensor) -> int:
+        """Queries to score at once so that memory stays bounded."""
+        return q.size(-2)
+
+
+class ScaledDot(Score):
+    kind = "scaled_dot"
+
+    def __init__(self, head_dim: int) -> None:
+        super().__init__()
+        self.scale = 1.0 / math.sqrt(head_dim)
+
+
+class Dot(Score):
+    kind = "dot"
+    scale = 1.0
+
+
+class Additive(Score):
+    """Bahdanau's additive (concat) score, per head h: v_h . tanh(W_q,h q + W_k,h k)."""
+
+    kind = "additive"
+    scale = None
+
+    def __init__(self, n_head: int, head_dim: int) -> None:
+        super().__init__()
+        self.w_q = nn.Parameter(torch.empty(n_head, head_dim, head_dim))
+        self.w_k = nn.Parameter(torch.empty(n_head, head_dim, head_dim))
+        self.v = nn.Parameter(torch.empty(n_head, head_dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        d = self.v.size(-1)
+        nn.init.normal_(self.w_q, std=d**-0.5)  # W q keeps q's scale: the tanh starts unsaturated
+        nn.init.normal_(self.w_k, std=d**-0.5)
+        nn.init.normal_(self.v, std=d**-0.5)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        wq = torch.einsum("bhtd,hde->bhte", q, self.w_q.to(q.dtype))  # (B, H, Tq, D)
+        wk = torch.einsum("bhtd,hde->bhte", k, self.w_k.to(k.dtype))  # (B, H, Tk, D)
+        hidden = torch.tanh(wq[:, :, :, None, :] + wk[:, :, None, :, :])  # (B, H, Tq, Tk, D)
+        return torch.einsum("bhqkd,hd->bhqk", hidden, self.v.to(q.dtype))
+
+    def query_chunk(self, q: Tensor, k: Tensor) -> int:
+        B, H, _, D = q.shape
+        return max(1, ADDITIVE_CHUNK_ELEMENTS // (B * H * k.size(-2) * D))
+
+
+def build_score(config: GPTConfig) -> Score:
+    """The scoring function `config.attn_score` names."""
+    if config.attn_score == "additive":
+        return Additive(config.n_head, config.head_dim)
+    if config.attn_score == "dot":
+        return Dot()
+    return ScaledDot(config.head_dim)
