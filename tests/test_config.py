@@ -70,21 +70,15 @@ def test_dict_round_trip_and_unknown_key():
         GPTConfig.from_dict({**config.to_dict(), "n_layers": 3})
 
 
-def test_importing_model_does_not_import_lightning():
+def test_import_boundaries():
+    """`model` never imports Lightning; evaluation and sampling import neither Lightning nor `training`."""
     code = (
         "import sys, model; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')]; "
-        "assert not bad, bad"
-    )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-
-
-def test_evaluation_and_sampling_import_neither_lightning_nor_training():
-    code = (
-        "import sys, evaluate, sample, evaluation.run, evaluation.report; "
+        "assert not bad, ('model', bad); "
+        "import evaluate, sample, evaluation.run, evaluation.report; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning', 'training')]; "
-        "assert not bad, bad"
+        "assert not bad, ('evaluation', bad)"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
