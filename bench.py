@@ -391,6 +391,58 @@ def bench_clip(args: argparse.Namespace) -> None:
                   f"whole step {1000 * statistics.median(whole[name]):7.1f} ms")  # fmt: skip
 
 
+ATTENTION_KINDS = ("softmax-sdpa", "softmax-eager", "linear-chunked", "window-sdpa")
+
+
+def attention_cost(kind: str, T: int, heads: int = 4, head_dim: int = 32, repeats: int = 3) -> tuple[float, float]:
+    """Forward + backward of one attention call on (1, heads, T, head_dim) inputs in float32, in
+    this process: (median ms, peak resident MiB above what the imports took)."""
+    import resource
+
+    from model.attention import causal_mask, eager_attention, sdpa_attention
+    from model.linear_attention import feature_map, linear_attention_chunked
+    from model.masks import AttentionMask
+
+    baseline_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # imports, before any tensor
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, heads, T, head_dim, requires_grad=True) for _ in range(3))
+    window = AttentionMask(window=256).dense(torch.arange(T), torch.arange(T)) if kind == "window-sdpa" else None
+
+    def step() -> None:
+        if kind == "softmax-sdpa":
+            out = sdpa_attention(q, k, v)
+        elif kind == "softmax-eager":
+            out = eager_attention(q, k, v, mask=causal_mask(T, T))[0]
+        elif kind == "window-sdpa":
+            out = sdpa_attention(q, k, v, mask=window)
+        else:
+            fq, fk = feature_map(q), feature_map(k)
+            out = linear_attention_chunked(torch.cat([fq, fq], -1), torch.cat([fk, fk], -1), v)[0]
+        out.sum().backward()
+
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - baseline_mib
+    return 1000 * statistics.median(times[1:]), peak_mib
+
+
+def bench_attention_cost(args: argparse.Namespace) -> None:
+    """Each (kind, T) in a fresh process, so that its peak resident memory is its own."""
+    print("| kind | T | fwd+bwd ms | peak MiB above the imports |\n|---|---|---|---|")
+    for T in args.lengths:
+        for kind in args.kinds:
+            if kind == "softmax-eager" and T > args.eager_max:
+                print(f"| {kind} | {T} | skipped: its T x T float32 scores and gradients need > 10 GiB | |")
+                continue
+            code = f"import bench; print(*bench.attention_cost({kind!r}, {T}))"
+            out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+            ms, mib = map(float, out.stdout.split())
+            print(f"| {kind} | {T} | {ms:.1f} | {mib:.0f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="bench", required=True)
@@ -432,6 +484,10 @@ def main() -> None:
                       help="layers,width,block,batch ...")  # fmt: skip
     clip = sub.add_parser("clip", help="the optimizer phase with and without clipping, fused or not, CPU")
     clip.add_argument("--steps", type=int, default=100)
+    cost = sub.add_parser("attention-cost", help="fwd+bwd time and peak memory of attention kinds against T, CPU")
+    cost.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
+    cost.add_argument("--kinds", nargs="+", choices=ATTENTION_KINDS, default=list(ATTENTION_KINDS))
+    cost.add_argument("--eager_max", type=int, default=4096, help="longest T for the T x T eager reference")
     args = parser.parse_args()
     commands = {
         "train-step": bench_train_step,
@@ -441,6 +497,7 @@ def main() -> None:
         "vs-nanogpt": bench_vs_nanogpt,
         "precision": bench_precision,
         "clip": bench_clip,
+        "attention-cost": bench_attention_cost,
     }
     commands[args.bench](args)
 

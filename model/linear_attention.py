@@ -71,22 +71,24 @@ def linear_attention_chunked(
     rq, fq = _split(q2)
     rk, fk = _split(k2)
     vf = _wide(v)
-    B, H, T, D = rq.shape
+    B, H, _, D = rq.shape
     if state is None:
         state = LinearState(rq.new_zeros(B, H, D, vf.size(-1)), rq.new_zeros(B, H, D))
     S, z = state.S, state.z
     outputs = []
-    for c in range(0, T, chunk):
-        sl = slice(c, min(c + chunk, T))
-        n = sl.stop - sl.start
+    # split once (its backward concatenates): slicing inside the loop would make each slice's
+    # backward allocate a gradient of the full length, O(T^2 / C) in all
+    pieces = (x.split(chunk, dim=2) for x in (rq, fq, rk, fk, vf))
+    for rq_c, fq_c, rk_c, fk_c, v_c in zip(*pieces, strict=True):
+        n = rq_c.size(2)
         causal = torch.ones(n, n, dtype=torch.bool, device=q2.device).tril()
-        scores = (rq[:, :, sl] @ rk[:, :, sl].transpose(-2, -1)).masked_fill(~causal, 0.0)
-        weights = (fq[:, :, sl] @ fk[:, :, sl].transpose(-2, -1)).masked_fill(~causal, 0.0)
-        numerator = scores @ vf[:, :, sl] + rq[:, :, sl] @ S  # within the chunk + every earlier chunk
-        denominator = weights.sum(-1) + (fq[:, :, sl] @ z[..., None]).squeeze(-1)
+        scores = (rq_c @ rk_c.transpose(-2, -1)).masked_fill(~causal, 0.0)
+        weights = (fq_c @ fk_c.transpose(-2, -1)).masked_fill(~causal, 0.0)
+        numerator = scores @ v_c + rq_c @ S  # within the chunk + every earlier chunk
+        denominator = weights.sum(-1) + (fq_c @ z[..., None]).squeeze(-1)
         outputs.append(numerator / denominator[..., None])
-        S = S + rk[:, :, sl].transpose(-2, -1) @ vf[:, :, sl]
-        z = z + fk[:, :, sl].sum(-2)
+        S = S + rk_c.transpose(-2, -1) @ v_c
+        z = z + fk_c.sum(-2)
     return torch.cat(outputs, dim=2).to(v.dtype), LinearState(S, z)
 
 
