@@ -98,6 +98,28 @@ def test_auto_alibi_trains_through_compiled_flex_on_cuda(gpu_config):
     assert model.wte.weight.grad is not None and torch.isfinite(model.wte.weight.grad).all()
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [{"pos_encoding": "t5"}, {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4},
+     {"pos_encoding": "alibi", "attn_window": 64}],
+)  # fmt: skip
+def test_flex_learned_bias_and_window_masks_match_eager_with_gradients_on_cuda(gpu_config, extra):
+    """Only a GPU runs FlexAttention's backward: the T5 table's gradient (a captured tensor read by
+    the score_mod) and the block masks of windows, against the eager reference, in float32."""
+    config = dataclasses.replace(gpu_config, **extra)
+    model = GPT(dataclasses.replace(config, attn_backend="flex")).to(CUDA)
+    reference = GPT(dataclasses.replace(config, attn_backend="eager")).to(CUDA)
+    reference.load_state_dict(model.state_dict())
+    idx = torch.randint(0, config.vocab_size, (2, 2 * config.block_size + 13), device=CUDA)
+    for m in (model, reference):
+        _, loss = m(idx, idx)
+        loss.backward()
+    for (name, p), r in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, r.grad, atol=1e-4, rtol=1e-3, msg=name)
+    if config.pos_encoding == "t5":
+        assert model.pe.table.grad.abs().sum() > 0
+
+
 def _record_step_norms(monkeypatch) -> list[float]:
     """Patch AdamW.step to record the global gradient norm the optimizer steps with: after Lightning's
     closure (forward, backward, clipping) under bf16, at entry under fp16 (GradScaler.step calls step
