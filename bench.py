@@ -443,6 +443,50 @@ def bench_attention_cost(args: argparse.Namespace) -> None:
             print(f"| {kind} | {T} | {ms:.1f} | {mib:.0f} |", flush=True)
 
 
+VARIANTS: dict[str, dict[str, object]] = {
+    "rope (default)": {"pos_encoding": "rope"},
+    "alibi": {"pos_encoding": "alibi"},
+    "t5": {"pos_encoding": "t5"},
+    "rope, window 64": {"pos_encoding": "rope", "attn_window": 64},
+    "rope, window 64 + 4 sinks": {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4},
+    "rope, linear attention": {"pos_encoding": "rope", "attention": "linear"},
+    "rope, dot score": {"pos_encoding": "rope", "attn_score": "dot"},
+    "rope, additive score": {"pos_encoding": "rope", "attn_score": "additive"},
+}
+
+
+def bench_variants(args: argparse.Namespace) -> None:
+    """Training step (forward, backward, AdamW) of each attention variant at one shape, float32, in
+    interleaved rounds (every variant once per round, the order reversed every other round)."""
+    layers, width, block, batch = args.shape
+    base = GPTConfig(vocab_size=65, block_size=block, n_layer=layers, n_head=4, n_embd=width, bias=False)
+    models = {}
+    for name, extra in VARIANTS.items():
+        torch.manual_seed(0)
+        model = GPT(dataclasses.replace(base, **extra))
+        models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True))
+    idx = torch.randint(0, 65, (batch, block + 1))
+    times: dict[str, list[float]] = {name: [] for name in models}
+    names = list(models)
+    for round_ in range(args.rounds):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            model, optimizer = models[name]
+            for i in range(args.steps + 2):
+                start = time.perf_counter()
+                _, loss = model(idx[:, :-1], idx[:, 1:])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                if i >= 2:  # warm-up left out
+                    times[name].append(time.perf_counter() - start)
+    default = statistics.median(times[names[0]])
+    print(f"shape {args.shape} (layers, width, block, batch), float32, {args.rounds} rounds x {args.steps} steps")
+    print("| variant | ms/step (median) | tokens/s | vs default |\n|---|---|---|---|")
+    for name in names:
+        ms = 1000 * statistics.median(times[name])
+        print(f"| {name} | {ms:.1f} | {batch * block / ms * 1000:,.0f} | {default * 1000 / ms:.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="bench", required=True)
@@ -488,6 +532,11 @@ def main() -> None:
     cost.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     cost.add_argument("--kinds", nargs="+", choices=ATTENTION_KINDS, default=list(ATTENTION_KINDS))
     cost.add_argument("--eager_max", type=int, default=4096, help="longest T for the T x T eager reference")
+    variants = sub.add_parser("variants", help="training step of each attention variant, interleaved, CPU")
+    variants.add_argument("--shape", type=lambda t: tuple(map(int, t.split(","))), default=(4, 128, 256, 8),
+                          help="layers,width,block,batch")  # fmt: skip
+    variants.add_argument("--steps", type=int, default=10)
+    variants.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     commands = {
         "train-step": bench_train_step,
@@ -498,6 +547,7 @@ def main() -> None:
         "precision": bench_precision,
         "clip": bench_clip,
         "attention-cost": bench_attention_cost,
+        "variants": bench_variants,
     }
     commands[args.bench](args)
 
