@@ -34,7 +34,8 @@ SCHEME_X_BACKEND = [
 def test_future_tokens_never_change_past_logits(tiny_config, scheme, backend):
     model = build(tiny_config, scheme, backend).eval()
     vocab = tiny_config.vocab_size
-    for T in lengths(model.config, ODD_LEN):
+    # flex compiles a kernel per shape (seconds on a CPU): one length here, both in the parity test
+    for T in lengths(model.config, ODD_LEN) if backend != "flex" else [ODD_LEN]:
         idx = torch.randint(0, vocab, (2, T))
         for t in (1, T // 2, T - 1):
             changed = idx.clone()
