@@ -39,6 +39,13 @@ class KVCache:
         self.length = 0
         self.slot_positions = None
 
+    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Allocate every layer's buffers now, as gpt-fast's static cache does: a compiled decoding
+        step then sees the same buffers from its first call on and is not recompiled when they
+        would otherwise appear."""
+        for layer in self.layers:
+            layer.allocate((batch, n_head, self.capacity, head_dim), dtype, device)
+
     def fits(self, new_tokens: int) -> bool:
         return self.rolling or self.length + new_tokens <= self.capacity
 
@@ -72,22 +79,25 @@ class KVCache:
 
 
 class LayerCache:
-    """One layer's keys and values, (B, H, capacity, D) each, allocated at first use."""
+    """One layer's keys and values, (B, H, capacity, D) each, allocated up front (`KVCache.allocate`)
+    or at first use."""
 
     def __init__(self, owner: KVCache) -> None:
         self.owner = owner
         self.k: Tensor | None = None
         self.v: Tensor | None = None
 
+    def allocate(self, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device) -> None:
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
     def update(self, k: Tensor, v: Tensor, start: int) -> tuple[Tensor, Tensor]:
         """Store the (B, H, T, D) keys and values of positions start..start+T-1 and return the keys
         and values this step attends over (those `KVCache.key_positions` describes)."""
         owner = self.owner
         if self.k is None or self.k.dtype != k.dtype or self.k.shape[0] != k.shape[0]:
-            shape = (k.size(0), k.size(1), owner.capacity, k.size(3))
-            self.k = torch.zeros(shape, dtype=k.dtype, device=k.device)
-            self.v = torch.zeros(shape, dtype=v.dtype, device=v.device)
-        assert self.v is not None
+            self.allocate((k.size(0), k.size(1), owner.capacity, k.size(3)), k.dtype, k.device)
+        assert self.k is not None and self.v is not None
         if not owner.rolling:
             end = start + k.size(-2)
             self.k[:, :, start:end] = k

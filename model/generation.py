@@ -43,7 +43,7 @@ class GPT(Protocol):
         self, idx: Tensor, targets: Tensor | None = None, *, cache: Cache | None = None, last_only: bool = False
     ) -> tuple[Tensor, Tensor | None]: ...
 
-    def new_cache(self, capacity: int) -> Cache: ...
+    def new_cache(self, capacity: int, batch: int | None = None) -> Cache: ...
 
 
 DEFAULT_CONTEXT_MULTIPLE = 4
@@ -120,7 +120,7 @@ def stream(
     if idx.size(1) == 0:
         raise ValueError("generate needs a prompt of at least one token (e.g. a newline or <|endoftext|>).")
     window = context_window(model, max_context)
-    cache = model.new_cache(window or 0) if use_cache else None
+    cache = model.new_cache(window or 0, batch=idx.size(0)) if use_cache else None
     tokens = idx
     with torch.no_grad():
         logits = _forward_last(model, _last(tokens, window), cache)

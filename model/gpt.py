@@ -176,12 +176,18 @@ class GPT(nn.Module):
             cache.advance(T)
         return self.ln_f(x)
 
-    def new_cache(self, capacity: int) -> KVCache | StateCache:
+    def new_cache(self, capacity: int, batch: int | None = None) -> KVCache | StateCache:
         """What decoding keeps: running sums for linear attention (constant size), else a KV cache
-        shaped by the attention mask (`capacity` positions, or a rolling S + W with a window)."""
+        shaped by the attention mask (`capacity` positions, or a rolling S + W with a window),
+        allocated now for `batch` sequences when given (a static cache: see `KVCache.allocate`)."""
+        self.pe.reserve(capacity)  # position tables that will not grow under a compiled step
         if self.config.attention == "linear":
             return StateCache(self.config.n_layer)
-        return KVCache(self.config.n_layer, capacity, self.mask)
+        cache = KVCache(self.config.n_layer, capacity, self.mask)
+        if batch is not None:
+            weight = self.wte.weight
+            cache.allocate(batch, self.config.n_head, self.config.head_dim, weight.dtype, weight.device)
+        return cache
 
     def _check_length(self, length: int) -> None:
         limit = self.pe.max_positions

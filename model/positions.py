@@ -55,6 +55,10 @@ class PositionEncoding(nn.Module):
     def reset_parameters(self) -> None:
         """Initialise the scheme's own parameters (called by `GPT.init_weights`)."""
 
+    def reserve(self, length: int) -> None:
+        """Grow any position table to cover `length` positions now, before decoding: a compiled step
+        would otherwise be recompiled each time a table grows."""
+
     def lookup_parameters(self) -> list[nn.Parameter]:
         """Parameters read by lookup, with no per-token multiply-adds: left out of `flops_per_token`."""
         return []
@@ -107,6 +111,10 @@ class SinusoidalPositions(PositionEncoding):
         self.n_embd = config.n_embd
         self.register_buffer("table", sinusoid_table(config.block_size, config.n_embd), persistent=False)
 
+    def reserve(self, length: int) -> None:
+        if length > self.table.size(0):
+            self.table = sinusoid_table(_grown(length), self.n_embd, device=self.table.device)
+
     def embed(self, x: Tensor, start: int) -> Tensor:
         end = start + x.size(1)
         if end > self.table.size(0) or self.table.dtype != torch.float32:
@@ -130,6 +138,10 @@ class RotaryPositions(PositionEncoding):
         cos, sin = self._cos_sin(config.block_size)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+
+    def reserve(self, length: int) -> None:
+        if length > self.cos.size(0):
+            self.cos, self.sin = self._cos_sin(_grown(length), device=self.cos.device)
 
     def rotate(self, q: Tensor, k: Tensor, start: int) -> tuple[Tensor, Tensor]:
         end = start + q.size(-2)

@@ -120,3 +120,25 @@ def test_the_sampler_never_draws_a_padding_row():
     out = model.generate(idx, 20, temperature=1.0, top_k=None)
     assert out.max() < 300
     assert model.generate(idx, 5, temperature=0).max() < 300
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi"])
+def test_compiled_decoding_does_not_recompile_as_the_cache_grows(tiny_config, scheme):
+    """sample.py --compile: with the cache allocated up front, decoding compiles one graph for the
+    prompt and one for the one-token step, however many tokens follow (a counting backend: no
+    inductor, so the test takes a second)."""
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).eval()
+    graphs: list[object] = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    model.compile(backend=counting, dynamic=True)
+    prompt = torch.randint(0, tiny_config.vocab_size, (1, 4))
+    model.generate(prompt, 8, temperature=0)
+    compiled_for_8 = len(graphs)
+    model.generate(prompt, 40, temperature=0)  # 44 tokens, within the cache of 4 x block_size = 64
+    assert compiled_for_8 <= 2 and len(graphs) == compiled_for_8, (compiled_for_8, len(graphs))
+    torch._dynamo.reset()
