@@ -2,13 +2,14 @@
 
     python -m experiments.extrapolation --config configs/extrapolation_shakespeare.yaml
 
-Trains one model per scheme in `schemes` and per seed in `seeds`, identical except for the
-position scheme (same data, steps, batch, size, seed), then evaluates every final checkpoint with
-`evaluation` at every length and writes one report directory:
+Trains one model per scheme in `schemes` (and per named attention variant in `variants`, such as
+RoPE with a sliding window) and per seed in `seeds`, identical otherwise (same data, steps, batch,
+size, seed), then evaluates every final checkpoint with `evaluation` at every length and writes
+one report directory:
 
     <out_dir>/results.md, results.json, ppl_vs_length.png, loss_by_position.png
     <out_dir>/experiment.yaml     the resolved experiment config
-    <out_dir>/runs/<scheme>-seed<S>/  each run's checkpoints, config.yaml and logs
+    <out_dir>/runs/<scheme or variant>-seed<S>/  each run's checkpoints, config.yaml and logs
 
 Runs already trained to `max_steps` are reused, and an interrupted one resumes from its last.ckpt,
 so re-running the command after a crash (or with new evaluation settings) only does what is left.
@@ -33,11 +34,33 @@ from data.errors import DataError
 from evaluation.config import EvalData, EvalSettings
 from evaluation.report import write_report
 from evaluation.run import Subject, evaluate_checkpoints
-from model.config import POS_ENCODINGS, PosEncoding
+from model.config import POS_ENCODINGS, Attention, AttnScore, PosEncoding
 from training.config import RunConfig
 from training.run import train
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Variant:
+    """A model beside the plain schemes: a name and the attention settings that make it (say, RoPE
+    with a sliding window); every other setting is the shared run's."""
+
+    name: str
+    """Label in the report and name of its runs (<name>-seed<S>)."""
+    pos_encoding: PosEncoding = "rope"
+    """Position scheme."""
+    attn_window: int = 0
+    """Sliding window of W keys (0: full causal)."""
+    attn_sinks: int = 0
+    """Sink keys visible beyond the window."""
+    attention: Attention = "softmax"
+    """softmax or linear."""
+    attn_score: AttnScore = "scaled_dot"
+    """scaled_dot, dot or additive."""
+
+    def model_fields(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
 
 
 @dataclass
@@ -48,6 +71,9 @@ class ExperimentConfig:
     """Report directory; the runs are trained under <out_dir>/runs."""
     schemes: list[PosEncoding] = field(default_factory=lambda: list(POS_ENCODINGS))
     """Position schemes to train, one model each (per seed)."""
+    variants: list[Variant] = field(default_factory=list)
+    """Further models, each a named set of attention settings (e.g. {name: rope-window64, pos_encoding:
+    rope, attn_window: 64}); trained and evaluated like the schemes."""
     seeds: list[int] = field(default_factory=lambda: [1337])
     """Training seeds; with several, the table shows mean ± std across seeds."""
     run: RunConfig = field(default_factory=RunConfig)
@@ -58,23 +84,29 @@ class ExperimentConfig:
     """Evaluation text (default: the validation split of the training data)."""
 
     def __post_init__(self) -> None:
-        if not self.schemes or not self.seeds:
-            raise ValueError("An experiment needs at least one scheme and one seed.")
-        if len(set(self.schemes)) != len(self.schemes) or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"schemes and seeds must not repeat: {self.schemes}, {self.seeds}.")
+        if not (self.schemes or self.variants) or not self.seeds:
+            raise ValueError("An experiment needs at least one scheme or variant, and one seed.")
+        names = [name for name, _ in self.models()]
+        if len(set(names)) != len(names) or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"schemes, variant names and seeds must not repeat: {names}, {self.seeds}.")
+
+    def models(self) -> list[tuple[str, dict[str, Any]]]:
+        """(label, model fields) of every model: each scheme as it is, then the variants."""
+        variants = [Variant(**v) if isinstance(v, dict) else v for v in self.variants]
+        return [(s, {"pos_encoding": s}) for s in self.schemes] + [(v.name, v.model_fields()) for v in variants]
 
 
-def run_config_for(cfg: ExperimentConfig, scheme: str, seed: int) -> RunConfig:
-    """The shared run with this scheme and seed, trained under <out_dir>/runs/<scheme>-seed<seed>."""
+def run_config_for(cfg: ExperimentConfig, label: str, model_fields: dict[str, Any], seed: int) -> RunConfig:
+    """The shared run with this model and seed, trained under <out_dir>/runs/<label>-seed<seed>."""
     run = cfg.run
     return dataclasses.replace(
         run,
-        model=dataclasses.replace(run.model, pos_encoding=scheme),
+        model=dataclasses.replace(run.model, **model_fields),
         train=dataclasses.replace(
             run.train,
             seed=seed,
             out_dir=str(Path(cfg.out_dir) / "runs"),
-            run_name=f"{scheme}-seed{seed}",
+            run_name=f"{label}-seed{seed}",
             resume="auto",
         ),
     )
@@ -92,15 +124,16 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     subjects, train_wall = [], {}
     started = time.perf_counter()
+    models = cfg.models()
     for seed in cfg.seeds:
-        for scheme in cfg.schemes:
-            run_cfg = run_config_for(cfg, scheme, seed)
+        for label, model_fields in models:
+            run_cfg = run_config_for(cfg, label, model_fields, seed)
             ckpt = Path(run_cfg.train.out_dir) / run_cfg.train.run_name / "last.ckpt"
             if finished(ckpt, run_cfg.train.max_steps):
                 log.info("%s: trained already (%s), reused", run_cfg.train.run_name, ckpt)
             else:
                 log.info("training %s (%d of %d)", run_cfg.train.run_name, len(subjects) + 1,
-                         len(cfg.seeds) * len(cfg.schemes))  # fmt: skip
+                         len(cfg.seeds) * len(models))  # fmt: skip
                 t0 = time.perf_counter()
                 try:
                     result = train(run_cfg)
@@ -109,7 +142,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
                                           "to start afresh)") from None  # fmt: skip
                 train_wall[run_cfg.train.run_name] = round(time.perf_counter() - t0, 1)
                 ckpt = result.last_ckpt
-            subjects.append(Subject(str(ckpt), label=scheme))
+            subjects.append(Subject(str(ckpt), label=label))
     t0 = time.perf_counter()
     doc = evaluate_checkpoints(subjects, cfg.eval, cfg.eval_data)
     doc["experiment"] = {

@@ -67,3 +67,17 @@ def test_experiment_config_mistakes_fail_clearly(tmp_path, text_file):
     with pytest.raises(SystemExit):  # jsonargparse names the field and the choices
         experiment.main(_tiny(tmp_path, text_file, "--schemes", "[rope, t7]"))
     assert not (tmp_path / "report").exists()
+
+
+def test_variants_beside_the_schemes(tmp_path, text_file):
+    """A named attention variant (here RoPE with a window and T5) trains and is evaluated like a scheme."""
+    variants = "[{name: rope-w8, pos_encoding: rope, attn_window: 8, attn_sinks: 2}]"
+    experiment.main(_tiny(tmp_path, text_file, "--schemes", "[t5]", "--seeds", "[1]", "--variants", variants))
+    doc = json.loads((tmp_path / "report" / "results.json").read_text())
+    runs = {run["label"]: run for run in doc["runs"]}
+    assert {"t5", "rope-w8", "rope-w8 + yarn"} <= set(runs)
+    model = runs["rope-w8"]["config"]["model"]
+    assert (model["attn_window"], model["attn_sinks"], model["pos_encoding"]) == (8, 2, "rope")
+    assert all(row["ppl"] for row in runs["t5"]["results"])  # t5 runs at every length, past block_size
+    with pytest.raises(SystemExit, match="must not repeat"):
+        experiment.main(_tiny(tmp_path, text_file, "--schemes", "[rope]", "--variants", "[{name: rope}]"))
