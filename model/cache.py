@@ -37,7 +37,8 @@ class KVCache:
     def reset(self) -> None:
         """Forget every position (the buffers are kept and overwritten)."""
         self.length = 0
-        self.slot_positions = None
+        if self.slot_positions is not None:
+            self.slot_positions.fill_(-1)
 
     def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         """Allocate every layer's buffers now, as gpt-fast's static cache does: a compiled decoding
@@ -45,6 +46,8 @@ class KVCache:
         would otherwise appear."""
         for layer in self.layers:
             layer.allocate((batch, n_head, self.capacity, head_dim), dtype, device)
+        if self.rolling:
+            self._slots(device)
 
     def fits(self, new_tokens: int) -> bool:
         return self.rolling or self.length + new_tokens <= self.capacity
@@ -65,9 +68,12 @@ class KVCache:
         self.length += new_tokens
 
     def surviving(self, new_tokens: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """Of the next `new_tokens` positions, those a later query can still see, and their slots."""
+        """Of the next `new_tokens` positions, those a later query can still see, and their slots.
+        One new token always survives (it is the newest): no filtering, so a compiled decoding step
+        has no data-dependent shape."""
         positions = torch.arange(self.length, self.length + new_tokens, device=device)
-        positions = positions[self.mask.keeps(positions, self.length + new_tokens)]
+        if new_tokens > 1:
+            positions = positions[self.mask.keeps(positions, self.length + new_tokens)]
         sinks, window = self.mask.sinks, self.mask.window
         slots = torch.where(positions < sinks, positions, sinks + (positions - sinks) % window)
         return positions, slots

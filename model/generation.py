@@ -43,7 +43,7 @@ class GPT(Protocol):
         self, idx: Tensor, targets: Tensor | None = None, *, cache: Cache | None = None, last_only: bool = False
     ) -> tuple[Tensor, Tensor | None]: ...
 
-    def new_cache(self, capacity: int, batch: int | None = None) -> Cache: ...
+    def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> Cache: ...
 
 
 DEFAULT_CONTEXT_MULTIPLE = 4
@@ -120,7 +120,9 @@ def stream(
     if idx.size(1) == 0:
         raise ValueError("generate needs a prompt of at least one token (e.g. a newline or <|endoftext|>).")
     window = context_window(model, max_context)
-    cache = model.new_cache(window or 0, batch=idx.size(0)) if use_cache else None
+    # positions stay below `window` (past it the cache is refilled), or grow to the last new token
+    longest = window if window is not None else idx.size(1) + max_new_tokens
+    cache = model.new_cache(window or 0, batch=idx.size(0), longest=longest) if use_cache else None
     tokens = idx
     with torch.no_grad():
         logits = _forward_last(model, _last(tokens, window), cache)

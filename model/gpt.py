@@ -176,11 +176,13 @@ class GPT(nn.Module):
             cache.advance(T)
         return self.ln_f(x)
 
-    def new_cache(self, capacity: int, batch: int | None = None) -> KVCache | StateCache:
+    def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> KVCache | StateCache:
         """What decoding keeps: running sums for linear attention (constant size), else a KV cache
         shaped by the attention mask (`capacity` positions, or a rolling S + W with a window),
-        allocated now for `batch` sequences when given (a static cache: see `KVCache.allocate`)."""
-        self.pe.reserve(capacity)  # position tables that will not grow under a compiled step
+        allocated now for `batch` sequences when given (a static cache: see `KVCache.allocate`).
+        Position tables are grown now to the `longest` position decoding will reach (default
+        `capacity`), so that they do not grow under a compiled step."""
+        self.pe.reserve(longest or capacity)
         if self.config.attention == "linear":
             return StateCache(self.config.n_layer)
         cache = KVCache(self.config.n_layer, capacity, self.mask)
