@@ -4,16 +4,19 @@ Shapes: B batch, H heads, Tq / Tk query / key lengths, D head size, C = H * D mo
 Positions are absolute: the Tq queries sit at q_start.., the Tk keys at `k_pos` (0..Tk-1 in a
 plain forward; a rolling KV cache holds other positions).
 
-A kernel is one `KERNELS` entry that declares what it can run (a score bias, gradients through a
-learned bias, attention dropout, the devices with a backward pass, masks beyond causal, returning
-the weights). `attn_backend="auto"` picks the first kernel of the device's preference order whose
-declarations cover what the position scheme and the mask need (`choose_kernel`):
+A kernel is one `KERNELS` entry that declares what it can run (the attention function, a score
+bias, gradients through a learned bias, attention dropout, the devices with a backward pass, masks
+beyond causal, scoring functions, returning the weights). `attn_backend="auto"` picks the first
+kernel of the device's preference order whose declarations cover what the model needs
+(`choose_kernel`):
 
-| needs                                        | CUDA                                         | CPU / other |
-|----------------------------------------------|----------------------------------------------|-------------|
-| nothing beyond causal (learned, sinusoidal, rope, none) | sdpa, is_causal=True (FlashAttention) | sdpa  |
-| a score bias (alibi, t5) or a window mask    | flex (bias and block sparsity in the kernel) | sdpa        |
-| the same, with attention dropout or decoding | sdpa (flex has no dropout; no per-length compile) | sdpa   |
+| needs                                                   | CUDA                                  | CPU / other |
+|---------------------------------------------------------|---------------------------------------|-------------|
+| nothing beyond causal (learned, sinusoidal, rope, none) | sdpa, is_causal=True (FlashAttention) | sdpa        |
+| a score bias (alibi, t5) or a window mask               | flex (bias, block sparsity in-kernel) | sdpa        |
+| the same, with attention dropout or when decoding       | sdpa (no dropout in flex; no per-length compile) | sdpa |
+| the additive score                                      | eager (chunked over queries)          | eager       |
+| linear attention                                        | chunked                               | chunked     |
 
 `auto` never picks flex off CUDA: in torch 2.13 FlexAttention has no CPU backward pass and
 compiles for ~15 s per new shape there, while SDPA's CPU kernels are fast enough. An explicit
