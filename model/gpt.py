@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.attention import AttentionContext, CausalSelfAttention, build_context, check_kernel, choose_kernel, needs_of
+from model.attention import CausalSelfAttention, build_context
 from model.cache import KVCache, LayerCache
 from model.config import GPTConfig
 from model.generation import stream
+from model.kernels import AttentionContext, check_kernel, choose_kernel, needs_of
 from model.linear_attention import StateCache
 from model.masks import AttentionMask
 from model.positions import PositionEncoding, build_positions

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model import POS_ENCODINGS, GPTConfig
-from model.attention import causal_mask, choose_kernel, eager_attention, needs_of, sdpa_attention
+from model.kernels import causal_mask, choose_kernel, eager_attention, needs_of, sdpa_attention
 from model.masks import AttentionMask
 from model.positions import build_positions
 
@@ -132,7 +132,7 @@ def test_auto_trains_alibi_on_cpu(tiny_config):
 def test_sdpa_under_cpu_bf16_autocast_attends_in_float32_and_matches_the_reference(tiny_config, scheme, monkeypatch):
     """bf16 training on a CPU: the projections run in bf16, the fused attention in float32 (its bf16
     kernel is the slower one there); logits and gradients stay close to the float32 reference."""
-    import model.attention as attention
+    import model.kernels as attention
 
     seen: list[torch.dtype] = []
     real = attention.F.scaled_dot_product_attention

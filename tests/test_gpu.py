@@ -20,7 +20,7 @@ import sample as sample_script
 import train as train_script
 from core.checkpoint import read_checkpoint
 from model import GPT, POS_ENCODINGS, GPTConfig
-from model.attention import compiled_flex_attention
+from model.kernels import compiled_flex_attention
 from training.run import latest_metrics
 
 from helpers import build, relative_error, run_pair, straight_and_resumed, tiny_args
@@ -82,7 +82,7 @@ def test_bias_free_sdpa_runs_the_flash_kernel(gpu_config):
 
 
 def test_auto_alibi_trains_through_compiled_flex_on_cuda(gpu_config):
-    from model.attention import choose_kernel, needs_of
+    from model.kernels import choose_kernel, needs_of
 
     model = GPT(dataclasses.replace(gpu_config, pos_encoding="alibi"))
     needs = needs_of(model.pe, model.mask, CUDA, dropout_active=False, needs_grad=True, decoding=False)

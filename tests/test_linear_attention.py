@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from model.attention import KERNELS, AttentionContext
+from model.kernels import KERNELS, AttentionContext
 from model.linear_attention import feature_map, linear_attention_chunked, linear_attention_quadratic
 from model.positions import apply_rope, rope_cos_sin
 

@@ -44,7 +44,8 @@ def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two():
 def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
     """The two derivations of one formula (`relative_bias`): eager/SDPA's dense (H, Tq, Tk) tensor
     and FlexAttention's score_mod, for queries that are the last Tq of Tk positions."""
-    from model.attention import KERNELS, _score_mod, build_context
+    from model.attention import _score_mod, build_context
+    from model.kernels import KERNELS
     from model.masks import AttentionMask
 
     pe = ALiBi(dataclasses.replace(tiny_config, pos_encoding="alibi"))

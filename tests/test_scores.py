@@ -10,7 +10,7 @@ import torch
 
 import model.scores as scores
 from model import GPT
-from model.attention import choose_kernel, eager_attention, needs_of
+from model.kernels import choose_kernel, eager_attention, needs_of
 from model.scores import Additive, Dot, ScaledDot
 
 from helpers import run_pair

@@ -41,7 +41,7 @@ def resolve_precision(precision: str, accelerator: str) -> str:
 
     The rule is `core.device.auto_dtype`'s. The CPU row is measured (BENCHMARKS.md, "bf16 on the
     CPU") at widths 128-384 and contexts 64-256, with attention kept in float32 (see
-    `model.attention.sdpa_attention`).
+    `model.kernels.sdpa_attention`).
     """
     if precision != "auto":
         return precision
