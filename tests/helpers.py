@@ -54,6 +54,22 @@ def run_pair(config: GPTConfig, scheme: str, backend: str, device: torch.device,
         yield T, results[0], results[1]
 
 
+def overfit(model: GPT, steps: int = 150, lr: float = 3e-3, seed: int = 0) -> tuple[float, float]:
+    """Train `model` on one fixed batch of random tokens (4 x 16 + 1); return the loss before and
+    after. Memorising it shows that gradients reach every part of the model."""
+    generator = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, model.config.vocab_size, (4, 17), generator=generator)
+    x, y = idx[:, :-1], idx[:, 1:]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    first = model(x, y)[1].item()
+    for _ in range(steps):
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return first, model(x, y)[1].item()
+
+
 def direct_loss(model: GPT, tokens: np.ndarray, length: int, stride: int, budget: int) -> float:
     """The extrapolation loss computed the slow, obvious way: one window at a time, advancing by
     `stride`, scoring the last `stride` tokens of each, until `budget` tokens are scored."""

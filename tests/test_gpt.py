@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from model import GPT, POS_ENCODINGS, GPTConfig
 
+from helpers import overfit
+
 
 @pytest.mark.parametrize("scheme", POS_ENCODINGS)
 def test_forward_shapes_and_loss(tiny_config, scheme):
@@ -101,17 +103,7 @@ def test_dropout_is_active_in_train_mode_only(tiny_config):
 @pytest.mark.parametrize("scheme", POS_ENCODINGS)
 def test_each_scheme_overfits_one_batch(tiny_config, scheme):
     """Gradients reach every part of the model: a fixed batch of random tokens gets memorised."""
-    model = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme))
-    idx = torch.randint(0, 64, (4, 17))
-    x, y = idx[:, :-1], idx[:, 1:]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-    first = model(x, y)[1].item()
-    for _ in range(200):
-        _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    final = model(x, y)[1].item()
+    first, final = overfit(GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)), steps=200, lr=1e-2)
     assert first > 3.5  # about ln(64) = 4.16 at init
     assert final < 0.1, f"{scheme}: loss {first:.3f} -> {final:.3f}"  # from ~4.16
 

@@ -12,6 +12,8 @@ from model.kernels import KERNELS, AttentionContext
 from model.linear_attention import feature_map, linear_attention_chunked, linear_attention_quadratic
 from model.positions import apply_rope, rope_cos_sin
 
+from helpers import overfit
+
 SCHEMES = ["learned", "sinusoidal", "rope", "none"]
 
 
@@ -120,12 +122,5 @@ def test_what_linear_attention_cannot_express_fails_at_construction(tiny_config,
 
 
 def test_a_linear_attention_model_overfits_a_batch(tiny_config):
-    model = GPT(_linear(tiny_config, "rope"))
-    idx = torch.randint(0, tiny_config.vocab_size, (4, 16))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(150):
-        _, loss = model(idx[:, :-1], idx[:, 1:])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert loss.item() < 0.3
+    _, final = overfit(GPT(_linear(tiny_config, "rope")))
+    assert final < 0.3

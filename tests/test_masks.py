@@ -13,7 +13,7 @@ from model.cache import KVCache
 from model.generation import context_window
 from model.masks import AttentionMask
 
-from helpers import run_pair
+from helpers import overfit, run_pair
 
 ODD_LEN = 13
 MASKS = {"window": {"attn_window": 5}, "window+sinks": {"attn_window": 5, "attn_sinks": 2}}
@@ -109,15 +109,8 @@ def test_cached_decoding_equals_uncached_and_the_cache_stays_small(tiny_config, 
 
 
 def test_a_window_model_overfits_a_batch(tiny_config):
-    model = GPT(_config(tiny_config, "rope", "window+sinks"))
-    idx = torch.randint(0, tiny_config.vocab_size, (4, 16))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(150):
-        _, loss = model(idx[:, :-1], idx[:, 1:])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert loss.item() < 0.2
+    _, final = overfit(GPT(_config(tiny_config, "rope", "window+sinks")))
+    assert final < 0.2
 
 
 def test_flops_count_the_keys_a_window_sees(tiny_config):

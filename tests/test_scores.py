@@ -13,7 +13,7 @@ from model import GPT
 from model.kernels import choose_kernel, eager_attention, needs_of
 from model.scores import Additive, Dot, ScaledDot
 
-from helpers import run_pair
+from helpers import overfit, run_pair
 
 
 def test_dot_is_the_scaled_dot_product_without_the_scale():
@@ -71,15 +71,9 @@ def test_additive_runs_on_eager_only(tiny_config):
 @pytest.mark.parametrize("scheme", ["learned", "alibi"])
 def test_each_score_overfits_and_decodes_the_same_with_and_without_cache(tiny_config, kind, scheme):
     model = GPT(dataclasses.replace(tiny_config, attn_score=kind, pos_encoding=scheme))
-    idx = torch.randint(0, tiny_config.vocab_size, (4, 16))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(120):
-        _, loss = model(idx[:, :-1], idx[:, 1:])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert loss.item() < 0.3
+    _, final = overfit(model, steps=120)
+    assert final < 0.3
     model.eval()
-    prompt = idx[:2, :3]
+    prompt = torch.randint(0, tiny_config.vocab_size, (2, 3))
     cached, uncached = (model.generate(prompt, 20, temperature=0, use_cache=c) for c in (True, False))
     assert torch.equal(cached, uncached)
