@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.attention import ATTENTION_KINDS, bench_attention_cost, bench_variants
 from core.checkpoint import load_checkpoint
 from data.dataset import load_prepared
 from data.prepare import prepare
@@ -389,102 +390,6 @@ def bench_clip(args: argparse.Namespace) -> None:
         for name in variants:
             print(f"  {name:28s} optimizer phase {1000 * statistics.median(phase[name]):6.2f} ms, "
                   f"whole step {1000 * statistics.median(whole[name]):7.1f} ms")  # fmt: skip
-
-
-ATTENTION_KINDS = ("softmax-sdpa", "softmax-eager", "linear-chunked", "window-sdpa")
-
-
-def attention_cost(kind: str, T: int, heads: int = 4, head_dim: int = 32, repeats: int = 3) -> tuple[float, float]:
-    """Forward + backward of one attention call on (1, heads, T, head_dim) inputs in float32, in
-    this process: (median ms, peak resident MiB above what the imports took)."""
-    import resource
-
-    from model.kernels import causal_mask, eager_attention, sdpa_attention
-    from model.linear_attention import feature_map, linear_attention_chunked
-    from model.masks import AttentionMask
-
-    baseline_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # imports, before any tensor
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(1, heads, T, head_dim, requires_grad=True) for _ in range(3))
-    window = AttentionMask(window=256).dense(torch.arange(T), torch.arange(T)) if kind == "window-sdpa" else None
-
-    def step() -> None:
-        if kind == "softmax-sdpa":
-            out = sdpa_attention(q, k, v)
-        elif kind == "softmax-eager":
-            out = eager_attention(q, k, v, mask=causal_mask(T, T))[0]
-        elif kind == "window-sdpa":
-            out = sdpa_attention(q, k, v, mask=window)
-        else:
-            fq, fk = feature_map(q), feature_map(k)
-            out = linear_attention_chunked(torch.cat([fq, fq], -1), torch.cat([fk, fk], -1), v)[0]
-        out.sum().backward()
-
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - baseline_mib
-    return 1000 * statistics.median(times[1:]), peak_mib
-
-
-def bench_attention_cost(args: argparse.Namespace) -> None:
-    """Each (kind, T) in a fresh process, so that its peak resident memory is its own."""
-    print("| kind | T | fwd+bwd ms | peak MiB above the imports |\n|---|---|---|---|")
-    for T in args.lengths:
-        for kind in args.kinds:
-            if kind == "softmax-eager" and T > args.eager_max:
-                print(f"| {kind} | {T} | skipped: its T x T float32 scores and gradients need > 10 GiB | |")
-                continue
-            code = f"import bench; print(*bench.attention_cost({kind!r}, {T}))"
-            out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-            ms, mib = map(float, out.stdout.split())
-            print(f"| {kind} | {T} | {ms:.1f} | {mib:.0f} |", flush=True)
-
-
-VARIANTS: dict[str, dict[str, object]] = {
-    "rope (default)": {"pos_encoding": "rope"},
-    "alibi": {"pos_encoding": "alibi"},
-    "t5": {"pos_encoding": "t5"},
-    "rope, window 64": {"pos_encoding": "rope", "attn_window": 64},
-    "rope, window 64 + 4 sinks": {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4},
-    "rope, linear attention": {"pos_encoding": "rope", "attention": "linear"},
-    "rope, dot score": {"pos_encoding": "rope", "attn_score": "dot"},
-    "rope, additive score": {"pos_encoding": "rope", "attn_score": "additive"},
-}
-
-
-def bench_variants(args: argparse.Namespace) -> None:
-    """Training step (forward, backward, AdamW) of each attention variant at one shape, float32, in
-    interleaved rounds (every variant once per round, the order reversed every other round)."""
-    layers, width, block, batch = args.shape
-    base = GPTConfig(vocab_size=65, block_size=block, n_layer=layers, n_head=4, n_embd=width, bias=False)
-    models = {}
-    for name, extra in VARIANTS.items():
-        torch.manual_seed(0)
-        model = GPT(dataclasses.replace(base, **extra))
-        models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True))
-    idx = torch.randint(0, 65, (batch, block + 1))
-    times: dict[str, list[float]] = {name: [] for name in models}
-    names = list(models)
-    for round_ in range(args.rounds):
-        for name in names if round_ % 2 == 0 else names[::-1]:
-            model, optimizer = models[name]
-            for i in range(args.steps + 2):
-                start = time.perf_counter()
-                _, loss = model(idx[:, :-1], idx[:, 1:])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                if i >= 2:  # warm-up left out
-                    times[name].append(time.perf_counter() - start)
-    default = statistics.median(times[names[0]])
-    print(f"shape {args.shape} (layers, width, block, batch), float32, {args.rounds} rounds x {args.steps} steps")
-    print("| variant | ms/step (median) | tokens/s | vs default |\n|---|---|---|---|")
-    for name in names:
-        ms = 1000 * statistics.median(times[name])
-        print(f"| {name} | {ms:.1f} | {batch * block / ms * 1000:,.0f} | {default * 1000 / ms:.2f}x |")
 
 
 def main() -> None:

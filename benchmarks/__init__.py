@@ -1,0 +1,1 @@
+"""Benchmark modes that `bench.py` runs, by area."""
