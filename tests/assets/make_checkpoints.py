@@ -1,8 +1,10 @@
-"""Write the tiny checkpoints in this directory: one per position scheme, trained for 3 steps by
-`train.py` as it stood before the attention core was redesigned (issue 11), with the logits each
-gave on a fixed input. tests/test_checkpoint_compat.py checks that they still load and give those
-logits. Run from the repository root: `python tests/assets/make_checkpoints.py` (do not re-run it
-after changing the model: the point is to keep what the older code wrote)."""
+"""Write pre-redesign.pt in this directory: one tiny checkpoint per position scheme, trained for
+3 steps by `train.py` as it stood before the attention core was redesigned (issue 11; it was run
+on commit eb6b156), with the logits each gave on a fixed input, in one file of about 70 KB (the
+checkpoints without their optimizer and loop state). tests/test_checkpoint_compat.py checks that
+they still load and give those logits. Run from the repository root: `python
+tests/assets/make_checkpoints.py` (do not re-run it after changing the model: the point is to keep
+what the older code wrote)."""
 
 from __future__ import annotations
 
@@ -24,8 +26,12 @@ from model import POS_ENCODINGS  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
+KEEP = ("epoch", "global_step", "pytorch-lightning_version", "state_dict", "hparams_name", "hyper_parameters")
+"""What a test needs of a checkpoint: weights, config and tokenizer (not the optimizer or loops)."""
+
+
 def main() -> None:
-    logits = {}
+    bundle = {}
     with tempfile.TemporaryDirectory() as tmp:
         text = Path(tmp) / "corpus.txt"
         text.write_text(make_text(200))
@@ -38,16 +44,19 @@ def main() -> None:
                 "--data.input", str(text), "--data.prepared_root", f"{tmp}/prepared",
                 "--train.out_dir", f"{tmp}/runs", "--train.run_name", scheme,
             ])  # fmt: skip
-            ckpt = torch.load(Path(tmp) / "runs" / scheme / "last.ckpt", weights_only=False)
-            ckpt["optimizer_states"] = []  # not needed to check weights and logits; keeps the file small
-            path = HERE / f"main-{scheme}.pt"
-            torch.save(ckpt, path)
+            path = Path(tmp) / "runs" / scheme / "last.ckpt"
+            ckpt = torch.load(path, weights_only=False)
             model = load_checkpoint(path).model
             idx = torch.arange(12).remainder(model.config.vocab_size)[None]  # 12 > block_size: past it where possible
             n = idx.size(1) if model.pe.max_positions is None else model.pe.max_positions
             with torch.no_grad():
-                logits[scheme] = (idx[:, :n], model(idx[:, :n])[0])
-    torch.save(logits, HERE / "main-logits.pt")
+                logits = model(idx[:, :n])[0]
+            bundle[scheme] = {
+                "checkpoint": {k: ckpt[k] for k in KEEP if k in ckpt},
+                "idx": idx[:, :n],
+                "logits": logits,
+            }
+    torch.save(bundle, HERE / "pre-redesign.pt")
 
 
 if __name__ == "__main__":
