@@ -233,28 +233,36 @@ def own_data(ckpt: LoadedCheckpoint, path: str, ranks: str | None = None) -> Pre
             raise DataError(_changed_data(path, f"{prepared.path} now has another vocabulary"))
         return prepared
     try:
+        prepared: PreparedData | None = load_prepared(record["prepared"])
+    except DataError:
+        prepared = None  # gone or incomplete
+    if prepared is not None and prepared.meta.get("fingerprint") == record["fingerprint"]:
+        edited = _edited_since(record["sources"], prepared.path / "meta.json")
+        if edited:
+            log.warning(
+                "%s changed since training; %s evaluates on the split prepared from it at training time (%s)",
+                ", ".join(edited),
+                path,
+                prepared.path,
+            )
+        return prepared
+    # gone, or prepared again from other text: prepare it anew only from sources that still hold
+    # what they held (hashing them, which only this path needs)
+    try:
         sources = resolve_sources(record["sources"], own["glob"])
         unchanged = fingerprint(sources, settings) == record["fingerprint"]
     except (DataError, OSError):
         unchanged = False
-    try:
-        prepared = load_prepared(record["prepared"])
-        if prepared.meta.get("fingerprint") == record["fingerprint"]:
-            if not unchanged:
-                log.warning(
-                    "%s changed since training; %s evaluates on the split prepared from it at training time (%s)",
-                    ", ".join(record["sources"]),
-                    path,
-                    prepared.path,
-                )
-            return prepared
-    except DataError:
-        pass  # gone or incomplete: prepare it again from the sources, if they are unchanged
     if not unchanged:
         raise DataError(_changed_data(path, f"{', '.join(record['sources'])} changed or moved since"))
-    return prepare_dir(
-        [str(p) for p in sources], None, str(Path(record["prepared"]).parent), **settings, glob=own["glob"]
-    )
+    root = str(Path(record["prepared"]).parent)
+    return prepare_dir([str(p) for p in sources], None, root, **settings, glob=own["glob"], tiktoken_ranks=ranks)
+
+
+def _edited_since(sources: list[str], reference: Path) -> list[str]:
+    """The sources modified (or gone) since `reference` was written: a stat each, no hashing."""
+    stamp = reference.stat().st_mtime
+    return [s for s in sources if not Path(s).is_file() or Path(s).stat().st_mtime > stamp]
 
 
 def _changed_data(path: str, what: str) -> str:
