@@ -169,13 +169,17 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_config(argv: list[str] | None = None) -> ExperimentConfig:
+    """The experiment the command line describes (validated: a mistake raises ValueError)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    config = parser.instantiate(parser.parse_args(argv))
+    return ExperimentConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(ExperimentConfig)})
+
+
+def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        config = parser.instantiate(args)
-        cfg = ExperimentConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(ExperimentConfig)})
+        cfg = parse_config(argv)
         doc = run_experiment(cfg)
     except (ValueError, DataError, CheckpointError) as error:
         sys.exit(f"error: {error}")

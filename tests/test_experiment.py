@@ -17,7 +17,7 @@ def _tiny(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
     return [
         "--config", str(ROOT / "configs" / "extrapolation_shakespeare.yaml"),
         "--out_dir", str(tmp_path / "report"),
-        "--schemes", "[rope, learned]",
+        "--schemes", "[rope, learned]", "--variants", "[]",
         "--seeds", "[1, 2]",
         "--run.data.input", str(text_file),
         "--run.data.prepared_root", str(tmp_path / "prepared"),
@@ -53,9 +53,9 @@ def test_a_tiny_experiment_end_to_end_and_reuse(tmp_path, text_file, capsys):
 
 @pytest.mark.parametrize("name", ["extrapolation_shakespeare.yaml", "extrapolation_gpu.yaml"])
 def test_shipped_experiment_configs_parse(name):
-    parser = experiment.build_parser()
-    config = parser.instantiate(parser.parse_args(["--config", str(ROOT / "configs" / name)]))
-    assert config.schemes == ["learned", "sinusoidal", "rope", "alibi", "none"]
+    config = experiment.parse_config(["--config", str(ROOT / "configs" / name)])
+    assert config.schemes == ["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
+    assert any(fields.get("attn_window", 0) > 0 for _, fields in config.models())  # a sliding-window model
     assert max(config.eval.lengths) >= 8 * config.run.model.block_size  # train short, test at 8x or more
     assert config.eval.mode == "nonoverlap"
 
