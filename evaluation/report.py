@@ -64,8 +64,8 @@ def write_report(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
     files = {
         "results.json": json.dumps(doc, indent=1, allow_nan=False).encode(),
         "results.md": markdown_table(doc, groups).encode(),
-        "ppl_vs_length.png": _png(ppl_figure(doc, groups)),
-        "loss_by_position.png": _png(position_figure(doc, groups)),
+        "ppl_vs_length.png": png_bytes(ppl_figure(doc, groups)),
+        "loss_by_position.png": png_bytes(position_figure(doc, groups)),
     }
     for name, payload in files.items():
         atomic_write_bytes(out / name, payload)
@@ -236,7 +236,8 @@ def _length_ticks(ax: plt.Axes, lengths: list[int]) -> None:
     ax.set_xticklabels([str(n) for n in lengths], fontsize=8)
 
 
-def _png(fig: plt.Figure) -> bytes:
+def png_bytes(fig: plt.Figure) -> bytes:
+    """The figure as PNG bytes (written atomically by the caller); the figure is closed."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)

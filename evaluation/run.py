@@ -72,9 +72,9 @@ def default_labels(paths: list[str]) -> list[str]:
 def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: EvalData) -> dict[str, Any]:
     """Every subject at every length; returns the results document that `evaluation.report` writes."""
     loaded = [load_checkpoint(s.path, data.tiktoken_ranks) for s in subjects]  # all checked before any work
-    texts = _texts(loaded, subjects, data)
+    texts = load_texts(loaded, subjects, data)
     for subject, text in zip(subjects, texts, strict=True):
-        _check_long_enough(subject, text, settings.lengths[-1])
+        check_long_enough(subject, text, settings.lengths[-1])
     device, dtype = pick_device_dtype(settings.device, settings.dtype)
     autocast = None if dtype == torch.float32 else dtype
     plan = [
@@ -94,14 +94,21 @@ def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: 
             runs.append(_evaluate_one(subject, ckpt, text, scaling, settings, device, autocast, bar))
     return {
         "format": FORMAT,
+        **provenance(device, autocast or torch.float32),
+        "settings": dataclasses.asdict(settings),
+        "data": dataclasses.asdict(data),
+        "runs": runs,
+    }
+
+
+def provenance(device: torch.device, dtype: torch.dtype) -> dict[str, str]:
+    """When, from which code, with which torch, on what, in which dtype: the head of a results file."""
+    return {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git": git_sha(),
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
-        "dtype": str(autocast or torch.float32).removeprefix("torch."),
-        "settings": dataclasses.asdict(settings),
-        "data": dataclasses.asdict(data),
-        "runs": runs,
+        "dtype": str(dtype).removeprefix("torch."),
     }
 
 
@@ -182,7 +189,7 @@ def _tokenizer_name(ckpt: LoadedCheckpoint) -> str:
     return f"{ckpt.tokenizer.meta()['kind']} ({ckpt.tokenizer.vocab_size})"
 
 
-def _texts(loaded: list[LoadedCheckpoint], subjects: list[Subject], data: EvalData) -> list[EvalText]:
+def load_texts(loaded: list[LoadedCheckpoint], subjects: list[Subject], data: EvalData) -> list[EvalText]:
     """The evaluation text of each checkpoint, tokenized once per distinct tokenizer (and data)."""
     memo: dict[str, EvalText] = {}
     texts = []
@@ -238,6 +245,8 @@ def own_data(ckpt: LoadedCheckpoint, path: str, ranks: str | None = None) -> Pre
         prepared = None  # gone or incomplete
     if prepared is not None and prepared.meta.get("fingerprint") == record["fingerprint"]:
         edited = _edited_since(record["sources"], prepared.path / "meta.json")
+        if edited and _same_sources(record, own["glob"], settings):
+            edited = []  # touched (copied, checked out) but holding what they held
         if edited:
             log.warning(
                 "%s changed since training; %s evaluates on the split prepared from it at training time (%s)",
@@ -248,15 +257,19 @@ def own_data(ckpt: LoadedCheckpoint, path: str, ranks: str | None = None) -> Pre
         return prepared
     # gone, or prepared again from other text: prepare it anew only from sources that still hold
     # what they held (hashing them, which only this path needs)
-    try:
-        sources = resolve_sources(record["sources"], own["glob"])
-        unchanged = fingerprint(sources, settings) == record["fingerprint"]
-    except (DataError, OSError):
-        unchanged = False
-    if not unchanged:
+    if not _same_sources(record, own["glob"], settings):
         raise DataError(_changed_data(path, f"{', '.join(record['sources'])} changed or moved since"))
     root = str(Path(record["prepared"]).parent)
+    sources = resolve_sources(record["sources"], own["glob"])
     return prepare_dir([str(p) for p in sources], None, root, **settings, glob=own["glob"], tiktoken_ranks=ranks)
+
+
+def _same_sources(record: dict[str, Any], glob: str, settings: dict[str, Any]) -> bool:
+    """Whether the recorded sources still hold what they held at training (hashing them)."""
+    try:
+        return fingerprint(resolve_sources(record["sources"], glob), settings) == record["fingerprint"]
+    except (DataError, OSError):
+        return False
 
 
 def _edited_since(sources: list[str], reference: Path) -> list[str]:
@@ -306,7 +319,7 @@ def _tokens_sha256(tokens: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()
 
 
-def _check_long_enough(subject: Subject, text: EvalText, longest: int) -> None:
+def check_long_enough(subject: Subject, text: EvalText, longest: int) -> None:
     if len(text.tokens) < longest + 1:
         raise DataError(
             f"The evaluation text of {subject.path} has {len(text.tokens)} tokens, too few for one window "

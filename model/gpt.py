@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -13,8 +14,8 @@ from model.attention import CausalSelfAttention, build_context
 from model.cache import KVCache, LayerCache
 from model.config import GPTConfig
 from model.generation import stream
-from model.kernels import AttentionContext, check_kernel, choose_kernel, needs_of
-from model.linear_attention import StateCache
+from model.kernels import AttentionContext, check_kernel, choose_kernel, needs_of, weights_kernel
+from model.linear_attention import StateCache, WeightsHook
 from model.masks import AttentionMask
 from model.positions import PositionEncoding, build_positions
 
@@ -137,6 +138,19 @@ class GPT(nn.Module):
         """
         return self._hidden(idx, None)
 
+    @torch.no_grad()
+    def attention_weights(self, idx: Tensor, visit: Callable[[int], WeightsHook | None]) -> Tensor:
+        """Logits (B, T, padded_vocab_size) of a forward pass on the reference kernel, which forms the
+        attention weights, handing each layer's weights to `visit(layer)` (a hook, or None to skip the
+        layer) in chunks of query rows: no (B, H, T, T) tensor is formed at long lengths.
+
+        The fused kernels (SDPA, flex) never form the weights, so they are recomputed here in float32
+        from the same parameters; the logits equal the model's normal forward (tested). Softmax
+        weights are the softmax over the visible keys; linear attention's are the normalised kernel
+        products. Dropout is off: call it on a model in eval mode.
+        """
+        return self.lm_head(self._hidden(idx, None, visit))
+
     def set_rope_scaling(self, scaling: str, factor: float) -> None:
         """Switch RoPE scaling in place (`config.rope_scaling` and its factor).
 
@@ -148,8 +162,11 @@ class GPT(nn.Module):
         self.config = dataclasses.replace(self.config, rope_scaling=scaling, rope_scaling_factor=float(factor))
         self.pe = build_positions(self.config).to(self.wte.weight.device)
 
-    def _hidden(self, idx: Tensor, cache: KVCache | None) -> Tensor:
-        """The final-LayerNorm states (B, T, C) that the tied head turns into logits."""
+    def _hidden(
+        self, idx: Tensor, cache: KVCache | None, visit: Callable[[int], WeightsHook | None] | None = None
+    ) -> Tensor:
+        """The final-LayerNorm states (B, T, C) that the tied head turns into logits (with `visit`:
+        on the kernel that forms the weights, see `attention_weights`)."""
         T = idx.size(1)
         start = cache.length if cache is not None else 0
         self._check_length(start + T)
@@ -166,13 +183,14 @@ class GPT(nn.Module):
             function=self.config.attention,
             score=self.config.attn_score,
         )
-        kernel = choose_kernel(self.config.attn_backend, needs, idx.device)
+        kernel = weights_kernel(needs) if visit else choose_kernel(self.config.attn_backend, needs, idx.device)
         k_pos = cache.key_positions(T, idx.device) if cache is not None else None
         ctx = build_context(
             kernel, self.pe, self.mask, self.config.n_head, start, T, k_pos, idx.device, self._block_masks
         )
         for i, block in enumerate(self.blocks):
-            x = block(x, self.pe, ctx, cache.layers[i] if cache is not None else None)
+            layer_ctx = dataclasses.replace(ctx, on_weights=visit(i)) if visit else ctx
+            x = block(x, self.pe, layer_ctx, cache.layers[i] if cache is not None else None)
         if cache is not None:
             cache.advance(T)
         return self.ln_f(x)

@@ -34,7 +34,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from model.linear_attention import linear_attention_chunked, linear_attention_quadratic
+from model.linear_attention import (
+    WEIGHTS_CHUNK_ELEMENTS,
+    WeightsHook,
+    linear_attention_chunked,
+    linear_attention_quadratic,
+)
 from model.masks import AttentionMask
 from model.positions import PositionEncoding
 from model.scores import ScaledDot, Score
@@ -59,6 +64,7 @@ class AttentionContext:
     bias: Tensor | None = None
     block_mask: BlockMask | None = None
     score_mod: ScoreMod | None = None
+    on_weights: WeightsHook | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +177,15 @@ def choose_kernel(requested: str, needs: Needs, device: torch.device) -> Kernel:
     raise RuntimeError(f"No attention kernel can run this configuration on {device.type}: none has {', '.join(unmet)}.")
 
 
+def weights_kernel(needs: Needs) -> Kernel:
+    """The kernel that forms the attention weights for `needs`: the reference path of the attention
+    function (fused kernels never form them)."""
+    for kernel in KERNELS.values():
+        if kernel.weights and not needs.unmet(kernel):
+            return kernel
+    raise RuntimeError(f"No kernel forms the weights of {needs.function} attention here.")
+
+
 def check_kernel(
     requested: str, pe: PositionEncoding, mask: AttentionMask, dropout: bool, function: str, score: str
 ) -> None:
@@ -211,6 +226,7 @@ def eager_attention(
     need_weights: bool = False,
     mask: Tensor | None = None,
     score: Score | None = None,
+    on_weights: WeightsHook | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(score(q, k) + bias, over the visible keys) v, written out in (at least) float32: the
     reference every kernel is tested against. The score is q k^T / sqrt(D) unless `score` says
@@ -223,6 +239,8 @@ def eager_attention(
         need_weights: also return the (B, H, Tq, Tk) attention weights (after dropout).
         mask: (Tq, Tk) bool visibility; None is plain causal (the queries are the last Tq keys).
         score: the scoring function (default: scaled dot product).
+        on_weights: called with each chunk of weights (query rows, (B, H, rows, Tk)), chunks then
+            small enough that no (B, H, Tq, Tk) tensor is formed at long lengths.
 
     Returns:
         The (B, H, Tq, D) output in q's dtype, and the weights or None.
@@ -234,6 +252,8 @@ def eager_attention(
     qw, kw, vw = q.to(dtype), k.to(dtype), v.to(dtype)
     outs, all_weights = [], []
     step = score.query_chunk(qw, kw)
+    if on_weights is not None:
+        step = min(step, max(1, WEIGHTS_CHUNK_ELEMENTS // (q.size(0) * q.size(1) * k_len)))
     for c in range(0, q_len, step):
         rows = slice(c, min(c + step, q_len))
         scores = score(qw[:, :, rows], kw)  # (B, H, chunk, Tk)
@@ -242,6 +262,8 @@ def eager_attention(
         scores = scores.masked_fill(~visible[rows], float("-inf"))
         weights = F.dropout(torch.softmax(scores, dim=-1), p=dropout_p)
         outs.append(weights @ vw)  # (B, H, chunk, D)
+        if on_weights is not None:
+            on_weights(rows, weights)
         if need_weights:
             all_weights.append(weights)
     out = torch.cat(outs, dim=2).to(q.dtype)
@@ -320,7 +342,7 @@ def flex_attention_fused(
 
 
 def _run_eager(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float, score: Score) -> Tensor:
-    return eager_attention(q, k, v, ctx.bias, dropout_p, mask=ctx.mask, score=score)[0]
+    return eager_attention(q, k, v, ctx.bias, dropout_p, mask=ctx.mask, score=score, on_weights=ctx.on_weights)[0]
 
 
 def _run_sdpa(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float, score: Score) -> Tensor:
@@ -335,7 +357,7 @@ def _run_flex(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p:
 def _run_linear_quadratic(
     q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float, score: Score
 ) -> Tensor:
-    return linear_attention_quadratic(q, k, v)
+    return linear_attention_quadratic(q, k, v, on_weights=ctx.on_weights)
 
 
 def _run_linear_chunked(

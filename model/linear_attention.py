@@ -19,6 +19,7 @@ Three forms of the same function, tested against each other:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,13 @@ from torch import Tensor
 
 CHUNK = 64
 """Queries per chunk of the chunked form."""
+
+WeightsHook = Callable[[slice, Tensor], None]
+"""Receives attention weights as a reference kernel forms them (softmax's eager kernel too):
+(query rows, (B, H, rows, Tk) float32 weights)."""
+
+WEIGHTS_CHUNK_ELEMENTS = 1 << 24
+"""Largest (B, H, rows, Tk) block of weights handed to a `WeightsHook` at once (64 MiB in float32)."""
 
 
 def _wide(x: Tensor) -> Tensor:
@@ -52,15 +60,29 @@ def _split(x2: Tensor) -> tuple[Tensor, Tensor]:
     return rotated, plain
 
 
-def linear_attention_quadratic(q2: Tensor, k2: Tensor, v: Tensor) -> Tensor:
-    """The reference: the masked (T, T) numerator and denominator written out, in (at least) float32."""
+def linear_attention_quadratic(q2: Tensor, k2: Tensor, v: Tensor, on_weights: WeightsHook | None = None) -> Tensor:
+    """The reference: the masked (T, T) numerator and denominator written out, in (at least) float32.
+
+    With `on_weights`, the queries are taken in chunks and each chunk's weights, the normalised
+    kernel products phi(q_i) . phi(k_j) / phi(q_i) . z_i (with RoPE: rotated numerator, so not a
+    distribution), are handed to it as (query rows, (B, H, rows, T)).
+    """
     rq, fq = _split(q2)
     rk, fk = _split(k2)
-    T = q2.size(-2)
-    causal = torch.ones(T, T, dtype=torch.bool, device=q2.device).tril()
-    numerator = (rq @ rk.transpose(-2, -1)).masked_fill(~causal, 0.0) @ _wide(v)  # (B, H, T, D)
-    denominator = (fq @ fk.transpose(-2, -1)).masked_fill(~causal, 0.0).sum(-1, keepdim=True)  # (B, H, T, 1)
-    return (numerator / denominator).to(v.dtype)
+    B, H, T, _ = rq.shape
+    step = T if on_weights is None else max(1, WEIGHTS_CHUNK_ELEMENTS // (B * H * T))
+    k_pos = torch.arange(T, device=q2.device)
+    outs = []
+    for c in range(0, T, step):
+        rows = slice(c, min(c + step, T))
+        causal = k_pos[None, :] <= k_pos[rows, None]  # (rows, T)
+        numerator = (rq[:, :, rows] @ rk.transpose(-2, -1)).masked_fill(~causal, 0.0)  # (B, H, rows, T)
+        denominator = (fq[:, :, rows] @ fk.transpose(-2, -1)).masked_fill(~causal, 0.0).sum(-1, keepdim=True)
+        weights = numerator / denominator
+        if on_weights is not None:
+            on_weights(rows, weights)
+        outs.append(weights @ _wide(v))  # (B, H, rows, D)
+    return torch.cat(outs, dim=2).to(v.dtype)
 
 
 def linear_attention_chunked(

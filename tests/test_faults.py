@@ -69,6 +69,10 @@ def test_evaluation_refuses_a_changed_corpus(tmp_path, text_file, trained, capsy
     assert record["fingerprint"] and record["sources"] == [str(text_file.resolve())]  # recorded at training time
     evaluate_script.main([*args, "--out", str(tmp_path / "ok")])
     reference = json.loads((tmp_path / "ok" / "results.json").read_text())["runs"][0]["results"][0]["loss"]
+    later = time.time() + 60
+    os.utime(text_file, (later, later))  # touched (copied, checked out) but the same text: no warning
+    evaluate_script.main([*args, "--out", str(tmp_path / "touched")])
+    assert "changed since training" not in caplog.text
     text_file.write_text("\t" + text_file.read_text())  # one character more, and a new one
     # the split prepared for training is still there: it is used, and the changed source is named
     evaluate_script.main([*args, "--out", str(tmp_path / "kept")])

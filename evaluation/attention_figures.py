@@ -1,0 +1,162 @@
+"""Figures of attention: per-head heatmaps for a short prompt, and, for long contexts, mass by
+distance, entropy and sink mass against position (`evaluation.attention` computes the numbers)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display; before pyplot is imported
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.colors import Normalize, PowerNorm, TwoSlopeNorm  # noqa: E402
+
+from evaluation.attention import bucket_means  # noqa: E402
+
+SPECIAL = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
+
+
+def printable(piece: str) -> str:
+    """A token's text as an axis label: spaces and line breaks as visible symbols, other control
+    characters escaped, an empty piece (part of a multi-byte character) as '·'."""
+    shown = "".join(SPECIAL.get(c, c if c.isprintable() else repr(c)[1:-1]) for c in piece)
+    return shown or "·"
+
+
+def _norm(values: torch.Tensor) -> Normalize:
+    """One colour scale for a figure: square-root from 0 (faint weights stay visible), or centred on
+    0 when weights are negative (linear attention with RoPE)."""
+    finite = values[torch.isfinite(values)]
+    low, high = float(finite.min()), float(finite.max())
+    if low < 0:
+        bound = max(-low, high)
+        return TwoSlopeNorm(vcenter=0.0, vmin=-bound, vmax=bound)
+    return PowerNorm(gamma=0.5, vmin=0.0, vmax=max(high, 1e-9))
+
+
+def _heatmap(ax: plt.Axes, matrix: torch.Tensor, tokens: list[str], norm: Normalize, cmap: Any) -> Any:
+    T = len(tokens)
+    image = ax.imshow(matrix.numpy(), norm=norm, cmap=cmap, interpolation="nearest")
+    size = max(3.5, min(9.0, 300 / T))
+    ax.set_xticks(range(T), tokens, rotation=90, fontsize=size, fontfamily="monospace")
+    ax.set_yticks(range(T), tokens, fontsize=size, fontfamily="monospace")
+    ax.tick_params(length=0, pad=1)
+    ax.set_xlabel("key", fontsize=8)
+    ax.set_ylabel("query", fontsize=8)
+    return image
+
+
+def _blank(weights: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    return weights.masked_fill(~visible, float("nan"))  # keys a query cannot see: left blank
+
+
+def _colormap(norm: Normalize) -> Any:
+    cmap = plt.get_cmap("RdBu_r" if isinstance(norm, TwoSlopeNorm) else "viridis").copy()
+    cmap.set_bad("white")
+    return cmap
+
+
+def heads_figure(
+    weights: torch.Tensor, visible: torch.Tensor, tokens: list[str], heads: list[int], title: str
+) -> plt.Figure:
+    """A grid of query x key heatmaps, one per head in `heads`, of one layer's weights (H, T, T)."""
+    shown = _blank(weights[heads], visible)
+    norm = _norm(shown)
+    cols = math.ceil(math.sqrt(len(heads)))
+    rows = math.ceil(len(heads) / cols)
+    side = 2.2 + 0.07 * len(tokens)
+    fig, axes = plt.subplots(rows, cols, figsize=(side * cols + 1.0, side * rows + 0.5), dpi=90, squeeze=False)
+    for ax, head, matrix in zip(axes.flat, heads, shown, strict=False):
+        image = _heatmap(ax, matrix, tokens, norm, _colormap(norm))
+        ax.set_title(f"head {head}", fontsize=9)
+    for ax in list(axes.flat)[len(heads) :]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def layers_figure(
+    means: list[tuple[int, torch.Tensor]], visible: torch.Tensor, tokens: list[str], title: str
+) -> plt.Figure:
+    """One heatmap per layer of the weights averaged over heads: [(layer, (T, T))]."""
+    shown = [(layer, _blank(matrix, visible)) for layer, matrix in means]
+    norm = _norm(torch.stack([m for _, m in shown]))
+    side = 2.2 + 0.07 * len(tokens)
+    cols = min(len(shown), 4)
+    rows = math.ceil(len(shown) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(side * cols + 1.0, side * rows + 0.5), dpi=90, squeeze=False)
+    for ax, (layer, matrix) in zip(axes.flat, shown, strict=False):
+        image = _heatmap(ax, matrix, tokens, norm, _colormap(norm))
+        ax.set_title(f"layer {layer}, mean over heads", fontsize=9)
+    for ax in list(axes.flat)[len(shown) :]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def _centres(edges: list[int]) -> np.ndarray:
+    """1 + the middle of each bucket [lo, hi): a log axis cannot show distance or position 0."""
+    return np.array([(lo + hi - 1) / 2 + 1 for lo, hi in zip(edges[:-1], edges[1:], strict=True)])
+
+
+def _label_means(entries: list[dict[str, Any]], key: str, field: str) -> dict[str, tuple[np.ndarray, int]]:
+    """Per label: the [layer][head][bucket] values averaged over its seeds, and its training length."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for entry in entries:
+        grouped.setdefault(entry["label"], []).append(entry)
+    return {
+        label: (np.mean([np.array(e["summary"][key][field]) for e in group], axis=0), group[0]["train_length"])
+        for label, group in grouped.items()
+    }
+
+
+PANELS = (
+    ("distance", "mean_weight", "mean weight at distance", "1 + distance i - j (keys back)"),
+    ("position", "entropy", "entropy (nats)", "1 + query position i"),
+    ("position", "sink_mass", "mass on the first {sinks} tokens", "1 + query position i"),
+)
+
+
+def stats_figure(entries: list[dict[str, Any]], length: int) -> plt.Figure:
+    """Rows = layers; columns = mass by distance (log-log), entropy and sink mass by query position;
+    one colour per label (mean over heads and seeds, thick; each head thin when two labels or fewer);
+    training lengths dashed. `entries`: {"label", "train_length", "summary"} at this length."""
+    n_layer = max(len(e["summary"]["distance"]["mean_weight"]) for e in entries)
+    labels = list(dict.fromkeys(e["label"] for e in entries))
+    sinks = entries[0]["summary"]["sink_tokens"]
+    fig, axes = plt.subplots(n_layer, 3, figsize=(12, 2.4 * n_layer + 0.9), dpi=72, squeeze=False)
+    for col, (key, field, ylabel, xlabel) in enumerate(PANELS):
+        means = _label_means(entries, key, field)
+        for i, label in enumerate(labels):
+            values, train_length = means[label]
+            x = _centres(entries[labels.index(label)]["summary"][key]["edges"])
+            for layer, per_head in enumerate(values):
+                ax = axes[layer, col]
+                if len(labels) <= 2:
+                    for head in per_head:
+                        ax.plot(x, head, color=f"C{i % 10}", lw=0.6, alpha=0.35)
+                ax.plot(x, per_head.mean(0), color=f"C{i % 10}", lw=1.8, label=label)
+                ax.axvline(train_length + (1 if key == "position" else 0), color=f"C{i % 10}", ls="--", lw=0.8)
+        for layer in range(n_layer):
+            ax = axes[layer, col]
+            ax.set_xscale("log")
+            if key == "distance":
+                ax.set_yscale("log")
+            if field == "entropy":  # uniform attention over the i + 1 visible keys, for reference
+                edges = entries[0]["summary"]["position"]["edges"]
+                ax.plot(_centres(edges), bucket_means(np.log(np.arange(length) + 1.0), edges), color="0.5", ls=":",
+                        lw=1, label="uniform over i + 1 keys" if layer == 0 else None)  # fmt: skip
+            ax.set_ylabel(f"layer {layer}\n" + ylabel.format(sinks=sinks), fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(True, which="major", alpha=0.3)
+        axes[-1, col].set_xlabel(xlabel, fontsize=8)
+    handles, names = axes[0, 1].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6), fontsize=8, frameon=False)
+    fig.suptitle(f"Where attention goes at L = {length} (dashed: training length)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig

@@ -1,0 +1,257 @@
+"""Look inside: attention heatmaps for a short prompt, and where attention goes at long contexts.
+The logic behind `attention_maps.py`; the numbers are in `evaluation.attention`, the figures in
+`evaluation.attention_figures`.
+
+The weights are recomputed in float32 on the eager reference kernel from each checkpoint's own
+parameters, whichever kernel it was trained with: SDPA and FlexAttention never form them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from core.checkpoint import LoadedCheckpoint, load_checkpoint
+from core.device import pick_device
+from core.files import atomic_write_bytes
+from data.errors import DataError
+from data.tokenizer import CharTokenizer
+from evaluation.attention import AttentionStats, prompt_weights, visible_keys, windows_of
+from evaluation.attention_figures import heads_figure, layers_figure, printable, stats_figure
+from evaluation.config import EvalData, check_output_dir
+from evaluation.report import png_bytes
+from evaluation.run import Subject, check_long_enough, default_labels, load_texts, provenance
+
+FORMAT = "posgpt-attention/1"
+MAX_PROMPT_TOKENS = 64
+"""Longest prompt drawn as a heatmap: past it the token labels cannot be read (use --lengths)."""
+WINDOW_TOKENS = 16384
+"""Tokens per forward pass of the long-context statistics (batch = this // length, at least 1)."""
+
+
+@dataclass
+class MapsConfig:
+    """Which checkpoints to look inside, and how."""
+
+    ckpt: list[str]
+    """Checkpoints written by train.py (several: their figures share axes, one colour each)."""
+    labels: list[str] | None = None
+    """A name per checkpoint (default: its run directory); checkpoints sharing a name are seeds of
+    one model, averaged in the long-context figures."""
+    out: str = "attention_maps"
+    """Directory for the figures and results.json (created if needed)."""
+    prompt: str | None = None
+    """A short text (up to 64 tokens), or @FILE: one heatmap grid of heads per layer and one figure
+    of the head-averaged attention of every layer, per checkpoint."""
+    layers: list[int] | None = None
+    """Layers to draw heatmaps of (default: all), counted from 0."""
+    heads: list[int] | None = None
+    """Heads to draw in each heatmap grid (default: all), counted from 0."""
+    lengths: list[int] | None = None
+    """Context lengths for the long-context statistics: mass by distance, entropy and sink mass by
+    position, per layer and head, one figure per length (e.g. [256, 1024, 4096])."""
+    text: str | None = None
+    """A text file for the long-context statistics, tokenized by each checkpoint (default: each
+    checkpoint's own validation split; or --data.dir PREPARED)."""
+    data: EvalData = field(default_factory=EvalData)
+    """The text of the long-context statistics, as evaluate.py's --eval_data (input = --text)."""
+    tokens: int = 8192
+    """Tokens averaged over at each length: max(1, tokens // length) non-overlapping windows from the
+    start of the text."""
+    sink_tokens: int = 4
+    """The first tokens whose attention mass is reported (attention sinks)."""
+    device: str = "auto"
+    """auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...; always float32 (the reference)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if not self.prompt and not self.lengths:
+            raise ValueError("Nothing to draw: pass --prompt TEXT (heatmaps) and/or --lengths [256,1024] "
+                             "(attention by distance, entropy and sinks at long contexts).")  # fmt: skip
+        if self.lengths is not None:
+            if not self.lengths or any(n < 1 for n in self.lengths):
+                raise ValueError(f"lengths must be positive integers, got {self.lengths!r}.")
+            self.lengths = sorted(set(self.lengths))
+        if self.text:
+            if self.data.input and self.data.input != self.text:
+                raise ValueError("Pass the text once: --text FILE or --data.input FILE.")
+            self.data = dataclasses.replace(self.data, input=self.text)
+        if self.tokens < 1 or self.sink_tokens < 0:
+            raise ValueError("tokens must be positive and sink_tokens at least 0.")
+        if self.labels is not None and len(self.labels) != len(self.ckpt):
+            raise ValueError(f"--labels gives {len(self.labels)} names for {len(self.ckpt)} checkpoints.")
+        if any(i < 0 for i in (self.layers or []) + (self.heads or [])):
+            raise ValueError("Layer and head indices count from 0.")
+
+
+def run(cfg: MapsConfig) -> list[Path]:
+    """Everything `cfg` asks for, written under `cfg.out`; returns the files written. Every input is
+    checked before the first forward pass."""
+    check_output_dir(cfg.out)
+    device = pick_device(cfg.device)
+    loaded = [load_checkpoint(path, cfg.data.tiktoken_ranks) for path in cfg.ckpt]
+    labels = cfg.labels or default_labels(cfg.ckpt)
+    subjects = [Subject(path, label) for path, label in zip(cfg.ckpt, labels, strict=True)]
+    for subject, ckpt in zip(subjects, loaded, strict=True):
+        _check_indices(subject, ckpt, cfg)
+        ckpt.model.to(device).eval()
+    prompts = [_prompt_ids(s, c, cfg.prompt) for s, c in zip(subjects, loaded, strict=True)] if cfg.prompt else []
+    texts = []
+    if cfg.lengths:
+        for subject, ckpt in zip(subjects, loaded, strict=True):
+            _check_length(subject, ckpt, cfg.lengths[-1], "--lengths")
+        texts = load_texts(loaded, subjects, cfg.data)
+        for subject, text in zip(subjects, texts, strict=True):
+            check_long_enough(subject, text, cfg.lengths[-1])
+    out = Path(cfg.out)
+    files: dict[Path, bytes] = {}
+    doc: dict[str, Any] = {"format": FORMAT, **provenance(device, torch.float32), "config": dataclasses.asdict(cfg)}
+    doc["note"] = "weights recomputed on the eager reference kernel, in float32 (fused kernels never form them)"
+    if cfg.prompt:
+        doc["prompts"] = [
+            _draw_prompt(s, c, ids, cfg, out, files) for s, c, ids in zip(subjects, loaded, prompts, strict=True)
+        ]
+    if cfg.lengths:
+        doc["lengths"] = long_context_stats(subjects, loaded, [t.tokens for t in texts], cfg.lengths, cfg.tokens,
+                                            cfg.sink_tokens, cfg.progress)  # fmt: skip
+        files.update(stats_figures(doc["lengths"], out))
+    files[out / "results.json"] = json.dumps(doc, indent=1, allow_nan=False).encode()
+    for path, payload in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, payload)
+    return list(files)
+
+
+def long_context_stats(
+    subjects: list[Subject],
+    loaded: list[LoadedCheckpoint],
+    texts: list[np.ndarray],
+    lengths: list[int],
+    tokens: int,
+    sink_tokens: int,
+    progress: bool,
+) -> list[dict[str, Any]]:
+    """The statistics of every checkpoint at every length it can run, on the first max(1, tokens //
+    length) windows of its text: [{"length", "label", "ckpt", "train_length", "summary"}]."""
+    plan = [
+        (subject, ckpt, text, length, min(max(1, tokens // length), len(text) // length))
+        for length in lengths
+        for subject, ckpt, text in zip(subjects, loaded, texts, strict=True)
+        if _runs_at(ckpt, length)
+    ]
+    entries = []
+    with tqdm(total=sum(p[-1] for p in plan), unit="window", disable=not progress, dynamic_ncols=True) as bar:
+        for subject, ckpt, text, length, count in plan:
+            bar.set_description(f"{subject.label} L={length}")
+            model = ckpt.model
+            device = model.wte.weight.device
+            stats = AttentionStats(model.config.n_layer, model.config.n_head, length, sink_tokens, device)
+            for batch in windows_of(text, length, count, max(1, WINDOW_TOKENS // length)):
+                stats.add_windows(model, batch.to(device))
+                bar.update(batch.size(0))
+            entries.append({"length": length, "label": subject.label, "ckpt": subject.path,
+                            "train_length": model.config.block_size, "summary": stats.summary()})  # fmt: skip
+    return entries
+
+
+def stats_figures(entries: list[dict[str, Any]], out: Path) -> dict[Path, bytes]:
+    """attention_L{length}.png for every length of `entries`."""
+    lengths = sorted({e["length"] for e in entries})
+    return {
+        out / f"attention_L{n}.png": png_bytes(stats_figure([e for e in entries if e["length"] == n], n))
+        for n in lengths
+    }
+
+
+def _runs_at(ckpt: LoadedCheckpoint, length: int) -> bool:
+    limit = ckpt.model.pe.max_positions
+    return limit is None or length <= limit
+
+
+def _check_length(subject: Subject, ckpt: LoadedCheckpoint, length: int, what: str) -> None:
+    """Only learned positions stop at a length: a single checkpoint that cannot reach `length` is an error."""
+    if not _runs_at(ckpt, length):
+        limit = ckpt.model.pe.max_positions
+        raise ValueError(
+            f"{subject.path} has {ckpt.model.config.pos_encoding} positions, which exist up to {limit} tokens; "
+            f"{what} asks for {length}. Use lengths up to {limit} for it, or leave it out."
+        )
+
+
+def _check_indices(subject: Subject, ckpt: LoadedCheckpoint, cfg: MapsConfig) -> None:
+    for what, asked, count in (("layer", cfg.layers, ckpt.model.config.n_layer),
+                               ("head", cfg.heads, ckpt.model.config.n_head)):  # fmt: skip
+        unknown = [i for i in asked or [] if i >= count]
+        if unknown:
+            raise ValueError(
+                f"{subject.path} has {count} {what}s (0..{count - 1}); there is no {what} {unknown[0]}. "
+                f"Pass --{what}s within 0..{count - 1}."
+            )
+
+
+def _prompt_ids(subject: Subject, ckpt: LoadedCheckpoint, prompt: str) -> list[int]:
+    text = _read_prompt(prompt)
+    tokenizer = ckpt.tokenizer
+    ids = tokenizer.encode(text, drop_unknown=False) if isinstance(tokenizer, CharTokenizer) else tokenizer.encode(text)
+    if not ids:
+        raise ValueError("The prompt is empty: pass --prompt TEXT with at least one token.")
+    if len(ids) > MAX_PROMPT_TOKENS:
+        raise ValueError(
+            f"The prompt is {len(ids)} tokens for {subject.path}; a heatmap is readable up to {MAX_PROMPT_TOKENS}. "
+            "Shorten it, or pass --lengths to see attention at long contexts."
+        )
+    _check_length(subject, ckpt, len(ids), "the prompt")
+    return ids
+
+
+def _read_prompt(prompt: str) -> str:
+    if not prompt.startswith("@"):
+        return prompt
+    try:
+        return Path(prompt[1:]).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"Cannot read the prompt file {prompt[1:]}: {error}") from None
+
+
+def _draw_prompt(
+    subject: Subject, ckpt: LoadedCheckpoint, ids: list[int], cfg: MapsConfig, out: Path, files: dict[Path, bytes]
+) -> dict[str, Any]:
+    """The heatmaps of one checkpoint on the prompt, under out/<label>/; returns the plotted numbers."""
+    model = ckpt.model
+    idx = torch.tensor([ids], device=model.wte.weight.device)
+    weights = prompt_weights(model, idx)  # per layer (H, T, T)
+    visible = visible_keys(model, len(ids))
+    tokens = [printable(ckpt.tokenizer.decode([i])) for i in ids]
+    layers = cfg.layers if cfg.layers is not None else list(range(model.config.n_layer))
+    heads = cfg.heads if cfg.heads is not None else list(range(model.config.n_head))
+    folder = out / _safe(subject.label)
+    name = f"{subject.label} ({model.config.pos_encoding})"
+    for layer in layers:
+        figure = heads_figure(weights[layer], visible, tokens, heads, f"{name}: layer {layer}, weights per head")
+        files[folder / f"layer{layer}.png"] = png_bytes(figure)
+    means = [(layer, weights[layer][heads].mean(0)) for layer in layers]
+    files[folder / "layers_mean.png"] = png_bytes(layers_figure(means, visible, tokens, f"{name}: mean over heads"))
+    return {
+        "label": subject.label,
+        "ckpt": subject.path,
+        "tokens": tokens,
+        "ids": ids,
+        "weights": {str(layer): _rounded(weights[layer][heads].masked_fill(~visible, 0.0)) for layer in layers},
+        "heads": heads,
+    }
+
+
+def _rounded(weights: torch.Tensor) -> list:
+    return [[[float(f"{w:.5g}") for w in row] for row in head] for head in weights.tolist()]
+
+
+def _safe(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.+" else "_" for c in label) or "model"
