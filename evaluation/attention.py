@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from model.gpt import GPT
 from model.linear_attention import WeightsHook
@@ -134,6 +135,47 @@ def windows_of(tokens: np.ndarray, length: int, count: int, batch: int) -> Itera
         n = min(batch, count - start)
         rows = tokens[start * length : (start + n) * length].astype(np.int64).reshape(n, length)
         yield torch.from_numpy(rows)
+
+
+WINDOW_TOKENS = 16384
+"""Tokens per forward pass of the long-context statistics (batch = this // length, at least 1)."""
+
+
+def runs_at(model: GPT, length: int) -> bool:
+    """Whether `model`'s positions reach `length` (only learned positions stop)."""
+    limit = model.pe.max_positions
+    return limit is None or length <= limit
+
+
+def long_context_stats(
+    models: list[tuple[str, str, GPT]],
+    texts: list[np.ndarray],
+    lengths: list[int],
+    tokens: int,
+    sink_tokens: int,
+    progress: bool,
+) -> list[dict[str, Any]]:
+    """The statistics of every (label, checkpoint path, model) at every length it can run, on the
+    first max(1, tokens // length) non-overlapping windows of its text:
+    [{"length", "label", "ckpt", "train_length", "summary"}]."""
+    plan = [
+        (label, path, model, text, length, min(max(1, tokens // length), len(text) // length))
+        for length in lengths
+        for (label, path, model), text in zip(models, texts, strict=True)
+        if runs_at(model, length)
+    ]
+    entries = []
+    with tqdm(total=sum(p[-1] for p in plan), unit="window", disable=not progress, dynamic_ncols=True) as bar:
+        for label, path, model, text, length, count in plan:
+            bar.set_description(f"attention {label} L={length}")
+            device = model.wte.weight.device
+            stats = AttentionStats(model.config.n_layer, model.config.n_head, length, sink_tokens, device)
+            for batch in windows_of(text, length, count, max(1, WINDOW_TOKENS // length)):
+                stats.add_windows(model, batch.to(device))
+                bar.update(batch.size(0))
+            entries.append({"length": length, "label": label, "ckpt": path, "train_length": model.config.block_size,
+                            "summary": stats.summary()})  # fmt: skip
+    return entries
 
 
 def prompt_weights(model: GPT, idx: Tensor) -> list[Tensor]:

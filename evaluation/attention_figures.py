@@ -40,7 +40,7 @@ def _norm(values: torch.Tensor) -> Normalize:
 def _heatmap(ax: plt.Axes, matrix: torch.Tensor, tokens: list[str], norm: Normalize, cmap: Any) -> Any:
     T = len(tokens)
     image = ax.imshow(matrix.numpy(), norm=norm, cmap=cmap, interpolation="nearest")
-    size = max(3.5, min(9.0, 300 / T))
+    size = max(5.0, min(9.0, 450 / T))
     ax.set_xticks(range(T), tokens, rotation=90, fontsize=size, fontfamily="monospace")
     ax.set_yticks(range(T), tokens, fontsize=size, fontfamily="monospace")
     ax.tick_params(length=0, pad=1)
@@ -54,44 +54,38 @@ def _blank(weights: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 
 def _colormap(norm: Normalize) -> Any:
-    cmap = plt.get_cmap("RdBu_r" if isinstance(norm, TwoSlopeNorm) else "viridis").copy()
-    cmap.set_bad("white")
-    return cmap
+    return plt.get_cmap("RdBu_r" if isinstance(norm, TwoSlopeNorm) else "viridis").with_extremes(bad="white")
 
 
 def heads_figure(
     weights: torch.Tensor, visible: torch.Tensor, tokens: list[str], heads: list[int], title: str
 ) -> plt.Figure:
     """A grid of query x key heatmaps, one per head in `heads`, of one layer's weights (H, T, T)."""
-    shown = _blank(weights[heads], visible)
-    norm = _norm(shown)
-    cols = math.ceil(math.sqrt(len(heads)))
-    rows = math.ceil(len(heads) / cols)
-    side = 2.2 + 0.07 * len(tokens)
-    fig, axes = plt.subplots(rows, cols, figsize=(side * cols + 1.0, side * rows + 0.5), dpi=90, squeeze=False)
-    for ax, head, matrix in zip(axes.flat, heads, shown, strict=False):
-        image = _heatmap(ax, matrix, tokens, norm, _colormap(norm))
-        ax.set_title(f"head {head}", fontsize=9)
-    for ax in list(axes.flat)[len(heads) :]:
-        ax.axis("off")
-    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
-    fig.suptitle(title, fontsize=10)
-    return fig
+    panels = [(f"head {head}", weights[head]) for head in heads]
+    return _grid(panels, visible, tokens, title, math.ceil(math.sqrt(len(heads))))
 
 
 def layers_figure(
     means: list[tuple[int, torch.Tensor]], visible: torch.Tensor, tokens: list[str], title: str
 ) -> plt.Figure:
     """One heatmap per layer of the weights averaged over heads: [(layer, (T, T))]."""
-    shown = [(layer, _blank(matrix, visible)) for layer, matrix in means]
+    panels = [(f"layer {layer}, mean over heads", matrix) for layer, matrix in means]
+    return _grid(panels, visible, tokens, title, min(len(means), 4))
+
+
+def _grid(
+    panels: list[tuple[str, torch.Tensor]], visible: torch.Tensor, tokens: list[str], title: str, cols: int
+) -> plt.Figure:
+    """Heatmaps of (T, T) matrices on one colour scale, keys a query cannot see blank."""
+    shown = [(name, _blank(matrix, visible)) for name, matrix in panels]
     norm = _norm(torch.stack([m for _, m in shown]))
-    side = 2.2 + 0.07 * len(tokens)
-    cols = min(len(shown), 4)
     rows = math.ceil(len(shown) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(side * cols + 1.0, side * rows + 0.5), dpi=90, squeeze=False)
-    for ax, (layer, matrix) in zip(axes.flat, shown, strict=False):
+    side = 1.0 + 0.12 * len(tokens)
+    fig, axes = plt.subplots(rows, cols, figsize=(side * cols + 1.2, side * rows + 0.6), dpi=90, squeeze=False,
+                             layout="constrained")  # fmt: skip
+    for ax, (name, matrix) in zip(axes.flat, shown, strict=False):
         image = _heatmap(ax, matrix, tokens, norm, _colormap(norm))
-        ax.set_title(f"layer {layer}, mean over heads", fontsize=9)
+        ax.set_title(name, fontsize=9)
     for ax in list(axes.flat)[len(shown) :]:
         ax.axis("off")
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
@@ -141,16 +135,19 @@ def stats_figure(entries: list[dict[str, Any]], length: int) -> plt.Figure:
                     for head in per_head:
                         ax.plot(x, head, color=f"C{i % 10}", lw=0.6, alpha=0.35)
                 ax.plot(x, per_head.mean(0), color=f"C{i % 10}", lw=1.8, label=label)
-                ax.axvline(train_length + (1 if key == "position" else 0), color=f"C{i % 10}", ls="--", lw=0.8)
+                if train_length < length:
+                    ax.axvline(train_length + (1 if key == "position" else 0), color=f"C{i % 10}", ls="--", lw=0.8)
         for layer in range(n_layer):
             ax = axes[layer, col]
             ax.set_xscale("log")
             if key == "distance":
                 ax.set_yscale("log")
-            if field == "entropy":  # uniform attention over the i + 1 visible keys, for reference
+            if key == "position":  # what uniform attention over the i + 1 visible keys gives, for reference
                 edges = entries[0]["summary"]["position"]["edges"]
-                ax.plot(_centres(edges), bucket_means(np.log(np.arange(length) + 1.0), edges), color="0.5", ls=":",
-                        lw=1, label="uniform over i + 1 keys" if layer == 0 else None)  # fmt: skip
+                i = np.arange(length) + 1.0
+                uniform = np.log(i) if field == "entropy" else np.minimum(1.0, sinks / i)
+                ax.plot(_centres(edges), bucket_means(uniform, edges), color="0.5", ls=":", lw=1,
+                        label="uniform over i + 1 keys" if layer == 0 else None)  # fmt: skip
             ax.set_ylabel(f"layer {layer}\n" + ylabel.format(sinks=sinks), fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(True, which="major", alpha=0.3)
@@ -160,3 +157,9 @@ def stats_figure(entries: list[dict[str, Any]], length: int) -> plt.Figure:
     fig.suptitle(f"Where attention goes at L = {length} (dashed: training length)", fontsize=10)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
+
+
+def stats_figures(entries: list[dict[str, Any]]) -> list[tuple[str, plt.Figure]]:
+    """(attention_L{length}.png, its figure) for every length of `entries`."""
+    lengths = sorted({e["length"] for e in entries})
+    return [(f"attention_L{n}.png", stats_figure([e for e in entries if e["length"] == n], n)) for n in lengths]

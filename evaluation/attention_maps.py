@@ -14,17 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from tqdm import tqdm
 
 from core.checkpoint import LoadedCheckpoint, load_checkpoint
 from core.device import pick_device
 from core.files import atomic_write_bytes
 from data.errors import DataError
 from data.tokenizer import CharTokenizer
-from evaluation.attention import AttentionStats, prompt_weights, visible_keys, windows_of
-from evaluation.attention_figures import heads_figure, layers_figure, printable, stats_figure
+from evaluation.attention import long_context_stats, prompt_weights, runs_at, visible_keys
+from evaluation.attention_figures import heads_figure, layers_figure, printable, stats_figures
 from evaluation.config import EvalData, check_output_dir
 from evaluation.report import png_bytes
 from evaluation.run import Subject, check_long_enough, default_labels, load_texts, provenance
@@ -32,8 +30,6 @@ from evaluation.run import Subject, check_long_enough, default_labels, load_text
 FORMAT = "posgpt-attention/1"
 MAX_PROMPT_TOKENS = 64
 """Longest prompt drawn as a heatmap: past it the token labels cannot be read (use --lengths)."""
-WINDOW_TOKENS = 16384
-"""Tokens per forward pass of the long-context statistics (batch = this // length, at least 1)."""
 
 
 @dataclass
@@ -120,9 +116,10 @@ def run(cfg: MapsConfig) -> list[Path]:
             _draw_prompt(s, c, ids, cfg, out, files) for s, c, ids in zip(subjects, loaded, prompts, strict=True)
         ]
     if cfg.lengths:
-        doc["lengths"] = long_context_stats(subjects, loaded, [t.tokens for t in texts], cfg.lengths, cfg.tokens,
+        models = [(s.label, s.path, c.model) for s, c in zip(subjects, loaded, strict=True)]
+        doc["lengths"] = long_context_stats(models, [t.tokens for t in texts], cfg.lengths, cfg.tokens,
                                             cfg.sink_tokens, cfg.progress)  # fmt: skip
-        files.update(stats_figures(doc["lengths"], out))
+        files.update({out / name: png_bytes(fig) for name, fig in stats_figures(doc["lengths"])})
     files[out / "results.json"] = json.dumps(doc, indent=1, allow_nan=False).encode()
     for path, payload in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,55 +127,9 @@ def run(cfg: MapsConfig) -> list[Path]:
     return list(files)
 
 
-def long_context_stats(
-    subjects: list[Subject],
-    loaded: list[LoadedCheckpoint],
-    texts: list[np.ndarray],
-    lengths: list[int],
-    tokens: int,
-    sink_tokens: int,
-    progress: bool,
-) -> list[dict[str, Any]]:
-    """The statistics of every checkpoint at every length it can run, on the first max(1, tokens //
-    length) windows of its text: [{"length", "label", "ckpt", "train_length", "summary"}]."""
-    plan = [
-        (subject, ckpt, text, length, min(max(1, tokens // length), len(text) // length))
-        for length in lengths
-        for subject, ckpt, text in zip(subjects, loaded, texts, strict=True)
-        if _runs_at(ckpt, length)
-    ]
-    entries = []
-    with tqdm(total=sum(p[-1] for p in plan), unit="window", disable=not progress, dynamic_ncols=True) as bar:
-        for subject, ckpt, text, length, count in plan:
-            bar.set_description(f"{subject.label} L={length}")
-            model = ckpt.model
-            device = model.wte.weight.device
-            stats = AttentionStats(model.config.n_layer, model.config.n_head, length, sink_tokens, device)
-            for batch in windows_of(text, length, count, max(1, WINDOW_TOKENS // length)):
-                stats.add_windows(model, batch.to(device))
-                bar.update(batch.size(0))
-            entries.append({"length": length, "label": subject.label, "ckpt": subject.path,
-                            "train_length": model.config.block_size, "summary": stats.summary()})  # fmt: skip
-    return entries
-
-
-def stats_figures(entries: list[dict[str, Any]], out: Path) -> dict[Path, bytes]:
-    """attention_L{length}.png for every length of `entries`."""
-    lengths = sorted({e["length"] for e in entries})
-    return {
-        out / f"attention_L{n}.png": png_bytes(stats_figure([e for e in entries if e["length"] == n], n))
-        for n in lengths
-    }
-
-
-def _runs_at(ckpt: LoadedCheckpoint, length: int) -> bool:
-    limit = ckpt.model.pe.max_positions
-    return limit is None or length <= limit
-
-
 def _check_length(subject: Subject, ckpt: LoadedCheckpoint, length: int, what: str) -> None:
     """Only learned positions stop at a length: a single checkpoint that cannot reach `length` is an error."""
-    if not _runs_at(ckpt, length):
+    if not runs_at(ckpt.model, length):
         limit = ckpt.model.pe.max_positions
         raise ValueError(
             f"{subject.path} has {ckpt.model.config.pos_encoding} positions, which exist up to {limit} tokens; "

@@ -42,6 +42,11 @@ class EvalSettings:
     """Autocast dtype: auto is bfloat16 on a GPU that has it, float32 otherwise (losses in float32)."""
     progress: bool = True
     """Show a progress bar."""
+    attention_stats: bool = False
+    """Also explain the curve: for every checkpoint as trained, attention mass by distance, entropy
+    and sink mass by position, per layer and head, at every length (attention_L<length>.png, numbers
+    in results.json), recomputed in float32 on the eager reference path over the first
+    min(token_budget, 8192) tokens (at least one window). As `attention_maps.py --lengths`."""
 
     def __post_init__(self) -> None:
         if not self.lengths or any(not isinstance(n, int) or n < 1 for n in self.lengths):

@@ -1,5 +1,5 @@
 """Write an evaluation's results: `results.json`, `results.md`, `ppl_vs_length.png` and
-`loss_by_position.png`.
+`loss_by_position.png` (and `attention_L<length>.png` when the attention statistics were asked for).
 
 Runs that share a label are seeds of one model: the table and plots show their mean, and the
 standard deviation across seeds where there are several. Each file is written to a temporary name
@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
 from core.files import atomic_write_bytes  # noqa: E402
+from evaluation.attention_figures import stats_figures  # noqa: E402
 
 MAX_PANELS = 6
 """Lengths shown in loss_by_position.png (evenly chosen, the longest always among them)."""
@@ -57,7 +58,7 @@ def group_runs(doc: dict[str, Any]) -> list[Group]:
 
 
 def write_report(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
-    """Write the four files into `out_dir` (created if needed); returns their paths."""
+    """Write the report's files into `out_dir` (created if needed); returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     groups = group_runs(doc)
@@ -67,6 +68,8 @@ def write_report(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
         "ppl_vs_length.png": png_bytes(ppl_figure(doc, groups)),
         "loss_by_position.png": png_bytes(position_figure(doc, groups)),
     }
+    for name, figure in stats_figures(doc.get("attention", [])):  # with --eval.attention_stats
+        files[name] = png_bytes(figure)
     for name, payload in files.items():
         atomic_write_bytes(out / name, payload)
     return [out / name for name in files]

@@ -31,10 +31,15 @@ from data.dataset import PreparedData, load_prepared, prepare_dir
 from data.errors import DataError
 from data.prepare import fingerprint, resolve_sources, token_dtype
 from data.tokenizer import CharTokenizer
+from evaluation.attention import long_context_stats
 from evaluation.config import EvalData, EvalSettings
 from evaluation.extrapolation import count_windows, evaluate_length
 
 FORMAT = "posgpt-extrapolation/1"
+ATTENTION_TOKENS = 8192
+"""Most tokens the attention statistics of `--eval.attention_stats` average over at each length."""
+SINK_TOKENS = 4
+"""The first tokens whose attention mass those statistics report."""
 log = logging.getLogger(__name__)
 
 
@@ -92,13 +97,20 @@ def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: 
     with tqdm(total=total, unit="window", disable=not settings.progress, dynamic_ncols=True) as bar:
         for subject, ckpt, text, scaling in plan:
             runs.append(_evaluate_one(subject, ckpt, text, scaling, settings, device, autocast, bar))
-    return {
+    doc = {
         "format": FORMAT,
         **provenance(device, autocast or torch.float32),
         "settings": dataclasses.asdict(settings),
         "data": dataclasses.asdict(data),
         "runs": runs,
     }
+    if settings.attention_stats:
+        # each model is back as trained (`_evaluate_one` undoes its RoPE scaling)
+        models = [(s.label, s.path, c.model.to(device).eval()) for s, c in zip(subjects, loaded, strict=True)]
+        doc["attention"] = long_context_stats(models, [t.tokens for t in texts], settings.lengths,
+                                              min(settings.token_budget, ATTENTION_TOKENS), SINK_TOKENS,
+                                              settings.progress)  # fmt: skip
+    return doc
 
 
 def provenance(device: torch.device, dtype: torch.dtype) -> dict[str, str]:

@@ -1,9 +1,10 @@
-"""Helpers shared by the CPU and GPU attention tests."""
+"""Helpers shared by the tests: attention parity runs, overfitting, tiny training runs."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -113,3 +114,19 @@ def straight_and_resumed(tmp_path: Path, text_file: Path, steps: int, *extra: st
     train_script.main(tiny_args(split, text_file, *extra, "--train.max_steps", str(steps // 2)))
     train_script.main(tiny_args(split, text_file, *extra, "--train.max_steps", str(steps), "--train.resume", "auto"))
     return tuple(read_checkpoint(d / "runs" / "tiny" / "last.ckpt")["state_dict"] for d in (straight, split))
+
+
+def train_tiny(tmp: Path, text: Path, name: str, seed: int = 1337, **model_fields: Any) -> Path:
+    """A 25-step run of a 2-layer, 4-head model on `text` (runs under tmp/runs/<name>); its last.ckpt."""
+    from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
+    from training.run import train
+
+    model = {"block_size": 16, "n_layer": 2, "n_head": 4, "n_embd": 32, "bias": False, **model_fields}
+    cfg = RunConfig(
+        model=GPTConfig(**model),
+        data=DataConfig(input=str(text), prepared_root=str(tmp / "prepared")),
+        optim=OptimConfig(lr=3e-3, warmup_steps=5),
+        train=TrainConfig(max_steps=25, batch_size=8, eval_interval=25, seed=seed, out_dir=str(tmp / "runs"),
+                          run_name=name, logger="none", progress_bar=False, sample_tokens=0),
+    )  # fmt: skip
+    return train(cfg).last_ckpt

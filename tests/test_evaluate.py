@@ -17,23 +17,16 @@ from data.dataset import load_prepared
 from evaluation.config import EvalData, EvalSettings
 from evaluation.run import Subject, default_labels, evaluate_checkpoints
 from model import GPTConfig
-from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
+from training.config import DataConfig, RunConfig, TrainConfig
 from training.run import train
 
-from helpers import direct_loss
+from helpers import direct_loss, train_tiny
 
 BLOCK = 16
 
 
 def _train_tiny(tmp: Path, text: Path, scheme: str, name: str, seed: int = 1337) -> Path:
-    cfg = RunConfig(
-        model=GPTConfig(block_size=BLOCK, n_layer=2, n_head=4, n_embd=32, bias=False, pos_encoding=scheme),
-        data=DataConfig(input=str(text), prepared_root=str(tmp / "prepared")),
-        optim=OptimConfig(lr=3e-3, warmup_steps=5),
-        train=TrainConfig(max_steps=25, batch_size=8, eval_interval=25, seed=seed, out_dir=str(tmp / "runs"),
-                          run_name=name, logger="none", progress_bar=False, sample_tokens=0),
-    )  # fmt: skip
-    return train(cfg).last_ckpt
+    return train_tiny(tmp, text, name, seed, block_size=BLOCK, pos_encoding=scheme)
 
 
 @pytest.fixture(scope="module")
