@@ -43,7 +43,7 @@ def build_context(
             q_start,
             q_len,
             k_len,
-            block_mask=_block_mask(mask, q_start, q_len, k_pos, device, block_masks),
+            block_mask=build_block_mask(mask, q_start, q_len, k_pos, device, block_masks),
             score_mod=_score_mod(pe, q_start, k_pos) if pe.bias_kind else None,
         )
     q_pos = torch.arange(q_start, q_start + q_len, device=device)
@@ -72,7 +72,7 @@ def _score_mod(pe: PositionEncoding, q_start: int, k_pos: Tensor | None) -> Scor
     return score_mod
 
 
-def _block_mask(
+def build_block_mask(
     mask: AttentionMask, q_start: int, q_len: int, k_pos: Tensor | None, device: torch.device, cache: dict | None
 ) -> BlockMask:
     """The block mask of `mask`, built once per shape and reused (in `cache`) by later forwards: on

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from model import GPT, POS_ENCODINGS, GPTConfig
+from model.attention import build_block_mask
 from model.cache import KVCache
 from model.generation import context_window
 from model.masks import AttentionMask
@@ -53,12 +54,34 @@ def test_sdpa_with_a_window_matches_eager(tiny_config, scheme, mask):
             torch.testing.assert_close(grad, ref_grads[name], atol=2e-5, rtol=1e-4, msg=f"{name}, T={T}")
 
 
+@pytest.mark.parametrize("q_start", [0, 7])
+@pytest.mark.parametrize("mask", sorted(MASKS))
+def test_the_flex_block_mask_is_the_dense_mask(mask, q_start):
+    """Element by element the block mask's mask_mod is the dense mask, and no block holding a visible
+    key is skipped (block sparsity never drops a key); 300 keys span several 128-key blocks."""
+    description = AttentionMask(**{k.removeprefix("attn_"): v for k, v in MASKS[mask].items()})
+    description = dataclasses.replace(description, window=100)  # wider than a block
+    q_len = 300 - q_start
+    block_mask = build_block_mask(description, q_start, q_len, None, torch.device("cpu"), None)
+    q_idx, kv_idx = torch.arange(q_len)[:, None], torch.arange(300)[None, :]
+    dense = description.dense(torch.arange(q_start, 300), torch.arange(300))
+    zero = torch.zeros((), dtype=torch.int64)
+    assert torch.equal(block_mask.mask_mod(zero, zero, q_idx, kv_idx), dense)
+    blocks = block_mask.to_dense()[0, 0].bool()  # (query blocks, key blocks) that are computed
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    needed = dense.reshape(-1, 1).new_zeros(blocks.shape)
+    for i, j in dense.nonzero().tolist():
+        needed[i // q_block, j // kv_block] = True
+    assert torch.equal(blocks | needed, blocks) and blocks.sum() < blocks.numel()  # covers them; sparse
+
+
 @pytest.mark.slow
 def test_flex_with_a_window_and_sinks_matches_eager(tiny_config):
-    """FlexAttention's block mask and score_mod from the same description (one scheme with a bias:
-    each new mask compiles a kernel, seconds on a CPU)."""
-    config = _config(tiny_config, "alibi", "window+sinks")
-    for T, (ref, _), (logits, _) in run_pair(config, "alibi", "flex", torch.device("cpu"), torch.float32, ODD_LEN):
+    """FlexAttention's block mask and a learned score_mod (T5) from the same description, logits at both
+    lengths (every new mask compiles a kernel, seconds on a CPU: one scheme here, the block masks of
+    every mask above, every scheme's score_mod in test_attention.py; gradients on a GPU)."""
+    config = _config(tiny_config, "t5", "window+sinks")
+    for T, (ref, _), (logits, _) in run_pair(config, "t5", "flex", torch.device("cpu"), torch.float32, ODD_LEN):
         torch.testing.assert_close(logits, ref, atol=2e-5, rtol=1e-4, msg=f"logits, T={T}")
 
 
