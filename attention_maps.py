@@ -2,7 +2,7 @@
 
 With --prompt (up to 64 tokens): per checkpoint, one PNG per layer with a grid of heads (query x key
 heatmaps, token labels on both axes, one colour scale, keys a query cannot see left blank) and one
-PNG of every layer's attention averaged over heads. With --lengths [256,1024,4096]: per length, one
+PNG of every layer's attention averaged over heads. With --lengths 256 1024 4096: per length, one
 figure of attention mass against distance, attention entropy and the mass on the first tokens
 against query position, per layer (heads averaged, or each head for one or two checkpoints),
 several checkpoints on the same axes, the training length marked. results.json holds every number

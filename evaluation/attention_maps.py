@@ -70,7 +70,7 @@ class MapsConfig:
 
     def __post_init__(self) -> None:
         if not self.prompt and not self.lengths:
-            raise ValueError("Nothing to draw: pass --prompt TEXT (heatmaps) and/or --lengths [256,1024] "
+            raise ValueError("Nothing to draw: pass --prompt TEXT (heatmaps) and/or --lengths 256 1024 "
                              "(attention by distance, entropy and sinks at long contexts).")  # fmt: skip
         if self.lengths is not None:
             if not self.lengths or any(n < 1 for n in self.lengths):

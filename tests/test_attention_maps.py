@@ -207,3 +207,10 @@ def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path):
         _png_ok(out / name)
     doc = json.loads((out / "results.json").read_text())
     assert {(e["label"], e["length"]) for e in doc["attention"]} == {("window", 8), ("window", 32), ("learned", 8)}
+
+
+def test_the_help_says_where_the_weights_come_from(capsys):
+    with pytest.raises(SystemExit):
+        maps_script.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "eager reference kernel" in help_text and "never form them" in help_text and "--lengths" in help_text
