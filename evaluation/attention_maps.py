@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from evaluation.report import png_bytes
 from evaluation.run import Subject, check_long_enough, default_labels, load_texts, provenance
 
 FORMAT = "posgpt-attention/1"
+log = logging.getLogger(__name__)
 MAX_PROMPT_TOKENS = 64
 """Longest prompt drawn as a heatmap: past it the token labels cannot be read (use --lengths)."""
 
@@ -102,8 +104,7 @@ def run(cfg: MapsConfig) -> list[Path]:
     prompts = [_prompt_ids(s, c, cfg.prompt) for s, c in zip(subjects, loaded, strict=True)] if cfg.prompt else []
     texts = []
     if cfg.lengths:
-        for subject, ckpt in zip(subjects, loaded, strict=True):
-            _check_length(subject, ckpt, cfg.lengths[-1], "--lengths")
+        _check_lengths(subjects, loaded, cfg.lengths)
         texts = load_texts(loaded, subjects, cfg.data)
         for subject, text in zip(subjects, texts, strict=True):
             check_long_enough(subject, text, cfg.lengths[-1])
@@ -125,6 +126,19 @@ def run(cfg: MapsConfig) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, payload)
     return list(files)
+
+
+def _check_lengths(subjects: list[Subject], loaded: list[LoadedCheckpoint], lengths: list[int]) -> None:
+    """A length no checkpoint reaches is an error; one that only some reach leaves the others out
+    there (learned positions stop at block_size), which a line says."""
+    for length in lengths:
+        able = [runs_at(c.model, length) for c in loaded]
+        if not any(able):
+            _check_length(subjects[0], loaded[0], length, "--lengths")
+        for subject, ckpt, ok in zip(subjects, loaded, able, strict=True):
+            if not ok:
+                log.info("%s: left out at length %d (positions up to %d)", subject.label, length,
+                         ckpt.model.pe.max_positions)  # fmt: skip
 
 
 def _check_length(subject: Subject, ckpt: LoadedCheckpoint, length: int, what: str) -> None:
