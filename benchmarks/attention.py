@@ -73,6 +73,9 @@ def bench_attention_cost(args: argparse.Namespace) -> None:
 
 VARIANTS: dict[str, dict[str, object]] = {
     "rope (default)": {"pos_encoding": "rope"},
+    "learned": {"pos_encoding": "learned"},
+    "sinusoidal": {"pos_encoding": "sinusoidal"},
+    "none": {"pos_encoding": "none"},
     "alibi": {"pos_encoding": "alibi"},
     "t5": {"pos_encoding": "t5"},
     "rope, window 64": {"pos_encoding": "rope", "attn_window": 64},
