@@ -31,12 +31,15 @@ def build_context(
     k_pos: Tensor | None,
     device: torch.device,
     block_masks: dict | None = None,
+    ids: Tensor | None = None,
 ) -> AttentionContext:
     """Masks and biases for one forward pass, shared by all layers. `k_pos` holds the keys' absolute
-    positions (None: 0..q_start + q_len - 1; a rolling cache marks empty slots with -1)."""
+    positions (None: 0..q_start + q_len - 1; a rolling cache marks empty slots with -1). `ids`
+    (B, T): each row's own positions (randomized positions, no cache), which the position scheme
+    sees; the mask stays on token order (the ids increase along a row)."""
     k_len = k_pos.numel() if k_pos is not None else q_start + q_len
     if kernel.function == "linear":  # causal by construction: no mask, no bias
-        return AttentionContext(kernel, q_start, q_len, k_len)
+        return AttentionContext(kernel, q_start, q_len, k_len, ids=ids)
     if kernel.name == "flex":
         return AttentionContext(
             kernel,
@@ -44,7 +47,8 @@ def build_context(
             q_len,
             k_len,
             block_mask=build_block_mask(mask, q_start, q_len, k_pos, device, block_masks),
-            score_mod=_score_mod(pe, q_start, k_pos) if pe.bias_kind else None,
+            score_mod=_score_mod(pe, q_start, k_pos, ids) if pe.bias_kind else None,
+            ids=ids,
         )
     q_pos = torch.arange(q_start, q_start + q_len, device=device)
     keys = k_pos if k_pos is not None else torch.arange(k_len, device=device)
@@ -53,17 +57,27 @@ def build_context(
     bias = None
     if pe.bias_kind:
         heads = torch.arange(n_head, device=device)[:, None, None]
-        bias = pe.relative_bias(heads, (q_pos[:, None] - keys[None, :])[None])  # (H, Tq, Tk): formula written once
+        if ids is None:
+            distance = (q_pos[:, None] - keys[None, :])[None]  # (1, Tq, Tk)
+        else:
+            distance = (ids[:, :, None] - ids[:, None, :])[:, None]  # (B, 1, T, T)
+        bias = pe.relative_bias(heads, distance)  # (H, Tq, Tk) or (B, H, T, T): the formula written once
         bias = bias.masked_fill(~(visible if visible is not None else _visible(mask, q_pos, keys)), float("-inf"))
-    return AttentionContext(kernel, q_start, q_len, k_len, mask=visible, bias=bias)
+    return AttentionContext(kernel, q_start, q_len, k_len, mask=visible, bias=bias, ids=ids)
 
 
 def _visible(mask: AttentionMask, q_pos: Tensor, k_pos: Tensor) -> Tensor:
     return mask.dense(q_pos, k_pos) & (k_pos >= 0)[None, :]
 
 
-def _score_mod(pe: PositionEncoding, q_start: int, k_pos: Tensor | None) -> ScoreMod:
+def _score_mod(pe: PositionEncoding, q_start: int, k_pos: Tensor | None, ids: Tensor | None = None) -> ScoreMod:
     """The scheme's bias as a FlexAttention score_mod: the same `relative_bias` as the dense path."""
+    if ids is not None:
+
+        def score_mod_ids(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + pe.relative_bias(h, ids[b, q_idx] - ids[b, kv_idx])
+
+        return score_mod_ids
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         k = kv_idx if k_pos is None else k_pos[kv_idx]
@@ -127,7 +141,7 @@ class CausalSelfAttention(nn.Module):
         if self.linear:
             y = self._linear(q, k, v, pe, ctx, cache)
         else:
-            q, k = pe.rotate(q, k, ctx.q_start)  # the new tokens, at their absolute positions
+            q, k = pe.rotate(q, k, ctx.q_start, ctx.ids)  # the new tokens, at their absolute positions
             if isinstance(cache, LayerCache):
                 k, v = cache.update(k, v, ctx.q_start)  # the keys and values `ctx` describes
             y = ctx.kernel.run(q, k, v, ctx, self.dropout if self.training else 0.0, self.score)  # (B, H, T, D)
@@ -140,7 +154,7 @@ class CausalSelfAttention(nn.Module):
         """Linear attention: features phi(q), phi(k); the scheme's rotation on them for the numerator
         only (RoFormer); with a state cache, the recurrent form."""
         fq, fk = feature_map(q), feature_map(k)
-        rq, rk = pe.rotate(fq, fk, ctx.q_start)
+        rq, rk = pe.rotate(fq, fk, ctx.q_start, ctx.ids)
         q2, k2 = torch.cat([rq, fq], dim=-1), torch.cat([rk, fk], dim=-1)
         if isinstance(cache, LayerStateCache):
             return cache.attend(q2, k2, v)

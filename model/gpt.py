@@ -107,7 +107,12 @@ class GPT(nn.Module):
             nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
 
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, cache: KVCache | None = None, last_only: bool = False
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        cache: KVCache | None = None,
+        last_only: bool = False,
+        positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Logits for every position, and the mean cross-entropy when targets are given.
 
@@ -119,11 +124,14 @@ class GPT(nn.Module):
             last_only: logits for the last position only, (B, 1, padded_vocab_size), as generation needs:
                 for a GPT-2 vocabulary and a long context the logits of every position would be the
                 largest tensor of the forward pass.
+            positions: (B, T) increasing positions of each row, for training with randomized
+                positions (Ruoss et al. 2023); default 0..T-1 (after the cache's). Not with a cache.
+                The scheme's tables must already cover them (`pe.reserve`; learned: < block_size).
 
         Returns:
             logits (B, T, padded_vocab_size) and the loss (a scalar) or None.
         """
-        x = self._hidden(idx, cache)  # (B, T, C)
+        x = self._hidden(idx, cache, positions=positions)  # (B, T, C)
         logits = self.lm_head(x[:, -1:] if last_only else x)  # (B, T or 1, V)
         loss = None
         if targets is not None:
@@ -163,7 +171,11 @@ class GPT(nn.Module):
         self.pe = build_positions(self.config).to(self.wte.weight.device)
 
     def _hidden(
-        self, idx: Tensor, cache: KVCache | None, visit: Callable[[int], WeightsHook | None] | None = None
+        self,
+        idx: Tensor,
+        cache: KVCache | None,
+        visit: Callable[[int], WeightsHook | None] | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """The final-LayerNorm states (B, T, C) that the tied head turns into logits (with `visit`:
         on the kernel that forms the weights, see `attention_weights`)."""
@@ -172,7 +184,9 @@ class GPT(nn.Module):
         self._check_length(start + T)
         if cache is not None and not cache.fits(T):
             raise ValueError(f"The KV cache holds {cache.capacity} positions; {start} + {T} do not fit.")
-        x = self.drop(self.pe.embed(self.wte(idx), start=start))  # (B, T, C)
+        if positions is not None and (cache is not None or positions.shape != idx.shape):
+            raise ValueError(f"positions must be (B, T) = {tuple(idx.shape)} like idx, and cannot go with a cache.")
+        x = self.drop(self.pe.embed(self.wte(idx), start, positions))  # (B, T, C)
         needs = needs_of(
             self.pe,
             self.mask,
@@ -186,7 +200,7 @@ class GPT(nn.Module):
         kernel = weights_kernel(needs) if visit else choose_kernel(self.config.attn_backend, needs, idx.device)
         k_pos = cache.key_positions(T, idx.device) if cache is not None else None
         ctx = build_context(
-            kernel, self.pe, self.mask, self.config.n_head, start, T, k_pos, idx.device, self._block_masks
+            kernel, self.pe, self.mask, self.config.n_head, start, T, k_pos, idx.device, self._block_masks, positions
         )
         for i, block in enumerate(self.blocks):
             layer_ctx = dataclasses.replace(ctx, on_weights=visit(i)) if visit else ctx

@@ -65,6 +65,9 @@ class AttentionContext:
     block_mask: BlockMask | None = None
     score_mod: ScoreMod | None = None
     on_weights: WeightsHook | None = None
+    ids: Tensor | None = None
+    """Each row's own positions (B, T), when not contiguous (randomized positions); then `bias` is
+    (B, H, Tq, Tk)."""
 
 
 @dataclass(frozen=True)
@@ -234,7 +237,7 @@ def eager_attention(
 
     Args:
         q: (B, H, Tq, D) queries; k, v: (B, H, Tk, D) keys and values.
-        bias: additive (H, Tq, Tk) score bias (-inf where not visible), or None.
+        bias: additive (H, Tq, Tk) or (B, H, Tq, Tk) score bias (-inf where not visible), or None.
         dropout_p: dropout on the attention weights.
         need_weights: also return the (B, H, Tq, Tk) attention weights (after dropout).
         mask: (Tq, Tk) bool visibility; None is plain causal (the queries are the last Tq keys).
@@ -258,7 +261,7 @@ def eager_attention(
         rows = slice(c, min(c + step, q_len))
         scores = score(qw[:, :, rows], kw)  # (B, H, chunk, Tk)
         if bias is not None:
-            scores = scores + bias[:, rows].to(dtype)
+            scores = scores + bias[..., rows, :].to(dtype)
         scores = scores.masked_fill(~visible[rows], float("-inf"))
         weights = F.dropout(torch.softmax(scores, dim=-1), p=dropout_p)
         outs.append(weights @ vw)  # (B, H, chunk, D)

@@ -2,8 +2,8 @@
 
 Every scheme implements up to three hooks, each a no-op by default:
 
-- `embed(x, start)`        adds something to the token embeddings (learned, sinusoidal);
-- `rotate(q, k, start)`    rotates queries and keys per head (RoPE);
+- `embed(x, start, ids)`        adds something to the token embeddings (learned, sinusoidal);
+- `rotate(q, k, start, ids)`    rotates queries and keys per head (RoPE);
 - `relative_bias(h, d)`    a bias on the attention score of head h for a query d positions after
   its key (ALiBi). It is written once: the dense (H, Tq, Tk) bias of eager and SDPA is this
   function on index grids, and FlexAttention's `score_mod` calls it inside the fused kernel.
@@ -13,8 +13,11 @@ and declares what it is: `max_positions` (None: no limit), `bias_kind` (None, "f
 own parameters in `reset_parameters` (which `GPT.init_weights` calls) and names those that are
 table lookups, with no per-token arithmetic, in `lookup_parameters` (left out of the FLOP count).
 
-Positions are always contiguous for the queries: the `Tq` queries are at `start`..`start + Tq - 1`
-(`start` > 0 when decoding with a KV cache).
+Positions are contiguous unless given: the `T` tokens are at `start`..`start + T - 1` (`start` > 0
+when decoding with a KV cache), or, with `ids` (B, T), each row at its own increasing positions
+(randomized positions, Ruoss et al. 2023: training on a random ordered subset of [0, L_max) so that
+the positions of long inputs are not new at test time). With contiguous ids every scheme gives
+exactly what `start` gives (tested). Tables must cover the largest id beforehand (`reserve`).
 
 Caches (the sinusoid table, RoPE's cos/sin) are non-persistent float32 buffers that grow on
 demand; nothing is cropped to `block_size`. Only `learned` has a hard limit (`max_positions`).
@@ -39,12 +42,13 @@ class PositionEncoding(nn.Module):
     bias_kind: Literal["fixed", "learned"] | None = None
     """Whether the scheme biases attention scores (`relative_bias`), and whether that bias is learned."""
 
-    def embed(self, x: Tensor, start: int) -> Tensor:
-        """Token embeddings `x` (B, T, C) at positions start..start+T-1 -> input of the first block."""
+    def embed(self, x: Tensor, start: int, ids: Tensor | None = None) -> Tensor:
+        """Token embeddings `x` (B, T, C) at positions start..start+T-1 (or `ids`, (B, T)) -> input
+        of the first block."""
         return x
 
-    def rotate(self, q: Tensor, k: Tensor, start: int) -> tuple[Tensor, Tensor]:
-        """Queries and keys (B, H, T, D) at positions start..start+T-1 -> rotated copies."""
+    def rotate(self, q: Tensor, k: Tensor, start: int, ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Queries and keys (B, H, T, D) at positions start..start+T-1 (or `ids`, (B, T)) -> rotated copies."""
         return q, k
 
     def relative_bias(self, h: Tensor, distance: Tensor) -> Tensor:
@@ -86,16 +90,15 @@ class LearnedPositions(PositionEncoding):
     def lookup_parameters(self) -> list[nn.Parameter]:
         return [self.table.weight]
 
-    def embed(self, x: Tensor, start: int) -> Tensor:
+    def embed(self, x: Tensor, start: int, ids: Tensor | None = None) -> Tensor:
         end = start + x.size(1)
-        if end > self.table.num_embeddings:
+        if ids is None and end > self.table.num_embeddings:
             # GPT.forward checks lengths first with a friendlier message; this guards direct use.
             raise ValueError(
                 f"pos_encoding='learned' has embeddings for {self.table.num_embeddings} positions "
                 f"(block_size) but position {end - 1} was asked for."
             )
-        positions = torch.arange(start, end, device=x.device)
-        return x + self.table(positions)
+        return x + take(self.table.weight, start, x.size(1), ids)
 
 
 class SinusoidalPositions(PositionEncoding):
@@ -115,11 +118,11 @@ class SinusoidalPositions(PositionEncoding):
         if length > self.table.size(0):
             self.table = sinusoid_table(_grown(length), self.n_embd, device=self.table.device)
 
-    def embed(self, x: Tensor, start: int) -> Tensor:
+    def embed(self, x: Tensor, start: int, ids: Tensor | None = None) -> Tensor:
         end = start + x.size(1)
-        if end > self.table.size(0) or self.table.dtype != torch.float32:
-            self.table = sinusoid_table(_grown(end), self.n_embd, device=x.device)
-        return x * math.sqrt(self.n_embd) + self.table[start:end].to(x.dtype)
+        if (ids is None and end > self.table.size(0)) or self.table.dtype != torch.float32:
+            self.table = sinusoid_table(_grown(max(end, self.table.size(0))), self.n_embd, device=x.device)
+        return x * math.sqrt(self.n_embd) + take(self.table, start, x.size(1), ids).to(x.dtype)
 
 
 class RotaryPositions(PositionEncoding):
@@ -143,11 +146,14 @@ class RotaryPositions(PositionEncoding):
         if length > self.cos.size(0):
             self.cos, self.sin = self._cos_sin(_grown(length), device=self.cos.device)
 
-    def rotate(self, q: Tensor, k: Tensor, start: int) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor, start: int, ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
         end = start + q.size(-2)
-        if end > self.cos.size(0) or self.cos.dtype != torch.float32:
-            self.cos, self.sin = self._cos_sin(_grown(end), device=q.device)
-        cos, sin = self.cos[start:end], self.sin[start:end]  # (T, D/2)
+        if (ids is None and end > self.cos.size(0)) or self.cos.dtype != torch.float32:
+            self.cos, self.sin = self._cos_sin(_grown(max(end, self.cos.size(0))), device=q.device)
+        T = q.size(-2)
+        cos, sin = take(self.cos, start, T, ids), take(self.sin, start, T, ids)  # (T, D/2), or (B, T, D/2)
+        if ids is not None:
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D/2): the same positions for every head
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
     def _cos_sin(self, length: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
@@ -201,6 +207,24 @@ class T5Bias(PositionEncoding):
     def relative_bias(self, h: Tensor, distance: Tensor) -> Tensor:
         bucket = self.buckets[distance.clamp(0, self.max_distance)]  # saturates at max_distance
         return self.table[bucket, h].float()
+
+
+def take(table: Tensor, start: int, length: int, ids: Tensor | None) -> Tensor:
+    """The rows of a per-position table (N, ...) for `length` tokens: table[start:start+length], or
+    table[ids] for positions `ids` (B, T) -> (B, T, ...)."""
+    return table[start : start + length] if ids is None else table[ids]
+
+
+def random_positions(
+    batch: int, length: int, bound: int, generator: torch.Generator | None = None, device: torch.device | None = None
+) -> Tensor:
+    """(batch, length) int64 positions, each row an increasing random subset of [0, bound), all
+    subsets equally likely (randomized positions, Ruoss et al. 2023); drawn on the CPU from
+    `generator`, so a seed gives the same positions on every device."""
+    if not 0 < length <= bound:
+        raise ValueError(f"Cannot draw {length} distinct positions from [0, {bound}).")
+    keys = torch.rand(batch, bound, generator=generator)
+    return keys.topk(length, dim=-1).indices.sort(dim=-1).values.to(device)
 
 
 def t5_bucket(distance: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:

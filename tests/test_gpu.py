@@ -21,6 +21,7 @@ import train as train_script
 from core.checkpoint import read_checkpoint
 from model import GPT, POS_ENCODINGS, GPTConfig
 from model.kernels import compiled_flex_attention
+from model.positions import random_positions
 from training.run import latest_metrics
 
 from helpers import build, relative_error, run_pair, straight_and_resumed, tiny_args
@@ -118,6 +119,24 @@ def test_flex_learned_bias_and_window_masks_match_eager_with_gradients_on_cuda(g
         torch.testing.assert_close(p.grad, r.grad, atol=1e-4, rtol=1e-3, msg=name)
     if config.pos_encoding == "t5":
         assert model.pe.table.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "rope"])
+def test_randomized_positions_through_flex_match_eager_with_gradients_on_cuda(gpu_config, scheme):
+    """Each row's own positions (B, T) reach FlexAttention's score_mod (ids[b, q] - ids[b, kv]) and
+    RoPE's tables as they reach the eager reference, gradients included."""
+    config = dataclasses.replace(gpu_config, pos_encoding=scheme)
+    model = GPT(dataclasses.replace(config, attn_backend="flex")).to(CUDA)
+    reference = GPT(dataclasses.replace(config, attn_backend="eager")).to(CUDA)
+    reference.load_state_dict(model.state_dict())
+    idx = torch.randint(0, config.vocab_size, (2, ODD_LEN), device=CUDA)
+    positions = random_positions(2, ODD_LEN, 4 * config.block_size, torch.Generator().manual_seed(0), CUDA)
+    for m in (model, reference):
+        m.pe.reserve(4 * config.block_size)
+        _, loss = m(idx, idx, positions=positions)
+        loss.backward()
+    for (name, p), r in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, r.grad, atol=1e-4, rtol=1e-3, msg=name)
 
 
 def _record_step_norms(monkeypatch) -> list[float]:

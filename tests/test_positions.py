@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from model import GPT
+from model import GPT, POS_ENCODINGS
 from model.positions import (
     ALiBi,
     RotaryPositions,
@@ -16,6 +16,7 @@ from model.positions import (
     T5Bias,
     alibi_slopes,
     apply_rope,
+    random_positions,
     rope_cos_sin,
     sinusoid_table,
     t5_bucket,
@@ -63,6 +64,29 @@ def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
     # and both are -m_h * (i - j) with i the query's absolute position
     slopes = torch.tensor(alibi_slopes(n_head))
     torch.testing.assert_close(ctx.bias[:, -1, 0], -slopes * (k_len - 1))
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "t5"])
+def test_with_positions_per_row_the_dense_bias_and_the_score_mod_agree(tiny_config, scheme):
+    """Randomized positions: both derivations read each row's own positions (B, H, T, T)."""
+    from model.attention import _score_mod, build_context
+    from model.kernels import KERNELS
+    from model.masks import AttentionMask
+
+    pe = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).pe
+    ids = random_positions(3, 9, 40, torch.Generator().manual_seed(0))
+    n_head = tiny_config.n_head
+    ctx = build_context(KERNELS[("softmax", "eager")], pe, AttentionMask(), n_head, 0, 9, None, torch.device("cpu"),
+                        ids=ids)  # fmt: skip
+    assert ctx.bias.shape == (3, n_head, 9, 9)
+    score_mod = _score_mod(pe, 0, None, ids)
+    b, h = torch.arange(3)[:, None, None, None], torch.arange(n_head)[None, :, None, None]
+    q_idx, kv_idx = torch.arange(9)[None, None, :, None], torch.arange(9)[None, None, None, :]
+    modded = score_mod(torch.zeros(3, n_head, 9, 9), b, h, q_idx, kv_idx)
+    visible = ctx.bias > float("-inf")
+    torch.testing.assert_close(modded[visible], ctx.bias[visible])
+    expected = pe.relative_bias(h[0], (ids[2, 8] - ids[2, :9])[None, None, :])[:, 0]  # last query of row 2
+    torch.testing.assert_close(ctx.bias[2, :, 8], expected)
 
 
 def _rope_at(x: torch.Tensor, position: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -224,3 +248,56 @@ def test_t5_gradients_reach_the_table(tiny_config, backend):
     assert grad is not None
     used = set(t5_bucket(torch.arange(40)).tolist())  # the buckets of distances 0..39 get gradients, no other
     assert {int(b) for b in torch.nonzero(grad.abs().sum(1)).flatten()} == used
+
+
+# randomized positions (Ruoss et al. 2023): positions as a tensor
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("scheme", POS_ENCODINGS)
+def test_contiguous_positions_give_exactly_todays_logits(tiny_config, scheme, backend):
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme, attn_backend=backend)).eval()
+    idx = torch.randint(0, tiny_config.vocab_size, (3, 13))
+    contiguous = torch.arange(13).expand(3, 13)
+    with torch.no_grad():
+        given, plain = model(idx, positions=contiguous)[0], model(idx)[0]
+    if backend == "sdpa" and model.pe.bias_kind:  # a per-row (B, H, T, T) bias: SDPA's CPU kernel
+        torch.testing.assert_close(given, plain, rtol=1e-6, atol=1e-6)  # takes another path (rounding)
+    else:
+        assert torch.equal(given, plain)
+
+
+@pytest.mark.parametrize("scheme", POS_ENCODINGS)
+def test_each_row_is_at_its_own_positions(tiny_config, scheme):
+    """Shifting a row's positions changes nothing for a relative scheme and something for an
+    absolute one; a row at positions s.. is what the scheme computes from start s."""
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme, attn_backend="eager")).eval()
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 9))
+    positions = torch.stack([torch.arange(9), torch.arange(9) + 5])  # row 1 shifted by 5
+    with torch.no_grad():
+        logits = model(idx, positions=positions)[0]
+        plain = model(idx)[0]
+    torch.testing.assert_close(logits[0], plain[0], rtol=0, atol=0)
+    shifted = (logits[1] - plain[1]).abs().max()
+    if scheme in ("rope", "alibi", "t5", "none"):  # only distances matter
+        assert shifted < 1e-5
+    else:
+        assert shifted > 1e-3
+    pe = model.pe
+    x = torch.randn(2, 9, tiny_config.n_embd)
+    torch.testing.assert_close(pe.embed(x, 0, positions)[1], pe.embed(x[1:], 5)[0], rtol=0, atol=0)
+    q = torch.randn(2, 2, 9, tiny_config.head_dim)
+    torch.testing.assert_close(pe.rotate(q, q, 0, positions)[0][1], pe.rotate(q[1:], q[1:], 5)[0][0], rtol=0, atol=0)
+
+
+def test_a_random_position_draw_is_sorted_in_range_and_seeded():
+    draw = random_positions(64, 20, 50, torch.Generator().manual_seed(3))
+    assert draw.shape == (64, 20) and draw.dtype == torch.int64
+    assert bool((draw[:, 1:] > draw[:, :-1]).all()) and int(draw.min()) >= 0 and int(draw.max()) < 50
+    assert torch.equal(draw, random_positions(64, 20, 50, torch.Generator().manual_seed(3)))
+    assert not torch.equal(draw, random_positions(64, 20, 50, torch.Generator().manual_seed(4)))
+    counts = torch.bincount(draw.flatten(), minlength=50).float()  # every position about equally often
+    assert counts.min() > 0.5 * counts.mean() and counts.max() < 1.5 * counts.mean()
+    assert torch.equal(random_positions(2, 7, 7), torch.arange(7).expand(2, 7))  # all of them: contiguous
+    with pytest.raises(ValueError, match="distinct positions"):
+        random_positions(1, 8, 7)
