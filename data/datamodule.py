@@ -1,15 +1,20 @@
-"""LightningDataModule over prepared token files: random training windows, fixed validation windows."""
+"""LightningDataModules: over prepared token files (random training windows, fixed validation
+windows), and over a synthetic task (`data.tasks`)."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from data.dataset import FixedWindows, PreparedData, RandomWindows
 from data.errors import DataError
+from data.tasks import TaskConfig, encode, tokenizer_for, training_batch, validation_set
+from data.tokenizer import CharTokenizer
 
 
 class TokenDataModule(L.LightningDataModule):
@@ -63,3 +68,66 @@ def _private_generator() -> torch.Generator:
     shift dropout's random stream whenever a loader restarts (after a resume, at each validation),
     and a resumed run would no longer match an uninterrupted one. Our windows need no torch RNG."""
     return torch.Generator().manual_seed(0)
+
+
+class TaskDataModule(L.LightningDataModule):
+    """Batches of a synthetic task (`data.tasks`): an endless seeded stream of training examples,
+    padded per batch, and a fixed validation set at training lengths; (x, y) with targets -1 off
+    the answers. The stream resumes exactly, as `TokenDataModule`'s does."""
+
+    def __init__(self, task: TaskConfig, batch_size: int, seed: int) -> None:
+        super().__init__()
+        self.task, self.batch_size, self.seed = task, batch_size, seed
+        self.tokenizer = tokenizer_for(task)
+        self._start = 0
+
+    def train_dataloader(self) -> DataLoader:
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        stream = TaskStream(self.task, self.tokenizer, self.batch_size, self.seed, rank, lambda: self._start)
+        return DataLoader(stream, batch_size=None, generator=_private_generator())
+
+    def val_dataloader(self) -> DataLoader:
+        examples = validation_set(self.task)
+        batches = [
+            tuple(torch.from_numpy(a) for a in encode(self.tokenizer, examples[i : i + self.batch_size]))
+            for i in range(0, len(examples), self.batch_size)
+        ]
+        return DataLoader(batches, batch_size=None, generator=_private_generator())
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self.trainer
+        done = 0 if trainer is None else trainer.global_step * trainer.accumulate_grad_batches
+        return {"seed": self.seed, "micro_batches": done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["seed"] != self.seed:
+            raise DataError(f"The checkpoint's data stream used seed {state['seed']}, this run {self.seed}.")
+        self._start = state["micro_batches"]
+
+
+class TaskStream(IterableDataset):
+    """Training batch number i of a rank is a function of (seed, rank, i) only."""
+
+    def __init__(
+        self,
+        task: TaskConfig,
+        tokenizer: CharTokenizer,
+        batch_size: int,
+        seed: int,
+        rank: int,
+        start: Callable[[], int],
+    ) -> None:
+        super().__init__()
+        self.task, self.tokenizer, self.batch_size = task, tokenizer, batch_size
+        self.seed, self.rank, self.start = seed, rank, start
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rng = random.Random(f"{self.seed}/{self.rank}/{index}")
+        x, y = encode(self.tokenizer, training_batch(self.task, rng, self.batch_size))
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        index = self.start()
+        while True:
+            yield self.batch(index)
+            index += 1

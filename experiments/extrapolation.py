@@ -17,7 +17,6 @@ so re-running the command after a crash (or with new evaluation settings) only d
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import sys
@@ -27,40 +26,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+from jsonargparse import ArgumentParser
 
-from core.checkpoint import CheckpointError, read_checkpoint
+from core.checkpoint import CheckpointError
 from data.errors import DataError
 from evaluation.config import EvalData, EvalSettings
 from evaluation.report import write_report
 from evaluation.run import Subject, evaluate_checkpoints
-from model.config import POS_ENCODINGS, Attention, AttnScore, PosEncoding
+from experiments.common import Variant, check_models, models_of, train_all
+from experiments.common import build_parser as build_experiment_parser
+from experiments.common import parse_config as parse_experiment
+from model.config import POS_ENCODINGS, PosEncoding
 from training.config import RunConfig
-from training.run import train
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Variant:
-    """A model beside the plain schemes: a name and the attention settings that make it (say, RoPE
-    with a sliding window); every other setting is the shared run's."""
-
-    name: str
-    """Label in the report and name of its runs (<name>-seed<S>)."""
-    pos_encoding: PosEncoding = "rope"
-    """Position scheme."""
-    attn_window: int = 0
-    """Sliding window of W keys (0: full causal)."""
-    attn_sinks: int = 0
-    """Sink keys visible beyond the window."""
-    attention: Attention = "softmax"
-    """softmax or linear."""
-    attn_score: AttnScore = "scaled_dot"
-    """scaled_dot, dot or additive."""
-
-    def model_fields(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
 
 
 @dataclass
@@ -84,37 +63,11 @@ class ExperimentConfig:
     """Evaluation text (default: the validation split of the training data)."""
 
     def __post_init__(self) -> None:
-        if not (self.schemes or self.variants) or not self.seeds:
-            raise ValueError("An experiment needs at least one scheme or variant, and one seed.")
-        names = [name for name, _ in self.models()]
-        if len(set(names)) != len(names) or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"schemes, variant names and seeds must not repeat: {names}, {self.seeds}.")
+        check_models(self.models(), self.seeds, self.run)
 
     def models(self) -> list[tuple[str, dict[str, Any]]]:
-        """(label, model fields) of every model: each scheme as it is, then the variants."""
-        variants = [Variant(**v) if isinstance(v, dict) else v for v in self.variants]
-        return [(s, {"pos_encoding": s}) for s in self.schemes] + [(v.name, v.model_fields()) for v in variants]
-
-
-def run_config_for(cfg: ExperimentConfig, label: str, model_fields: dict[str, Any], seed: int) -> RunConfig:
-    """The shared run with this model and seed, trained under <out_dir>/runs/<label>-seed<seed>."""
-    run = cfg.run
-    return dataclasses.replace(
-        run,
-        model=dataclasses.replace(run.model, **model_fields),
-        train=dataclasses.replace(
-            run.train,
-            seed=seed,
-            out_dir=str(Path(cfg.out_dir) / "runs"),
-            run_name=f"{label}-seed{seed}",
-            resume="auto",
-        ),
-    )
-
-
-def finished(ckpt: Path, max_steps: int) -> bool:
-    """Whether `ckpt` exists and was written at (or after) `max_steps` optimizer steps."""
-    return ckpt.is_file() and int(read_checkpoint(ckpt).get("global_step", 0)) >= max_steps
+        """(label, settings) of every model: each scheme as it is, then the variants."""
+        return models_of(self.schemes, self.variants)
 
 
 def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -122,29 +75,10 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-    subjects, train_wall = [], {}
     started = time.perf_counter()
-    models = cfg.models()
-    for seed in cfg.seeds:
-        for label, model_fields in models:
-            run_cfg = run_config_for(cfg, label, model_fields, seed)
-            ckpt = Path(run_cfg.train.out_dir) / run_cfg.train.run_name / "last.ckpt"
-            if finished(ckpt, run_cfg.train.max_steps):
-                log.info("%s: trained already (%s), reused", run_cfg.train.run_name, ckpt)
-            else:
-                log.info("training %s (%d of %d)", run_cfg.train.run_name, len(subjects) + 1,
-                         len(cfg.seeds) * len(models))  # fmt: skip
-                t0 = time.perf_counter()
-                try:
-                    result = train(run_cfg)
-                except CheckpointError as error:
-                    raise CheckpointError(f"{error} (runs are reused from {out / 'runs'}; choose another out_dir "
-                                          "to start afresh)") from None  # fmt: skip
-                train_wall[run_cfg.train.run_name] = round(time.perf_counter() - t0, 1)
-                ckpt = result.last_ckpt
-            subjects.append(Subject(str(ckpt), label=label))
+    trained, train_wall = train_all(cfg.run, cfg.out_dir, cfg.models(), cfg.seeds)
     t0 = time.perf_counter()
-    doc = evaluate_checkpoints(subjects, cfg.eval, cfg.eval_data)
+    doc = evaluate_checkpoints([Subject(r.ckpt, r.label) for r in trained], cfg.eval, cfg.eval_data)
     doc["experiment"] = {
         "config": dataclasses.asdict(cfg),
         "train_wall_s": train_wall,
@@ -156,24 +90,16 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def build_parser() -> ArgumentParser:
-    set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    parser = ArgumentParser(
-        prog="python -m experiments.extrapolation",
-        description="Train one model per position scheme, evaluate them all at every length, write a report.",
+    return build_experiment_parser(
+        ExperimentConfig,
+        "python -m experiments.extrapolation",
+        "Train one model per position scheme, evaluate them all at every length, write a report.",
     )
-    parser.add_argument("--config", action=ActionConfigFile, help="A YAML file of options (see configs/).")
-    parser.add_class_arguments(ExperimentConfig, None)
-    for action in parser._actions:  # the tokenizer's, set from the data: not offered (older experiment.yaml
-        if action.dest == "run.model.vocab_size":  # files that record it still load)
-            action.help = argparse.SUPPRESS
-    return parser
 
 
 def parse_config(argv: list[str] | None = None) -> ExperimentConfig:
     """The experiment the command line describes (validated: a mistake raises ValueError)."""
-    parser = build_parser()
-    config = parser.instantiate(parser.parse_args(argv))
-    return ExperimentConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(ExperimentConfig)})
+    return parse_experiment(ExperimentConfig, build_parser(), argv)
 
 
 def main(argv: list[str] | None = None) -> None:

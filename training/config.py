@@ -140,6 +140,11 @@ class TrainConfig:
     overwrite: bool = False
     """Start afresh in a run directory that holds checkpoints of an earlier run, deleting them (without
     it, such a run stops and asks for --train.resume auto or another run name)."""
+    random_positions: int = 0
+    """Randomized positions (Ruoss et al. 2023): each training sequence gets an increasing random
+    subset of [0, N) as its positions instead of 0..T-1, so that the positions of longer inputs are
+    not new at test time (evaluation and sampling use 0..T-1 as always). N must cover the longest
+    input to be evaluated; for learned positions N <= block_size. 0: off. NoPE has none to randomize."""
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "grad_accum", "eval_interval", "log_interval", "ckpt_interval"):
@@ -147,6 +152,7 @@ class TrainConfig:
         _at_least("train.eval_tokens", self.eval_tokens, 0)
         _at_least("train.sample_tokens", self.sample_tokens, 0)
         _at_least("train.num_nodes", self.num_nodes, 1)
+        _at_least("train.random_positions", self.random_positions, 0)
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision {self.precision!r} is not one of {', '.join(PRECISIONS)}.")
         if isinstance(self.devices, int) and not isinstance(self.devices, bool) and self.devices < 1:
@@ -173,3 +179,13 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        n, block = self.train.random_positions, self.model.block_size
+        if n and n < block:
+            raise ValueError(f"train.random_positions {n} must be at least model.block_size {block} (0: off).")
+        if n and self.model.pos_encoding == "learned" and n > block:
+            raise ValueError(
+                f"train.random_positions {n}: learned positions exist up to model.block_size {block}; "
+                f"raise model.block_size to {n} (the table then covers every position drawn)."
+            )

@@ -11,6 +11,7 @@ import torch
 
 from data.dataset import Batch
 from model import GPT
+from model.positions import random_positions
 from training.config import RunConfig
 
 
@@ -51,19 +52,32 @@ class GPTModule(L.LightningModule):
 
     def on_train_start(self) -> None:
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
+        if self.config.train.random_positions:
+            self.model.pe.reserve(self.config.train.random_positions)  # tables cover every position drawn
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.model(idx, targets)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         x, y = batch
-        _, loss = self.model(x, y)
+        _, loss = self.model(x, y, positions=self._random_positions(x, batch_idx))
         self.nonfinite |= ~torch.isfinite(loss.detach())
         if self._logging_step():
             self.log("train/loss", loss, prog_bar=True)
             self.log("lr", self.lr_schedulers().get_last_lr()[0])
             self.log("train/tokens", float((self.global_step + 1) * self.tokens_per_step))
         return loss
+
+    def _random_positions(self, x: torch.Tensor, batch_idx: int) -> torch.Tensor | None:
+        """With `train.random_positions` N: each row's positions, an increasing random subset of
+        [0, N), drawn from (seed, micro-batch number) alone, so that a resumed run draws what an
+        uninterrupted one would have. None (0..T-1) otherwise, and for NoPE, which has no positions."""
+        t = self.config.train
+        if not t.random_positions or self.model.config.pos_encoding == "none":
+            return None
+        micro_batch = self.global_step * t.grad_accum + batch_idx % t.grad_accum
+        generator = torch.Generator().manual_seed(t.seed * 1_000_003 + micro_batch)
+        return random_positions(x.size(0), x.size(1), t.random_positions, generator, x.device)
 
     def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
         # After the last optimizer step: asking Lightning to stop here makes it run the final

@@ -21,8 +21,9 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from core.files import LockedError, atomic_write_bytes, directory_lock, remove_stale_tmp
 from core.repo import git_sha
-from data.datamodule import TokenDataModule
+from data.datamodule import TaskDataModule, TokenDataModule
 from data.dataset import PreparedData, prepare_dir, provenance
+from data.tasks import TaskConfig
 from data.tokenizer import Tokenizer
 from training.callbacks import AtomicCheckpointIO, DivergenceGuard, LastCheckpoint, SpeedMonitor
 from training.checkpoint import check_resume
@@ -53,11 +54,36 @@ def prepared_data(cfg: DataConfig) -> PreparedData:
     )
 
 
-def run_dir_of(cfg: RunConfig, data: PreparedData) -> Path:
-    name = cfg.train.run_name
-    if not name:
-        source = Path(data.meta["sources"][0]).stem if data.meta.get("sources") else data.path.name
-        name = f"{source}-{data.meta['tokenizer']['kind']}-{cfg.model.pos_encoding}"
+@dataclass
+class TrainingData:
+    """What a run trains on: batches, their tokenizer, the record of the data that checkpoints keep
+    (to resume only on the same data, and to evaluate on it later), and a name for run directories."""
+
+    datamodule: L.LightningDataModule
+    tokenizer: Tokenizer
+    record: dict[str, Any]
+    name: str
+
+
+def corpus_data(cfg: RunConfig) -> TrainingData:
+    """A prepared corpus (`cfg.data`): random training windows, fixed validation windows."""
+    data = prepared_data(cfg.data)
+    t = cfg.train
+    datamodule = TokenDataModule(data, cfg.model.block_size, t.batch_size, t.seed, t.eval_tokens)  # checks the splits
+    source = Path(data.meta["sources"][0]).stem if data.meta.get("sources") else data.path.name
+    name = f"{source}-{data.meta['tokenizer']['kind']}"
+    return TrainingData(datamodule, data.tokenizer(cfg.data.tiktoken_ranks), provenance(data), name)
+
+
+def task_data(task: TaskConfig, cfg: RunConfig) -> TrainingData:
+    """A synthetic task (`data.tasks`): its own vocabulary, loss on the answers only."""
+    datamodule = TaskDataModule(task, cfg.train.batch_size, cfg.train.seed)
+    record = {"task": dataclasses.asdict(task), "fingerprint": task.fingerprint(), "prepared": f"task {task.name}"}
+    return TrainingData(datamodule, datamodule.tokenizer, record, f"task-{task.name}")
+
+
+def run_dir_of(cfg: RunConfig, data: TrainingData) -> Path:
+    name = cfg.train.run_name or f"{data.name}-{cfg.model.pos_encoding}"
     return Path(cfg.train.out_dir) / name
 
 
@@ -147,8 +173,9 @@ def _wandb_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def train(cfg: RunConfig) -> RunResult:
-    """Prepare data, build model and Trainer, fit, and sample a little text at the end."""
+def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
+    """Prepare data (`cfg.data`, unless `data` is given: a task), build model and Trainer, fit, and
+    sample a little text at the end."""
     t = cfg.train
     check_accelerator(t.accelerator)
     check_strategy(t.strategy, t.accelerator)
@@ -156,40 +183,29 @@ def train(cfg: RunConfig) -> RunResult:
     check_writable(Path(t.out_dir), "--train.out_dir")
     L.seed_everything(t.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
-    data = prepared_data(cfg.data)
-    tokenizer = data.tokenizer(cfg.data.tiktoken_ranks)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
-    datamodule = TokenDataModule(data, cfg.model.block_size, t.batch_size, t.seed, t.eval_tokens)  # checks the splits
+    data = data or corpus_data(cfg)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=data.tokenizer.vocab_size))
     run_dir = run_dir_of(cfg, data)
     make_run_dir(run_dir)
     if not rank_zero_only.rank == 0:  # DDP/FSDP workers: rank 0 holds the directory and has checked it
-        return _fit(cfg, data, datamodule, tokenizer, run_dir, precision, resume_path(t.resume, run_dir))
+        return _fit(cfg, data, run_dir, precision, resume_path(t.resume, run_dir))
     try:
         with directory_lock(run_dir):
             ckpt_path = resume_path(t.resume, run_dir)
             claim_run_dir(run_dir, ckpt_path, t.overwrite)
-            return _fit(cfg, data, datamodule, tokenizer, run_dir, precision, ckpt_path)
+            return _fit(cfg, data, run_dir, precision, ckpt_path)
     except LockedError as error:
         raise RunError(
             f"{error}: another run is training into it. Wait for it, or pass another --train.run_name."
         ) from None
 
 
-def _fit(
-    cfg: RunConfig,
-    data: PreparedData,
-    datamodule: TokenDataModule,
-    tokenizer: Tokenizer,
-    run_dir: Path,
-    precision: str,
-    ckpt_path: Path | None,
-) -> RunResult:
+def _fit(cfg: RunConfig, data: TrainingData, run_dir: Path, precision: str, ckpt_path: Path | None) -> RunResult:
     t = cfg.train
-    record = provenance(data)
     if ckpt_path is not None:
-        for change in check_resume(ckpt_path, cfg, record):
+        for change in check_resume(ckpt_path, cfg, data.record):
             log.info("Resuming with %s", change)
-    module = GPTModule(cfg, tokenizer.meta(), record)
+    module = GPTModule(cfg, data.tokenizer.meta(), data.record)
     if t.compile:
         module.model.compile()  # in place: state_dict keys keep their names
 
@@ -232,14 +248,14 @@ def _fit(
         # config.yaml (and, on resume, the checkpoints) are meant to be in the run directory
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         warnings.filterwarnings("ignore", message=r"Precision .* is not supported by the model summary")
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.fit(module, datamodule=data.datamodule, ckpt_path=ckpt_path)
 
     best = trainer.checkpoint_callback
     best_path = Path(best.best_model_path) if best and best.best_model_path else None
     best_loss = float(best.best_model_score) if best and best.best_model_score is not None else None
     sample = None
     if trainer.is_global_zero and t.sample_tokens > 0:
-        sample = sample_text(module, tokenizer, t.sample_tokens)
+        sample = sample_text(module, data.tokenizer, t.sample_tokens)
     return RunResult(run_dir, run_dir / "last.ckpt", best_path, best_loss, sample)
 
 

@@ -1,0 +1,164 @@
+"""Synthetic length-generalisation tasks: train on short inputs, test on long ones.
+
+Each task writes examples as text over its own small character vocabulary (a `CharTokenizer`, so
+checkpoints, `sample.py` and the attention maps work on task models as on any other), seeded and
+reproducible, with no file to download. An example is a prompt and an answer; the loss is taken on
+the answer tokens only (targets -1 elsewhere), and a model is scored by exact match of its greedy
+answer.
+
+| task      | length n counts   | prompt                                        | answer      |
+|-----------|-------------------|-----------------------------------------------|-------------|
+| `copy`    | symbols           | `^` s_1 .. s_n `|`                             | s_1 .. s_n  |
+| `reverse` | symbols           | `^` s_1 .. s_n `|`                             | s_n .. s_1  |
+| `recall`  | key-value pairs   | `^` k_1 v_1 .. k_n v_n `?` k_q                  | v_q         |
+| `passkey` | characters in all | filler, key line at a depth, filler, question | the 5 digits |
+
+(passkey's key line is `The pass key is 12345. Remember it. `, its question `What is the pass key? `.)
+
+Copy and reverse follow Kazemnejad et al. 2023 and Ruoss et al. 2023 (random strings; train on
+lengths up to ~20 or 40, test far beyond), associative recall the multi-key recall of the Zoology
+line of work (distinct keys; one query), and passkey the retrieval probe used for RoPE scaling (a
+number at a chosen depth of repeated filler, asked for at the end).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from data.tokenizer import CharTokenizer
+
+TaskName = Literal["copy", "reverse", "recall", "passkey"]
+BOS, SEP, QUERY = "^", "|", "?"
+SYMBOLS = "abcdefghijklmnopqrstuvwxyz"
+KEYS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "".join(chr(c) for c in range(0x3B1, 0x3CA))  # 26 Latin + 25 Greek
+DIGITS = "0123456789"
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+KEY_LINE = "The pass key is {}. Remember it. "
+QUESTION = "What is the pass key? "
+
+
+@dataclass
+class TaskConfig:
+    """A synthetic task, its training lengths and its test sets."""
+
+    name: TaskName = "copy"
+    """copy, reverse, recall (associative recall) or passkey."""
+    train_min: int = 4
+    """Shortest training length n (symbols for copy/reverse, pairs for recall, characters for passkey)."""
+    train_max: int = 20
+    """Longest training length n; each training example draws n uniformly from [train_min, train_max]."""
+    eval_lengths: list[int] = field(default_factory=lambda: [5, 10, 20, 40, 80, 160])
+    """Lengths n of the fixed test sets (up to 8-16x train_max shows length generalisation)."""
+    test_size: int = 100
+    """Test examples per length (per length and depth for passkey)."""
+    val_size: int = 256
+    """Validation examples, at training lengths (the loss logged during training)."""
+    symbols: int = 10
+    """Alphabet of copy and reverse (at most 26 letters), keys of recall (at most 51), digits of passkey's key."""
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    """passkey: where the key sits in the filler, 0 = start, 1 = end (training draws it uniformly)."""
+    seed: int = 0
+    """Seed of the test and validation sets (training examples come from train.seed)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.train_min <= self.train_max:
+            raise ValueError(f"Need 1 <= task.train_min <= task.train_max, got {self.train_min}, {self.train_max}.")
+        if not self.eval_lengths or min(self.eval_lengths) < 1 or self.test_size < 1 or self.val_size < 1:
+            raise ValueError("task.eval_lengths, task.test_size and task.val_size must be positive.")
+        self.eval_lengths = sorted(set(self.eval_lengths))
+        limit = {"copy": len(SYMBOLS), "reverse": len(SYMBOLS), "recall": len(KEYS), "passkey": 10}[self.name]
+        if not 2 <= self.symbols <= limit:
+            raise ValueError(f"task.symbols for {self.name} must be in 2..{limit}, got {self.symbols}.")
+        if self.name == "recall" and max(self.train_max, *self.eval_lengths) > self.symbols:
+            raise ValueError(
+                f"recall needs distinct keys: lengths up to {max(self.train_max, *self.eval_lengths)} pairs need "
+                f"task.symbols >= that (at most {len(KEYS)}); lower task.eval_lengths or raise task.symbols."
+            )
+        shortest = len(KEY_LINE.format("0" * 5)) + len(QUESTION) + 1
+        if self.name == "passkey" and self.train_min < shortest:
+            raise ValueError(f"passkey lengths count characters; task.train_min must be at least {shortest}.")
+        if any(not 0.0 <= d <= 1.0 for d in self.depths) or not self.depths:
+            raise ValueError(f"task.depths must lie in [0, 1], got {self.depths}.")
+
+    def fingerprint(self) -> str:
+        """Identifies the task and its data (what a resumed run must share)."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    answer: str
+    length: int
+    depth: float | None = None
+
+
+def vocabulary(task: TaskConfig) -> str:
+    """Every character the task writes, in the tokenizer's (sorted) order."""
+    if task.name in ("copy", "reverse"):
+        chars = BOS + SEP + SYMBOLS[: task.symbols]
+    elif task.name == "recall":
+        chars = BOS + QUERY + KEYS[: task.symbols] + DIGITS
+    else:
+        chars = FILLER + KEY_LINE.format("") + QUESTION + DIGITS
+    return "".join(sorted(set(chars)))
+
+
+def tokenizer_for(task: TaskConfig) -> CharTokenizer:
+    return CharTokenizer(vocabulary(task))
+
+
+def make_example(task: TaskConfig, rng: random.Random, n: int, depth: float | None = None) -> Example:
+    """One example of length `n` (and, for passkey, `depth`; drawn when None)."""
+    if task.name in ("copy", "reverse"):
+        s = "".join(rng.choice(SYMBOLS[: task.symbols]) for _ in range(n))
+        return Example(BOS + s + SEP, s if task.name == "copy" else s[::-1], n)
+    if task.name == "recall":
+        keys = rng.sample(KEYS[: task.symbols], n)
+        values = [rng.choice(DIGITS) for _ in keys]
+        q = rng.randrange(n)
+        pairs = "".join(k + v for k, v in zip(keys, values, strict=True))
+        return Example(BOS + pairs + QUERY + keys[q], values[q], n)
+    depth = rng.random() if depth is None else depth
+    key = "".join(rng.choice(DIGITS[: task.symbols]) for _ in range(5))
+    line = KEY_LINE.format(key)
+    filler_len = n - len(line) - len(QUESTION)
+    filler = (FILLER * (filler_len // len(FILLER) + 1))[:filler_len]
+    cut = round(depth * filler_len)
+    return Example(filler[:cut] + line + filler[cut:] + QUESTION, key, n, depth)
+
+
+def training_batch(task: TaskConfig, rng: random.Random, batch_size: int) -> list[Example]:
+    """`batch_size` examples, each of a length drawn uniformly from the training range."""
+    return [make_example(task, rng, rng.randint(task.train_min, task.train_max)) for _ in range(batch_size)]
+
+
+def eval_set(task: TaskConfig, n: int, depth: float | None = None, size: int | None = None) -> list[Example]:
+    """The fixed test examples of length `n` (and depth): the same for every model and run."""
+    rng = random.Random(f"{task.seed}/{task.name}/test/{n}/{depth}")
+    return [make_example(task, rng, n, depth) for _ in range(size or task.test_size)]
+
+
+def validation_set(task: TaskConfig) -> list[Example]:
+    rng = random.Random(f"{task.seed}/{task.name}/val")
+    return training_batch(task, rng, task.val_size)
+
+
+def encode(tokenizer: CharTokenizer, examples: list[Example], pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs and targets (B, T) of whole examples (prompt + answer), right-padded to the longest:
+    targets are the next token on the answer positions and -1 everywhere else (prompt, padding)."""
+    rows = [(tokenizer.encode(e.prompt), tokenizer.encode(e.answer)) for e in examples]
+    T = max(len(p) + len(a) for p, a in rows) - 1
+    x = np.full((len(rows), T), pad, dtype=np.int64)
+    y = np.full((len(rows), T), -1, dtype=np.int64)
+    for i, (prompt, answer) in enumerate(rows):
+        ids = prompt + answer
+        x[i, : len(ids) - 1] = ids[:-1]
+        y[i, len(prompt) - 1 : len(ids) - 1] = answer  # the position before each answer token predicts it
+    return x, y

@@ -1,0 +1,130 @@
+"""The report of a synthetic-task experiment: `results.json`, `results.md` (rows = models, columns =
+test lengths, exact-match accuracy mean ± std over seeds), `accuracy_vs_length.png`, and for
+passkey `passkey_depth.png` (accuracy over length x depth, one panel per model)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display; before pyplot is imported
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from core.files import atomic_write_bytes  # noqa: E402
+from evaluation.report import png_bytes  # noqa: E402
+
+
+def _by_label(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for run in doc["runs"]:
+        groups.setdefault(run["label"], []).append(run)
+    return groups
+
+
+def length_accuracy(run: dict[str, Any], length: int) -> float | None:
+    """A run's accuracy at `length`, averaged over depths (passkey); None where not applicable."""
+    rows = [r for r in run["results"] if r["length"] == length]
+    if not all(r["applicable"] for r in rows):
+        return None
+    return statistics.fmean(r["accuracy"] for r in rows)
+
+
+def _cell(values: list[float | None]) -> str:
+    if any(v is None for v in values):
+        return "n/a"
+    mean = statistics.fmean(values)
+    return f"{100 * mean:.1f}" + (f" ± {100 * statistics.stdev(values):.1f}" if len(values) > 1 else "")
+
+
+def markdown_table(doc: dict[str, Any]) -> str:
+    task, lengths = doc["task"], doc["task"]["eval_lengths"]
+    lines = [f"# {task['name']}: exact-match accuracy (%) against length", ""]
+    per = " and depth (cells: mean over depths)" if task["name"] == "passkey" else ""
+    lines.append(f"- trained on lengths {task['train_min']}-{task['train_max']}; {task['test_size']} test "
+                 f"examples per length{per}")  # fmt: skip
+    lines.append("- greedy decoding with the KV cache; n/a: learned positions cannot reach that length")
+    lines.append("- several seeds: mean ± standard deviation across seeds")
+    lines.append(f"- {doc['device']}, torch {doc['torch']}, git {doc['git']}, {doc['created']}")
+    lines += ["", "| model | positions | seeds | " + " | ".join(map(str, lengths)) + " |"]
+    lines.append("|---|---|---:|" + "---:|" * len(lengths))
+    for label, runs in _by_label(doc).items():
+        cells = [_cell([length_accuracy(r, n) for r in runs]) for n in lengths]
+        lines.append(f"| {label} | {runs[0]['pos_encoding']} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def accuracy_figure(doc: dict[str, Any]) -> plt.Figure:
+    """Accuracy against length (log x), one line per model with its spread over seeds, the training
+    range shaded."""
+    task, lengths = doc["task"], doc["task"]["eval_lengths"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    ax.axvspan(task["train_min"], task["train_max"], color="0.9", label="training lengths")
+    for i, (label, runs) in enumerate(_by_label(doc).items()):
+        points = [(n, [length_accuracy(r, n) for r in runs]) for n in lengths]
+        points = [(n, v) for n, v in points if all(x is not None for x in v)]
+        if not points:
+            continue
+        xs = [n for n, _ in points]
+        means = [100 * statistics.fmean(v) for _, v in points]
+        spread = [100 * statistics.stdev(v) if len(v) > 1 else 0.0 for _, v in points]
+        ax.errorbar(xs, means, yerr=spread, marker="o", ms=3.5, capsize=2, color=f"C{i % 10}", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(n) for n in lengths], fontsize=8)
+    ax.minorticks_off()
+    ax.set_ylim(-3, 103)
+    ax.set_xlabel(f"test length ({'characters' if task['name'] == 'passkey' else 'items'})")
+    ax.set_ylabel("exact-match accuracy (%)")
+    ax.set_title(f"{task['name']}: train short, test long", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def depth_figure(doc: dict[str, Any]) -> plt.Figure:
+    """Passkey: accuracy over length x depth, one panel per model (mean over seeds)."""
+    task = doc["task"]
+    lengths, depths = task["eval_lengths"], task["depths"]
+    groups = _by_label(doc)
+    cols = min(4, len(groups))
+    rows = -(-len(groups) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols + 1, 2.6 * rows + 0.6), dpi=90, squeeze=False,
+                             layout="constrained")  # fmt: skip
+    for ax, (label, runs) in zip(axes.flat, groups.items(), strict=False):
+        grid = np.full((len(depths), len(lengths)), np.nan)
+        for j, n in enumerate(lengths):
+            for i, d in enumerate(depths):
+                values = [r["accuracy"] for run in runs for r in run["results"] if r["length"] == n and r["depth"] == d]
+                if values and all(v is not None for v in values):
+                    grid[i, j] = 100 * statistics.fmean(values)
+        image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto", origin="upper")
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("length (characters)", fontsize=8)
+        ax.set_ylabel("depth", fontsize=8)
+    for ax in list(axes.flat)[len(groups) :]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes, shrink=0.7, label="accuracy (%)")
+    fig.suptitle("passkey: accuracy by length and depth", fontsize=10)
+    return fig
+
+
+def write_task_report(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "results.json": json.dumps(doc, indent=1, allow_nan=False).encode(),
+        "results.md": markdown_table(doc).encode(),
+        "accuracy_vs_length.png": png_bytes(accuracy_figure(doc)),
+    }
+    if doc["task"]["name"] == "passkey":
+        files["passkey_depth.png"] = png_bytes(depth_figure(doc))
+    for name, payload in files.items():
+        atomic_write_bytes(out / name, payload)
+    return [out / name for name in files]

@@ -1,0 +1,64 @@
+"""Exact-match accuracy of a model on a synthetic task (`data.tasks`) at every test length: the
+model answers each prompt greedily, with the KV cache, and is right when every answer token is."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from data.tasks import Example, TaskConfig, eval_set
+from data.tokenizer import CharTokenizer
+from model.gpt import GPT
+
+
+@torch.no_grad()
+def greedy_answers(model: GPT, prompts: torch.Tensor, answer_len: int) -> torch.Tensor:
+    """(B, answer_len) greedy continuations of prompts (B, P), decoded with the cache and never cropped."""
+    total = prompts.size(1) + answer_len
+    out = model.generate(prompts, answer_len, temperature=0.0, max_context=total)
+    return out[:, prompts.size(1) :]
+
+
+def correct(model: GPT, tokenizer: CharTokenizer, examples: list[Example], batch_size: int) -> list[bool]:
+    """Whether the model answers each example exactly (examples of one length share a prompt length)."""
+    device = model.wte.weight.device
+    results = []
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i : i + batch_size]
+        prompts = torch.tensor([tokenizer.encode(e.prompt) for e in chunk], device=device)
+        answers = torch.tensor([tokenizer.encode(e.answer) for e in chunk], device=device)
+        got = greedy_answers(model, prompts, answers.size(1))
+        results += (got == answers).all(dim=1).tolist()
+    return results
+
+
+def evaluate_task(
+    model: GPT,
+    tokenizer: CharTokenizer,
+    task: TaskConfig,
+    batch_size: int = 50,
+    on_done: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Accuracy at every `task.eval_lengths` (and, for passkey, every depth): rows of {length, depth,
+    accuracy, examples, applicable, reason}. A length that learned positions cannot reach is n/a."""
+    model.eval()
+    rows = []
+    depths: list[float | None] = list(task.depths) if task.name == "passkey" else [None]
+    for n in task.eval_lengths:
+        for depth in depths:
+            examples = eval_set(task, n, depth)
+            longest = max(len(e.prompt) + len(e.answer) for e in examples) - 1
+            limit = model.pe.max_positions
+            row: dict[str, Any] = {"length": n, "depth": depth, "tokens": longest + 1, "examples": len(examples)}
+            if limit is not None and longest > limit:
+                row.update(accuracy=None, applicable=False,
+                           reason=f"{longest} tokens > {limit} learned positions")  # fmt: skip
+            else:
+                hits = correct(model, tokenizer, examples, batch_size)
+                row.update(accuracy=sum(hits) / len(hits), applicable=True, reason=None)
+            rows.append(row)
+            if on_done:
+                on_done(len(examples))
+    return rows

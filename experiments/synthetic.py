@@ -1,0 +1,161 @@
+"""Length generalisation on a synthetic task, in one command: one model per position scheme (and
+variant) and seed, trained on short inputs, tested for exact-match accuracy on long ones.
+
+    python -m experiments.synthetic --config configs/synthetic_copy.yaml
+    python -m experiments.synthetic --config configs/synthetic_copy.yaml --schemes [rope,alibi] --seeds [1,2]
+
+The task (`data.tasks`: copy, reverse, recall, passkey) and its lengths are the `task:` section
+(`--task.name`, `--task.train_max`, `--task.eval_lengths`, ...). Every model is the shared `run:`
+with its scheme or variant settings; a variant may also train on randomized positions
+(`{name: rope-randpos, pos_encoding: rope, random_positions: 1024}`, Ruoss et al. 2023). Writes
+
+    <out_dir>/results.md, results.json, accuracy_vs_length.png (and passkey_depth.png)
+    <out_dir>/experiment.yaml, <out_dir>/runs/<model>-seed<S>/
+
+Runs already trained are reused and interrupted ones resume, as in `experiments.extrapolation`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from jsonargparse import ArgumentParser
+from tqdm import tqdm
+
+from core.checkpoint import CheckpointError, load_checkpoint
+from core.device import pick_device
+from core.repo import git_sha
+from data.errors import DataError
+from data.tasks import TaskConfig, eval_set, tokenizer_for
+from evaluation.task_report import write_task_report
+from evaluation.tasks import evaluate_task
+from experiments.common import Variant, check_models, models_of, train_all
+from experiments.common import build_parser as build_experiment_parser
+from experiments.common import parse_config as parse_experiment
+from model.config import POS_ENCODINGS, PosEncoding
+from training.config import RunConfig
+from training.run import task_data
+
+FORMAT = "posgpt-synthetic/1"
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SyntheticConfig:
+    """A length-generalisation experiment on one synthetic task."""
+
+    out_dir: str = "reports/synthetic"
+    """Report directory; the runs are trained under <out_dir>/runs."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """The task, its training lengths and its test sets."""
+    schemes: list[PosEncoding] = field(default_factory=lambda: list(POS_ENCODINGS))
+    """Position schemes to train, one model each (per seed)."""
+    variants: list[Variant] = field(default_factory=list)
+    """Further models: named attention settings and/or randomized positions."""
+    seeds: list[int] = field(default_factory=lambda: [1337])
+    """Training seeds; with several, the table shows mean ± std across seeds."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """The training run shared by every model (data comes from the task; model.block_size must hold
+    the longest training example)."""
+    eval_batch: int = 50
+    """Test examples decoded at once."""
+    device: str = "auto"
+    """Device of the evaluation: auto (cuda if available, else cpu), cpu, cuda, ..."""
+
+    def __post_init__(self) -> None:
+        check_models(self.models(), self.seeds, self.run)
+        longest = max(len(e.prompt) + len(e.answer) - 1 for e in eval_set(self.task, self.task.train_max, size=8))
+        if longest > self.run.model.block_size:
+            raise ValueError(
+                f"Training examples of {self.task.name} reach {longest} tokens at task.train_max "
+                f"{self.task.train_max}; raise run.model.block_size to at least {longest}."
+            )
+
+    def models(self) -> list[tuple[str, dict[str, Any]]]:
+        return models_of(self.schemes, self.variants)
+
+
+def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
+    """Train what is not trained yet, test every model at every length, write the report."""
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    started = time.perf_counter()
+    trained, train_wall = train_all(cfg.run, cfg.out_dir, cfg.models(), cfg.seeds, lambda r: task_data(cfg.task, r))
+    t0 = time.perf_counter()
+    device = pick_device(cfg.device)
+    tokenizer = tokenizer_for(cfg.task)
+    depths = len(cfg.task.depths) if cfg.task.name == "passkey" else 1
+    total = len(trained) * len(cfg.task.eval_lengths) * depths * cfg.task.test_size
+    runs = []
+    with tqdm(total=total, unit="example", dynamic_ncols=True, disable=not sys.stderr.isatty()) as bar:
+        for run in trained:
+            bar.set_description(f"{run.label} seed {run.seed}")
+            ckpt = load_checkpoint(run.ckpt)
+            model = ckpt.model.to(device)
+            config = ckpt.config
+            runs.append({
+                "label": run.label,
+                "seed": run.seed,
+                "checkpoint": run.ckpt,
+                "pos_encoding": model.config.pos_encoding,
+                "random_positions": config["train"].get("random_positions", 0),
+                "model": config["model"],
+                "results": evaluate_task(model, tokenizer, cfg.task, cfg.eval_batch, bar.update),
+            })  # fmt: skip
+    doc = {
+        "format": FORMAT,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git": git_sha(),
+        "torch": torch.__version__,
+        "device": str(device),
+        "task": dataclasses.asdict(cfg.task),
+        "runs": runs,
+        "experiment": {
+            "config": dataclasses.asdict(cfg),
+            "train_wall_s": train_wall,
+            "eval_wall_s": round(time.perf_counter() - t0, 1),
+            "total_wall_s": round(time.perf_counter() - started, 1),
+        },
+    }
+    write_task_report(doc, out)
+    return doc
+
+
+def build_parser() -> ArgumentParser:
+    return build_experiment_parser(
+        SyntheticConfig,
+        "python -m experiments.synthetic",
+        "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
+    )
+
+
+def parse_config(argv: list[str] | None = None) -> SyntheticConfig:
+    return parse_experiment(SyntheticConfig, build_parser(), argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = parse_config(argv)
+        doc = run_synthetic(cfg)
+    except (ValueError, DataError, CheckpointError) as error:
+        sys.exit(f"error: {error}")
+    out = Path(cfg.out_dir)
+    print((out / "results.md").read_text())
+    wall = doc["experiment"]
+    print(f"report in {out} (training {sum(wall['train_wall_s'].values()):.0f} s, evaluation "
+          f"{wall['eval_wall_s']:.0f} s, total {wall['total_wall_s']:.0f} s)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

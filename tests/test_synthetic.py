@@ -1,0 +1,211 @@
+"""Synthetic length-generalisation tasks: the generators against plain checks, loss masking, a tiny
+model that learns to copy, accuracy against a direct loop, randomized positions in training, and
+`python -m experiments.synthetic` end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from data.datamodule import TaskStream
+from data.tasks import KEYS, TaskConfig, encode, eval_set, make_example, tokenizer_for, training_batch
+from evaluation.tasks import evaluate_task
+from experiments import synthetic
+from model import GPT, GPTConfig
+
+from helpers import straight_and_resumed
+
+TASKS = {
+    "copy": TaskConfig(name="copy", train_min=3, train_max=9, eval_lengths=[4, 12]),
+    "reverse": TaskConfig(name="reverse", train_min=3, train_max=9, eval_lengths=[4, 12]),
+    "recall": TaskConfig(name="recall", train_min=2, train_max=8, eval_lengths=[4, 12], symbols=20),
+    "passkey": TaskConfig(name="passkey", train_min=64, train_max=160, eval_lengths=[100, 300]),
+}
+
+
+def expected_answer(name: str, prompt: str) -> str:
+    """What the answer must be, worked out from the prompt alone."""
+    if name in ("copy", "reverse"):
+        assert prompt[0] == "^" and prompt[-1] == "|"
+        body = prompt[1:-1]
+        return body if name == "copy" else body[::-1]
+    if name == "recall":
+        pairs, query = prompt[1:].split("?")
+        table = {pairs[i]: pairs[i + 1] for i in range(0, len(pairs), 2)}
+        assert len(table) == len(pairs) // 2  # distinct keys
+        return table[query]
+    found = re.findall(r"The pass key is (\d+)\.", prompt)
+    assert len(found) == 1 and prompt.endswith("What is the pass key? ")
+    return found[0]
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_every_answer_is_right_and_lengths_are_as_configured(name):
+    task = TASKS[name]
+    rng = random.Random(0)
+    examples = training_batch(task, rng, 400)
+    for e in examples + eval_set(task, task.eval_lengths[-1]):
+        assert e.answer == expected_answer(name, e.prompt)
+    lengths = Counter(e.length for e in examples)
+    assert set(lengths) <= set(range(task.train_min, task.train_max + 1))
+    if name != "passkey":  # every training length drawn, about equally often
+        assert set(lengths) == set(range(task.train_min, task.train_max + 1))
+        assert max(lengths.values()) < 2.5 * min(lengths.values())
+    for e in examples[:50]:
+        n = {"copy": len(e.answer), "reverse": len(e.answer), "recall": (len(e.prompt) - 3) // 2,
+             "passkey": len(e.prompt)}[name]  # fmt: skip
+        assert n == e.length
+    tokenizer = tokenizer_for(task)
+    assert tokenizer.decode(tokenizer.encode(examples[0].prompt)) == examples[0].prompt
+
+
+def test_passkey_depth_places_the_key():
+    task = TASKS["passkey"]
+    positions = [make_example(task, random.Random(1), 200, d).prompt.index("The pass key") for d in (0.0, 0.5, 1.0)]
+    assert positions[0] == 0 and positions[0] < positions[1] < positions[2]
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_the_same_seed_gives_the_same_data(name):
+    task = TASKS[name]
+    tokenizer = tokenizer_for(task)
+
+    def stream(seed):
+        return TaskStream(task, tokenizer, 8, seed, rank=0, start=lambda: 0)
+
+    first, again, other = stream(3).batch(5), stream(3).batch(5), stream(4).batch(5)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not torch.equal(first[0], other[0])
+    assert eval_set(task, task.eval_lengths[0]) == eval_set(task, task.eval_lengths[0])
+
+
+def test_the_loss_is_on_the_answer_tokens_only():
+    task = TASKS["reverse"]
+    tokenizer = tokenizer_for(task)
+    examples = training_batch(task, random.Random(2), 6)
+    x, y = encode(tokenizer, examples)
+    for row, e in enumerate(examples):
+        scored = np.flatnonzero(y[row] >= 0)
+        assert len(scored) == len(e.answer)
+        assert tokenizer.decode(y[row, scored].tolist()) == e.answer
+        assert scored[0] == len(e.prompt) - 1  # the prompt's last token predicts the first answer token
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16))
+    logits, loss = model(torch.from_numpy(x), torch.from_numpy(y))
+    mask = torch.from_numpy(y >= 0)
+    direct = F.cross_entropy(logits[mask], torch.from_numpy(y)[mask])
+    torch.testing.assert_close(loss, direct)
+
+
+def _learn_copy(pos_encoding: str, steps: int) -> tuple[GPT, TaskConfig]:
+    task = TaskConfig(name="copy", train_min=2, train_max=6, eval_lengths=[4, 6, 12], symbols=5, test_size=60)
+    tokenizer = tokenizer_for(task)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=64,
+                          pos_encoding=pos_encoding))  # fmt: skip
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    stream = TaskStream(task, tokenizer, 32, seed=0, rank=0, start=lambda: 0)
+    for step in range(steps):
+        x, y = stream.batch(step)
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return model.eval(), task
+
+
+@pytest.fixture(scope="module")
+def copier() -> tuple[GPT, TaskConfig]:
+    return _learn_copy("rope", 400)
+
+
+def test_a_tiny_model_learns_to_copy(copier):
+    model, task = copier
+    rows = evaluate_task(model, tokenizer_for(task), task)
+    accuracy = {r["length"]: r["accuracy"] for r in rows}
+    # at training lengths, after 400 steps (about 0.65 and 0.55 then; chance is 5^-n)
+    assert accuracy[4] >= 0.4 and accuracy[6] >= 0.3
+
+
+@torch.no_grad()
+def test_accuracy_equals_a_direct_loop(copier):
+    model, task = copier
+    tokenizer = tokenizer_for(task)
+    task = dataclasses.replace(task, eval_lengths=[4, 9], test_size=10)
+    rows = evaluate_task(model, tokenizer, task, batch_size=3)  # batches that do not divide the test set
+    for row in rows:
+        hits = 0
+        for e in eval_set(task, row["length"]):
+            ids = tokenizer.encode(e.prompt)
+            for _ in e.answer:  # no cache: the whole sequence again for every token
+                logits, _ = model(torch.tensor([ids]))
+                ids.append(int(logits[0, -1].argmax()))
+            hits += tokenizer.decode(ids[len(ids) - len(e.answer) :]) == e.answer
+        assert row["accuracy"] == hits / task.test_size
+    assert 0 < rows[-1]["accuracy"] < rows[0]["accuracy"] or rows[-1]["accuracy"] == 0  # not a constant
+
+
+def test_randomized_positions_resume_exactly(tmp_path, text_file):
+    """The positions drawn at each step come from (seed, step): a resumed run matches an
+    uninterrupted one (with learned positions, which the draws move most)."""
+    straight, resumed = straight_and_resumed(
+        tmp_path, text_file, 8, "--train.random_positions", "32", "--model.pos_encoding", "learned"
+    )
+    for name, tensor in straight.items():
+        assert torch.equal(tensor, resumed[name]), name
+
+
+def test_config_mistakes_fail_clearly():
+    with pytest.raises(ValueError, match="distinct keys"):
+        TaskConfig(name="recall", train_max=8, eval_lengths=[40], symbols=20)
+    with pytest.raises(ValueError, match="symbols"):
+        TaskConfig(name="copy", symbols=27)
+    with pytest.raises(ValueError, match="at least 59"):
+        TaskConfig(name="passkey", train_min=20)
+    args = ["--config", str(Path(__file__).parents[1] / "configs" / "synthetic_copy.yaml")]
+    with pytest.raises(ValueError, match="raise run.model.block_size"):
+        synthetic.parse_config([*args, "--task.train_max", "40"])
+    with pytest.raises(ValueError, match="raise model.block_size to 512"):
+        synthetic.parse_config([*args, "--variants", "[{name: x, pos_encoding: learned, random_positions: 512}]"])
+    with pytest.raises(ValueError, match="at least model.block_size"):
+        synthetic.parse_config([*args, "--run.train.random_positions", "32"])
+    assert len(KEYS) == 51
+
+
+def test_the_experiment_end_to_end_with_reuse(tmp_path):
+    args = [
+        "--config", str(Path(__file__).parents[1] / "configs" / "synthetic_copy.yaml"),
+        "--out_dir", str(tmp_path / "report"),
+        "--task.name", "passkey", "--task.train_min", "60", "--task.train_max", "60",
+        "--task.eval_lengths", "[60,100]", "--task.test_size", "3", "--task.depths", "[0.0,1.0]",
+        "--schemes", "[alibi]", "--variants", "[{name: rope-rp, pos_encoding: rope, random_positions: 128}]",
+        "--seeds", "[1,2]", "--run.model.block_size", "64", "--run.model.n_layer", "1", "--run.model.n_embd", "32",
+        "--run.train.max_steps", "4", "--run.train.eval_interval", "4", "--run.train.logger", "none",
+    ]  # fmt: skip
+    synthetic.main(args)
+    report = tmp_path / "report"
+    for name in ("results.json", "results.md", "accuracy_vs_length.png", "passkey_depth.png", "experiment.yaml"):
+        assert (report / name).stat().st_size > 0
+    doc = json.loads((report / "results.json").read_text())
+    assert [(r["label"], r["seed"]) for r in doc["runs"]] == [
+        ("alibi", 1),
+        ("rope-rp", 1),
+        ("alibi", 2),
+        ("rope-rp", 2),
+    ]
+    assert {r["random_positions"] for r in doc["runs"]} == {0, 128}
+    rows = doc["runs"][0]["results"]
+    assert [(r["length"], r["depth"]) for r in rows] == [(60, 0.0), (60, 1.0), (100, 0.0), (100, 1.0)]
+    assert all(0.0 <= r["accuracy"] <= 1.0 and r["examples"] == 3 for r in rows)
+    table = (report / "results.md").read_text()
+    assert "| rope-rp | rope | 2 |" in table and "±" in table
+    synthetic.main(args)  # everything trained: reused, only evaluated again
+    assert json.loads((report / "results.json").read_text())["experiment"]["train_wall_s"] == {}
