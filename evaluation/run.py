@@ -244,6 +244,11 @@ def own_data(ckpt: LoadedCheckpoint, path: str, ranks: str | None = None) -> Pre
     own = ckpt.config["data"]
     settings = {"tokenizer": own["tokenizer"], "val_fraction": own["val_fraction"], "errors": own["errors"]}
     record = ckpt.data
+    if record is not None and "task" in record:
+        raise DataError(
+            f"{path} was trained on the synthetic task {record['task']['name']!r}, which has no text split: "
+            "test it with python -m experiments.synthetic, or pass a text with --eval_data.input FILE."
+        )
     if record is None:  # written before checkpoints recorded their data: compare the tokenizers at least
         prepared = prepare_dir(
             own["input"], own["dir"], own["prepared_root"], **settings, glob=own["glob"], tiktoken_ranks=ranks
