@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import evaluate as evaluate_script
 from data.datamodule import TaskStream
 from data.tasks import KEYS, TaskConfig, encode, eval_set, make_example, tokenizer_for, training_batch
 from evaluation.tasks import evaluate_task
@@ -209,3 +210,6 @@ def test_the_experiment_end_to_end_with_reuse(tmp_path):
     assert "| rope-rp | rope | 2 |" in table and "±" in table
     synthetic.main(args)  # everything trained: reused, only evaluated again
     assert json.loads((report / "results.json").read_text())["experiment"]["train_wall_s"] == {}
+    with pytest.raises(SystemExit) as info:  # a task model has no text split to evaluate perplexity on
+        evaluate_script.main(["--ckpt", doc["runs"][0]["checkpoint"], "--out", str(tmp_path / "ppl")])
+    assert "synthetic task 'passkey'" in str(info.value.code)
