@@ -80,7 +80,7 @@ class TaskConfig:
                 f"recall needs distinct keys: lengths up to {max(self.train_max, *self.eval_lengths)} pairs need "
                 f"task.symbols >= that (at most {len(KEYS)}); lower task.eval_lengths or raise task.symbols."
             )
-        shortest = len(KEY_LINE.format("0" * 5)) + len(QUESTION) + 1
+        shortest = len(KEY_LINE.format("0" * 5)) + len(QUESTION) + 5 + 1
         if self.name == "passkey" and self.train_min < shortest:
             raise ValueError(f"passkey lengths count characters; task.train_min must be at least {shortest}.")
         if any(not 0.0 <= d <= 1.0 for d in self.depths) or not self.depths:
@@ -128,7 +128,7 @@ def make_example(task: TaskConfig, rng: random.Random, n: int, depth: float | No
     depth = rng.random() if depth is None else depth
     key = "".join(rng.choice(DIGITS[: task.symbols]) for _ in range(5))
     line = KEY_LINE.format(key)
-    filler_len = n - len(line) - len(QUESTION)
+    filler_len = n - len(line) - len(QUESTION) - len(key)  # n counts every character, the answer's too
     filler = (FILLER * (filler_len // len(FILLER) + 1))[:filler_len]
     cut = round(depth * filler_len)
     return Example(filler[:cut] + line + filler[cut:] + QUESTION, key, n, depth)

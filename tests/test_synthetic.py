@@ -63,7 +63,7 @@ def test_every_answer_is_right_and_lengths_are_as_configured(name):
         assert max(lengths.values()) < 2.5 * min(lengths.values())
     for e in examples[:50]:
         n = {"copy": len(e.answer), "reverse": len(e.answer), "recall": (len(e.prompt) - 3) // 2,
-             "passkey": len(e.prompt)}[name]  # fmt: skip
+             "passkey": len(e.prompt) + len(e.answer)}[name]  # fmt: skip
         assert n == e.length
     tokenizer = tokenizer_for(task)
     assert tokenizer.decode(tokenizer.encode(examples[0].prompt)) == examples[0].prompt
@@ -169,7 +169,7 @@ def test_config_mistakes_fail_clearly():
         TaskConfig(name="recall", train_max=8, eval_lengths=[40], symbols=20)
     with pytest.raises(ValueError, match="symbols"):
         TaskConfig(name="copy", symbols=27)
-    with pytest.raises(ValueError, match="at least 59"):
+    with pytest.raises(ValueError, match="at least 64"):
         TaskConfig(name="passkey", train_min=20)
     args = ["--config", str(Path(__file__).parents[1] / "configs" / "synthetic_copy.yaml")]
     with pytest.raises(ValueError, match="raise run.model.block_size"):
@@ -185,8 +185,8 @@ def test_the_experiment_end_to_end_with_reuse(tmp_path):
     args = [
         "--config", str(Path(__file__).parents[1] / "configs" / "synthetic_copy.yaml"),
         "--out_dir", str(tmp_path / "report"),
-        "--task.name", "passkey", "--task.train_min", "60", "--task.train_max", "60",
-        "--task.eval_lengths", "[60,100]", "--task.test_size", "3", "--task.depths", "[0.0,1.0]",
+        "--task.name", "passkey", "--task.train_min", "64", "--task.train_max", "64",
+        "--task.eval_lengths", "[64,100]", "--task.test_size", "3", "--task.depths", "[0.0,1.0]",
         "--schemes", "[alibi]", "--variants", "[{name: rope-rp, pos_encoding: rope, random_positions: 128}]",
         "--seeds", "[1,2]", "--run.model.block_size", "64", "--run.model.n_layer", "1", "--run.model.n_embd", "32",
         "--run.train.max_steps", "4", "--run.train.eval_interval", "4", "--run.train.logger", "none",
@@ -204,7 +204,7 @@ def test_the_experiment_end_to_end_with_reuse(tmp_path):
     ]
     assert {r["random_positions"] for r in doc["runs"]} == {0, 128}
     rows = doc["runs"][0]["results"]
-    assert [(r["length"], r["depth"]) for r in rows] == [(60, 0.0), (60, 1.0), (100, 0.0), (100, 1.0)]
+    assert [(r["length"], r["depth"]) for r in rows] == [(64, 0.0), (64, 1.0), (100, 0.0), (100, 1.0)]
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["examples"] == 3 for r in rows)
     table = (report / "results.md").read_text()
     assert "| rope-rp | rope | 2 |" in table and "±" in table
@@ -213,3 +213,11 @@ def test_the_experiment_end_to_end_with_reuse(tmp_path):
     with pytest.raises(SystemExit) as info:  # a task model has no text split to evaluate perplexity on
         evaluate_script.main(["--ckpt", doc["runs"][0]["checkpoint"], "--out", str(tmp_path / "ppl")])
     assert "synthetic task 'passkey'" in str(info.value.code)
+
+
+@pytest.mark.parametrize("name", ["synthetic_copy.yaml", "synthetic_passkey.yaml", "synthetic_copy_gpu.yaml"])
+def test_shipped_synthetic_configs_parse(name):
+    config = synthetic.parse_config(["--config", str(Path(__file__).parents[1] / "configs" / name)])
+    assert config.schemes == ["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
+    assert max(config.task.eval_lengths) >= 8 * config.task.train_max  # test at 8x the training length or more
+    assert any(settings.get("random_positions") for _, settings in config.models())
