@@ -116,27 +116,29 @@ PANELS = (
 )
 
 
-def stats_figure(entries: list[dict[str, Any]], length: int) -> plt.Figure:
+def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | None = None) -> plt.Figure:
     """Rows = layers; columns = mass by distance (log-log), entropy and sink mass by query position;
     one colour per label (mean over heads and seeds, thick; each head thin when two labels or fewer);
-    training lengths dashed. `entries`: {"label", "train_length", "summary"} at this length."""
+    training lengths dashed. `entries`: {"label", "train_length", "summary"} at this length; `order`:
+    every label of the report, so that a label keeps its colour in every figure."""
     n_layer = max(len(e["summary"]["distance"]["mean_weight"]) for e in entries)
     labels = list(dict.fromkeys(e["label"] for e in entries))
+    colour = {label: f"C{i % 10}" for i, label in enumerate(order or labels)}
     sinks = entries[0]["summary"]["sink_tokens"]
     fig, axes = plt.subplots(n_layer, 3, figsize=(12, 2.4 * n_layer + 0.9), dpi=72, squeeze=False)
     for col, (key, field, ylabel, xlabel) in enumerate(PANELS):
         means = _label_means(entries, key, field)
-        for i, label in enumerate(labels):
+        for label in labels:
             values, train_length = means[label]
             x = _centres(entries[labels.index(label)]["summary"][key]["edges"])
             for layer, per_head in enumerate(values):
                 ax = axes[layer, col]
                 if len(labels) <= 2:
                     for head in per_head:
-                        ax.plot(x, head, color=f"C{i % 10}", lw=0.6, alpha=0.35)
-                ax.plot(x, per_head.mean(0), color=f"C{i % 10}", lw=1.8, label=label)
+                        ax.plot(x, head, color=colour[label], lw=0.6, alpha=0.35)
+                ax.plot(x, per_head.mean(0), color=colour[label], lw=1.8, label=label)
                 if train_length < length:
-                    ax.axvline(train_length + (1 if key == "position" else 0), color=f"C{i % 10}", ls="--", lw=0.8)
+                    ax.axvline(train_length + (1 if key == "position" else 0), color=colour[label], ls="--", lw=0.8)
         for layer in range(n_layer):
             ax = axes[layer, col]
             ax.set_xscale("log")
@@ -162,4 +164,5 @@ def stats_figure(entries: list[dict[str, Any]], length: int) -> plt.Figure:
 def stats_figures(entries: list[dict[str, Any]]) -> list[tuple[str, plt.Figure]]:
     """(attention_L{length}.png, its figure) for every length of `entries`."""
     lengths = sorted({e["length"] for e in entries})
-    return [(f"attention_L{n}.png", stats_figure([e for e in entries if e["length"] == n], n)) for n in lengths]
+    order = list(dict.fromkeys(e["label"] for e in entries))
+    return [(f"attention_L{n}.png", stats_figure([e for e in entries if e["length"] == n], n, order)) for n in lengths]
