@@ -209,7 +209,7 @@ def test_mfu_peaks_are_dense_bf16_figures(monkeypatch, name, precision, peak):
 def test_speed_monitor_on_cuda_syncs_only_when_it_measures_and_logs_mfu(monkeypatch):
     cuda = _StandInCuda(monkeypatch)
     logged: dict[str, list[float]] = {"perf/tokens_per_s": [], "perf/mfu": []}
-    module = types.SimpleNamespace(tokens_per_step=1024, log=lambda name, value, **_: logged[name].append(value))
+    module = types.SimpleNamespace(tokens_seen=0, log=lambda name, value, **_: logged[name].append(value))
     trainer = types.SimpleNamespace(
         strategy=types.SimpleNamespace(root_device=torch.device("cuda", 0)),
         precision="bf16-mixed",
@@ -219,6 +219,7 @@ def test_speed_monitor_on_cuda_syncs_only_when_it_measures_and_logs_mfu(monkeypa
     monitor = SpeedMonitor(flops_per_token=6_000_000, log_every=5)
     monitor.setup(trainer, module, "fit")
     for _ in range(1 + 10):  # the first step starts the clock; then two measurements of 5 steps
+        module.tokens_seen += 1024
         monitor.on_train_batch_end(trainer, module)
     assert cuda.syncs == 3  # the start and each measurement, never every step
     assert len(logged["perf/tokens_per_s"]) == 2 and len(logged["perf/mfu"]) == 2

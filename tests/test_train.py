@@ -37,6 +37,9 @@ def test_training_leaves_checkpoints_that_rebuild_model_and_tokenizer(tmp_path, 
     assert {"last.ckpt", "best.ckpt", "config.yaml"} <= {p.name for p in run_dir.iterdir()}
     assert not list(run_dir.glob(".*tmp*"))  # no temporary checkpoint left behind
     losses = val_losses(run_dir)
+    with open(latest_metrics(run_dir)) as f:  # tokens counted from the batches: 8 windows of 32 a step
+        tokens = {int(r["step"]): float(r["train/tokens"]) for r in csv.DictReader(f) if r.get("train/tokens")}
+    assert tokens and all(count == (step + 1) * 8 * 32 for step, count in tokens.items())
     vocab = len(set(text_file.read_text()))
     assert len(losses) == 2 and losses[-1] < losses[0] < math.log(vocab)  # val loss falls from ~ln(V)
     loaded = load_checkpoint(run_dir / "last.ckpt")

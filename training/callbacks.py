@@ -160,13 +160,15 @@ class SpeedMonitor(L.Callback):
     """Tokens per second (progress bar and logs) and, on GPUs with a known peak, model FLOPs utilisation.
 
     Time is measured from one optimizer step's end to the next, so data loading counts and
-    validation does not. MFU = flops_per_token(block_size) x tokens/s per device / peak FLOP/s.
+    validation does not; tokens are the module's count of what it trained on (`tokens_seen`).
+    MFU = flops_per_token(block_size) x tokens/s per device / peak FLOP/s.
     """
 
     def __init__(self, flops_per_token: int, log_every: int) -> None:
         self.flops_per_token, self.log_every = flops_per_token, log_every
         self._t0: float | None = None
         self._steps = 0
+        self._tokens0 = 0
         self._peak: float | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -181,18 +183,18 @@ class SpeedMonitor(L.Callback):
             return
         if self._t0 is None:  # the first step (and the first after validation) includes warm-up: skip it
             self._sync(trainer)
-            self._t0, self._steps = time.perf_counter(), 0
+            self._t0, self._steps, self._tokens0 = time.perf_counter(), 0, pl_module.tokens_seen
             return
         self._steps += 1
         if self._steps >= self.log_every:  # synchronise only here: a sync every step would stall the GPU queue
             self._sync(trainer)
             now = time.perf_counter()
-            tokens_per_s = self._steps * pl_module.tokens_per_step / (now - self._t0)
+            tokens_per_s = (pl_module.tokens_seen - self._tokens0) / (now - self._t0)
             pl_module.log("perf/tokens_per_s", tokens_per_s, prog_bar=True, rank_zero_only=True)
             if self._peak:
                 per_device = tokens_per_s / trainer.world_size
                 pl_module.log("perf/mfu", per_device * self.flops_per_token / self._peak, rank_zero_only=True)
-            self._t0, self._steps = now, 0
+            self._t0, self._steps, self._tokens0 = now, 0, pl_module.tokens_seen
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t0 = None

@@ -40,15 +40,13 @@ class GPTModule(L.LightningModule):
         self.save_hyperparameters({"config": dataclasses.asdict(config), "tokenizer": tokenizer, "data": data})
         self.config = config
         self.model = GPT(config.model)
-        self.tokens_per_step = 0  # known once the Trainer (world size) is: see `setup`
+        self.tokens_seen = 0
+        """Training tokens so far, over every device: counted from each batch's shape (a task's
+        batches are shorter than block_size), kept in checkpoints."""
         self._val_sum: torch.Tensor | None = None
         self.nonfinite: torch.Tensor | None = None
         """Whether any training loss since the start was NaN or inf: kept on the device, so that
         checking every step costs no synchronisation; `training.callbacks.DivergenceGuard` reads it."""
-
-    def setup(self, stage: str) -> None:
-        t, block = self.config.train, self.model.config.block_size
-        self.tokens_per_step = t.batch_size * block * t.grad_accum * self.trainer.world_size
 
     def on_train_start(self) -> None:
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
@@ -61,11 +59,12 @@ class GPTModule(L.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         x, y = batch
         _, loss = self.model(x, y, positions=self._random_positions(x, batch_idx))
+        self.tokens_seen += x.numel() * self.trainer.world_size  # a shape: no synchronisation
         self.nonfinite |= ~torch.isfinite(loss.detach())
         if self._logging_step():
             self.log("train/loss", loss, prog_bar=True)
             self.log("lr", self.lr_schedulers().get_last_lr()[0])
-            self.log("train/tokens", float((self.global_step + 1) * self.tokens_per_step))
+            self.log("train/tokens", float(self.tokens_seen))
         return loss
 
     def _random_positions(self, x: torch.Tensor, batch_idx: int) -> torch.Tensor | None:
@@ -147,6 +146,7 @@ class GPTModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # dropout's random stream, so that a resumed run draws the same masks as an uninterrupted one
         checkpoint["torch_rng"] = torch.get_rng_state()
+        checkpoint["tokens_seen"] = self.tokens_seen
         if torch.cuda.is_available():
             checkpoint["cuda_rng"] = torch.cuda.get_rng_state_all()
 
@@ -156,6 +156,7 @@ class GPTModule(L.LightningModule):
         learning rate, betas and weight decay, whatever the new command says). With unchanged
         settings every value written here equals the saved one, so a resume stays bit-identical."""
         self._apply_optim_config(checkpoint)
+        self.tokens_seen = checkpoint.get("tokens_seen", 0)
         if "torch_rng" in checkpoint:
             torch.set_rng_state(checkpoint["torch_rng"])
         if "cuda_rng" in checkpoint and torch.cuda.is_available():
