@@ -4,14 +4,14 @@ windows), and over a synthetic task (`data.tasks`)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
-from data.dataset import FixedWindows, PreparedData, RandomWindows
+from data.dataset import FixedWindows, PreparedData, RandomWindows, SeededStream
 from data.errors import DataError
 from data.tasks import TaskConfig, encode, tokenizer_for, training_batch, validation_set
 from data.tokenizer import CharTokenizer
@@ -105,8 +105,8 @@ class TaskDataModule(L.LightningDataModule):
         self._start = state["micro_batches"]
 
 
-class TaskStream(IterableDataset):
-    """Training batch number i of a rank is a function of (seed, rank, i) only."""
+class TaskStream(SeededStream):
+    """Batches of training examples of a task, padded per batch; (x, y) with targets -1 off the answers."""
 
     def __init__(
         self,
@@ -117,17 +117,10 @@ class TaskStream(IterableDataset):
         rank: int,
         start: Callable[[], int],
     ) -> None:
-        super().__init__()
-        self.task, self.tokenizer, self.batch_size = task, tokenizer, batch_size
-        self.seed, self.rank, self.start = seed, rank, start
+        super().__init__(batch_size, seed, rank, start)
+        self.task, self.tokenizer = task, tokenizer
 
     def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         rng = random.Random(f"{self.seed}/{self.rank}/{index}")
         x, y = encode(self.tokenizer, training_batch(self.task, rng, self.batch_size))
         return torch.from_numpy(x), torch.from_numpy(y)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        index = self.start()
-        while True:
-            yield self.batch(index)
-            index += 1

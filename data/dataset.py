@@ -126,34 +126,42 @@ def _window_batch(tokens: np.ndarray, offsets: np.ndarray, block_size: int) -> B
     return rows_t[:, :-1], rows_t[:, 1:]
 
 
-class RandomWindows(IterableDataset):
-    """An endless stream of (x, y) batches of random windows, starting at batch `start()`."""
+class SeededStream(IterableDataset):
+    """An endless stream of training batches, starting at batch `start()` (read when iteration
+    starts, i.e. after a checkpoint was restored), where batch i of a rank is a function of (seed,
+    rank, i) alone: a resumed run continues the exact stream of an uninterrupted one."""
+
+    def __init__(self, batch_size: int, seed: int, rank: int, start: Callable[[], int]) -> None:
+        super().__init__()
+        self.batch_size, self.seed, self.rank, self.start = batch_size, seed, rank, start
+
+    def batch(self, index: int) -> Batch:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Batch]:
+        index = self.start()
+        while True:
+            yield self.batch(index)
+            index += 1
+
+
+class RandomWindows(SeededStream):
+    """Batches of random windows of `block_size` + 1 tokens of the training split."""
 
     def __init__(
-        self,
-        data: PreparedData,
-        block_size: int,
-        batch_size: int,
-        seed: int,
-        rank: int,
-        start: Callable[[], int],
+        self, data: PreparedData, block_size: int, batch_size: int, seed: int, rank: int, start: Callable[[], int]
     ) -> None:
-        super().__init__()
-        self.data, self.block_size, self.batch_size = data, block_size, batch_size
-        self.seed, self.rank, self.start = seed, rank, start
+        super().__init__(batch_size, seed, rank, start)
+        self.data, self.block_size = data, block_size
+        self._tokens: np.memmap | None = None  # mapped at the first batch, in the process that iterates
 
-    def batch(self, tokens: np.ndarray, index: int) -> Batch:
-        """Batch number `index` of this rank's stream."""
+    def batch(self, index: int) -> Batch:
+        if self._tokens is None:
+            self._tokens = self.data.tokens("train")
+        tokens = self._tokens
         rng = np.random.default_rng([self.seed, self.rank, index])
         offsets = rng.integers(0, len(tokens) - self.block_size, size=self.batch_size)
         return _window_batch(tokens, offsets, self.block_size)
-
-    def __iter__(self) -> Iterator[Batch]:
-        tokens = self.data.tokens("train")
-        index = self.start()  # read when iteration starts, i.e. after a checkpoint was restored
-        while True:
-            yield self.batch(tokens, index)
-            index += 1
 
 
 def window_starts(n_tokens: int, length: int, stride: int, token_budget: int) -> np.ndarray:

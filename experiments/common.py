@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
 from core.checkpoint import CheckpointError, read_checkpoint
+from data.errors import DataError
 from model.config import Attention, AttnScore, PosEncoding
 from training.config import RunConfig
 from training.run import TrainingData, train
@@ -132,6 +134,17 @@ def train_all(
     return trained, wall
 
 
+def experiment_record(cfg: Any, train_wall: dict[str, float], eval_started: float, started: float) -> dict[str, Any]:
+    """The `experiment` entry of a report: the resolved config and where the time went."""
+    now = time.perf_counter()
+    return {
+        "config": dataclasses.asdict(cfg),
+        "train_wall_s": train_wall,
+        "eval_wall_s": round(now - eval_started, 1),
+        "total_wall_s": round(now - started, 1),
+    }
+
+
 def build_parser(config_class: type, prog: str, description: str) -> ArgumentParser:
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     parser = ArgumentParser(prog=prog, description=description)
@@ -147,3 +160,21 @@ def parse_config(config_class: type, parser: ArgumentParser, argv: list[str] | N
     """The experiment the command line describes (validated: a mistake raises ValueError)."""
     config = parser.instantiate(parser.parse_args(argv))
     return config_class(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config_class)})
+
+
+def main_of(
+    parse: Callable[[list[str] | None], Any], run: Callable[[Any], dict[str, Any]], argv: list[str] | None
+) -> None:
+    """An experiment's command line: parse, run, print the table and where the report is; a mistake
+    a user can fix ends in one `error:` line."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = parse(argv)
+        doc = run(cfg)
+    except (ValueError, DataError, CheckpointError) as error:
+        sys.exit(f"error: {error}")
+    out = Path(cfg.out_dir)
+    print((out / "results.md").read_text())
+    wall = doc["experiment"]
+    print(f"report in {out} (training {sum(wall['train_wall_s'].values()):.0f} s, evaluation "
+          f"{wall['eval_wall_s']:.0f} s, total {wall['total_wall_s']:.0f} s)")  # fmt: skip

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,12 +27,10 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentParser
 
-from core.checkpoint import CheckpointError
-from data.errors import DataError
 from evaluation.config import EvalData, EvalSettings
 from evaluation.report import write_report
 from evaluation.run import Subject, evaluate_checkpoints
-from experiments.common import Variant, check_models, models_of, train_all
+from experiments.common import Variant, check_models, experiment_record, main_of, models_of, train_all
 from experiments.common import build_parser as build_experiment_parser
 from experiments.common import parse_config as parse_experiment
 from model.config import POS_ENCODINGS, PosEncoding
@@ -79,12 +76,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     trained, train_wall = train_all(cfg.run, cfg.out_dir, cfg.models(), cfg.seeds)
     t0 = time.perf_counter()
     doc = evaluate_checkpoints([Subject(r.ckpt, r.label) for r in trained], cfg.eval, cfg.eval_data)
-    doc["experiment"] = {
-        "config": dataclasses.asdict(cfg),
-        "train_wall_s": train_wall,
-        "eval_wall_s": round(time.perf_counter() - t0, 1),
-        "total_wall_s": round(time.perf_counter() - started, 1),
-    }
+    doc["experiment"] = experiment_record(cfg, train_wall, t0, started)
     write_report(doc, out)
     return doc
 
@@ -103,18 +95,7 @@ def parse_config(argv: list[str] | None = None) -> ExperimentConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        cfg = parse_config(argv)
-        doc = run_experiment(cfg)
-    except (ValueError, DataError, CheckpointError) as error:
-        sys.exit(f"error: {error}")
-    out = Path(cfg.out_dir)
-    print((out / "results.md").read_text())
-    wall = doc["experiment"]
-    trained = sum(wall["train_wall_s"].values())
-    print(f"report in {out} (training {trained:.0f} s, evaluation {wall['eval_wall_s']:.0f} s, "
-          f"total {wall['total_wall_s']:.0f} s)")  # fmt: skip
+    main_of(parse_config, run_experiment, argv)
 
 
 if __name__ == "__main__":

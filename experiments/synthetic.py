@@ -18,7 +18,6 @@ Runs already trained are reused and interrupted ones resume, as in `experiments.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import logging
 import sys
 import time
@@ -31,14 +30,13 @@ import yaml
 from jsonargparse import ArgumentParser
 from tqdm import tqdm
 
-from core.checkpoint import CheckpointError, load_checkpoint
+from core.checkpoint import load_checkpoint
 from core.device import pick_device
-from core.repo import git_sha
-from data.errors import DataError
 from data.tasks import TaskConfig, eval_set, tokenizer_for
+from evaluation.run import provenance
 from evaluation.task_report import write_task_report
 from evaluation.tasks import evaluate_task
-from experiments.common import Variant, check_models, models_of, train_all
+from experiments.common import Variant, check_models, experiment_record, main_of, models_of, train_all
 from experiments.common import build_parser as build_experiment_parser
 from experiments.common import parse_config as parse_experiment
 from model.config import POS_ENCODINGS, PosEncoding
@@ -114,18 +112,10 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
             })  # fmt: skip
     doc = {
         "format": FORMAT,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git": git_sha(),
-        "torch": torch.__version__,
-        "device": str(device),
+        **provenance(device, torch.float32),
         "task": dataclasses.asdict(cfg.task),
         "runs": runs,
-        "experiment": {
-            "config": dataclasses.asdict(cfg),
-            "train_wall_s": train_wall,
-            "eval_wall_s": round(time.perf_counter() - t0, 1),
-            "total_wall_s": round(time.perf_counter() - started, 1),
-        },
+        "experiment": experiment_record(cfg, train_wall, t0, started),
     }
     write_task_report(doc, out)
     return doc
@@ -144,17 +134,7 @@ def parse_config(argv: list[str] | None = None) -> SyntheticConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        cfg = parse_config(argv)
-        doc = run_synthetic(cfg)
-    except (ValueError, DataError, CheckpointError) as error:
-        sys.exit(f"error: {error}")
-    out = Path(cfg.out_dir)
-    print((out / "results.md").read_text())
-    wall = doc["experiment"]
-    print(f"report in {out} (training {sum(wall['train_wall_s'].values()):.0f} s, evaluation "
-          f"{wall['eval_wall_s']:.0f} s, total {wall['total_wall_s']:.0f} s)")  # fmt: skip
+    main_of(parse_config, run_synthetic, argv)
 
 
 if __name__ == "__main__":

@@ -130,3 +130,14 @@ def train_tiny(tmp: Path, text: Path, name: str, seed: int = 1337, **model_field
                           run_name=name, logger="none", progress_bar=False, sample_tokens=0),
     )  # fmt: skip
     return train(cfg).last_ckpt
+
+
+def cli_error(capsys, main, argv: list[str]) -> str:
+    """The one `error: ...` line a script's `main(argv)` exits with (no traceback printed)."""
+    import pytest
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    message = str(info.value.code)
+    assert message.startswith("error: ") and "Traceback" not in capsys.readouterr().err
+    return message

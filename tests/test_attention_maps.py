@@ -19,7 +19,7 @@ import evaluate as evaluate_script
 from evaluation.attention import AttentionStats, bucket_means, log_edges, prompt_weights, visible_keys
 from model import GPT, GPTConfig, kernels, linear_attention
 
-from helpers import train_tiny
+from helpers import cli_error, train_tiny
 
 SCHEMES = ["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
 MASKS = {"causal": {}, "window": {"attn_window": 5}, "window+sinks": {"attn_window": 5, "attn_sinks": 2}}
@@ -180,11 +180,7 @@ def test_heatmaps_and_long_context_figures(runs, tmp_path):
 
 
 def _fails(capsys, *args: str) -> str:
-    with pytest.raises(SystemExit) as info:
-        maps_script.main([*args, "--progress", "false"])
-    message = str(info.value.code)
-    assert message.startswith("error: ") and "Traceback" not in capsys.readouterr().err
-    return message
+    return cli_error(capsys, maps_script.main, [*args, "--progress", "false"])
 
 
 def test_mistakes_end_in_one_clear_message(runs, tmp_path, capsys):

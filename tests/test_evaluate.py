@@ -20,7 +20,7 @@ from model import GPTConfig
 from training.config import DataConfig, RunConfig, TrainConfig
 from training.run import train
 
-from helpers import direct_loss, train_tiny
+from helpers import cli_error, direct_loss, train_tiny
 
 BLOCK = 16
 
@@ -143,11 +143,7 @@ def test_each_checkpoint_tokenizes_a_given_text_with_its_own_tokenizer(runs, tmp
 
 
 def _fails(capsys, *args: str) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        evaluate_script.main([*args, "--eval.progress", "false"])
-    message = str(exit_info.value.code)
-    assert message.startswith("error: ") and "Traceback" not in capsys.readouterr().err
-    return message
+    return cli_error(capsys, evaluate_script.main, [*args, "--eval.progress", "false"])
 
 
 def test_bad_input_fails_with_one_clear_message(runs, tmp_path, capsys):
