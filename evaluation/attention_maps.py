@@ -113,8 +113,10 @@ def run(cfg: MapsConfig) -> list[Path]:
     doc: dict[str, Any] = {"format": FORMAT, **provenance(device, torch.float32), "config": dataclasses.asdict(cfg)}
     doc["note"] = "weights recomputed on the eager reference kernel, in float32 (fused kernels never form them)"
     if cfg.prompt:
+        folders = default_labels([str(Path(_safe(s.label)) / "last.ckpt") for s in subjects])  # seeds: name#2
         doc["prompts"] = [
-            _draw_prompt(s, c, ids, cfg, out, files) for s, c, ids in zip(subjects, loaded, prompts, strict=True)
+            _draw_prompt(s, c, ids, cfg, out / folder, files)
+            for s, c, ids, folder in zip(subjects, loaded, prompts, folders, strict=True)
         ]
     if cfg.lengths:
         models = [(s.label, s.path, c.model) for s, c in zip(subjects, loaded, strict=True)]
@@ -187,9 +189,9 @@ def _read_prompt(prompt: str) -> str:
 
 
 def _draw_prompt(
-    subject: Subject, ckpt: LoadedCheckpoint, ids: list[int], cfg: MapsConfig, out: Path, files: dict[Path, bytes]
+    subject: Subject, ckpt: LoadedCheckpoint, ids: list[int], cfg: MapsConfig, folder: Path, files: dict[Path, bytes]
 ) -> dict[str, Any]:
-    """The heatmaps of one checkpoint on the prompt, under out/<label>/; returns the plotted numbers."""
+    """The heatmaps of one checkpoint on the prompt, into `folder`; returns the plotted numbers."""
     model = ckpt.model
     idx = torch.tensor([ids], device=model.wte.weight.device)
     weights = prompt_weights(model, idx)  # per layer (H, T, T)
@@ -197,7 +199,6 @@ def _draw_prompt(
     tokens = [printable(ckpt.tokenizer.decode([i])) for i in ids]
     layers = cfg.layers if cfg.layers is not None else list(range(model.config.n_layer))
     heads = cfg.heads if cfg.heads is not None else list(range(model.config.n_head))
-    folder = out / _safe(subject.label)
     name = f"{subject.label} ({model.config.pos_encoding})"
     for layer in layers:
         figure = heads_figure(weights[layer], visible, tokens, heads, f"{name}: layer {layer}, weights per head")
