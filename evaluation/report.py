@@ -154,7 +154,7 @@ def ppl_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
             continue
         xs = [n for n, _ in points]
         ax.errorbar(xs, [m for _, (m, _) in points], yerr=[sd for _, (_, sd) in points], marker="o", ms=3.5,
-                    capsize=2, color=f"C{i % 10}", label=g.label)  # fmt: skip
+                    capsize=2, label=g.label, **line_style(i))  # fmt: skip
     _mark_train_lengths(ax, groups)
     ax.set_xscale("log", base=2)
     _length_ticks(ax, lengths)
@@ -190,7 +190,7 @@ def position_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
             ends = starts[1:] + [length]
             mids = [(a + b) / 2 for a, b in zip(starts, ends, strict=True)]
             curve = [statistics.fmean(col) for col in zip(*(r["by_position"] for r in found), strict=True)]
-            ax.plot(mids, curve, marker=".", ms=3, color=f"C{i % 10}", label=g.label)
+            ax.plot(mids, curve, marker=".", ms=3, label=g.label, **line_style(i))
         _mark_train_lengths(ax, groups, below=length)
         ax.set_title(f"L = {length}", fontsize=9)
         ax.set_xlim(0, length)
@@ -237,6 +237,12 @@ def _length_ticks(ax: plt.Axes, lengths: list[int]) -> None:
     ax.xaxis.set_major_locator(FixedLocator(lengths))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticklabels([str(n) for n in lengths], fontsize=8)
+
+
+def line_style(i: int) -> dict[str, str]:
+    """The i-th curve's colour and line style: ten colours, then again dashed, then dotted, so that
+    no two of up to 30 curves look alike."""
+    return {"color": f"C{i % 10}", "linestyle": ("-", "--", ":")[(i // 10) % 3]}
 
 
 def png_bytes(fig: plt.Figure) -> bytes:

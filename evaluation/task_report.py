@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from core.files import atomic_write_bytes  # noqa: E402
-from evaluation.report import png_bytes  # noqa: E402
+from evaluation.report import line_style, png_bytes  # noqa: E402
 
 
 def _by_label(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -72,7 +72,7 @@ def accuracy_figure(doc: dict[str, Any]) -> plt.Figure:
         xs = [n for n, _ in points]
         means = [100 * statistics.fmean(v) for _, v in points]
         spread = [100 * statistics.stdev(v) if len(v) > 1 else 0.0 for _, v in points]
-        ax.errorbar(xs, means, yerr=spread, marker="o", ms=3.5, capsize=2, color=f"C{i % 10}", label=label)
+        ax.errorbar(xs, means, yerr=spread, marker="o", ms=3.5, capsize=2, label=label, **line_style(i))
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [str(n) for n in lengths], fontsize=8)
     ax.minorticks_off()
