@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.attention import ATTENTION_KINDS, bench_attention_cost, bench_variants
+from benchmarks.attention import ATTENTION_KINDS, VARIANTS, bench_attention_cost, bench_variants
 from core.checkpoint import load_checkpoint
 from data.dataset import load_prepared
 from data.prepare import prepare
@@ -442,6 +442,8 @@ def main() -> None:
                           help="layers,width,block,batch")  # fmt: skip
     variants.add_argument("--steps", type=int, default=10)
     variants.add_argument("--rounds", type=int, default=4)
+    variants.add_argument("--names", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                          help="the variants to time (the first is the reference)")  # fmt: skip
     args = parser.parse_args()
     commands = {
         "train-step": bench_train_step,

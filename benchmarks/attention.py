@@ -72,17 +72,17 @@ def bench_attention_cost(args: argparse.Namespace) -> None:
 
 
 VARIANTS: dict[str, dict[str, object]] = {
-    "rope (default)": {"pos_encoding": "rope"},
+    "rope": {"pos_encoding": "rope"},
     "learned": {"pos_encoding": "learned"},
     "sinusoidal": {"pos_encoding": "sinusoidal"},
     "none": {"pos_encoding": "none"},
     "alibi": {"pos_encoding": "alibi"},
     "t5": {"pos_encoding": "t5"},
-    "rope, window 64": {"pos_encoding": "rope", "attn_window": 64},
-    "rope, window 64 + 4 sinks": {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4},
-    "rope, linear attention": {"pos_encoding": "rope", "attention": "linear"},
-    "rope, dot score": {"pos_encoding": "rope", "attn_score": "dot"},
-    "rope, additive score": {"pos_encoding": "rope", "attn_score": "additive"},
+    "rope-window64": {"pos_encoding": "rope", "attn_window": 64},
+    "rope-window64-sinks4": {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4},
+    "rope-linear": {"pos_encoding": "rope", "attention": "linear"},
+    "rope-dot": {"pos_encoding": "rope", "attn_score": "dot"},
+    "rope-additive": {"pos_encoding": "rope", "attn_score": "additive"},
 }
 
 
@@ -92,7 +92,8 @@ def bench_variants(args: argparse.Namespace) -> None:
     layers, width, block, batch = args.shape
     base = GPTConfig(vocab_size=65, block_size=block, n_layer=layers, n_head=4, n_embd=width, bias=False)
     models = {}
-    for name, extra in VARIANTS.items():
+    for name in args.names:
+        extra = VARIANTS[name]
         torch.manual_seed(0)
         model = GPT(dataclasses.replace(base, **extra))
         models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True))
