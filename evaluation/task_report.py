@@ -26,12 +26,13 @@ def _by_label(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return groups
 
 
-def length_accuracy(run: dict[str, Any], length: int) -> float | None:
-    """A run's accuracy at `length`, averaged over depths (passkey); None where not applicable."""
+def length_accuracy(run: dict[str, Any], length: int, key: str = "accuracy") -> float | None:
+    """A run's accuracy (or `token_accuracy`) at `length`, averaged over depths (passkey); None
+    where not applicable."""
     rows = [r for r in run["results"] if r["length"] == length]
     if not all(r["applicable"] for r in rows):
         return None
-    return statistics.fmean(r["accuracy"] for r in rows)
+    return statistics.fmean(r[key] for r in rows)
 
 
 def _cell(values: list[float | None]) -> str:
@@ -50,11 +51,12 @@ def markdown_table(doc: dict[str, Any]) -> str:
     lines.append("- greedy decoding with the KV cache; n/a: learned positions cannot reach that length")
     lines.append("- several seeds: mean ± standard deviation across seeds")
     lines.append(f"- {doc['device']}, torch {doc['torch']}, git {doc['git']}, {doc['created']}")
-    lines += ["", "| model | positions | seeds | " + " | ".join(map(str, lengths)) + " |"]
-    lines.append("|---|---|---:|" + "---:|" * len(lengths))
-    for label, runs in _by_label(doc).items():
-        cells = [_cell([length_accuracy(r, n) for r in runs]) for n in lengths]
-        lines.append(f"| {label} | {runs[0]['pos_encoding']} | {len(runs)} | " + " | ".join(cells) + " |")
+    for key, title in (("accuracy", "Exact match (%)"), ("token_accuracy", "Answer tokens right (%), partial credit")):
+        lines += ["", f"## {title}", "", "| model | positions | seeds | " + " | ".join(map(str, lengths)) + " |"]
+        lines.append("|---|---|---:|" + "---:|" * len(lengths))
+        for label, runs in _by_label(doc).items():
+            cells = [_cell([length_accuracy(r, n, key) for r in runs]) for n in lengths]
+            lines.append(f"| {label} | {runs[0]['pos_encoding']} | {len(runs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

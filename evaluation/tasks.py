@@ -21,8 +21,9 @@ def greedy_answers(model: GPT, prompts: torch.Tensor, answer_len: int) -> torch.
     return out[:, prompts.size(1) :]
 
 
-def correct(model: GPT, tokenizer: CharTokenizer, examples: list[Example], batch_size: int) -> list[bool]:
-    """Whether the model answers each example exactly (examples of one length share a prompt length)."""
+def correct(model: GPT, tokenizer: CharTokenizer, examples: list[Example], batch_size: int) -> list[list[bool]]:
+    """Which answer tokens the model gets right, per example (examples of one length share a prompt
+    length): exact match is all of them."""
     device = model.wte.weight.device
     results = []
     for i in range(0, len(examples), batch_size):
@@ -30,7 +31,7 @@ def correct(model: GPT, tokenizer: CharTokenizer, examples: list[Example], batch
         prompts = torch.tensor([tokenizer.encode(e.prompt) for e in chunk], device=device)
         answers = torch.tensor([tokenizer.encode(e.answer) for e in chunk], device=device)
         got = greedy_answers(model, prompts, answers.size(1))
-        results += (got == answers).all(dim=1).tolist()
+        results += (got == answers).tolist()
     return results
 
 
@@ -42,7 +43,8 @@ def evaluate_task(
     on_done: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Accuracy at every `task.eval_lengths` (and, for passkey, every depth): rows of {length, depth,
-    accuracy, examples, applicable, reason}. A length that learned positions cannot reach is n/a."""
+    accuracy (exact match), token_accuracy (answer tokens right), examples, applicable, reason}. A
+    length that learned positions cannot reach is n/a."""
     model.eval()
     rows = []
     depths: list[float | None] = list(task.depths) if task.name == "passkey" else [None]
@@ -53,11 +55,16 @@ def evaluate_task(
             limit = model.pe.max_positions
             row: dict[str, Any] = {"length": n, "depth": depth, "tokens": longest + 1, "examples": len(examples)}
             if limit is not None and longest > limit:
-                row.update(accuracy=None, applicable=False,
+                row.update(accuracy=None, token_accuracy=None, applicable=False,
                            reason=f"{longest} tokens > {limit} learned positions")  # fmt: skip
             else:
-                hits = correct(model, tokenizer, examples, batch_size)
-                row.update(accuracy=sum(hits) / len(hits), applicable=True, reason=None)
+                tokens = correct(model, tokenizer, examples, batch_size)
+                row.update(
+                    accuracy=sum(all(t) for t in tokens) / len(tokens),
+                    token_accuracy=sum(map(sum, tokens)) / sum(map(len, tokens)),  # partial credit
+                    applicable=True,
+                    reason=None,
+                )
             rows.append(row)
             if on_done:
                 on_done(len(examples))

@@ -143,14 +143,17 @@ def test_accuracy_equals_a_direct_loop(copier):
     task = dataclasses.replace(task, eval_lengths=[4, 9], test_size=10)
     rows = evaluate_task(model, tokenizer, task, batch_size=3)  # batches that do not divide the test set
     for row in rows:
-        hits = 0
+        hits, token_hits = 0, 0
         for e in eval_set(task, row["length"]):
             ids = tokenizer.encode(e.prompt)
             for _ in e.answer:  # no cache: the whole sequence again for every token
                 logits, _ = model(torch.tensor([ids]))
                 ids.append(int(logits[0, -1].argmax()))
-            hits += tokenizer.decode(ids[len(ids) - len(e.answer) :]) == e.answer
+            answer = tokenizer.decode(ids[len(ids) - len(e.answer) :])
+            hits += answer == e.answer
+            token_hits += sum(a == b for a, b in zip(answer, e.answer, strict=True))
         assert row["accuracy"] == hits / task.test_size
+        assert row["token_accuracy"] == pytest.approx(token_hits / (task.test_size * row["length"]))
     assert 0 < rows[-1]["accuracy"] < rows[0]["accuracy"] or rows[-1]["accuracy"] == 0  # not a constant
 
 
