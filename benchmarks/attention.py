@@ -40,7 +40,7 @@ def attention_cost(kind: str, T: int, heads: int = 4, head_dim: int = 32, repeat
         if kind == "softmax-sdpa":
             out = sdpa_attention(q, k, v)
         elif kind == "softmax-eager":
-            out = eager_attention(q, k, v, mask=causal_mask(T, T))[0]
+            out = eager_attention(q, k, v, mask=causal_mask(T, T))
         elif kind == "window-sdpa":
             out = sdpa_attention(q, k, v, mask=window)
         else:

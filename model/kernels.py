@@ -226,11 +226,10 @@ def eager_attention(
     v: Tensor,
     bias: Tensor | None = None,
     dropout_p: float = 0.0,
-    need_weights: bool = False,
     mask: Tensor | None = None,
     score: Score | None = None,
     on_weights: WeightsHook | None = None,
-) -> tuple[Tensor, Tensor | None]:
+) -> Tensor:
     """softmax(score(q, k) + bias, over the visible keys) v, written out in (at least) float32: the
     reference every kernel is tested against. The score is q k^T / sqrt(D) unless `score` says
     otherwise (`model.scores`); queries are taken in chunks when the score needs it (additive).
@@ -239,21 +238,20 @@ def eager_attention(
         q: (B, H, Tq, D) queries; k, v: (B, H, Tk, D) keys and values.
         bias: additive (H, Tq, Tk) or (B, H, Tq, Tk) score bias (-inf where not visible), or None.
         dropout_p: dropout on the attention weights.
-        need_weights: also return the (B, H, Tq, Tk) attention weights (after dropout).
         mask: (Tq, Tk) bool visibility; None is plain causal (the queries are the last Tq keys).
         score: the scoring function (default: scaled dot product).
-        on_weights: called with each chunk of weights (query rows, (B, H, rows, Tk)), chunks then
-            small enough that no (B, H, Tq, Tk) tensor is formed at long lengths.
+        on_weights: called with each chunk of weights (query rows, (B, H, rows, Tk), after dropout),
+            chunks then small enough that no (B, H, Tq, Tk) tensor is formed at long lengths.
 
     Returns:
-        The (B, H, Tq, D) output in q's dtype, and the weights or None.
+        The (B, H, Tq, D) output in q's dtype.
     """
     q_len, k_len = q.size(-2), k.size(-2)
     dtype = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 if given float64
     score = score if score is not None else ScaledDot(q.size(-1))
     visible = mask if mask is not None else causal_mask(q_len, k_len, q.device)
     qw, kw, vw = q.to(dtype), k.to(dtype), v.to(dtype)
-    outs, all_weights = [], []
+    outs = []
     step = score.query_chunk(qw, kw)
     if on_weights is not None:
         step = min(step, max(1, WEIGHTS_CHUNK_ELEMENTS // (q.size(0) * q.size(1) * k_len)))
@@ -267,10 +265,7 @@ def eager_attention(
         outs.append(weights @ vw)  # (B, H, chunk, D)
         if on_weights is not None:
             on_weights(rows, weights)
-        if need_weights:
-            all_weights.append(weights)
-    out = torch.cat(outs, dim=2).to(q.dtype)
-    return out, (torch.cat(all_weights, dim=2) if need_weights else None)
+    return torch.cat(outs, dim=2).to(q.dtype)
 
 
 def sdpa_attention(
@@ -345,7 +340,7 @@ def flex_attention_fused(
 
 
 def _run_eager(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float, score: Score) -> Tensor:
-    return eager_attention(q, k, v, ctx.bias, dropout_p, mask=ctx.mask, score=score, on_weights=ctx.on_weights)[0]
+    return eager_attention(q, k, v, ctx.bias, dropout_p, mask=ctx.mask, score=score, on_weights=ctx.on_weights)
 
 
 def _run_sdpa(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float, score: Score) -> Tensor:

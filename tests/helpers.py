@@ -141,3 +141,14 @@ def cli_error(capsys, main, argv: list[str]) -> str:
     message = str(info.value.code)
     assert message.startswith("error: ") and "Traceback" not in capsys.readouterr().err
     return message
+
+
+def eager_with_weights(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The eager reference's output and its whole (B, H, Tq, Tk) weights, gathered from its hook."""
+    from model.kernels import eager_attention
+
+    chunks: list[torch.Tensor] = []
+    out = eager_attention(q, k, v, on_weights=lambda rows, weights: chunks.append(weights), **kwargs)
+    return out, torch.cat(chunks, dim=2)

@@ -12,7 +12,7 @@ from model.kernels import causal_mask, choose_kernel, eager_attention, needs_of,
 from model.masks import AttentionMask
 from model.positions import build_positions
 
-from helpers import build, lengths, run_pair
+from helpers import build, eager_with_weights, lengths, run_pair
 
 BACKENDS = ("eager", "sdpa", "flex")
 ODD_LEN = 13  # not a multiple of 16 (FlexAttention's and the flash kernels' tile sizes)
@@ -77,8 +77,7 @@ def test_flex_matches_eager_in_float32(tiny_config, scheme):
 def test_eager_reference_is_softmax_of_masked_scores():
     q, k, v = torch.randn(3, 2, 3, 6, 4, dtype=torch.float64).unbind(0)  # (B, H, T, D)
     bias = torch.randn(3, 6, 6, dtype=torch.float64)
-    out, weights = eager_attention(q, k, v, bias, need_weights=True)
-    assert weights is not None
+    out, weights = eager_with_weights(q, k, v, bias=bias)
     mask = causal_mask(6, 6)
     assert torch.all(weights[..., ~mask] == 0)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 6, dtype=torch.float64))
@@ -92,7 +91,7 @@ def test_sdpa_with_a_cache_shaped_query_matches_eager():
     k, v = torch.randn(2, 2, 3, 12, 8).unbind(0)
     for q_len in (1, 5):
         q = torch.randn(2, 3, q_len, 8)
-        torch.testing.assert_close(sdpa_attention(q, k, v), eager_attention(q, k, v)[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(sdpa_attention(q, k, v), eager_attention(q, k, v), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(

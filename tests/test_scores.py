@@ -13,15 +13,15 @@ from model import GPT
 from model.kernels import choose_kernel, eager_attention, needs_of
 from model.scores import Additive, Dot, ScaledDot
 
-from helpers import overfit, run_pair
+from helpers import eager_with_weights, overfit, run_pair
 
 
 def test_dot_is_the_scaled_dot_product_without_the_scale():
     q, k, v = torch.randn(3, 2, 2, 7, 16, dtype=torch.float64).unbind(0)
-    unscaled, _ = eager_attention(q, k, v, score=Dot())
-    scaled, _ = eager_attention(q * math.sqrt(16), k, v, score=ScaledDot(16))
+    unscaled = eager_attention(q, k, v, score=Dot())
+    scaled = eager_attention(q * math.sqrt(16), k, v, score=ScaledDot(16))
     torch.testing.assert_close(unscaled, scaled)
-    assert not torch.allclose(unscaled, eager_attention(q, k, v)[0])  # the default scales
+    assert not torch.allclose(unscaled, eager_attention(q, k, v))  # the default scales
 
 
 def test_the_additive_score_by_hand():
@@ -36,10 +36,10 @@ def test_the_additive_score_by_hand():
 def test_the_additive_score_in_chunks_of_queries_equals_one_pass(monkeypatch):
     score = Additive(n_head=2, head_dim=4).double()
     q, k, v = torch.randn(3, 2, 2, 11, 4, dtype=torch.float64).unbind(0)
-    whole, weights = eager_attention(q, k, v, score=score, need_weights=True)
+    whole, weights = eager_with_weights(q, k, v, score=score)
     monkeypatch.setattr(scores, "ADDITIVE_CHUNK_ELEMENTS", 2 * 2 * 11 * 4 * 3)  # 3 queries at a time
     assert score.query_chunk(q, k) == 3
-    chunked, chunked_weights = eager_attention(q, k, v, score=score, need_weights=True)
+    chunked, chunked_weights = eager_with_weights(q, k, v, score=score)
     torch.testing.assert_close(chunked, whole)
     torch.testing.assert_close(chunked_weights, weights)
 
