@@ -80,6 +80,7 @@ class TaskDataModule(L.LightningDataModule):
         self.task, self.batch_size, self.seed = task, batch_size, seed
         self.tokenizer = tokenizer_for(task)
         self._start = 0
+        self._val: list[tuple[torch.Tensor, ...]] | None = None
 
     def train_dataloader(self) -> DataLoader:
         rank = self.trainer.global_rank if self.trainer is not None else 0
@@ -87,12 +88,13 @@ class TaskDataModule(L.LightningDataModule):
         return DataLoader(stream, batch_size=None, generator=_private_generator())
 
     def val_dataloader(self) -> DataLoader:
-        examples = validation_set(self.task)
-        batches = [
-            tuple(torch.from_numpy(a) for a in encode(self.tokenizer, examples[i : i + self.batch_size]))
-            for i in range(0, len(examples), self.batch_size)
-        ]
-        return DataLoader(batches, batch_size=None, generator=_private_generator())
+        if self._val is None:  # the same fixed set at every validation: made once
+            examples = validation_set(self.task)
+            self._val = [
+                tuple(torch.from_numpy(a) for a in encode(self.tokenizer, examples[i : i + self.batch_size]))
+                for i in range(0, len(examples), self.batch_size)
+            ]
+        return DataLoader(self._val, batch_size=None, generator=_private_generator())
 
     def state_dict(self) -> dict[str, Any]:
         trainer = self.trainer

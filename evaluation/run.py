@@ -262,7 +262,7 @@ def own_data(ckpt: LoadedCheckpoint, path: str, ranks: str | None = None) -> Pre
         prepared = None  # gone or incomplete
     if prepared is not None and prepared.meta.get("fingerprint") == record["fingerprint"]:
         edited = _edited_since(record["sources"], prepared.path / "meta.json")
-        if edited and _same_sources(record, own["glob"], settings):
+        if edited and _unchanged_sources(record, own["glob"], settings) is not None:
             edited = []  # touched (copied, checked out) but holding what they held
         if edited:
             log.warning(
@@ -274,19 +274,20 @@ def own_data(ckpt: LoadedCheckpoint, path: str, ranks: str | None = None) -> Pre
         return prepared
     # gone, or prepared again from other text: prepare it anew only from sources that still hold
     # what they held (hashing them, which only this path needs)
-    if not _same_sources(record, own["glob"], settings):
+    sources = _unchanged_sources(record, own["glob"], settings)
+    if sources is None:
         raise DataError(_changed_data(path, f"{', '.join(record['sources'])} changed or moved since"))
     root = str(Path(record["prepared"]).parent)
-    sources = resolve_sources(record["sources"], own["glob"])
     return prepare_dir([str(p) for p in sources], None, root, **settings, glob=own["glob"], tiktoken_ranks=ranks)
 
 
-def _same_sources(record: dict[str, Any], glob: str, settings: dict[str, Any]) -> bool:
-    """Whether the recorded sources still hold what they held at training (hashing them)."""
+def _unchanged_sources(record: dict[str, Any], glob: str, settings: dict[str, Any]) -> list[Path] | None:
+    """The recorded sources, if they still hold what they held at training (hashing them); else None."""
     try:
-        return fingerprint(resolve_sources(record["sources"], glob), settings) == record["fingerprint"]
+        sources = resolve_sources(record["sources"], glob)
+        return sources if fingerprint(sources, settings) == record["fingerprint"] else None
     except (DataError, OSError):
-        return False
+        return None
 
 
 def _edited_since(sources: list[str], reference: Path) -> list[str]:
