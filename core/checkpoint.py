@@ -15,12 +15,13 @@ from typing import Any
 
 import torch
 
+from core.errors import UserError
 from data.errors import DataError
 from data.tokenizer import RANKS_ENV, Tokenizer, tokenizer_from_meta
 from model import GPT, GPTConfig
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that is missing, unreadable, or does not fit what it is used for."""
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from core.errors import UserError
 
-class DeviceError(ValueError):
+
+class DeviceError(UserError, ValueError):
     """A device or precision this machine cannot run; the message names what it can."""
 
 

@@ -1,5 +1,7 @@
 """The error type for problems a user can fix in their data or data options."""
 
+from core.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
     """A problem with the user's data or data options; the message says how to fix it."""

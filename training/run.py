@@ -19,6 +19,7 @@ import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_only
 
+from core.errors import UserError
 from core.files import LockedError, atomic_write_bytes, directory_lock, remove_stale_tmp
 from core.repo import git_sha
 from data.datamodule import TaskDataModule, TokenDataModule
@@ -43,7 +44,7 @@ class RunResult:
     sample: str | None
 
 
-class RunError(ValueError):
+class RunError(UserError, ValueError):
     """A problem with the run directory or the run's options; the message says how to fix it."""
 
 

@@ -1,0 +1,23 @@
+"""The one base class of the errors a user can cause and fix.
+
+Every command ends a `UserError` with its message as one line on stderr and exit status
+`exit_code` (2 unless the error says otherwise), never with a traceback (`core.cli`). Anything
+else that escapes a command is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem the user can fix; the message says how."""
+
+    exit_code: int = 2
+
+    def line(self) -> str:
+        """What the command prints to stderr before it exits."""
+        return f"error: {self}"
+
+
+class ConfigError(UserError, ValueError):
+    """A setting, or a combination of settings, that cannot work; raised when a config is validated,
+    before any data is prepared or any model built. A ValueError too, as config checks always were."""
