@@ -29,7 +29,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from model.gpt import GPT
-from model.linear_attention import WeightsHook
+from model.kernels import WeightsHook
 
 PER_OCTAVE = 4
 """Buckets per doubling of distance or position in the summaries (log-spaced: the plots are log-x)."""

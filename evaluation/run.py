@@ -85,7 +85,7 @@ def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: 
     plan = [
         (subject, ckpt, text, scaling)
         for subject, ckpt, text in zip(subjects, loaded, texts, strict=True)
-        for scaling in (settings.rope_scaling if ckpt.model.config.pos_encoding == "rope" else ["none"])
+        for scaling in (settings.rope_scaling if ckpt.model.pe.rescalable else ["none"])
     ]
     total = sum(
         count_windows(len(text.tokens), n, settings.stride, settings.token_budget)
@@ -105,7 +105,7 @@ def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: 
         "runs": runs,
     }
     if settings.attention_stats:
-        # each model is back as trained (`_evaluate_one` undoes its RoPE scaling)
+        # each model as trained (`_evaluate_one` scales views of it, never the model)
         models = [(s.label, s.path, c.model.to(device).eval()) for s, c in zip(subjects, loaded, strict=True)]
         doc["attention"] = long_context_stats(models, [t.tokens for t in texts], settings.lengths,
                                               min(settings.token_budget, ATTENTION_TOKENS), SINK_TOKENS,
@@ -135,12 +135,13 @@ def _evaluate_one(
     bar: tqdm,
 ) -> dict[str, Any]:
     """One checkpoint under one RoPE scaling ('none': as trained) at every length."""
-    model = ckpt.model.to(device)
-    config = model.config
+    trained = ckpt.model.to(device)
+    config, rescalable = trained.config, trained.pe.rescalable
     rows = []
     for length in settings.lengths:
+        model = trained  # as trained, or a view of it with the scaling for this length
         if scaling != "none":
-            model.set_rope_scaling(scaling, _scaling_factor(settings.rope_scaling_factor, length, config.block_size))
+            model = trained.rescaled(scaling, _scaling_factor(settings.rope_scaling_factor, length, config.block_size))
         bar.set_description(f"{_run_label(subject.label, scaling)} L={length}")
         result = evaluate_length(
             model,
@@ -157,13 +158,11 @@ def _evaluate_one(
         row.update(
             loss=_finite(result.loss),
             ppl=_finite(result.ppl),
-            rope_scaling=model.config.rope_scaling if config.pos_encoding == "rope" else None,
-            rope_scaling_factor=model.config.rope_scaling_factor if config.pos_encoding == "rope" else None,
+            rope_scaling=model.config.rope_scaling if rescalable else None,
+            rope_scaling_factor=model.config.rope_scaling_factor if rescalable else None,
         )
         rows.append(row)
-    if scaling != "none":
-        model.set_rope_scaling(config.rope_scaling, config.rope_scaling_factor)  # back to as trained
-    ckpt.model.to("cpu")
+    trained.to("cpu")
     return {
         "label": _run_label(subject.label, scaling),
         "model": subject.label,
@@ -173,7 +172,7 @@ def _evaluate_one(
         "pos_encoding": config.pos_encoding,
         "train_length": config.block_size,
         "tokenizer": _tokenizer_name(ckpt),
-        "rope_scaling": scaling if config.pos_encoding == "rope" else None,
+        "rope_scaling": scaling if rescalable else None,
         "rope_scaling_factor": settings.rope_scaling_factor if scaling != "none" else None,
         "data": text.info,
         "config": ckpt.config,

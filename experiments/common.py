@@ -17,7 +17,6 @@ from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
 from core.checkpoint import CheckpointError, read_checkpoint
 from data.errors import DataError
-from model.config import Attention, AttnScore, PosEncoding
 from training.config import RunConfig
 from training.run import TrainingData, train
 
@@ -34,15 +33,15 @@ class Variant:
 
     name: str
     """Label in the report and name of its runs (<name>-seed<S>)."""
-    pos_encoding: PosEncoding = "rope"
+    pos_encoding: str = "rope"
     """Position scheme."""
     attn_window: int = 0
     """Sliding window of W keys (0: full causal)."""
     attn_sinks: int = 0
     """Sink keys visible beyond the window."""
-    attention: Attention = "softmax"
+    attention: str = "softmax"
     """softmax or linear."""
-    attn_score: AttnScore = "scaled_dot"
+    attn_score: str = "scaled_dot"
     """scaled_dot, dot or additive."""
     random_positions: int | None = None
     """Train on randomized positions from [0, N) (train.random_positions; None: the shared run's)."""

@@ -33,7 +33,7 @@ from evaluation.run import Subject, evaluate_checkpoints
 from experiments.common import Variant, check_models, experiment_record, main_of, models_of, train_all
 from experiments.common import build_parser as build_experiment_parser
 from experiments.common import parse_config as parse_experiment
-from model.config import POS_ENCODINGS, PosEncoding
+from model import POS_ENCODINGS
 from training.config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class ExperimentConfig:
 
     out_dir: str = "reports/extrapolation"
     """Report directory; the runs are trained under <out_dir>/runs."""
-    schemes: list[PosEncoding] = field(default_factory=lambda: list(POS_ENCODINGS))
+    schemes: list[str] = field(default_factory=lambda: list(POS_ENCODINGS))
     """Position schemes to train, one model each (per seed)."""
     variants: list[Variant] = field(default_factory=list)
     """Further models, each a named set of attention settings (e.g. {name: rope-window64, pos_encoding:

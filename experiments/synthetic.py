@@ -39,7 +39,7 @@ from evaluation.tasks import evaluate_task
 from experiments.common import Variant, check_models, experiment_record, main_of, models_of, train_all
 from experiments.common import build_parser as build_experiment_parser
 from experiments.common import parse_config as parse_experiment
-from model.config import POS_ENCODINGS, PosEncoding
+from model import POS_ENCODINGS
 from training.config import RunConfig
 from training.run import task_data
 
@@ -55,7 +55,7 @@ class SyntheticConfig:
     """Report directory; the runs are trained under <out_dir>/runs."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """The task, its training lengths and its test sets."""
-    schemes: list[PosEncoding] = field(default_factory=lambda: list(POS_ENCODINGS))
+    schemes: list[str] = field(default_factory=lambda: list(POS_ENCODINGS))
     """Position schemes to train, one model each (per seed)."""
     variants: list[Variant] = field(default_factory=list)
     """Further models: named attention settings and/or randomized positions."""

@@ -3,7 +3,12 @@
 Usage: `from model import GPT, GPTConfig`.
 """
 
-from model.config import ATTN_BACKENDS, POS_ENCODINGS, GPTConfig
+from model.attention import ATTENTIONS
+from model.config import GPTConfig
 from model.gpt import GPT
+from model.positions import SCHEMES
 
-__all__ = ["ATTN_BACKENDS", "GPT", "GPTConfig", "POS_ENCODINGS"]
+POS_ENCODINGS: tuple[str, ...] = tuple(SCHEMES)
+"""The position schemes' names (`model.positions.SCHEMES`)."""
+
+__all__ = ["ATTENTIONS", "GPT", "GPTConfig", "POS_ENCODINGS", "SCHEMES"]

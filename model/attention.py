@@ -1,120 +1,54 @@
-"""Causal self-attention: the layer, and the per-forward context (masks, biases, block masks)
-that every layer shares. The kernels that compute attention, and how one is chosen, are in
-`model.kernels`.
+"""The attention layers, one class per attention function, and their registry `ATTENTIONS`.
 
-Positions are absolute: the Tq queries sit at q_start.., the Tk keys at `k_pos` (0..Tk-1 in a
-plain forward; a rolling KV cache holds other positions).
+A layer projects its input to queries, keys and values, applies the position scheme, and hands
+them to the forward pass's `Plan` (a kernel and the context it built once for every layer); it
+never asks which kernel it has. The layer class also declares what the function is: its kernels
+(each function has its own registry of them), whether attention dropout and a scoring function
+apply to it, what decoding keeps (`new_cache`) and whether that stays the same size however long
+decoding runs (`constant_memory`). Adding an attention function is one layer class (usually with a
+kernel class of its own) and one line in `ATTENTIONS`: see docs/extending.md.
+
+`check_config` is the registry half of `GPTConfig`'s validation: every name is in its registry,
+the scheme accepts the model's shape, and the attention function has a kernel for the scheme, the
+mask, the score and the dropout, so that a refused combination is refused when the config is
+built, in one line naming the settings and what would work.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
 import torch
 from torch import Tensor, nn
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-from model.cache import LayerCache
-from model.config import GPTConfig
-from model.kernels import AttentionContext, Kernel, ScoreMod, compiled_create_block_mask
-from model.linear_attention import LayerStateCache, feature_map
+from core.errors import ConfigError
+from model.cache import KVCache, LayerCache
+from model.kernels import KERNELS, Kernel, Needs, Plan, WeightsHook, choose_kernel, weights_kernel
+from model.linear_attention import LINEAR_KERNELS, LayerStateCache, StateCache, feature_map
 from model.masks import AttentionMask
-from model.positions import PositionEncoding
-from model.scores import build_score
+from model.positions import SCHEMES, PositionEncoding
+from model.scores import SCORES, Score, build_score
+
+if TYPE_CHECKING:
+    from model.config import GPTConfig
+
+Cache = KVCache | StateCache
 
 
-def build_context(
-    kernel: Kernel,
-    pe: PositionEncoding,
-    mask: AttentionMask,
-    n_head: int,
-    q_start: int,
-    q_len: int,
-    k_pos: Tensor | None,
-    device: torch.device,
-    block_masks: dict | None = None,
-    ids: Tensor | None = None,
-) -> AttentionContext:
-    """Masks and biases for one forward pass, shared by all layers. `k_pos` holds the keys' absolute
-    positions (None: 0..q_start + q_len - 1; a rolling cache marks empty slots with -1). `ids`
-    (B, T): each row's own positions (randomized positions, no cache), which the position scheme
-    sees; the mask stays on token order (the ids increase along a row)."""
-    k_len = k_pos.numel() if k_pos is not None else q_start + q_len
-    if kernel.function == "linear":  # causal by construction: no mask, no bias
-        return AttentionContext(kernel, q_start, q_len, k_len, ids=ids)
-    if kernel.name == "flex":
-        return AttentionContext(
-            kernel,
-            q_start,
-            q_len,
-            k_len,
-            block_mask=build_block_mask(mask, q_start, q_len, k_pos, device, block_masks),
-            score_mod=_score_mod(pe, q_start, k_pos, ids) if pe.bias_kind else None,
-            ids=ids,
-        )
-    q_pos = torch.arange(q_start, q_start + q_len, device=device)
-    keys = k_pos if k_pos is not None else torch.arange(k_len, device=device)
-    plain = mask.causal_only and k_pos is None  # SDPA's own causal shortcuts apply
-    visible = None if plain and kernel.name != "eager" else _visible(mask, q_pos, keys)
-    bias = None
-    if pe.bias_kind:
-        heads = torch.arange(n_head, device=device)[:, None, None]
-        if ids is None:
-            distance = (q_pos[:, None] - keys[None, :])[None]  # (1, Tq, Tk)
-        else:
-            distance = (ids[:, :, None] - ids[:, None, :])[:, None]  # (B, 1, T, T)
-        bias = pe.relative_bias(heads, distance)  # (H, Tq, Tk) or (B, H, T, T): the formula written once
-        bias = bias.masked_fill(~(visible if visible is not None else _visible(mask, q_pos, keys)), float("-inf"))
-    return AttentionContext(kernel, q_start, q_len, k_len, mask=visible, bias=bias, ids=ids)
+class Attention(nn.Module):
+    """Base of the attention layers: the fused q/k/v projection, the output projection (the residual
+    branch's last layer) and its dropout, the scoring function; and, as class-level declarations, what
+    the attention function is."""
 
-
-def _visible(mask: AttentionMask, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    return mask.dense(q_pos, k_pos) & (k_pos >= 0)[None, :]
-
-
-def _score_mod(pe: PositionEncoding, q_start: int, k_pos: Tensor | None, ids: Tensor | None = None) -> ScoreMod:
-    """The scheme's bias as a FlexAttention score_mod: the same `relative_bias` as the dense path."""
-    if ids is not None:
-
-        def score_mod_ids(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score + pe.relative_bias(h, ids[b, q_idx] - ids[b, kv_idx])
-
-        return score_mod_ids
-
-    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        k = kv_idx if k_pos is None else k_pos[kv_idx]
-        return score + pe.relative_bias(h, q_idx + q_start - k)
-
-    return score_mod
-
-
-def build_block_mask(
-    mask: AttentionMask, q_start: int, q_len: int, k_pos: Tensor | None, device: torch.device, cache: dict | None
-) -> BlockMask:
-    """The block mask of `mask`, built once per shape and reused (in `cache`) by later forwards: on
-    CUDA through a compiled `create_block_mask`, which never materialises the dense Tq x Tk mask."""
-    key = (mask, q_start, q_len, None if k_pos is None else tuple(k_pos.tolist()), str(device))
-    if cache is not None and key in cache:
-        return cache[key]
-    if k_pos is None:
-        mask_mod = mask.mask_mod(q_start)
-    else:
-
-        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            k = k_pos[kv_idx]
-            return mask.visible(q_idx + q_start, k) & (k >= 0)
-
-    k_len = k_pos.numel() if k_pos is not None else q_start + q_len
-    build = compiled_create_block_mask() if device.type == "cuda" else create_block_mask
-    block_mask = build(mask_mod, None, None, q_len, k_len, device=device)
-    if cache is not None:
-        if len(cache) > 8:  # a handful of shapes per model (training, evaluation lengths)
-            cache.clear()
-        cache[key] = block_mask
-    return block_mask
-
-
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention: one fused q/k/v projection, the position scheme's hooks,
-    a kernel, and an output projection (the residual branch's last layer)."""
+    kernels: ClassVar[Mapping[str, Kernel]]
+    """This function's kernels by `attn_backend` name."""
+    drops_weights: ClassVar[bool] = True
+    """Attention dropout (`config.dropout`) applies to its weights."""
+    scored: ClassVar[bool] = True
+    """It scores query-key pairs with `config.attn_score`."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -123,39 +57,253 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.linear = config.attention == "linear"
         self.score = build_score(config)
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, C) -> queries, keys, values, (B, H, T, D) each."""
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        return q, k, v
+
+    def output(self, y: Tensor) -> Tensor:
+        """(B, H, T, D) attention output -> (B, T, C) residual branch."""
+        B, _, T, _ = y.shape
+        y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * self.head_dim)
+        return self.resid_dropout(self.proj(y))
+
+    @classmethod
+    def needs(
+        cls,
+        pe: PositionEncoding | type[PositionEncoding],
+        mask: AttentionMask,
+        score: type[Score],
+        device: torch.device | None = None,
+        dropout_active: bool = False,
+        needs_grad: bool = False,
+        decoding: bool = False,
+    ) -> Needs:
+        """What a forward pass with scheme `pe`, `mask` and `score` asks of this function's kernels
+        (with no device: what holds on every device, as a config's validation asks)."""
+        return Needs(
+            score_bias=pe.score_bias,
+            bias_gradients=pe.learned_bias and needs_grad,
+            dropout=dropout_active and cls.drops_weights,
+            backward_on=device.type if needs_grad and device is not None else None,
+            sparse_mask=not mask.causal_only,
+            decoding=decoding,
+            dot_score=score.dot_product or not cls.scored,
+        )
+
+    @classmethod
+    def choose_kernel(cls, requested: str, needs: Needs, device: torch.device) -> Kernel:
+        return choose_kernel(cls.kernels, requested, needs, device)
+
+    @classmethod
+    def weights_kernel(cls, needs: Needs) -> Kernel:
+        return weights_kernel(cls.kernels, needs)
+
+    @classmethod
+    def new_cache(
+        cls, config: GPTConfig, mask: AttentionMask, capacity: int, batch: int | None, dtype: torch.dtype,
+        device: torch.device,
+    ) -> Cache:  # fmt: skip
+        """What decoding keeps for a model of `config` (see `GPT.new_cache`), allocated now for
+        `batch` sequences when given."""
+        raise NotImplementedError
+
+    @classmethod
+    def constant_memory(cls, mask: AttentionMask) -> bool:
+        """Whether what decoding keeps stays the same size however long it runs."""
+        raise NotImplementedError
+
+
+class SoftmaxAttention(Attention):
+    """Multi-head causal softmax attention (Vaswani et al. 2017) over the scheme's rotated queries and
+    keys; decoding keeps a KV cache shaped by the mask (a rolling one with a window)."""
+
+    kernels = KERNELS
 
     def forward(
         self,
         x: Tensor,
         pe: PositionEncoding,
-        ctx: AttentionContext,
-        cache: LayerCache | LayerStateCache | None = None,
+        plan: Plan,
+        cache: LayerCache | None = None,
+        on_weights: WeightsHook | None = None,
     ) -> Tensor:
-        B, T, C = x.shape
-        q, k, v = (
-            t.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-            for t in self.qkv(x).split(C, dim=2)
-        )
-        if self.linear:
-            y = self._linear(q, k, v, pe, ctx, cache)
-        else:
-            q, k = pe.rotate(q, k, ctx.q_start, ctx.ids)  # the new tokens, at their absolute positions
-            if isinstance(cache, LayerCache):
-                k, v = cache.update(k, v, ctx.q_start)  # the keys and values `ctx` describes
-            y = ctx.kernel.run(q, k, v, ctx, self.dropout if self.training else 0.0, self.score)  # (B, H, T, D)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.proj(y))
+        q, k, v = self.project(x)
+        q, k = pe.rotate(q, k, plan.step.q_start, plan.step.ids)  # the new tokens, at their absolute positions
+        if cache is not None:
+            k, v = cache.update(k, v, plan.step.q_start)  # the keys and values the plan describes
+        y = plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0, on_weights)  # (B, H, T, D)
+        return self.output(y)
 
-    def _linear(
-        self, q: Tensor, k: Tensor, v: Tensor, pe: PositionEncoding, ctx: AttentionContext, cache: object
+    @classmethod
+    def new_cache(
+        cls, config: GPTConfig, mask: AttentionMask, capacity: int, batch: int | None, dtype: torch.dtype,
+        device: torch.device,
+    ) -> Cache:  # fmt: skip
+        cache = KVCache(config.n_layer, capacity, mask)
+        if batch is not None:
+            cache.allocate(batch, config.n_head, config.head_dim, dtype, device)
+        return cache
+
+    @classmethod
+    def constant_memory(cls, mask: AttentionMask) -> bool:
+        return not mask.causal_only  # a window's rolling cache
+
+
+class LinearAttention(Attention):
+    """Causal linear attention (Katharopoulos et al. 2020; `model.linear_attention`): features
+    phi(q), phi(k), the scheme's rotation on them for the numerator only (RoFormer); decoding keeps
+    the running sums, the same size after any number of tokens. No attention weights to drop and no
+    scoring function; its kernels take no score bias and no window."""
+
+    kernels = LINEAR_KERNELS
+    drops_weights = False
+    scored = False
+
+    def forward(
+        self,
+        x: Tensor,
+        pe: PositionEncoding,
+        plan: Plan,
+        cache: LayerStateCache | None = None,
+        on_weights: WeightsHook | None = None,
     ) -> Tensor:
-        """Linear attention: features phi(q), phi(k); the scheme's rotation on them for the numerator
-        only (RoFormer); with a state cache, the recurrent form."""
+        q, k, v = self.project(x)
         fq, fk = feature_map(q), feature_map(k)
-        rq, rk = pe.rotate(fq, fk, ctx.q_start, ctx.ids)
+        rq, rk = pe.rotate(fq, fk, plan.step.q_start, plan.step.ids)
         q2, k2 = torch.cat([rq, fq], dim=-1), torch.cat([rk, fk], dim=-1)
-        if isinstance(cache, LayerStateCache):
-            return cache.attend(q2, k2, v)
-        return ctx.kernel.run(q2, k2, v, ctx, 0.0, self.score)
+        y = cache.attend(q2, k2, v) if cache is not None else plan.attend(q2, k2, v, self.score, 0.0, on_weights)
+        return self.output(y)
+
+    @classmethod
+    def new_cache(
+        cls, config: GPTConfig, mask: AttentionMask, capacity: int, batch: int | None, dtype: torch.dtype,
+        device: torch.device,
+    ) -> Cache:  # fmt: skip
+        return StateCache(config.n_layer)  # its state appears with the first tokens, at a fixed size
+
+    @classmethod
+    def constant_memory(cls, mask: AttentionMask) -> bool:
+        return True
+
+
+ATTENTIONS: dict[str, type[Attention]] = {
+    "softmax": SoftmaxAttention,
+    "linear": LinearAttention,
+}
+"""The attention functions by `attention` name: each a layer class with its own kernels."""
+
+
+def kernel_names() -> list[str]:
+    """Every kernel name of every attention function, in registry order (the valid `attn_backend`s
+    besides auto)."""
+    return list(dict.fromkeys(name for layer in ATTENTIONS.values() for name in layer.kernels))
+
+
+def check_config(config: GPTConfig) -> None:
+    """Raise `ConfigError` for a config no model can be built from: an unknown name, a scheme that
+    refuses the shape, or settings no kernel of the attention function can run together."""
+    _check_name("pos_encoding", config.pos_encoding, list(SCHEMES))
+    _check_name("attention", config.attention, list(ATTENTIONS))
+    _check_name("attn_score", config.attn_score, list(SCORES))
+    _check_name("attn_backend", config.attn_backend, ["auto", *kernel_names()])
+    SCHEMES[config.pos_encoding].check(config)
+    layer = ATTENTIONS[config.attention]
+    if not layer.scored and config.attn_score != _default(config, "attn_score"):
+        raise ConfigError(
+            f"attention={config.attention!r} scores no query-key pairs, so attn_score={config.attn_score!r} "
+            f"would be ignored: leave attn_score at {_default(config, 'attn_score')!r}, or use attention='softmax'."
+        )
+    if config.attn_backend != "auto" and config.attn_backend not in layer.kernels:
+        raise ConfigError(
+            f"attn_backend={config.attn_backend!r} is not a kernel of attention={config.attention!r}, whose "
+            f"kernels are {', '.join(['auto', *layer.kernels])}; {_alternatives(config, 'attention')}."
+        )
+    missing = _unmet(vars_of(config))
+    if missing:
+        raise ConfigError(_refusal(config, missing))
+
+
+def _check_name(field: str, value: Any, names: list[str]) -> None:
+    if value not in names:
+        close = difflib.get_close_matches(str(value), names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"GPTConfig.{field} must be one of {names}, got {value!r}.{hint}")
+
+
+def _default(config: GPTConfig, field: str) -> Any:
+    return type(config).__dataclass_fields__[field].default
+
+
+def vars_of(config: GPTConfig) -> dict[str, Any]:
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+NEED_SETTINGS = {
+    "a position score bias": "pos_encoding",
+    "attention dropout": "dropout",
+    "a mask beyond causal (attn_window, attn_sinks)": "attn_window",
+}
+"""Which setting asks for each need a kernel may lack (the rest: the score, `attn_score`)."""
+
+
+def _unmet(settings: dict[str, Any]) -> list[str]:
+    """What the kernels that `settings` allow lack of what they ask, on any device (empty: runnable):
+    the fewest such needs of any of those kernels."""
+    layer = ATTENTIONS[settings["attention"]]
+    mask = AttentionMask(settings["attn_window"], settings["attn_sinks"])
+    needs = layer.needs(SCHEMES[settings["pos_encoding"]], mask, SCORES[settings["attn_score"]],
+                        dropout_active=settings["dropout"] > 0)  # fmt: skip
+    backend = settings["attn_backend"]
+    kernels = layer.kernels.values() if backend == "auto" else [layer.kernels[backend]]
+    return min((needs.unmet(kernel) for kernel in kernels), key=len)
+
+
+def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
+    """Whether `config` with `field` set to `value` would run (a window dropped with its sinks, an
+    attention function with its own kernels)."""
+    settings = {**vars_of(config), field: value}
+    if field == "attn_window":
+        settings["attn_sinks"] = 0
+    if field == "attention":
+        layer = ATTENTIONS[value]
+        if settings["attn_backend"] not in layer.kernels:
+            settings["attn_backend"] = "auto"
+        if not layer.scored and settings["attn_score"] != _default(config, "attn_score"):
+            return False
+    return not _unmet(settings)
+
+
+def _alternatives(config: GPTConfig, field: str) -> str:
+    """The other values of `field` with which `config` would run, in words."""
+    values: dict[str, list[Any]] = {
+        "pos_encoding": list(SCHEMES),
+        "attention": list(ATTENTIONS),
+        "attn_score": list(SCORES),
+        "attn_backend": ["auto", *ATTENTIONS[config.attention].kernels],
+        "attn_window": [0],
+        "dropout": [0.0],
+    }
+    able = [str(v) for v in values[field] if v != getattr(config, field) and _runs_with(config, field, v)]
+    if not able:
+        return f"no {field} would run"
+    listed = able[0] if len(able) == 1 else ", ".join(able[:-1]) + " or " + able[-1]
+    return f"{field} {listed} would run"
+
+
+def _refusal(config: GPTConfig, missing: list[str]) -> str:
+    """One line: which setting cannot run which, why, and what would."""
+    host = "attn_backend" if config.attn_backend != "auto" else "attention"
+    culprit = NEED_SETTINGS.get(missing[0], "attn_score")
+    if host == "attn_backend":
+        why = f"kernel {config.attn_backend!r} lacks {' and '.join(missing)}"
+    else:
+        why = f"none of its kernels ({', '.join(ATTENTIONS[config.attention].kernels)}) has {' and '.join(missing)}"
+    host_value, culprit_value = getattr(config, host), getattr(config, culprit)
+    return (
+        f"{host}={host_value!r} cannot run {culprit}={culprit_value!r}: {why}. With {host}={host_value!r}, "
+        f"{_alternatives(config, culprit)}; with {culprit}={culprit_value!r}, {_alternatives(config, host)}."
+    )

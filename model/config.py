@@ -1,7 +1,12 @@
-"""The model's configuration: one frozen dataclass, no torch import, so any script can load it.
+"""The model's configuration: one frozen dataclass, saved inside every checkpoint, so a checkpoint
+alone rebuilds its model.
 
-Everything that decides the shape or the function of the network lives here and is saved inside
-every checkpoint, so a checkpoint alone rebuilds its model.
+The names of the position scheme, the attention function, its kernel and the scoring function are
+keys of their registries (`model.positions.SCHEMES`, `model.attention.ATTENTIONS` and each
+function's kernels, `model.scores.SCORES`): a new one is a class and a registry line, and this file
+does not change. Validation checks them against the registries and checks that the attention
+function has a kernel for the combination (`model.attention.check_config`), so that a config that
+cannot run is refused when it is built, before any data is prepared.
 """
 
 from __future__ import annotations
@@ -9,16 +14,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
-PosEncoding = Literal["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
-AttnBackend = Literal["auto", "eager", "sdpa", "flex", "chunked"]
-Attention = Literal["softmax", "linear"]
-AttnScore = Literal["scaled_dot", "dot", "additive"]
-RopeScaling = Literal["none", "linear", "ntk", "yarn"]
+from core.errors import ConfigError
+from model.attention import check_config
 
-POS_ENCODINGS: tuple[str, ...] = get_args(PosEncoding)
-ATTN_BACKENDS: tuple[str, ...] = get_args(AttnBackend)
-ATTENTIONS: tuple[str, ...] = get_args(Attention)
-ATTN_SCORES: tuple[str, ...] = get_args(AttnScore)
+RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
 
 
@@ -40,12 +39,12 @@ class GPTConfig:
     """Dropout on embeddings, attention weights and residual branches (0 disables it)."""
     bias: bool = True
     """Biases in Linear and LayerNorm layers, as GPT-2 has; False is slightly faster and as good."""
-    pos_encoding: PosEncoding = "learned"
+    pos_encoding: str = "learned"
     """Position scheme: learned | sinusoidal | rope | alibi | t5 (relative bias) | none (NoPE: causal mask only)."""
-    attn_backend: AttnBackend = "auto"
+    attn_backend: str = "auto"
     """Attention kernel: auto (fastest correct choice per device) | eager (reference) | sdpa | flex;
     for attention='linear': auto | chunked | eager (the quadratic reference)."""
-    attention: Attention = "softmax"
+    attention: str = "softmax"
     """softmax (Vaswani et al.) or linear: causal kernelized attention with phi = elu + 1 (Katharopoulos
     et al. 2020), O(T) memory and a constant-size decoding state; no score-bias schemes, no windows."""
     rope_base: float = 10000.0
@@ -58,7 +57,7 @@ class GPTConfig:
     """pos_encoding='t5': learned biases per head for this many buckets of distance, half of them exact."""
     t5_max_distance: int = 128
     """pos_encoding='t5': distances from here on share the last bucket."""
-    attn_score: AttnScore = "scaled_dot"
+    attn_score: str = "scaled_dot"
     """Scoring function: scaled_dot (q.k / sqrt(D), Vaswani) | dot (q.k, Luong) | additive (v.tanh(Wq q + Wk k),
     Bahdanau; eager kernel only, chunked over queries)."""
     attn_window: int = 0
@@ -76,51 +75,38 @@ class GPTConfig:
         return n if n <= 256 else -(-n // 64) * 64
 
     def __post_init__(self) -> None:
-        _check_choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
-        _check_choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
-        _check_choice("attention", self.attention, ATTENTIONS)
-        _check_choice("attn_score", self.attn_score, ATTN_SCORES)
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}.")
+                raise ConfigError(f"GPTConfig.{name} must be a positive integer, got {value!r}.")
         if self.n_embd % self.n_head:
-            raise ValueError(
+            raise ConfigError(
                 f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
                 f"pick n_head among the divisors of {self.n_embd} or change n_embd."
             )
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}.")
-        if self.pos_encoding == "rope" and self.head_dim % 2:
-            raise ValueError(
-                f"GPTConfig.pos_encoding='rope' rotates pairs of dimensions, so the head size "
-                f"n_embd / n_head must be even; got {self.n_embd} / {self.n_head} = {self.head_dim}."
-            )
-        if self.pos_encoding == "sinusoidal" and self.n_embd % 2:
-            raise ValueError(
-                f"GPTConfig.pos_encoding='sinusoidal' pairs sin and cos channels, so n_embd must be even; "
-                f"got {self.n_embd}."
-            )
+            raise ConfigError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}.")
         _check_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
         if self.rope_scaling_factor < 1.0:
-            raise ValueError(f"GPTConfig.rope_scaling_factor must be >= 1, got {self.rope_scaling_factor!r}.")
+            raise ConfigError(f"GPTConfig.rope_scaling_factor must be >= 1, got {self.rope_scaling_factor!r}.")
         if self.rope_scaling == "ntk" and self.head_dim <= 2:
-            raise ValueError("GPTConfig.rope_scaling='ntk' needs a head size above 2 (it scales by D / (D - 2)).")
+            raise ConfigError("GPTConfig.rope_scaling='ntk' needs a head size above 2 (it scales by D / (D - 2)).")
         if self.rope_base <= 0:
-            raise ValueError(f"GPTConfig.rope_base must be positive, got {self.rope_base!r}.")
+            raise ConfigError(f"GPTConfig.rope_base must be positive, got {self.rope_base!r}.")
         if self.t5_num_buckets < 2 or self.t5_max_distance <= self.t5_num_buckets // 2:
-            raise ValueError(
+            raise ConfigError(
                 f"GPTConfig.t5_num_buckets must be >= 2 and t5_max_distance above half of it (the exact buckets), "
                 f"got {self.t5_num_buckets} and {self.t5_max_distance}."
             )
         for name in ("attn_window", "attn_sinks"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"GPTConfig.{name} must be an integer >= 0, got {value!r}.")
+                raise ConfigError(f"GPTConfig.{name} must be an integer >= 0, got {value!r}.")
         if self.attn_sinks and not self.attn_window:
-            raise ValueError(
+            raise ConfigError(
                 "GPTConfig.attn_sinks keeps the first tokens visible beyond a window: set attn_window > 0."
             )
+        check_config(self)  # the registries' half: names, each scheme's needs, a kernel for the combination
 
     @property
     def head_dim(self) -> int:
@@ -137,10 +123,10 @@ class GPTConfig:
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"Unknown GPTConfig field(s) {unknown}; valid fields: {sorted(known)}.")
+            raise ConfigError(f"Unknown GPTConfig field(s) {unknown}; valid fields: {sorted(known)}.")
         return cls(**values)
 
 
 def _check_choice(field: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ValueError(f"GPTConfig.{field} must be one of {list(choices)}, got {value!r}.")
+        raise ConfigError(f"GPTConfig.{field} must be one of {list(choices)}, got {value!r}.")

@@ -22,13 +22,10 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from model.cache import KVCache
+from model.attention import Attention, Cache
 from model.config import GPTConfig
-from model.linear_attention import StateCache
 from model.masks import AttentionMask
 from model.positions import PositionEncoding
-
-Cache = KVCache | StateCache
 
 
 class GPT(Protocol):
@@ -38,6 +35,7 @@ class GPT(Protocol):
     config: GPTConfig
     pe: PositionEncoding
     mask: AttentionMask
+    attention: type[Attention]
 
     def __call__(
         self, idx: Tensor, targets: Tensor | None = None, *, cache: Cache | None = None, last_only: bool = False
@@ -54,7 +52,7 @@ def context_window(model: GPT, max_context: int | None = None) -> int | None:
     """How many of the last tokens the model sees when generating (see the module docstring);
     None: all of them (a sliding-window model whose scheme extrapolates)."""
     learned = model.pe.max_positions
-    constant_memory = not model.mask.causal_only or model.config.attention == "linear"
+    constant_memory = model.attention.constant_memory(model.mask)
     if learned is None and max_context is None and constant_memory:
         return None
     limit = max_context or DEFAULT_CONTEXT_MULTIPLE * model.config.block_size

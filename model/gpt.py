@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Callable
@@ -10,14 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.attention import CausalSelfAttention, build_context
-from model.cache import KVCache, LayerCache
+from model.attention import ATTENTIONS, Attention, Cache
 from model.config import GPTConfig
 from model.generation import stream
-from model.kernels import AttentionContext, check_kernel, choose_kernel, needs_of, weights_kernel
-from model.linear_attention import StateCache, WeightsHook
+from model.kernels import Plan, Step, WeightsHook
 from model.masks import AttentionMask
 from model.positions import PositionEncoding, build_positions
+from model.scores import SCORES
 
 
 class MLP(nn.Module):
@@ -35,19 +35,20 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)); `attention` is the
+    layer class of the model's attention function."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, attention: type[Attention]) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
+        self.attn = attention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(
-        self, x: Tensor, pe: PositionEncoding, ctx: AttentionContext, cache: LayerCache | None = None
+        self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: object = None, on_weights: WeightsHook | None = None
     ) -> Tensor:
-        x = x + self.attn(self.ln_1(x), pe, ctx, cache)
+        x = x + self.attn(self.ln_1(x), pe, plan, cache, on_weights)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -65,10 +66,12 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.pe = build_positions(config)  # one instance, shared by every block
         self.mask = AttentionMask(config.attn_window, config.attn_sinks)  # one description, every kernel's mask
-        check_kernel(config.attn_backend, self.pe, self.mask, config.dropout > 0, config.attention, config.attn_score)
-        self._block_masks: dict = {}  # FlexAttention block masks by shape, reused across forwards
+        self.attention = ATTENTIONS[config.attention]  # the attention function: its layer class and kernels
+        # what each kernel keeps across forwards (flex: block masks by shape); made now, so that a
+        # compiled forward never sees the dict change
+        self._kernel_memos: dict = {kernel: {} for kernel in self.attention.kernels.values()}
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, self.attention) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied input/output embeddings (Press & Wolf 2017)
@@ -110,7 +113,7 @@ class GPT(nn.Module):
         self,
         idx: Tensor,
         targets: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: Cache | None = None,
         last_only: bool = False,
         positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
@@ -159,21 +162,23 @@ class GPT(nn.Module):
         """
         return self.lm_head(self._hidden(idx, None, visit))
 
-    def set_rope_scaling(self, scaling: str, factor: float) -> None:
-        """Switch RoPE scaling in place (`config.rope_scaling` and its factor).
-
-        The weights do not depend on it, so evaluating a RoPE model with position interpolation,
-        NTK or YaRN at some factor needs no new model. Only `rope` models have it.
-        """
-        if self.config.pos_encoding != "rope":
-            raise ValueError(f"RoPE scaling applies to pos_encoding='rope' only, not {self.config.pos_encoding!r}.")
-        self.config = dataclasses.replace(self.config, rope_scaling=scaling, rope_scaling_factor=float(factor))
-        self.pe = build_positions(self.config).to(self.wte.weight.device)
+    def rescaled(self, scaling: str, factor: float) -> GPT:
+        """This model with its position scheme's angles stretched (`config.rope_scaling` and its
+        factor): position interpolation, NTK or YaRN at evaluation time, which change no weight. A
+        view that shares every parameter and buffer with this model, which stays as it was. Only a
+        scheme that declares itself `rescalable` (RoPE) has it."""
+        if not self.pe.rescalable:
+            raise ValueError(f"pos_encoding={self.config.pos_encoding!r} has no scaling; RoPE has (PI, NTK, YaRN).")
+        view = copy.copy(self)  # a shallow copy: the same modules, parameters and buffers
+        view._modules = dict(self._modules)  # ... but its own table of them, so that its pe is its own
+        view.config = dataclasses.replace(self.config, rope_scaling=scaling, rope_scaling_factor=float(factor))
+        view.pe = build_positions(view.config).to(self.wte.weight.device)
+        return view
 
     def _hidden(
         self,
         idx: Tensor,
-        cache: KVCache | None,
+        cache: Cache | None,
         visit: Callable[[int], WeightsHook | None] | None = None,
         positions: Tensor | None = None,
     ) -> Tensor:
@@ -187,42 +192,38 @@ class GPT(nn.Module):
         if positions is not None and (cache is not None or positions.shape != idx.shape):
             raise ValueError(f"positions must be (B, T) = {tuple(idx.shape)} like idx, and cannot go with a cache.")
         x = self.drop(self.pe.embed(self.wte(idx), start, positions))  # (B, T, C)
-        needs = needs_of(
+        needs = self.attention.needs(
             self.pe,
             self.mask,
+            SCORES[self.config.attn_score],
             idx.device,
             dropout_active=self.training and self.config.dropout > 0,
             needs_grad=x.requires_grad,
             decoding=start > 0,
-            function=self.config.attention,
-            score=self.config.attn_score,
         )
-        kernel = weights_kernel(needs) if visit else choose_kernel(self.config.attn_backend, needs, idx.device)
+        if visit is None:
+            kernel = self.attention.choose_kernel(self.config.attn_backend, needs, idx.device)
+        else:
+            kernel = self.attention.weights_kernel(needs)
         k_pos = cache.key_positions(T, idx.device) if cache is not None else None
-        ctx = build_context(
-            kernel, self.pe, self.mask, self.config.n_head, start, T, k_pos, idx.device, self._block_masks, positions
-        )
+        step = Step(start, T, self.config.n_head, idx.device, k_pos, positions)
+        plan = Plan(kernel, kernel.context(self.pe, self.mask, step, self._kernel_memos[kernel]), step)
         for i, block in enumerate(self.blocks):
-            layer_ctx = dataclasses.replace(ctx, on_weights=visit(i)) if visit else ctx
-            x = block(x, self.pe, layer_ctx, cache.layers[i] if cache is not None else None)
+            x = block(x, self.pe, plan, cache.layers[i] if cache is not None else None, visit(i) if visit else None)
         if cache is not None:
             cache.advance(T)
         return self.ln_f(x)
 
-    def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> KVCache | StateCache:
-        """What decoding keeps: running sums for linear attention (constant size), else a KV cache
-        shaped by the attention mask (`capacity` positions, or a rolling S + W with a window),
+    def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> Cache:
+        """What decoding keeps, as the attention function says (`Attention.new_cache`): a KV cache
+        shaped by the attention mask (`capacity` positions, or a rolling S + W with a window) for
+        softmax attention, running sums of constant size for linear attention. A KV cache is
         allocated now for `batch` sequences when given (a static cache: see `KVCache.allocate`).
         Position tables are grown now to the `longest` position decoding will reach (default
         `capacity`), so that they do not grow under a compiled step."""
         self.pe.reserve(longest or capacity)
-        if self.config.attention == "linear":
-            return StateCache(self.config.n_layer)
-        cache = KVCache(self.config.n_layer, capacity, self.mask)
-        if batch is not None:
-            weight = self.wte.weight
-            cache.allocate(batch, self.config.n_head, self.config.head_dim, weight.dtype, weight.device)
-        return cache
+        weight = self.wte.weight
+        return self.attention.new_cache(self.config, self.mask, capacity, batch, weight.dtype, weight.device)
 
     def _check_length(self, length: int) -> None:
         limit = self.pe.max_positions

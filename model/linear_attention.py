@@ -15,26 +15,25 @@ Three forms of the same function, tested against each other:
   sums (S, z) across chunks: O(T C + D^2) memory, never a T x T matrix;
 - decoding: the chunked form with a chunk of one token and the state carried between calls, O(1)
   per token whatever the length (`LinearState`, kept by `StateCache`).
+
+The first two are linear attention's kernels (`LINEAR_KERNELS`: eager and chunked); the layer
+around them is `model.attention.LinearAttention`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, WeightsHook
+from model.scores import Score
+
 CHUNK = 64
 """Queries per chunk of the chunked form."""
-
-WeightsHook = Callable[[slice, Tensor], None]
-"""Receives attention weights as a reference kernel forms them (softmax's eager kernel too):
-(query rows, (B, H, rows, Tk) float32 weights)."""
-
-WEIGHTS_CHUNK_ELEMENTS = 1 << 24
-"""Largest (B, H, rows, Tk) block of weights handed to a `WeightsHook` at once (64 MiB in float32)."""
 
 
 def _wide(x: Tensor) -> Tensor:
@@ -112,6 +111,39 @@ def linear_attention_chunked(
         S = S + rk_c.transpose(-2, -1) @ v_c
         z = z + fk_c.sum(-2)
     return torch.cat(outputs, dim=2).to(v.dtype), LinearState(S, z)
+
+
+class LinearReference(Kernel):
+    """The quadratic form: the reference, which forms the weights (attention maps)."""
+
+    weights = True
+
+    def rank(self, needs: Needs, device: torch.device) -> float:
+        return 2.0
+
+    def run(
+        self, q: Tensor, k: Tensor, v: Tensor, context: Any, score: Score, dropout_p: float,
+        on_weights: WeightsHook | None,
+    ) -> Tensor:  # fmt: skip
+        return linear_attention_quadratic(q, k, v, on_weights=on_weights)
+
+
+class LinearChunked(Kernel):
+    """The chunked form: O(T) time and memory."""
+
+    def run(
+        self, q: Tensor, k: Tensor, v: Tensor, context: Any, score: Score, dropout_p: float,
+        on_weights: WeightsHook | None,
+    ) -> Tensor:  # fmt: skip
+        return linear_attention_chunked(q, k, v)[0]
+
+
+LINEAR_KERNELS: dict[str, Kernel] = {
+    "eager": LinearReference(),
+    "chunked": LinearChunked(),
+}
+"""Linear attention's kernels by `attn_backend` name. Causal by construction, they take no context,
+no mask and no bias; their q and k are [R phi(x), phi(x)] (see the module docstring)."""
 
 
 class StateCache:

@@ -8,10 +8,15 @@ Every scheme implements up to three hooks, each a no-op by default:
   its key (ALiBi). It is written once: the dense (H, Tq, Tk) bias of eager and SDPA is this
   function on index grids, and FlexAttention's `score_mod` calls it inside the fused kernel.
 
-and declares what it is: `max_positions` (None: no limit), `bias_kind` (None, "fixed", or
-"learned": a bias with parameters, whose gradients a kernel must carry). A scheme initialises its
-own parameters in `reset_parameters` (which `GPT.init_weights` calls) and names those that are
-table lookups, with no per-token arithmetic, in `lookup_parameters` (left out of the FLOP count).
+and declares what it is (capabilities that kernels, training and evaluation read, never the
+scheme's name): `longest(config)` (None: no limit; the instance's `max_positions`), `score_bias`
+and `learned_bias` (a bias on the scores, and whether it has parameters whose gradients a kernel
+must carry), `uses_positions` (False for NoPE: nothing to randomize), `rescalable` (its angles can
+be stretched past the training length at evaluation: RoPE's PI / NTK / YaRN), and `check(config)`
+(what the scheme needs of the model's shape, run when a `GPTConfig` is validated). A scheme
+initialises its own parameters in `reset_parameters` (which `GPT.init_weights` calls) and names
+those that are table lookups, with no per-token arithmetic, in `lookup_parameters` (left out of
+the FLOP count). A new scheme is one class and one line in `SCHEMES`.
 
 Positions are contiguous unless given: the `T` tokens are at `start`..`start + T - 1` (`start` > 0
 when decoding with a KV cache), or, with `ids` (B, T), each row at its own increasing positions
@@ -26,21 +31,42 @@ demand; nothing is cropped to `block_size`. Only `learned` has a hard limit (`ma
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-from model.config import GPTConfig
+from core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from model.config import GPTConfig
 
 
 class PositionEncoding(nn.Module):
     """Base class: no position information at all (this is also NoPE)."""
 
-    max_positions: int | None = None
-    """Longest sequence the scheme can encode; None means no limit."""
-    bias_kind: Literal["fixed", "learned"] | None = None
-    """Whether the scheme biases attention scores (`relative_bias`), and whether that bias is learned."""
+    score_bias: bool = False
+    """Whether the scheme biases attention scores (`relative_bias`)."""
+    learned_bias: bool = False
+    """Whether that bias has parameters (a kernel must then carry gradients through it)."""
+    uses_positions: bool = True
+    """Whether the scheme reads positions at all (NoPE does not)."""
+    rescalable: bool = False
+    """Whether `config.rope_scaling` applies: its angles can be stretched at evaluation (RoPE)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.max_positions = self.longest(config)
+        """Longest sequence the scheme can encode; None means no limit."""
+
+    @classmethod
+    def longest(cls, config: GPTConfig) -> int | None:
+        """The longest sequence a model of `config` can encode with this scheme (None: no limit)."""
+        return None
+
+    @classmethod
+    def check(cls, config: GPTConfig) -> None:
+        """Raise `ConfigError` when the scheme cannot work with `config` (called at its validation)."""
 
     def embed(self, x: Tensor, start: int, ids: Tensor | None = None) -> Tensor:
         """Token embeddings `x` (B, T, C) at positions start..start+T-1 (or `ids`, (B, T)) -> input
@@ -53,7 +79,7 @@ class PositionEncoding(nn.Module):
 
     def relative_bias(self, h: Tensor, distance: Tensor) -> Tensor:
         """Float32 bias for head(s) `h` on a key `distance` = q - k positions before the query
-        (broadcasting tensors). Only schemes with a `bias_kind` have one; masking is the kernel's job."""
+        (broadcasting tensors). Only schemes that declare `score_bias` have one; masking is the kernel's job."""
         raise NotImplementedError(f"{type(self).__name__} has no score bias.")
 
     def reset_parameters(self) -> None:
@@ -71,18 +97,20 @@ class PositionEncoding(nn.Module):
 class NoPositions(PositionEncoding):
     """NoPE: no position signal; the causal mask is the only source of order (Kazemnejad et al. 2023)."""
 
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
+    uses_positions = False
 
 
 class LearnedPositions(PositionEncoding):
     """One trained vector per absolute position, added to the token embedding (GPT-2)."""
 
     def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.max_positions = config.block_size
+        super().__init__(config)
         self.table = nn.Embedding(config.block_size, config.n_embd)
         self.reset_parameters()
+
+    @classmethod
+    def longest(cls, config: GPTConfig) -> int | None:
+        return config.block_size
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.table.weight, mean=0.0, std=0.02)  # GPT-2's init
@@ -110,9 +138,17 @@ class SinusoidalPositions(PositionEncoding):
     """
 
     def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         self.n_embd = config.n_embd
         self.register_buffer("table", sinusoid_table(config.block_size, config.n_embd), persistent=False)
+
+    @classmethod
+    def check(cls, config: GPTConfig) -> None:
+        if config.n_embd % 2:
+            raise ConfigError(
+                f"GPTConfig.pos_encoding={config.pos_encoding!r} pairs sin and cos channels, so n_embd must be even; "
+                f"got {config.n_embd}."
+            )
 
     def reserve(self, length: int) -> None:
         if length > self.table.size(0):
@@ -133,14 +169,24 @@ class RotaryPositions(PositionEncoding):
     Angles and the rotation are computed in float32 whatever the activations' dtype.
     """
 
+    rescalable = True
+
     def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         self.head_dim = config.head_dim
         self.base = config.rope_base
         self.scaling = (config.rope_scaling, config.rope_scaling_factor, config.block_size)
         cos, sin = self._cos_sin(config.block_size)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+
+    @classmethod
+    def check(cls, config: GPTConfig) -> None:
+        if config.head_dim % 2:
+            raise ConfigError(
+                f"GPTConfig.pos_encoding={config.pos_encoding!r} rotates pairs of dimensions, so the head size "
+                f"n_embd / n_head must be even; got {config.n_embd} / {config.n_head} = {config.head_dim}."
+            )
 
     def reserve(self, length: int) -> None:
         if length > self.cos.size(0):
@@ -165,10 +211,10 @@ class ALiBi(PositionEncoding):
     """ALiBi (Press et al. 2022): no position vectors; head h adds -m_h * (i - j) to the score of
     query i on key j, with the paper's head-specific slopes m_h (see `alibi_slopes`)."""
 
-    bias_kind = "fixed"
+    score_bias = True
 
     def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         self.n_head = config.n_head
         self.register_buffer("slopes", _alibi_slopes_tensor(config.n_head), persistent=False)
 
@@ -188,10 +234,11 @@ class T5Bias(PositionEncoding):
     the scheme runs at any length). The table is looked up, once per forward for eager and SDPA
     and inside the kernel for flex, and shared by every layer."""
 
-    bias_kind = "learned"
+    score_bias = True
+    learned_bias = True
 
     def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         self.num_buckets, self.max_distance = config.t5_num_buckets, config.t5_max_distance
         self.table = nn.Parameter(torch.empty(config.t5_num_buckets, config.n_head))  # (buckets, H)
         distances = torch.arange(config.t5_max_distance + 1)
@@ -347,7 +394,7 @@ def _grown(needed: int) -> int:
     return 1 << (needed - 1).bit_length()
 
 
-_REGISTRY: dict[str, type[PositionEncoding]] = {
+SCHEMES: dict[str, type[PositionEncoding]] = {
     "learned": LearnedPositions,
     "sinusoidal": SinusoidalPositions,
     "rope": RotaryPositions,
@@ -355,12 +402,9 @@ _REGISTRY: dict[str, type[PositionEncoding]] = {
     "t5": T5Bias,
     "none": NoPositions,
 }
+"""The position schemes by `pos_encoding` name."""
 
 
 def build_positions(config: GPTConfig) -> PositionEncoding:
-    """The position scheme that `config.pos_encoding` names."""
-    try:
-        cls = _REGISTRY[config.pos_encoding]
-    except KeyError:
-        raise ValueError(f"Unknown pos_encoding {config.pos_encoding!r}; valid choices: {sorted(_REGISTRY)}.") from None
-    return cls(config)
+    """The position scheme that `config.pos_encoding` names (a validated config names one of `SCHEMES`)."""
+    return SCHEMES[config.pos_encoding](config)

@@ -19,22 +19,31 @@ can run it.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-from model.config import GPTConfig
+if TYPE_CHECKING:
+    from model.config import GPTConfig
 
 ADDITIVE_CHUNK_ELEMENTS = 1 << 24
 """Largest (B, H, chunk, Tk, D) tensor the additive score forms at once (64 MiB in float32)."""
 
 
 class Score(nn.Module):
-    """A scoring function. `scale` is the factor of a dot-product score (the fused kernels take it),
-    None for a score that is not a scaled dot product."""
+    """A scoring function, built from the head count and size (`SCORES`). `scale` is the factor of a
+    dot-product score, which the fused kernels take; a score that is not a scaled dot product
+    declares `dot_product = False` and runs on the kernels that declare `any_score`."""
 
-    kind: str = "scaled_dot"
+    dot_product: bool = True
+    """Whether the score is q . k times `scale` (what SDPA and FlexAttention compute)."""
     scale: float | None = None
+
+    @classmethod
+    def build(cls, config: GPTConfig) -> Score:
+        """The score for a model of `config` (its head count and size)."""
+        return cls()
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         """Scores (B, H, Tq, Tk) of queries (B, H, Tq, D) on keys (B, H, Tk, D), in q's dtype."""
@@ -46,22 +55,23 @@ class Score(nn.Module):
 
 
 class ScaledDot(Score):
-    kind = "scaled_dot"
-
     def __init__(self, head_dim: int) -> None:
         super().__init__()
         self.scale = 1.0 / math.sqrt(head_dim)
 
+    @classmethod
+    def build(cls, config: GPTConfig) -> Score:
+        return cls(config.head_dim)
+
 
 class Dot(Score):
-    kind = "dot"
     scale = 1.0
 
 
 class Additive(Score):
     """Bahdanau's additive (concat) score, per head h: v_h . tanh(W_q,h q + W_k,h k)."""
 
-    kind = "additive"
+    dot_product = False
     scale = None
 
     def __init__(self, n_head: int, head_dim: int) -> None:
@@ -70,6 +80,10 @@ class Additive(Score):
         self.w_k = nn.Parameter(torch.empty(n_head, head_dim, head_dim))
         self.v = nn.Parameter(torch.empty(n_head, head_dim))
         self.reset_parameters()
+
+    @classmethod
+    def build(cls, config: GPTConfig) -> Score:
+        return cls(config.n_head, config.head_dim)
 
     def reset_parameters(self) -> None:
         d = self.v.size(-1)
@@ -88,10 +102,14 @@ class Additive(Score):
         return max(1, ADDITIVE_CHUNK_ELEMENTS // (B * H * k.size(-2) * D))
 
 
+SCORES: dict[str, type[Score]] = {
+    "scaled_dot": ScaledDot,
+    "dot": Dot,
+    "additive": Additive,
+}
+"""The scoring functions by `attn_score` name (`Score.build` makes one for a model)."""
+
+
 def build_score(config: GPTConfig) -> Score:
     """The scoring function `config.attn_score` names."""
-    if config.attn_score == "additive":
-        return Additive(config.n_head, config.head_dim)
-    if config.attn_score == "dot":
-        return Dot()
-    return ScaledDot(config.head_dim)
+    return SCORES[config.attn_score].build(config)

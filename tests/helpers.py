@@ -10,13 +10,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig
+from model import ATTENTIONS, GPT, SCHEMES, GPTConfig
 
 
 def lengths(config: GPTConfig, odd_len: int) -> list[int]:
     """A length that is not a multiple of 16 for every scheme, plus 4 x block_size for those that
-    extrapolate (every scheme but `learned`)."""
-    if config.pos_encoding == "learned":
+    extrapolate (those with no longest position)."""
+    if SCHEMES[config.pos_encoding].longest(config) is not None:
         return [odd_len]
     return [odd_len, 4 * config.block_size]
 
@@ -32,13 +32,17 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def run_pair(config: GPTConfig, scheme: str, backend: str, device: torch.device, dtype: torch.dtype, odd_len: int):
-    """Yield, for each test length, the eager float32 reference's and `backend`'s logits and
-    gradients (None where `backend` has no backward pass on `device`), from the same weights and
-    input; `backend` runs under autocast to `dtype` unless that is float32."""
-    reference = build(config, scheme, "eager").to(device)
+    """Yield, for each test length, the float32 reference's (the kernel of `config.attention` that
+    forms the weights: eager) and `backend`'s logits and gradients (None where `backend` has no
+    backward pass on `device`), from the same weights and input; `backend` runs under autocast to
+    `dtype` unless that is float32."""
+    kernels = ATTENTIONS[config.attention].kernels
+    reference_name = next(name for name, kernel in kernels.items() if kernel.weights)  # the reference path
+    reference = build(config, scheme, reference_name).to(device)
     candidate = build(config, scheme, backend).to(device)
     candidate.load_state_dict(reference.state_dict())
-    with_grad = backend != "flex" or device.type == "cuda"
+    backward = kernels[backend].backward_devices
+    with_grad = backward is None or device.type in backward
     for T in lengths(reference.config, odd_len):
         idx = torch.randint(0, config.vocab_size, (2, T), device=device)
         targets = torch.randint(0, config.vocab_size, (2, T), device=device)

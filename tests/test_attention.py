@@ -1,152 +1,120 @@
-"""Attention kernels: causality for every scheme x backend, and sdpa / flex against the eager reference."""
+"""The attention layers: one class per attention function, chosen from `config.attention`; what each
+declares (kernels, cache, constant memory); linear attention's layer; and combinations no kernel can
+run, refused when the config is validated, in one line naming the settings and what would work."""
 
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from model import POS_ENCODINGS, GPTConfig
-from model.kernels import causal_mask, choose_kernel, eager_attention, needs_of, sdpa_attention
+from core.errors import ConfigError
+from model import ATTENTIONS, GPT, GPTConfig
+from model.attention import LinearAttention, SoftmaxAttention
+from model.cache import KVCache
+from model.kernels import Plan, Step
+from model.linear_attention import StateCache
 from model.masks import AttentionMask
-from model.positions import build_positions
 
-from helpers import build, eager_with_weights, lengths, run_pair
+from helpers import overfit
 
-BACKENDS = ("eager", "sdpa", "flex")
-ODD_LEN = 13  # not a multiple of 16 (FlexAttention's and the flash kernels' tile sizes)
-
-
-def _marks(backend: str) -> list[pytest.MarkDecorator]:
-    # FlexAttention compiles on first use for each new shape (seconds each on CPU).
-    return [pytest.mark.slow] if backend == "flex" else []
+ROOT = Path(__file__).resolve().parents[1]
+LINEAR_SCHEMES = ["learned", "sinusoidal", "rope", "none"]
 
 
-SCHEME_X_BACKEND = [
-    pytest.param(scheme, backend, marks=_marks(backend), id=f"{scheme}-{backend}")
-    for backend in BACKENDS
-    for scheme in POS_ENCODINGS
-]
+def _linear(tiny_config: GPTConfig, scheme: str, **extra) -> GPTConfig:
+    return dataclasses.replace(tiny_config, pos_encoding=scheme, attention="linear", **extra)
 
 
-@pytest.mark.parametrize(("scheme", "backend"), SCHEME_X_BACKEND)
-def test_future_tokens_never_change_past_logits(tiny_config, scheme, backend):
-    model = build(tiny_config, scheme, backend).eval()
-    vocab = tiny_config.vocab_size
-    # flex compiles a kernel per shape (seconds on a CPU): one length here, both in the parity test
-    for T in lengths(model.config, ODD_LEN) if backend != "flex" else [ODD_LEN]:
-        idx = torch.randint(0, vocab, (2, T))
-        for t in (1, T // 2, T - 1):
-            changed = idx.clone()
-            shift = torch.randint(1, vocab, idx[:, t:].shape)  # every token from t on differs
-            changed[:, t:] = (idx[:, t:] + shift) % vocab
-            with torch.no_grad():
-                before, _ = model(idx)
-                after, _ = model(changed)
-            torch.testing.assert_close(after[:, :t], before[:, :t], atol=1e-5, rtol=1e-5)
-            # the change is visible from position t on, so the test can fail
-            assert (after[:, t:] - before[:, t:]).abs().max() > 1e-3
+def test_blocks_are_built_from_the_attention_function(tiny_config):
+    for name, layer in ATTENTIONS.items():
+        model = GPT(dataclasses.replace(tiny_config, attention=name))
+        assert model.attention is layer and all(type(block.attn) is layer for block in model.blocks)
+    assert isinstance(GPT(tiny_config).new_cache(8, batch=2), KVCache)
+    assert isinstance(GPT(_linear(tiny_config, "rope")).new_cache(8, batch=2), StateCache)
+    assert SoftmaxAttention.constant_memory(AttentionMask(window=4)) and not SoftmaxAttention.constant_memory(
+        AttentionMask()
+    )
+    assert LinearAttention.constant_memory(AttentionMask())
 
 
-def assert_matches_eager(config: GPTConfig, scheme: str, backend: str) -> None:
-    """Same weights and input: `backend` gives the float32 eager reference's logits, and its
-    gradients where the backend has a backward pass on CPU, at an odd length and 4 x block_size."""
-    for T, (ref_logits, ref_grads), (logits, grads) in run_pair(
-        config, scheme, backend, torch.device("cpu"), torch.float32, ODD_LEN
-    ):
-        torch.testing.assert_close(logits, ref_logits, atol=2e-5, rtol=1e-4, msg=f"logits, T={T}")
-        if ref_grads is not None:
-            for name, grad in grads.items():
-                torch.testing.assert_close(grad, ref_grads[name], atol=2e-5, rtol=1e-4, msg=f"{name}, T={T}")
-        else:
-            assert backend == "flex"  # the only kernel without a CPU backward pass
+@pytest.mark.parametrize("scheme", LINEAR_SCHEMES)
+def test_recurrent_decoding_equals_the_parallel_forward(tiny_config, scheme):
+    model = GPT(_linear(tiny_config, scheme)).eval()
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 14))
+    cache = model.new_cache(0)
+    with torch.no_grad():
+        full, _ = model(idx)
+        steps = [model(idx[:, :5], cache=cache)[0]] + [model(idx[:, t : t + 1], cache=cache)[0] for t in range(5, 14)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    assert cache.layers[0].state.S.shape == (2, tiny_config.n_head, tiny_config.head_dim, tiny_config.head_dim)
+    prompt = idx[:, :3]
+    assert torch.equal(
+        model.generate(prompt, 30, temperature=0), model.generate(prompt, 30, temperature=0, use_cache=False)
+    )
 
 
-@pytest.mark.parametrize("scheme", POS_ENCODINGS)
-def test_sdpa_matches_eager_in_float32(tiny_config, scheme):
-    assert_matches_eager(tiny_config, scheme, "sdpa")
+def test_rope_in_the_numerator_depends_on_relative_positions_only(tiny_config):
+    """RoFormer's linear attention: R_i phi(q) . R_j phi(k) depends on j - i, the denominator on no
+    position, so shifting every position leaves the layer's output unchanged."""
+    model = GPT(_linear(tiny_config, "rope", n_layer=1)).eval()
+    attention = model.blocks[0].attn
+    x = torch.randn(1, 9, tiny_config.n_embd)
+    outs = []
+    for start in (0, 7):  # the 9 tokens at positions 0..8, then at 7..15 (no earlier tokens either time)
+        step = Step(start, 9, tiny_config.n_head, x.device)
+        with torch.no_grad():
+            outs.append(attention(x, model.pe, Plan(LinearAttention.kernels["eager"], None, step)))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("scheme", POS_ENCODINGS)
-def test_flex_matches_eager_in_float32(tiny_config, scheme):
-    assert_matches_eager(tiny_config, scheme, "flex")
-
-
-def test_eager_reference_is_softmax_of_masked_scores():
-    q, k, v = torch.randn(3, 2, 3, 6, 4, dtype=torch.float64).unbind(0)  # (B, H, T, D)
-    bias = torch.randn(3, 6, 6, dtype=torch.float64)
-    out, weights = eager_with_weights(q, k, v, bias=bias)
-    mask = causal_mask(6, 6)
-    assert torch.all(weights[..., ~mask] == 0)
-    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 6, dtype=torch.float64))
-    # by hand, one row: query 4 of batch 1, head 2 sees keys 0..4
-    scores = q[1, 2, 4] @ k[1, 2, :5].T / 2.0 + bias[2, 4, :5]
-    torch.testing.assert_close(out[1, 2, 4], torch.softmax(scores, -1) @ v[1, 2, :5])
-
-
-def test_sdpa_with_a_cache_shaped_query_matches_eager():
-    """Queries that are the last Tq of Tk positions (KV-cache decoding): 1 query, and a chunk of 5."""
-    k, v = torch.randn(2, 2, 3, 12, 8).unbind(0)
-    for q_len in (1, 5):
-        q = torch.randn(2, 3, q_len, 8)
-        torch.testing.assert_close(sdpa_attention(q, k, v), eager_attention(q, k, v), atol=1e-5, rtol=1e-5)
+def test_a_linear_attention_model_overfits_a_batch(tiny_config):
+    _, final = overfit(GPT(_linear(tiny_config, "rope")))
+    assert final < 0.3
 
 
 @pytest.mark.parametrize(
-    ("scheme", "device", "dropout_active", "expected"),
+    ("fields", "needles"),
     [
-        ("alibi", "cpu", False, "sdpa"),
-        ("alibi", "cuda", False, "flex"),
-        ("alibi", "cuda", True, "sdpa"),
-        ("rope", "cuda", False, "sdpa"),
-        ("learned", "cpu", True, "sdpa"),
-        ("none", "cpu", False, "sdpa"),
+        ({"attention": "linear", "pos_encoding": "alibi"},
+         ["attention='linear' cannot run pos_encoding='alibi'", "a position score bias",
+          "pos_encoding learned, sinusoidal, rope or none would run", "attention softmax would run"]),
+        ({"attention": "linear", "pos_encoding": "t5"}, ["cannot run pos_encoding='t5'", "attention softmax"]),
+        ({"attention": "linear", "attn_window": 4},
+         ["cannot run attn_window=4", "a mask beyond causal", "attn_window 0 would run"]),
+        ({"attention": "linear", "attn_backend": "sdpa"},
+         ["attn_backend='sdpa' is not a kernel of attention='linear'", "auto, eager, chunked",
+          "attention softmax would run"]),
+        ({"attention": "linear", "attn_score": "dot"}, ["attn_score='dot' would be ignored", "'scaled_dot'"]),
+        ({"attn_backend": "sdpa", "attn_score": "additive"},
+         ["attn_backend='sdpa' cannot run attn_score='additive'", "attn_score scaled_dot or dot would run",
+          "attn_backend auto or eager would run"]),
+        ({"attn_backend": "flex", "dropout": 0.1},
+         ["attn_backend='flex' cannot run dropout=0.1", "attention dropout", "dropout 0.0 would run",
+          "attn_backend auto, eager or sdpa would run"]),
     ],
-)
-def test_auto_picks_the_fused_kernel_and_never_flex_on_cpu(tiny_config, scheme, device, dropout_active, expected):
-    pe = build_positions(dataclasses.replace(tiny_config, pos_encoding=scheme))
-    for needs_grad in (True, False):
-        needs = needs_of(pe, AttentionMask(), torch.device(device), dropout_active, needs_grad, decoding=False)
-        assert choose_kernel("auto", needs, torch.device(device)).name == expected
+)  # fmt: skip
+def test_a_combination_no_kernel_runs_is_refused_at_validation_in_one_line(tiny_config, fields, needles):
+    with pytest.raises(ConfigError) as info:
+        dataclasses.replace(tiny_config, **fields)
+    message = str(info.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, message
 
 
-def test_explicit_flex_with_gradients_on_cpu_fails_clearly(tiny_config):
-    model = build(tiny_config, "alibi", "flex").train()
-    idx = torch.randint(0, 64, (1, 8))
-    with pytest.raises(RuntimeError, match="flex.*lacks a backward pass on cpu.*Kernels that can: eager, sdpa"):
-        model(idx, idx)
-
-
-def test_auto_trains_alibi_on_cpu(tiny_config):
-    model = build(tiny_config, "alibi", "auto").train()
-    idx = torch.randint(0, 64, (2, 16))
-    _, loss = model(idx, idx)
-    loss.backward()
-    assert model.wte.weight.grad is not None and model.wte.weight.grad.abs().sum() > 0
-
-
-@pytest.mark.parametrize("scheme", ["rope", "alibi"])
-def test_sdpa_under_cpu_bf16_autocast_attends_in_float32_and_matches_the_reference(tiny_config, scheme, monkeypatch):
-    """bf16 training on a CPU: the projections run in bf16, the fused attention in float32 (its bf16
-    kernel is the slower one there); logits and gradients stay close to the float32 reference."""
-    import model.kernels as attention
-
-    seen: list[torch.dtype] = []
-    real = attention.F.scaled_dot_product_attention
-
-    def recording(q, k, v, *args, **kwargs):
-        seen.append(q.dtype)
-        return real(q, k, v, *args, **kwargs)
-
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
-    for T, (ref_logits, ref_grads), (logits, grads) in run_pair(
-        tiny_config, scheme, "sdpa", torch.device("cpu"), torch.bfloat16, ODD_LEN
-    ):
-        assert seen and set(seen) == {torch.float32}, f"T={T}"
-        seen.clear()
-        assert ((logits - ref_logits).norm() / ref_logits.norm()).item() < 2e-2, f"logits, T={T}"
-        for name, grad in grads.items():
-            cosine = torch.nn.functional.cosine_similarity(grad.flatten(), ref_grads[name].flatten(), dim=0)
-            assert cosine > 0.98, f"gradient of {name}, T={T}: cosine {cosine:.4f}"
+def test_train_refuses_such_a_combination_before_preparing_any_data(tmp_path, text_file):
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--model.attention", "linear", "--model.pos_encoding", "alibi",
+         "--data.input", str(text_file), "--data.prepared_root", str(tmp_path / "prepared"),
+         "--train.out_dir", str(tmp_path / "runs")],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "attention='linear' cannot run pos_encoding='alibi'" in lines[0], run.stderr
+    assert not (tmp_path / "prepared").exists() and not (tmp_path / "runs").exists()

@@ -17,7 +17,8 @@ from conftest import make_text
 import attention_maps as maps_script
 import evaluate as evaluate_script
 from evaluation.attention import AttentionStats, bucket_means, log_edges, prompt_weights, visible_keys
-from model import GPT, GPTConfig, kernels, linear_attention
+from model import GPT, GPTConfig, linear_attention
+from model.kernels import eager
 
 from helpers import cli_error, train_tiny
 
@@ -119,7 +120,7 @@ def test_small_chunks_change_nothing(fields, monkeypatch):
     idx = torch.randint(0, 40, (2, 50))
     results = []
     for elements in (1 << 24, 2 * 2 * 50 * 3):  # everything at once; 3 query rows per chunk
-        monkeypatch.setattr(kernels, "WEIGHTS_CHUNK_ELEMENTS", elements)
+        monkeypatch.setattr(eager, "WEIGHTS_CHUNK_ELEMENTS", elements)
         monkeypatch.setattr(linear_attention, "WEIGHTS_CHUNK_ELEMENTS", elements)
         stats = AttentionStats(2, 2, 50, 4, torch.device("cpu"))
         chunks = []

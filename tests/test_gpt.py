@@ -126,17 +126,19 @@ def test_hidden_states_through_the_head_are_the_logits(tiny_config):
         assert torch.allclose(model.lm_head(model.hidden_states(idx)), logits, atol=1e-6)
 
 
-def test_set_rope_scaling_equals_a_model_built_with_it(tiny_config):
+def test_a_rescaled_view_equals_a_model_built_with_the_scaling_and_leaves_the_model_alone(tiny_config):
     model = GPT(dataclasses.replace(tiny_config, pos_encoding="rope")).eval()
     scaled = GPT(dataclasses.replace(model.config, rope_scaling="yarn", rope_scaling_factor=4.0)).eval()
     scaled.load_state_dict(model.state_dict())
     idx = torch.randint(0, tiny_config.vocab_size, (2, 64))
     with torch.no_grad():
         plain = model(idx)[0]
-        model.set_rope_scaling("yarn", 4.0)
-        assert model.config.rope_scaling == "yarn" and torch.allclose(model(idx)[0], scaled(idx)[0], atol=1e-6)
-        assert not torch.allclose(model(idx)[0], plain, atol=1e-4)
-        model.set_rope_scaling("none", 1.0)
-        assert torch.allclose(model(idx)[0], plain, atol=1e-6)
-    with pytest.raises(ValueError, match="pos_encoding='rope' only"):
-        GPT(tiny_config).set_rope_scaling("linear", 2.0)
+        view = model.rescaled("yarn", 4.0)
+        assert view.config.rope_scaling == "yarn" and torch.allclose(view(idx)[0], scaled(idx)[0], atol=1e-6)
+        assert not torch.allclose(view(idx)[0], plain, atol=1e-4)
+        assert model.config.rope_scaling == "none" and model.pe is not view.pe
+        assert torch.equal(model(idx)[0], plain)  # the model itself is as it was
+    assert view.wte.weight is model.wte.weight and view.blocks is model.blocks  # shared, not copied
+    assert dict(view.named_parameters()).keys() == dict(model.named_parameters()).keys()
+    with pytest.raises(ValueError, match="has no scaling; RoPE has"):
+        GPT(tiny_config).rescaled("linear", 2.0)

@@ -83,11 +83,12 @@ def test_bias_free_sdpa_runs_the_flash_kernel(gpu_config):
 
 
 def test_auto_alibi_trains_through_compiled_flex_on_cuda(gpu_config):
-    from model.kernels import choose_kernel, needs_of
+    from model.kernels import KERNELS
+    from model.scores import SCORES
 
     model = GPT(dataclasses.replace(gpu_config, pos_encoding="alibi"))
-    needs = needs_of(model.pe, model.mask, CUDA, dropout_active=False, needs_grad=True, decoding=False)
-    assert choose_kernel("auto", needs, CUDA).name == "flex"
+    needs = model.attention.needs(model.pe, model.mask, SCORES["scaled_dot"], CUDA, needs_grad=True)
+    assert model.attention.choose_kernel("auto", needs, CUDA) is KERNELS["flex"]
     model = build(gpu_config, "alibi", "auto").to(CUDA)
     reference = build(gpu_config, "alibi", "eager").to(CUDA)
     reference.load_state_dict(model.state_dict())

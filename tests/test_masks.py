@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from model import GPT, POS_ENCODINGS, GPTConfig
-from model.attention import build_block_mask
 from model.cache import KVCache
 from model.generation import context_window
+from model.kernels.flex import build_block_mask
 from model.masks import AttentionMask
 
 from helpers import overfit, run_pair
@@ -42,18 +42,6 @@ def test_the_mask_predicates_by_hand():
         AttentionMask(window=0, sinks=2)
 
 
-@pytest.mark.parametrize("mask", sorted(MASKS))
-@pytest.mark.parametrize("scheme", POS_ENCODINGS)
-def test_sdpa_with_a_window_matches_eager(tiny_config, scheme, mask):
-    config = _config(tiny_config, scheme, mask)
-    for T, (ref_logits, ref_grads), (logits, grads) in run_pair(
-        config, scheme, "sdpa", torch.device("cpu"), torch.float32, ODD_LEN
-    ):
-        torch.testing.assert_close(logits, ref_logits, atol=2e-5, rtol=1e-4, msg=f"logits, T={T}")
-        for name, grad in grads.items():
-            torch.testing.assert_close(grad, ref_grads[name], atol=2e-5, rtol=1e-4, msg=f"{name}, T={T}")
-
-
 @pytest.mark.parametrize("q_start", [0, 7])
 @pytest.mark.parametrize("mask", sorted(MASKS))
 def test_the_flex_block_mask_is_the_dense_mask(mask, q_start):
@@ -79,7 +67,7 @@ def test_the_flex_block_mask_is_the_dense_mask(mask, q_start):
 def test_flex_with_a_window_and_sinks_matches_eager(tiny_config):
     """FlexAttention's block mask and a learned score_mod (T5) from the same description, logits at both
     lengths (every new mask compiles a kernel, seconds on a CPU: one scheme here, the block masks of
-    every mask above, every scheme's score_mod in test_attention.py; gradients on a GPU)."""
+    every mask above, every scheme's score_mod in test_kernels.py; gradients on a GPU)."""
     config = _config(tiny_config, "t5", "window+sinks")
     for T, (ref, _), (logits, _) in run_pair(config, "t5", "flex", torch.device("cpu"), torch.float32, ODD_LEN):
         torch.testing.assert_close(logits, ref, atol=2e-5, rtol=1e-4, msg=f"logits, T={T}")

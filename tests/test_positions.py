@@ -45,19 +45,17 @@ def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two():
 def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
     """The two derivations of one formula (`relative_bias`): eager/SDPA's dense (H, Tq, Tk) tensor
     and FlexAttention's score_mod, for queries that are the last Tq of Tk positions."""
-    from model.attention import _score_mod, build_context
-    from model.kernels import KERNELS
+    from model.kernels import KERNELS, Step
+    from model.kernels.flex import score_mod_of
     from model.masks import AttentionMask
 
     pe = ALiBi(dataclasses.replace(tiny_config, pos_encoding="alibi"))
     n_head, start = tiny_config.n_head, k_len - q_len
-    ctx = build_context(
-        KERNELS[("softmax", "eager")], pe, AttentionMask(), n_head, start, q_len, None, torch.device("cpu")
-    )
+    ctx = KERNELS["eager"].context(pe, AttentionMask(), Step(start, q_len, n_head, torch.device("cpu")), {})
     h = torch.arange(n_head)[:, None, None]
     q_idx = torch.arange(q_len)[None, :, None]
     kv_idx = torch.arange(k_len)[None, None, :]
-    modded = _score_mod(pe, start, None)(torch.zeros(n_head, q_len, k_len), torch.tensor(0), h, q_idx, kv_idx)
+    modded = score_mod_of(pe, start, None)(torch.zeros(n_head, q_len, k_len), torch.tensor(0), h, q_idx, kv_idx)
     visible = ctx.bias > float("-inf")
     assert visible.sum() == n_head * sum(start + i + 1 for i in range(q_len))  # the causal triangle
     torch.testing.assert_close(modded[visible], ctx.bias[visible])
@@ -69,17 +67,16 @@ def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
 @pytest.mark.parametrize("scheme", ["alibi", "t5"])
 def test_with_positions_per_row_the_dense_bias_and_the_score_mod_agree(tiny_config, scheme):
     """Randomized positions: both derivations read each row's own positions (B, H, T, T)."""
-    from model.attention import _score_mod, build_context
-    from model.kernels import KERNELS
+    from model.kernels import KERNELS, Step
+    from model.kernels.flex import score_mod_of
     from model.masks import AttentionMask
 
     pe = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).pe
     ids = random_positions(3, 9, 40, torch.Generator().manual_seed(0))
     n_head = tiny_config.n_head
-    ctx = build_context(KERNELS[("softmax", "eager")], pe, AttentionMask(), n_head, 0, 9, None, torch.device("cpu"),
-                        ids=ids)  # fmt: skip
+    ctx = KERNELS["eager"].context(pe, AttentionMask(), Step(0, 9, n_head, torch.device("cpu"), ids=ids), {})
     assert ctx.bias.shape == (3, n_head, 9, 9)
-    score_mod = _score_mod(pe, 0, None, ids)
+    score_mod = score_mod_of(pe, 0, None, ids)
     b, h = torch.arange(3)[:, None, None, None], torch.arange(n_head)[None, :, None, None]
     q_idx, kv_idx = torch.arange(9)[None, None, :, None], torch.arange(9)[None, None, None, :]
     modded = score_mod(torch.zeros(3, n_head, 9, 9), b, h, q_idx, kv_idx)
@@ -261,7 +258,7 @@ def test_contiguous_positions_give_exactly_todays_logits(tiny_config, scheme, ba
     contiguous = torch.arange(13).expand(3, 13)
     with torch.no_grad():
         given, plain = model(idx, positions=contiguous)[0], model(idx)[0]
-    if backend == "sdpa" and model.pe.bias_kind:  # a per-row (B, H, T, T) bias: SDPA's CPU kernel
+    if backend == "sdpa" and model.pe.score_bias:  # a per-row (B, H, T, T) bias: SDPA's CPU kernel
         torch.testing.assert_close(given, plain, rtol=1e-6, atol=1e-6)  # takes another path (rounding)
     else:
         assert torch.equal(given, plain)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from model import GPTConfig
+from model import SCHEMES, GPTConfig
 
 PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "64")
 """The values of --train.precision: auto (see `training.hardware.resolve_precision`), or Lightning's."""
@@ -184,8 +184,9 @@ class RunConfig:
         n, block = self.train.random_positions, self.model.block_size
         if n and n < block:
             raise ValueError(f"train.random_positions {n} must be at least model.block_size {block} (0: off).")
-        if n and self.model.pos_encoding == "learned" and n > block:
+        limit = SCHEMES[self.model.pos_encoding].longest(self.model)
+        if n and limit is not None and n > limit:
             raise ValueError(
-                f"train.random_positions {n}: learned positions exist up to model.block_size {block}; "
-                f"raise model.block_size to {n} (the table then covers every position drawn)."
+                f"train.random_positions {n}: {self.model.pos_encoding} positions exist up to {limit} "
+                f"(model.block_size); raise model.block_size to {n} (the table then covers every position drawn)."
             )

@@ -72,7 +72,7 @@ class GPTModule(L.LightningModule):
         [0, N), drawn from (seed, micro-batch number) alone, so that a resumed run draws what an
         uninterrupted one would have. None (0..T-1) otherwise, and for NoPE, which has no positions."""
         t = self.config.train
-        if not t.random_positions or self.model.config.pos_encoding == "none":
+        if not t.random_positions or not self.model.pe.uses_positions:
             return None
         micro_batch = self.global_step * t.grad_accum + batch_idx % t.grad_accum
         generator = torch.Generator().manual_seed(t.seed * 1_000_003 + micro_batch)

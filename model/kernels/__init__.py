@@ -1,0 +1,35 @@
+"""Softmax attention's kernels and their registry: eager (the reference), SDPA and FlexAttention.
+What a kernel is, and how one is chosen, is in `model.kernels.base`; linear attention has kernels
+of its own (`model.linear_attention`).
+
+What `attn_backend="auto"` picks (each kernel's declared capabilities and `rank`):
+
+| needs                                                   | CUDA                                  | CPU / other |
+|---------------------------------------------------------|---------------------------------------|-------------|
+| nothing beyond causal (learned, sinusoidal, rope, none) | sdpa, is_causal=True (FlashAttention) | sdpa        |
+| a score bias (alibi, t5) or a window mask               | flex (bias, block sparsity in-kernel) | sdpa        |
+| the same, with attention dropout or when decoding       | sdpa (no dropout in flex; no per-length compile) | sdpa |
+| the additive score                                      | eager (chunked over queries)          | eager       |
+
+An explicit kernel that cannot run a configuration fails with a message naming what is missing and
+which kernels can.
+"""
+
+from model.kernels.base import Kernel, KernelError, Needs, Plan, Step, WeightsHook, choose_kernel, weights_kernel
+from model.kernels.dense import DenseContext, causal_mask
+from model.kernels.eager import EagerKernel, eager_attention
+from model.kernels.flex import FlexKernel, compiled_flex_attention, flex_attention_fused
+from model.kernels.sdpa import SdpaKernel, sdpa_attention
+
+KERNELS: dict[str, Kernel] = {
+    "eager": EagerKernel(),
+    "sdpa": SdpaKernel(),
+    "flex": FlexKernel(),
+}
+"""Softmax attention's kernels by `attn_backend` name."""
+
+__all__ = [
+    "KERNELS", "DenseContext", "EagerKernel", "FlexKernel", "Kernel", "KernelError", "Needs", "Plan", "SdpaKernel",
+    "Step", "WeightsHook", "causal_mask", "choose_kernel", "compiled_flex_attention", "eager_attention",
+    "flex_attention_fused", "sdpa_attention", "weights_kernel",
+]  # fmt: skip

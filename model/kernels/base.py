@@ -1,0 +1,183 @@
+"""What an attention kernel is: a class that declares what it can run, builds its own context for a
+forward pass, and runs it; and how a kernel is chosen for what a forward pass needs.
+
+Shapes: B batch, H heads, Tq / Tk query / key lengths, D head size.
+
+A kernel declares its capabilities as class attributes (a score bias, gradients through a learned
+bias, attention dropout, the devices with a backward pass, masks beyond causal, scores other than a
+scaled dot product, forming the weights, the devices where `auto` may pick it) and its preference
+for `auto` (`rank`). It has two methods:
+
+- `context(pe, mask, step, memo)`: what it needs for one forward pass, built once from the position
+  scheme, the `AttentionMask` and where the queries and keys sit (`Step`), and shared by every
+  layer (a dense mask and bias for eager and SDPA, a block mask and a score modification for
+  flex); `memo` is a dict the kernel keeps per model, for what it builds once per shape;
+- `run(q, k, v, context, score, dropout_p, on_weights)`: the attention output.
+
+Each attention function (`model.attention.ATTENTIONS`) has its own registry of kernels, and
+`choose_kernel` picks among them: the kernel named by `attn_backend`, or for `auto` the able kernel
+of lowest `rank` on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from core.errors import UserError
+
+if TYPE_CHECKING:
+    from model.masks import AttentionMask
+    from model.positions import PositionEncoding
+    from model.scores import Score
+
+WeightsHook = Callable[[slice, Tensor], None]
+"""Receives attention weights as a reference kernel forms them: (query rows, (B, H, rows, Tk)
+float32 weights)."""
+
+WEIGHTS_CHUNK_ELEMENTS = 1 << 24
+"""Largest (B, H, rows, Tk) block of weights handed to a `WeightsHook` at once (64 MiB in float32)."""
+
+
+class KernelError(UserError, RuntimeError):
+    """A kernel asked for by name that cannot run what the model needs here (say, flex's backward pass
+    on a CPU), or no kernel at all that can."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """Where the queries and keys of one forward pass sit: the Tq queries at positions q_start..
+    (with `ids`, each row at its own increasing positions: randomized positions, no cache), the keys
+    at `k_pos` (None: 0..q_start + Tq - 1; a rolling KV cache holds other positions, -1 for an empty
+    slot). `n_head` is the pass's head count, which a bias is built for."""
+
+    q_start: int
+    q_len: int
+    n_head: int
+    device: torch.device
+    k_pos: Tensor | None = None
+    ids: Tensor | None = None
+
+    @property
+    def k_len(self) -> int:
+        return self.k_pos.numel() if self.k_pos is not None else self.q_start + self.q_len
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What one forward pass asks of a kernel."""
+
+    score_bias: bool = False
+    bias_gradients: bool = False
+    dropout: bool = False
+    backward_on: str | None = None
+    sparse_mask: bool = False
+    decoding: bool = False
+    dot_score: bool = True
+    """The score is a scaled dot product (`Score.dot_product`)."""
+
+    def unmet(self, kernel: Kernel) -> list[str]:
+        """What `kernel` cannot do of these needs, in words."""
+        missing = []
+        if self.score_bias and not kernel.score_bias:
+            missing.append("a position score bias")
+        if self.bias_gradients and not kernel.bias_gradients:
+            missing.append("gradients through a learned score bias")
+        if self.dropout and not kernel.dropout:
+            missing.append("attention dropout")
+        if self.backward_on and kernel.backward_devices is not None and self.backward_on not in kernel.backward_devices:
+            missing.append(f"a backward pass on {self.backward_on}")
+        if not self.dot_score and not kernel.any_score:
+            missing.append("a score other than a scaled dot product")
+        if self.sparse_mask and not kernel.sparse_masks:
+            missing.append("a mask beyond causal (attn_window, attn_sinks)")
+        return missing
+
+
+class Kernel:
+    """An attention kernel: its declared capabilities, its context, its run (see the module docstring)."""
+
+    score_bias: bool = False
+    bias_gradients: bool = False
+    dropout: bool = False
+    backward_devices: frozenset[str] | None = None
+    """Devices with a backward pass (None: every device)."""
+    auto_devices: frozenset[str] | None = None
+    """Devices where `auto` may pick it (None: every device)."""
+    sparse_masks: bool = False
+    weights: bool = False
+    """Forms the attention weights, handing them to `on_weights` (the reference path of its function)."""
+    any_score: bool = False
+    """Runs any scoring function, not only a scaled dot product."""
+
+    def rank(self, needs: Needs, device: torch.device) -> float:
+        """Preference of `auto` among the kernels that can run `needs` on `device`: lowest first."""
+        return 1.0
+
+    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict) -> Any:
+        """What every layer's call of this kernel needs for one forward pass (None: nothing)."""
+        return None
+
+    def run(
+        self, q: Tensor, k: Tensor, v: Tensor, context: Any, score: Score, dropout_p: float,
+        on_weights: WeightsHook | None,
+    ) -> Tensor:  # fmt: skip
+        """The (B, H, Tq, D) output for (B, H, Tq, D) queries and (B, H, Tk, D) keys and values."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return type(self).__name__
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One forward pass's attention, shared by every layer: the kernel, the context it built, and
+    where the tokens sit."""
+
+    kernel: Kernel
+    context: Any
+    step: Step
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, score: Score, dropout_p: float, on_weights: WeightsHook | None = None
+    ) -> Tensor:
+        return self.kernel.run(q, k, v, self.context, score, dropout_p, on_weights)
+
+
+def choose_kernel(kernels: Mapping[str, Kernel], requested: str, needs: Needs, device: torch.device) -> Kernel:
+    """The kernel of `kernels` that `requested` names, or for 'auto' the one of lowest `rank` among
+    those that can run `needs` on `device`; a named kernel that cannot is an error."""
+    if requested != "auto":
+        kernel = kernels[requested]
+        missing = needs.unmet(kernel)
+        if missing:
+            able = [name for name, k in kernels.items() if not needs.unmet(k)]
+            raise KernelError(
+                f"attn_backend={requested!r} cannot run this configuration: it lacks {', '.join(missing)}. "
+                f"Kernels that can: {', '.join(able) or 'none'} (or attn_backend='auto')."
+            )
+        return kernel
+    best: Kernel | None = None
+    for kernel in kernels.values():  # a plain loop: under torch.compile it traces to a constant choice
+        if kernel.auto_devices is not None and device.type not in kernel.auto_devices:
+            continue
+        if not needs.unmet(kernel) and (best is None or kernel.rank(needs, device) < best.rank(needs, device)):
+            best = kernel
+    if best is None:
+        fewest = min((needs.unmet(kernel) for kernel in kernels.values()), key=len)
+        raise KernelError(
+            f"No attention kernel can run this configuration on {device.type}: none has {', '.join(fewest)}."
+        )
+    return best
+
+
+def weights_kernel(kernels: Mapping[str, Kernel], needs: Needs) -> Kernel:
+    """The kernel of `kernels` that forms the attention weights for `needs` (fused kernels never do)."""
+    for kernel in kernels.values():
+        if kernel.weights and not needs.unmet(kernel):
+            return kernel
+    raise KernelError("No kernel here forms the attention weights of this model.")

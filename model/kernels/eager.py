@@ -1,0 +1,85 @@
+"""The eager kernel: softmax attention written out in float32, the reference every kernel is tested
+against, and the one that forms the attention weights (attention maps)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, Step, WeightsHook
+from model.kernels.dense import DenseContext, causal_mask, dense_context
+from model.masks import AttentionMask
+from model.positions import PositionEncoding
+from model.scores import ScaledDot, Score
+
+
+def eager_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None = None,
+    dropout_p: float = 0.0,
+    mask: Tensor | None = None,
+    score: Score | None = None,
+    on_weights: WeightsHook | None = None,
+) -> Tensor:
+    """softmax(score(q, k) + bias, over the visible keys) v, written out in (at least) float32. The
+    score is q k^T / sqrt(D) unless `score` says otherwise (`model.scores`); queries are taken in
+    chunks when the score needs it (additive).
+
+    Args:
+        q: (B, H, Tq, D) queries; k, v: (B, H, Tk, D) keys and values.
+        bias: additive (H, Tq, Tk) or (B, H, Tq, Tk) score bias (-inf where not visible), or None.
+        dropout_p: dropout on the attention weights.
+        mask: (Tq, Tk) bool visibility; None is plain causal (the queries are the last Tq keys).
+        score: the scoring function (default: scaled dot product).
+        on_weights: called with each chunk of weights (query rows, (B, H, rows, Tk), after dropout),
+            chunks then small enough that no (B, H, Tq, Tk) tensor is formed at long lengths.
+
+    Returns:
+        The (B, H, Tq, D) output in q's dtype.
+    """
+    q_len, k_len = q.size(-2), k.size(-2)
+    dtype = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 if given float64
+    score = score if score is not None else ScaledDot(q.size(-1))
+    visible = mask if mask is not None else causal_mask(q_len, k_len, q.device)
+    qw, kw, vw = q.to(dtype), k.to(dtype), v.to(dtype)
+    outs = []
+    step = score.query_chunk(qw, kw)
+    if on_weights is not None:
+        step = min(step, max(1, WEIGHTS_CHUNK_ELEMENTS // (q.size(0) * q.size(1) * k_len)))
+    for c in range(0, q_len, step):
+        rows = slice(c, min(c + step, q_len))
+        scores = score(qw[:, :, rows], kw)  # (B, H, chunk, Tk)
+        if bias is not None:
+            scores = scores + bias[..., rows, :].to(dtype)
+        scores = scores.masked_fill(~visible[rows], float("-inf"))
+        weights = F.dropout(torch.softmax(scores, dim=-1), p=dropout_p)
+        outs.append(weights @ vw)  # (B, H, chunk, D)
+        if on_weights is not None:
+            on_weights(rows, weights)
+    return torch.cat(outs, dim=2).to(q.dtype)
+
+
+class EagerKernel(Kernel):
+    """Everything, slowly: any score, bias, mask and dropout, on every device, and the weights."""
+
+    score_bias = True
+    bias_gradients = True
+    dropout = True
+    sparse_masks = True
+    weights = True
+    any_score = True
+
+    def rank(self, needs: Needs, device: torch.device) -> float:
+        return 2.0  # the reference: only when no fused kernel can
+
+    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict) -> DenseContext:
+        return dense_context(pe, mask, step, shortcut=False)
+
+    def run(
+        self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,
+        on_weights: WeightsHook | None,
+    ) -> Tensor:  # fmt: skip
+        return eager_attention(q, k, v, context.bias, dropout_p, mask=context.mask, score=score, on_weights=on_weights)

@@ -1,0 +1,76 @@
+"""The SDPA kernel: PyTorch's fused scaled_dot_product_attention (FlashAttention on GPU when there is
+no bias and no mask beyond causal)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from model.kernels.base import Kernel, Step, WeightsHook
+from model.kernels.dense import DenseContext, causal_mask, dense_context
+from model.masks import AttentionMask
+from model.positions import PositionEncoding
+from model.scores import Score
+
+
+def sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None = None,
+    dropout_p: float = 0.0,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """PyTorch's fused scaled_dot_product_attention.
+
+    Plain causal attention (no bias, `mask` None) uses `is_causal=True` and no mask, which lets
+    PyTorch pick its FlashAttention kernel on GPU. A bias (ALiBi, T5) goes in as a float mask that
+    already holds -inf where keys are not visible, a window as a boolean mask; no flash kernel
+    accepts either, so those keep a (H, Tq, Tk) tensor in memory.
+
+    On a CPU, bf16 / fp16 inputs (under bf16 autocast) are attended in float32: the fused CPU
+    kernel's bf16 forward + backward measured 1.1-4x slower than its float32 one up to 512 tokens
+    (BENCHMARKS.md, "bf16 on the CPU"), while the matmuls around it run 2x faster in bf16.
+    """
+    if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
+        with torch.autocast("cpu", enabled=False):
+            return _sdpa(q.float(), k.float(), v.float(), bias, dropout_p, mask, scale).to(q.dtype)
+    return _sdpa(q, k, v, bias, dropout_p, mask, scale)
+
+
+def _sdpa(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float, mask: Tensor | None, scale: float | None
+) -> Tensor:
+    q_len, k_len = q.size(-2), k.size(-2)
+    sdpa = functools.partial(F.scaled_dot_product_attention, dropout_p=dropout_p, scale=scale)
+    if bias is not None:
+        return sdpa(q, k, v, attn_mask=bias.to(q.dtype))
+    if mask is not None:
+        return sdpa(q, k, v, attn_mask=mask)
+    if q_len == k_len:
+        return sdpa(q, k, v, is_causal=True)
+    if q_len == 1:  # one new token attends to every cached key: no mask at all
+        return sdpa(q, k, v)
+    return sdpa(q, k, v, attn_mask=causal_mask(q_len, k_len, q.device))
+
+
+class SdpaKernel(Kernel):
+    """Fused, on every device, with every bias, mask and dropout; dot-product scores only."""
+
+    score_bias = True
+    bias_gradients = True
+    dropout = True
+    sparse_masks = True
+
+    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict) -> DenseContext:
+        return dense_context(pe, mask, step, shortcut=True)
+
+    def run(
+        self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,
+        on_weights: WeightsHook | None,
+    ) -> Tensor:  # fmt: skip
+        return sdpa_attention(q, k, v, context.bias, dropout_p, mask=context.mask, scale=score.scale)

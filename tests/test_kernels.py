@@ -1,0 +1,221 @@
+"""Attention kernels: the parity matrix (every kernel of every attention function against that
+function's reference, for every scheme, mask and score it can run, read from the registries),
+causality, the reference by hand, and how `auto` chooses."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from core.errors import ConfigError
+from model import ATTENTIONS, SCHEMES, GPTConfig
+from model.kernels import KERNELS, Kernel, KernelError, causal_mask, eager_attention, sdpa_attention
+from model.masks import AttentionMask
+from model.scores import SCORES
+
+from helpers import build, eager_with_weights, lengths, run_pair
+
+ODD_LEN = 13  # not a multiple of 16 (FlexAttention's and the flash kernels' tile sizes)
+MASKS: dict[str, dict[str, int]] = {"window": {"attn_window": 5}, "window+sinks": {"attn_window": 5, "attn_sinks": 2}}
+SCORE_SCHEMES = ("rope", "alibi", "t5")
+"""Schemes the other scores are checked with: a rotation, a fixed bias, a learned bias."""
+
+
+def reference_of(function: str) -> str:
+    """The kernel of `function` that forms the weights: the reference its other kernels must match."""
+    return next(name for name, kernel in ATTENTIONS[function].kernels.items() if kernel.weights)
+
+
+def runs_backward_on_cpu(kernel: Kernel) -> bool:
+    return kernel.backward_devices is None or "cpu" in kernel.backward_devices
+
+
+def runnable(config: GPTConfig, **fields: Any) -> GPTConfig | None:
+    """`config` with `fields`, or None where that combination is refused."""
+    try:
+        return dataclasses.replace(config, **fields)
+    except ConfigError:
+        return None
+
+
+def parity_cases(config: GPTConfig) -> Iterator[tuple[str, GPTConfig, str, Kernel]]:
+    """(id, config, kernel name, kernel) of the parity matrix: every kernel of every attention function but its
+    reference, with every scheme; with the masks and the other scores too where it runs a backward
+    pass on the CPU (each new mask or score compiles a kernel for seconds where it does not: flex,
+    whose masks and biases are covered piecewise below and with gradients on a GPU)."""
+    for function, layer in ATTENTIONS.items():
+        for name, kernel in layer.kernels.items():
+            if name == reference_of(function):
+                continue
+            variants: list[tuple[str, str, dict[str, Any]]] = [(s, "causal", {}) for s in SCHEMES]
+            if runs_backward_on_cpu(kernel):
+                variants += [(s, mask, fields) for s in SCHEMES for mask, fields in MASKS.items()]
+                variants += [(s, score, {"attn_score": score}) for score in SCORES for s in SCORE_SCHEMES
+                             if score != GPTConfig.attn_score]  # fmt: skip
+            for scheme, label, fields in variants:
+                case = runnable(config, attention=function, attn_backend=name, pos_encoding=scheme, **fields)
+                if case is not None:
+                    yield f"{function}-{name}-{scheme}-{label}", case, name, kernel
+
+
+def assert_matches_reference(config: GPTConfig, backend: str) -> None:
+    """Same weights and input: `backend` gives the float32 reference's logits, and its gradients where
+    it has a backward pass on the CPU, at an odd length and at 4 x block_size."""
+    for T, (ref_logits, ref_grads), (logits, grads) in run_pair(
+        config, config.pos_encoding, backend, torch.device("cpu"), torch.float32, ODD_LEN
+    ):
+        torch.testing.assert_close(logits, ref_logits, atol=2e-5, rtol=1e-4, msg=f"logits, T={T}")
+        assert (ref_grads is None) == (not runs_backward_on_cpu(ATTENTIONS[config.attention].kernels[backend]))
+        for name, grad in (grads or {}).items():
+            torch.testing.assert_close(grad, ref_grads[name], atol=2e-5, rtol=1e-4, msg=f"{name}, T={T}")
+
+
+TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32)  # conftest's tiny_config
+PARITY = [
+    pytest.param(case, name, id=label, marks=[] if runs_backward_on_cpu(kernel) else [pytest.mark.slow])
+    for label, case, name, kernel in parity_cases(TINY)
+]
+
+
+def test_the_matrix_covers_every_kernel_scheme_mask_and_score():
+    cases = list(parity_cases(TINY))
+    labels = [label for label, *_ in cases]
+    assert len(labels) == len(set(labels))
+    for function, layer in ATTENTIONS.items():
+        for name, kernel in layer.kernels.items():
+            if name == reference_of(function):
+                continue
+            mine = [label for label in labels if label.startswith(f"{function}-{name}-")]
+            assert mine, f"{function}-{name} is never checked"
+            if runs_backward_on_cpu(kernel) and kernel.sparse_masks:
+                assert sum(label.endswith("-window+sinks") for label in mine) == len(SCHEMES)
+    assert {"softmax-sdpa-alibi-dot", "softmax-sdpa-t5-window", "linear-chunked-rope-causal"} <= set(labels)
+
+
+@pytest.mark.parametrize(("config", "backend"), PARITY)
+def test_every_kernel_matches_its_reference(config, backend):
+    assert_matches_reference(config, backend)
+
+
+CAUSALITY = [
+    pytest.param(function, name, scheme, id=f"{function}-{name}-{scheme}", marks=[] if runs_backward_on_cpu(kernel)
+                 else [pytest.mark.slow])
+    for function, layer in ATTENTIONS.items()
+    for name, kernel in layer.kernels.items()
+    for scheme in SCHEMES
+    if runnable(TINY, attention=function, attn_backend=name, pos_encoding=scheme)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("function", "backend", "scheme"), CAUSALITY)
+def test_future_tokens_never_change_past_logits(tiny_config, function, backend, scheme):
+    model = build(dataclasses.replace(tiny_config, attention=function), scheme, backend).eval()
+    vocab = tiny_config.vocab_size
+    # flex compiles a kernel per shape (seconds on a CPU): one length here, both in the parity test
+    for T in lengths(model.config, ODD_LEN) if runs_backward_on_cpu(model.attention.kernels[backend]) else [ODD_LEN]:
+        idx = torch.randint(0, vocab, (2, T))
+        for t in (1, T // 2, T - 1):
+            changed = idx.clone()
+            shift = torch.randint(1, vocab, idx[:, t:].shape)  # every token from t on differs
+            changed[:, t:] = (idx[:, t:] + shift) % vocab
+            with torch.no_grad():
+                before, _ = model(idx)
+                after, _ = model(changed)
+            torch.testing.assert_close(after[:, :t], before[:, :t], atol=1e-5, rtol=1e-5)
+            # the change is visible from position t on, so the test can fail
+            assert (after[:, t:] - before[:, t:]).abs().max() > 1e-3
+
+
+def test_eager_reference_is_softmax_of_masked_scores():
+    q, k, v = torch.randn(3, 2, 3, 6, 4, dtype=torch.float64).unbind(0)  # (B, H, T, D)
+    bias = torch.randn(3, 6, 6, dtype=torch.float64)
+    out, weights = eager_with_weights(q, k, v, bias=bias)
+    mask = causal_mask(6, 6)
+    assert torch.all(weights[..., ~mask] == 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 6, dtype=torch.float64))
+    # by hand, one row: query 4 of batch 1, head 2 sees keys 0..4
+    scores = q[1, 2, 4] @ k[1, 2, :5].T / 2.0 + bias[2, 4, :5]
+    torch.testing.assert_close(out[1, 2, 4], torch.softmax(scores, -1) @ v[1, 2, :5])
+
+
+def test_sdpa_with_a_cache_shaped_query_matches_eager():
+    """Queries that are the last Tq of Tk positions (KV-cache decoding): 1 query, and a chunk of 5."""
+    k, v = torch.randn(2, 2, 3, 12, 8).unbind(0)
+    for q_len in (1, 5):
+        q = torch.randn(2, 3, q_len, 8)
+        torch.testing.assert_close(sdpa_attention(q, k, v), eager_attention(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "device", "dropout_active", "decoding", "expected"),
+    [
+        ("alibi", "cpu", False, False, "sdpa"),
+        ("alibi", "cuda", False, False, "flex"),
+        ("alibi", "cuda", True, False, "sdpa"),
+        ("alibi", "cuda", False, True, "sdpa"),
+        ("rope", "cuda", False, False, "sdpa"),
+        ("learned", "cpu", True, False, "sdpa"),
+        ("none", "cpu", False, False, "sdpa"),
+    ],
+)
+def test_auto_picks_the_fused_kernel_and_never_flex_on_cpu(tiny_config, scheme, device, dropout_active, decoding,
+                                                           expected):  # fmt: skip
+    layer, pe = ATTENTIONS["softmax"], SCHEMES[scheme]
+    for needs_grad in (True, False):
+        needs = layer.needs(pe, AttentionMask(), SCORES["scaled_dot"], torch.device(device), dropout_active,
+                            needs_grad, decoding)  # fmt: skip
+        assert layer.choose_kernel("auto", needs, torch.device(device)) is KERNELS[expected]
+
+
+def test_auto_picks_eager_for_the_additive_score_and_chunked_for_linear_attention():
+    softmax, linear = ATTENTIONS["softmax"], ATTENTIONS["linear"]
+    cuda = torch.device("cuda")
+    needs = softmax.needs(SCHEMES["rope"], AttentionMask(), SCORES["additive"], cuda, needs_grad=True)
+    assert softmax.choose_kernel("auto", needs, cuda) is KERNELS["eager"]
+    needs = linear.needs(SCHEMES["rope"], AttentionMask(), SCORES["scaled_dot"], cuda, needs_grad=True)
+    assert linear.choose_kernel("auto", needs, cuda) is linear.kernels["chunked"]
+    assert linear.weights_kernel(needs) is linear.kernels["eager"]
+
+
+def test_explicit_flex_with_gradients_on_cpu_fails_clearly(tiny_config):
+    model = build(tiny_config, "alibi", "flex").train()
+    idx = torch.randint(0, 64, (1, 8))
+    with pytest.raises(KernelError, match="flex.*lacks a backward pass on cpu.*Kernels that can: eager, sdpa"):
+        model(idx, idx)
+
+
+def test_auto_trains_alibi_on_cpu(tiny_config):
+    model = build(tiny_config, "alibi", "auto").train()
+    idx = torch.randint(0, 64, (2, 16))
+    _, loss = model(idx, idx)
+    loss.backward()
+    assert model.wte.weight.grad is not None and model.wte.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi"])
+def test_sdpa_under_cpu_bf16_autocast_attends_in_float32_and_matches_the_reference(tiny_config, scheme, monkeypatch):
+    """bf16 training on a CPU: the projections run in bf16, the fused attention in float32 (its bf16
+    kernel is the slower one there); logits and gradients stay close to the float32 reference."""
+    import model.kernels.sdpa as sdpa
+
+    seen: list[torch.dtype] = []
+    real = sdpa.F.scaled_dot_product_attention
+
+    def recording(q, k, v, *args, **kwargs):
+        seen.append(q.dtype)
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", recording)
+    for T, (ref_logits, ref_grads), (logits, grads) in run_pair(
+        tiny_config, scheme, "sdpa", torch.device("cpu"), torch.bfloat16, ODD_LEN
+    ):
+        assert seen and set(seen) == {torch.float32}, f"T={T}"
+        seen.clear()
+        assert ((logits - ref_logits).norm() / ref_logits.norm()).item() < 2e-2, f"logits, T={T}"
+        for name, grad in grads.items():
+            cosine = torch.nn.functional.cosine_similarity(grad.flatten(), ref_grads[name].flatten(), dim=0)
+            assert cosine > 0.98, f"gradient of {name}, T={T}: cosine {cosine:.4f}"
