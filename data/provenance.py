@@ -11,12 +11,15 @@ messages), so it knows nothing of how checkpoints are loaded or evaluated.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
+from core.checkpoint import CheckpointError
 from data.dataset import PreparedData, load_prepared, prepare_dir
 from data.errors import DataError
 from data.prepare import fingerprint, resolve_sources
+from data.tokenizer import RANKS_ENV, Tokenizer, tokenizer_from_meta
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,26 @@ def provenance(data: PreparedData) -> dict[str, Any]:
         "train_tokens": meta["train_tokens"],
         "val_tokens": meta["val_tokens"],
     }
+
+
+def tiktoken_ranks(explicit: str | None, recorded: str | None) -> str | None:
+    """The GPT-2 ranks file to use: the one passed now, else $POSGPT_TIKTOKEN_RANKS, else the one the
+    checkpoint recorded (which may have moved since)."""
+    return explicit or os.environ.get(RANKS_ENV) or recorded
+
+
+def checkpoint_tokenizer(
+    meta: dict[str, Any], recorded_ranks: str | None, ranks_path: str | None, checkpoint: str | Path
+) -> Tokenizer:
+    """The tokenizer a checkpoint recorded (`meta`), with the ranks file `tiktoken_ranks` picks; a
+    tokenizer that cannot be rebuilt is a `CheckpointError` on `checkpoint` that says how to fix it."""
+    try:
+        return tokenizer_from_meta(meta, tiktoken_ranks(ranks_path, recorded_ranks))
+    except DataError as error:
+        raise CheckpointError(
+            f"Cannot rebuild the tokenizer of {checkpoint}: {error} Pass the ranks file with the tiktoken_ranks option "
+            f"(sample.py --tiktoken_ranks, evaluate.py --data.tiktoken_ranks) or set {RANKS_ENV}."
+        ) from None
 
 
 def recorded_data(

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from core.checkpoint import LoadedCheckpoint, load_checkpoint
 from core.device import pick_device_dtype
 from core.files import sha256_file
 from core.repo import git_sha
@@ -32,6 +31,7 @@ from data.prepare import token_dtype
 from data.provenance import recorded_data
 from data.tokenizer import CharTokenizer
 from evaluation.attention import long_context_stats
+from evaluation.checkpoint import LoadedCheckpoint, load_checkpoint
 from evaluation.config import EvalData, EvalSettings
 from evaluation.extrapolation import count_windows, evaluate_length
 
