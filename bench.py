@@ -44,9 +44,9 @@ import numpy as np
 import torch
 
 from benchmarks.attention import ATTENTION_KINDS, VARIANTS, bench_attention_cost, bench_variants
-from core.checkpoint import load_checkpoint
 from data.dataset import load_prepared
 from data.prepare import prepare
+from evaluation.checkpoint import load_checkpoint
 from evaluation.extrapolation import evaluate_length
 from model import GPT, GPTConfig
 from model.generation import context_window

@@ -17,10 +17,11 @@ from typing import Literal
 import torch
 from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
-from core.checkpoint import CheckpointError, load_checkpoint
+from core.checkpoint import CheckpointError
 from core.device import DeviceError, pick_device_dtype
 from data.errors import DataError
 from data.tokenizer import CharTokenizer, Tokenizer
+from evaluation.checkpoint import load_checkpoint
 from model.generation import stream
 
 

@@ -106,20 +106,6 @@ def prepare_dir(
     return load_prepared(out)
 
 
-def provenance(data: PreparedData) -> dict[str, Any]:
-    """What a checkpoint records of its training data: enough to find it again and to tell whether
-    it is still the same (the fingerprint covers the sources' contents and the settings)."""
-    meta = data.meta
-    return {
-        "prepared": str(data.path.resolve()),
-        "fingerprint": meta.get("fingerprint"),
-        "sources": meta.get("sources", []),
-        "tokenizer": meta["tokenizer"]["kind"],
-        "train_tokens": meta["train_tokens"],
-        "val_tokens": meta["val_tokens"],
-    }
-
-
 def _window_batch(tokens: np.ndarray, offsets: np.ndarray, block_size: int) -> Batch:
     rows = np.stack([tokens[o : o + block_size + 1] for o in offsets]).astype(np.int64)  # (B, T+1)
     rows_t = torch.from_numpy(rows)

@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from core.checkpoint import LoadedCheckpoint, load_checkpoint
 from core.device import pick_device
 from core.files import atomic_write_bytes
 from data.errors import DataError
 from data.tokenizer import CharTokenizer
 from evaluation.attention import long_context_stats, prompt_weights, runs_at, visible_keys
 from evaluation.attention_figures import heads_figure, layers_figure, printable, stats_figures
+from evaluation.checkpoint import LoadedCheckpoint, load_checkpoint
 from evaluation.config import EvalData, check_output_dir
 from evaluation.report import png_bytes
 from evaluation.run import Subject, check_long_enough, default_labels, load_texts, provenance

@@ -13,7 +13,6 @@ import dataclasses
 import datetime
 import hashlib
 import json
-import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,15 +22,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from core.checkpoint import LoadedCheckpoint, load_checkpoint
 from core.device import pick_device_dtype
 from core.files import sha256_file
 from core.repo import git_sha
-from data.dataset import PreparedData, load_prepared, prepare_dir
+from data.dataset import load_prepared
 from data.errors import DataError
-from data.prepare import fingerprint, resolve_sources, token_dtype
+from data.prepare import token_dtype
+from data.provenance import recorded_data
 from data.tokenizer import CharTokenizer
 from evaluation.attention import long_context_stats
+from evaluation.checkpoint import LoadedCheckpoint, load_checkpoint
 from evaluation.config import EvalData, EvalSettings
 from evaluation.extrapolation import count_windows, evaluate_length
 
@@ -40,7 +40,6 @@ ATTENTION_TOKENS = 8192
 """Most tokens the attention statistics of `--eval.attention_stats` average over at each length."""
 SINK_TOKENS = 4
 """The first tokens whose attention mass those statistics report."""
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -229,78 +228,10 @@ def _text_for(ckpt: LoadedCheckpoint, path: str, data: EvalData) -> EvalText:
             )
         source = f"{data.dir} ({data.split} split)"
     else:
-        prepared = own_data(ckpt, path, data.tiktoken_ranks)
+        prepared = recorded_data(path, ckpt.data, ckpt.config["data"], ckpt.tokenizer.meta(), data.tiktoken_ranks)
         source = f"{prepared.path} ({data.split} split, the checkpoint's own data)"
     tokens = np.asarray(prepared.tokens(data.split))
     return EvalText(tokens, {"source": source, "tokens": int(tokens.size), "sha256": _tokens_sha256(tokens)})
-
-
-def own_data(ckpt: LoadedCheckpoint, path: str, ranks: str | None = None) -> PreparedData:
-    """The prepared data `ckpt` was trained on, as its checkpoint records it, and only if it is
-    still that data: the recorded prepared directory when its fingerprint is the recorded one, else
-    a fresh prepare of the recorded sources when they still hold what they held (same fingerprint).
-    A changed text is refused: its split would be tokenized or cut differently from training."""
-    own = ckpt.config["data"]
-    settings = {"tokenizer": own["tokenizer"], "val_fraction": own["val_fraction"], "errors": own["errors"]}
-    record = ckpt.data
-    if record is not None and "task" in record:
-        raise DataError(
-            f"{path} was trained on the synthetic task {record['task']['name']!r}, which has no text split: "
-            "test it with python -m experiments.synthetic, or pass a text with --eval_data.input FILE."
-        )
-    if record is None:  # written before checkpoints recorded their data: compare the tokenizers at least
-        prepared = prepare_dir(
-            own["input"], own["dir"], own["prepared_root"], **settings, glob=own["glob"], tiktoken_ranks=ranks
-        )
-        if prepared.meta["tokenizer"] != ckpt.tokenizer.meta():
-            raise DataError(_changed_data(path, f"{prepared.path} now has another vocabulary"))
-        return prepared
-    try:
-        prepared: PreparedData | None = load_prepared(record["prepared"])
-    except DataError:
-        prepared = None  # gone or incomplete
-    if prepared is not None and prepared.meta.get("fingerprint") == record["fingerprint"]:
-        edited = _edited_since(record["sources"], prepared.path / "meta.json")
-        if edited and _unchanged_sources(record, own["glob"], settings) is not None:
-            edited = []  # touched (copied, checked out) but holding what they held
-        if edited:
-            log.warning(
-                "%s changed since training; %s evaluates on the split prepared from it at training time (%s)",
-                ", ".join(edited),
-                path,
-                prepared.path,
-            )
-        return prepared
-    # gone, or prepared again from other text: prepare it anew only from sources that still hold
-    # what they held (hashing them, which only this path needs)
-    sources = _unchanged_sources(record, own["glob"], settings)
-    if sources is None:
-        raise DataError(_changed_data(path, f"{', '.join(record['sources'])} changed or moved since"))
-    root = str(Path(record["prepared"]).parent)
-    return prepare_dir([str(p) for p in sources], None, root, **settings, glob=own["glob"], tiktoken_ranks=ranks)
-
-
-def _unchanged_sources(record: dict[str, Any], glob: str, settings: dict[str, Any]) -> list[Path] | None:
-    """The recorded sources, if they still hold what they held at training (hashing them); else None."""
-    try:
-        sources = resolve_sources(record["sources"], glob)
-        return sources if fingerprint(sources, settings) == record["fingerprint"] else None
-    except (DataError, OSError):
-        return None
-
-
-def _edited_since(sources: list[str], reference: Path) -> list[str]:
-    """The sources modified (or gone) since `reference` was written: a stat each, no hashing."""
-    stamp = reference.stat().st_mtime
-    return [s for s in sources if not Path(s).is_file() or Path(s).stat().st_mtime > stamp]
-
-
-def _changed_data(path: str, what: str) -> str:
-    return (
-        f"{path} was trained on other data than there is now: {what}, so its validation split cannot be "
-        "rebuilt. Evaluate on a text of your choice with --eval_data.input FILE (tokenized with the checkpoint's "
-        "own tokenizer), or restore the original text."
-    )
 
 
 def _tokenize_file(ckpt: LoadedCheckpoint, ckpt_path: str, path: Path, drop_unknown: bool) -> EvalText:

@@ -30,9 +30,9 @@ import yaml
 from jsonargparse import ArgumentParser
 from tqdm import tqdm
 
-from core.checkpoint import load_checkpoint
 from core.device import pick_device
 from data.tasks import TaskConfig, eval_set, tokenizer_for
+from evaluation.checkpoint import load_checkpoint
 from evaluation.run import provenance
 from evaluation.task_report import write_task_report
 from evaluation.tasks import evaluate_task

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.checkpoint import load_checkpoint
+from evaluation.checkpoint import load_checkpoint
 
 BUNDLE = torch.load(Path(__file__).resolve().parent / "assets" / "pre-redesign.pt", weights_only=False)
 

@@ -1,4 +1,5 @@
-"""GPTConfig validation, serialisation, and the promise that `model` never imports Lightning."""
+"""GPTConfig validation, serialisation, and the import boundaries: `model` never imports Lightning,
+`core/` and `data/` nothing above them."""
 
 from __future__ import annotations
 
@@ -118,6 +119,26 @@ def test_no_import_cycle_inside_model():
 
     cycles = [m for m in graph if reaches(m, m, {m})]
     assert not cycles, cycles
+
+
+BELOW = {
+    "core": ("data", "model", "training", "evaluation", "experiments"),
+    "data": ("model", "training", "evaluation", "experiments"),
+}
+"""Packages that everything above may use, and the packages they must not import: `core/` holds what
+needs no model and no data (errors, files, devices, reading a checkpoint file), `data/` no model."""
+
+
+@pytest.mark.parametrize("package", BELOW)
+def test_lower_packages_import_nothing_above_them(package):
+    above = BELOW[package]
+    bad = sorted(
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in (ROOT / package).glob("*.py")
+        for name in _imports(path)
+        if name.split(".")[0] in above
+    )
+    assert not bad, bad
 
 
 def test_run_config_defaults_are_the_default_run():

@@ -12,8 +12,8 @@ import pytest
 from conftest import make_text
 
 import evaluate as evaluate_script
-from core.checkpoint import load_checkpoint
 from data.dataset import load_prepared
+from evaluation.checkpoint import load_checkpoint
 from evaluation.config import EvalData, EvalSettings
 from evaluation.run import Subject, default_labels, evaluate_checkpoints
 from model import GPTConfig

@@ -20,11 +20,12 @@ from conftest import make_text
 import evaluate as evaluate_script
 import sample as sample_script
 import train as train_script
-from core.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, tiktoken_ranks
+from core.checkpoint import CheckpointError, read_checkpoint
 from core.files import LockedError, directory_lock
 from data.dataset import prepare_dir
 from data.prepare import prepare
 from data.tokenizer import RANKS_ENV
+from evaluation.checkpoint import load_checkpoint
 from training.module import lr_factor
 
 from helpers import tiny_args
@@ -83,18 +84,6 @@ def test_evaluation_refuses_a_changed_corpus(tmp_path, text_file, trained, capsy
     message = _message(capsys, evaluate_script.main, [*args, "--out", str(tmp_path / "changed")])
     assert "trained on other data" in message and "--eval_data.input" in message
     assert not (tmp_path / "changed").exists()
-
-
-def test_evaluation_rebuilds_a_deleted_split_from_unchanged_sources(tmp_path, text_file, trained):
-    ckpt = load_checkpoint(trained / "last.ckpt")
-    prepared = Path(ckpt.data["prepared"])
-    for file in prepared.iterdir():
-        file.unlink()
-    out = tmp_path / "out"
-    evaluate_script.main(["--ckpt", str(trained / "last.ckpt"), "--eval.lengths", "[16]", "--eval.token_budget", "32",
-                          "--eval.progress", "false", "--out", str(out)])  # fmt: skip
-    assert json.loads((out / "results.json").read_text())["runs"][0]["results"][0]["ppl"] > 1
-    assert json.loads((prepared / "meta.json").read_text())["fingerprint"] == ckpt.data["fingerprint"]
 
 
 def test_resume_refuses_other_data_and_another_seed(tmp_path, text_file, trained, capsys):
@@ -291,14 +280,6 @@ def test_every_truncation_of_a_checkpoint_is_one_message(tmp_path, text_file, tr
 
 
 # 8. the GPT-2 ranks file
-
-
-def test_the_ranks_file_passed_or_in_the_environment_wins_over_the_recorded_one(monkeypatch):
-    monkeypatch.delenv(RANKS_ENV, raising=False)
-    assert tiktoken_ranks(None, "/old/r50k") == "/old/r50k"
-    monkeypatch.setenv(RANKS_ENV, "/env/r50k")
-    assert tiktoken_ranks(None, "/old/r50k") == "/env/r50k"
-    assert tiktoken_ranks("/given/r50k", "/old/r50k") == "/given/r50k"
 
 
 def test_a_bpe_checkpoint_whose_ranks_file_moved(tmp_path, text_file, gpt2_ranks, monkeypatch, capsys):

@@ -215,13 +215,13 @@ def test_speed_monitor_on_cuda_syncs_only_when_it_measures_and_logs_mfu(monkeypa
         strategy=types.SimpleNamespace(root_device=torch.device("cuda", 0)),
         precision="bf16-mixed",
         world_size=2,
-        fit_loop=types.SimpleNamespace(_should_accumulate=lambda: False),
+        accumulate_grad_batches=2,
     )
     monitor = SpeedMonitor(flops_per_token=6_000_000, log_every=5)
     monitor.setup(trainer, module, "fit")
-    for _ in range(1 + 10):  # the first step starts the clock; then two measurements of 5 steps
-        module.tokens_seen += 1024
-        monitor.on_train_batch_end(trainer, module)
+    for batch_idx in range(2 * (1 + 10)):  # the first step starts the clock; then two measurements of 5 steps
+        module.tokens_seen += 512
+        monitor.on_train_batch_end(trainer, module, None, None, batch_idx)  # acts on every second micro-batch
     assert cuda.syncs == 3  # the start and each measurement, never every step
     assert len(logged["perf/tokens_per_s"]) == 2 and len(logged["perf/mfu"]) == 2
     for tokens_per_s, mfu in zip(logged["perf/tokens_per_s"], logged["perf/mfu"], strict=True):

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import train as train_script
-from core.checkpoint import load_checkpoint, read_checkpoint
+from core.checkpoint import read_checkpoint
+from evaluation.checkpoint import load_checkpoint
 from training.run import latest_metrics
 
 from helpers import tiny_args

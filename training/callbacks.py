@@ -44,6 +44,19 @@ def parameters_finite(module: torch.nn.Module) -> bool:
     return bool(torch.stack(flags).all()) if flags else True
 
 
+def optimizer_stepped(trainer: L.Trainer, batch_idx: int) -> bool:
+    """Whether the micro-batch `batch_idx` (as `on_train_batch_end` gets it) ended with an optimizer
+    step, i.e. completed a group of `accumulate_grad_batches`; callbacks that act once per step
+    return early on the others.
+
+    This is what Lightning's private `fit_loop._should_accumulate()` decides, on public API. Its other
+    case, a step on an epoch's last batch, never arises: the training stream is one endless epoch.
+    `batch_idx` counts micro-batches since the run began, across resumes too: checkpoints are written
+    at optimizer-step boundaries, and Lightning restores the count from them.
+    """
+    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+
+
 class LastCheckpoint(L.Callback):
     """Save `<dir>/last.ckpt` every `every_n_steps` optimizer steps, when training ends, and at the
     first optimizer step after a SIGTERM or SIGINT, after which training stops with exit status
@@ -78,8 +91,10 @@ class LastCheckpoint(L.Callback):
             raise KeyboardInterrupt  # the second Ctrl+C: stop now
         self._signal = signum
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if trainer.fit_loop._should_accumulate():
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not optimizer_stepped(trainer, batch_idx):
             return
         step = trainer.global_step
         signum = self._stop_signal(trainer)
@@ -141,9 +156,11 @@ class DivergenceGuard(L.Callback):
         if flag is not None and bool(flag):
             raise TrainingStopped(divergence_message(trainer.global_step, self.last), exit_code=1)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step
-        if trainer.fit_loop._should_accumulate():
+        if not optimizer_stepped(trainer, batch_idx):
             return
         if any(step % n == 0 for n in self.every) or step >= trainer.max_steps:
             self._check(trainer, pl_module)
@@ -178,8 +195,10 @@ class SpeedMonitor(L.Callback):
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.synchronize()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if trainer.fit_loop._should_accumulate():
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not optimizer_stepped(trainer, batch_idx):
             return
         if self._t0 is None:  # the first step (and the first after validation) includes warm-up: skip it
             self._sync(trainer)

@@ -19,7 +19,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from core.checkpoint import CheckpointError, model_config_of, read_checkpoint
+from core.checkpoint import CheckpointError, read_checkpoint
+from evaluation.checkpoint import model_config_of
 from training.config import RunConfig
 
 CHANGEABLE_MODEL_FIELDS = frozenset({"attn_backend", "dropout", "rope_scaling", "rope_scaling_factor"})

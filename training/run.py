@@ -23,7 +23,8 @@ from core.errors import UserError
 from core.files import LockedError, atomic_write_bytes, directory_lock, remove_stale_tmp
 from core.repo import git_sha
 from data.datamodule import TaskDataModule, TokenDataModule
-from data.dataset import PreparedData, prepare_dir, provenance
+from data.dataset import PreparedData, prepare_dir
+from data.provenance import provenance
 from data.tasks import TaskConfig
 from data.tokenizer import Tokenizer
 from training.callbacks import AtomicCheckpointIO, DivergenceGuard, LastCheckpoint, SpeedMonitor

@@ -20,7 +20,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from conftest import make_text  # noqa: E402
 
 import train as train_script  # noqa: E402
-from core.checkpoint import load_checkpoint  # noqa: E402
+from evaluation.checkpoint import load_checkpoint  # noqa: E402
 from model import POS_ENCODINGS  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

@@ -1,0 +1,59 @@
+"""`training.callbacks.optimizer_stepped`: the callbacks act exactly on the micro-batches after which
+Lightning stepped the optimizer, with gradient accumulation and after a resume."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import pytest
+
+import train as train_script
+import training.run as run
+from training.callbacks import optimizer_stepped
+
+from helpers import tiny_args
+
+
+class StepRecorder(L.Callback):
+    """Records (batch_idx, what `optimizer_stepped` says, whether `global_step` advanced) per micro-batch."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, bool, bool]] = []
+        self._before = -1
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._before = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.rows.append((batch_idx, optimizer_stepped(trainer, batch_idx), trainer.global_step > self._before))
+
+
+@pytest.fixture
+def recorders(monkeypatch: pytest.MonkeyPatch) -> list[StepRecorder]:
+    """A `StepRecorder` per training launch in the test, added to the run's callbacks."""
+    made: list[StepRecorder] = []
+    build = run._trainer
+
+    def with_recorder(t: Any, **kwargs: Any) -> L.Trainer:
+        made.append(StepRecorder())
+        return build(t, **{**kwargs, "callbacks": [*kwargs["callbacks"], made[-1]]})
+
+    monkeypatch.setattr(run, "_trainer", with_recorder)
+    return made
+
+
+@pytest.mark.parametrize("ckpt_interval", ["2", "100"])  # last.ckpt written at step 2's batch end, or at train end
+def test_optimizer_stepped_is_true_exactly_when_the_optimizer_stepped(tmp_path, text_file, recorders, ckpt_interval):
+    args = ["--train.grad_accum", "3", "--train.ckpt_interval", ckpt_interval, "--train.logger", "none"]
+    train_script.main(tiny_args(tmp_path, text_file, *args, "--train.max_steps", "2"))
+    train_script.main(tiny_args(tmp_path, text_file, *args, "--train.max_steps", "5", "--train.resume", "auto"))
+    first, resumed = (recorder.rows for recorder in recorders)
+    for rows, start, steps in ((first, 0, 2), (resumed, 6, 3)):  # the resumed run goes on at micro-batch 6
+        assert [batch_idx for batch_idx, _, _ in rows] == list(range(start, start + 3 * steps))
+        assert [stepped for _, stepped, _ in rows] == [False, False, True] * steps
+        assert all(stepped == advanced for _, stepped, advanced in rows), rows
