@@ -1,0 +1,96 @@
+"""docs/extending.md's worked examples, run: a new kernel and a new attention function, each one
+class and one registry line, are validated, chosen, trained, decoded, and picked up by the parity
+and causality matrices of test_kernels.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.errors import ConfigError
+from model import ATTENTIONS, GPT
+from model.kernels import KERNELS
+from model.scores import SCORES
+
+from helpers import overfit
+from test_kernels import TINY, assert_matches_reference, parity_cases
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+
+
+def _blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
+
+
+@pytest.fixture
+def registered(monkeypatch) -> dict[str, object]:
+    """The doc's classes, executed, and its registry lines applied to the registries (for this test only)."""
+    namespace: dict[str, object] = {}
+    registry_lines = {}
+    for block in _blocks():
+        head = block.split(":", 1)[0]
+        if head in ("KERNELS", "ATTENTIONS"):  # the doc's registry literal: its last entry is the new line
+            registry_lines[head] = re.findall(r'"(\w+)": (\w+)(\(\))?,', block)[-1]
+        else:
+            exec(compile(block, str(DOC), "exec"), namespace)  # noqa: S102 - the project's own documentation
+    for registry, target in (("KERNELS", KERNELS), ("ATTENTIONS", ATTENTIONS)):
+        name, cls, call = registry_lines[registry]
+        monkeypatch.setitem(target, name, namespace[cls]() if call else namespace[cls])
+    return namespace
+
+
+def test_the_doc_adds_exactly_one_registry_line_each():
+    blocks = [b for b in _blocks() if b.startswith(("KERNELS:", "ATTENTIONS:"))]
+    assert len(blocks) == 2
+    for block in blocks:  # the registry as it stands, plus the new line
+        registry = KERNELS if block.startswith("KERNELS") else ATTENTIONS
+        names = re.findall(r'"(\w+)":', block)
+        assert names[:-1] == list(registry) and names[-1] not in registry
+
+
+def test_the_new_kernel_is_validated_chosen_and_matched_against_eager(registered, tiny_config):
+    config = dataclasses.replace(tiny_config, pos_encoding="alibi", attn_backend="math")
+    with pytest.raises(ConfigError, match="attn_backend='math' cannot run attn_score='additive'"):
+        dataclasses.replace(config, attn_score="additive")
+    cases = {label: (case, name) for label, case, name, _ in parity_cases(TINY) if name == "math"}
+    assert {"softmax-math-alibi-causal", "softmax-math-t5-window+sinks", "softmax-math-rope-dot"} <= set(cases)
+    for label in ("softmax-math-alibi-causal", "softmax-math-t5-window+sinks", "softmax-math-rope-dot"):
+        assert_matches_reference(*cases[label])
+    layer = ATTENTIONS["softmax"]
+    needs = layer.needs(GPT(config).pe, GPT(config).mask, SCORES["scaled_dot"], torch.device("cpu"))
+    assert layer.choose_kernel("auto", needs, torch.device("cpu")) is KERNELS["sdpa"]  # its rank is after sdpa's
+
+
+def test_the_new_attention_function_trains_decodes_and_draws_its_weights(registered, tiny_config):
+    config = dataclasses.replace(tiny_config, attention="sigmoid", pos_encoding="alibi")
+    model = GPT(config)
+    assert all(type(block.attn) is registered["SigmoidAttention"] for block in model.blocks)
+    _, final = overfit(model, steps=120)
+    assert final < 0.5
+    model.eval()
+    prompt = torch.randint(0, config.vocab_size, (2, 3))
+    for extra in ({}, {"attn_window": 4}):
+        windowed = GPT(dataclasses.replace(config, **extra)).eval()
+        windowed.load_state_dict(model.state_dict())
+        cached, uncached = (windowed.generate(prompt, 20, temperature=0, use_cache=c) for c in (True, False))
+        assert torch.equal(cached, uncached)
+    rows: list[torch.Tensor] = []
+    idx = torch.randint(0, config.vocab_size, (1, 9))
+    logits = model.attention_weights(idx, lambda layer: (lambda r, w: rows.append(w)) if layer == 0 else None)
+    torch.testing.assert_close(logits, model(idx)[0])
+    weights = torch.cat(rows, dim=2)  # (1, H, 9, 9): sigmoids, zero on the keys a query cannot see
+    visible = torch.ones(9, 9, dtype=torch.bool).tril()
+    assert torch.all(weights[..., ~visible] == 0) and torch.all(weights[..., visible] > 0) and torch.all(weights < 1)
+
+
+def test_the_causality_matrix_takes_the_new_function(registered):
+    from test_kernels import runnable
+
+    schemes = [s for s in ("learned", "rope", "alibi", "t5") if runnable(TINY, attention="sigmoid", pos_encoding=s)]
+    assert schemes == ["learned", "rope", "alibi", "t5"]
+    with pytest.raises(ConfigError, match="attn_backend='sdpa' is not a kernel of attention='sigmoid'"):
+        dataclasses.replace(TINY, attention="sigmoid", attn_backend="sdpa")
