@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from core.errors import ConfigError
 from model.cache import KVCache, LayerCache
-from model.kernels import KERNELS, Kernel, Needs, Plan, WeightsHook, choose_kernel, weights_kernel
+from model.kernels import AUTO, KERNELS, Kernel, Needs, Plan, WeightsHook, choose_kernel, weights_kernel
 from model.linear_attention import LINEAR_KERNELS, LayerStateCache, StateCache, feature_map
 from model.masks import AttentionMask
 from model.positions import SCHEMES, PositionEncoding
@@ -209,7 +209,7 @@ def check_config(config: GPTConfig) -> None:
     _check_name("pos_encoding", config.pos_encoding, list(SCHEMES))
     _check_name("attention", config.attention, list(ATTENTIONS))
     _check_name("attn_score", config.attn_score, list(SCORES))
-    _check_name("attn_backend", config.attn_backend, ["auto", *kernel_names()])
+    _check_name("attn_backend", config.attn_backend, [AUTO, *kernel_names()])
     SCHEMES[config.pos_encoding].check(config)
     layer = ATTENTIONS[config.attention]
     if not layer.scored and config.attn_score != _default(config, "attn_score"):
@@ -217,10 +217,10 @@ def check_config(config: GPTConfig) -> None:
             f"attention={config.attention!r} scores no query-key pairs, so attn_score={config.attn_score!r} "
             f"would be ignored: leave attn_score at {_default(config, 'attn_score')!r}, or use attention='softmax'."
         )
-    if config.attn_backend != "auto" and config.attn_backend not in layer.kernels:
+    if config.attn_backend != AUTO and config.attn_backend not in layer.kernels:
         raise ConfigError(
             f"attn_backend={config.attn_backend!r} is not a kernel of attention={config.attention!r}, whose "
-            f"kernels are {', '.join(['auto', *layer.kernels])}; {_alternatives(config, 'attention')}."
+            f"kernels are {', '.join([AUTO, *layer.kernels])}; {_alternatives(config, 'attention')}."
         )
     missing = _unmet(vars_of(config))
     if missing:
@@ -258,7 +258,7 @@ def _unmet(settings: dict[str, Any]) -> list[str]:
     needs = layer.needs(SCHEMES[settings["pos_encoding"]], mask, SCORES[settings["attn_score"]],
                         dropout_active=settings["dropout"] > 0)  # fmt: skip
     backend = settings["attn_backend"]
-    kernels = layer.kernels.values() if backend == "auto" else [layer.kernels[backend]]
+    kernels = layer.kernels.values() if backend == AUTO else [layer.kernels[backend]]
     return min((needs.unmet(kernel) for kernel in kernels), key=len)
 
 
@@ -271,7 +271,7 @@ def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
     if field == "attention":
         layer = ATTENTIONS[value]
         if settings["attn_backend"] not in layer.kernels:
-            settings["attn_backend"] = "auto"
+            settings["attn_backend"] = AUTO
         if not layer.scored and settings["attn_score"] != _default(config, "attn_score"):
             return False
     return not _unmet(settings)
@@ -283,7 +283,7 @@ def _alternatives(config: GPTConfig, field: str) -> str:
         "pos_encoding": list(SCHEMES),
         "attention": list(ATTENTIONS),
         "attn_score": list(SCORES),
-        "attn_backend": ["auto", *ATTENTIONS[config.attention].kernels],
+        "attn_backend": [AUTO, *ATTENTIONS[config.attention].kernels],
         "attn_window": [0],
         "dropout": [0.0],
     }
@@ -296,7 +296,7 @@ def _alternatives(config: GPTConfig, field: str) -> str:
 
 def _refusal(config: GPTConfig, missing: list[str]) -> str:
     """One line: which setting cannot run which, why, and what would."""
-    host = "attn_backend" if config.attn_backend != "auto" else "attention"
+    host = "attn_backend" if config.attn_backend != AUTO else "attention"
     culprit = NEED_SETTINGS.get(missing[0], "attn_score")
     if host == "attn_backend":
         why = f"kernel {config.attn_backend!r} lacks {' and '.join(missing)}"

@@ -15,13 +15,11 @@ from model.positions import (
     SinusoidalPositions,
     T5Bias,
     alibi_slopes,
-    apply_rope,
     random_positions,
-    rope_cos_sin,
     sinusoid_table,
     t5_bucket,
-    yarn_correction_range,
 )
+from model.rope import apply_rope, rope_cos_sin, yarn_correction_range
 
 
 def test_alibi_slopes_for_8_heads_are_the_papers_geometric_sequence():

@@ -1,7 +1,10 @@
-"""The README's test command is the one CI runs."""
+"""Rules of the repository: the README's test command is the one CI runs, no code branches on a
+configured name, no Python file over 400 lines."""
 
 from __future__ import annotations
 
+import ast
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,3 +16,56 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert "ruff check" in command and "pytest" in command
     readme_lines = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()]
     assert command in readme_lines
+
+
+NAMED_SETTINGS = {"pos_encoding", "attention", "attn_score", "attn_backend"}
+"""Config fields whose values are registry names: code reads what the registered class declares."""
+
+
+def _compares_a_name_to_a_literal(node: ast.Compare) -> bool:
+    operands = [node.left, *node.comparators]
+
+    def named(x: ast.AST) -> bool:
+        if isinstance(x, ast.Attribute):
+            return x.attr in NAMED_SETTINGS or (x.attr in ("name", "function") and "kernel" in ast.unparse(x.value))
+        return isinstance(x, ast.Name) and x.id in NAMED_SETTINGS
+
+    def literal(x: ast.AST) -> bool:
+        if isinstance(x, (ast.Tuple, ast.List, ast.Set)):
+            return any(literal(e) for e in x.elts)
+        return isinstance(x, ast.Constant) and isinstance(x.value, str)
+
+    return any(named(x) for x in operands) and any(literal(x) for x in operands)
+
+
+def test_no_code_branches_on_the_name_of_a_scheme_function_score_or_kernel():
+    """Capabilities, not names: outside the registries and `GPTConfig.__post_init__`, no code in
+    model/, evaluation/, experiments/ or training/ compares such a name to a string literal."""
+    found = []
+    for package in ("model", "evaluation", "experiments", "training"):
+        for path in (ROOT / package).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            allowed = {
+                id(node)
+                for fn in ast.walk(tree)
+                if isinstance(fn, ast.FunctionDef) and fn.name == "__post_init__" and path.name == "config.py"
+                for node in ast.walk(fn)
+            }
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Compare) and id(node) not in allowed and _compares_a_name_to_a_literal(node)
+            ]
+    assert not found, found
+
+
+def test_the_check_above_can_fail():
+    tree = ast.parse('if config.pos_encoding == "rope" or kernel.name != "flex" or attention in ("linear",): pass')
+    assert sum(_compares_a_name_to_a_literal(n) for n in ast.walk(tree) if isinstance(n, ast.Compare)) == 3
+
+
+def test_no_python_file_is_over_400_lines():
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    files = tracked or [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")]
+    long = {f: n for f in files if (n := len((ROOT / f).read_text().splitlines())) > 400}
+    assert not long, long

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from model.positions import PositionEncoding
     from model.scores import Score
 
+AUTO = "auto"
+"""The `attn_backend` that lets `choose_kernel` pick (any other value names a kernel)."""
+
 WeightsHook = Callable[[slice, Tensor], None]
 """Receives attention weights as a reference kernel forms them: (query rows, (B, H, rows, Tk)
 float32 weights)."""
@@ -151,14 +154,14 @@ class Plan:
 def choose_kernel(kernels: Mapping[str, Kernel], requested: str, needs: Needs, device: torch.device) -> Kernel:
     """The kernel of `kernels` that `requested` names, or for 'auto' the one of lowest `rank` among
     those that can run `needs` on `device`; a named kernel that cannot is an error."""
-    if requested != "auto":
+    if requested != AUTO:
         kernel = kernels[requested]
         missing = needs.unmet(kernel)
         if missing:
             able = [name for name, k in kernels.items() if not needs.unmet(k)]
             raise KernelError(
                 f"attn_backend={requested!r} cannot run this configuration: it lacks {', '.join(missing)}. "
-                f"Kernels that can: {', '.join(able) or 'none'} (or attn_backend='auto')."
+                f"Kernels that can: {', '.join(able) or 'none'} (or attn_backend={AUTO!r})."
             )
         return kernel
     best: Kernel | None = None
