@@ -8,9 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from model import GPT, POS_ENCODINGS, GPTConfig
-from model.cache import KVCache
-from model.generation import context_window
+from model import GPT, GPTConfig
 from model.kernels.flex import build_block_mask
 from model.masks import AttentionMask
 
@@ -98,25 +96,6 @@ def test_a_window_as_long_as_the_sequence_is_full_causal_attention(tiny_config, 
     idx = torch.randint(0, tiny_config.vocab_size, (2, ODD_LEN))
     with torch.no_grad():
         assert torch.equal(windowed(idx)[0], full(idx)[0])
-
-
-@pytest.mark.parametrize("mask", sorted(MASKS))
-@pytest.mark.parametrize("scheme", POS_ENCODINGS)
-def test_cached_decoding_equals_uncached_and_the_cache_stays_small(tiny_config, scheme, mask):
-    model = GPT(_config(tiny_config, scheme, mask)).eval()
-    prompt = torch.randint(0, tiny_config.vocab_size, (2, 9))  # longer than the window: a rolling prefill
-    cached = model.generate(prompt, 30, temperature=0)
-    uncached = model.generate(prompt, 30, temperature=0, use_cache=False)
-    assert torch.equal(cached, uncached)
-    if model.pe.max_positions is None:
-        assert context_window(model) is None  # constant memory: no window to slide
-    cache = KVCache(model.config.n_layer, 0, model.mask)
-    steps = 25 if model.pe.max_positions is None else model.pe.max_positions - prompt.size(1)
-    with torch.no_grad():
-        model(prompt, cache=cache)
-        for _ in range(steps):
-            model(prompt[:, :1], cache=cache)
-            assert cache.layers[0].k.size(2) == model.mask.window + model.mask.sinks  # never more than W + S
 
 
 def test_a_window_model_overfits_a_batch(tiny_config):
