@@ -3,7 +3,6 @@ groups, clipping under fp16, and randomized positions drawn per micro-batch."""
 
 from __future__ import annotations
 
-import math
 import types
 
 import pytest
