@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from core.errors import ConfigError
 from model.cache import KVCache, LayerCache
-from model.kernels import AUTO, KERNELS, Kernel, Needs, Plan, WeightsHook, choose_kernel, weights_kernel
+from model.kernels import AUTO, KERNELS, Kernel, Needs, Plan, choose_kernel, weights_kernel
 from model.linear_attention import LINEAR_KERNELS, LayerStateCache, StateCache, feature_map
 from model.masks import AttentionMask
 from model.positions import SCHEMES, PositionEncoding
@@ -103,12 +103,8 @@ class Attention(nn.Module):
         return weights_kernel(cls.kernels, needs)
 
     @classmethod
-    def new_cache(
-        cls, config: GPTConfig, mask: AttentionMask, capacity: int, batch: int | None, dtype: torch.dtype,
-        device: torch.device,
-    ) -> Cache:  # fmt: skip
-        """What decoding keeps for a model of `config` (see `GPT.new_cache`), allocated now for
-        `batch` sequences when given."""
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
+        """What decoding keeps for a model of `config` (see `GPT.new_cache`)."""
         raise NotImplementedError
 
     @classmethod
@@ -123,30 +119,17 @@ class SoftmaxAttention(Attention):
 
     kernels = KERNELS
 
-    def forward(
-        self,
-        x: Tensor,
-        pe: PositionEncoding,
-        plan: Plan,
-        cache: LayerCache | None = None,
-        on_weights: WeightsHook | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None = None) -> Tensor:
         q, k, v = self.project(x)
         q, k = pe.rotate(q, k, plan.step.q_start, plan.step.ids)  # the new tokens, at their absolute positions
         if cache is not None:
             k, v = cache.update(k, v, plan.step.q_start)  # the keys and values the plan describes
-        y = plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0, on_weights)  # (B, H, T, D)
+        y = plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0)  # (B, H, T, D)
         return self.output(y)
 
     @classmethod
-    def new_cache(
-        cls, config: GPTConfig, mask: AttentionMask, capacity: int, batch: int | None, dtype: torch.dtype,
-        device: torch.device,
-    ) -> Cache:  # fmt: skip
-        cache = KVCache(config.n_layer, capacity, mask)
-        if batch is not None:
-            cache.allocate(batch, config.n_head, config.head_dim, dtype, device)
-        return cache
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
+        return KVCache(config.n_layer, capacity, mask)
 
     @classmethod
     def constant_memory(cls, mask: AttentionMask) -> bool:
@@ -163,27 +146,17 @@ class LinearAttention(Attention):
     drops_weights = False
     scored = False
 
-    def forward(
-        self,
-        x: Tensor,
-        pe: PositionEncoding,
-        plan: Plan,
-        cache: LayerStateCache | None = None,
-        on_weights: WeightsHook | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerStateCache | None = None) -> Tensor:
         q, k, v = self.project(x)
         fq, fk = feature_map(q), feature_map(k)
         rq, rk = pe.rotate(fq, fk, plan.step.q_start, plan.step.ids)
         q2, k2 = torch.cat([rq, fq], dim=-1), torch.cat([rk, fk], dim=-1)
-        y = cache.attend(q2, k2, v) if cache is not None else plan.attend(q2, k2, v, self.score, 0.0, on_weights)
+        y = cache.attend(q2, k2, v) if cache is not None else plan.attend(q2, k2, v, self.score, 0.0)
         return self.output(y)
 
     @classmethod
-    def new_cache(
-        cls, config: GPTConfig, mask: AttentionMask, capacity: int, batch: int | None, dtype: torch.dtype,
-        device: torch.device,
-    ) -> Cache:  # fmt: skip
-        return StateCache(config.n_layer)  # its state appears with the first tokens, at a fixed size
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
+        return StateCache(config.n_layer)
 
     @classmethod
     def constant_memory(cls, mask: AttentionMask) -> bool:

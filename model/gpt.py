@@ -45,10 +45,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(
-        self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: object = None, on_weights: WeightsHook | None = None
-    ) -> Tensor:
-        x = x + self.attn(self.ln_1(x), pe, plan, cache, on_weights)
+    def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: object = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), pe, plan, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -209,7 +207,8 @@ class GPT(nn.Module):
         step = Step(start, T, self.config.n_head, idx.device, k_pos, positions)
         plan = Plan(kernel, kernel.context(self.pe, self.mask, step, self._kernel_memos[kernel]), step)
         for i, block in enumerate(self.blocks):
-            x = block(x, self.pe, plan, cache.layers[i] if cache is not None else None, visit(i) if visit else None)
+            layer_plan = dataclasses.replace(plan, on_weights=visit(i)) if visit else plan
+            x = block(x, self.pe, layer_plan, cache.layers[i] if cache is not None else None)
         if cache is not None:
             cache.advance(T)
         return self.ln_f(x)
@@ -222,8 +221,11 @@ class GPT(nn.Module):
         Position tables are grown now to the `longest` position decoding will reach (default
         `capacity`), so that they do not grow under a compiled step."""
         self.pe.reserve(longest or capacity)
-        weight = self.wte.weight
-        return self.attention.new_cache(self.config, self.mask, capacity, batch, weight.dtype, weight.device)
+        cache = self.attention.new_cache(self.config, self.mask, capacity)
+        if batch is not None:
+            weight = self.wte.weight
+            cache.allocate(batch, self.config.n_head, self.config.head_dim, weight.dtype, weight.device)
+        return cache
 
     def _check_length(self, length: int) -> None:
         limit = self.pe.max_positions

@@ -162,6 +162,10 @@ class StateCache:
         for layer in self.layers:
             layer.state = None
 
+    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Nothing to allocate ahead (the KV cache's interface): the first tokens create each layer's
+        state, at the size it keeps."""
+
     def fits(self, new_tokens: int) -> bool:
         return True
 

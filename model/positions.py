@@ -145,11 +145,7 @@ class SinusoidalPositions(PositionEncoding):
 
     @classmethod
     def check(cls, config: GPTConfig) -> None:
-        if config.n_embd % 2:
-            raise ConfigError(
-                f"GPTConfig.pos_encoding={config.pos_encoding!r} pairs sin and cos channels, so n_embd must be even; "
-                f"got {config.n_embd}."
-            )
+        _require_even(config, config.n_embd, "pairs sin and cos channels, so n_embd must be even")
 
     def reserve(self, length: int) -> None:
         if length > self.table.size(0):
@@ -183,11 +179,8 @@ class RotaryPositions(PositionEncoding):
 
     @classmethod
     def check(cls, config: GPTConfig) -> None:
-        if config.head_dim % 2:
-            raise ConfigError(
-                f"GPTConfig.pos_encoding={config.pos_encoding!r} rotates pairs of dimensions, so the head size "
-                f"n_embd / n_head must be even; got {config.n_embd} / {config.n_head} = {config.head_dim}."
-            )
+        why = f"rotates pairs of dimensions, so the head size n_embd / n_head = {config.n_embd} / {config.n_head}"
+        _require_even(config, config.head_dim, why + " must be even")
 
     def reserve(self, length: int) -> None:
         if length > self.cos.size(0):
@@ -255,6 +248,11 @@ class T5Bias(PositionEncoding):
     def relative_bias(self, h: Tensor, distance: Tensor) -> Tensor:
         bucket = self.buckets[distance.clamp(0, self.max_distance)]  # saturates at max_distance
         return self.table[bucket, h].float()
+
+
+def _require_even(config: GPTConfig, value: int, why: str) -> None:
+    if value % 2:
+        raise ConfigError(f"GPTConfig.pos_encoding={config.pos_encoding!r} {why}; got {value}.")
 
 
 def take(table: Tensor, start: int, length: int, ids: Tensor | None) -> Tensor:

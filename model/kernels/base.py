@@ -138,17 +138,16 @@ class Kernel:
 
 @dataclass(frozen=True)
 class Plan:
-    """One forward pass's attention, shared by every layer: the kernel, the context it built, and
-    where the tokens sit."""
+    """One forward pass's attention, shared by every layer: the kernel, the context it built, where
+    the tokens sit, and (for attention maps: a copy per layer) who receives the weights."""
 
     kernel: Kernel
     context: Any
     step: Step
+    on_weights: WeightsHook | None = None
 
-    def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, score: Score, dropout_p: float, on_weights: WeightsHook | None = None
-    ) -> Tensor:
-        return self.kernel.run(q, k, v, self.context, score, dropout_p, on_weights)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, score: Score, dropout_p: float) -> Tensor:
+        return self.kernel.run(q, k, v, self.context, score, dropout_p, self.on_weights)
 
 
 def choose_kernel(kernels: Mapping[str, Kernel], requested: str, needs: Needs, device: torch.device) -> Kernel:
