@@ -2,12 +2,13 @@
 variant) and seed, trained on short inputs, tested for exact-match accuracy on long ones.
 
     python -m experiments.synthetic --config configs/synthetic_copy.yaml
-    python -m experiments.synthetic --config configs/synthetic_copy.yaml --schemes [rope,alibi] --seeds [1,2]
+    python -m experiments.synthetic --config configs/synthetic_copy.yaml --schemes rope alibi --seeds 1 2
 
 The task (`data.tasks`: copy, reverse, recall, passkey) and its lengths are the `task:` section
 (`--task.name`, `--task.train_max`, `--task.eval_lengths`, ...). Every model is the shared `run:`
-with its scheme or variant settings; a variant may also train on randomized positions
-(`{name: rope-randpos, pos_encoding: rope, random_positions: 1024}`, Ruoss et al. 2023). Writes
+with its scheme or its variant's overrides; a variant may also train on randomized positions
+(`{name: rope-randpos, model: {pos_encoding: rope}, train: {random_positions: 1024}}`, Ruoss et al.
+2023). Writes
 
     <out_dir>/results.md, results.json, accuracy_vs_length.png (and passkey_depth.png)
     <out_dir>/experiment.yaml, <out_dir>/runs/<model>-seed<S>/
@@ -27,19 +28,17 @@ from typing import Any
 
 import torch
 import yaml
-from jsonargparse import ArgumentParser
 from tqdm import tqdm
 
 from core.checkpoint import load_checkpoint
+from core.cli import Command, run
 from core.device import pick_device
 from data.tasks import TaskConfig, eval_set, tokenizer_for
 from evaluation.run import provenance
 from evaluation.task_report import write_task_report
 from evaluation.tasks import evaluate_task
-from experiments.common import Variant, check_models, experiment_record, main_of, models_of, train_all
-from experiments.common import build_parser as build_experiment_parser
-from experiments.common import parse_config as parse_experiment
-from model.config import POS_ENCODINGS, PosEncoding
+from experiments.common import HIDDEN, Variant, check_models, experiment_record, models_of, print_report, train_all
+from model.config import POS_ENCODINGS
 from training.config import RunConfig
 from training.run import task_data
 
@@ -55,10 +54,12 @@ class SyntheticConfig:
     """Report directory; the runs are trained under <out_dir>/runs."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """The task, its training lengths and its test sets."""
-    schemes: list[PosEncoding] = field(default_factory=lambda: list(POS_ENCODINGS))
+    schemes: list[str] = field(default_factory=lambda: list(POS_ENCODINGS))
     """Position schemes to train, one model each (per seed)."""
     variants: list[Variant] = field(default_factory=list)
-    """Further models: named attention settings and/or randomized positions."""
+    """Further models: a name and overrides of the shared run's model and train sections (attention
+    settings, randomized positions: {name: rope-randpos, model: {pos_encoding: rope}, train:
+    {random_positions: 1024}})."""
     seeds: list[int] = field(default_factory=lambda: [1337])
     """Training seeds; with several, the table shows mean ± std across seeds."""
     run: RunConfig = field(default_factory=RunConfig)
@@ -78,7 +79,8 @@ class SyntheticConfig:
                 f"{self.task.train_max}; raise run.model.block_size to at least {longest}."
             )
 
-    def models(self) -> list[tuple[str, dict[str, Any]]]:
+    def models(self) -> list[Variant]:
+        """Every model: each scheme as it is, then the variants."""
         return models_of(self.schemes, self.variants)
 
 
@@ -121,21 +123,18 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
     return doc
 
 
-def build_parser() -> ArgumentParser:
-    return build_experiment_parser(
-        SyntheticConfig,
-        "python -m experiments.synthetic",
-        "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
-    )
+def main(cfg: SyntheticConfig) -> None:
+    """Run the experiment; print its table and where the report is."""
+    print_report(cfg.out_dir, run_synthetic(cfg))
 
 
-def parse_config(argv: list[str] | None = None) -> SyntheticConfig:
-    return parse_experiment(SyntheticConfig, build_parser(), argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    main_of(parse_config, run_synthetic, argv)
-
+COMMAND = Command(
+    "python -m experiments.synthetic",
+    SyntheticConfig,
+    main,
+    "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
+    hidden=HIDDEN,
+)
 
 if __name__ == "__main__":
-    main()
+    run(COMMAND)

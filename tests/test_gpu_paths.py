@@ -135,7 +135,7 @@ def test_the_gpu_recipe_compiles_and_trains_in_bf16_on_cpu(tmp_path, text_file, 
 def test_shipped_gpu_experiment_config_trains_and_evaluates_in_bf16(tmp_path, text_file, gpt2_ranks):
     from experiments import extrapolation as experiment
 
-    experiment.main([
+    cli.run(experiment.COMMAND, [
         "--config", str(ROOT / "configs" / "extrapolation_gpu.yaml"), "--out_dir", str(tmp_path / "report"),
         "--schemes", "[rope, alibi]",
         "--run.model.n_layer", "1", "--run.model.n_head", "2", "--run.model.n_embd", "32",
