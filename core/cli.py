@@ -285,6 +285,9 @@ def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = 
     if len(lines) > MAX_ERROR_LINES:
         lines = [*lines[: MAX_ERROR_LINES - 1], "..."]
     text = "\n".join(lines)
+    if text.startswith("the following arguments are required: "):  # argparse names them without dashes
+        head, _, names = text.partition(": ")
+        text = f"{head}: " + ", ".join("--" + name.strip() for name in names.split(","))
     unknown = re.findall(r"(?<![\w-])--([\w.]+)", message) if "unrecognized arguments" in message else []
     unknown += re.findall(r"""[Kk]ey ["']([\w.]+)["'] is not expected""", message)
     for name in unknown:
