@@ -67,7 +67,8 @@ class ExperimentConfig:
 
 
 def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
-    """Train what is not trained yet, evaluate everything, write the report; returns its document."""
+    """Train what is not trained yet, evaluate everything, write the report and print its table;
+    returns its document."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
@@ -77,18 +78,14 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     doc = evaluate_checkpoints([Subject(r.ckpt, r.label) for r in trained], cfg.eval, cfg.eval_data)
     doc["experiment"] = experiment_record(cfg, train_wall, t0, started)
     write_report(doc, out)
+    print_report(cfg.out_dir, doc)
     return doc
-
-
-def main(cfg: ExperimentConfig) -> None:
-    """Run the experiment; print its table and where the report is."""
-    print_report(cfg.out_dir, run_experiment(cfg))
 
 
 COMMAND = Command(
     "python -m experiments.extrapolation",
     ExperimentConfig,
-    main,
+    run_experiment,
     "Train one model per position scheme, evaluate them all at every length, write a report.",
     hidden=HIDDEN,
 )

@@ -85,7 +85,8 @@ class SyntheticConfig:
 
 
 def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
-    """Train what is not trained yet, test every model at every length, write the report."""
+    """Train what is not trained yet, test every model at every length, write the report and print
+    its table; returns its document."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
@@ -120,18 +121,14 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
         "experiment": experiment_record(cfg, train_wall, t0, started),
     }
     write_task_report(doc, out)
+    print_report(cfg.out_dir, doc)
     return doc
-
-
-def main(cfg: SyntheticConfig) -> None:
-    """Run the experiment; print its table and where the report is."""
-    print_report(cfg.out_dir, run_synthetic(cfg))
 
 
 COMMAND = Command(
     "python -m experiments.synthetic",
     SyntheticConfig,
-    main,
+    run_synthetic,
     "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
     hidden=HIDDEN,
 )
