@@ -129,7 +129,7 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
     try:
         values = parser.instantiate(namespace)
         return command.config(**{f.name: values[f.name] for f in dataclasses.fields(command.config) if f.init})
-    except ConfigError:
+    except UserError:  # a check that raises a user error of its own kind (a DeviceError, say)
         raise
     except ValueError as error:  # a __post_init__ check: it names the setting and the fix
         raise ConfigError(str(error)) from None
@@ -286,17 +286,26 @@ def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = 
         lines = [*lines[: MAX_ERROR_LINES - 1], "..."]
     text = "\n".join(lines)
     if text.startswith("the following arguments are required: "):  # argparse names them without dashes
-        head, _, names = text.partition(": ")
-        text = f"{head}: " + ", ".join("--" + name.strip() for name in names.split(","))
-    unknown = re.findall(r"(?<![\w-])--([\w.]+)", message) if "unrecognized arguments" in message else []
-    unknown += re.findall(r"""[Kk]ey ["']([\w.]+)["'] is not expected""", message)
-    for name in unknown:
+        head, _, missing = text.partition(": ")
+        text = f"{head}: " + ", ".join("--" + name.strip() for name in missing.split(","))
+    for name in _unknown_options(message):
         if name in refused:
             return f"{text}; --{name} is not an option of this command"
         hint = did_you_mean(name, names, "--")
         if hint:
             return text + hint
     return text
+
+
+def _unknown_options(message: str) -> list[str]:
+    """The options a jsonargparse message says it does not know: on the command line
+    ('unrecognized arguments: --x 1') or in a config file ("Group 'model' does not accept option
+    'x'", "Option 'x' is not accepted")."""
+    found = re.findall(r"(?<![\w-])--([\w.]+)", message) if "unrecognized arguments" in message else []
+    found += [
+        f"{group}.{name}" for group, name in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
+    ]
+    return found + re.findall(r"^Option '([\w.]+)' is not accepted", message)
 
 
 def did_you_mean(name: str, names: Sequence[str], dashes: str) -> str:

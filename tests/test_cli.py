@@ -99,6 +99,16 @@ def test_a_misspelled_option_gets_a_short_usage_and_the_closest_option(name, arg
     assert any(f"did you mean {closest}?" in line for line in lines), lines
 
 
+def test_a_misspelled_key_in_a_config_file_gets_the_closest_option(tmp_path, capsys):
+    for text, closest in (
+        ("model:\n  n_layr: 3\n", "--model.n_layer"),
+        ("trian:\n  max_steps: 3\n", "--train.max_steps"),
+    ):
+        (tmp_path / "bad.yaml").write_text(text)
+        lines = _stops(capsys, "train.py", ["--config", str(tmp_path / "bad.yaml")])
+        assert len(lines) <= 10 and f"did you mean {closest}?" in lines[1], lines
+
+
 def test_a_bad_value_is_a_short_usage_too(capsys):
     lines = _stops(capsys, "train.py", ["--model.n_layer", "four"])
     assert len(lines) <= 10 and "model.n_layer" in lines[1] and "four" in lines[1], lines
