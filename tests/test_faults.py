@@ -38,20 +38,6 @@ def _run(tmp_path: Path, text_file: Path, *extra: str) -> Path:
     return tmp_path / "runs" / "tiny"
 
 
-def _exit(capsys, command, argv: list[str]) -> tuple[int, str]:
-    """Run a command expecting it to stop: (exit status, stderr)."""
-    with pytest.raises(SystemExit) as info:
-        cli.run(command, argv)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return info.value.code, err
-
-
-def _message(capsys, command, argv: list[str]) -> str:
-    """The one `error:` line a command ends with, exit status 2."""
-    return cli_error(capsys, command, argv)
-
-
 @pytest.fixture
 def trained(tmp_path, text_file) -> Path:
     """A tiny run of 6 steps with a checkpoint every 3."""
@@ -79,7 +65,7 @@ def test_evaluation_refuses_a_changed_corpus(tmp_path, text_file, trained, capsy
     assert kept == reference and "changed since training" in caplog.text
     # re-prepared from the changed text (e.g. by another run): refused, nothing written
     prepare_dir(str(text_file), None, str(tmp_path / "prepared"))
-    message = _message(capsys, evaluate_script.COMMAND, [*args, "--out", str(tmp_path / "changed")])
+    message = cli_error(capsys, evaluate_script.COMMAND, [*args, "--out", str(tmp_path / "changed")])
     assert "trained on other data" in message and "--eval_data.input" in message
     assert not (tmp_path / "changed").exists()
 
@@ -90,9 +76,8 @@ def test_evaluation_rebuilds_a_deleted_split_from_unchanged_sources(tmp_path, te
     for file in prepared.iterdir():
         file.unlink()
     out = tmp_path / "out"
-    argv = ["--ckpt", str(trained / "last.ckpt"), "--eval.lengths", "[16]", "--eval.token_budget", "32",
-            "--eval.progress", "false", "--out", str(out)]  # fmt: skip
-    cli.run(evaluate_script.COMMAND, argv)
+    args = ["--ckpt", str(trained / "last.ckpt"), "--eval.lengths", "[16]", "--eval.token_budget", "32"]
+    cli.run(evaluate_script.COMMAND, [*args, "--eval.progress", "false", "--out", str(out)])
     assert json.loads((out / "results.json").read_text())["runs"][0]["results"][0]["ppl"] > 1
     assert json.loads((prepared / "meta.json").read_text())["fingerprint"] == ckpt.data["fingerprint"]
 
@@ -100,11 +85,11 @@ def test_evaluation_rebuilds_a_deleted_split_from_unchanged_sources(tmp_path, te
 def test_resume_refuses_other_data_and_another_seed(tmp_path, text_file, trained, capsys):
     other = tmp_path / "other.txt"
     other.write_text(make_text(400, seed=3))
-    message = _message(capsys, train_script.COMMAND, tiny_args(tmp_path, other, "--train.max_steps", "8",
+    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, other, "--train.max_steps", "8",
                                                              "--train.resume", "auto"))  # fmt: skip
     assert "Cannot resume" in message and "data: checkpoint trained on" in message
     argv = tiny_args(tmp_path, text_file, "--train.max_steps", "8", "--train.resume", "auto", "--train.seed", "7")
-    message = _message(capsys, train_script.COMMAND, argv)
+    message = cli_error(capsys, train_script.COMMAND, argv)
     assert "train.seed: checkpoint 1337 vs now 7" in message
 
 
@@ -116,8 +101,8 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, text
     assert (trained / "best.ckpt").is_file()
     argv = tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "40",
                      "--train.ckpt_interval", "3", "--train.resume", "auto", "--optim.lr", "1e6")  # fmt: skip
-    code, err = _exit(capsys, train_script.COMMAND, argv)
-    assert code == 1 and err.strip().splitlines()[-1].startswith("error: Training diverged") and "--optim.lr" in err
+    err = cli_error(capsys, train_script.COMMAND, argv, code=1)  # no checkpoint of the diverged model
+    assert err.startswith("error: Training diverged") and "--optim.lr" in err
     assert f"{trained / 'last.ckpt'} (step 6)" in err or "from before this launch" in err
     after = read_checkpoint(trained / "last.ckpt")
     assert after["global_step"] == good["global_step"] == 6  # not overwritten with a diverged model
@@ -129,8 +114,7 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, text
 def test_a_fresh_diverging_run_writes_no_checkpoint(tmp_path, text_file, capsys):
     argv = tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "30", "--optim.lr", "1e6",
                      "--optim.warmup_steps", "0")  # fmt: skip
-    code, err = _exit(capsys, train_script.COMMAND, argv)
-    assert code == 1 and "no checkpoint was written" in err
+    assert "no checkpoint was written" in cli_error(capsys, train_script.COMMAND, argv, code=1)
     assert not (tmp_path / "runs" / "tiny" / "last.ckpt").exists()
     assert not (tmp_path / "runs" / "tiny" / "best.ckpt").exists()
 
@@ -145,7 +129,7 @@ def test_sampling_and_evaluating_a_non_finite_checkpoint_is_one_message(tmp_path
         (sample_script.COMMAND, ["--ckpt", str(bad), "--max_new_tokens", "5"]),
         (evaluate_script.COMMAND, ["--ckpt", str(bad), "--eval.lengths", "[16]", "--out", str(tmp_path / "e")]),
     ):
-        assert "non-finite weights" in _message(capsys, command, argv)
+        assert "non-finite weights" in cli_error(capsys, command, argv)
 
 
 # 3. signals
@@ -172,9 +156,8 @@ def test_a_signal_saves_a_checkpoint_and_exits_non_zero_and_resume_is_exact(tmp_
     if signum != signal.SIGTERM:
         return
     end = str(step + 3)
-    cli.run(
-        train_script.COMMAND, tiny_args(killed, text_file, *common, "--train.max_steps", end, "--train.resume", "auto")
-    )
+    argv = tiny_args(killed, text_file, *common, "--train.max_steps", end, "--train.resume", "auto")
+    cli.run(train_script.COMMAND, argv)
     straight = tmp_path / "straight"
     cli.run(train_script.COMMAND, tiny_args(straight, text_file, *common, "--train.max_steps", end))
     a = read_checkpoint(killed / "runs" / "tiny" / "last.ckpt")["state_dict"]
@@ -222,7 +205,7 @@ def test_a_prepare_removes_what_a_killed_one_left(tmp_path, text_file):
 
 def test_a_second_run_into_a_directory_with_checkpoints_stops(tmp_path, text_file, trained, capsys):
     before = read_checkpoint(trained / "last.ckpt")
-    message = _message(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "4"))
+    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "4"))
     assert "already holds" in message and "--train.resume auto" in message and "--train.overwrite true" in message
     assert torch.equal(read_checkpoint(trained / "last.ckpt")["state_dict"]["model.wte.weight"],
                        before["state_dict"]["model.wte.weight"])  # fmt: skip
@@ -233,7 +216,7 @@ def test_a_second_run_into_a_directory_with_checkpoints_stops(tmp_path, text_fil
 def test_a_run_directory_in_use_is_refused(tmp_path, text_file, capsys):
     run_dir = tmp_path / "runs" / "tiny"
     with directory_lock(run_dir):
-        message = _message(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "2"))
+        message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "2"))
     assert "in use by another process" in message and "--train.run_name" in message
 
 
@@ -289,7 +272,7 @@ def test_every_truncation_of_a_checkpoint_is_one_message(tmp_path, text_file, tr
         (evaluate_script.COMMAND, ["--ckpt", str(bad), "--eval.lengths", "[16]", "--out", str(tmp_path / "e")]),
         (train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "8", "--train.resume", str(bad))),
     ):
-        assert "not a readable checkpoint" in _message(capsys, command, argv)
+        assert "not a readable checkpoint" in cli_error(capsys, command, argv)
 
 
 # 8. the GPT-2 ranks file
@@ -311,7 +294,7 @@ def test_a_bpe_checkpoint_whose_ranks_file_moved(tmp_path, text_file, gpt2_ranks
          "--model.n_embd", "16", "--model.n_head", "2")  # fmt: skip
     ckpt = str(tmp_path / "runs" / "tiny" / "last.ckpt")
     moved.unlink()
-    message = _message(capsys, sample_script.COMMAND, ["--ckpt", ckpt, "--max_new_tokens", "3"])
+    message = cli_error(capsys, sample_script.COMMAND, ["--ckpt", ckpt, "--max_new_tokens", "3"])
     assert "ranks file not found" in message and "--tiktoken_ranks" in message and RANKS_ENV in message
     monkeypatch.setenv(RANKS_ENV, str(gpt2_ranks))
     cli.run(sample_script.COMMAND, ["--ckpt", ckpt, "--max_new_tokens", "3"])
@@ -339,7 +322,7 @@ def test_a_bpe_checkpoint_whose_ranks_file_moved(tmp_path, text_file, gpt2_ranks
     ],
 )
 def test_run_settings_out_of_range_are_one_message(tmp_path, text_file, capsys, args, needle):
-    message = _message(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, *args))
+    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, *args))
     assert needle in message
     assert not (tmp_path / "runs").exists() and not (tmp_path / "prepared").exists()
 
@@ -357,7 +340,7 @@ def test_run_settings_out_of_range_are_one_message(tmp_path, text_file, capsys, 
     ],
 )
 def test_sample_settings_out_of_range_are_one_message(tmp_path, capsys, args, needle):
-    assert needle in _message(capsys, sample_script.COMMAND, ["--ckpt", str(tmp_path / "any.ckpt"), *args])
+    assert needle in cli_error(capsys, sample_script.COMMAND, ["--ckpt", str(tmp_path / "any.ckpt"), *args])
 
 
 def test_top_p_keeps_the_most_likely_token():
@@ -386,9 +369,9 @@ def test_file_system_mistakes_are_one_message(tmp_path, text_file, trained, caps
     (corrupt / "meta.json").write_text("{not json")
     cases.append((tiny_args(tmp_path, text_file, "--data.dir", str(corrupt)), "meta.json is unreadable or corrupt"))
     for argv, needle in cases:
-        assert needle in _message(capsys, train_script.COMMAND, argv)
+        assert needle in cli_error(capsys, train_script.COMMAND, argv)
     started = time.perf_counter()
-    message = _message(capsys, evaluate_script.COMMAND, ["--ckpt", str(trained / "last.ckpt"), "--out", str(a_file)])
+    message = cli_error(capsys, evaluate_script.COMMAND, ["--ckpt", str(trained / "last.ckpt"), "--out", str(a_file)])
     assert "--out" in message and "is a file" in message and time.perf_counter() - started < 5
 
 
@@ -404,7 +387,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(tmp_path, text_fi
     monkeypatch.setattr(callbacks.torch, "save", no_space)
     argv = tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "9", "--train.ckpt_interval",
                      "3", "--train.resume", "auto")  # fmt: skip
-    message = _message(capsys, train_script.COMMAND, argv)
+    message = cli_error(capsys, train_script.COMMAND, argv)
     assert "no space left" in message and "--train.resume auto" in message
     assert (trained / "last.ckpt").read_bytes() == before
     assert not [p for p in trained.iterdir() if ".tmp" in p.name]
