@@ -15,50 +15,23 @@ logic is in evaluation/attention_maps.py.
 
 from __future__ import annotations
 
-import logging
-import sys
-
-from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
-
-from core.checkpoint import CheckpointError
-from core.device import DeviceError
-from data.errors import DataError
-from evaluation.attention_maps import MapsConfig, run
+from core.cli import Command, run
+from core.errors import UserError
+from evaluation.attention_maps import MapsConfig
+from evaluation.attention_maps import run as draw
 
 
-def build_parser() -> ArgumentParser:
-    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # field docstrings become --help text
-    parser = ArgumentParser(prog="attention_maps.py", description=__doc__)
-    parser.add_argument("--config", action=ActionConfigFile, help="A YAML file of these options.")
-    listed = {  # lists given as `--lengths 256 1024`, as evaluate.py takes --ckpt
-        "ckpt": (str, "checkpoints written by train.py (several: their figures share axes, one colour each)"),
-        "labels": (str, "a name per checkpoint (default: its run directory); checkpoints sharing a name are "
-                   "seeds of one model, averaged in the long-context figures"),
-        "layers": (int, "layers to draw heatmaps of (default: all), from 0"),
-        "heads": (int, "heads to draw in each heatmap grid (default: all), from 0"),
-        "lengths": (int, "context lengths for the long-context statistics, e.g. 256 1024 4096"),
-    }  # fmt: skip
-    for name, (kind, help_text) in listed.items():
-        parser.add_argument(f"--{name}", nargs="+", type=kind, required=name == "ckpt", help=help_text)
-    parser.add_class_arguments(MapsConfig, None, skip=set(listed))
-    return parser
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+def main(cfg: MapsConfig) -> None:
+    """Draw, write, say what was written."""
     try:
-        config = parser.instantiate(args)
-        cfg = MapsConfig(**{name: getattr(config, name) for name in MapsConfig.__dataclass_fields__})
-        paths = run(cfg)
-    except (ValueError, DataError, CheckpointError, DeviceError) as error:  # each says how to fix it
-        sys.exit(f"error: {error}")
+        paths = draw(cfg)
     except OSError as error:
-        sys.exit(f"error: cannot write the figures to {args.out}: {error.strerror or error}.")
+        raise UserError(f"cannot write the figures to {cfg.out}: {error.strerror or error}.") from error
     print(f"wrote {len(paths)} files to {cfg.out}: " + ", ".join(str(p) for p in paths[:8])
           + (" ..." if len(paths) > 8 else ""))  # fmt: skip
 
 
+COMMAND = Command("attention_maps.py", MapsConfig, main, __doc__, aliases={"eval_data.": "data."})
+
 if __name__ == "__main__":
-    main()
+    run(COMMAND)

@@ -4,22 +4,26 @@ of each attention variant. Figures go into BENCHMARKS.md."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 
+from core.cli import Command
+from core.errors import ConfigError
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-ATTENTION_KINDS = ("softmax-sdpa", "softmax-eager", "linear-chunked", "window-sdpa")
+AttentionKind = Literal["softmax-sdpa", "softmax-eager", "linear-chunked", "window-sdpa"]
+ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
 
 
 def attention_cost(kind: str, T: int, heads: int = 4, head_dim: int = 32, repeats: int = 3) -> tuple[float, float]:
@@ -57,7 +61,19 @@ def attention_cost(kind: str, T: int, heads: int = 4, head_dim: int = 32, repeat
     return 1000 * statistics.median(times[1:]), peak_mib
 
 
-def bench_attention_cost(args: argparse.Namespace) -> None:
+@dataclass
+class AttentionCostConfig:
+    """fwd+bwd time and peak memory of attention kinds against T, CPU."""
+
+    lengths: list[int] = field(default_factory=lambda: [1024, 4096, 16384])
+    """Sequence lengths T."""
+    kinds: list[AttentionKind] = field(default_factory=lambda: list(ATTENTION_KINDS))
+    """The attention kinds timed."""
+    eager_max: int = 4096
+    """Longest T for the T x T eager reference."""
+
+
+def bench_attention_cost(args: AttentionCostConfig) -> None:
     """Each (kind, T) in a fresh process, so that its peak resident memory is its own."""
     print("| kind | T | fwd+bwd ms | peak MiB above the imports |\n|---|---|---|---|")
     for T in args.lengths:
@@ -86,7 +102,26 @@ VARIANTS: dict[str, dict[str, object]] = {
 }
 
 
-def bench_variants(args: argparse.Namespace) -> None:
+@dataclass
+class VariantsConfig:
+    """Training step of each attention variant, interleaved, CPU."""
+
+    shape: tuple[int, int, int, int] = (4, 128, 256, 8)
+    """layers width block batch."""
+    steps: int = 10
+    """Timed steps per variant and round (2 more for warm-up)."""
+    rounds: int = 4
+    """Interleaved rounds."""
+    names: list[str] = field(default_factory=lambda: list(VARIANTS))
+    """The variants to time (the first is the reference)."""
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.names if name not in VARIANTS]
+        if unknown:
+            raise ConfigError(f"--names: no variant {unknown[0]!r}; choose among {', '.join(VARIANTS)}.")
+
+
+def bench_variants(args: VariantsConfig) -> None:
     """Training step (forward, backward, AdamW) of each attention variant at one shape, float32, in
     interleaved rounds (every variant once per round, the order reversed every other round)."""
     layers, width, block, batch = args.shape
@@ -117,3 +152,9 @@ def bench_variants(args: argparse.Namespace) -> None:
     for name in names:
         ms = 1000 * statistics.median(times[name])
         print(f"| {name} | {ms:.1f} | {batch * block / ms * 1000:,.0f} | {default * 1000 / ms:.2f}x |")
+
+
+ATTENTION_COST = Command(
+    "bench.py attention-cost", AttentionCostConfig, bench_attention_cost, AttentionCostConfig.__doc__, logs=False
+)
+VARIANT_STEP = Command("bench.py variants", VariantsConfig, bench_variants, VariantsConfig.__doc__, logs=False)

@@ -1,6 +1,6 @@
 """Turn text into memory-mapped token files: `train.bin`, `val.bin` and `meta.json`.
 
-    python -m data.prepare --input corpus/ --out prepared/mycorpus --tokenizer gpt2
+    python -m data.prepare --inputs corpus/ --out_dir prepared/mycorpus --tokenizer gpt2
 
 Input is a file, several files, a directory (recursive, `*.txt` by default) or a named corpus
 (`shakespeare`, `python-docs`, `auto`: see `data.corpora`). Text is streamed in chunks that end on
@@ -25,11 +25,13 @@ import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from core.cli import Command, run
 from core.files import LockedError, atomic_write_bytes, directory_lock, remove_stale_tmp, sha256_file, tmp_path
 from data.corpora import NAMED
 from data.errors import DataError
@@ -71,6 +73,28 @@ def resolve_sources(inputs: str | os.PathLike | Sequence[str | os.PathLike], glo
     return list(dict.fromkeys(p.resolve() for p in sources))  # drop repeats, keep order
 
 
+@dataclass
+class PrepareConfig:
+    """What to tokenize, into which directory, how (`python -m data.prepare`)."""
+
+    inputs: str | list[str]
+    """File(s), directory(ies) or a named corpus (`data.corpora.NAMED`: shakespeare, python-docs, auto)."""
+    out_dir: str
+    """Output directory, created if needed."""
+    tokenizer: Literal["char", "gpt2"] = "char"
+    """char (vocabulary from the corpus) or gpt2 (BPE; <|endoftext|> after each file)."""
+    glob: str = "*.txt"
+    """File pattern for directories."""
+    val_fraction: float = 0.1
+    """Share of tokens, taken from the end, for validation."""
+    errors: Literal["strict", "replace"] = "strict"
+    """strict rejects invalid UTF-8; replace substitutes U+FFFD for bad bytes."""
+    tiktoken_ranks: str | None = None
+    """Local r50k_base.tiktoken for offline BPE (or set POSGPT_TIKTOKEN_RANKS)."""
+    workers: int | None = None
+    """Threads for BPE encoding (default: all cores)."""
+
+
 def prepare(
     inputs: str | list[str],
     out_dir: str,
@@ -81,18 +105,8 @@ def prepare(
     tiktoken_ranks: str | None = None,
     workers: int | None = None,
 ) -> dict[str, Any]:
-    """Tokenize `inputs` into `out_dir` (see the module docstring) and return its metadata.
-
-    Args:
-        inputs: file(s), directory(ies) or a named corpus (`data.corpora.NAMED`).
-        out_dir: output directory, created if needed.
-        tokenizer: "char" (vocabulary from the corpus) or "gpt2" (BPE; <|endoftext|> after each file).
-        glob: file pattern for directories.
-        val_fraction: share of tokens, taken from the end, for validation.
-        errors: "strict" rejects invalid UTF-8; "replace" substitutes U+FFFD for bad bytes.
-        tiktoken_ranks: local r50k_base.tiktoken for offline BPE (or set POSGPT_TIKTOKEN_RANKS).
-        workers: threads for BPE encoding (default: all cores).
-    """
+    """Tokenize `inputs` into `out_dir` (see the module docstring) and return its metadata; the
+    arguments are the fields of `PrepareConfig`."""
     if not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}.")
     if tokenizer not in ("char", "gpt2"):
@@ -118,7 +132,7 @@ def _os_error(error: OSError, out: Path) -> DataError:
         fix = (
             "Free some space and run it again (what was written is discarded)"
             if error.errno == errno.ENOSPC
-            else "Pass a directory you can write (--data.prepared_root DIR in train.py, --out_dir DIR in data.prepare)"
+            else "Pass a directory you can write (--data.prepared_root DIR)"
         )
         return DataError(f"Cannot write prepared data to {out} ({name}: {reason}). {fix}.")
     return DataError(f"Cannot read {name}: {reason}. Check the path and its permissions.")
@@ -289,20 +303,20 @@ def _reusable(out: Path, key: str) -> dict[str, Any] | None:
     return meta
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command line: every argument of `prepare`, e.g. --inputs a.txt b.txt --out_dir DIR."""
-    from jsonargparse import ArgumentParser
-
-    parser = ArgumentParser(description="Tokenize text into train.bin / val.bin / meta.json.")
-    parser.add_function_arguments(prepare, as_positional=False)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        meta = prepare(**vars(args))
-    except DataError as error:
-        raise SystemExit(f"error: {error}") from None
+def main(cfg: PrepareConfig) -> None:
+    """Prepare, then print the token counts."""
+    meta = prepare(**asdict(cfg))
     print(json.dumps({k: meta[k] for k in ("train_tokens", "val_tokens", "dtype")}))
 
 
+COMMAND = Command(
+    "python -m data.prepare",
+    PrepareConfig,
+    main,
+    "Tokenize text into train.bin / val.bin / meta.json.",
+    # the data options of train.py, as messages of shared code name them
+    aliases={"data.input": "inputs", "data.prepared_root": "out_dir", "data.": ""},
+)
+
 if __name__ == "__main__":
-    main()
+    run(COMMAND)

@@ -53,8 +53,8 @@ def checkpoint_tokenizer(
         return tokenizer_from_meta(meta, tiktoken_ranks(ranks_path, recorded_ranks))
     except DataError as error:
         raise CheckpointError(
-            f"Cannot rebuild the tokenizer of {checkpoint}: {error} Pass the ranks file with the tiktoken_ranks option "
-            f"(sample.py --tiktoken_ranks, evaluate.py --data.tiktoken_ranks) or set {RANKS_ENV}."
+            f"Cannot rebuild the tokenizer of {checkpoint}: {error} Pass the ranks file with --tiktoken_ranks PATH "
+            f"or set {RANKS_ENV}."
         ) from None
 
 

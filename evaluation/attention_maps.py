@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from core.device import pick_device
+from core.errors import ConfigError
 from core.files import atomic_write_bytes
-from data.errors import DataError
 from data.tokenizer import CharTokenizer
 from evaluation.attention import long_context_stats, prompt_weights, runs_at, visible_keys
 from evaluation.attention_figures import heads_figure, layers_figure, printable, stats_figures
@@ -27,6 +27,7 @@ from evaluation.checkpoint import LoadedCheckpoint, load_checkpoint
 from evaluation.config import EvalData, check_output_dir
 from evaluation.report import png_bytes
 from evaluation.run import Subject, check_long_enough, default_labels, load_texts, provenance
+from evaluation.sampling import prompt_text
 
 FORMAT = "posgpt-attention/1"
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ def _check_length(subject: Subject, ckpt: LoadedCheckpoint, length: int, what: s
     """Only learned positions stop at a length: a single checkpoint that cannot reach `length` is an error."""
     if not runs_at(ckpt.model, length):
         limit = ckpt.model.pe.max_positions
-        raise ValueError(
+        raise ConfigError(
             f"{subject.path} has {ckpt.model.config.pos_encoding} positions, which exist up to {limit} tokens; "
             f"{what} asks for {length}. Use lengths up to {limit} for it, or leave it out."
         )
@@ -158,34 +159,25 @@ def _check_indices(subject: Subject, ckpt: LoadedCheckpoint, cfg: MapsConfig) ->
                                ("head", cfg.heads, ckpt.model.config.n_head)):  # fmt: skip
         unknown = [i for i in asked or [] if i >= count]
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"{subject.path} has {count} {what}s (0..{count - 1}); there is no {what} {unknown[0]}. "
                 f"Pass --{what}s within 0..{count - 1}."
             )
 
 
 def _prompt_ids(subject: Subject, ckpt: LoadedCheckpoint, prompt: str) -> list[int]:
-    text = _read_prompt(prompt)
+    text = prompt_text(prompt)
     tokenizer = ckpt.tokenizer
     ids = tokenizer.encode(text, drop_unknown=False) if isinstance(tokenizer, CharTokenizer) else tokenizer.encode(text)
     if not ids:
-        raise ValueError("The prompt is empty: pass --prompt TEXT with at least one token.")
+        raise ConfigError("The prompt is empty: pass --prompt TEXT with at least one token.")
     if len(ids) > MAX_PROMPT_TOKENS:
-        raise ValueError(
+        raise ConfigError(
             f"The prompt is {len(ids)} tokens for {subject.path}; a heatmap is readable up to {MAX_PROMPT_TOKENS}. "
             "Shorten it, or pass --lengths to see attention at long contexts."
         )
     _check_length(subject, ckpt, len(ids), "the prompt")
     return ids
-
-
-def _read_prompt(prompt: str) -> str:
-    if not prompt.startswith("@"):
-        return prompt
-    try:
-        return Path(prompt[1:]).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"Cannot read the prompt file {prompt[1:]}: {error}") from None
 
 
 def _draw_prompt(

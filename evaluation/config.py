@@ -1,5 +1,5 @@
-"""What an extrapolation evaluation runs: typed dataclasses shared by `evaluate.py` and the
-experiment runner (whose YAML has an `eval:` section of `EvalSettings`)."""
+"""What an extrapolation evaluation runs: typed dataclasses shared by `evaluate.py` (`EvaluateConfig`)
+and the experiment runner (whose YAML has an `eval:` section of `EvalSettings`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from core.device import pick_device_dtype
+from core.errors import ConfigError
 from model.config import RopeScaling
 
 
@@ -88,13 +89,37 @@ class EvalData:
             raise ValueError("Pass either --eval_data.input FILE or --eval_data.dir PREPARED, not both.")
 
 
+@dataclass
+class EvaluateConfig:
+    """evaluate.py's options: which checkpoints, their labels, where the report goes, how and on what
+    text they are evaluated (the `eval:` and `eval_data:` sections of an experiment config)."""
+
+    ckpt: list[str]
+    """Checkpoints written by train.py."""
+    labels: list[str] | None = None
+    """A name per checkpoint (default: its run directory); checkpoints sharing a name are seeds of
+    one model: mean ± std."""
+    out: str = "eval"
+    """Directory for the results (created if needed)."""
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    """How each checkpoint is evaluated."""
+    eval_data: EvalData = field(default_factory=EvalData)
+    """The text (default: each checkpoint's own validation split)."""
+
+    def __post_init__(self) -> None:
+        if not self.ckpt:
+            raise ValueError("Pass at least one checkpoint: --ckpt A.ckpt [B.ckpt ...].")
+        if self.labels is not None and len(self.labels) != len(self.ckpt):
+            raise ValueError(f"--labels gives {len(self.labels)} names for {len(self.ckpt)} checkpoints.")
+
+
 def check_output_dir(out: str) -> None:
     """Stop before any evaluation when the results cannot be written to `out`."""
     path = Path(out)
     if path.exists() and not path.is_dir():
-        raise ValueError(f"--out {out} is a file; pass a directory (created if needed) for the results.")
+        raise ConfigError(f"--out {out} is a file; pass a directory (created if needed) for the results.")
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out}: {existing} cannot be written; pass a directory you can write.")
+        raise ConfigError(f"--out {out}: {existing} cannot be written; pass a directory you can write.")

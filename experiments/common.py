@@ -1,90 +1,88 @@
 """What the one-command experiments share: named model variants, one run per model and seed under
-<out_dir>/runs, reuse of finished runs and resumption of interrupted ones, and parsing."""
+<out_dir>/runs, reuse of finished runs and resumption of interrupted ones, and the report's last words."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
-
 from core.checkpoint import CheckpointError, read_checkpoint
-from data.errors import DataError
+from core.cli import did_you_mean
+from core.errors import ConfigError
 from training.config import RunConfig
 from training.run import TrainingData, train
 
 log = logging.getLogger(__name__)
 
-TRAIN_FIELDS = ("random_positions",)
-"""Variant fields that set the training run (train.*) rather than the model."""
+HIDDEN = frozenset({"run.model.vocab_size"})
+"""Accepted but not offered: the tokenizer's, set from the data (older experiment.yaml files record it)."""
+PER_RUN = ("seed", "out_dir", "run_name", "resume")
+"""train fields that the experiment sets for every run (from `seeds` and `out_dir`), never a variant."""
 
 
 @dataclass
 class Variant:
-    """A model beside the plain schemes: a name and the settings that make it (say, RoPE with a
-    sliding window, or trained on randomized positions); every other setting is the shared run's."""
+    """A model beside the plain schemes: a name and what it changes in the shared run, e.g.
+    `{name: rope-window64, model: {pos_encoding: rope, attn_window: 64}}` or
+    `{name: rope-randpos, model: {pos_encoding: rope}, train: {random_positions: 512}}`."""
 
     name: str
     """Label in the report and name of its runs (<name>-seed<S>)."""
-    pos_encoding: str = "rope"
-    """Position scheme."""
-    attn_window: int = 0
-    """Sliding window of W keys (0: full causal)."""
-    attn_sinks: int = 0
-    """Sink keys visible beyond the window."""
-    attention: str = "softmax"
-    """softmax or linear."""
-    attn_score: str = "scaled_dot"
-    """scaled_dot, dot or additive."""
-    random_positions: int | None = None
-    """Train on randomized positions from [0, N) (train.random_positions; None: the shared run's)."""
-
-    def fields(self) -> dict[str, Any]:
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
-        return {k: v for k, v in values.items() if not (k in TRAIN_FIELDS and v is None)}
+    model: dict[str, Any] = field(default_factory=dict)
+    """Fields of the shared run's model (run.model) that this model sets otherwise."""
+    train: dict[str, Any] = field(default_factory=dict)
+    """Fields of the shared run's training (run.train) that this model sets otherwise (say, random_positions)."""
 
 
-def models_of(schemes: list[str], variants: list[Variant | dict]) -> list[tuple[str, dict[str, Any]]]:
-    """(label, settings) of every model: each scheme as it is, then the variants."""
-    named = [Variant(**v) if isinstance(v, dict) else v for v in variants]
-    return [(s, {"pos_encoding": s}) for s in schemes] + [(v.name, v.fields()) for v in named]
+def models_of(schemes: list[str], variants: list[Variant]) -> list[Variant]:
+    """Every model: each scheme as it is (a variant that sets only model.pos_encoding), then the variants."""
+    return [Variant(s, {"pos_encoding": s}) for s in schemes] + list(variants)
 
 
-def check_models(models: list[tuple[str, dict[str, Any]]], seeds: list[int], run: RunConfig) -> None:
-    """Refuse, before any training, an empty or repeating experiment and a model whose run config is
-    invalid (say, learned positions with randomized positions beyond block_size)."""
+def check_models(models: list[Variant], seeds: list[int], run: RunConfig) -> None:
+    """Refuse, before any training, an empty or repeating experiment and a model whose overrides the
+    config classes refuse (an unknown field, an invalid value, learned positions with randomized
+    positions beyond block_size), in one line that names the model."""
     if not models or not seeds:
-        raise ValueError("An experiment needs at least one scheme or variant, and one seed.")
-    names = [name for name, _ in models]
+        raise ConfigError("An experiment needs at least one scheme or variant, and one seed.")
+    names = [m.name for m in models]
     if len(set(names)) != len(names) or len(set(seeds)) != len(seeds):
-        raise ValueError(f"schemes, variant names and seeds must not repeat: {names}, {seeds}.")
-    for label, settings in models:
+        raise ConfigError(f"schemes, variant names and seeds must not repeat: {names}, {seeds}.")
+    for variant in models:
         try:
-            run_config_for(run, ".", label, settings, seeds[0])
-        except ValueError as error:
-            raise ValueError(f"{label}: {error}") from None
+            _check_fields(variant, run)
+            run_config_for(run, ".", variant, seeds[0])
+        except (TypeError, ValueError) as error:  # TypeError: a value of the wrong type met a check
+            raise ConfigError(f"{variant.name}: {error}") from None
 
 
-def run_config_for(run: RunConfig, out_dir: str, label: str, settings: dict[str, Any], seed: int) -> RunConfig:
-    """The shared run with this model and seed, trained under <out_dir>/runs/<label>-seed<seed>."""
-    model = {k: v for k, v in settings.items() if k not in TRAIN_FIELDS}
-    train_fields = {k: v for k, v in settings.items() if k in TRAIN_FIELDS}
+def _check_fields(variant: Variant, run: RunConfig) -> None:
+    for section, overrides in (("model", variant.model), ("train", variant.train)):
+        names = [f.name for f in dataclasses.fields(getattr(run, section)) if f.init]
+        for name in overrides:
+            if name not in names:
+                raise ConfigError(f"{section} has no field {name!r}{did_you_mean(name, names, section + '.')}")
+            if section == "train" and name in PER_RUN:
+                raise ConfigError(f"train.{name} is set for every run by the experiment (seeds, out_dir).")
+
+
+def run_config_for(run: RunConfig, out_dir: str, variant: Variant, seed: int) -> RunConfig:
+    """The shared run with this model and seed, trained under <out_dir>/runs/<name>-seed<seed>; the
+    config classes check the result as they check any config."""
     return dataclasses.replace(
         run,
-        model=dataclasses.replace(run.model, **model),
+        model=dataclasses.replace(run.model, **variant.model),
         train=dataclasses.replace(
             run.train,
-            **train_fields,
+            **variant.train,
             seed=seed,
             out_dir=str(Path(out_dir) / "runs"),
-            run_name=f"{label}-seed{seed}",
+            run_name=f"{variant.name}-seed{seed}",
             resume="auto",
         ),
     )
@@ -105,7 +103,7 @@ class TrainedRun:
 def train_all(
     run: RunConfig,
     out_dir: str,
-    models: list[tuple[str, dict[str, Any]]],
+    models: list[Variant],
     seeds: list[int],
     data_for: Callable[[RunConfig], TrainingData] | None = None,
 ) -> tuple[list[TrainedRun], dict[str, float]]:
@@ -114,8 +112,8 @@ def train_all(
     (default: the run's corpus). Returns the runs and the training wall time of those trained now."""
     trained, wall = [], {}
     for seed in seeds:
-        for label, settings in models:
-            run_cfg = run_config_for(run, out_dir, label, settings, seed)
+        for variant in models:
+            run_cfg = run_config_for(run, out_dir, variant, seed)
             ckpt = Path(run_cfg.train.out_dir) / run_cfg.train.run_name / "last.ckpt"
             if finished(ckpt, run_cfg.train.max_steps):
                 log.info("%s: trained already (%s), reused", run_cfg.train.run_name, ckpt)
@@ -129,7 +127,7 @@ def train_all(
                                           "out_dir to start afresh)") from None  # fmt: skip
                 wall[run_cfg.train.run_name] = round(time.perf_counter() - t0, 1)
                 ckpt = result.last_ckpt
-            trained.append(TrainedRun(label, seed, str(ckpt)))
+            trained.append(TrainedRun(variant.name, seed, str(ckpt)))
     return trained, wall
 
 
@@ -144,35 +142,9 @@ def experiment_record(cfg: Any, train_wall: dict[str, float], eval_started: floa
     }
 
 
-def build_parser(config_class: type, prog: str, description: str) -> ArgumentParser:
-    set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    parser = ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--config", action=ActionConfigFile, help="A YAML file of options (see configs/).")
-    parser.add_class_arguments(config_class, None)
-    for action in parser._actions:  # the tokenizer's, set from the data: not offered (older experiment.yaml
-        if action.dest == "run.model.vocab_size":  # files that record it still load)
-            action.help = argparse.SUPPRESS
-    return parser
-
-
-def parse_config(config_class: type, parser: ArgumentParser, argv: list[str] | None) -> Any:
-    """The experiment the command line describes (validated: a mistake raises ValueError)."""
-    config = parser.instantiate(parser.parse_args(argv))
-    return config_class(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config_class)})
-
-
-def main_of(
-    parse: Callable[[list[str] | None], Any], run: Callable[[Any], dict[str, Any]], argv: list[str] | None
-) -> None:
-    """An experiment's command line: parse, run, print the table and where the report is; a mistake
-    a user can fix ends in one `error:` line."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        cfg = parse(argv)
-        doc = run(cfg)
-    except (ValueError, DataError, CheckpointError) as error:
-        sys.exit(f"error: {error}")
-    out = Path(cfg.out_dir)
+def print_report(out_dir: str, doc: dict[str, Any]) -> None:
+    """The table of results.md and where the report and the time went."""
+    out = Path(out_dir)
     print((out / "results.md").read_text())
     wall = doc["experiment"]
     print(f"report in {out} (training {sum(wall['train_wall_s'].values()):.0f} s, evaluation "

@@ -2,10 +2,10 @@
 
     python -m experiments.extrapolation --config configs/extrapolation_shakespeare.yaml
 
-Trains one model per scheme in `schemes` (and per named attention variant in `variants`, such as
-RoPE with a sliding window) and per seed in `seeds`, identical otherwise (same data, steps, batch,
-size, seed), then evaluates every final checkpoint with `evaluation` at every length and writes
-one report directory:
+Trains one model per scheme in `schemes` (and per named variant in `variants`: a name and overrides
+of the shared run's `model:` and `train:` sections, such as RoPE with a sliding window) and per seed
+in `seeds`, identical otherwise (same data, steps, batch, size, seed), then evaluates every final
+checkpoint with `evaluation` at every length and writes one report directory:
 
     <out_dir>/results.md, results.json, ppl_vs_length.png, loss_by_position.png
     <out_dir>/experiment.yaml     the resolved experiment config
@@ -25,14 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import ArgumentParser
 
+from core.cli import Command, run
 from evaluation.config import EvalData, EvalSettings
 from evaluation.report import write_report
 from evaluation.run import Subject, evaluate_checkpoints
-from experiments.common import Variant, check_models, experiment_record, main_of, models_of, train_all
-from experiments.common import build_parser as build_experiment_parser
-from experiments.common import parse_config as parse_experiment
+from experiments.common import HIDDEN, Variant, check_models, experiment_record, models_of, print_report, train_all
 from model import POS_ENCODINGS
 from training.config import RunConfig
 
@@ -48,8 +46,9 @@ class ExperimentConfig:
     schemes: list[str] = field(default_factory=lambda: list(POS_ENCODINGS))
     """Position schemes to train, one model each (per seed)."""
     variants: list[Variant] = field(default_factory=list)
-    """Further models, each a named set of attention settings (e.g. {name: rope-window64, pos_encoding:
-    rope, attn_window: 64}); trained and evaluated like the schemes."""
+    """Further models, each a name and its overrides of the shared run's model and train sections (e.g.
+    {name: rope-window64, model: {pos_encoding: rope, attn_window: 64}}); trained and evaluated like the
+    schemes."""
     seeds: list[int] = field(default_factory=lambda: [1337])
     """Training seeds; with several, the table shows mean ± std across seeds."""
     run: RunConfig = field(default_factory=RunConfig)
@@ -62,13 +61,14 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         check_models(self.models(), self.seeds, self.run)
 
-    def models(self) -> list[tuple[str, dict[str, Any]]]:
-        """(label, settings) of every model: each scheme as it is, then the variants."""
+    def models(self) -> list[Variant]:
+        """Every model: each scheme as it is, then the variants."""
         return models_of(self.schemes, self.variants)
 
 
 def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
-    """Train what is not trained yet, evaluate everything, write the report; returns its document."""
+    """Train what is not trained yet, evaluate everything, write the report and print its table;
+    returns its document."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
@@ -78,25 +78,17 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     doc = evaluate_checkpoints([Subject(r.ckpt, r.label) for r in trained], cfg.eval, cfg.eval_data)
     doc["experiment"] = experiment_record(cfg, train_wall, t0, started)
     write_report(doc, out)
+    print_report(cfg.out_dir, doc)
     return doc
 
 
-def build_parser() -> ArgumentParser:
-    return build_experiment_parser(
-        ExperimentConfig,
-        "python -m experiments.extrapolation",
-        "Train one model per position scheme, evaluate them all at every length, write a report.",
-    )
-
-
-def parse_config(argv: list[str] | None = None) -> ExperimentConfig:
-    """The experiment the command line describes (validated: a mistake raises ValueError)."""
-    return parse_experiment(ExperimentConfig, build_parser(), argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    main_of(parse_config, run_experiment, argv)
-
+COMMAND = Command(
+    "python -m experiments.extrapolation",
+    ExperimentConfig,
+    run_experiment,
+    "Train one model per position scheme, evaluate them all at every length, write a report.",
+    hidden=HIDDEN,
+)
 
 if __name__ == "__main__":
-    main()
+    run(COMMAND)

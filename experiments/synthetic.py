@@ -2,12 +2,13 @@
 variant) and seed, trained on short inputs, tested for exact-match accuracy on long ones.
 
     python -m experiments.synthetic --config configs/synthetic_copy.yaml
-    python -m experiments.synthetic --config configs/synthetic_copy.yaml --schemes [rope,alibi] --seeds [1,2]
+    python -m experiments.synthetic --config configs/synthetic_copy.yaml --schemes rope alibi --seeds 1 2
 
 The task (`data.tasks`: copy, reverse, recall, passkey) and its lengths are the `task:` section
 (`--task.name`, `--task.train_max`, `--task.eval_lengths`, ...). Every model is the shared `run:`
-with its scheme or variant settings; a variant may also train on randomized positions
-(`{name: rope-randpos, pos_encoding: rope, random_positions: 1024}`, Ruoss et al. 2023). Writes
+with its scheme or its variant's overrides; a variant may also train on randomized positions
+(`{name: rope-randpos, model: {pos_encoding: rope}, train: {random_positions: 1024}}`, Ruoss et al.
+2023). Writes
 
     <out_dir>/results.md, results.json, accuracy_vs_length.png (and passkey_depth.png)
     <out_dir>/experiment.yaml, <out_dir>/runs/<model>-seed<S>/
@@ -27,18 +28,16 @@ from typing import Any
 
 import torch
 import yaml
-from jsonargparse import ArgumentParser
 from tqdm import tqdm
 
+from core.cli import Command, run
 from core.device import pick_device
 from data.tasks import TaskConfig, eval_set, tokenizer_for
 from evaluation.checkpoint import load_checkpoint
 from evaluation.run import provenance
 from evaluation.task_report import write_task_report
 from evaluation.tasks import evaluate_task
-from experiments.common import Variant, check_models, experiment_record, main_of, models_of, train_all
-from experiments.common import build_parser as build_experiment_parser
-from experiments.common import parse_config as parse_experiment
+from experiments.common import HIDDEN, Variant, check_models, experiment_record, models_of, print_report, train_all
 from model import POS_ENCODINGS
 from training.config import RunConfig
 from training.run import task_data
@@ -58,7 +57,9 @@ class SyntheticConfig:
     schemes: list[str] = field(default_factory=lambda: list(POS_ENCODINGS))
     """Position schemes to train, one model each (per seed)."""
     variants: list[Variant] = field(default_factory=list)
-    """Further models: named attention settings and/or randomized positions."""
+    """Further models: a name and overrides of the shared run's model and train sections (attention
+    settings, randomized positions: {name: rope-randpos, model: {pos_encoding: rope}, train:
+    {random_positions: 1024}})."""
     seeds: list[int] = field(default_factory=lambda: [1337])
     """Training seeds; with several, the table shows mean ± std across seeds."""
     run: RunConfig = field(default_factory=RunConfig)
@@ -78,12 +79,14 @@ class SyntheticConfig:
                 f"{self.task.train_max}; raise run.model.block_size to at least {longest}."
             )
 
-    def models(self) -> list[tuple[str, dict[str, Any]]]:
+    def models(self) -> list[Variant]:
+        """Every model: each scheme as it is, then the variants."""
         return models_of(self.schemes, self.variants)
 
 
 def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
-    """Train what is not trained yet, test every model at every length, write the report."""
+    """Train what is not trained yet, test every model at every length, write the report and print
+    its table; returns its document."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
@@ -118,24 +121,17 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
         "experiment": experiment_record(cfg, train_wall, t0, started),
     }
     write_task_report(doc, out)
+    print_report(cfg.out_dir, doc)
     return doc
 
 
-def build_parser() -> ArgumentParser:
-    return build_experiment_parser(
-        SyntheticConfig,
-        "python -m experiments.synthetic",
-        "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
-    )
-
-
-def parse_config(argv: list[str] | None = None) -> SyntheticConfig:
-    return parse_experiment(SyntheticConfig, build_parser(), argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    main_of(parse_config, run_synthetic, argv)
-
+COMMAND = Command(
+    "python -m experiments.synthetic",
+    SyntheticConfig,
+    run_synthetic,
+    "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
+    hidden=HIDDEN,
+)
 
 if __name__ == "__main__":
-    main()
+    run(COMMAND)

@@ -75,9 +75,10 @@ def trainer_curve(tmp: Path, text_file: Path, steps: int = STEPS) -> list[float]
     """The first `steps` train/loss values that `train.py` logs for a tiny RoPE model with dropout and
     two micro-batches per step, float32 on the CPU."""
     import train as train_script
+    from core import cli
     from training.run import latest_metrics
 
-    train_script.main([
+    cli.run(train_script.COMMAND, [
         "--model.n_layer", "2", "--model.n_head", "4", "--model.n_embd", "32", "--model.block_size", "32",
         "--model.dropout", "0.1", "--train.batch_size", "4", "--train.grad_accum", "2",
         "--train.max_steps", str(steps), "--train.log_interval", "1", "--train.eval_interval", str(steps),

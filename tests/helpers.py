@@ -111,12 +111,16 @@ def tiny_args(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
 def straight_and_resumed(tmp_path: Path, text_file: Path, steps: int, *extra: str) -> tuple[dict, dict]:
     """State dicts of a `steps`-step tiny run, and of the same run stopped halfway and resumed."""
     import train as train_script
+    from core import cli
     from core.checkpoint import read_checkpoint
 
     straight, split = tmp_path / "straight", tmp_path / "split"
-    train_script.main(tiny_args(straight, text_file, *extra, "--train.max_steps", str(steps)))
-    train_script.main(tiny_args(split, text_file, *extra, "--train.max_steps", str(steps // 2)))
-    train_script.main(tiny_args(split, text_file, *extra, "--train.max_steps", str(steps), "--train.resume", "auto"))
+    cli.run(train_script.COMMAND, tiny_args(straight, text_file, *extra, "--train.max_steps", str(steps)))
+    cli.run(train_script.COMMAND, tiny_args(split, text_file, *extra, "--train.max_steps", str(steps // 2)))
+    cli.run(
+        train_script.COMMAND,
+        tiny_args(split, text_file, *extra, "--train.max_steps", str(steps), "--train.resume", "auto"),
+    )
     return tuple(read_checkpoint(d / "runs" / "tiny" / "last.ckpt")["state_dict"] for d in (straight, split))
 
 
@@ -136,15 +140,20 @@ def train_tiny(tmp: Path, text: Path, name: str, seed: int = 1337, **model_field
     return train(cfg).last_ckpt
 
 
-def cli_error(capsys, main, argv: list[str]) -> str:
-    """The one `error: ...` line a script's `main(argv)` exits with (no traceback printed)."""
+def cli_error(capsys, command, argv: list[str], code: int = 2) -> str:
+    """The `error: ...` line a command ends with (`core.cli.run`): the last line on stderr (training
+    may have logged before it), after exit status `code` and no traceback."""
     import pytest
 
+    from core import cli
+
     with pytest.raises(SystemExit) as info:
-        main(argv)
-    message = str(info.value.code)
-    assert message.startswith("error: ") and "Traceback" not in capsys.readouterr().err
-    return message
+        cli.run(command, argv)
+    err = capsys.readouterr().err
+    assert info.value.code == code and "Traceback" not in err, (info.value.code, err[-3000:])
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: "), err[-3000:]
+    return line
 
 
 def eager_with_weights(

@@ -16,6 +16,7 @@ from conftest import make_text
 
 import attention_maps as maps_script
 import evaluate as evaluate_script
+from core import cli
 from evaluation.attention import AttentionStats, bucket_means, log_edges, prompt_weights, visible_keys
 from model import GPT, GPTConfig, linear_attention
 from model.kernels import eager
@@ -161,7 +162,7 @@ def _png_ok(path: Path) -> None:
 
 def test_heatmaps_and_long_context_figures(runs, tmp_path):
     out = tmp_path / "maps"
-    maps_script.main(["--ckpt", str(runs["window"]), str(runs["learned"]), "--prompt", "The cat sat.",
+    cli.run(maps_script.COMMAND, ["--ckpt", str(runs["window"]), str(runs["learned"]), "--prompt", "The cat sat.",
                       "--layers", "1", "--lengths", "8", "32", "--tokens", "64", "--out", str(out),
                       "--progress", "false"])  # fmt: skip
     for name in ("window/layer1.png", "window/layers_mean.png", "learned/layer1.png", "attention_L8.png",
@@ -181,7 +182,7 @@ def test_heatmaps_and_long_context_figures(runs, tmp_path):
 
 
 def _fails(capsys, *args: str) -> str:
-    return cli_error(capsys, maps_script.main, [*args, "--progress", "false"])
+    return cli_error(capsys, maps_script.COMMAND, [*args, "--progress", "false"])
 
 
 def test_mistakes_end_in_one_clear_message(runs, tmp_path, capsys):
@@ -198,7 +199,7 @@ def test_mistakes_end_in_one_clear_message(runs, tmp_path, capsys):
 
 def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path):
     out = tmp_path / "eval"
-    evaluate_script.main(["--ckpt", str(runs["window"]), str(runs["learned"]), "--eval.lengths", "[8,32]",
+    cli.run(evaluate_script.COMMAND, ["--ckpt", str(runs["window"]), str(runs["learned"]), "--eval.lengths", "[8,32]",
                           "--eval.token_budget", "64", "--eval.attention_stats", "true", "--eval.progress", "false",
                           "--out", str(out)])  # fmt: skip
     for name in ("attention_L8.png", "attention_L32.png", "ppl_vs_length.png"):
@@ -209,6 +210,6 @@ def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path):
 
 def test_the_help_says_where_the_weights_come_from(capsys):
     with pytest.raises(SystemExit):
-        maps_script.main(["--help"])
+        cli.run(maps_script.COMMAND, ["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "eager reference kernel" in help_text and "never form them" in help_text and "--lengths" in help_text

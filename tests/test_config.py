@@ -143,10 +143,10 @@ def test_lower_packages_import_nothing_above_them(package):
 
 def test_run_config_defaults_are_the_default_run():
     import train as train_script
+    from core import cli
     from training.config import RunConfig
 
-    parser = train_script.build_parser()
-    parsed = parser.instantiate(parser.parse_args([]))
+    parsed = cli.parse(train_script.COMMAND, [])
     defaults = RunConfig()
     for section in ("model", "data", "optim", "train"):
         assert getattr(parsed, section) == getattr(defaults, section), section

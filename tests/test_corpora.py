@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 import train as train_script
+from core import cli
 from data import corpora
 from data.errors import DataError
 from data.prepare import resolve_sources
 
-from helpers import TINY
+from helpers import TINY, cli_error
 
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -43,7 +44,7 @@ def _default_run(tmp_path: Path, *extra: str) -> list[str]:
 
 def test_the_default_run_offline_trains_on_pythons_docs_and_says_so_once(tmp_path, offline, caplog):
     with caplog.at_level(logging.INFO):
-        train_script.main(_default_run(tmp_path))
+        cli.run(train_script.COMMAND, _default_run(tmp_path))
     run_dir = tmp_path / "runs" / f"python-docs-{VERSION}-char-rope"
     assert (run_dir / "last.ckpt").is_file()
     text = (offline / f"python-docs-{VERSION}.txt").read_text()
@@ -53,11 +54,10 @@ def test_the_default_run_offline_trains_on_pythons_docs_and_says_so_once(tmp_pat
     assert "Could not download Tiny Shakespeare" in notes[0] and "--data.input FILE" in notes[0]
 
 
-def test_an_explicit_shakespeare_offline_still_stops_with_the_fix(tmp_path, offline):
-    with pytest.raises(SystemExit) as info:
-        train_script.main(_default_run(tmp_path, "--data.input", "shakespeare"))
-    assert "Could not download Tiny Shakespeare" in str(info.value.code)
-    assert "--data.input /path/to/tinyshakespeare.txt" in str(info.value.code)
+def test_an_explicit_shakespeare_offline_still_stops_with_the_fix(tmp_path, offline, capsys):
+    message = cli_error(capsys, train_script.COMMAND, _default_run(tmp_path, "--data.input", "shakespeare"))
+    assert "Could not download Tiny Shakespeare" in message
+    assert "--data.input /path/to/tinyshakespeare.txt" in message
     assert not (tmp_path / "runs").exists()
 
 

@@ -12,6 +12,7 @@ import pytest
 from conftest import make_text
 
 import evaluate as evaluate_script
+from core import cli
 from data.dataset import load_prepared
 from evaluation.checkpoint import load_checkpoint
 from evaluation.config import EvalData, EvalSettings
@@ -47,7 +48,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 def _evaluate(tmp: Path, *args: str) -> dict:
     out = tmp / "out"
-    evaluate_script.main([*args, "--out", str(out), "--eval.progress", "false"])
+    cli.run(evaluate_script.COMMAND, [*args, "--out", str(out), "--eval.progress", "false"])
     return json.loads((out / "results.json").read_text())
 
 
@@ -143,7 +144,7 @@ def test_each_checkpoint_tokenizes_a_given_text_with_its_own_tokenizer(runs, tmp
 
 
 def _fails(capsys, *args: str) -> str:
-    return cli_error(capsys, evaluate_script.main, [*args, "--eval.progress", "false"])
+    return cli_error(capsys, evaluate_script.COMMAND, [*args, "--eval.progress", "false"])
 
 
 def test_bad_input_fails_with_one_clear_message(runs, tmp_path, capsys):

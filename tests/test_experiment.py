@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from core import cli
 from experiments import extrapolation as experiment
+
+from helpers import cli_error
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +32,7 @@ def _tiny(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
 
 
 def test_a_tiny_experiment_end_to_end_and_reuse(tmp_path, text_file, capsys):
-    experiment.main(_tiny(tmp_path, text_file))
+    cli.run(experiment.COMMAND, _tiny(tmp_path, text_file))
     report = tmp_path / "report"
     for name in ("results.json", "results.md", "ppl_vs_length.png", "loss_by_position.png", "experiment.yaml"):
         assert (report / name).stat().st_size > 0
@@ -46,38 +49,38 @@ def test_a_tiny_experiment_end_to_end_and_reuse(tmp_path, text_file, capsys):
     models = {json.dumps(run["config"]["model"], sort_keys=True) for run in doc["runs"] if run["label"] == "rope"}
     assert len(models) == 1  # the seeds share one model config
 
-    experiment.main(_tiny(tmp_path, text_file, "--eval.lengths", "[16, 32]"))  # evaluation only
+    cli.run(experiment.COMMAND, _tiny(tmp_path, text_file, "--eval.lengths", "[16, 32]"))  # evaluation only
     again = json.loads((report / "results.json").read_text())
     assert again["experiment"]["train_wall_s"] == {} and again["settings"]["lengths"] == [16, 32]
 
 
 @pytest.mark.parametrize("name", ["extrapolation_shakespeare.yaml", "extrapolation_gpu.yaml"])
 def test_shipped_experiment_configs_parse(name):
-    config = experiment.parse_config(["--config", str(ROOT / "configs" / name)])
+    config = cli.parse(experiment.COMMAND, ["--config", str(ROOT / "configs" / name)])
     assert config.schemes == ["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
-    assert any(fields.get("attn_window", 0) > 0 for _, fields in config.models())  # a sliding-window model
+    assert any(variant.model.get("attn_window", 0) > 0 for variant in config.models())  # a sliding-window model
     assert max(config.eval.lengths) >= 8 * config.run.model.block_size  # train short, test at 8x or more
     assert config.eval.mode == "nonoverlap"
 
 
-def test_experiment_config_mistakes_fail_clearly(tmp_path, text_file):
-    with pytest.raises(SystemExit) as info:
-        experiment.main(_tiny(tmp_path, text_file, "--seeds", "[1, 1]"))
-    assert "must not repeat" in str(info.value.code)
-    with pytest.raises(SystemExit):  # jsonargparse names the field and the choices
-        experiment.main(_tiny(tmp_path, text_file, "--schemes", "[rope, t7]"))
+def test_experiment_config_mistakes_fail_clearly(tmp_path, text_file, capsys):
+    assert "must not repeat" in cli_error(capsys, experiment.COMMAND, _tiny(tmp_path, text_file, "--seeds", "[1, 1]"))
+    message = cli_error(capsys, experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[rope, t7]"))
+    assert "t7" in message and "pos_encoding" in message  # the config names the field and the choices
     assert not (tmp_path / "report").exists()
 
 
-def test_variants_beside_the_schemes(tmp_path, text_file):
+def test_variants_beside_the_schemes(tmp_path, text_file, capsys):
     """A named attention variant (here RoPE with a window and T5) trains and is evaluated like a scheme."""
-    variants = "[{name: rope-w8, pos_encoding: rope, attn_window: 8, attn_sinks: 2}]"
-    experiment.main(_tiny(tmp_path, text_file, "--schemes", "[t5]", "--seeds", "[1]", "--variants", variants))
+    variants = "[{name: rope-w8, model: {pos_encoding: rope, attn_window: 8, attn_sinks: 2}}]"
+    cli.run(
+        experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[t5]", "--seeds", "[1]", "--variants", variants)
+    )
     doc = json.loads((tmp_path / "report" / "results.json").read_text())
     runs = {run["label"]: run for run in doc["runs"]}
     assert {"t5", "rope-w8", "rope-w8 + yarn"} <= set(runs)
     model = runs["rope-w8"]["config"]["model"]
     assert (model["attn_window"], model["attn_sinks"], model["pos_encoding"]) == (8, 2, "rope")
     assert all(row["ppl"] for row in runs["t5"]["results"])  # t5 runs at every length, past block_size
-    with pytest.raises(SystemExit, match="must not repeat"):
-        experiment.main(_tiny(tmp_path, text_file, "--schemes", "[rope]", "--variants", "[{name: rope}]"))
+    argv = _tiny(tmp_path, text_file, "--schemes", "[rope]", "--variants", "[{name: rope}]")
+    assert "must not repeat" in cli_error(capsys, experiment.COMMAND, argv)

@@ -20,6 +20,7 @@ from conftest import make_text
 import evaluate as evaluate_script
 import sample as sample_script
 import train as train_script
+from core import cli
 from core.checkpoint import CheckpointError, read_checkpoint
 from core.files import LockedError, directory_lock
 from data.dataset import prepare_dir
@@ -28,30 +29,14 @@ from data.tokenizer import RANKS_ENV
 from evaluation.checkpoint import load_checkpoint
 from training.module import lr_factor
 
-from helpers import tiny_args
+from helpers import cli_error, tiny_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(tmp_path: Path, text_file: Path, *extra: str) -> Path:
-    train_script.main(tiny_args(tmp_path, text_file, "--train.logger", "none", *extra))
+    cli.run(train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.logger", "none", *extra))
     return tmp_path / "runs" / "tiny"
-
-
-def _exit(capsys, main, argv: list[str]) -> tuple[int | str, str]:
-    """Run a script's main expecting it to stop: (exit code or message, stderr)."""
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return info.value.code, err
-
-
-def _message(capsys, main, argv: list[str]) -> str:
-    code, err = _exit(capsys, main, argv)
-    message = code if isinstance(code, str) else err
-    assert code not in (0, None) and message.strip(), (code, err)
-    return message
 
 
 @pytest.fixture
@@ -68,20 +53,20 @@ def test_evaluation_refuses_a_changed_corpus(tmp_path, text_file, trained, capsy
     args = ["--ckpt", ckpt, "--eval.lengths", "[16]", "--eval.token_budget", "32", "--eval.progress", "false"]
     record = load_checkpoint(ckpt).data
     assert record["fingerprint"] and record["sources"] == [str(text_file.resolve())]  # recorded at training time
-    evaluate_script.main([*args, "--out", str(tmp_path / "ok")])
+    cli.run(evaluate_script.COMMAND, [*args, "--out", str(tmp_path / "ok")])
     reference = json.loads((tmp_path / "ok" / "results.json").read_text())["runs"][0]["results"][0]["loss"]
     later = time.time() + 60
     os.utime(text_file, (later, later))  # touched (copied, checked out) but the same text: no warning
-    evaluate_script.main([*args, "--out", str(tmp_path / "touched")])
+    cli.run(evaluate_script.COMMAND, [*args, "--out", str(tmp_path / "touched")])
     assert "changed since training" not in caplog.text
     text_file.write_text("\t" + text_file.read_text())  # one character more, and a new one
     # the split prepared for training is still there: it is used, and the changed source is named
-    evaluate_script.main([*args, "--out", str(tmp_path / "kept")])
+    cli.run(evaluate_script.COMMAND, [*args, "--out", str(tmp_path / "kept")])
     kept = json.loads((tmp_path / "kept" / "results.json").read_text())["runs"][0]["results"][0]["loss"]
     assert kept == reference and "changed since training" in caplog.text
     # re-prepared from the changed text (e.g. by another run): refused, nothing written
     prepare_dir(str(text_file), None, str(tmp_path / "prepared"))
-    message = _message(capsys, evaluate_script.main, [*args, "--out", str(tmp_path / "changed")])
+    message = cli_error(capsys, evaluate_script.COMMAND, [*args, "--out", str(tmp_path / "changed")])
     assert "trained on other data" in message and "--eval_data.input" in message
     assert not (tmp_path / "changed").exists()
 
@@ -89,11 +74,11 @@ def test_evaluation_refuses_a_changed_corpus(tmp_path, text_file, trained, capsy
 def test_resume_refuses_other_data_and_another_seed(tmp_path, text_file, trained, capsys):
     other = tmp_path / "other.txt"
     other.write_text(make_text(400, seed=3))
-    message = _message(capsys, train_script.main, tiny_args(tmp_path, other, "--train.max_steps", "8",
+    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, other, "--train.max_steps", "8",
                                                              "--train.resume", "auto"))  # fmt: skip
     assert "Cannot resume" in message and "data: checkpoint trained on" in message
     argv = tiny_args(tmp_path, text_file, "--train.max_steps", "8", "--train.resume", "auto", "--train.seed", "7")
-    message = _message(capsys, train_script.main, argv)
+    message = cli_error(capsys, train_script.COMMAND, argv)
     assert "train.seed: checkpoint 1337 vs now 7" in message
 
 
@@ -105,8 +90,8 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, text
     assert (trained / "best.ckpt").is_file()
     argv = tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "40",
                      "--train.ckpt_interval", "3", "--train.resume", "auto", "--optim.lr", "1e6")  # fmt: skip
-    code, err = _exit(capsys, train_script.main, argv)
-    assert code == 1 and "Training diverged" in err and "--optim.lr" in err
+    err = cli_error(capsys, train_script.COMMAND, argv, code=1)  # no checkpoint of the diverged model
+    assert err.startswith("error: Training diverged") and "--optim.lr" in err
     assert f"{trained / 'last.ckpt'} (step 6)" in err or "from before this launch" in err
     after = read_checkpoint(trained / "last.ckpt")
     assert after["global_step"] == good["global_step"] == 6  # not overwritten with a diverged model
@@ -118,8 +103,7 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, text
 def test_a_fresh_diverging_run_writes_no_checkpoint(tmp_path, text_file, capsys):
     argv = tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "30", "--optim.lr", "1e6",
                      "--optim.warmup_steps", "0")  # fmt: skip
-    code, err = _exit(capsys, train_script.main, argv)
-    assert code == 1 and "no checkpoint was written" in err
+    assert "no checkpoint was written" in cli_error(capsys, train_script.COMMAND, argv, code=1)
     assert not (tmp_path / "runs" / "tiny" / "last.ckpt").exists()
     assert not (tmp_path / "runs" / "tiny" / "best.ckpt").exists()
 
@@ -130,11 +114,11 @@ def test_sampling_and_evaluating_a_non_finite_checkpoint_is_one_message(tmp_path
     ckpt["state_dict"][key][0, 0] = float("nan")
     bad = tmp_path / "nan.ckpt"
     torch.save(ckpt, bad)
-    for main, argv in (
-        (sample_script.main, ["--ckpt", str(bad), "--max_new_tokens", "5"]),
-        (evaluate_script.main, ["--ckpt", str(bad), "--eval.lengths", "[16]", "--out", str(tmp_path / "e")]),
+    for command, argv in (
+        (sample_script.COMMAND, ["--ckpt", str(bad), "--max_new_tokens", "5"]),
+        (evaluate_script.COMMAND, ["--ckpt", str(bad), "--eval.lengths", "[16]", "--out", str(tmp_path / "e")]),
     ):
-        assert "non-finite weights" in _message(capsys, main, argv)
+        assert "non-finite weights" in cli_error(capsys, command, argv)
 
 
 # 3. signals
@@ -161,9 +145,10 @@ def test_a_signal_saves_a_checkpoint_and_exits_non_zero_and_resume_is_exact(tmp_
     if signum != signal.SIGTERM:
         return
     end = str(step + 3)
-    train_script.main(tiny_args(killed, text_file, *common, "--train.max_steps", end, "--train.resume", "auto"))
+    argv = tiny_args(killed, text_file, *common, "--train.max_steps", end, "--train.resume", "auto")
+    cli.run(train_script.COMMAND, argv)
     straight = tmp_path / "straight"
-    train_script.main(tiny_args(straight, text_file, *common, "--train.max_steps", end))
+    cli.run(train_script.COMMAND, tiny_args(straight, text_file, *common, "--train.max_steps", end))
     a = read_checkpoint(killed / "runs" / "tiny" / "last.ckpt")["state_dict"]
     b = read_checkpoint(straight / "runs" / "tiny" / "last.ckpt")["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in b)
@@ -209,7 +194,7 @@ def test_a_prepare_removes_what_a_killed_one_left(tmp_path, text_file):
 
 def test_a_second_run_into_a_directory_with_checkpoints_stops(tmp_path, text_file, trained, capsys):
     before = read_checkpoint(trained / "last.ckpt")
-    message = _message(capsys, train_script.main, tiny_args(tmp_path, text_file, "--train.max_steps", "4"))
+    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "4"))
     assert "already holds" in message and "--train.resume auto" in message and "--train.overwrite true" in message
     assert torch.equal(read_checkpoint(trained / "last.ckpt")["state_dict"]["model.wte.weight"],
                        before["state_dict"]["model.wte.weight"])  # fmt: skip
@@ -220,7 +205,7 @@ def test_a_second_run_into_a_directory_with_checkpoints_stops(tmp_path, text_fil
 def test_a_run_directory_in_use_is_refused(tmp_path, text_file, capsys):
     run_dir = tmp_path / "runs" / "tiny"
     with directory_lock(run_dir):
-        message = _message(capsys, train_script.main, tiny_args(tmp_path, text_file, "--train.max_steps", "2"))
+        message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "2"))
     assert "in use by another process" in message and "--train.run_name" in message
 
 
@@ -271,12 +256,12 @@ def test_every_truncation_of_a_checkpoint_is_one_message(tmp_path, text_file, tr
         bad.unlink()
     bad = tmp_path / "cut.ckpt"
     bad.write_bytes(data[: len(data) // 3])
-    for main, argv in (
-        (sample_script.main, ["--ckpt", str(bad), "--max_new_tokens", "5"]),
-        (evaluate_script.main, ["--ckpt", str(bad), "--eval.lengths", "[16]", "--out", str(tmp_path / "e")]),
-        (train_script.main, tiny_args(tmp_path, text_file, "--train.max_steps", "8", "--train.resume", str(bad))),
+    for command, argv in (
+        (sample_script.COMMAND, ["--ckpt", str(bad), "--max_new_tokens", "5"]),
+        (evaluate_script.COMMAND, ["--ckpt", str(bad), "--eval.lengths", "[16]", "--out", str(tmp_path / "e")]),
+        (train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "8", "--train.resume", str(bad))),
     ):
-        assert "not a readable checkpoint" in _message(capsys, main, argv)
+        assert "not a readable checkpoint" in cli_error(capsys, command, argv)
 
 
 # 8. the GPT-2 ranks file
@@ -290,10 +275,10 @@ def test_a_bpe_checkpoint_whose_ranks_file_moved(tmp_path, text_file, gpt2_ranks
          "--model.n_embd", "16", "--model.n_head", "2")  # fmt: skip
     ckpt = str(tmp_path / "runs" / "tiny" / "last.ckpt")
     moved.unlink()
-    message = _message(capsys, sample_script.main, ["--ckpt", ckpt, "--max_new_tokens", "3"])
+    message = cli_error(capsys, sample_script.COMMAND, ["--ckpt", ckpt, "--max_new_tokens", "3"])
     assert "ranks file not found" in message and "--tiktoken_ranks" in message and RANKS_ENV in message
     monkeypatch.setenv(RANKS_ENV, str(gpt2_ranks))
-    sample_script.main(["--ckpt", ckpt, "--max_new_tokens", "3"])
+    cli.run(sample_script.COMMAND, ["--ckpt", ckpt, "--max_new_tokens", "3"])
     assert "3 tokens" in capsys.readouterr().err
 
 
@@ -318,7 +303,7 @@ def test_a_bpe_checkpoint_whose_ranks_file_moved(tmp_path, text_file, gpt2_ranks
     ],
 )
 def test_run_settings_out_of_range_are_one_message(tmp_path, text_file, capsys, args, needle):
-    message = _message(capsys, train_script.main, tiny_args(tmp_path, text_file, *args))
+    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, *args))
     assert needle in message
     assert not (tmp_path / "runs").exists() and not (tmp_path / "prepared").exists()
 
@@ -336,7 +321,7 @@ def test_run_settings_out_of_range_are_one_message(tmp_path, text_file, capsys, 
     ],
 )
 def test_sample_settings_out_of_range_are_one_message(tmp_path, capsys, args, needle):
-    assert needle in _message(capsys, sample_script.main, ["--ckpt", str(tmp_path / "any.ckpt"), *args])
+    assert needle in cli_error(capsys, sample_script.COMMAND, ["--ckpt", str(tmp_path / "any.ckpt"), *args])
 
 
 def test_top_p_keeps_the_most_likely_token():
@@ -365,9 +350,9 @@ def test_file_system_mistakes_are_one_message(tmp_path, text_file, trained, caps
     (corrupt / "meta.json").write_text("{not json")
     cases.append((tiny_args(tmp_path, text_file, "--data.dir", str(corrupt)), "meta.json is unreadable or corrupt"))
     for argv, needle in cases:
-        assert needle in _message(capsys, train_script.main, argv)
+        assert needle in cli_error(capsys, train_script.COMMAND, argv)
     started = time.perf_counter()
-    message = _message(capsys, evaluate_script.main, ["--ckpt", str(trained / "last.ckpt"), "--out", str(a_file)])
+    message = cli_error(capsys, evaluate_script.COMMAND, ["--ckpt", str(trained / "last.ckpt"), "--out", str(a_file)])
     assert "--out" in message and "is a file" in message and time.perf_counter() - started < 5
 
 
@@ -383,7 +368,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(tmp_path, text_fi
     monkeypatch.setattr(callbacks.torch, "save", no_space)
     argv = tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "9", "--train.ckpt_interval",
                      "3", "--train.resume", "auto")  # fmt: skip
-    message = _message(capsys, train_script.main, argv)
+    message = cli_error(capsys, train_script.COMMAND, argv)
     assert "no space left" in message and "--train.resume auto" in message
     assert (trained / "last.ckpt").read_bytes() == before
     assert not [p for p in trained.iterdir() if ".tmp" in p.name]

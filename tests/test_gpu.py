@@ -18,6 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import evaluate as evaluate_script
 import sample as sample_script
 import train as train_script
+from core import cli
 from core.checkpoint import read_checkpoint
 from model import GPT, POS_ENCODINGS, GPTConfig
 from model.kernels import compiled_flex_attention
@@ -177,7 +178,7 @@ def test_default_gpu_run_trains_with_compile_bf16_fused_adamw_clipping_and_mfu(t
     test_gpu_paths.py reproduces it on the CPU, this runs the real thing: auto precision, compile,
     pinned memory and the MFU logged against the device's peak."""
     norms = _record_step_norms(monkeypatch)
-    train_script.main(_gpu_run(tmp_path, text_file, "--train.compile", "true", "--optim.grad_clip", "0.05"))
+    cli.run(train_script.COMMAND, _gpu_run(tmp_path, text_file, "--train.compile", "true", "--optim.grad_clip", "0.05"))
     assert len(norms) == 12 and norms == pytest.approx([0.05] * 12, rel=1e-2)
     with open(latest_metrics(tmp_path / "runs" / "tiny")) as f:
         mfu = [float(row["perf/mfu"]) for row in csv.DictReader(f) if row.get("perf/mfu")]
@@ -188,7 +189,10 @@ def test_fp16_mixed_unscales_before_clipping_through_the_trainer(tmp_path, text_
     """GradScaler with the fused AdamW: only CUDA runs 16-mixed (Lightning turns it into bf16 on a CPU)."""
 
     norms = _record_step_norms(monkeypatch)
-    train_script.main(_gpu_run(tmp_path, text_file, "--train.precision", "16-mixed", "--optim.grad_clip", "0.05"))
+    cli.run(
+        train_script.COMMAND,
+        _gpu_run(tmp_path, text_file, "--train.precision", "16-mixed", "--optim.grad_clip", "0.05"),
+    )
     finite = [n for n in norms if math.isfinite(n)]  # steps the scaler skips have inf gradients
     assert finite and finite == pytest.approx([0.05] * len(finite), rel=1e-2)
 
@@ -196,7 +200,7 @@ def test_fp16_mixed_unscales_before_clipping_through_the_trainer(tmp_path, text_
 def test_fsdp_on_one_gpu_clips_through_the_sharded_module(tmp_path, text_file):
     """Lightning runs FSDP only on GPUs; its own clipping refuses FSDP, ours calls the root module's
     clip_grad_norm_."""
-    train_script.main(_gpu_run(tmp_path, text_file, "--train.strategy", "fsdp", "--train.devices", "1"))
+    cli.run(train_script.COMMAND, _gpu_run(tmp_path, text_file, "--train.strategy", "fsdp", "--train.devices", "1"))
     assert read_checkpoint(tmp_path / "runs" / "tiny" / "last.ckpt")["global_step"] == 12
 
 
@@ -209,8 +213,9 @@ def cpu_checkpoints(tmp_path_factory) -> dict[str, object]:
     text.write_text(make_text(1500))
     ckpts: dict[str, object] = {"text": text}
     for scheme in ("rope", "alibi"):
-        train_script.main(tiny_args(tmp / scheme, text, "--model.pos_encoding", scheme, "--train.max_steps", "20",
-                                    "--train.eval_interval", "20", "--train.accelerator", "cpu"))  # fmt: skip
+        argv = tiny_args(tmp / scheme, text, "--model.pos_encoding", scheme, "--train.max_steps", "20",
+                         "--train.eval_interval", "20", "--train.accelerator", "cpu")  # fmt: skip
+        cli.run(train_script.COMMAND, argv)
         ckpts[scheme] = tmp / scheme / "runs" / "tiny" / "last.ckpt"
     return ckpts
 
@@ -221,7 +226,7 @@ def test_evaluation_on_cuda_runs_bf16_autocast_and_flex_and_matches_the_cpu(cpu_
               "--eval.token_budget", "512", "--eval.progress", "false"]  # fmt: skip
     docs = {}
     for device in ("cpu", "cuda"):
-        evaluate_script.main([*common, "--eval.device", device, "--out", str(tmp_path / device)])
+        cli.run(evaluate_script.COMMAND, [*common, "--eval.device", device, "--out", str(tmp_path / device)])
         docs[device] = json.loads((tmp_path / device / "results.json").read_text())
     assert docs["cuda"]["dtype"] == "bfloat16" and "NVIDIA" in docs["cuda"]["device"]
     for run, ref in zip(docs["cuda"]["runs"], docs["cpu"]["runs"], strict=True):
@@ -232,8 +237,8 @@ def test_evaluation_on_cuda_runs_bf16_autocast_and_flex_and_matches_the_cpu(cpu_
 @pytest.mark.parametrize("compile_flag", [[], ["--compile", "true"]])
 def test_sampling_on_cuda_in_bf16_eager_and_compiled(cpu_checkpoints, capsys, compile_flag):
     """sample.py's GPU branch: bf16 weights by default, a CUDA generator, and --compile."""
-    sample_script.main(["--ckpt", str(cpu_checkpoints["rope"]), "--prompt", "The king", "--max_new_tokens", "40",
-                        "--temperature", "0", *compile_flag])  # fmt: skip
+    cli.run(sample_script.COMMAND, ["--ckpt", str(cpu_checkpoints["rope"]), "--prompt", "The king",
+                                    "--max_new_tokens", "40", "--temperature", "0", *compile_flag])  # fmt: skip
     captured = capsys.readouterr()
     assert captured.out.startswith("The king") and len(captured.out.rstrip("\n")) == len("The king") + 40
     assert "cuda" in captured.err and "bfloat16" in captured.err

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import train as train_script
+from core import cli
 from core.checkpoint import read_checkpoint
 from data.datamodule import TokenDataModule
 from data.dataset import load_prepared
@@ -21,7 +22,7 @@ from training import hardware
 from training.callbacks import SpeedMonitor
 from training.run import latest_metrics
 
-from helpers import straight_and_resumed, tiny_args
+from helpers import cli_error, straight_and_resumed, tiny_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +50,7 @@ def test_bf16_mixed_clips_before_every_fused_step_with_accumulation(tmp_path, te
     args = tiny_args(tmp_path, text_file, "--train.precision", "bf16-mixed", "--optim.grad_clip", "0.05",
                      "--train.grad_accum", "2", "--train.max_steps", "6", "--train.log_interval", "2",
                      "--train.eval_interval", "6")  # fmt: skip
-    train_script.main(args)
+    cli.run(train_script.COMMAND, args)
     run_dir = tmp_path / "runs" / "tiny"
     assert read_checkpoint(run_dir / "last.ckpt")["global_step"] == 6
     assert len(norms_at_step) == 6  # one clipped step per two micro-batches
@@ -86,7 +87,7 @@ def test_shipped_gpu_training_configs_train_two_steps_in_bf16(tmp_path, text_fil
     if name == "gpt2_124m.yaml":  # BPE: the shared ranks file (skips where absent)
         ranks = str(request.getfixturevalue("gpt2_ranks"))
         extra += ["--data.tiktoken_ranks", ranks, "--data.val_fraction", "0.1", "--train.grad_accum", "4"]
-    train_script.main(_shrunk(tmp_path, text_file, name, *extra))
+    cli.run(train_script.COMMAND, _shrunk(tmp_path, text_file, name, *extra))
     ckpt = read_checkpoint(tmp_path / "runs" / "gpu-config" / "last.ckpt")
     config = ckpt["hyper_parameters"]["config"]
     assert ckpt["global_step"] == 2 and config["optim"]["grad_clip"] == 1.0
@@ -97,7 +98,9 @@ def test_shipped_gpu_training_configs_train_two_steps_in_bf16(tmp_path, text_fil
 def test_the_gpu_recipe_compiles_and_trains_in_bf16_on_cpu(tmp_path, text_file, capsys):
     """torch.compile (inductor) with bf16 autocast, dropout, clipping and a validation pass, as
     configs/shakespeare_char_gpu.yaml runs it on a GPU; the sample at the end runs eagerly."""
-    train_script.main(_shrunk(tmp_path, text_file, "shakespeare_char_gpu.yaml", "--train.sample_tokens", "20"))
+    cli.run(
+        train_script.COMMAND, _shrunk(tmp_path, text_file, "shakespeare_char_gpu.yaml", "--train.sample_tokens", "20")
+    )
     config = read_checkpoint(tmp_path / "runs" / "gpu-config" / "last.ckpt")["hyper_parameters"]["config"]
     assert config["train"]["compile"] and config["model"]["dropout"] == 0.2
     out = capsys.readouterr().out
@@ -107,7 +110,7 @@ def test_the_gpu_recipe_compiles_and_trains_in_bf16_on_cpu(tmp_path, text_file, 
 def test_shipped_gpu_experiment_config_trains_and_evaluates_in_bf16(tmp_path, text_file, gpt2_ranks):
     from experiments import extrapolation as experiment
 
-    experiment.main([
+    cli.run(experiment.COMMAND, [
         "--config", str(ROOT / "configs" / "extrapolation_gpu.yaml"), "--out_dir", str(tmp_path / "report"),
         "--schemes", "[rope, alibi]",
         "--run.model.n_layer", "1", "--run.model.n_head", "2", "--run.model.n_embd", "32",
@@ -124,10 +127,10 @@ def test_shipped_gpu_experiment_config_trains_and_evaluates_in_bf16(tmp_path, te
     assert runs == {"rope-seed1337", "alibi-seed1337", "rope-window128-seed1337"}  # the config's window variant
 
 
-def test_fsdp_without_gpus_is_one_clear_message(tmp_path, text_file):
-    with pytest.raises(SystemExit) as info:
-        train_script.main(tiny_args(tmp_path, text_file, "--train.strategy", "fsdp", "--train.accelerator", "cpu"))
-    assert "needs CUDA GPUs" in str(info.value.code) and "ddp" in str(info.value.code)
+def test_fsdp_without_gpus_is_one_clear_message(tmp_path, text_file, capsys):
+    argv = tiny_args(tmp_path, text_file, "--train.strategy", "fsdp", "--train.accelerator", "cpu")
+    message = cli_error(capsys, train_script.COMMAND, argv)
+    assert "needs CUDA GPUs" in message and "ddp" in message
     assert not (tmp_path / "runs").exists() and not (tmp_path / "prepared").exists()
 
 

@@ -11,6 +11,7 @@ import pytest
 
 import evaluate as evaluate_script
 import train as train_script
+from core import cli
 from data.dataset import prepare_dir
 from data.errors import DataError
 from data.provenance import provenance, recorded_data, tiktoken_ranks
@@ -64,7 +65,7 @@ def test_a_task_checkpoint_has_no_text_split(tmp_path, text_file):
 
 
 def test_evaluation_rebuilds_a_deleted_split_from_unchanged_sources(tmp_path, text_file):
-    train_script.main(tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "6",
+    cli.run(train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "6",
                                 "--train.ckpt_interval", "3"))  # fmt: skip
     trained = tmp_path / "runs" / "tiny"
     ckpt = load_checkpoint(trained / "last.ckpt")
@@ -72,8 +73,8 @@ def test_evaluation_rebuilds_a_deleted_split_from_unchanged_sources(tmp_path, te
     for file in prepared.iterdir():
         file.unlink()
     out = tmp_path / "out"
-    evaluate_script.main(["--ckpt", str(trained / "last.ckpt"), "--eval.lengths", "[16]", "--eval.token_budget", "32",
-                          "--eval.progress", "false", "--out", str(out)])  # fmt: skip
+    args = ["--ckpt", str(trained / "last.ckpt"), "--eval.lengths", "[16]", "--eval.token_budget", "32"]
+    cli.run(evaluate_script.COMMAND, [*args, "--eval.progress", "false", "--out", str(out)])
     assert json.loads((out / "results.json").read_text())["runs"][0]["results"][0]["ppl"] > 1
     assert json.loads((prepared / "meta.json").read_text())["fingerprint"] == ckpt.data["fingerprint"]
 

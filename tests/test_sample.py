@@ -11,6 +11,9 @@ import torch
 
 import sample as sample_script
 import train as train_script
+from core import cli
+
+from helpers import cli_error
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +25,7 @@ def checkpoint(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("sample")
     text = tmp / "corpus.txt"
     text.write_text(make_text())
-    train_script.main([
+    cli.run(train_script.COMMAND, [
         "--model.n_layer", "2", "--model.n_head", "4", "--model.n_embd", "32", "--model.block_size", "32",
         "--train.batch_size", "8", "--train.max_steps", "30", "--train.eval_interval", "30",
         "--train.progress_bar", "false", "--train.sample_tokens", "0", "--train.logger", "none",
@@ -34,7 +37,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def _sample(capsys, *args: str) -> str:
-    sample_script.main(list(args))
+    cli.run(sample_script.COMMAND, list(args))
     return capsys.readouterr().out
 
 
@@ -76,37 +79,32 @@ def test_command_line_streams_text_and_reports_speed(checkpoint):
 
 
 def test_characters_outside_the_vocabulary_are_named_or_dropped(checkpoint, capsys):
-    with pytest.raises(SystemExit) as info:
-        sample_script.main(["--ckpt", str(checkpoint), "--prompt", "The kïng€", "--max_new_tokens", "5"])
-    assert "'ï€'" in str(info.value.code) and "--drop_unknown" in str(info.value.code)
+    message = cli_error(capsys, sample_script.COMMAND, ["--ckpt", str(checkpoint), "--prompt", "The kïng€",
+                                                        "--max_new_tokens", "5"])  # fmt: skip
+    assert "'ï€'" in message and "--drop_unknown" in message
     out = _sample(
         capsys, "--ckpt", str(checkpoint), "--prompt", "The kïng", "--drop_unknown", "true", "--max_new_tokens", "5"
     )
     assert out.startswith("The kng")
 
 
-def test_missing_or_corrupt_checkpoint_fails_with_one_message(tmp_path):
-    with pytest.raises(SystemExit) as info:
-        sample_script.main(["--ckpt", str(tmp_path / "nope.ckpt")])
-    assert "Checkpoint not found" in str(info.value.code)
+def test_missing_or_corrupt_checkpoint_fails_with_one_message(tmp_path, capsys):
+    assert "Checkpoint not found" in cli_error(capsys, sample_script.COMMAND, ["--ckpt", str(tmp_path / "nope.ckpt")])
     corrupt = tmp_path / "corrupt.ckpt"
     corrupt.write_bytes(b"PK\x03\x04 this is not a checkpoint")
-    with pytest.raises(SystemExit) as info:
-        sample_script.main(["--ckpt", str(corrupt)])
-    assert "not a readable checkpoint" in str(info.value.code)
+    assert "not a readable checkpoint" in cli_error(capsys, sample_script.COMMAND, ["--ckpt", str(corrupt)])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
-def test_a_cuda_device_without_cuda_is_one_clear_message(checkpoint):
-    with pytest.raises(SystemExit) as info:
-        sample_script.main(["--ckpt", str(checkpoint), "--device", "cuda", "--max_new_tokens", "2"])
-    assert "CUDA is not available here" in str(info.value.code)
+def test_a_cuda_device_without_cuda_is_one_clear_message(checkpoint, capsys):
+    argv = ["--ckpt", str(checkpoint), "--device", "cuda", "--max_new_tokens", "2"]
+    assert "CUDA is not available here" in cli_error(capsys, sample_script.COMMAND, argv)
 
 
 def test_bfloat16_weights_on_cpu_sample_as_a_gpu_run_would(checkpoint, capsys):
     """`--dtype auto` is bfloat16 on a GPU: the same cast weights, run here on the CPU."""
     args = ["--ckpt", str(checkpoint), "--prompt", "The king", "--max_new_tokens", "30", "--device", "cpu"]
-    sample_script.main([*args, "--dtype", "bfloat16", "--temperature", "0"])
+    cli.run(sample_script.COMMAND, [*args, "--dtype", "bfloat16", "--temperature", "0"])
     captured = capsys.readouterr()
     out = captured.out
     assert out.startswith("The king") and len(out.rstrip("\n")) == len("The king") + 30

@@ -17,13 +17,14 @@ import torch
 import torch.nn.functional as F
 
 import evaluate as evaluate_script
+from core import cli
 from data.datamodule import TaskStream
 from data.tasks import KEYS, TaskConfig, encode, eval_set, make_example, tokenizer_for, training_batch
 from evaluation.tasks import evaluate_task
 from experiments import synthetic
 from model import GPT, GPTConfig
 
-from helpers import straight_and_resumed
+from helpers import cli_error, straight_and_resumed
 
 TASKS = {
     "copy": TaskConfig(name="copy", train_min=3, train_max=9, eval_lengths=[4, 12]),
@@ -176,25 +177,27 @@ def test_config_mistakes_fail_clearly():
         TaskConfig(name="passkey", train_min=20)
     args = ["--config", str(Path(__file__).parents[1] / "configs" / "synthetic_copy.yaml")]
     with pytest.raises(ValueError, match="raise run.model.block_size"):
-        synthetic.parse_config([*args, "--task.train_max", "40"])
+        cli.parse(synthetic.COMMAND, [*args, "--task.train_max", "40"])
     with pytest.raises(ValueError, match="raise model.block_size to 512"):
-        synthetic.parse_config([*args, "--variants", "[{name: x, pos_encoding: learned, random_positions: 512}]"])
+        variants = "[{name: x, model: {pos_encoding: learned}, train: {random_positions: 512}}]"
+        cli.parse(synthetic.COMMAND, [*args, "--variants", variants])
     with pytest.raises(ValueError, match="at least model.block_size"):
-        synthetic.parse_config([*args, "--run.train.random_positions", "32"])
+        cli.parse(synthetic.COMMAND, [*args, "--run.train.random_positions", "32"])
     assert len(KEYS) == 51
 
 
-def test_the_experiment_end_to_end_with_reuse(tmp_path):
+def test_the_experiment_end_to_end_with_reuse(tmp_path, capsys):
     args = [
         "--config", str(Path(__file__).parents[1] / "configs" / "synthetic_copy.yaml"),
         "--out_dir", str(tmp_path / "report"),
         "--task.name", "passkey", "--task.train_min", "64", "--task.train_max", "64",
         "--task.eval_lengths", "[64,100]", "--task.test_size", "3", "--task.depths", "[0.0,1.0]",
-        "--schemes", "[alibi]", "--variants", "[{name: rope-rp, pos_encoding: rope, random_positions: 128}]",
+        "--schemes", "[alibi]",
+        "--variants", "[{name: rope-rp, model: {pos_encoding: rope}, train: {random_positions: 128}}]",
         "--seeds", "[1,2]", "--run.model.block_size", "64", "--run.model.n_layer", "1", "--run.model.n_embd", "32",
         "--run.train.max_steps", "4", "--run.train.eval_interval", "4", "--run.train.logger", "none",
     ]  # fmt: skip
-    synthetic.main(args)
+    cli.run(synthetic.COMMAND, args)
     report = tmp_path / "report"
     for name in ("results.json", "results.md", "accuracy_vs_length.png", "passkey_depth.png", "experiment.yaml"):
         assert (report / name).stat().st_size > 0
@@ -211,16 +214,17 @@ def test_the_experiment_end_to_end_with_reuse(tmp_path):
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["examples"] == 3 for r in rows)
     table = (report / "results.md").read_text()
     assert "| rope-rp | rope | 2 |" in table and "±" in table
-    synthetic.main(args)  # everything trained: reused, only evaluated again
+    cli.run(synthetic.COMMAND, args)  # everything trained: reused, only evaluated again
     assert json.loads((report / "results.json").read_text())["experiment"]["train_wall_s"] == {}
-    with pytest.raises(SystemExit) as info:  # a task model has no text split to evaluate perplexity on
-        evaluate_script.main(["--ckpt", doc["runs"][0]["checkpoint"], "--out", str(tmp_path / "ppl")])
-    assert "synthetic task 'passkey'" in str(info.value.code)
+    # a task model has no text split to evaluate perplexity on
+    message = cli_error(capsys, evaluate_script.COMMAND, ["--ckpt", doc["runs"][0]["checkpoint"], "--out",
+                                                          str(tmp_path / "ppl")])  # fmt: skip
+    assert "synthetic task 'passkey'" in message
 
 
 @pytest.mark.parametrize("name", ["synthetic_copy.yaml", "synthetic_passkey.yaml", "synthetic_copy_gpu.yaml"])
 def test_shipped_synthetic_configs_parse(name):
-    config = synthetic.parse_config(["--config", str(Path(__file__).parents[1] / "configs" / name)])
+    config = cli.parse(synthetic.COMMAND, ["--config", str(Path(__file__).parents[1] / "configs" / name)])
     assert config.schemes == ["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
     assert max(config.task.eval_lengths) >= 8 * config.task.train_max  # test at 8x the training length or more
-    assert any(settings.get("random_positions") for _, settings in config.models())
+    assert any(variant.train.get("random_positions") for variant in config.models())

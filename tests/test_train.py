@@ -13,11 +13,12 @@ import pytest
 import torch
 
 import train as train_script
+from core import cli
 from core.checkpoint import read_checkpoint
 from evaluation.checkpoint import load_checkpoint
 from training.run import latest_metrics
 
-from helpers import tiny_args
+from helpers import cli_error, tiny_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,10 +30,11 @@ def val_losses(run_dir: Path) -> list[float]:
 
 
 def test_training_leaves_checkpoints_that_rebuild_model_and_tokenizer(tmp_path, text_file, capsys):
-    train_script.main(
+    cli.run(
+        train_script.COMMAND,
         tiny_args(
             tmp_path, text_file, "--train.max_steps", "40", "--train.eval_interval", "20", "--train.sample_tokens", "50"
-        )
+        ),
     )
     run_dir = tmp_path / "runs" / "tiny"
     assert {"last.ckpt", "best.ckpt", "config.yaml"} <= {p.name for p in run_dir.iterdir()}
@@ -63,10 +65,12 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, text_fi
     common = ["--model.dropout", "0.1", "--train.eval_interval", "10", "--train.ckpt_interval", "10"]
     common += ["--optim.decay_steps", "20"]
     straight = tmp_path / "a"
-    train_script.main(tiny_args(straight, text_file, *common, "--train.max_steps", "20"))
+    cli.run(train_script.COMMAND, tiny_args(straight, text_file, *common, "--train.max_steps", "20"))
     split = tmp_path / "b"
-    train_script.main(tiny_args(split, text_file, *common, "--train.max_steps", "10"))
-    train_script.main(tiny_args(split, text_file, *common, "--train.max_steps", "20", "--train.resume", "auto"))
+    cli.run(train_script.COMMAND, tiny_args(split, text_file, *common, "--train.max_steps", "10"))
+    cli.run(
+        train_script.COMMAND, tiny_args(split, text_file, *common, "--train.max_steps", "20", "--train.resume", "auto")
+    )
     a, b = _final_weights(straight / "runs" / "tiny"), _final_weights(split / "runs" / "tiny")
     assert read_checkpoint(split / "runs" / "tiny" / "last.ckpt")["global_step"] == 20
     for name in a:
@@ -122,37 +126,32 @@ def _bad_input(kind: str, d: Path) -> Path:
         ("shorter-than-a-window", "shorter than one training window"),
     ],
 )
-def test_bad_data_fails_with_one_clear_message(tmp_path, kind, needle):
-    with pytest.raises(SystemExit) as info:
-        train_script.main(tiny_args(tmp_path, _bad_input(kind, tmp_path), "--train.max_steps", "2"))
-    assert needle in str(info.value.code)
+def test_bad_data_fails_with_one_clear_message(tmp_path, kind, needle, capsys):
+    argv = tiny_args(tmp_path, _bad_input(kind, tmp_path), "--train.max_steps", "2")
+    assert needle in cli_error(capsys, train_script.COMMAND, argv)
     assert not (tmp_path / "runs").exists()  # nothing written for a run that never started
     assert not list(tmp_path.rglob("*.tmp*"))
 
 
 def test_config_mistakes_fail_with_one_clear_message(tmp_path, text_file, capsys):
     with pytest.raises(SystemExit) as info:  # jsonargparse names the unknown option
-        train_script.main([*tiny_args(tmp_path, text_file), "--model.n_layr", "3"])
+        cli.run(train_script.COMMAND, [*tiny_args(tmp_path, text_file), "--model.n_layr", "3"])
     assert info.value.code == 2 and "n_layr" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as info:
-        train_script.main([*tiny_args(tmp_path, text_file), "--model.n_embd", "30"])
-    assert "n_embd (30) must be divisible by n_head (4)" in str(info.value.code)
+    message = cli_error(capsys, train_script.COMMAND, [*tiny_args(tmp_path, text_file), "--model.n_embd", "30"])
+    assert "n_embd (30) must be divisible by n_head (4)" in message
     assert not (tmp_path / "runs").exists()
 
 
-def test_resuming_a_different_model_shape_fails_clearly(tmp_path, text_file):
-    train_script.main(tiny_args(tmp_path, text_file, "--train.max_steps", "2"))
-    with pytest.raises(SystemExit) as info:
-        train_script.main(
-            tiny_args(tmp_path, text_file, "--train.max_steps", "4", "--model.n_layer", "3", "--train.resume", "auto")
-        )
-    message = str(info.value.code)
+def test_resuming_a_different_model_shape_fails_clearly(tmp_path, text_file, capsys):
+    cli.run(train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "2"))
+    argv = tiny_args(tmp_path, text_file, "--train.max_steps", "4", "--model.n_layer", "3", "--train.resume", "auto")
+    message = cli_error(capsys, train_script.COMMAND, argv)
     assert "Cannot resume" in message and "model.n_layer: checkpoint 2 vs now 3" in message
 
 
 def test_help_and_print_config(capsys):
     with pytest.raises(SystemExit) as info:
-        train_script.main(["--help"])
+        cli.run(train_script.COMMAND, ["--help"])
     help_text = capsys.readouterr().out
     assert info.value.code == 0
     for option in ("--model.pos_encoding", "--train.resume", "--data.tiktoken_ranks", "--optim.warmup_steps"):
@@ -160,7 +159,7 @@ def test_help_and_print_config(capsys):
     assert "Optimizer steps of linear warm-up" in help_text  # field docstrings are the help text
     assert "--model.vocab_size" not in help_text  # the tokenizer's, set from the data
     with pytest.raises(SystemExit) as info:
-        train_script.main(["--print_config", "--model.pos_encoding", "alibi"])
+        cli.run(train_script.COMMAND, ["--print_config", "--model.pos_encoding", "alibi"])
     config = capsys.readouterr().out
     assert info.value.code == 0 and "pos_encoding: alibi" in config and "n_layer: 4" in config
 
@@ -172,7 +171,7 @@ def test_wandb_without_an_api_key_logs_offline_into_the_run_dir(tmp_path, text_f
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
-    train_script.main(tiny_args(tmp_path, text_file, "--train.max_steps", "4", "--train.logger", "wandb"))
+    cli.run(train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "4", "--train.logger", "wandb"))
     runs = list((tmp_path / "runs" / "tiny" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].rglob("*.wandb"))
 
@@ -180,7 +179,9 @@ def test_wandb_without_an_api_key_logs_offline_into_the_run_dir(tmp_path, text_f
 def test_every_run_ends_evaluated(tmp_path, text_file):
     """Validation runs every eval_interval steps and after the last step, also when max_steps is no
     multiple of the interval (Lightning alone would skip it): best.ckpt always exists."""
-    train_script.main(tiny_args(tmp_path, text_file, "--train.max_steps", "7", "--train.eval_interval", "5"))
+    cli.run(
+        train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "7", "--train.eval_interval", "5")
+    )
     with open(latest_metrics(tmp_path / "runs" / "tiny")) as f:
         steps = [int(row["step"]) for row in csv.DictReader(f) if row.get("val/loss")]
     assert steps == [4, 6]  # Lightning's 0-based step of the 5th and the 7th optimizer step

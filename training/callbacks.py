@@ -14,17 +14,22 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from core.errors import UserError
 from core.files import atomic_file
 from training.hardware import peak_flops
 
 
-class TrainingStopped(Exception):
+class TrainingStopped(UserError):
     """Training stopped early on purpose (a signal, a diverged loss); the message says where it
-    stopped, what was saved and what to do, and `exit_code` is the process' exit status."""
+    stopped, what was saved and what to do, and `exit_code` is the process' exit status: 128 + the
+    signal's number after a signal (the message is news, not an error), 1 for a diverged run."""
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+    def line(self) -> str:
+        return super().line() if self.exit_code == 1 else str(self)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -20,6 +20,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from conftest import make_text  # noqa: E402
 
 import train as train_script  # noqa: E402
+from core import cli  # noqa: E402
 from evaluation.checkpoint import load_checkpoint  # noqa: E402
 from model import POS_ENCODINGS  # noqa: E402
 
@@ -36,7 +37,7 @@ def main() -> None:
         text = Path(tmp) / "corpus.txt"
         text.write_text(make_text(200))
         for scheme in POS_ENCODINGS:
-            train_script.main([
+            cli.run(train_script.COMMAND, [
                 "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "8", "--model.block_size", "8",
                 "--model.pos_encoding", scheme, "--model.bias", "true", "--train.batch_size", "2",
                 "--train.max_steps", "3", "--train.eval_interval", "3", "--train.eval_tokens", "32",

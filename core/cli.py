@@ -1,0 +1,340 @@
+"""One way to run every command: parse its options into one dataclass, validate them, run it, and
+end a mistake the user can fix in one line.
+
+A command is a `Command`: its options as one dataclass (nested dataclasses become dotted groups,
+`--model.n_layer`; each field's docstring is its `--help` text), read by jsonargparse (`--config
+FILE.yaml`, `--print_config`, `--help`), and one typed function of that dataclass. `run(command)`
+parses, builds the dataclass (whose `__post_init__` checks are the validation), calls the function
+and ends with
+
+- exit status 2 and a short usage (at most 10 lines, with a "did you mean" for a misspelled
+  option) for an option or value the parser refuses;
+- the error's one line and `exit_code` for a `UserError` (2 unless the error says otherwise) and
+  for a `ValueError` of the config's own checks;
+- "Interrupted." and 130 for Ctrl+C.
+
+Anything else is a bug and keeps its traceback. List options take `--x a b c` as well as
+jsonargparse's `--x [a,b,c]`, in every command (`spread_lists`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import logging
+import re
+import sys
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+
+from core.errors import ConfigError, UserError
+
+C = TypeVar("C")
+
+BUILTIN_OPTIONS = ("config", "print_config", "help")
+"""Options every command has besides its dataclass' fields."""
+MAX_ERROR_LINES = 8
+"""Lines of a parser's message shown under the usage line (with the hint: at most 10 in all)."""
+
+
+@dataclass(frozen=True)
+class Command(Generic[C]):
+    """A command line: its options (one dataclass) and what it does with them."""
+
+    prog: str
+    """Name in the usage line, e.g. train.py."""
+    config: type[C]
+    """The options: a dataclass; nested dataclass fields become dotted groups."""
+    main: Callable[[C], object]
+    """What the command does with its validated options."""
+    description: str = ""
+    """The text at the top of --help."""
+    default_config: str | None = None
+    """A YAML file read before the command line (train.py's default run)."""
+    skip: frozenset[str] = frozenset()
+    """Dotted fields not offered at all (say, model.vocab_size, which is the tokenizer's)."""
+    hidden: frozenset[str] = frozenset()
+    """Dotted fields accepted but left out of --help, so that older config files that record them still load."""
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """How this command spells options that shared code names in its messages: {prefix there: prefix here}
+    (say, {"eval_data.": "data."}); a name that is the unique suffix of an option needs none."""
+    logs: bool = True
+    """Show the project's INFO logs on stderr."""
+
+
+class UsageError(UserError):
+    """An option or value the parser refuses: a short usage, the problem and where the options are listed."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+    def line(self) -> str:
+        return "\n".join(
+            [f"usage: {self.prog} [options]", f"error: {self}", f"Run '{self.prog} --help' for the options."]
+        )
+
+
+def run(command: Command[C], argv: Sequence[str] | None = None) -> None:
+    """Parse `argv` (default: the process' arguments), validate, run; end a user's mistake as the
+    module docstring says."""
+    try:
+        config = parse(command, argv)
+        if command.logs:
+            logging.basicConfig(level=logging.INFO, format="%(message)s")
+        command.main(config)
+    except UsageError as error:  # its own options, as the user typed them
+        print(error.line(), file=sys.stderr)
+        sys.exit(error.exit_code)
+    except UserError as error:
+        print(spell(error.line(), command), file=sys.stderr)
+        sys.exit(error.exit_code)
+    except KeyboardInterrupt:  # nothing half-written is kept (files are written atomically)
+        print("Interrupted.", file=sys.stderr)
+        sys.exit(130)
+
+
+def run_modes(prog: str, description: str, modes: Mapping[str, Command], argv: Sequence[str] | None = None) -> None:
+    """`prog MODE [options]`: run the mode's command on the options (`run`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    listing = "\n".join(f"  {name:16s} {mode.description.splitlines()[0]}" for name, mode in modes.items())
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"usage: {prog} MODE [options]\n\n{description.strip()}\n\n"
+              f"modes ({prog} MODE --help lists its options):\n{listing}")  # fmt: skip
+        sys.exit(0)
+    if not argv or argv[0] not in modes:
+        given = f"unknown mode {argv[0]!r}" if argv else "no mode given"
+        hint = did_you_mean(argv[0] if argv else "", list(modes), "")
+        error = UsageError(f"{prog} MODE", f"{given} (modes: {', '.join(modes)}){hint}")
+        print(error.line(), file=sys.stderr)
+        sys.exit(error.exit_code)
+    run(modes[argv[0]], argv[1:])
+
+
+def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
+    """The command's validated options; a refused option raises `UsageError`, a setting the config's
+    own checks refuse `ConfigError`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(command)
+    try:
+        namespace = parser.parse_args(spread_lists(argv, sequence_options(command)))
+    except argparse.ArgumentError as error:
+        raise UsageError(command.prog, usage_message(str(error), options(command), command.skip)) from None
+    try:
+        values = parser.instantiate(namespace)
+        return command.config(**{f.name: values[f.name] for f in dataclasses.fields(command.config) if f.init})
+    except UserError:  # a check that raises a user error of its own kind (a DeviceError, say)
+        raise
+    except ValueError as error:  # a __post_init__ check: it names the setting and the fix
+        raise ConfigError(str(error)) from None
+
+
+def build_parser(command: Command) -> ArgumentParser:
+    """jsonargparse over the command's dataclass, group by group (so that `skip` and `hidden` reach
+    nested fields), with the defaults of the dataclass as a whole."""
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # field docstrings become --help text
+    parser = ArgumentParser(
+        prog=command.prog,
+        description=command.description,
+        exit_on_error=False,
+        allow_abbrev=False,  # a prefix of an option is a typo to point out, not an option
+        default_config_files=[command.default_config] if command.default_config else None,
+    )
+    parser.add_argument(
+        "--config", action=ActionConfigFile, help="A YAML file of these options (--print_config writes one)."
+    )
+    _add_group(parser, command.config, "", None, command)
+    return parser
+
+
+def _add_group(parser: ArgumentParser, cls: type, prefix: str, defaults: Any, command: Command) -> None:
+    """The fields of dataclass `cls` under `prefix`; `defaults` is its default instance when its parent
+    gives one (say, RunConfig's model, which is not GPTConfig())."""
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    nested = {f.name for f in fields if dataclasses.is_dataclass(hints[f.name])}
+    left_out = {f.name for f in fields if prefix + f.name in command.skip | command.hidden}
+    parser.add_class_arguments(cls, prefix[:-1] or None, skip=nested | left_out)
+    own = [f.name for f in fields if f.name not in nested | left_out]
+    if defaults is not None and own:
+        parser.set_defaults({prefix + name: getattr(defaults, name) for name in own})
+    for f in fields:
+        if f.name in nested and prefix + f.name not in command.skip:
+            default = getattr(defaults, f.name) if defaults is not None else _field_default(f)
+            _add_group(parser, hints[f.name], f"{prefix}{f.name}.", default, command)
+        elif prefix + f.name in command.hidden:
+            parser.add_argument(
+                f"--{prefix}{f.name}", type=hints[f.name], default=argparse.SUPPRESS, help=argparse.SUPPRESS
+            )
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+
+
+def _walk(cls: type, prefix: str = "") -> Iterator[tuple[str, Any, bool]]:
+    """(dotted name, type, is a group) of every field of dataclass `cls`, groups before their fields."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        kind = hints[f.name]
+        group = dataclasses.is_dataclass(kind)
+        yield prefix + f.name, kind, group
+        if group:
+            yield from _walk(kind, f"{prefix}{f.name}.")
+
+
+def _offered(command: Command) -> Iterator[tuple[str, Any, bool]]:
+    for name, kind, group in _walk(command.config):
+        if not any(name == s or name.startswith(s + ".") for s in command.skip | command.hidden):
+            yield name, kind, group
+
+
+def options(command: Command) -> list[str]:
+    """The options --help lists, dotted, without dashes: the dataclass' fields (groups too: they take a
+    YAML file) and the built-in ones. Read from the dataclass, not from the parser."""
+    return [*BUILTIN_OPTIONS, *(name for name, _, _ in _offered(command))]
+
+
+def accepted(command: Command) -> set[str]:
+    """Every option the command parses: those it lists and the hidden ones."""
+    return {*options(command), *command.hidden}
+
+
+@dataclass(frozen=True)
+class ListOption:
+    """How a list or tuple option is written."""
+
+    kind: type
+    """list or tuple."""
+    single_ok: bool
+    """A single plain value is accepted too (`str | list[str]`)."""
+    nested: bool
+    """Its items are lists or tuples themselves (`list[tuple[int, int]]`): `[1,2]` is one item."""
+
+
+def sequence_options(command: Command) -> dict[str, ListOption]:
+    """Options whose type is a list or a tuple, by name."""
+    found = {}
+    for name, kind, group in _offered(command):
+        members = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+        sequences = [m for m in members if (typing.get_origin(m) or m) in (list, tuple)]
+        if group or not sequences:
+            continue
+        items = typing.get_args(sequences[0])
+        nested = (
+            typing.get_origin(sequences[0]) is list and bool(items) and typing.get_origin(items[0]) in (list, tuple)
+        )
+        single_ok = any(m is not type(None) and m not in sequences for m in members)
+        found[name] = ListOption(typing.get_origin(sequences[0]) or sequences[0], single_ok, nested)
+    return found
+
+
+def spread_lists(argv: Sequence[str], sequences: Mapping[str, ListOption]) -> list[str]:
+    """`argv` with every list option given as `--x a b c` rewritten to what jsonargparse reads: the
+    list emptied, then each value appended (`--x=[] --x+=a ...`), so that each value is parsed as it
+    would be on its own; a tuple becomes `--x=[a,b,c]`. `--x [a,b,c]` and a single value of a type
+    that takes one (`str | list[str]`) pass through."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        name, eq, inline = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        if name not in sequences:
+            out.append(token)
+            continue
+        values = [inline] if eq else []
+        while i < len(argv) and not _is_option(argv[i]):
+            values.append(argv[i])
+            i += 1
+        out += _sequence_args(name, values, sequences[name])
+    return out
+
+
+def _is_option(token: str) -> bool:
+    return token.startswith("--") or (token.startswith("-") and token[1:2].isalpha())
+
+
+def _sequence_args(name: str, values: list[str], sequence: ListOption) -> list[str]:
+    if not values:
+        return [f"--{name}"]  # the parser says that a value is missing
+    whole = values[0].startswith("[[" if sequence.nested else "[") or values[0] == "null"
+    if len(values) == 1 and (sequence.single_ok or whole):
+        return [f"--{name}={values[0]}"]  # `=`: a value that starts with a dash stays a value
+    if sequence.kind is tuple:
+        return [f"--{name}=[{','.join(values)}]"]
+    return [f"--{name}=[]", *(f"--{name}+=[{v}]" if v.startswith("[") else f"--{name}+={v}" for v in values)]
+
+
+def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = frozenset()) -> str:
+    """jsonargparse's message in a few lines, with the closest option to one it does not know (none
+    for an option the command refuses on purpose, `refused`)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):  # 'Parser key "x":' + the problem
+        lines[:2] = [f"{lines[0]} {lines[1]}"]
+    if len(lines) > MAX_ERROR_LINES:
+        lines = [*lines[: MAX_ERROR_LINES - 1], "..."]
+    text = "\n".join(lines)
+    if text.startswith("the following arguments are required: "):  # argparse names them without dashes
+        head, _, missing = text.partition(": ")
+        text = f"{head}: " + ", ".join("--" + name.strip() for name in missing.split(","))
+    for name in _unknown_options(message):
+        if name in refused:
+            return f"{text}; --{name} is not an option of this command"
+        hint = did_you_mean(name, names, "--")
+        if hint:
+            return text + hint
+    return text
+
+
+def _unknown_options(message: str) -> list[str]:
+    """The options a jsonargparse message says it does not know: on the command line
+    ('unrecognized arguments: --x 1') or in a config file ("Group 'model' does not accept option
+    'x'", "Option 'x' is not accepted")."""
+    found = re.findall(r"(?<![\w-])--([\w.]+)", message) if "unrecognized arguments" in message else []
+    found += [
+        f"{group}.{name}" for group, name in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
+    ]
+    return found + re.findall(r"^Option '([\w.]+)' is not accepted", message)
+
+
+def did_you_mean(name: str, names: Sequence[str], dashes: str) -> str:
+    """'; did you mean --x?' for the closest of `names` to `name` (a misspelling, or a field without
+    its group), or ''."""
+    if not name:
+        return ""
+    tail = [n for n in names if n.endswith("." + name)]
+    close = tail if len(tail) == 1 else difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f"; did you mean {dashes}{close[0]}?" if close else ""
+
+
+OPTION = re.compile(r"(?<![\w-])--([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
+
+
+def spell(text: str, command: Command) -> str:
+    """`text` with every option that shared code names spelled as this command takes it: `--data.input`
+    is `--run.data.input` in an experiment, `--device` is `--eval.device` in evaluate.py."""
+    known = accepted(command)
+    return OPTION.sub(lambda m: "--" + spelled(m.group(1), known, command.aliases), text)
+
+
+def spelled(name: str, known: set[str], aliases: Mapping[str, str]) -> str:
+    """`name` if the command takes it; else as its `aliases` rename it; else the one option ending in
+    `.name`; else unchanged."""
+    if name in known:
+        return name
+    for there, here in aliases.items():
+        if name.startswith(there) and here + name[len(there) :] in known:
+            return here + name[len(there) :]
+    tail = [option for option in known if option.endswith("." + name)]
+    return tail[0] if len(tail) == 1 else name

@@ -1,0 +1,278 @@
+"""core.cli and every command through it: a user's mistake is one line on stderr and exit status 2,
+a misspelled option a short usage with the closest option, list options take `--x a b` and
+`--x [a,b]` alike, and the options that error messages name are options of the command that
+prints them."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+import attention_maps
+import bench
+import evaluate
+import sample
+import train
+from core import cli
+from core.errors import UserError
+from data import prepare
+from experiments import extrapolation, synthetic
+from training.callbacks import TrainingStopped
+
+from helpers import cli_error
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = {
+    "train.py": train.COMMAND,
+    "sample.py": sample.COMMAND,
+    "evaluate.py": evaluate.COMMAND,
+    "attention_maps.py": attention_maps.COMMAND,
+    "experiments.extrapolation": extrapolation.COMMAND,
+    "experiments.synthetic": synthetic.COMMAND,
+    "data.prepare": prepare.COMMAND,
+}
+SYNTHETIC = ["--config", str(ROOT / "configs" / "synthetic_copy.yaml")]
+
+
+def _invoke(name: str, argv: list[str]) -> None:
+    if name == "bench.py":
+        cli.run_modes("bench.py", bench.__doc__, bench.MODES, argv)
+    else:
+        cli.run(COMMANDS[name], argv)
+
+
+def _stops(capsys, name: str, argv: list[str]) -> list[str]:
+    """The lines on stderr of a command that must exit with status 2."""
+    with pytest.raises(SystemExit) as info:
+        _invoke(name, argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err, err
+    return err.strip().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("name", "argv", "needle"),
+    [
+        ("train.py", ["--data.input", "{tmp}/nope.txt", "--data.prepared_root", "{tmp}/p", "--train.out_dir",
+                      "{tmp}/runs"], "Input not found"),
+        ("sample.py", ["--ckpt", "{tmp}/nope.ckpt"], "Checkpoint not found"),
+        ("evaluate.py", ["--ckpt", "{tmp}/nope.ckpt", "--out", "{tmp}/e"], "Checkpoint not found"),
+        ("attention_maps.py", ["--ckpt", "{tmp}/nope.ckpt", "--prompt", "a", "--out", "{tmp}/m"],
+         "Checkpoint not found"),
+        ("experiments.extrapolation", ["--out_dir", "{tmp}/r", "--variants", "{name: w, model: {attn_windw: 8}}"],
+         "w: model has no field 'attn_windw'; did you mean model.attn_window?"),
+        ("experiments.synthetic", [*SYNTHETIC, "--out_dir", "{tmp}/r", "--variants", "{name: r, train: {seed: 3}}"],
+         "r: train.seed is set for every run"),
+        ("data.prepare", ["--inputs", "{tmp}/nope.txt", "--out_dir", "{tmp}/p"], "Input not found"),
+        ("bench.py", ["val-noise", "--ckpt", "{tmp}/nope.ckpt", "--data_dir", "{tmp}"], "Checkpoint not found"),
+    ],
+)  # fmt: skip
+def test_a_user_error_is_one_line_and_exit_status_2(name, argv, needle, tmp_path, capsys):
+    lines = _stops(capsys, name, [a.replace("{tmp}", str(tmp_path)) for a in argv])
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    ("name", "argv", "closest"),
+    [
+        ("train.py", ["--model.pos_encodng", "rope"], "--model.pos_encoding"),
+        ("train.py", ["--n_layer", "3"], "--model.n_layer"),  # a field without its group
+        ("sample.py", ["--ckpt", "x", "--max_new_tokns", "5"], "--max_new_tokens"),
+        ("evaluate.py", ["--ckpt", "x", "--eval.lenghts", "16", "32"], "--eval.lengths"),
+        ("attention_maps.py", ["--ckpt", "x", "--lenghts", "16"], "--lengths"),
+        ("experiments.extrapolation", ["--run.model.n_layr", "2"], "--run.model.n_layer"),
+        ("experiments.synthetic", ["--task.nme", "copy"], "--task.name"),
+        ("data.prepare", ["--inputs", "a", "--out_dirr", "x"], "--out_dir"),
+        ("bench.py", ["sample", "--tokns", "5"], "--tokens"),
+        ("bench.py", ["trian-step"], "train-step"),
+    ],
+)
+def test_a_misspelled_option_gets_a_short_usage_and_the_closest_option(name, argv, closest, capsys):
+    lines = _stops(capsys, name, argv)
+    assert len(lines) <= 10 and lines[0].startswith("usage: ") and "--help" in lines[-1], lines
+    assert any(f"did you mean {closest}?" in line for line in lines), lines
+
+
+def test_a_misspelled_key_in_a_config_file_gets_the_closest_option(tmp_path, capsys):
+    for text, closest in (
+        ("model:\n  n_layr: 3\n", "--model.n_layer"),
+        ("trian:\n  max_steps: 3\n", "--train.max_steps"),
+    ):
+        (tmp_path / "bad.yaml").write_text(text)
+        lines = _stops(capsys, "train.py", ["--config", str(tmp_path / "bad.yaml")])
+        assert len(lines) <= 10 and f"did you mean {closest}?" in lines[1], lines
+
+
+def test_a_bad_value_is_a_short_usage_too(capsys):
+    lines = _stops(capsys, "train.py", ["--model.n_layer", "four"])
+    assert len(lines) <= 10 and "model.n_layer" in lines[1] and "four" in lines[1], lines
+    lines = _stops(capsys, "train.py", ["--model.vocab_size", "3"])  # the tokenizer's: refused, not suggested
+    assert "not an option of this command" in lines[1], lines
+
+
+@pytest.mark.parametrize(
+    ("command", "spaced", "bracketed", "expected"),
+    [
+        (train.COMMAND, ["--data.input", "a.txt", "b.txt"], ["--data.input", "[a.txt,b.txt]"],
+         {"data.input": ["a.txt", "b.txt"]}),
+        (evaluate.COMMAND, ["--ckpt", "a", "b", "--labels", "x", "y", "--eval.lengths", "32", "16",
+                            "--eval.rope_scaling", "none", "yarn"],
+         ["--ckpt", "[a,b]", "--labels", "[x,y]", "--eval.lengths", "[32,16]", "--eval.rope_scaling", "[none,yarn]"],
+         {"ckpt": ["a", "b"], "labels": ["x", "y"], "eval.lengths": [16, 32], "eval.rope_scaling": ["none", "yarn"]}),
+        (attention_maps.COMMAND, ["--ckpt", "a", "b", "--labels", "x", "y", "--lengths", "64", "--layers", "0", "1",
+                                  "--heads", "2"],
+         ["--ckpt", "[a,b]", "--labels", "[x,y]", "--lengths", "[64]", "--layers", "[0,1]", "--heads", "[2]"],
+         {"ckpt": ["a", "b"], "labels": ["x", "y"], "lengths": [64], "layers": [0, 1], "heads": [2]}),
+        (extrapolation.COMMAND, ["--seeds", "1", "2", "--schemes", "rope", "alibi"],
+         ["--seeds", "[1,2]", "--schemes", "[rope,alibi]"], {"seeds": [1, 2], "schemes": ["rope", "alibi"]}),
+        (synthetic.COMMAND, [*SYNTHETIC, "--seeds", "3", "--task.eval_lengths", "5", "10"],
+         [*SYNTHETIC, "--seeds", "[3]", "--task.eval_lengths", "[5,10]"], {"seeds": [3], "task.eval_lengths": [5, 10]}),
+        (prepare.COMMAND, ["--inputs", "a", "b", "--out_dir", "o"], ["--inputs", "[a,b]", "--out_dir", "o"],
+         {"inputs": ["a", "b"]}),
+        (bench.MODES["plain-run"], ["--input", "t", "--seeds", "1337", "1", "2"],
+         ["--input", "t", "--seeds", "[1337,1,2]"], {"seeds": [1337, 1, 2]}),
+        (bench.MODES["precision"], ["--profile", "4", "128", "64", "12", "--grid", "[4,128,64,12]", "[6,384,256,8]"],
+         ["--profile", "[4,128,64,12]", "--grid", "[[4,128,64,12],[6,384,256,8]]"],
+         {"profile": (4, 128, 64, 12), "grid": [(4, 128, 64, 12), (6, 384, 256, 8)]}),
+        (bench.MODES["vs-nanogpt"], ["--peer", "p", "--input", "t", "--steps", "25", "45", "--ours_args=--x=1"],
+         ["--peer", "p", "--input", "t", "--steps", "[25,45]", "--ours_args", "[--x=1]"],
+         {"steps": (25, 45), "ours_args": ["--x=1"]}),
+    ],
+)  # fmt: skip
+def test_list_options_take_both_syntaxes(command, spaced, bracketed, expected):
+    configs = [cli.parse(command, argv) for argv in (spaced, bracketed)]
+    assert configs[0] == configs[1]
+    for name, value in expected.items():
+        got = configs[0]
+        for part in name.split("."):
+            got = getattr(got, part)
+        assert got == value, name
+
+
+def test_sample_alone_has_no_list_option():
+    assert cli.sequence_options(sample.COMMAND) == {}
+    assert all(cli.sequence_options(command) for name, command in COMMANDS.items() if name != "sample.py")
+
+
+def test_the_options_come_from_the_dataclass_and_are_the_parsers(capsys):
+    """The names that suggestions and messages use (walked from the dataclass) are exactly what --help lists."""
+    for command in (*COMMANDS.values(), *bench.MODES.values()):
+        with pytest.raises(SystemExit) as info:
+            cli.run(command, ["--help"])
+        listed = set(re.findall(r"^\s+(?:-h, )?--([\w.]+)", capsys.readouterr().out, re.MULTILINE))
+        listed = {name for name in listed if not name.endswith(".help")}  # jsonargparse's help of a class (Variant)
+        assert info.value.code == 0 and listed == set(cli.options(command)), command.prog
+
+
+def test_hidden_options_load_older_files_and_skipped_ones_are_refused(capsys):
+    old = cli.parse(extrapolation.COMMAND, ["--config", str(ROOT / "docs/extrapolation_shakespeare/experiment.yaml")])
+    assert "rope-window64" in [v.name for v in old.models()]  # it records run.model.vocab_size
+    assert "run.model.vocab_size" not in cli.options(extrapolation.COMMAND)
+    assert "model.vocab_size" not in cli.options(train.COMMAND)
+    with pytest.raises(cli.UsageError, match="not an option"):
+        cli.parse(train.COMMAND, ["--model.vocab_size", "7"])
+
+
+def test_messages_spell_options_as_the_command_takes_them():
+    assert cli.spell("pass --data.input FILE.", extrapolation.COMMAND) == "pass --run.data.input FILE."
+    assert cli.spell("--device tpu: use --device cpu", evaluate.COMMAND) == "--eval.device tpu: use --eval.device cpu"
+    assert cli.spell("--eval_data.input x", attention_maps.COMMAND) == "--data.input x"
+    assert cli.spell("(--data.prepared_root DIR)", prepare.COMMAND) == "(--out_dir DIR)"
+    assert cli.spell("--train.resume auto", train.COMMAND) == "--train.resume auto"
+    assert cli.spell("--no.such-option", train.COMMAND) == "--no.such-option"
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    """A tiny char-level RoPE checkpoint (tests/assets), trained on generated English."""
+    bundle = torch.load(ROOT / "tests" / "assets" / "pre-redesign.pt", weights_only=False)
+    path = tmp_path / "rope.ckpt"
+    torch.save(bundle["rope"]["checkpoint"], path)
+    return path
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSGPT_CACHE", str(tmp_path / "empty-cache"))
+
+    def no_network(*args, **kwargs):
+        raise urllib.error.URLError("no route to host")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+
+
+def _named_options(line: str) -> list[str]:
+    return [m.group(1) for m in cli.OPTION.finditer(line)]
+
+
+def test_options_named_in_error_messages_parse_in_the_command_that_prints_them(tmp_path, capsys, checkpoint, offline):
+    bad_utf8, short, odd = tmp_path / "latin1.txt", tmp_path / "short.txt", tmp_path / "odd.txt"
+    bad_utf8.write_bytes(b"caf\xe9\n" * 50)
+    short.write_text("The king.\n")
+    odd.write_text("The kïng.\n" * 50)
+    (tmp_path / "no-txt").mkdir()
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    ckpt, out = str(checkpoint), str(tmp_path / "out")
+    run = ["--data.prepared_root", f"{tmp_path}/p", "--train.out_dir", f"{tmp_path}/runs"]
+    cases = [
+        ("experiments.extrapolation", ["--out_dir", out, "--run.data.input", "shakespeare"], "--run.data.input"),
+        ("train.py", ["--data.input", str(bad_utf8), *run], "--data.errors"),
+        ("train.py", ["--data.input", str(bad_utf8), *run[:2], "--train.out_dir", str(a_file)], "--train.out_dir"),
+        ("data.prepare", ["--inputs", str(bad_utf8), "--out_dir", out], "--errors"),
+        ("data.prepare", ["--inputs", str(tmp_path / "no-txt"), "--out_dir", out], "--glob"),
+        ("data.prepare", ["--inputs", str(short), "--out_dir", str(a_file / "x")], "--out_dir"),
+        ("sample.py", ["--ckpt", ckpt, "--prompt", "kïng"], "--drop_unknown"),
+        ("sample.py", ["--ckpt", ckpt, "--device", "tpu"], "--device"),
+        ("evaluate.py", ["--ckpt", ckpt, "--eval_data.input", str(short), "--out", out], "--eval.lengths"),
+        ("evaluate.py", ["--ckpt", ckpt, "--eval_data.input", str(odd), "--out", out], "--eval_data.drop_unknown"),
+        ("evaluate.py", ["--ckpt", ckpt, "--eval.stride", "8", "--out", out], "--eval.mode"),
+        ("attention_maps.py", ["--ckpt", ckpt, "--text", str(short), "--lengths", "64", "--out", out], "--lengths"),
+        ("attention_maps.py", ["--ckpt", ckpt, "--text", str(odd), "--lengths", "8", "--out", out],
+         "--data.drop_unknown"),
+        ("attention_maps.py", ["--ckpt", ckpt, "--prompt", "The", "--layers", "3", "--out", out], "--layers"),
+        ("bench.py", ["variants", "--names", "rope", "ropee"], "--names"),
+    ]  # fmt: skip
+    for name, argv, expected in cases:
+        (line,) = _stops(capsys, name, [*argv, *(["--progress", "false"] if name == "attention_maps.py" else [])])
+        named = _named_options(line)
+        command = bench.MODES[argv[0]] if name == "bench.py" else COMMANDS[name]
+        assert expected[2:] in named and set(named) <= cli.accepted(command), (name, line)
+
+
+@dataclasses.dataclass
+class Nothing:
+    """No options."""
+
+
+def _ending(capsys, error: BaseException) -> tuple[int, str]:
+    def fail(cfg: Nothing) -> None:
+        raise error
+
+    with pytest.raises(SystemExit) as info:
+        cli.run(cli.Command("x", Nothing, fail), [])
+    return info.value.code, capsys.readouterr().err
+
+
+def test_how_each_ending_is_reported(capsys):
+    assert _ending(capsys, UserError("fix it")) == (2, "error: fix it\n")
+    stopped = "Stopped by SIGTERM at step 3; saved last.ckpt."
+    assert _ending(capsys, TrainingStopped(stopped, 143)) == (143, f"{stopped}\n")
+    assert _ending(capsys, TrainingStopped("Training diverged.", 1)) == (1, "error: Training diverged.\n")
+    assert _ending(capsys, KeyboardInterrupt()) == (130, "Interrupted.\n")
+    with pytest.raises(RuntimeError):  # a bug keeps its traceback
+        _ending(capsys, RuntimeError("bug"))
+
+
+def test_an_unknown_variant_field_a_refused_value_and_a_per_run_field_name_the_variant(capsys):
+    argv = ["--variants", "{name: w, model: {attn_window: -1}}"]
+    assert cli_error(capsys, extrapolation.COMMAND, argv).startswith("error: w: ")
+    argv = ["--variants", "{name: r, train: {random_positions: 8}}", "--run.model.block_size", "16"]
+    message = cli_error(capsys, extrapolation.COMMAND, argv)
+    assert message.startswith("error: r: ") and "random_positions" in message
