@@ -51,8 +51,8 @@ def recorders(monkeypatch: pytest.MonkeyPatch) -> list[StepRecorder]:
 @pytest.mark.parametrize("ckpt_interval", ["2", "100"])  # last.ckpt written at step 2's batch end, or at train end
 def test_optimizer_stepped_is_true_exactly_when_the_optimizer_stepped(tmp_path, text_file, recorders, ckpt_interval):
     args = ["--train.grad_accum", "3", "--train.ckpt_interval", ckpt_interval, "--train.logger", "none"]
-    cli.run(train_script.COMMAND, tiny_args(tmp_path, text_file, *args, "--train.max_steps", "2"))
-    cli.run(train_script.COMMAND, tiny_args(tmp_path, text_file, *args, "--train.max_steps", "5", "--train.resume", "auto"))
+    for more in (["--train.max_steps", "2"], ["--train.max_steps", "5", "--train.resume", "auto"]):
+        cli.run(train_script.COMMAND, tiny_args(tmp_path, text_file, *args, *more))
     first, resumed = (recorder.rows for recorder in recorders)
     for rows, start, steps in ((first, 0, 2), (resumed, 6, 3)):  # the resumed run goes on at micro-batch 6
         assert [batch_idx for batch_idx, _, _ in rows] == list(range(start, start + 3 * steps))
