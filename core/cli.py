@@ -66,6 +66,9 @@ class Command(Generic[C]):
     (say, {"eval_data.": "data."}); a name that is the unique suffix of an option needs none."""
     logs: bool = True
     """Show the project's INFO logs on stderr."""
+    hints: Mapping[str, str] = field(default_factory=dict)
+    """{text in the parser's message: a sentence to add}: how to fix a refusal the parser cannot
+    explain (say, a config file written in an older format)."""
 
 
 class UsageError(UserError):
@@ -125,7 +128,10 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
     try:
         namespace = parser.parse_args(spread_lists(argv, sequence_options(command)))
     except argparse.ArgumentError as error:
-        raise UsageError(command.prog, usage_message(str(error), options(command), command.skip)) from None
+        message = usage_message(str(error), options(command), command.skip)
+        for text, hint in command.hints.items():
+            message = f"{message.rstrip('.')}. {hint}" if text in str(error) else message
+        raise UsageError(command.prog, message) from None
     try:
         values = parser.instantiate(namespace)
         return command.config(**{f.name: values[f.name] for f in dataclasses.fields(command.config) if f.init})
@@ -273,6 +279,8 @@ def _sequence_args(name: str, values: list[str], sequence: ListOption) -> list[s
         return [f"--{name}={values[0]}"]  # `=`: a value that starts with a dash stays a value
     if sequence.kind is tuple:
         return [f"--{name}=[{','.join(values)}]"]
+    if sequence.nested:  # each item is a tuple, written 4,128,64,12 as a tuple option takes it
+        values = [v if v.startswith("[") else f"[{v}]" for v in values]
     return [f"--{name}=[]", *(f"--{name}+=[{v}]" if v.startswith("[") else f"--{name}+={v}" for v in values)]
 
 

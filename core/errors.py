@@ -1,7 +1,8 @@
 """The one base class of the errors a user can cause and fix.
 
 Every command ends a `UserError` with its message as one line on stderr and exit status
-`exit_code` (2 unless the error says otherwise), never with a traceback (`core.cli`). Anything
+`exit_code`, never with a traceback (`core.cli`): 2, but for a run stopped by a signal, which exits
+as the shell expects of a signalled process (128 + the signal's number; `TrainingStopped`). Anything
 else that escapes a command is a bug and keeps its traceback.
 """
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from core.checkpoint import CheckpointError, read_checkpoint
-from core.cli import did_you_mean
+from core.cli import Command, did_you_mean
 from core.errors import ConfigError
 from training.config import RunConfig
 from training.run import TrainingData, train
@@ -21,6 +21,19 @@ log = logging.getLogger(__name__)
 
 HIDDEN = frozenset({"run.model.vocab_size"})
 """Accepted but not offered: the tokenizer's, set from the data (older experiment.yaml files record it)."""
+
+VARIANT_FORMAT = (
+    "A variant is a name and what it changes in the shared run: {name: rope-w64, model: {pos_encoding: rope, "
+    "attn_window: 64}, train: {random_positions: 512}}; experiment files written before model fields went under "
+    "model: and random_positions under train: need that change."
+)
+
+
+def experiment_command(prog: str, config: type, main: Callable[[Any], object], description: str) -> Command:
+    """A study's command line: its options, what runs them, and what older files need to load."""
+    return Command(prog, config, main, description, hidden=HIDDEN, hints={'Parser key "variants"': VARIANT_FORMAT})
+
+
 PER_RUN = ("seed", "out_dir", "run_name", "resume")
 """train fields that the experiment sets for every run (from `seeds` and `out_dir`), never a variant."""
 

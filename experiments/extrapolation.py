@@ -26,11 +26,19 @@ from typing import Any
 
 import yaml
 
-from core.cli import Command, run
+from core.cli import run
 from evaluation.config import EvalData, EvalSettings
 from evaluation.report import write_report
 from evaluation.run import Subject, evaluate_checkpoints
-from experiments.common import HIDDEN, Variant, check_models, experiment_record, models_of, print_report, train_all
+from experiments.common import (
+    Variant,
+    check_models,
+    experiment_command,
+    experiment_record,
+    models_of,
+    print_report,
+    train_all,
+)
 from model import POS_ENCODINGS
 from training.config import RunConfig
 
@@ -82,12 +90,11 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     return doc
 
 
-COMMAND = Command(
+COMMAND = experiment_command(
     "python -m experiments.extrapolation",
     ExperimentConfig,
     run_experiment,
     "Train one model per position scheme, evaluate them all at every length, write a report.",
-    hidden=HIDDEN,
 )
 
 if __name__ == "__main__":

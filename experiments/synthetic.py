@@ -30,14 +30,22 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from core.cli import Command, run
+from core.cli import run
 from core.device import pick_device
 from data.tasks import TaskConfig, eval_set, tokenizer_for
 from evaluation.checkpoint import load_checkpoint
 from evaluation.run import provenance
 from evaluation.task_report import write_task_report
 from evaluation.tasks import evaluate_task
-from experiments.common import HIDDEN, Variant, check_models, experiment_record, models_of, print_report, train_all
+from experiments.common import (
+    Variant,
+    check_models,
+    experiment_command,
+    experiment_record,
+    models_of,
+    print_report,
+    train_all,
+)
 from model import POS_ENCODINGS
 from training.config import RunConfig
 from training.run import task_data
@@ -125,12 +133,11 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
     return doc
 
 
-COMMAND = Command(
+COMMAND = experiment_command(
     "python -m experiments.synthetic",
     SyntheticConfig,
     run_synthetic,
     "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
-    hidden=HIDDEN,
 )
 
 if __name__ == "__main__":

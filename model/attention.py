@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from core.errors import ConfigError
 from model.cache import KVCache, LayerCache
-from model.kernels import AUTO, KERNELS, Kernel, Needs, Plan, choose_kernel, weights_kernel
+from model.kernels import AUTO, KERNELS, Kernel, Lack, Needs, Plan, choose_kernel, weights_kernel
 from model.linear_attention import LINEAR_KERNELS, LayerStateCache, StateCache, feature_map
 from model.masks import AttentionMask
 from model.positions import SCHEMES, PositionEncoding
@@ -185,10 +185,11 @@ def check_config(config: GPTConfig) -> None:
     _check_name("attn_backend", config.attn_backend, [AUTO, *kernel_names()])
     SCHEMES[config.pos_encoding].check(config)
     layer = ATTENTIONS[config.attention]
-    if not layer.scored and config.attn_score != _default(config, "attn_score"):
+    if not layer.scored and not SCORES[config.attn_score].standard:
+        standard = [name for name, score in SCORES.items() if score.standard]
         raise ConfigError(
             f"attention={config.attention!r} scores no query-key pairs, so attn_score={config.attn_score!r} "
-            f"would be ignored: leave attn_score at {_default(config, 'attn_score')!r}, or use attention='softmax'."
+            f"would be ignored: leave attn_score at {' or '.join(map(repr, standard))}, or use attention='softmax'."
         )
     if config.attn_backend != AUTO and config.attn_backend not in layer.kernels:
         raise ConfigError(
@@ -207,23 +208,11 @@ def _check_name(field: str, value: Any, names: list[str]) -> None:
         raise ConfigError(f"GPTConfig.{field} must be one of {names}, got {value!r}.{hint}")
 
 
-def _default(config: GPTConfig, field: str) -> Any:
-    return type(config).__dataclass_fields__[field].default
-
-
 def vars_of(config: GPTConfig) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
 
 
-NEED_SETTINGS = {
-    "a position score bias": "pos_encoding",
-    "attention dropout": "dropout",
-    "a mask beyond causal (attn_window, attn_sinks)": "attn_window",
-}
-"""Which setting asks for each need a kernel may lack (the rest: the score, `attn_score`)."""
-
-
-def _unmet(settings: dict[str, Any]) -> list[str]:
+def _unmet(settings: dict[str, Any]) -> list[Lack]:
     """What the kernels that `settings` allow lack of what they ask, on any device (empty: runnable):
     the fewest such needs of any of those kernels."""
     layer = ATTENTIONS[settings["attention"]]
@@ -245,7 +234,7 @@ def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
         layer = ATTENTIONS[value]
         if settings["attn_backend"] not in layer.kernels:
             settings["attn_backend"] = AUTO
-        if not layer.scored and settings["attn_score"] != _default(config, "attn_score"):
+        if not layer.scored and not SCORES[settings["attn_score"]].standard:
             return False
     return not _unmet(settings)
 
@@ -262,19 +251,20 @@ def _alternatives(config: GPTConfig, field: str) -> str:
     }
     able = [str(v) for v in values[field] if v != getattr(config, field) and _runs_with(config, field, v)]
     if not able:
-        return f"no {field} would run"
+        return f"changing {field} alone would not run it"
     listed = able[0] if len(able) == 1 else ", ".join(able[:-1]) + " or " + able[-1]
     return f"{field} {listed} would run"
 
 
-def _refusal(config: GPTConfig, missing: list[str]) -> str:
+def _refusal(config: GPTConfig, missing: list[Lack]) -> str:
     """One line: which setting cannot run which, why, and what would."""
     host = "attn_backend" if config.attn_backend != AUTO else "attention"
-    culprit = NEED_SETTINGS.get(missing[0], "attn_score")
+    culprit = missing[0].setting or "attn_backend"
+    lacks = " and ".join(lack.words for lack in missing)
     if host == "attn_backend":
-        why = f"kernel {config.attn_backend!r} lacks {' and '.join(missing)}"
+        why = f"kernel {config.attn_backend!r} lacks {lacks}"
     else:
-        why = f"none of its kernels ({', '.join(ATTENTIONS[config.attention].kernels)}) has {' and '.join(missing)}"
+        why = f"none of its kernels ({', '.join(ATTENTIONS[config.attention].kernels)}) has {lacks}"
     host_value, culprit_value = getattr(config, host), getattr(config, culprit)
     return (
         f"{host}={host_value!r} cannot run {culprit}={culprit_value!r}: {why}. With {host}={host_value!r}, "

@@ -3,10 +3,11 @@ alone rebuilds its model.
 
 The names of the position scheme, the attention function, its kernel and the scoring function are
 keys of their registries (`model.positions.SCHEMES`, `model.attention.ATTENTIONS` and each
-function's kernels, `model.scores.SCORES`): a new one is a class and a registry line, and this file
-does not change. Validation checks them against the registries and checks that the attention
-function has a kernel for the combination (`model.attention.check_config`), so that a config that
-cannot run is refused when it is built, before any data is prepared.
+function's kernels, `model.scores.SCORES`): a new one is a class and a registry line, and no code
+here changes (the fields' documentation lists the built-in ones). Validation checks them against
+the registries and checks that the attention function has a kernel for the combination
+(`model.attention.check_config`), so that a config that cannot run is refused when it is built,
+before any data is prepared.
 """
 
 from __future__ import annotations
@@ -40,13 +41,15 @@ class GPTConfig:
     bias: bool = True
     """Biases in Linear and LayerNorm layers, as GPT-2 has; False is slightly faster and as good."""
     pos_encoding: str = "learned"
-    """Position scheme: learned | sinusoidal | rope | alibi | t5 (relative bias) | none (NoPE: causal mask only)."""
+    """Position scheme, a key of model.positions.SCHEMES: learned | sinusoidal | rope | alibi | t5 (relative bias) |
+    none (NoPE: causal mask only)."""
     attn_backend: str = "auto"
-    """Attention kernel: auto (fastest correct choice per device) | eager (reference) | sdpa | flex;
-    for attention='linear': auto | chunked | eager (the quadratic reference)."""
+    """Attention kernel, auto (fastest correct choice per device) or a key of the attention function's kernels:
+    eager (reference) | sdpa | flex; for attention='linear': chunked | eager (the quadratic reference)."""
     attention: str = "softmax"
-    """softmax (Vaswani et al.) or linear: causal kernelized attention with phi = elu + 1 (Katharopoulos
-    et al. 2020), O(T) memory and a constant-size decoding state; no score-bias schemes, no windows."""
+    """Attention function, a key of model.attention.ATTENTIONS: softmax (Vaswani et al.) or linear: causal
+    kernelized attention with phi = elu + 1 (Katharopoulos et al. 2020), O(T) memory and a constant-size
+    decoding state; no score-bias schemes, no windows."""
     rope_base: float = 10000.0
     """RoPE frequency base (theta): pair i rotates by position * rope_base^(-2i/head_dim)."""
     rope_scaling: RopeScaling = "none"
@@ -58,8 +61,8 @@ class GPTConfig:
     t5_max_distance: int = 128
     """pos_encoding='t5': distances from here on share the last bucket."""
     attn_score: str = "scaled_dot"
-    """Scoring function: scaled_dot (q.k / sqrt(D), Vaswani) | dot (q.k, Luong) | additive (v.tanh(Wq q + Wk k),
-    Bahdanau; eager kernel only, chunked over queries)."""
+    """Scoring function, a key of model.scores.SCORES: scaled_dot (q.k / sqrt(D), Vaswani) | dot (q.k, Luong) |
+    additive (v.tanh(Wq q + Wk k), Bahdanau; eager kernel only, chunked over queries)."""
     attn_window: int = 0
     """Sliding-window attention: each token sees itself and the W - 1 tokens before it (0: all earlier
     tokens). Decoding then keeps only the last W keys (plus sinks)."""

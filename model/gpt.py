@@ -12,9 +12,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.attention import ATTENTIONS, Attention, Cache
+from model.cache import LayerCache
 from model.config import GPTConfig
 from model.generation import stream
 from model.kernels import Plan, Step, WeightsHook
+from model.linear_attention import LayerStateCache
 from model.masks import AttentionMask
 from model.positions import PositionEncoding, build_positions
 from model.scores import SCORES
@@ -34,6 +36,10 @@ class MLP(nn.Module):
         return self.dropout(self.proj(self.gelu(self.fc(x))))
 
 
+LayerCaches = LayerCache | LayerStateCache
+"""What one layer keeps when decoding (see `Attention.new_cache`)."""
+
+
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)); `attention` is the
     layer class of the model's attention function."""
@@ -45,7 +51,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: object = None) -> Tensor:
+    def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCaches | None = None) -> Tensor:
         x = x + self.attn(self.ln_1(x), pe, plan, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -65,9 +71,10 @@ class GPT(nn.Module):
         self.pe = build_positions(config)  # one instance, shared by every block
         self.mask = AttentionMask(config.attn_window, config.attn_sinks)  # one description, every kernel's mask
         self.attention = ATTENTIONS[config.attention]  # the attention function: its layer class and kernels
-        # what each kernel keeps across forwards (flex: block masks by shape); made now, so that a
-        # compiled forward never sees the dict change
-        self._kernel_memos: dict = {kernel: {} for kernel in self.attention.kernels.values()}
+        # what each kernel keeps across forwards (flex: block masks by shape), by kernel class (a copied
+        # or unpickled model has copies of the kernels); made now, so that a compiled forward never
+        # sees the dict change
+        self._kernel_memos: dict = {type(kernel): {} for kernel in self.attention.kernels.values()}
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, self.attention) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -120,8 +127,9 @@ class GPT(nn.Module):
         Args:
             idx: (B, T) token ids. T may exceed `block_size` for every scheme but `learned`.
             targets: (B, T) next-token ids; positions holding -1 are left out of the loss.
-            cache: a KV cache holding the `cache.length` tokens before `idx`; the new tokens sit at
-                positions cache.length.. and are added to it.
+            cache: what decoding keeps (`new_cache`: a KV cache, or linear attention's running sums)
+                of the `cache.length` tokens before `idx`; the new tokens sit at positions
+                cache.length.. and are added to it.
             last_only: logits for the last position only, (B, 1, padded_vocab_size), as generation needs:
                 for a GPT-2 vocabulary and a long context the logits of every position would be the
                 largest tensor of the forward pass.
@@ -205,7 +213,7 @@ class GPT(nn.Module):
             kernel = self.attention.weights_kernel(needs)
         k_pos = cache.key_positions(T, idx.device) if cache is not None else None
         step = Step(start, T, self.config.n_head, idx.device, k_pos, positions)
-        plan = Plan(kernel, kernel.context(self.pe, self.mask, step, self._kernel_memos[kernel]), step)
+        plan = Plan(kernel, kernel.context(self.pe, self.mask, step, self._kernel_memos[type(kernel)]), step)
         for i, block in enumerate(self.blocks):
             layer_plan = dataclasses.replace(plan, on_weights=visit(i)) if visit else plan
             x = block(x, self.pe, layer_plan, cache.layers[i] if cache is not None else None)

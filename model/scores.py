@@ -38,6 +38,9 @@ class Score(nn.Module):
 
     dot_product: bool = True
     """Whether the score is q . k times `scale` (what SDPA and FlexAttention compute)."""
+    standard: bool = False
+    """Whether it is the standard q . k / sqrt(D): what an attention function that scores no pairs
+    (linear attention) is taken to have, the one score it accepts."""
     scale: float | None = None
 
     @classmethod
@@ -55,6 +58,8 @@ class Score(nn.Module):
 
 
 class ScaledDot(Score):
+    standard = True
+
     def __init__(self, head_dim: int) -> None:
         super().__init__()
         self.scale = 1.0 / math.sqrt(head_dim)

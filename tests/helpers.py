@@ -152,7 +152,7 @@ def cli_error(capsys, command, argv: list[str], code: int = 2) -> str:
     err = capsys.readouterr().err
     assert info.value.code == code and "Traceback" not in err, (info.value.code, err[-3000:])
     line = err.strip().splitlines()[-1]
-    assert line.startswith("error: "), err[-3000:]
+    assert line.startswith("error: ") and err.count("error: ") == 1, err[-3000:]  # one line, the last
     return line
 
 

@@ -23,7 +23,7 @@ from core import cli
 from core.errors import UserError
 from data import prepare
 from experiments import extrapolation, synthetic
-from training.callbacks import TrainingStopped
+from training.callbacks import TrainingDiverged, TrainingStopped
 
 from helpers import cli_error
 
@@ -137,7 +137,7 @@ def test_a_bad_value_is_a_short_usage_too(capsys):
          {"inputs": ["a", "b"]}),
         (bench.MODES["plain-run"], ["--input", "t", "--seeds", "1337", "1", "2"],
          ["--input", "t", "--seeds", "[1337,1,2]"], {"seeds": [1337, 1, 2]}),
-        (bench.MODES["precision"], ["--profile", "4", "128", "64", "12", "--grid", "[4,128,64,12]", "[6,384,256,8]"],
+        (bench.MODES["precision"], ["--profile", "4", "128", "64", "12", "--grid", "4,128,64,12", "[6,384,256,8]"],
          ["--profile", "[4,128,64,12]", "--grid", "[[4,128,64,12],[6,384,256,8]]"],
          {"profile": (4, 128, 64, 12), "grid": [(4, 128, 64, 12), (6, 384, 256, 8)]}),
         (bench.MODES["vs-nanogpt"], ["--peer", "p", "--input", "t", "--steps", "25", "45", "--ours_args=--x=1"],
@@ -263,8 +263,8 @@ def _ending(capsys, error: BaseException) -> tuple[int, str]:
 def test_how_each_ending_is_reported(capsys):
     assert _ending(capsys, UserError("fix it")) == (2, "error: fix it\n")
     stopped = "Stopped by SIGTERM at step 3; saved last.ckpt."
-    assert _ending(capsys, TrainingStopped(stopped, 143)) == (143, f"{stopped}\n")
-    assert _ending(capsys, TrainingStopped("Training diverged.", 1)) == (1, "error: Training diverged.\n")
+    assert _ending(capsys, TrainingStopped(stopped, 15)) == (143, f"{stopped}\n")
+    assert _ending(capsys, TrainingDiverged("Training diverged.")) == (2, "error: Training diverged.\n")
     assert _ending(capsys, KeyboardInterrupt()) == (130, "Interrupted.\n")
     with pytest.raises(RuntimeError):  # a bug keeps its traceback
         _ending(capsys, RuntimeError("bug"))

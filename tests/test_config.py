@@ -49,8 +49,6 @@ def test_invalid_values_fail_at_construction_naming_field_and_fix(overrides, nee
         assert needle in str(info.value)
 
 
-
-
 def test_config_is_frozen_and_keyword_only():
     config = GPTConfig(n_layer=2)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -67,6 +67,11 @@ def test_experiment_config_mistakes_fail_clearly(tmp_path, text_file, capsys):
     assert "must not repeat" in cli_error(capsys, experiment.COMMAND, _tiny(tmp_path, text_file, "--seeds", "[1, 1]"))
     message = cli_error(capsys, experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[rope, t7]"))
     assert "t7" in message and "pos_encoding" in message  # the config names the field and the choices
+    old_format = _tiny(tmp_path, text_file, "--variants", "[{name: w8, pos_encoding: rope, attn_window: 8}]")
+    with pytest.raises(SystemExit) as info:  # a variant as experiment files wrote them before issue 20
+        cli.run(experiment.COMMAND, old_format)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.splitlines()) <= 10 and "under model:" in err, err
     assert not (tmp_path / "report").exists()
 
 

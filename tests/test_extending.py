@@ -1,6 +1,6 @@
 """docs/extending.md's worked examples, run: a new kernel and a new attention function, each one
-class and one registry line, are validated, chosen, trained, decoded, and picked up by the parity
-and causality matrices of test_kernels.py."""
+class and one registry line, are validated, chosen, trained and decoded; the new kernel goes
+through the whole parity matrix of test_kernels.py, the new function through its causality check."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from core.errors import ConfigError
-from model import ATTENTIONS, GPT
+from model import ATTENTIONS, GPT, SCHEMES
 from model.kernels import KERNELS
 from model.scores import SCORES
 
+import test_kernels
 from helpers import overfit
-from test_kernels import TINY, assert_matches_reference, parity_cases
+from test_kernels import TINY, assert_matches_reference, parity_cases, runnable
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
@@ -57,9 +58,9 @@ def test_the_new_kernel_is_validated_chosen_and_matched_against_eager(registered
     with pytest.raises(ConfigError, match="attn_backend='math' cannot run attn_score='additive'"):
         dataclasses.replace(config, attn_score="additive")
     cases = {label: (case, name) for label, case, name, _ in parity_cases(TINY) if name == "math"}
-    assert {"softmax-math-alibi-causal", "softmax-math-t5-window+sinks", "softmax-math-rope-dot"} <= set(cases)
-    for label in ("softmax-math-alibi-causal", "softmax-math-t5-window+sinks", "softmax-math-rope-dot"):
-        assert_matches_reference(*cases[label])
+    assert len(cases) == len(SCHEMES) * 3 + 3  # every scheme, with no mask and both windows; the dot score
+    for case in cases.values():
+        assert_matches_reference(*case)
     layer = ATTENTIONS["softmax"]
     needs = layer.needs(GPT(config).pe, GPT(config).mask, SCORES["scaled_dot"], torch.device("cpu"))
     assert layer.choose_kernel("auto", needs, torch.device("cpu")) is KERNELS["sdpa"]  # its rank is after sdpa's
@@ -87,10 +88,12 @@ def test_the_new_attention_function_trains_decodes_and_draws_its_weights(registe
     assert torch.all(weights[..., ~visible] == 0) and torch.all(weights[..., visible] > 0) and torch.all(weights < 1)
 
 
-def test_the_causality_matrix_takes_the_new_function(registered):
-    from test_kernels import runnable
-
-    schemes = [s for s in ("learned", "rope", "alibi", "t5") if runnable(TINY, attention="sigmoid", pos_encoding=s)]
-    assert schemes == ["learned", "rope", "alibi", "t5"]
+def test_the_causality_check_runs_on_the_new_function_with_every_scheme(registered, tiny_config):
+    schemes = [s for s in SCHEMES if runnable(TINY, attention="sigmoid", pos_encoding=s)]
+    assert schemes == list(SCHEMES)
+    for scheme in schemes:
+        test_kernels.test_future_tokens_never_change_past_logits(tiny_config, "sigmoid", "eager", scheme)
     with pytest.raises(ConfigError, match="attn_backend='sdpa' is not a kernel of attention='sigmoid'"):
         dataclasses.replace(TINY, attention="sigmoid", attn_backend="sdpa")
+    with pytest.raises(ConfigError, match="attention='sigmoid' cannot run dropout=0.1"):
+        dataclasses.replace(TINY, attention="sigmoid", dropout=0.1)

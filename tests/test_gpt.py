@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -142,3 +143,16 @@ def test_a_rescaled_view_equals_a_model_built_with_the_scaling_and_leaves_the_mo
     assert dict(view.named_parameters()).keys() == dict(model.named_parameters()).keys()
     with pytest.raises(ValueError, match="has no scaling; RoPE has"):
         GPT(tiny_config).rescaled("linear", 2.0)
+
+
+@pytest.mark.parametrize("extra", [{"pos_encoding": "rope"}, {"pos_encoding": "alibi", "attn_backend": "flex"}])
+def test_a_copied_or_unpickled_model_runs_as_the_original(tiny_config, extra, tmp_path):
+    """What Lightning's ddp_spawn (pickling), SWA and EMA (deep copies) do to a model."""
+    model = GPT(dataclasses.replace(tiny_config, **extra)).eval()
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 13))
+    torch.save(model, tmp_path / "model.pt")
+    copies = [copy.deepcopy(model), torch.load(tmp_path / "model.pt", weights_only=False)]
+    with torch.no_grad():
+        expected = model(idx)[0]
+        for other in copies:
+            torch.testing.assert_close(other(idx)[0], expected, rtol=0, atol=0)

@@ -28,6 +28,9 @@ def _compares_a_name_to_a_literal(node: ast.Compare) -> bool:
     def named(x: ast.AST) -> bool:
         if isinstance(x, ast.Attribute):
             return x.attr in NAMED_SETTINGS or (x.attr in ("name", "function") and "kernel" in ast.unparse(x.value))
+        if isinstance(x, ast.Subscript):  # settings["attention"]
+            key = x.slice
+            return isinstance(key, ast.Constant) and key.value in NAMED_SETTINGS
         return isinstance(x, ast.Name) and x.id in NAMED_SETTINGS
 
     def literal(x: ast.AST) -> bool:
@@ -47,10 +50,22 @@ def test_no_code_branches_on_the_name_of_a_scheme_function_score_or_kernel():
             tree = ast.parse(path.read_text())
             allowed = {
                 id(node)
-                for fn in ast.walk(tree)
-                if isinstance(fn, ast.FunctionDef) and fn.name == "__post_init__" and path.name == "config.py"
+                for cls in ast.walk(tree)
+                if isinstance(cls, ast.ClassDef) and cls.name == "GPTConfig" and path == ROOT / "model" / "config.py"
+                for fn in cls.body
+                if isinstance(fn, ast.FunctionDef) and fn.name == "__post_init__"
                 for node in ast.walk(fn)
             }
+            found += [  # `match config.attention: case "linear":` is the same branch
+                f"{path.relative_to(ROOT)}:{node.lineno}: match {ast.unparse(node.subject)}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Match)
+                and any(
+                    _compares_a_name_to_a_literal(ast.Compare(node.subject, [ast.Eq()], [case.pattern.value]))
+                    for case in node.cases
+                    if isinstance(case.pattern, ast.MatchValue)
+                )
+            ]
             found += [
                 f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}"
                 for node in ast.walk(tree)
@@ -60,8 +75,12 @@ def test_no_code_branches_on_the_name_of_a_scheme_function_score_or_kernel():
 
 
 def test_the_check_above_can_fail():
-    tree = ast.parse('if config.pos_encoding == "rope" or kernel.name != "flex" or attention in ("linear",): pass')
-    assert sum(_compares_a_name_to_a_literal(n) for n in ast.walk(tree) if isinstance(n, ast.Compare)) == 3
+    tree = ast.parse(
+        'if config.pos_encoding == "rope" or kernel.name != "flex" or attention in ("linear",) '
+        'or settings["attn_score"] == "dot": pass'
+    )
+    assert sum(_compares_a_name_to_a_literal(n) for n in ast.walk(tree) if isinstance(n, ast.Compare)) == 4
+    assert not _compares_a_name_to_a_literal(ast.parse('config.rope_scaling == "ntk"').body[0].value)
 
 
 def test_no_python_file_is_over_400_lines():

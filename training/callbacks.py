@@ -20,16 +20,21 @@ from training.hardware import peak_flops
 
 
 class TrainingStopped(UserError):
-    """Training stopped early on purpose (a signal, a diverged loss); the message says where it
-    stopped, what was saved and what to do, and `exit_code` is the process' exit status: 128 + the
-    signal's number after a signal (the message is news, not an error), 1 for a diverged run."""
+    """Training stopped by a signal at an optimizer step; the message says where, what was saved and
+    how to continue. The process exits with 128 + the signal's number, as a shell expects of a
+    process a signal ended, and the line is news, not an error."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
+    def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code = 128 + signum
 
     def line(self) -> str:
-        return super().line() if self.exit_code == 1 else str(self)
+        return str(self)
+
+
+class TrainingDiverged(UserError):
+    """A loss or the weights became NaN or inf; nothing of the diverged model was saved, and the
+    message says what to change (exit status 2, as every user error)."""
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -82,7 +87,7 @@ class LastCheckpoint(L.Callback):
         if trainer.global_step == self.saved_step:
             return
         if not parameters_finite(pl_module):
-            raise TrainingStopped(divergence_message(trainer.global_step, self), exit_code=1)
+            raise TrainingDiverged(divergence_message(trainer.global_step, self))
         trainer.save_checkpoint(self.path, weights_only=False)
         self.saved_step = trainer.global_step
 
@@ -108,7 +113,7 @@ class LastCheckpoint(L.Callback):
             raise TrainingStopped(
                 f"Stopped by {signal.Signals(signum).name} at step {step}; saved {self.path}. Continue with "
                 "the same command and --train.resume auto.",
-                exit_code=128 + signum,
+                signum,
             )
         if step > 0 and step % self.every_n_steps == 0:
             self._save(trainer, pl_module)
@@ -159,7 +164,7 @@ class DivergenceGuard(L.Callback):
     def _check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         flag = getattr(pl_module, "nonfinite", None)
         if flag is not None and bool(flag):
-            raise TrainingStopped(divergence_message(trainer.global_step, self.last), exit_code=1)
+            raise TrainingDiverged(divergence_message(trainer.global_step, self.last))
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -175,7 +180,7 @@ class DivergenceGuard(L.Callback):
             return
         loss = trainer.callback_metrics.get("val/loss")
         if loss is not None and not math.isfinite(float(loss)):
-            raise TrainingStopped(divergence_message(trainer.global_step, self.last), exit_code=1)
+            raise TrainingDiverged(divergence_message(trainer.global_step, self.last))
 
 
 class SpeedMonitor(L.Callback):

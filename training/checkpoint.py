@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from core.checkpoint import CheckpointError, read_checkpoint
-from evaluation.checkpoint import model_config_of
+from model import GPTConfig
 from training.config import RunConfig
 
 CHANGEABLE_MODEL_FIELDS = frozenset({"attn_backend", "dropout", "rope_scaling", "rope_scaling_factor"})
@@ -33,7 +33,7 @@ def check_resume(path: str | Path, config: RunConfig, data: dict[str, Any]) -> l
     data) when the model, the data or the seed differ; return the optim and train settings that
     change, as "section.field: old -> new" lines, for the log."""
     ckpt = read_checkpoint(path)
-    saved_model = model_config_of(ckpt)
+    saved_model = GPTConfig.from_dict(ckpt["hyper_parameters"]["config"]["model"])
     diffs = [
         f"model.{k}: checkpoint {v!r} vs now {getattr(config.model, k)!r}"
         for k, v in saved_model.to_dict().items()

@@ -15,7 +15,18 @@ An explicit kernel that cannot run a configuration fails with a message naming w
 which kernels can.
 """
 
-from model.kernels.base import AUTO, Kernel, KernelError, Needs, Plan, Step, WeightsHook, choose_kernel, weights_kernel
+from model.kernels.base import (
+    AUTO,
+    Kernel,
+    KernelError,
+    Lack,
+    Needs,
+    Plan,
+    Step,
+    WeightsHook,
+    choose_kernel,
+    weights_kernel,
+)
 from model.kernels.dense import DenseContext, causal_mask
 from model.kernels.eager import EagerKernel, eager_attention
 from model.kernels.flex import FlexKernel, compiled_flex_attention, flex_attention_fused
@@ -29,7 +40,7 @@ KERNELS: dict[str, Kernel] = {
 """Softmax attention's kernels by `attn_backend` name."""
 
 __all__ = [
-    "AUTO", "KERNELS", "DenseContext", "EagerKernel", "FlexKernel", "Kernel", "KernelError", "Needs", "Plan",
+    "AUTO", "KERNELS", "DenseContext", "EagerKernel", "FlexKernel", "Kernel", "KernelError", "Lack", "Needs", "Plan",
     "SdpaKernel", "Step", "WeightsHook", "causal_mask", "choose_kernel", "compiled_flex_attention",
     "eager_attention", "flex_attention_fused", "sdpa_attention", "weights_kernel",
 ]  # fmt: skip

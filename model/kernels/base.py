@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -70,6 +70,14 @@ class Step:
         return self.k_pos.numel() if self.k_pos is not None else self.q_start + self.q_len
 
 
+class Lack(NamedTuple):
+    """One need a kernel cannot meet: in words, and the model setting that asks for it (None: the
+    device, not a setting)."""
+
+    words: str
+    setting: str | None
+
+
 @dataclass(frozen=True)
 class Needs:
     """What one forward pass asks of a kernel."""
@@ -83,21 +91,21 @@ class Needs:
     dot_score: bool = True
     """The score is a scaled dot product (`Score.dot_product`)."""
 
-    def unmet(self, kernel: Kernel) -> list[str]:
-        """What `kernel` cannot do of these needs, in words."""
+    def unmet(self, kernel: Kernel) -> list[Lack]:
+        """What `kernel` cannot do of these needs."""
         missing = []
         if self.score_bias and not kernel.score_bias:
-            missing.append("a position score bias")
+            missing.append(Lack("a position score bias", "pos_encoding"))
         if self.bias_gradients and not kernel.bias_gradients:
-            missing.append("gradients through a learned score bias")
+            missing.append(Lack("gradients through a learned score bias", "pos_encoding"))
         if self.dropout and not kernel.dropout:
-            missing.append("attention dropout")
+            missing.append(Lack("attention dropout", "dropout"))
         if self.backward_on and kernel.backward_devices is not None and self.backward_on not in kernel.backward_devices:
-            missing.append(f"a backward pass on {self.backward_on}")
+            missing.append(Lack(f"a backward pass on {self.backward_on}", None))
         if not self.dot_score and not kernel.any_score:
-            missing.append("a score other than a scaled dot product")
+            missing.append(Lack("a score other than a scaled dot product", "attn_score"))
         if self.sparse_mask and not kernel.sparse_masks:
-            missing.append("a mask beyond causal (attn_window, attn_sinks)")
+            missing.append(Lack("a mask beyond causal (attn_window, attn_sinks)", "attn_window"))
         return missing
 
 
@@ -154,12 +162,15 @@ def choose_kernel(kernels: Mapping[str, Kernel], requested: str, needs: Needs, d
     """The kernel of `kernels` that `requested` names, or for 'auto' the one of lowest `rank` among
     those that can run `needs` on `device`; a named kernel that cannot is an error."""
     if requested != AUTO:
+        if requested not in kernels:  # a validated config never asks for one
+            raise KernelError(f"attn_backend={requested!r} is not one of this model's kernels: {', '.join(kernels)}.")
         kernel = kernels[requested]
         missing = needs.unmet(kernel)
         if missing:
             able = [name for name, k in kernels.items() if not needs.unmet(k)]
             raise KernelError(
-                f"attn_backend={requested!r} cannot run this configuration: it lacks {', '.join(missing)}. "
+                f"attn_backend={requested!r} cannot run this configuration: it lacks "
+                f"{', '.join(lack.words for lack in missing)}. "
                 f"Kernels that can: {', '.join(able) or 'none'} (or attn_backend={AUTO!r})."
             )
         return kernel
@@ -172,7 +183,8 @@ def choose_kernel(kernels: Mapping[str, Kernel], requested: str, needs: Needs, d
     if best is None:
         fewest = min((needs.unmet(kernel) for kernel in kernels.values()), key=len)
         raise KernelError(
-            f"No attention kernel can run this configuration on {device.type}: none has {', '.join(fewest)}."
+            f"No attention kernel can run this configuration on {device.type}: none has "
+            f"{', '.join(lack.words for lack in fewest)}."
         )
     return best
 
