@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import logging
 import re
 import sys
@@ -33,7 +32,7 @@ from typing import Any, Generic, TypeVar
 
 from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
-from core.errors import ConfigError, UserError
+from core.errors import ConfigError, UserError, did_you_mean
 
 C = TypeVar("C")
 
@@ -314,16 +313,6 @@ def _unknown_options(message: str) -> list[str]:
         f"{group}.{name}" for group, name in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
     ]
     return found + re.findall(r"^Option '([\w.]+)' is not accepted", message)
-
-
-def did_you_mean(name: str, names: Sequence[str], dashes: str) -> str:
-    """'; did you mean --x?' for the closest of `names` to `name` (a misspelling, or a field without
-    its group), or ''."""
-    if not name:
-        return ""
-    tail = [n for n in names if n.endswith("." + name)]
-    close = tail if len(tail) == 1 else difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    return f"; did you mean {dashes}{close[0]}?" if close else ""
 
 
 OPTION = re.compile(r"(?<![\w-])--([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from core.checkpoint import CheckpointError, read_checkpoint
-from core.cli import Command, did_you_mean
-from core.errors import ConfigError
+from core.cli import Command
+from core.errors import ConfigError, did_you_mean
 from training.config import RunConfig
 from training.run import TrainingData, train
 

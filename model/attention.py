@@ -16,15 +16,13 @@ built, in one line naming the settings and what would work.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from core.errors import ConfigError
+from core.errors import ConfigError, did_you_mean
 from model.cache import KVCache, LayerCache
 from model.kernels import AUTO, KERNELS, Kernel, Lack, Needs, Plan, choose_kernel, weights_kernel
 from model.linear_attention import LINEAR_KERNELS, LayerStateCache, StateCache, feature_map
@@ -185,37 +183,29 @@ def check_config(config: GPTConfig) -> None:
     _check_name("attn_backend", config.attn_backend, [AUTO, *kernel_names()])
     SCHEMES[config.pos_encoding].check(config)
     layer = ATTENTIONS[config.attention]
-    if not layer.scored and not SCORES[config.attn_score].standard:
-        standard = [name for name, score in SCORES.items() if score.standard]
-        raise ConfigError(
-            f"attention={config.attention!r} scores no query-key pairs, so attn_score={config.attn_score!r} "
-            f"would be ignored: leave attn_score at {' or '.join(map(repr, standard))}, or use attention='softmax'."
-        )
     if config.attn_backend != AUTO and config.attn_backend not in layer.kernels:
         raise ConfigError(
             f"attn_backend={config.attn_backend!r} is not a kernel of attention={config.attention!r}, whose "
             f"kernels are {', '.join([AUTO, *layer.kernels])}; {_alternatives(config, 'attention')}."
         )
-    missing = _unmet(vars_of(config))
+    missing = _unmet(config.to_dict())
     if missing:
         raise ConfigError(_refusal(config, missing))
 
 
 def _check_name(field: str, value: Any, names: list[str]) -> None:
     if value not in names:
-        close = difflib.get_close_matches(str(value), names, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"GPTConfig.{field} must be one of {names}, got {value!r}.{hint}")
-
-
-def vars_of(config: GPTConfig) -> dict[str, Any]:
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        hint = did_you_mean(str(value), names, "") or "."
+        raise ConfigError(f"GPTConfig.{field} must be one of {names}, got {value!r}{hint}")
 
 
 def _unmet(settings: dict[str, Any]) -> list[Lack]:
     """What the kernels that `settings` allow lack of what they ask, on any device (empty: runnable):
-    the fewest such needs of any of those kernels."""
+    the fewest such needs of any of those kernels; and, for a function that scores no query-key
+    pairs, a score other than the standard one (it would be ignored)."""
     layer = ATTENTIONS[settings["attention"]]
+    if not layer.scored and not SCORES[settings["attn_score"]].standard:
+        return [Lack("a scoring function (it scores no query-key pairs)", "attn_score")]
     mask = AttentionMask(settings["attn_window"], settings["attn_sinks"])
     needs = layer.needs(SCHEMES[settings["pos_encoding"]], mask, SCORES[settings["attn_score"]],
                         dropout_active=settings["dropout"] > 0)  # fmt: skip
@@ -227,15 +217,11 @@ def _unmet(settings: dict[str, Any]) -> list[Lack]:
 def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
     """Whether `config` with `field` set to `value` would run (a window dropped with its sinks, an
     attention function with its own kernels)."""
-    settings = {**vars_of(config), field: value}
+    settings = {**config.to_dict(), field: value}
     if field == "attn_window":
         settings["attn_sinks"] = 0
-    if field == "attention":
-        layer = ATTENTIONS[value]
-        if settings["attn_backend"] not in layer.kernels:
-            settings["attn_backend"] = AUTO
-        if not layer.scored and not SCORES[settings["attn_score"]].standard:
-            return False
+    if field == "attention" and settings["attn_backend"] not in ATTENTIONS[value].kernels:
+        settings["attn_backend"] = AUTO
     return not _unmet(settings)
 
 

@@ -30,7 +30,7 @@ def test_choices_are_the_documented_ones():
         ({"n_embd": 12, "n_head": 4, "pos_encoding": "rope"}, ["rope", "even", "3"]),
         ({"n_embd": 9, "n_head": 3, "pos_encoding": "sinusoidal"}, ["sinusoidal", "even"]),
         ({"pos_encoding": "rotary"}, ["pos_encoding", "'rotary'", "learned", "alibi", "none"]),
-        ({"pos_encoding": "alibl"}, ["Did you mean 'alibi'?"]),
+        ({"pos_encoding": "alibl"}, ["got 'alibl'; did you mean alibi?"]),
         ({"attn_backend": "flash"}, ["attn_backend", "'flash'", "sdpa", "flex", "eager", "auto"]),
         ({"attention": "sigmoid"}, ["attention", "'sigmoid'", "softmax", "linear"]),
         ({"attn_score": "bilinear"}, ["attn_score", "scaled_dot", "additive"]),

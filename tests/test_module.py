@@ -31,8 +31,7 @@ def test_the_schedule_warms_up_linearly_decays_by_cosine_then_stays_flat():
 
 
 def test_weight_decay_goes_to_matrices_only_and_the_cpu_step_is_fused():
-    module = _module()
-    module._device = torch.device("cpu")
+    module = _module()  # on the CPU, where the step is fused too
     optimizer = module.configure_optimizers()["optimizer"]
     decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == module.config.optim.weight_decay and no_decay["weight_decay"] == 0.0
