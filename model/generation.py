@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from model.attention import Attention, Cache
 from model.config import GPTConfig
@@ -93,6 +93,23 @@ def next_token(
     return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1, generator=generator)
 
 
+def pad_prompts(prompts: list[list[int]], device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """Prompts of any lengths (at least one token each) as one batch: (B, T) ids, each row padded on
+    the right to the longest (with token 0, which no real token attends to), and (B,) lengths."""
+    if not prompts or any(not p for p in prompts):
+        raise ValueError("Every prompt needs at least one token (e.g. a newline or <|endoftext|>).")
+    longest = max(len(p) for p in prompts)
+    idx = torch.tensor([p + [0] * (longest - len(p)) for p in prompts], dtype=torch.long, device=device)
+    return idx, torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
+
+
+def compile_for_decoding(model: nn.Module) -> None:
+    """Compile `model` in place for `stream`: static shapes (one graph for the decode step, one per
+    prompt bucket), and on CUDA the decode step captured as a CUDA graph (mode reduce-overhead)."""
+    cuda = next(model.parameters()).device.type == "cuda"
+    model.compile(dynamic=False, mode="reduce-overhead" if cuda else None)
+
+
 def stream(
     model: GPT,
     idx: Tensor,
@@ -103,6 +120,7 @@ def stream(
     use_cache: bool = True,
     max_context: int | None = None,
     generator: torch.Generator | None = None,
+    lengths: Tensor | None = None,
 ) -> Iterator[Tensor]:
     """Yield `max_new_tokens` new tokens, each (B, 1), continuing every row of `idx` (B, T).
 
@@ -114,7 +132,11 @@ def stream(
         use_cache: keep keys and values instead of recomputing the context for every token.
         max_context: window of the extrapolating schemes (see the module docstring).
         generator: random generator, for reproducible samples.
+        lengths: (B,) tokens of each row of `idx` that are its prompt (the rest is padding on the
+            right, see `pad_prompts`); None: every row is all prompt.
     """
+    if lengths is not None and bool((lengths != idx.size(1)).any()):
+        raise NotImplementedError("prompts of different lengths: being built (issue 21)")
     if idx.size(1) == 0:
         raise ValueError("generate needs a prompt of at least one token (e.g. a newline or <|endoftext|>).")
     window = context_window(model, max_context)
