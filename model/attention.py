@@ -121,7 +121,7 @@ class SoftmaxAttention(Attention):
         q, k, v = self.project(x)
         q, k = pe.rotate(q, k, plan.step.q_start, plan.step.ids)  # the new tokens, at their absolute positions
         if cache is not None:
-            k, v = cache.update(k, v, plan.step.q_start)  # the keys and values the plan describes
+            k, v = cache.update(k, v, plan.cache_step)  # the keys and values the plan describes
         y = plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0)  # (B, H, T, D)
         return self.output(y)
 
@@ -149,7 +149,7 @@ class LinearAttention(Attention):
         fq, fk = feature_map(q), feature_map(k)
         rq, rk = pe.rotate(fq, fk, plan.step.q_start, plan.step.ids)
         q2, k2 = torch.cat([rq, fq], dim=-1), torch.cat([rk, fk], dim=-1)
-        y = cache.attend(q2, k2, v) if cache is not None else plan.attend(q2, k2, v, self.score, 0.0)
+        y = cache.attend(q2, k2, v, plan.cache_step) if cache is not None else plan.attend(q2, k2, v, self.score, 0.0)
         return self.output(y)
 
     @classmethod

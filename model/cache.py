@@ -1,18 +1,34 @@
-"""A key/value cache for decoding, shaped by the model's attention mask.
+"""What decoding keeps, in tensors of fixed shape: a KV cache shaped by the model's attention mask.
+
+Everything a decoding step reads or changes is a tensor allocated once for the whole generation:
+each row's next position (`pos`, (B,)), the position each slot of the buffers holds
+(`slot_positions`, (B, C), -1 for an empty slot) and the keys and values (B, H, C, D) per layer.
+No Python number changes from one step to the next, so every decode step has the same shapes and
+the same Python path: one compiled graph (one CUDA graph) serves them all, as in gpt-fast.
 
 Keys are stored after the position scheme has rotated them (RoPE), so a cached key never needs
-touching again; the queries of new tokens are rotated at their true absolute positions.
+touching again; queries are rotated at their rows' own positions.
 
-- Full causal attention: per-layer buffers of fixed capacity, filled left to right; the keys of a
-  step are positions 0..end-1.
-- A sliding window of W keys with S sinks (`AttentionMask`): a rolling buffer of S + W slots.
-  Position p < S lives in slot p, any other in slot S + (p - S) mod W, so memory stays constant
-  however long decoding runs. A step attends over the held slots and its own new keys (their
-  positions, -1 for an empty slot, go into the mask); afterwards the new keys that a later query
-  can still see replace the oldest ones.
+- Full causal attention: C slots, position p in slot p.
+- A sliding window of W keys with S sinks (`AttentionMask`): a rolling buffer of C = S + W slots;
+  position p < S lives in slot p, any other in slot S + (p - S) mod W, so memory stays constant
+  however long decoding runs.
+
+A forward pass through the cache is one `CacheStep`, made by `begin` before the first layer and
+committed after the last:
+
+- prefill (the cache is empty): the T new tokens sit at positions 0..T-1 of every row, of which
+  the first `lengths[b]` are row b's prompt and the rest padding on the right, which no real token
+  attends to (they come after it). They attend to each other as in a forward pass without a cache;
+  each slot then takes the prompt position that belongs in it (a gather: no two writes collide).
+- a step after it: the new tokens sit at each row's `pos`..; one new token is written to its slot
+  and attends to the whole buffer, masked by the slot positions; several new tokens (a chunked
+  prompt) attend to the buffer as it was plus themselves, then are written.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -20,73 +36,134 @@ from torch import Tensor
 from model.masks import AttentionMask
 
 
-class KVCache:
-    """Keys and values of every layer, for the tokens seen so far (`length` of them)."""
+@dataclass(frozen=True)
+class CacheStep:
+    """One forward pass through a cache: where its T new tokens sit and what they attend over."""
+
+    prefill: bool
+    """The cache was empty: the new tokens attend to each other only, at positions 0..T-1."""
+    q_pos: Tensor
+    """(B, T) position of each new token (in prefill the padding's too: the column)."""
+    real: Tensor | None
+    """(B, T) which new tokens are real, not padding (None: all)."""
+    end: Tensor
+    """(B,) each row's next position after this step."""
+    k_pos: Tensor | None = None
+    """(B, Tk) positions of the keys the new tokens attend over, -1 for an empty slot (None in prefill)."""
+    slot_pos: Tensor | None = None
+    """(B, C) the position each slot holds after this step."""
+    incoming: Tensor | None = None
+    """(B, C) whether a slot takes a new key in this step; `source`: which of the T it takes."""
+    source: Tensor | None = None
+
+
+class DecodingCache:
+    """Each row's next position, in a tensor (the part of a cache every attention function keeps)."""
+
+    def __init__(self) -> None:
+        self.pos: Tensor | None = None
+        """(B,) position of each row's next token."""
+        self.empty = True
+        """Nothing stored yet: the next forward is a prefill."""
+
+    def reset(self) -> None:
+        """Forget every position (the buffers are kept and overwritten by the next prefill)."""
+        self.empty = True
+
+    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Allocate every tensor decoding changes now, for `batch` rows: a compiled step then sees the
+        same tensors from its first call on (on CUDA marked static, so that a CUDA graph keeps them)."""
+        self.pos = static_buffer(torch.zeros(batch, dtype=torch.long, device=device))
+
+    def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheStep:
+        """The step of a forward pass of `new_tokens` tokens in each of `batch` rows (`lengths`: of
+        which the first lengths[b] are real, the rest padding; only in a prefill)."""
+        offsets = torch.arange(new_tokens, device=device)
+        if self.empty:
+            end = lengths if lengths is not None else torch.full((batch,), new_tokens, device=device)
+            real = offsets[None, :] < lengths[:, None] if lengths is not None else None
+            return CacheStep(True, offsets[None, :].expand(batch, -1), real, end)
+        if lengths is not None:
+            raise ValueError("Padded prompts (lengths) go into an empty cache: reset it first.")
+        assert self.pos is not None
+        return CacheStep(False, self.pos[:, None] + offsets, None, self.pos + new_tokens)
+
+    def commit(self, step: CacheStep) -> None:
+        """After every layer took the step: the rows move on."""
+        if self.pos is None or self.pos.shape != step.end.shape:
+            self.pos = step.end.clone()
+        else:
+            self.pos.copy_(step.end)
+        self.empty = False
+
+
+class KVCache(DecodingCache):
+    """Keys and values of every layer, in fixed buffers (see the module docstring)."""
 
     def __init__(self, n_layer: int, capacity: int, mask: AttentionMask | None = None) -> None:
+        super().__init__()
         self.mask = mask or AttentionMask()
         self.rolling = not self.mask.causal_only
         self.capacity = self.mask.window + self.mask.sinks if self.rolling else capacity
         """Keys held at most: a rolling cache's S + W, else the longest sequence it takes."""
-        self.length = 0
-        """Tokens seen: the absolute position of the next one."""
         self.slot_positions: Tensor | None = None
-        """Rolling cache: the position each slot holds (-1: empty)."""
+        """(B, C) the position each slot holds (-1: empty)."""
         self.layers = [LayerCache(self) for _ in range(n_layer)]
 
-    def reset(self) -> None:
-        """Forget every position (the buffers are kept and overwritten)."""
-        self.length = 0
-        if self.slot_positions is not None:
-            self.slot_positions.fill_(-1)
-
     def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Allocate every layer's buffers now, as gpt-fast's static cache does: a compiled decoding
-        step then sees the same buffers from its first call on and is not recompiled when they
-        would otherwise appear."""
+        super().allocate(batch, n_head, head_dim, dtype, device)
+        self.slot_positions = static_buffer(torch.full((batch, self.capacity), -1, dtype=torch.long, device=device))
         for layer in self.layers:
             layer.allocate((batch, n_head, self.capacity, head_dim), dtype, device)
+
+    def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheStep:
+        step = super().begin(batch, new_tokens, lengths, device)
+        if self.slot_positions is None or self.slot_positions.size(0) != batch:
+            self.slot_positions = torch.full((batch, self.capacity), -1, dtype=torch.long, device=device)
+        start = step.end - step.real.sum(-1) if step.real is not None else step.end - new_tokens
+        position, incoming = self._incoming(start, step.end)
+        held = self.slot_positions if not step.prefill else torch.full_like(self.slot_positions, -1)
+        slot_pos = torch.where(incoming, position, held)
+        if step.prefill:
+            k_pos = None  # the new tokens attend to each other only
+        elif self.rolling and new_tokens > 1:  # the buffer as it was, then the new keys
+            k_pos = torch.cat([held, step.q_pos], dim=1)
+        else:  # written first: the buffer holds every key the new tokens see
+            k_pos = slot_pos
+        source = position - start[:, None]
+        return CacheStep(step.prefill, step.q_pos, step.real, step.end, k_pos, slot_pos, incoming, source)
+
+    def commit(self, step: CacheStep) -> None:
+        assert self.slot_positions is not None and step.slot_pos is not None
+        self.slot_positions.copy_(step.slot_pos)
+        super().commit(step)
+
+    def _incoming(self, start: Tensor, end: Tensor) -> tuple[Tensor, Tensor]:
+        """For positions start[b]..end[b]-1 written into row b: the position each slot takes (the
+        latest one that belongs in it) and whether it takes one, (B, C) each. A gather's indices:
+        where several positions belong in one slot, only the newest is written."""
+        slots = torch.arange(self.capacity, device=start.device)[None, :]
+        position = slots.expand(start.size(0), -1)
+        if self.rolling:  # slot s >= S holds the positions p >= S with p = s mod W: the newest is
+            last = end[:, None] - 1  # last - (last - s) mod W
+            rolled = last - torch.remainder(last - slots, self.mask.window)
+            position = torch.where(slots < self.mask.sinks, position, rolled)
+        incoming = (position >= start[:, None]) & (position < end[:, None])
         if self.rolling:
-            self._slots(device)
+            incoming = incoming & ((slots < self.mask.sinks) | (position >= self.mask.sinks))
+        return position, incoming
 
-    def fits(self, new_tokens: int) -> bool:
-        return self.rolling or self.length + new_tokens <= self.capacity
-
-    def key_positions(self, new_tokens: int, device: torch.device) -> Tensor | None:
-        """The absolute positions of the keys the next step attends over (None: 0..length + new - 1)."""
+    def slot_of(self, position: Tensor) -> Tensor:
+        """The slot that holds each position."""
         if not self.rolling:
-            return None
-        held = self._slots(device)
-        return torch.cat([held, torch.arange(self.length, self.length + new_tokens, device=device)])
-
-    def advance(self, new_tokens: int) -> None:
-        """After every layer stored a step's keys: move on by `new_tokens` positions."""
-        if self.rolling:
-            assert self.slot_positions is not None
-            positions, slots = self.surviving(new_tokens, self.slot_positions.device)
-            self.slot_positions[slots] = positions
-        self.length += new_tokens
-
-    def surviving(self, new_tokens: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """Of the next `new_tokens` positions, those a later query can still see, and their slots.
-        One new token always survives (it is the newest): no filtering, so a compiled decoding step
-        has no data-dependent shape."""
-        positions = torch.arange(self.length, self.length + new_tokens, device=device)
-        if new_tokens > 1:
-            positions = positions[self.mask.keeps(positions, self.length + new_tokens)]
-        sinks, window = self.mask.sinks, self.mask.window
-        slots = torch.where(positions < sinks, positions, sinks + (positions - sinks) % window)
-        return positions, slots
-
-    def _slots(self, device: torch.device) -> Tensor:
-        if self.slot_positions is None:
-            self.slot_positions = torch.full((self.capacity,), -1, dtype=torch.long, device=device)
-        return self.slot_positions
+            return position
+        sinks = self.mask.sinks
+        return torch.where(position < sinks, position, sinks + torch.remainder(position - sinks, self.mask.window))
 
 
 class LayerCache:
-    """One layer's keys and values, (B, H, capacity, D) each, allocated up front (`KVCache.allocate`)
-    or at first use."""
+    """One layer's keys and values, (B, H, C, D) each, allocated up front (`KVCache.allocate`) or at
+    first use."""
 
     def __init__(self, owner: KVCache) -> None:
         self.owner = owner
@@ -94,23 +171,43 @@ class LayerCache:
         self.v: Tensor | None = None
 
     def allocate(self, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device) -> None:
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
+        self.v = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
 
-    def update(self, k: Tensor, v: Tensor, start: int) -> tuple[Tensor, Tensor]:
-        """Store the (B, H, T, D) keys and values of positions start..start+T-1 and return the keys
-        and values this step attends over (those `KVCache.key_positions` describes)."""
-        owner = self.owner
-        if self.k is None or self.k.dtype != k.dtype or self.k.shape[0] != k.shape[0]:
-            self.allocate((k.size(0), k.size(1), owner.capacity, k.size(3)), k.dtype, k.device)
-        assert self.k is not None and self.v is not None
-        if not owner.rolling:
-            end = start + k.size(-2)
-            self.k[:, :, start:end] = k
-            self.v[:, :, start:end] = v
-            return self.k[:, :, :end], self.v[:, :, :end]
-        keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)  # held slots, then the new
-        positions, slots = owner.surviving(k.size(-2), k.device)
-        self.k[:, :, slots] = k[:, :, positions - start]
-        self.v[:, :, slots] = v[:, :, positions - start]
-        return keys, values
+    def update(self, k: Tensor, v: Tensor, step: CacheStep) -> tuple[Tensor, Tensor]:
+        """Store the (B, H, T, D) new keys and values and return those the new tokens attend over
+        (the positions `step.k_pos` describes, or in prefill the new ones)."""
+        B, H, T, D = k.shape
+        if self.k is None or self.k.dtype != k.dtype or self.k.shape[0] != B:
+            self.allocate((B, H, self.owner.capacity, D), k.dtype, k.device)
+        assert self.k is not None and self.v is not None and step.source is not None and step.incoming is not None
+        if step.prefill:
+            self._write(k, v, step)
+            return k, v
+        if T == 1:  # one new key per row, into its slot: a scatter, not a pass over the buffer
+            index = self.owner.slot_of(step.q_pos[:, 0]).view(B, 1, 1, 1).expand(B, H, 1, D)
+            self.k.scatter_(2, index, k)
+            self.v.scatter_(2, index, v)
+            return self.k, self.v
+        if self.owner.rolling:
+            keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+            self._write(k, v, step)
+            return keys, values
+        self._write(k, v, step)
+        return self.k, self.v
+
+    def _write(self, k: Tensor, v: Tensor, step: CacheStep) -> None:
+        assert self.k is not None and self.v is not None and step.source is not None and step.incoming is not None
+        B, H, T, D = k.shape
+        index = step.source.clamp(0, T - 1)[:, None, :, None].expand(B, H, -1, D)
+        take = step.incoming[:, None, :, None]
+        self.k.copy_(torch.where(take, k.gather(2, index), self.k))
+        self.v.copy_(torch.where(take, v.gather(2, index), self.v))
+
+
+def static_buffer(tensor: Tensor) -> Tensor:
+    """Mark a buffer that decoding changes in place as static for CUDA graphs (its address never
+    changes); elsewhere nothing to do."""
+    if tensor.device.type == "cuda":
+        torch._dynamo.mark_static_address(tensor)
+    return tensor

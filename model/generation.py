@@ -16,7 +16,7 @@ constant cost per token without ever refilling (unless `max_context` asks for a 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import torch
@@ -38,8 +38,9 @@ class GPT(Protocol):
     attention: type[Attention]
 
     def __call__(
-        self, idx: Tensor, targets: Tensor | None = None, *, cache: Cache | None = None, last_only: bool = False
-    ) -> tuple[Tensor, Tensor | None]: ...
+        self, idx: Tensor, targets: Tensor | None = None, *, cache: Cache | None = None, last_only: bool = False,
+        lengths: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]: ...  # fmt: skip
 
     def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> Cache: ...
 
@@ -126,7 +127,7 @@ def stream(
 
     Args:
         model: the GPT, in eval mode.
-        idx: prompts of equal length, at least one token each.
+        idx: prompts, at least one token each.
         temperature: 0 is greedy; higher flattens the distribution.
         top_k, top_p: restrict sampling (see `filter_logits`).
         use_cache: keep keys and values instead of recomputing the context for every token.
@@ -134,39 +135,84 @@ def stream(
         generator: random generator, for reproducible samples.
         lengths: (B,) tokens of each row of `idx` that are its prompt (the rest is padding on the
             right, see `pad_prompts`); None: every row is all prompt.
+
+    Every row goes on until the caller stops iterating (each row's own stop is the caller's).
     """
-    if lengths is not None and bool((lengths != idx.size(1)).any()):
-        raise NotImplementedError("prompts of different lengths: being built (issue 21)")
-    if idx.size(1) == 0:
+
+    def pick(logits: Tensor) -> Tensor:
+        return next_token(logits, temperature, top_k, top_p, generator)
+
+    for _, token in decode(model, idx, max_new_tokens, pick, use_cache, max_context, lengths):
+        yield token
+
+
+def decode(
+    model: GPT,
+    idx: Tensor,
+    max_new_tokens: int,
+    pick: Callable[[Tensor], Tensor],
+    use_cache: bool = True,
+    max_context: int | None = None,
+    lengths: Tensor | None = None,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """`stream`'s loop: yield each step's logits (B, vocab_size) and the tokens (B, 1) that `pick`
+    chose from them. A prefill of every row's prompt, then one static decode step per token; past
+    the window (see the module docstring) a prefill of every row's last `window` tokens."""
+    B, T = idx.shape
+    counts = lengths.tolist() if lengths is not None else [T] * B  # read once, then kept on the host
+    if T == 0 or min(counts) < 1:
         raise ValueError("generate needs a prompt of at least one token (e.g. a newline or <|endoftext|>).")
     window = context_window(model, max_context)
-    # positions stay below `window` (past it the cache is refilled), or grow to the last new token
-    longest = window if window is not None else idx.size(1) + max_new_tokens
-    cache = model.new_cache(window or 0, batch=idx.size(0), longest=longest) if use_cache else None
-    tokens = idx
+    total = max(counts) + max_new_tokens
+    tokens = torch.zeros(B, total, dtype=torch.long, device=idx.device)
+    tokens[:, :T] = idx
+    count = torch.tensor(counts, device=idx.device)  # each row's tokens so far
+    longest = max(counts)  # every row grows by one token per step: the longest stays the longest
+    cache = model.new_cache(_bucket(total, window), batch=B, longest=window or total) if use_cache else None
     with torch.no_grad():
-        logits = _forward_last(model, _last(tokens, window), cache)
+        logits = _prefill(model, tokens, count, longest, window, cache)
         for i in range(max_new_tokens):
-            new = next_token(logits, temperature, top_k, top_p, generator)
-            tokens = torch.cat([tokens, new], dim=1)
-            yield new
+            new = pick(logits)
+            yield logits, new
             if i == max_new_tokens - 1:
                 break
-            if cache is not None and (window is None or cache.length < window):
-                logits = _forward_last(model, new, cache)
-            else:  # no cache, or a full one: the last `window` tokens from scratch
+            tokens.scatter_(1, count[:, None], new)
+            count += 1
+            longest += 1
+            if cache is not None and (window is None or longest <= window):
+                logits = _forward_last(model, new, cache)  # the static decode step
+            else:  # no cache, or a full one: every row's last `window` tokens from scratch
                 if cache is not None:
                     cache.reset()
-                logits = _forward_last(model, _last(tokens, window), cache)
+                logits = _prefill(model, tokens, count, longest, window, cache)
 
 
-def _last(tokens: Tensor, window: int | None) -> Tensor:
-    return tokens if window is None else tokens[:, -window:]
+def _bucket(length: int, limit: int | None) -> int:
+    """`length` rounded up to a power of two, at most `limit`: the widths a compiled prefill sees
+    (and a full cache's capacity), a handful whatever the prompts."""
+    width = 1 << (length - 1).bit_length()
+    return width if limit is None else min(width, limit)
 
 
-def _forward_last(model: GPT, idx: Tensor, cache: Cache | None) -> Tensor:
-    """Logits (B, vocab_size) for the token after `idx`, adding `idx` to the cache if there is one.
-    The padding rows of the output layer (`padded_vocab_size`) are cut off here, the one place,
-    so that no sample ever holds an id the tokenizer cannot decode."""
-    logits, _ = model(idx, cache=cache, last_only=True)  # through __call__, so a compiled model stays compiled
+def _prefill(
+    model: GPT, tokens: Tensor, count: Tensor, longest: int, window: int | None, cache: Cache | None
+) -> Tensor:
+    """Logits (B, vocab_size) after the last `window` tokens of each row of `tokens` (the first
+    `count[b]` of row b), fed as one batch padded on the right (into an empty cache: to a bucketed
+    width, so that the prefills of a compiled model are few)."""
+    seen = torch.clamp(count, max=window) if window is not None else count
+    width = min(longest, window) if window is not None else longest
+    if cache is not None:
+        width = _bucket(width, window if window is not None else None)
+    first = count - seen
+    index = (first[:, None] + torch.arange(width, device=tokens.device)).clamp(max=tokens.size(1) - 1)
+    return _forward_last(model, tokens.gather(1, index), cache, seen)
+
+
+def _forward_last(model: GPT, idx: Tensor, cache: Cache | None, lengths: Tensor | None = None) -> Tensor:
+    """Logits (B, vocab_size) for the token after each row of `idx` (its first `lengths[b]` tokens),
+    adding them to the cache if there is one. The padding rows of the output layer
+    (`padded_vocab_size`) are cut off here, the one place, so that no sample ever holds an id the
+    tokenizer cannot decode."""
+    logits, _ = model(idx, cache=cache, last_only=True, lengths=lengths)  # __call__: a compiled model stays so
     return logits[:, -1, : model.config.vocab_size].float()

@@ -121,6 +121,7 @@ class GPT(nn.Module):
         cache: Cache | None = None,
         last_only: bool = False,
         positions: Tensor | None = None,
+        lengths: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Logits for every position, and the mean cross-entropy when targets are given.
 
@@ -128,11 +129,14 @@ class GPT(nn.Module):
             idx: (B, T) token ids. T may exceed `block_size` for every scheme but `learned`.
             targets: (B, T) next-token ids; positions holding -1 are left out of the loss.
             cache: what decoding keeps (`new_cache`: a KV cache, or linear attention's running sums)
-                of the `cache.length` tokens before `idx`; the new tokens sit at positions
-                cache.length.. and are added to it.
+                of the tokens before `idx`: each row's new tokens sit at its next positions
+                (`cache.pos`; 0.. in an empty cache) and are added to it (`model.cache`).
             last_only: logits for the last position only, (B, 1, padded_vocab_size), as generation needs:
                 for a GPT-2 vocabulary and a long context the logits of every position would be the
                 largest tensor of the forward pass.
+            lengths: (B,) how many of each row's tokens are real, the rest padding on the right (a
+                batch of prompts of different lengths): no real token attends to padding, and
+                `last_only` gives each row's last real token. Into an empty cache or without one.
             positions: (B, T) increasing positions of each row, for training with randomized
                 positions (Ruoss et al. 2023); default 0..T-1 (after the cache's). Not with a cache.
                 The scheme's tables must already cover them (`pe.reserve`; learned: < block_size).
@@ -140,8 +144,10 @@ class GPT(nn.Module):
         Returns:
             logits (B, T, padded_vocab_size) and the loss (a scalar) or None.
         """
-        x = self._hidden(idx, cache, positions=positions)  # (B, T, C)
-        logits = self.lm_head(x[:, -1:] if last_only else x)  # (B, T or 1, V)
+        x = self._hidden(idx, cache, positions=positions, lengths=lengths)  # (B, T, C)
+        if last_only:
+            x = x[:, -1:] if lengths is None else x[torch.arange(x.size(0), device=x.device), lengths - 1, None]
+        logits = self.lm_head(x)  # (B, T or 1, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
@@ -187,17 +193,19 @@ class GPT(nn.Module):
         cache: Cache | None,
         visit: Callable[[int], WeightsHook | None] | None = None,
         positions: Tensor | None = None,
+        lengths: Tensor | None = None,
     ) -> Tensor:
         """The final-LayerNorm states (B, T, C) that the tied head turns into logits (with `visit`:
         on the kernel that forms the weights, see `attention_weights`)."""
-        T = idx.size(1)
-        start = cache.length if cache is not None else 0
-        self._check_length(start + T)
-        if cache is not None and not cache.fits(T):
-            raise ValueError(f"The KV cache holds {cache.capacity} positions; {start} + {T} do not fit.")
+        B, T = idx.shape
         if positions is not None and (cache is not None or positions.shape != idx.shape):
             raise ValueError(f"positions must be (B, T) = {tuple(idx.shape)} like idx, and cannot go with a cache.")
-        x = self.drop(self.pe.embed(self.wte(idx), start, positions))  # (B, T, C)
+        cache_step = cache.begin(B, T, lengths, idx.device) if cache is not None else None
+        decoding = cache_step is not None and not cache_step.prefill
+        if not decoding:  # positions 0..T-1 (decoding: the caller keeps to the cache's tables)
+            self._check_length(T)
+        ids = cache_step.q_pos if decoding else positions  # decoding: each row at its own positions
+        x = self.drop(self.pe.embed(self.wte(idx), 0, ids))  # (B, T, C)
         needs = self.attention.needs(
             self.pe,
             self.mask,
@@ -205,20 +213,23 @@ class GPT(nn.Module):
             idx.device,
             dropout_active=self.training and self.config.dropout > 0,
             needs_grad=x.requires_grad,
-            decoding=start > 0,
+            decoding=decoding,
         )
         if visit is None:
             kernel = self.attention.choose_kernel(self.config.attn_backend, needs, idx.device)
         else:
             kernel = self.attention.weights_kernel(needs)
-        k_pos = cache.key_positions(T, idx.device) if cache is not None else None
-        step = Step(start, T, self.config.n_head, idx.device, k_pos, positions)
-        plan = Plan(kernel, kernel.context(self.pe, self.mask, step, self._kernel_memos[type(kernel)]), step)
+        if decoding:
+            step = Step(0, T, self.config.n_head, idx.device, cache_step.k_pos, ids, q_pos=ids)
+        else:
+            step = Step(0, T, self.config.n_head, idx.device, ids=positions)
+        context = kernel.context(self.pe, self.mask, step, self._kernel_memos[type(kernel)])
+        plan = Plan(kernel, context, step, cache_step=cache_step)
         for i, block in enumerate(self.blocks):
             layer_plan = dataclasses.replace(plan, on_weights=visit(i)) if visit else plan
             x = block(x, self.pe, layer_plan, cache.layers[i] if cache is not None else None)
         if cache is not None:
-            cache.advance(T)
+            cache.commit(cache_step)
         return self.ln_f(x)
 
     def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> Cache:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from model.cache import CacheStep, DecodingCache, static_buffer
 from model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, WeightsHook
 from model.scores import Score
 
@@ -146,43 +147,43 @@ LINEAR_KERNELS: dict[str, Kernel] = {
 no mask and no bias; their q and k are [R phi(x), phi(x)] (see the module docstring)."""
 
 
-class StateCache:
+class StateCache(DecodingCache):
     """What decoding keeps for linear attention: one `LinearState` per layer, the same size after
-    any number of tokens (the KV cache's interface: `length`, `layers`, `advance`, `reset`)."""
+    any number of tokens (with each row's next position, as every cache)."""
 
     rolling = True
     capacity = None
 
     def __init__(self, n_layer: int) -> None:
-        self.length = 0
+        super().__init__()
         self.layers = [LayerStateCache() for _ in range(n_layer)]
 
-    def reset(self) -> None:
-        self.length = 0
-        for layer in self.layers:
-            layer.state = None
-
     def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Nothing to allocate ahead (the KV cache's interface): the first tokens create each layer's
-        state, at the size it keeps."""
-
-    def fits(self, new_tokens: int) -> bool:
-        return True
-
-    def key_positions(self, new_tokens: int, device: torch.device) -> None:
-        return None
-
-    def advance(self, new_tokens: int) -> None:
-        self.length += new_tokens
+        super().allocate(batch, n_head, head_dim, dtype, device)
+        for layer in self.layers:
+            layer.allocate(batch, n_head, head_dim, device)
 
 
 class LayerStateCache:
-    """One layer's running sums."""
+    """One layer's running sums, updated in place once allocated (a compiled step keeps its tensors)."""
 
     def __init__(self) -> None:
         self.state: LinearState | None = None
 
-    def attend(self, q2: Tensor, k2: Tensor, v: Tensor) -> Tensor:
-        """The new tokens' outputs, continuing from (and updating) the state."""
-        out, self.state = linear_attention_chunked(q2, k2, v, self.state)
+    def allocate(self, batch: int, n_head: int, head_dim: int, device: torch.device) -> None:
+        S = torch.zeros(batch, n_head, head_dim, head_dim, device=device)
+        self.state = LinearState(static_buffer(S), static_buffer(torch.zeros(batch, n_head, head_dim, device=device)))
+
+    def attend(self, q2: Tensor, k2: Tensor, v: Tensor, step: CacheStep) -> Tensor:
+        """The new tokens' outputs, continuing from the state (from zero in a prefill, where padding
+        gets zero features and values: it adds nothing to the sums), which they update."""
+        if step.real is not None:
+            k2 = k2 * step.real[:, None, :, None]
+            v = v * step.real[:, None, :, None]
+        out, new = linear_attention_chunked(q2, k2, v, None if step.prefill else self.state)
+        if self.state is None or self.state.S.shape != new.S.shape or self.state.S.dtype != new.S.dtype:
+            self.state = new
+        else:
+            self.state.S.copy_(new.S)
+            self.state.z.copy_(new.z)
         return out

@@ -1,78 +1,127 @@
-"""What decoding keeps: the KV cache (full, and rolling with a window and sinks) and linear
-attention's state change nothing but speed and memory, and a compiled decoding step is traced once."""
+"""What decoding keeps (the static KV cache, full and rolling, and linear attention's state) changes
+nothing but speed and memory, for every scheme, mask, scaling, score and attention function; a
+padded batch decodes each row as it would alone; a compiled decode step is one graph."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 
-from model import GPT, POS_ENCODINGS, GPTConfig
-from model.cache import KVCache
-from model.generation import context_window
+from core.errors import ConfigError
+from model import ATTENTIONS, GPT, SCHEMES, GPTConfig
+from model.config import ROPE_SCALINGS
+from model.generation import context_window, decode, pad_prompts
+from model.scores import SCORES
 
-MASKS = {"window": {"attn_window": 5}, "window+sinks": {"attn_window": 5, "attn_sinks": 2}}
-
-
-def _model(tiny_config: GPTConfig, scheme: str, **extra) -> GPT:
-    return GPT(dataclasses.replace(tiny_config, pos_encoding=scheme, **extra)).eval()
-
-
-@pytest.mark.parametrize("scheme", POS_ENCODINGS)
-def test_greedy_with_cache_equals_without_token_for_token(tiny_config, scheme):
-    """block_size 16, window 64 (16 for learned): 5 + 75 tokens cross block_size, and the window
-    slide for every scheme (learned slides at 16, the others at max_context = 4 x 16)."""
-    model = _model(tiny_config, scheme)
-    prompt = torch.randint(0, 64, (3, 5))
-    cached = model.generate(prompt, 75, temperature=0, use_cache=True)
-    uncached = model.generate(prompt, 75, temperature=0, use_cache=False)
-    assert cached.shape == (3, 80)
-    assert torch.equal(cached, uncached)
+MASKS: dict[str, dict[str, int]] = {
+    "causal": {},
+    "window": {"attn_window": 5},
+    "window+sinks": {"attn_window": 5, "attn_sinks": 2},
+}
 
 
-@pytest.mark.parametrize("scheme", ["rope", "alibi", "learned"])
-def test_cached_logits_equal_a_full_forward(tiny_config, scheme):
-    """Prompt then one token at a time through the cache: the same logits as one full forward, at
-    every position, including past block_size for the schemes that allow it."""
-    model = _model(tiny_config, scheme)
-    T = 16 if scheme == "learned" else 40
-    idx = torch.randint(0, 64, (2, T))
+def decoding_cases(config: GPTConfig) -> Iterator[Any]:
+    """Every scheme with every mask and attention function, RoPE with every scaling, every score
+    (with a rotation and a bias): each a pytest param, read from the registries."""
+    fields: list[tuple[str, dict[str, Any]]] = []
+    for function in ATTENTIONS:
+        for scheme in SCHEMES:
+            fields += [(f"{function}-{scheme}-{mask}", {"attention": function, "pos_encoding": scheme, **extra})
+                       for mask, extra in MASKS.items()]  # fmt: skip
+    fields += [(f"rope-{s}", {"pos_encoding": "rope", "rope_scaling": s, "rope_scaling_factor": 2.0})
+               for s in ROPE_SCALINGS if s != "none"]  # fmt: skip
+    fields += [(f"{score}-{scheme}", {"attn_score": score, "pos_encoding": scheme})
+               for score in SCORES if score != GPTConfig.attn_score for scheme in ("rope", "alibi")]  # fmt: skip
+    for name, extra in fields:
+        try:
+            yield pytest.param(dataclasses.replace(config, **extra), id=name)
+        except ConfigError:  # a combination no kernel runs (linear attention with a bias or a window)
+            continue
+
+
+CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
+CASES = list(decoding_cases(CONFIG))
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(-1, keepdim=True)
+
+
+def run(model: GPT, idx: torch.Tensor, new: int, use_cache: bool, lengths: torch.Tensor | None = None, **kw):
+    """Greedy decoding: (logits (B, new, V), tokens (B, new))."""
+    steps = list(decode(model, idx, new, greedy, use_cache, lengths=lengths, **kw))
+    return torch.stack([s[0] for s in steps], 1), torch.cat([s[1] for s in steps], 1)
+
+
+@pytest.mark.parametrize("config", CASES)
+def test_cached_decoding_gives_the_logits_and_tokens_of_no_cache(config):
+    """Prompt 9 (longer than a window's 5 + 2 slots: a rolling prefill), then 40 tokens: the
+    rolling buffer wraps many times, and every scheme but learned (window 16) passes block_size;
+    learned slides past its window (a prefill of the last 16 each step)."""
+    model = GPT(config).eval()
+    prompt = torch.randint(0, config.vocab_size, (2, 9))
+    cached_logits, cached = run(model, prompt, 40, use_cache=True)
+    logits, tokens = run(model, prompt, 40, use_cache=False)
+    assert torch.equal(cached, tokens)
+    torch.testing.assert_close(cached_logits, logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("config", CASES)
+def test_cached_steps_give_the_logits_of_one_full_forward(config):
+    """A prompt, single tokens and a chunk of several through one cache: the logits of one forward
+    over the whole sequence, at every position (past a window's wrap and block_size)."""
+    model = GPT(config).eval()
+    T = 16 if model.pe.max_positions is not None else 30
+    idx = torch.randint(0, config.vocab_size, (2, T))
     with torch.no_grad():
         full, _ = model(idx)
-        cache = KVCache(tiny_config.n_layer, T)
-        steps = [model(idx[:, :7], cache=cache)[0]]
-        steps += [model(idx[:, t : t + 1], cache=cache)[0] for t in range(7, T)]
+        cache = model.new_cache(T, batch=2, longest=T)
+        pieces = [idx[:, :7], *idx[:, 7 : T - 6].split(1, dim=1), idx[:, T - 6 :]]
+        steps = [model(piece, cache=cache)[0] for piece in pieces]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
-    assert cache.length == T
+    assert cache.pos.tolist() == [T, T]
+
+
+@pytest.mark.parametrize("config", CASES)
+def test_a_row_in_a_padded_batch_decodes_as_it_would_alone(config):
+    """Prompts of 3, 11 and 6 tokens in one batch, padded on the right: each row's logits within
+    1e-5 of the row decoded alone, and its greedy tokens the same wherever the choice is clear."""
+    model = GPT(config).eval()
+    prompts = [torch.randint(0, config.vocab_size, (n,)).tolist() for n in (3, 11, 6)]
+    idx, lengths = pad_prompts(prompts)
+    batch_logits, batch_tokens = run(model, idx, 20, use_cache=True, lengths=lengths)
+    for row, prompt in enumerate(prompts):
+        alone_logits, alone_tokens = run(model, torch.tensor([prompt]), 20, use_cache=True)
+        torch.testing.assert_close(batch_logits[row], alone_logits[0], atol=1e-5, rtol=1e-5)
+        top2 = alone_logits[0].topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 1e-4
+        assert torch.equal(batch_tokens[row][clear], alone_tokens[0][clear])
 
 
 @pytest.mark.parametrize("mask", sorted(MASKS))
-@pytest.mark.parametrize("scheme", POS_ENCODINGS)
-def test_cached_decoding_equals_uncached_and_the_cache_stays_small(tiny_config, scheme, mask):
-    model = _model(tiny_config, scheme, **MASKS[mask])
-    prompt = torch.randint(0, tiny_config.vocab_size, (2, 9))  # longer than the window: a rolling prefill
-    cached = model.generate(prompt, 30, temperature=0)
-    uncached = model.generate(prompt, 30, temperature=0, use_cache=False)
-    assert torch.equal(cached, uncached)
-    if model.pe.max_positions is None:
+def test_the_cache_holds_its_capacity_and_no_more(mask):
+    """A window's rolling buffer holds S + W slots however long decoding runs; a full cache the
+    bucketed length of prompt + new tokens, at most the window."""
+    model = GPT(dataclasses.replace(CONFIG, pos_encoding="alibi", **MASKS[mask])).eval()
+    cache = model.new_cache(8, batch=2)
+    prompt = torch.randint(0, 64, (2, 9))
+    expected = model.mask.window + model.mask.sinks if mask != "causal" else 8
+    assert cache.capacity == expected
+    if mask != "causal":
         assert context_window(model) is None  # constant memory: no window to slide
-    cache = KVCache(model.config.n_layer, 0, model.mask)
-    steps = 25 if model.pe.max_positions is None else model.pe.max_positions - prompt.size(1)
-    with torch.no_grad():
-        model(prompt, cache=cache)
-        for _ in range(steps):
-            model(prompt[:, :1], cache=cache)
-            assert cache.layers[0].k.size(2) == model.mask.window + model.mask.sinks  # never more than W + S
+        with torch.no_grad():
+            model(prompt, cache=cache)
+            for _ in range(25):
+                model(prompt[:, :1], cache=cache)
+        assert cache.layers[0].k.size(2) == expected
+        assert cache.slot_positions.min() >= 0 and cache.pos.tolist() == [34, 34]
 
 
-@pytest.mark.parametrize(("scheme", "extra"), [("rope", {}), ("alibi", {}), ("rope", {"attn_window": 6})])
-def test_compiled_decoding_does_not_recompile_as_the_cache_grows(tiny_config, scheme, extra):
-    """sample.py --compile: with the cache allocated up front and the position tables reserved,
-    the one-token step is traced once and serves every cache length (a counting backend: no
-    inductor, so the test takes seconds). A full cache's prompt is one more graph; a window's
-    rolling prefill breaks into several (its eviction is data-dependent), but only once."""
-    model = _model(tiny_config, scheme, **extra)
+def _counting_compile(model: GPT) -> list[object]:
     graphs: list[object] = []
 
     def counting(gm, example_inputs):
@@ -80,12 +129,43 @@ def test_compiled_decoding_does_not_recompile_as_the_cache_grows(tiny_config, sc
         return gm.forward
 
     torch._dynamo.reset()
-    model.compile(backend=counting, dynamic=True)
-    prompt = torch.randint(0, tiny_config.vocab_size, (1, 4))
-    model.generate(prompt, 40, temperature=0)  # cache lengths 4..43, within 4 x block_size = 64
-    first = len(graphs)
-    model.generate(prompt, 20, temperature=0)  # a new cache, shorter
-    assert len(graphs) == first  # no cache length, and no new cache, compiles anything again
-    if not extra:
-        assert first <= 2  # the prompt and the one-token step
+    model.compile(backend=counting, dynamic=False)
+    return graphs
+
+
+COMPILE_CASES = [
+    *({"pos_encoding": s} for s in SCHEMES),
+    {"pos_encoding": "alibi", **MASKS["window+sinks"]},
+    {"pos_encoding": "rope", **MASKS["window"]},
+    {"pos_encoding": "rope", "attn_score": "additive"},
+    {"pos_encoding": "rope", "attention": "linear"},
+]
+
+
+@pytest.mark.parametrize("fields", COMPILE_CASES, ids=lambda f: "-".join(str(v) for v in f.values()))
+def test_compiled_generation_is_one_prefill_and_one_decode_graph(fields, monkeypatch):
+    """No dynamic shapes and a counting backend (no inductor, so the test takes seconds): 500 new
+    tokens after a 4-token prompt, in a window that holds them (block_size 128: 512 for the schemes
+    that extrapolate, 512 for learned), compile the prefill and the decode step, and a second
+    generation compiles nothing more."""
+    monkeypatch.setattr(torch._dynamo.config, "automatic_dynamic_shapes", False)
+    block = 512 if fields["pos_encoding"] == "learned" else 128
+    model = GPT(dataclasses.replace(CONFIG, block_size=block, **fields)).eval()
+    graphs = _counting_compile(model)
+    prompt = torch.randint(0, CONFIG.vocab_size, (1, 4))
+    model.generate(prompt, 500, temperature=0)
+    assert len(graphs) <= 2
+    model.generate(prompt, 300, temperature=0)  # a new cache of the same bucketed size: the same graphs
+    assert len(graphs) <= 2
+    torch._dynamo.reset()
+
+
+def test_a_sliding_learned_window_compiles_a_third_graph_only(monkeypatch):
+    """Learned positions past block_size 64: the prompt's prefill, the decode step, and the prefill
+    of the last 64 tokens that every step past the window takes."""
+    monkeypatch.setattr(torch._dynamo.config, "automatic_dynamic_shapes", False)
+    model = GPT(dataclasses.replace(CONFIG, block_size=64, pos_encoding="learned")).eval()
+    graphs = _counting_compile(model)
+    model.generate(torch.randint(0, CONFIG.vocab_size, (1, 4)), 500, temperature=0)
+    assert len(graphs) <= 3
     torch._dynamo.reset()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
+from model.kernels import Step
 from model.kernels.flex import build_block_mask
 from model.masks import AttentionMask
 
@@ -48,7 +49,7 @@ def test_the_flex_block_mask_is_the_dense_mask(mask, q_start):
     description = AttentionMask(**{k.removeprefix("attn_"): v for k, v in MASKS[mask].items()})
     description = dataclasses.replace(description, window=100)  # wider than a block
     q_len = 300 - q_start
-    block_mask = build_block_mask(description, q_start, q_len, None, torch.device("cpu"), None)
+    block_mask = build_block_mask(description, Step(q_start, q_len, 1, torch.device("cpu")), None)
     q_idx, kv_idx = torch.arange(q_len)[:, None], torch.arange(300)[None, :]
     dense = description.dense(torch.arange(q_start, 300), torch.arange(300))
     zero = torch.zeros((), dtype=torch.int64)

@@ -49,17 +49,19 @@ def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
 
     pe = ALiBi(dataclasses.replace(tiny_config, pos_encoding="alibi"))
     n_head, start = tiny_config.n_head, k_len - q_len
-    ctx = KERNELS["eager"].context(pe, AttentionMask(), Step(start, q_len, n_head, torch.device("cpu")), {})
+    step = Step(start, q_len, n_head, torch.device("cpu"))
+    _, bias = KERNELS["eager"].context(pe, AttentionMask(), step, {}).block(slice(0, q_len))
+    bias = bias[0]  # (H, Tq, Tk): the same for every batch row
     h = torch.arange(n_head)[:, None, None]
     q_idx = torch.arange(q_len)[None, :, None]
     kv_idx = torch.arange(k_len)[None, None, :]
-    modded = score_mod_of(pe, start, None)(torch.zeros(n_head, q_len, k_len), torch.tensor(0), h, q_idx, kv_idx)
-    visible = ctx.bias > float("-inf")
+    modded = score_mod_of(pe, step)(torch.zeros(n_head, q_len, k_len), torch.tensor(0), h, q_idx, kv_idx)
+    visible = bias > float("-inf")
     assert visible.sum() == n_head * sum(start + i + 1 for i in range(q_len))  # the causal triangle
-    torch.testing.assert_close(modded[visible], ctx.bias[visible])
+    torch.testing.assert_close(modded[visible], bias[visible])
     # and both are -m_h * (i - j) with i the query's absolute position
     slopes = torch.tensor(alibi_slopes(n_head))
-    torch.testing.assert_close(ctx.bias[:, -1, 0], -slopes * (k_len - 1))
+    torch.testing.assert_close(bias[:, -1, 0], -slopes * (k_len - 1))
 
 
 @pytest.mark.parametrize("scheme", ["alibi", "t5"])
@@ -72,16 +74,17 @@ def test_with_positions_per_row_the_dense_bias_and_the_score_mod_agree(tiny_conf
     pe = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).pe
     ids = random_positions(3, 9, 40, torch.Generator().manual_seed(0))
     n_head = tiny_config.n_head
-    ctx = KERNELS["eager"].context(pe, AttentionMask(), Step(0, 9, n_head, torch.device("cpu"), ids=ids), {})
-    assert ctx.bias.shape == (3, n_head, 9, 9)
-    score_mod = score_mod_of(pe, 0, None, ids)
+    step = Step(0, 9, n_head, torch.device("cpu"), ids=ids)
+    _, bias = KERNELS["eager"].context(pe, AttentionMask(), step, {}).block(slice(0, 9))
+    assert bias.shape == (3, n_head, 9, 9)
+    score_mod = score_mod_of(pe, step)
     b, h = torch.arange(3)[:, None, None, None], torch.arange(n_head)[None, :, None, None]
     q_idx, kv_idx = torch.arange(9)[None, None, :, None], torch.arange(9)[None, None, None, :]
     modded = score_mod(torch.zeros(3, n_head, 9, 9), b, h, q_idx, kv_idx)
-    visible = ctx.bias > float("-inf")
-    torch.testing.assert_close(modded[visible], ctx.bias[visible])
+    visible = bias > float("-inf")
+    torch.testing.assert_close(modded[visible], bias[visible])
     expected = pe.relative_bias(h[0], (ids[2, 8] - ids[2, :9])[None, None, :])[:, 0]  # last query of row 2
-    torch.testing.assert_close(ctx.bias[2, :, 8], expected)
+    torch.testing.assert_close(bias[2, :, 8], expected)
 
 
 def _rope_at(x: torch.Tensor, position: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:

@@ -31,6 +31,7 @@ from torch import Tensor
 from core.errors import UserError
 
 if TYPE_CHECKING:
+    from model.cache import CacheStep
     from model.masks import AttentionMask
     from model.positions import PositionEncoding
     from model.scores import Score
@@ -53,10 +54,12 @@ class KernelError(UserError, RuntimeError):
 
 @dataclass(frozen=True)
 class Step:
-    """Where the queries and keys of one forward pass sit: the Tq queries at positions q_start..
-    (with `ids`, each row at its own increasing positions: randomized positions, no cache), the keys
-    at `k_pos` (None: 0..q_start + Tq - 1; a rolling KV cache holds other positions, -1 for an empty
-    slot). `n_head` is the pass's head count, which a bias is built for."""
+    """Where the queries and keys of one forward pass sit. Without a cache: the Tq queries at
+    positions q_start.., the keys at 0..q_start + Tq - 1, or with `ids` each row at its own
+    increasing positions (randomized positions; the mask stays on token order). Decoding through a
+    cache: each row's queries at `q_pos` (B, Tq) and the keys it attends over at `k_pos` (B, Tk),
+    -1 for an empty slot; the scheme sees the same positions (`ids` is `q_pos`). `n_head` is the
+    pass's head count, which a bias is built for."""
 
     q_start: int
     q_len: int
@@ -64,10 +67,11 @@ class Step:
     device: torch.device
     k_pos: Tensor | None = None
     ids: Tensor | None = None
+    q_pos: Tensor | None = None
 
     @property
     def k_len(self) -> int:
-        return self.k_pos.numel() if self.k_pos is not None else self.q_start + self.q_len
+        return self.k_pos.size(-1) if self.k_pos is not None else self.q_start + self.q_len
 
 
 class Lack(NamedTuple):
@@ -153,6 +157,8 @@ class Plan:
     context: Any
     step: Step
     on_weights: WeightsHook | None = None
+    cache_step: CacheStep | None = None
+    """Decoding: where the new tokens go in the cache (`model.cache`)."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, score: Score, dropout_p: float) -> Tensor:
         return self.kernel.run(q, k, v, self.context, score, dropout_p, self.on_weights)

@@ -1,5 +1,11 @@
-"""The dense context of the eager and SDPA kernels: a (Tq, Tk) visibility mask and the scheme's
-score bias written out as a tensor."""
+"""The dense context of the eager and SDPA kernels: the visibility mask and the scheme's score bias
+written out as tensors, for blocks of query rows.
+
+A (H, Tq, Tk) float bias is the largest tensor of a long forward pass (12.9 GB in float32 for 12
+heads at 16384 tokens), so it is formed whole only while it is small (`DENSE_ELEMENTS`); past that
+the kernels take the queries in blocks of rows and the context forms each block's mask and bias
+as they come: memory that grows linearly with the length, not quadratically.
+"""
 
 from __future__ import annotations
 
@@ -12,40 +18,72 @@ from model.kernels.base import Step
 from model.masks import AttentionMask
 from model.positions import PositionEncoding
 
+DENSE_ELEMENTS = 1 << 24
+"""Largest mask or bias (elements, over every batch row and head) formed at once: 64 MiB in float32."""
+
 
 @dataclass(frozen=True)
 class DenseContext:
-    """`mask`: the (Tq, Tk) visibility (None when SDPA can use its own causal shortcut); `bias`: the
-    scheme's (H, Tq, Tk) score bias, or (B, H, T, T) with per-row positions, with -inf where a key is
-    not visible (None without a bias)."""
+    """What eager and SDPA need of one forward pass: the positions of the queries and keys the mask
+    sees (`q_pos` (Bq, Tq) and `k_pos` (Bk, Tk) with Bq, Bk 1 or B; -1 for an empty slot), those
+    the scheme's bias sees (`q_ids`, `k_ids`: the same, or randomized positions), and the whole mask
+    and bias when they are small (`whole`). `plain`: causal attention over keys 0..end-1 with no
+    bias, which SDPA runs with its own causal path and no mask at all."""
 
-    mask: Tensor | None = None
-    bias: Tensor | None = None
+    pe: PositionEncoding
+    mask: AttentionMask
+    n_head: int
+    q_pos: Tensor
+    k_pos: Tensor
+    q_ids: Tensor
+    k_ids: Tensor
+    plain: bool
+    whole: tuple[Tensor | None, Tensor | None] | None = None
+
+    @property
+    def rows_per_block(self) -> int:
+        """Query rows whose mask and bias stay within `DENSE_ELEMENTS`."""
+        batch = max(self.q_pos.size(0), self.k_pos.size(0), self.q_ids.size(0))
+        heads = self.n_head if self.pe.score_bias else 1
+        return max(1, DENSE_ELEMENTS // (batch * heads * self.k_pos.size(-1)))
+
+    def block(self, rows: slice) -> tuple[Tensor | None, Tensor | None]:
+        """The visibility (Bq, 1, rows, Tk) bool, or None when `plain`, and the bias (B?, H, rows, Tk)
+        with -inf where a key is not visible, or None without one, of query rows `rows`."""
+        if self.whole is not None and rows == slice(0, self.q_pos.size(-1)):
+            return self.whole
+        visible = self.mask.visible(self.q_pos[:, None, rows, None], self.k_pos[:, None, None, :])
+        visible = visible & (self.k_pos >= 0)[:, None, None, :]
+        bias = None
+        if self.pe.score_bias:
+            heads = torch.arange(self.n_head, device=self.q_pos.device)[:, None, None]
+            distance = self.q_ids[:, None, rows, None] - self.k_ids[:, None, None, :]
+            bias = self.pe.relative_bias(heads, distance).masked_fill(~visible, float("-inf"))  # the formula, once
+        return (None if self.plain else visible), bias
+
+    def blocks(self, q_len: int, most: int | None = None) -> list[slice]:
+        """Blocks of query rows covering 0..q_len, each at most `most` rows (and `rows_per_block`)."""
+        step = min(self.rows_per_block, most or q_len, q_len)
+        return [slice(c, min(c + step, q_len)) for c in range(0, q_len, step)]
 
 
 def dense_context(pe: PositionEncoding, mask: AttentionMask, step: Step, shortcut: bool) -> DenseContext:
-    """Mask and bias of one forward pass. With `shortcut`, plain causal attention over keys 0..end-1
-    gets no mask (the kernel's own causal path); the positions the scheme sees are `step.ids` when
-    given, while the mask stays on token order (the ids increase along a row)."""
+    """The dense context of one forward pass (see `DenseContext`); with `shortcut`, plain causal
+    attention needs no mask."""
     device = step.device
-    q_pos = torch.arange(step.q_start, step.q_start + step.q_len, device=device)
-    keys = step.k_pos if step.k_pos is not None else torch.arange(step.k_len, device=device)
-    plain = mask.causal_only and step.k_pos is None
-    visible = None if plain and shortcut else _visible(mask, q_pos, keys)
-    bias = None
-    if pe.score_bias:
-        heads = torch.arange(step.n_head, device=device)[:, None, None]
-        if step.ids is None:
-            distance = (q_pos[:, None] - keys[None, :])[None]  # (1, Tq, Tk)
-        else:
-            distance = (step.ids[:, :, None] - step.ids[:, None, :])[:, None]  # (B, 1, T, T)
-        bias = pe.relative_bias(heads, distance)  # (H, Tq, Tk) or (B, H, T, T): the formula written once
-        bias = bias.masked_fill(~(visible if visible is not None else _visible(mask, q_pos, keys)), float("-inf"))
-    return DenseContext(visible, bias)
-
-
-def _visible(mask: AttentionMask, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    return mask.dense(q_pos, k_pos) & (k_pos >= 0)[None, :]
+    if step.q_pos is not None:  # decoding through a cache: each row's own positions
+        assert step.k_pos is not None
+        q_pos, k_pos, q_ids, k_ids = step.q_pos, step.k_pos, step.q_pos, step.k_pos
+    else:
+        q_pos = torch.arange(step.q_start, step.q_start + step.q_len, device=device)[None]
+        k_pos = torch.arange(step.k_len, device=device)[None]
+        q_ids, k_ids = (step.ids, step.ids) if step.ids is not None else (q_pos, k_pos)
+    plain = shortcut and mask.causal_only and step.q_pos is None
+    context = DenseContext(pe, mask, step.n_head, q_pos, k_pos, q_ids, k_ids, plain)
+    if context.rows_per_block < step.q_len:
+        return context  # formed block by block
+    whole = context.block(slice(0, step.q_len))
+    return DenseContext(pe, mask, step.n_head, q_pos, k_pos, q_ids, k_ids, plain, whole)
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:

@@ -32,7 +32,8 @@ def eager_attention(
         q: (B, H, Tq, D) queries; k, v: (B, H, Tk, D) keys and values.
         bias: additive (H, Tq, Tk) or (B, H, Tq, Tk) score bias (-inf where not visible), or None.
         dropout_p: dropout on the attention weights.
-        mask: (Tq, Tk) bool visibility; None is plain causal (the queries are the last Tq keys).
+        mask: (Tq, Tk) or (B, 1, Tq, Tk) bool visibility; None is plain causal (the queries are the
+            last Tq keys).
         score: the scoring function (default: scaled dot product).
         on_weights: called with each chunk of weights (query rows, (B, H, rows, Tk), after dropout),
             chunks then small enough that no (B, H, Tq, Tk) tensor is formed at long lengths.
@@ -54,7 +55,7 @@ def eager_attention(
         scores = score(qw[:, :, rows], kw)  # (B, H, chunk, Tk)
         if bias is not None:
             scores = scores + bias[..., rows, :].to(dtype)
-        scores = scores.masked_fill(~visible[rows], float("-inf"))
+        scores = scores.masked_fill(~visible[..., rows, :], float("-inf"))
         weights = F.dropout(torch.softmax(scores, dim=-1), p=dropout_p)
         outs.append(weights @ vw)  # (B, H, chunk, D)
         if on_weights is not None:
@@ -82,4 +83,18 @@ class EagerKernel(Kernel):
         self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,
         on_weights: WeightsHook | None,
     ) -> Tensor:  # fmt: skip
-        return eager_attention(q, k, v, context.bias, dropout_p, mask=context.mask, score=score, on_weights=on_weights)
+        outs = []
+        for rows in context.blocks(q.size(-2)):  # one block unless the mask and bias would be large
+            visible, bias = context.block(rows)
+            hook = _shifted(on_weights, rows.start) if on_weights is not None else None
+            outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook))
+        return torch.cat(outs, dim=2)
+
+
+def _shifted(on_weights: WeightsHook, first: int) -> WeightsHook:
+    """`on_weights` for a block of query rows that starts at row `first`."""
+
+    def hook(rows: slice, weights: Tensor) -> None:
+        on_weights(slice(rows.start + first, rows.stop + first), weights)
+
+    return hook

@@ -53,8 +53,15 @@ def flex_attention_fused(
     return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
 
-def score_mod_of(pe: PositionEncoding, q_start: int, k_pos: Tensor | None, ids: Tensor | None = None) -> ScoreMod:
+def score_mod_of(pe: PositionEncoding, step: Step) -> ScoreMod:
     """The scheme's bias as a FlexAttention score_mod: the same `relative_bias` as the dense path."""
+    q_start, k_pos, ids, q_pos = step.q_start, step.k_pos, step.ids, step.q_pos
+    if q_pos is not None and k_pos is not None:  # decoding: each row at its own positions
+
+        def score_mod_rows(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + pe.relative_bias(h, q_pos[b, q_idx] - k_pos[b, kv_idx])
+
+        return score_mod_rows
     if ids is not None:
 
         def score_mod_ids(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -63,31 +70,30 @@ def score_mod_of(pe: PositionEncoding, q_start: int, k_pos: Tensor | None, ids: 
         return score_mod_ids
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        k = kv_idx if k_pos is None else k_pos[kv_idx]
-        return score + pe.relative_bias(h, q_idx + q_start - k)
+        return score + pe.relative_bias(h, q_idx + q_start - kv_idx)
 
     return score_mod
 
 
-def build_block_mask(
-    mask: AttentionMask, q_start: int, q_len: int, k_pos: Tensor | None, device: torch.device, cache: dict | None
-) -> BlockMask:
-    """The block mask of `mask`, built once per shape and reused (in `cache`) by later forwards: on
-    CUDA through a compiled `create_block_mask`, which never materialises the dense Tq x Tk mask."""
-    key = (mask, q_start, q_len, None if k_pos is None else tuple(k_pos.tolist()), str(device))
-    if cache is not None and key in cache:
-        return cache[key]
-    if k_pos is None:
-        mask_mod = mask.mask_mod(q_start)
-    else:
+def build_block_mask(mask: AttentionMask, step: Step, cache: dict | None) -> BlockMask:
+    """The block mask of `mask` for a forward pass, built once per shape and reused (in `cache`) by
+    later forwards: on CUDA through a compiled `create_block_mask`, which never materialises the
+    dense Tq x Tk mask. Decoding through a cache (each row at its own positions, which change every
+    step) builds one per step, per row."""
+    q_start, q_len, device = step.q_start, step.q_len, step.device
+    build = compiled_create_block_mask() if device.type == "cuda" else create_block_mask
+    if step.q_pos is not None and step.k_pos is not None:
+        q_pos, k_pos = step.q_pos, step.k_pos
 
         def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            k = k_pos[kv_idx]
-            return mask.visible(q_idx + q_start, k) & (k >= 0)
+            k = k_pos[b, kv_idx]
+            return mask.visible(q_pos[b, q_idx], k) & (k >= 0)
 
-    k_len = k_pos.numel() if k_pos is not None else q_start + q_len
-    build = compiled_create_block_mask() if device.type == "cuda" else create_block_mask
-    block_mask = build(mask_mod, None, None, q_len, k_len, device=device)
+        return build(mask_mod, q_pos.size(0), None, q_len, k_pos.size(-1), device=device)
+    key = (mask, q_start, q_len, str(device))
+    if cache is not None and key in cache:
+        return cache[key]
+    block_mask = build(mask.mask_mod(q_start), None, None, q_len, q_start + q_len, device=device)
     if cache is not None:
         if len(cache) > 8:  # a handful of shapes per model (training, evaluation lengths)
             cache.clear()
@@ -115,8 +121,8 @@ class FlexKernel(Kernel):
         return 0.0 if (needs.score_bias or needs.sparse_mask) and not needs.decoding else 1.5
 
     def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict) -> FlexContext:
-        block_mask = build_block_mask(mask, step.q_start, step.q_len, step.k_pos, step.device, memo)
-        score_mod = score_mod_of(pe, step.q_start, step.k_pos, step.ids) if pe.score_bias else None
+        block_mask = build_block_mask(mask, step, memo)
+        score_mod = score_mod_of(pe, step) if pe.score_bias else None
         return FlexContext(block_mask, score_mod)
 
     def run(

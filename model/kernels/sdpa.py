@@ -73,4 +73,10 @@ class SdpaKernel(Kernel):
         self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,
         on_weights: WeightsHook | None,
     ) -> Tensor:  # fmt: skip
-        return sdpa_attention(q, k, v, context.bias, dropout_p, mask=context.mask, scale=score.scale)
+        if context.plain and not context.pe.score_bias:  # causal over every key: no mask at all
+            return sdpa_attention(q, k, v, None, dropout_p, scale=score.scale)
+        outs = []
+        for rows in context.blocks(q.size(-2)):  # one block unless the mask and bias would be large
+            visible, bias = context.block(rows)
+            outs.append(sdpa_attention(q[:, :, rows], k, v, bias, dropout_p, mask=visible, scale=score.scale))
+        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
