@@ -1,25 +1,37 @@
 """Sampling from a trained checkpoint: the logic behind `sample.py`.
 
-The checkpoint alone rebuilds model and tokenizer. Text goes to stdout (streamed token by token
-for one sample in a terminal); speed goes to stderr, so stdout can be piped.
+The checkpoint alone rebuilds model and tokenizer. Every prompt (`--prompts_file`: one per line),
+`--num_samples` times each, is one row of one batch; each row stops at its own end-of-text token or
+`--stop` string, and generation ends when every row has. Text goes to stdout (streamed token by
+token for one sample in a terminal); speed goes to stderr, so stdout can be piped.
 """
 
 from __future__ import annotations
 
 import codecs
+import re
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import torch
 
 from core.device import pick_device_dtype
-from data.errors import DataError
-from data.tokenizer import CharTokenizer, Tokenizer
+from core.errors import ConfigError
+from data.tokenizer import Tokenizer
 from evaluation.checkpoint import load_checkpoint
-from model.generation import stream
+from evaluation.prompts import crop, prompt_text, read_prompts
+from model.generation import GPT, compile_for_decoding, pad_prompts, stream
+
+__all__ = ["SampleConfig", "prompt_text", "sample"]
+
+SEPARATOR = "\n---------------\n"
+"""Between two samples on stdout."""
+WARM_UP_TOKENS = 3
+"""Tokens of the untimed run that compiles: the prompt's graph, then the one-token step twice (a CUDA
+graph is recorded on its second call)."""
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
 
 
 @dataclass
@@ -31,11 +43,16 @@ class SampleConfig:
     prompt: str = ""
     """Text to continue, or @FILE to read it from a file (default: empty, the tokenizer's start token)."""
     prompt_file: str | None = None
-    """Read the prompt from this file."""
+    """Read the prompt from this file (the whole file is one prompt)."""
+    prompts_file: str | None = None
+    """A file of prompts, one per line, all generated in one batch (each --num_samples times)."""
     num_samples: int = 1
-    """Samples of the prompt, generated as one batch."""
+    """Samples of each prompt, generated as one batch."""
     max_new_tokens: int = 500
-    """Tokens to generate per sample."""
+    """Tokens to generate per sample, at most."""
+    stop: str | None = None
+    """End a sample at this text, which is left out (\\n, \\t, \\r and \\\\ as in Python: --stop "\\n\\n" ends at a
+    blank line). A sample also ends at the tokenizer's end-of-text token (GPT-2's <|endoftext|>)."""
     temperature: float = 0.8
     """Softmax temperature: 0 is greedy, higher flattens the distribution."""
     top_k: int = 200
@@ -54,9 +71,9 @@ class SampleConfig:
     max_context: int | None = None
     """Context window of the schemes that extrapolate (default: 4 x block_size)."""
     stream: bool | None = None
-    """Print tokens as they come (default: on for one sample in a terminal)."""
+    """Print tokens as they come, for one sample (default: on for one sample in a terminal)."""
     compile: bool = False
-    """torch.compile the model."""
+    """Compile the model for decoding (static shapes; CUDA graphs on a GPU); the compile time is reported apart."""
     drop_unknown: bool = False
     """Drop prompt characters outside a char-level vocabulary instead of stopping."""
     tiktoken_ranks: str | None = None
@@ -73,61 +90,182 @@ class SampleConfig:
             raise ValueError(f"--top_p must be in (0, 1], got {self.top_p}.")
         if self.max_context is not None and self.max_context < 1:
             raise ValueError(f"--max_context must be at least 1, got {self.max_context}.")
-        if self.prompt_file and self.prompt:
-            raise ValueError("Pass either --prompt or --prompt_file, not both.")
+        self._check_prompts()
         pick_device_dtype(self.device, self.dtype)  # a device this machine has
 
+    def _check_prompts(self) -> None:
+        """Combinations that would leave it unclear what is continued, or where it stops."""
+        if self.prompt_file and self.prompt:
+            raise ValueError("Pass either --prompt or --prompt_file, not both.")
+        if self.prompts_file is not None and (self.prompt or self.prompt_file):
+            raise ValueError("Pass either --prompts_file (one prompt per line) or --prompt / --prompt_file, not both.")
+        if self.stop == "":
+            raise ValueError("--stop must not be empty; leave it out to stop at the end of text only.")
+        if self.stream and self.num_samples > 1:
+            raise ValueError("--stream true prints one sample as it comes; leave it out with --num_samples > 1.")
 
-def prompt_text(prompt: str, prompt_file: str | None = None) -> str:
-    """The prompt: `prompt` itself, or the text of `prompt_file` or of @FILE."""
-    source = prompt_file or (prompt[1:] if prompt.startswith("@") else None)
-    if source is None:
-        return prompt
-    try:
-        return Path(source).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"Cannot read the prompt file {source}: {error}") from None
+
+def stop_text(stop: str | None) -> str | None:
+    """`--stop` with \\n, \\t, \\r and \\\\ read as in Python: a shell passes `--stop "\\n\\n"` as
+    backslashes, and a stop at a blank line is the common case."""
+    return None if stop is None else re.sub(r"\\([ntr\\])", lambda m: ESCAPES[m.group(1)], stop)
 
 
-def encode_prompt(tokenizer: Tokenizer, text: str, drop_unknown: bool) -> list[int]:
-    if not text:
-        return tokenizer.start_ids()
-    ids = tokenizer.encode(text, drop_unknown) if isinstance(tokenizer, CharTokenizer) else tokenizer.encode(text)
-    return ids or tokenizer.start_ids()
+def end_of_text(tokenizer: Tokenizer) -> int | None:
+    """The token that ends a document in the tokenizer's training data (GPT-2 BPE's <|endoftext|>),
+    after which a sample says nothing more of its prompt; None where there is none (char level)."""
+    return getattr(tokenizer, "eot_id", None)
+
+
+class Rows:
+    """Each row's continuation as text, cut where the row stops: before its end-of-text token or its
+    first `stop` string. Fed one step of tokens at a time, so a stopped row is known at once."""
+
+    def __init__(self, count: int, tokenizer: Tokenizer, stop: str | None, end: int | None) -> None:
+        self.tokenizer, self.stop, self.end = tokenizer, stop, end
+        self.texts = [""] * count
+        self.done = [False] * count
+        self.tokens = 0
+        """New tokens of rows still running when they were drawn (what tokens/s counts)."""
+        # a BPE token can hold part of a character: decode each row's bytes incrementally
+        self._decoders = [codecs.getincrementaldecoder("utf-8")(errors="replace") for _ in range(count)]
+
+    @property
+    def can_stop(self) -> bool:
+        """Whether a row can end before --max_new_tokens, so each step is read as it comes."""
+        return self.stop is not None or self.end is not None
+
+    def all_done(self) -> bool:
+        return all(self.done)
+
+    def add(self, step: list[int]) -> None:
+        """One new token per row."""
+        for row, token in enumerate(step):
+            if self.done[row]:
+                continue
+            self.tokens += 1
+            if token == self.end:
+                self.done[row] = True
+            else:
+                self._extend(row, self._decoders[row].decode(self.tokenizer.decode_bytes([token])))
+
+    def finish(self) -> None:
+        """The bytes still held by the decoders of rows that ran to --max_new_tokens."""
+        for row, decoder in enumerate(self._decoders):
+            if not self.done[row]:
+                self._extend(row, decoder.decode(b"", final=True))
+
+    def shown(self, row: int) -> str:
+        """What may be printed of a running row: all but a tail that may be the start of the stop string."""
+        text = self.texts[row]
+        if self.done[row] or not self.stop:
+            return text
+        held = next((k for k in range(min(len(self.stop) - 1, len(text)), 0, -1) if text.endswith(self.stop[:k])), 0)
+        return text[: len(text) - held]
+
+    def _extend(self, row: int, new: str) -> None:
+        before = len(self.texts[row])
+        self.texts[row] += new
+        if self.stop is not None:
+            at = self.texts[row].find(self.stop, max(0, before - len(self.stop) + 1))  # a stop may span tokens
+            if at >= 0:
+                self.texts[row], self.done[row] = self.texts[row][:at], True
+
+
+class Live:
+    """Row 0 printed as it comes (one sample in a terminal), never past where it stops."""
+
+    def __init__(self, rows: Rows, prompt: str) -> None:
+        self.rows, self.printed = rows, 0
+        sys.stdout.write(prompt)
+
+    def update(self) -> None:
+        text = self.rows.shown(0)
+        sys.stdout.write(text[self.printed :])
+        sys.stdout.flush()
+        self.printed = max(self.printed, len(text))
+
+    def close(self) -> None:
+        sys.stdout.write(self.rows.texts[0][self.printed :] + "\n")
+
+
+def decode(
+    model: GPT, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig, generator: torch.Generator,
+    rows: Rows, live: Live | None,
+) -> tuple[float, float]:  # fmt: skip
+    """Generate into `rows` until every row has stopped or has --max_new_tokens; (seconds, seconds to
+    the first token). Steps are read as they come only where a row can stop or one is shown live (a
+    copy to the host, which waits for the device); otherwise once, at the end."""
+    start, first = time.perf_counter(), 0.0
+    kept: list[torch.Tensor] = []
+    steps = stream(model, batch, args.max_new_tokens, args.temperature, args.top_k or None, args.top_p,
+                   not args.no_cache, args.max_context, generator, lengths=lengths)  # fmt: skip
+    for i, token in enumerate(steps):
+        if rows.can_stop or live is not None:
+            rows.add(token[:, 0].tolist())
+            if live is not None:
+                live.update()
+        else:
+            kept.append(token)
+            if i == 0:
+                token.cpu()  # wait for the first one, to time it
+        if i == 0:
+            first = time.perf_counter() - start
+        if rows.all_done():
+            break
+    for step in torch.cat(kept, dim=1).t().tolist() if kept else []:
+        rows.add(step)
+    return time.perf_counter() - start, first
+
+
+def compile_and_warm_up(model: GPT, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig) -> float:
+    """Compile `model` for decoding; seconds to compile: a few tokens of the same batch shape and
+    prompt bucket trace every graph the timed run uses, so that its clock counts decoding only. The
+    warm-up's own generator leaves the run's draws as they are without it."""
+    compile_for_decoding(model)
+    start = time.perf_counter()
+    generator = torch.Generator(device=batch.device).manual_seed(args.seed)
+    steps = stream(model, batch, min(WARM_UP_TOKENS, args.max_new_tokens), args.temperature, args.top_k or None,
+                   args.top_p, not args.no_cache, args.max_context, generator, lengths=lengths)  # fmt: skip
+    list(steps)[-1].cpu()  # wait for the device
+    return time.perf_counter() - start
+
+
+def speed(tokens: int, seconds: float, first: float, args: SampleConfig, where: str, compiled: float | None) -> str:
+    """The line on stderr: tokens/s (of rows still running) and time to the first token."""
+    cache = "no cache" if args.no_cache else "kv cache"
+    compile_time = f"; compile {compiled:.1f} s" if compiled is not None else ""
+    rate = tokens / max(seconds, 1e-9)
+    return (f"{tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s, first token {first * 1000:.0f} ms "
+            f"({cache}, {where}{compile_time})")  # fmt: skip
+
+
+def write_rows(heads: list[str], rows: Rows, live: Live | None) -> None:
+    """Each row's prompt and continuation on stdout, in order, between separator lines (or the end
+    of the one row streamed)."""
+    if live is not None:
+        live.close()
+    else:
+        sys.stdout.write(SEPARATOR.join(head + text for head, text in zip(heads, rows.texts, strict=True)) + "\n")
 
 
 def sample(args: SampleConfig) -> None:
     """Generate as `args` says: text to stdout, speed to stderr."""
     ckpt = load_checkpoint(args.ckpt, args.tiktoken_ranks)
-    text = prompt_text(args.prompt, args.prompt_file)
-    prompt = encode_prompt(ckpt.tokenizer, text, args.drop_unknown)
+    prompts = read_prompts(ckpt.tokenizer, args.prompt, args.prompt_file, args.prompts_file, args.drop_unknown)
+    if args.stream and len(prompts) > 1:
+        raise ConfigError("--stream true prints one sample as it comes; leave it out with --prompts_file.")
     device, dtype = pick_device_dtype(args.device, args.dtype)
     model = ckpt.model.to(device=device, dtype=dtype).eval()
-    if args.compile:
-        model.compile(dynamic=True)
+    seen = crop(prompts, ckpt.model.pe.max_positions)
+    batch, lengths = pad_prompts([ids for ids in seen for _ in range(args.num_samples)], device)
+    compiled = compile_and_warm_up(model, batch, lengths, args) if args.compile else None
+    rows = Rows(batch.size(0), ckpt.tokenizer, stop_text(args.stop), end_of_text(ckpt.tokenizer))
+    heads = [ckpt.tokenizer.decode(p.ids) for p in prompts for _ in range(args.num_samples)]
+    show = args.stream if args.stream is not None else (len(heads) == 1 and sys.stdout.isatty())
+    live = Live(rows, heads[0] if prompts[0].text else "") if show else None
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    idx = torch.tensor([prompt] * args.num_samples, dtype=torch.long, device=device)
-    live = args.stream if args.stream is not None else (args.num_samples == 1 and sys.stdout.isatty())
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    if live:
-        sys.stdout.write(ckpt.tokenizer.decode(prompt) if text else "")
-    start = time.perf_counter()
-    new_tokens: list[torch.Tensor] = []
-    for token in stream(model, idx, args.max_new_tokens, args.temperature, args.top_k or None, args.top_p,
-                        not args.no_cache, args.max_context, generator):  # fmt: skip
-        new_tokens.append(token)
-        if live:
-            sys.stdout.write(decoder.decode(ckpt.tokenizer.decode_bytes([token[0, 0].item()])))
-            sys.stdout.flush()
-    elapsed = time.perf_counter() - start
-    if live:
-        sys.stdout.write(decoder.decode(b"", final=True) + "\n")
-    else:
-        out = torch.cat([idx, *new_tokens], dim=1).tolist()
-        for i, row in enumerate(out):
-            text = ckpt.tokenizer.decode(row)
-            sys.stdout.write(text + ("\n---------------\n" if i < len(out) - 1 else "\n"))
-    total = args.max_new_tokens * args.num_samples
-    cache = "no cache" if args.no_cache else "kv cache"
-    print(f"{total} tokens in {elapsed:.2f} s: {total / elapsed:.1f} tokens/s ({cache}, {device}, {dtype})",
-          file=sys.stderr)  # fmt: skip
+    seconds, first = decode(model, batch, lengths, args, generator, rows, live)
+    rows.finish()
+    write_rows(heads, rows, live)
+    print(speed(rows.tokens, seconds, first, args, f"{device}, {dtype}", compiled), file=sys.stderr)
