@@ -24,6 +24,9 @@ class Tokenizer(Protocol):
     """What the pipeline, trainer and sampler need from a tokenizer."""
 
     vocab_size: int
+    end_id: int | None
+    """The token that ends a document in its training data (GPT-2's <|endoftext|>), after which a
+    sample says nothing more of its prompt; None where there is none (char level)."""
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -45,6 +48,8 @@ class Tokenizer(Protocol):
 
 class CharTokenizer:
     """One id per distinct character of the corpus, in sorted order (as nanoGPT's shakespeare_char)."""
+
+    end_id: int | None = None  # no end-of-text character
 
     def __init__(self, chars: Iterable[str]) -> None:
         self.chars = sorted(set(chars))
@@ -105,6 +110,7 @@ class GPT2Tokenizer:
             self._enc = _encoding_from_ranks(Path(ranks_path))
         self.vocab_size = GPT2_VOCAB
         self.eot_id = self._enc.eot_token
+        self.end_id: int | None = self.eot_id
 
     def encode(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)

@@ -111,12 +111,6 @@ def stop_text(stop: str | None) -> str | None:
     return None if stop is None else re.sub(r"\\([ntr\\])", lambda m: ESCAPES[m.group(1)], stop)
 
 
-def end_of_text(tokenizer: Tokenizer) -> int | None:
-    """The token that ends a document in the tokenizer's training data (GPT-2 BPE's <|endoftext|>),
-    after which a sample says nothing more of its prompt; None where there is none (char level)."""
-    return getattr(tokenizer, "eot_id", None)
-
-
 class Rows:
     """Each row's continuation as text, cut where the row stops: before its end-of-text token or its
     first `stop` string. Fed one step of tokens at a time, so a stopped row is known at once."""
@@ -260,7 +254,7 @@ def sample(args: SampleConfig) -> None:
     seen = crop(prompts, ckpt.model.pe.max_positions)
     batch, lengths = pad_prompts([ids for ids in seen for _ in range(args.num_samples)], device)
     compiled = compile_and_warm_up(model, batch, lengths, args) if args.compile else None
-    rows = Rows(batch.size(0), ckpt.tokenizer, stop_text(args.stop), end_of_text(ckpt.tokenizer))
+    rows = Rows(batch.size(0), ckpt.tokenizer, stop_text(args.stop), ckpt.tokenizer.end_id)
     heads = [ckpt.tokenizer.decode(p.ids) for p in prompts for _ in range(args.num_samples)]
     show = args.stream if args.stream is not None else (len(heads) == 1 and sys.stdout.isatty())
     live = Live(rows, heads[0] if prompts[0].text else "") if show else None

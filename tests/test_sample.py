@@ -16,7 +16,7 @@ from core import cli
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from evaluation import sampling
 from evaluation.checkpoint import load_checkpoint
-from evaluation.sampling import Rows, end_of_text, stop_text
+from evaluation.sampling import Rows, stop_text
 
 from helpers import cli_error
 
@@ -169,12 +169,10 @@ def test_a_prompts_file_is_one_batch_in_the_files_order(checkpoint, capsys, tmp_
     _greedy_batch_and_alone(capsys, checkpoint, tmp_path, ["The king", "Good sir", "My lord."])  # one length
 
 
-@pytest.mark.xfail(raises=NotImplementedError, strict=False, reason="static decoding lands with issue 21")
 def test_greedy_rows_of_prompts_of_other_lengths_equal_each_prompt_alone(checkpoint, capsys, tmp_path):
     _greedy_batch_and_alone(capsys, checkpoint, tmp_path, ["A fool", "The queen speaks of", "My lord"])
 
 
-@pytest.mark.xfail(raises=NotImplementedError, strict=False, reason="static decoding lands with issue 21")
 def test_sampled_rows_of_prompts_of_other_lengths_come_in_the_files_order(checkpoint, capsys, tmp_path):
     path = tmp_path / "prompts.txt"
     path.write_text("A fool\nThe queen speaks of\n")
@@ -202,23 +200,23 @@ def test_each_row_stops_at_its_stop_string_and_the_batch_when_all_have(checkpoin
 
 def test_a_stop_string_is_found_across_tokens_and_never_shown():
     chars = CharTokenizer("ab\n")
-    rows = Rows(1, chars, stop=stop_text(r"\n\n"), end=end_of_text(chars))
+    rows = Rows(1, chars, stop=stop_text(r"\n\n"), end=chars.end_id)
     for c in "ab\n":
         rows.add(chars.encode(c))
     assert rows.shown(0) == "ab" and rows.texts[0] == "ab\n" and not rows.all_done()
     rows.add(chars.encode("\n"))
     rows.add(chars.encode("a"))  # a stopped row takes no more
     assert rows.all_done() and rows.texts[0] == "ab" and rows.tokens == 4
-    assert stop_text(r"a\tb\\n") == "a\tb\\n" and end_of_text(chars) is None
+    assert stop_text(r"a\tb\\n") == "a\tb\\n" and chars.end_id is None
 
 
 def test_the_end_of_text_token_ends_a_row_and_is_left_out(gpt2_ranks):
     bpe = GPT2Tokenizer(gpt2_ranks)
-    assert end_of_text(bpe) == 50256  # <|endoftext|>
+    assert bpe.end_id == 50256  # <|endoftext|>
     first = bpe.encode(" Hello") + [50256] + bpe.encode(" more text")
     second = bpe.encode(" a smile 🙂 here")  # the emoji spans tokens
     second = (second + bpe.encode(" and on and on and on"))[: len(first)]
-    rows = Rows(2, bpe, stop=None, end=end_of_text(bpe))
+    rows = Rows(2, bpe, stop=None, end=bpe.end_id)
     for step in zip(first, second, strict=True):
         rows.add(list(step))
     rows.finish()
@@ -231,7 +229,7 @@ def test_a_row_ends_at_an_end_token_as_at_the_same_stop_string(checkpoint, capsy
     common = ["--ckpt", str(checkpoint), "--prompt", "The king", "--num_samples", "3", "--max_new_tokens", "60"]
     out, err = _run(capsys, *common, "--stop", " ")
     space = load_checkpoint(checkpoint).tokenizer.encode(" ")
-    monkeypatch.setattr(sampling, "end_of_text", lambda tokenizer: space[0])
+    monkeypatch.setattr(CharTokenizer, "end_id", space[0])
     out_end, err_end = _run(capsys, *common)
     assert out_end == out and _speed(err_end)[1] == _speed(err)[1] != "180"
 
