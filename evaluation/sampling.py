@@ -9,6 +9,7 @@ token for one sample in a terminal); speed goes to stderr, so stdout can be pipe
 from __future__ import annotations
 
 import codecs
+import itertools
 import re
 import sys
 import time
@@ -213,15 +214,16 @@ def decode(
 
 
 def compile_and_warm_up(model: GPT, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig) -> float:
-    """Compile `model` for decoding; seconds to compile: a few tokens of the same batch shape and
-    prompt bucket trace every graph the timed run uses, so that its clock counts decoding only. The
+    """Compile `model` for decoding; seconds to compile: the first tokens of a run of the same batch,
+    prompts and length (so the same cache size) trace every graph the timed run uses (but the prefill
+    of a learned model's sliding window, past block_size), so that its clock counts decoding only. The
     warm-up's own generator leaves the run's draws as they are without it."""
     compile_for_decoding(model)
     start = time.perf_counter()
     generator = torch.Generator(device=batch.device).manual_seed(args.seed)
-    steps = stream(model, batch, min(WARM_UP_TOKENS, args.max_new_tokens), args.temperature, args.top_k or None,
-                   args.top_p, not args.no_cache, args.max_context, generator, lengths=lengths)  # fmt: skip
-    list(steps)[-1].cpu()  # wait for the device
+    steps = stream(model, batch, args.max_new_tokens, args.temperature, args.top_k or None, args.top_p,
+                   not args.no_cache, args.max_context, generator, lengths=lengths)  # fmt: skip
+    list(itertools.islice(steps, WARM_UP_TOKENS))[-1].cpu()  # the run's own cache size; wait for the device
     return time.perf_counter() - start
 
 
