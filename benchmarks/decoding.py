@@ -218,7 +218,8 @@ def device_name(device: torch.device) -> str:
     cpuinfo = Path("/proc/cpuinfo")
     found = re.search(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.MULTILINE) if cpuinfo.exists() else None
     name = found.group(1).strip() if found else platform.machine()
-    return f"{os.cpu_count()}-core CPU ({name}), {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    return f"{os.cpu_count()}-core CPU ({name}), {threads} thread{'s' if threads > 1 else ''}"
 
 
 def build_ours(setup: Setup, scheme: str) -> GPT:
