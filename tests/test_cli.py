@@ -89,7 +89,7 @@ def test_a_user_error_is_one_line_and_exit_status_2(name, argv, needle, tmp_path
         ("experiments.extrapolation", ["--run.model.n_layr", "2"], "--run.model.n_layer"),
         ("experiments.synthetic", ["--task.nme", "copy"], "--task.name"),
         ("data.prepare", ["--inputs", "a", "--out_dirr", "x"], "--out_dir"),
-        ("bench.py", ["sample", "--tokns", "5"], "--tokens"),
+        ("bench.py", ["decode", "--tokns", "5"], "--tokens"),
         ("bench.py", ["trian-step"], "train-step"),
     ],
 )

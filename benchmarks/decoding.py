@@ -1,0 +1,393 @@
+"""Decode speed per position scheme, eager and compiled, against nanoGPT (`python bench.py decode`).
+
+Each row is one (scheme, mode, batch): a freshly built GPT with seeded random weights (speed does
+not depend on them), a random prompt of `--prompt_tokens`, then `--tokens` new tokens through
+`model.generation.stream`, the path `sample.py` takes (KV cache). Compiled rows first run
+`compile_for_decoding` and a short warm-up whose wall time is the row's compile time (with
+Inductor's on-disk cache as it is found: a second run compiles faster). nanoGPT's `generate` (no KV
+cache: every token is a forward over the whole context) runs on the same shape with learned
+positions, its `model.py` imported from the peer directory, never copied.
+
+What a row reports, and why each figure is measured where it is:
+- tokens/s: batch x new tokens / wall time from the call to the last token (CUDA synchronized),
+  compile and warm-up left out: what a user waits for once the model is ready.
+- first token: from the call to the first token (for nanoGPT, a `generate` of one token), the
+  latency of a prompt.
+- peak memory, counted from after the warm-up, weights included: CUDA's max allocated bytes, or on a
+  CPU the peak resident set above the process' resident set before the row's model was built (the
+  high-water mark is reset through /proc/self/clear_refs, so each row's peak is its own; `-` where
+  that file is missing).
+
+`--json FILE` appends each row as one JSON object when it finishes, so a GPU table can be gathered
+in several commands of at most 10 minutes (say, one scheme or one batch size each, `--peer none`
+after the first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import importlib.util
+import io
+import json
+import os
+import platform
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Literal
+
+import torch
+from torch import nn
+
+from core.cli import Command
+from core.device import pick_device_dtype
+from core.errors import ConfigError, did_you_mean
+from model import GPT, POS_ENCODINGS, GPTConfig
+from model.generation import compile_for_decoding, stream
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_PEER = ROOT.parent / "shared" / "peers" / "nanoGPT"
+SHAPES: dict[str, dict[str, int]] = {
+    "gpt2": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50257},  # GPT-2 124M
+    "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "vocab_size": 65},  # shakespeare_char
+    "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "vocab_size": 64},  # the test's
+}
+SEED = 1337
+WARMUP_TOKENS = 4
+"""Tokens of the warm-up before each timed run: compiles a compiled model, and in both modes takes
+first-call costs (CUDA handles, oneDNN primitives) out of the timed run."""
+
+
+@dataclass
+class DecodeBenchConfig:
+    """Decoding per scheme, eager and compiled, against nanoGPT's generate; CPU or GPU.
+
+    Tokens/s, time to the first token, compile time and peak memory at each batch size."""
+
+    schemes: list[str] = field(default_factory=lambda: ["learned", "rope", "alibi"])
+    """Position schemes, each a key of model.POS_ENCODINGS."""
+    batches: list[int] = field(default_factory=lambda: [1, 64])
+    """Batch sizes (sequences decoded together)."""
+    tokens: int | None = None
+    """New tokens per run (default: 1000 on CUDA, 200 on a CPU)."""
+    prompt_tokens: int = 1
+    """Prompt length (random token ids)."""
+    shape: Literal["auto", "gpt2", "small", "tiny"] = "auto"
+    """Model shape: gpt2 (GPT-2 124M, block 1024, vocab 50257), small (6 x 6 x 384, block 256, vocab 65),
+    tiny (2 x 2 x 32, block 32, vocab 64); auto is gpt2 on CUDA, small on a CPU."""
+    modes: list[Literal["eager", "compiled"]] = field(default_factory=lambda: ["eager", "compiled"])
+    """eager, and compiled (model.generation.compile_for_decoding)."""
+    device: str = "auto"
+    """auto (cuda if available, else cpu), cpu, cuda, cuda:1, ..."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and activations: auto is bfloat16 on a GPU that has it, else float32."""
+    json: str | None = None
+    """Append each row to this file as one JSON object per line, as it finishes."""
+    peer: str | None = None
+    """nanoGPT's directory (default: ../shared/peers/nanoGPT beside the repository); where it has no
+    model.py its rows are skipped with a note (--peer none)."""
+    top_k: int = 200
+    """Sample among the k most likely tokens (0: all)."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 is greedy (nanoGPT's generate then samples with top_k 1, the same choice)."""
+
+    def __post_init__(self) -> None:
+        for scheme in self.schemes:
+            if scheme not in POS_ENCODINGS:
+                hint = did_you_mean(scheme, POS_ENCODINGS, "")
+                raise ConfigError(f"--schemes: no scheme {scheme!r}; choose among {', '.join(POS_ENCODINGS)}{hint}")
+        for name, values in (("schemes", self.schemes), ("batches", self.batches), ("modes", self.modes)):
+            if not values:
+                raise ConfigError(f"--{name} needs at least one value.")
+        counts = {"batches": min(self.batches), "tokens": 1 if self.tokens is None else self.tokens,
+                  "prompt_tokens": self.prompt_tokens}  # fmt: skip
+        for name, value in counts.items():
+            if value < 1:
+                raise ConfigError(f"--{name} must be at least 1, got {value}.")
+        if self.top_k < 0:
+            raise ConfigError(f"--top_k must be at least 0 (0: all tokens), got {self.top_k}.")
+        if self.temperature < 0:
+            raise ConfigError(f"--temperature must be >= 0 (0 is greedy), got {self.temperature}.")
+        pick_device_dtype(self.device, self.dtype)  # a device this machine has
+
+
+@dataclass(frozen=True)
+class Row:
+    """One timed decode: what the table shows and the JSON file keeps."""
+
+    model: str
+    """posgpt (ours) or nanoGPT."""
+    scheme: str
+    mode: str
+    batch: int
+    tokens_per_s: float
+    first_token_ms: float
+    compile_s: float | None
+    """The warm-up's wall time, compiled rows only."""
+    peak_mib: float | None
+
+
+class PeakMemory:
+    """Peak memory of one row, as the module docstring says: `start` before the model is built,
+    `reset` after the warm-up, `peak_mib` after the timed run."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.proc = Path("/proc/self/clear_refs")
+        self.baseline = 0.0
+
+    @property
+    def how(self) -> str:
+        if self.cuda:
+            return "CUDA max allocated, weights included"
+        if self.proc.exists():
+            return "peak RSS above the RSS before the model was built"
+        return "not measured on this system: -"
+
+    @property
+    def label(self) -> str:
+        return f"peak MiB ({self.how})"
+
+    def start(self) -> None:
+        gc.collect()
+        if self.cuda:
+            torch.cuda.empty_cache()
+        elif self.proc.exists():
+            self.baseline = _status_mib("VmRSS")
+
+    def reset(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self.proc.exists():
+            self.proc.write_text("5")  # Linux: reset the high-water mark to the current RSS
+
+    def peak_mib(self) -> float | None:
+        if self.cuda:
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        return _status_mib("VmHWM") - self.baseline if self.proc.exists() else None
+
+
+def _status_mib(key: str) -> float:
+    """A figure of /proc/self/status (in kB there) in MiB."""
+    match = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    return int(match.group(1)) / 1024 if match else 0.0
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The resolved run: what every row shares."""
+
+    args: DecodeBenchConfig
+    device: torch.device
+    dtype: torch.dtype
+    shape: str
+    tokens: int
+    memory: PeakMemory
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def prompt(self, batch: int) -> torch.Tensor:
+        """Seeded random prompt ids (batch, prompt_tokens)."""
+        generator = torch.Generator().manual_seed(SEED)
+        ids = torch.randint(0, SHAPES[self.shape]["vocab_size"], (batch, self.args.prompt_tokens), generator=generator)
+        return ids.to(self.device)
+
+
+def resolve(args: DecodeBenchConfig) -> Setup:
+    device, dtype = pick_device_dtype(args.device, args.dtype)
+    cuda = device.type == "cuda"
+    shape = args.shape if args.shape != "auto" else ("gpt2" if cuda else "small")
+    tokens = args.tokens if args.tokens is not None else (1000 if cuda else 200)
+    return Setup(args, device, dtype, shape, tokens, PeakMemory(device))
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    found = re.search(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.MULTILINE) if cpuinfo.exists() else None
+    name = found.group(1).strip() if found else platform.machine()
+    threads = torch.get_num_threads()
+    return f"{os.cpu_count()}-core CPU ({name}), {threads} thread{'s' if threads > 1 else ''}"
+
+
+def build_ours(setup: Setup, scheme: str) -> GPT:
+    """Seeded random weights, built on the device (GPT-2's 124M would take seconds to init on a CPU)."""
+    torch.manual_seed(SEED)
+    config = GPTConfig(**SHAPES[setup.shape], pos_encoding=scheme, bias=False, dropout=0.0)
+    with setup.device:
+        model = GPT(config)
+    return model.to(dtype=setup.dtype).eval()
+
+
+def time_tokens(setup: Setup, tokens: Iterator[torch.Tensor]) -> tuple[float, float]:
+    """(seconds to the first token, seconds to the last) of a token iterator, timed from before its
+    first step (a generator does nothing until asked)."""
+    setup.sync()
+    start = time.perf_counter()
+    first = None
+    for _ in tokens:
+        if first is None:
+            setup.sync()
+            first = time.perf_counter() - start
+    setup.sync()
+    return first or 0.0, time.perf_counter() - start
+
+
+def timed(setup: Setup, call: Callable[[], object]) -> float:
+    """Seconds `call` takes, the device synchronized before and after."""
+    setup.sync()
+    start = time.perf_counter()
+    call()
+    setup.sync()
+    return time.perf_counter() - start
+
+
+def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
+    args = setup.args
+    setup.memory.start()
+    model = build_ours(setup, scheme)
+    if mode == "compiled":
+        torch._dynamo.reset()  # this row's compile is its own, and no earlier model counts towards recompile limits
+        compile_for_decoding(model)
+    idx = setup.prompt(batch)
+
+    def decode(n: int) -> Iterator[torch.Tensor]:
+        generator = torch.Generator(device=setup.device).manual_seed(SEED)
+        return stream(model, idx, n, args.temperature, args.top_k or None, generator=generator)
+
+    warmup = time_tokens(setup, decode(WARMUP_TOKENS))[1]
+    setup.memory.reset()
+    first, total = time_tokens(setup, decode(setup.tokens))
+    return Row("posgpt", scheme, mode, batch, batch * setup.tokens / total, 1000 * first,
+               warmup if mode == "compiled" else None, setup.memory.peak_mib())  # fmt: skip
+
+
+def load_peer(directory: Path) -> ModuleType | None:
+    """nanoGPT's model.py as module `nanogpt_peer_model` (not `model`, which is ours), or None."""
+    file = directory / "model.py"
+    if not file.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("nanogpt_peer_model", file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its @dataclass looks the module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_nanogpt(setup: Setup, peer: ModuleType, batch: int) -> Row:
+    """nanoGPT's GPT with learned positions and no biases, as ours, and an output layer of our
+    padded vocabulary (50304 for GPT-2, as nanoGPT's own GPT-2 runs), timed through its `generate`."""
+    args = setup.args
+    setup.memory.start()
+    shape = SHAPES[setup.shape]
+    vocab = GPTConfig(**shape).padded_vocab_size
+    config = peer.GPTConfig(**{**shape, "vocab_size": vocab}, dropout=0.0, bias=False)
+    torch.manual_seed(SEED)
+    with contextlib.redirect_stdout(io.StringIO()), setup.device:  # it prints its parameter count
+        model: nn.Module = peer.GPT(config)
+    model = model.to(dtype=setup.dtype).eval()
+    idx = setup.prompt(batch)
+    greedy = args.temperature == 0  # its generate divides by the temperature: top_k 1 is its greedy
+    temperature, top_k = (1.0, 1) if greedy else (args.temperature, args.top_k or None)
+
+    @torch.no_grad()
+    def generate(n: int) -> None:
+        model.generate(idx, n, temperature=temperature, top_k=top_k)
+
+    timed(setup, lambda: generate(WARMUP_TOKENS))
+    setup.memory.reset()
+    first = timed(setup, lambda: generate(1))  # its generate yields nothing before the end
+    total = timed(setup, lambda: generate(setup.tokens))
+    return Row("nanoGPT", "learned", "eager", batch, batch * setup.tokens / total, 1000 * first, None,
+               setup.memory.peak_mib())  # fmt: skip
+
+
+def _cell(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def row_line(row: Row) -> str:
+    cells = [row.model, row.scheme, row.mode, str(row.batch), _cell(row.tokens_per_s, 1),
+             _cell(row.first_token_ms, 1), _cell(row.compile_s, 1), _cell(row.peak_mib, 0)]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+def header(memory: PeakMemory) -> list[str]:
+    head = ["model", "scheme", "mode", "batch", "tokens/s", "first token ms", "compile s", memory.label]
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+
+def summary(rows: list[Row], batches: list[int]) -> list[str]:
+    """The table for BENCHMARKS.md: one line per model, scheme and mode, tokens/s per batch in its
+    own column, the other figures per batch as `a / b`."""
+    per = " / ".join(map(str, batches))
+    head = ["model", "scheme", "mode", *(f"tokens/s b={b}" for b in batches), f"first token ms (b={per})",
+            f"compile s (b={per})", f"peak MiB (b={per})"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    groups: dict[tuple[str, str, str], dict[int, Row]] = {}
+    for row in rows:
+        groups.setdefault((row.model, row.scheme, row.mode), {})[row.batch] = row
+    for key, by_batch in groups.items():
+        got = [by_batch.get(b) for b in batches]
+        speeds = [_cell(r.tokens_per_s if r else None, 1) for r in got]
+        joined = [
+            " / ".join(_cell(getattr(r, name) if r else None, digits) for r in got)
+            for name, digits in (("first_token_ms", 1), ("compile_s", 1), ("peak_mib", 0))
+        ]
+        lines.append("| " + " | ".join([*key, *speeds, *joined]) + " |")
+    return lines
+
+
+def record(setup: Setup, row: Row) -> None:
+    """Print the row and append it to --json (with what a reader needs to reproduce it)."""
+    print(row_line(row), flush=True)
+    if setup.args.json is None:
+        return
+    entry = {"date": datetime.date.today().isoformat(), "device": device_name(setup.device),
+             "dtype": str(setup.dtype).removeprefix("torch."), "shape": setup.shape, **SHAPES[setup.shape],
+             "prompt_tokens": setup.args.prompt_tokens, "new_tokens": setup.tokens,
+             "temperature": setup.args.temperature, "top_k": setup.args.top_k, **asdict(row),
+             "memory": setup.memory.label, "torch": torch.__version__,
+             "command": shlex.join(["python", *sys.argv])}  # fmt: skip
+    with open(setup.args.json, "a", encoding="utf-8") as file:
+        file.write(json.dumps(entry) + "\n")
+
+
+def bench_decode(args: DecodeBenchConfig) -> None:
+    setup = resolve(args)
+    peer_dir = Path(args.peer) if args.peer is not None else DEFAULT_PEER
+    peer = load_peer(peer_dir)
+    sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_k {args.top_k or 'all'}"
+    print(f"{device_name(setup.device)}, {str(setup.dtype).removeprefix('torch.')}, torch {torch.__version__}; "
+          f"shape {setup.shape} {SHAPES[setup.shape]}, no biases; prompt {args.prompt_tokens} tokens, "
+          f"{setup.tokens} new tokens, {sampling}")  # fmt: skip
+    if peer is None:
+        print(f"note: no nanoGPT model.py in {peer_dir}: its rows are skipped (--peer DIR to give it)")
+    print("\n".join(header(setup.memory)), flush=True)
+    rows = []
+    for scheme in args.schemes:
+        for mode in args.modes:
+            for batch in args.batches:
+                rows.append(run_ours(setup, scheme, mode, batch))
+                record(setup, rows[-1])
+    for batch in args.batches if peer is not None else []:
+        rows.append(run_nanogpt(setup, peer, batch))
+        record(setup, rows[-1])
+    print(f"\nSummary (peak MiB: {setup.memory.how}; nanoGPT: its generate, no KV cache):")
+    print("\n".join(summary(rows, args.batches)))
+
+
+DECODE = Command("bench.py decode", DecodeBenchConfig, bench_decode, DecodeBenchConfig.__doc__, logs=False)
