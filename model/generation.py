@@ -1,13 +1,21 @@
-"""Autoregressive sampling with a KV cache, for every position scheme.
+"""Autoregressive sampling with a static KV cache, for every position scheme, in batches of prompts
+of any lengths.
 
-The context window: a model sees at most `window` tokens, the last ones. `window` is
-`block_size` for `learned` positions (they have no embedding beyond it, so the window slides, as
-nanoGPT does), and `max_context` for the schemes that extrapolate (default 4 x block_size), past
-which they slide too. The uncached path feeds the last `window` tokens for every new token. The
-cached path feeds the prompt once and then one token at a time; when the cache is full it is
-refilled from the last `window` tokens, which is exactly what the uncached path sees, so both
-produce the same tokens. Past the window every new token therefore costs a full forward over
-`window` tokens in both paths; below it the cached path costs one token's forward.
+Decoding has two steps, each with the same shapes every time it runs, so a compiled model traces
+each once (and on a GPU the decode step is one CUDA graph; see `compile_for_decoding`):
+
+- prefill: every row's prompt at once, padded on the right to a power of two (a handful of widths
+  whatever the prompts), into an empty cache (`model.cache`): positions 0.. of each row;
+- decode: one new token per row, at that row's own position (a tensor), attending over the whole
+  preallocated cache with a mask of the valid slots.
+
+The context window: a model sees at most `window` tokens, the last ones. `window` is `block_size`
+for `learned` positions (they have no embedding beyond it, so the window slides, as nanoGPT does),
+and `max_context` for the schemes that extrapolate (default 4 x block_size), past which they slide
+too. The uncached path feeds every row's last `window` tokens for every new token. The cached path
+prefills the prompts once and then decodes one token at a time; once the longest row fills the
+window, every step is a prefill of each row's last `window` tokens (a third graph, of width
+`window`), which is exactly what the uncached path sees, so both produce the same tokens.
 
 A sliding-window model (`attn_window`) with a scheme that extrapolates has no such limit: its
 rolling cache holds only the last W keys (plus sinks) whatever the length, so it decodes at a
