@@ -253,3 +253,32 @@ def test_resume_on_cuda_restores_the_cuda_random_stream(tmp_path, text_file):
     a, b = straight_and_resumed(tmp_path, text_file, 10, *common)
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+DECODING = [{"pos_encoding": s} for s in POS_ENCODINGS] + [{"attn_window": 32, "attn_sinks": 4}]
+
+
+@pytest.mark.parametrize("fields", DECODING)
+def test_compiled_decoding_runs_as_cuda_graphs_and_gives_eager_tokens(gpu_config, fields):
+    """compile_for_decoding on CUDA: reduce-overhead (CUDA graphs over the static cache) with no graph
+    skipped for mutated inputs, and the greedy tokens of eager decoding, for a padded batch."""
+    from torch._dynamo.utils import counters
+
+    from model.generation import compile_for_decoding, pad_prompts
+
+    model = GPT(dataclasses.replace(gpu_config, **fields)).to(CUDA).eval()
+    idx, lengths = pad_prompts([[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12]], CUDA)
+    eager = torch.cat(list(model_stream(model, idx, lengths)), dim=1)
+    torch._dynamo.reset()
+    counters.clear()
+    compile_for_decoding(model)
+    compiled = torch.cat(list(model_stream(model, idx, lengths)), dim=1)
+    assert torch.equal(compiled, eager)
+    assert not counters["inductor"]["cudagraph_skips"]
+    torch._dynamo.reset()
+
+
+def model_stream(model: GPT, idx: torch.Tensor, lengths: torch.Tensor):
+    from model.generation import stream
+
+    return stream(model, idx, 100, temperature=0, lengths=lengths)
