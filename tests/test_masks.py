@@ -110,3 +110,41 @@ def test_flops_count_the_keys_a_window_sees(tiny_config):
     c = tiny_config
     per_key = 12 * c.n_layer * c.n_head * c.head_dim
     assert full.flops_per_token(64) - windowed.flops_per_token(64) == per_key * (64 - 5)
+
+
+@pytest.mark.parametrize("limit", [1 << 24, 1 << 14])
+@pytest.mark.parametrize(("q_start", "q_len"), [(0, 300), (7, 293), (256, 300), (5, 1)])
+@pytest.mark.parametrize("mask", [AttentionMask(), AttentionMask(100), AttentionMask(200, 3), AttentionMask(130, 140)])
+def test_the_block_mask_built_in_chunks_is_create_block_masks(monkeypatch, mask, q_start, q_len, limit):
+    """Tile by tile (partial and full tiles, their order) what `create_block_mask` builds from the
+    whole dense mask, whether the visibility is formed at once or a few query tiles at a time."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from model.kernels import flex
+
+    monkeypatch.setattr(flex, "DENSE_ELEMENTS", limit)
+    k_len = q_start + q_len
+    expected = create_block_mask(mask.mask_mod(q_start), None, None, q_len, k_len, device="cpu")
+    built = flex.block_mask_in_chunks(mask, q_start, q_len, k_len, torch.device("cpu"))
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+        assert torch.equal(getattr(built, name), getattr(expected, name)), name
+    assert torch.equal(built.to_dense(), expected.to_dense()) and built.seq_lengths == (q_len, k_len)
+
+
+def test_a_compiled_model_builds_its_block_mask_eagerly(tiny_config):
+    """Inside a compiled forward the block mask is built outside the graph (no sort traced into it,
+    no guard on the memo): the compiled logits are the eager ones (dynamo's eager backend, flex
+    unfused on the CPU)."""
+    import dataclasses
+
+    from model import GPT
+
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding="alibi", attn_backend="flex", attn_window=6)).eval()
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 40))
+    with torch.no_grad():
+        expected, _ = model(idx)
+        torch._dynamo.reset()
+        model.compile(backend="eager")
+        compiled, _ = model(idx)
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled, expected, atol=1e-5, rtol=1e-5)

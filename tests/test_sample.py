@@ -287,6 +287,6 @@ def test_compile_compiles_for_decoding_and_times_a_warm_up_apart(checkpoint, cap
     )
     common = ["--ckpt", str(checkpoint), "--prompt", "The king", "--max_new_tokens", "30", "--num_samples", "2"]
     out, err = _run(capsys, *common, "--compile", "true")
-    assert len(compiled) == 1 and calls == [((2, 8), sampling.WARM_UP_TOKENS), ((2, 8), 30)]
+    assert len(compiled) == 1 and calls == [((2, 8), 30), ((2, 8), 30)]  # the warm-up: the same cache size
     assert re.search(r"; compile \d+\.\d s\)$", _speed(err)[0])
     assert out == _sample(capsys, *common)  # the warm-up draws from its own generator
