@@ -184,10 +184,10 @@ class LayerCache:
         if step.prefill:
             self._write(k, v, step)
             return k, v
-        if T == 1:  # one new key per row, into its slot: a scatter, not a pass over the buffer
-            index = self.owner.slot_of(step.q_pos[:, 0]).view(B, 1, 1, 1).expand(B, H, 1, D)
-            self.k.scatter_(2, index, k)
-            self.v.scatter_(2, index, v)
+        if T == 1:  # one new key per row, into its slot, in place (an index_put_ that Inductor keeps in place)
+            rows, slot = torch.arange(B, device=k.device), self.owner.slot_of(step.q_pos[:, 0])
+            self.k[rows, :, slot] = k[:, :, 0]
+            self.v[rows, :, slot] = v[:, :, 0]
             return self.k, self.v
         if self.owner.rolling:
             keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
