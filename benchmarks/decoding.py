@@ -13,10 +13,10 @@ What a row reports, and why each figure is measured where it is:
   compile and warm-up left out: what a user waits for once the model is ready.
 - first token: from the call to the first token (for nanoGPT, a `generate` of one token), the
   latency of a prompt.
-- peak memory, counted from after the warm-up, weights included: CUDA's max allocated bytes, or on a
-  CPU the peak resident set above the process' resident set before the row's model was built (the
-  high-water mark is reset through /proc/self/clear_refs, so each row's peak is its own; `-` where
-  that file is missing).
+- peak memory during the timed run, weights included: CUDA's max allocated bytes, or on a CPU the
+  process's peak resident set (Python and torch included; the high-water mark is reset through
+  /proc/self/clear_refs after the warm-up, so each row's peak is its own; `-` where that file is
+  missing).
 
 `--json FILE` appends each row as one JSON object when it finishes, so a GPU table can be gathered
 in several commands of at most 10 minutes (say, one scheme or one batch size each, `--peer none`
@@ -143,14 +143,13 @@ class PeakMemory:
         self.device = device
         self.cuda = device.type == "cuda"
         self.proc = Path("/proc/self/clear_refs")
-        self.baseline = 0.0
 
     @property
     def how(self) -> str:
         if self.cuda:
             return "CUDA max allocated, weights included"
         if self.proc.exists():
-            return "peak RSS above the RSS before the model was built"
+            return "the process's peak RSS during the timed run: weights, cache, Python and torch"
         return "not measured on this system: -"
 
     @property
@@ -161,8 +160,6 @@ class PeakMemory:
         gc.collect()
         if self.cuda:
             torch.cuda.empty_cache()
-        elif self.proc.exists():
-            self.baseline = _status_mib("VmRSS")
 
     def reset(self) -> None:
         if self.cuda:
@@ -174,7 +171,7 @@ class PeakMemory:
     def peak_mib(self) -> float | None:
         if self.cuda:
             return torch.cuda.max_memory_allocated(self.device) / 2**20
-        return _status_mib("VmHWM") - self.baseline if self.proc.exists() else None
+        return _status_mib("VmHWM") if self.proc.exists() else None  # a difference of RSS can go negative
 
 
 def _status_mib(key: str) -> float:
