@@ -118,6 +118,8 @@ class KVCache(DecodingCache):
 
     def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheStep:
         step = super().begin(batch, new_tokens, lengths, device)
+        if not self.rolling:
+            self._check_room(step, new_tokens)
         if self.slot_positions is None or self.slot_positions.size(0) != batch:
             self.slot_positions = torch.full((batch, self.capacity), -1, dtype=torch.long, device=device)
         start = step.end - step.real.sum(-1) if step.real is not None else step.end - new_tokens
@@ -132,6 +134,17 @@ class KVCache(DecodingCache):
             k_pos = slot_pos
         source = position - start[:, None]
         return CacheStep(step.prefill, step.q_pos, step.real, step.end, k_pos, slot_pos, incoming, source)
+
+    def _check_room(self, step: CacheStep, new_tokens: int) -> None:
+        """Refuse positions past a full cache's capacity, which it would otherwise drop: checked from
+        the shapes in a prefill, and by reading the positions (one wait for the device, never inside
+        a compiled graph) for a chunk of several tokens. A one-token step is not checked: `generate`
+        never asks for one past the capacity, and a check would cost every step a wait."""
+        end = new_tokens if step.prefill and step.real is None else None
+        if not step.prefill and new_tokens > 1 and not torch.compiler.is_compiling():
+            end = int(step.end.max())
+        if end is not None and end > self.capacity:
+            raise ValueError(f"The KV cache holds {self.capacity} positions; {end} do not fit (new_cache(capacity)).")
 
     def commit(self, step: CacheStep) -> None:
         assert self.slot_positions is not None and step.slot_pos is not None

@@ -172,7 +172,7 @@ def decode(
         raise ValueError("generate needs a prompt of at least one token (e.g. a newline or <|endoftext|>).")
     window = context_window(model, max_context)
     total = max(counts) + max_new_tokens
-    tokens = torch.zeros(B, total, dtype=torch.long, device=idx.device)
+    tokens = torch.zeros(B, max(total, T), dtype=torch.long, device=idx.device)  # idx may be padded wider
     tokens[:, :T] = idx
     count = torch.tensor(counts, device=idx.device)  # each row's tokens so far
     longest = max(counts)  # every row grows by one token per step: the longest stays the longest
@@ -206,12 +206,10 @@ def _prefill(
     model: GPT, tokens: Tensor, count: Tensor, longest: int, window: int | None, cache: Cache | None
 ) -> Tensor:
     """Logits (B, vocab_size) after the last `window` tokens of each row of `tokens` (the first
-    `count[b]` of row b), fed as one batch padded on the right (into an empty cache: to a bucketed
-    width, so that the prefills of a compiled model are few)."""
+    `count[b]` of row b), fed as one batch padded on the right to a bucketed width, so that the
+    forwards of a compiled model, with a cache or without, are few."""
     seen = torch.clamp(count, max=window) if window is not None else count
-    width = min(longest, window) if window is not None else longest
-    if cache is not None:
-        width = _bucket(width, window if window is not None else None)
+    width = _bucket(min(longest, window) if window is not None else longest, window)  # few widths: few compiles
     first = count - seen
     index = (first[:, None] + torch.arange(width, device=tokens.device)).clamp(max=tokens.size(1) - 1)
     return _forward_last(model, tokens.gather(1, index), cache, seen)
@@ -223,4 +221,5 @@ def _forward_last(model: GPT, idx: Tensor, cache: Cache | None, lengths: Tensor 
     (`padded_vocab_size`) are cut off here, the one place, so that no sample ever holds an id the
     tokenizer cannot decode."""
     logits, _ = model(idx, cache=cache, last_only=True, lengths=lengths)  # __call__: a compiled model stays so
-    return logits[:, -1, : model.config.vocab_size].float()
+    # a copy: a CUDA graph overwrites its own output at the next step
+    return logits[:, -1, : model.config.vocab_size].to(torch.float32, copy=True)

@@ -200,6 +200,11 @@ class GPT(nn.Module):
         B, T = idx.shape
         if positions is not None and (cache is not None or positions.shape != idx.shape):
             raise ValueError(f"positions must be (B, T) = {tuple(idx.shape)} like idx, and cannot go with a cache.")
+        if lengths is not None and not torch.compiler.is_compiling():  # one read per prefill, never in a graph
+            shortest, longest = int(lengths.min()), int(lengths.max())
+            if lengths.shape != (B,) or shortest < 1 or longest > T:
+                raise ValueError(f"lengths must be (B,) = ({B},) counts in 1..{T}, got {tuple(lengths.shape)} in "
+                                 f"{shortest}..{longest}.")  # fmt: skip
         cache_step = cache.begin(B, T, lengths, idx.device) if cache is not None else None
         decoding = cache_step is not None and not cache_step.prefill
         if not decoding:  # positions 0..T-1 (decoding: the caller keeps to the cache's tables)
@@ -238,7 +243,8 @@ class GPT(nn.Module):
         softmax attention, running sums of constant size for linear attention. A KV cache is
         allocated now for `batch` sequences when given (a static cache: see `KVCache.allocate`).
         Position tables are grown now to the `longest` position decoding will reach (default
-        `capacity`), so that they do not grow under a compiled step."""
+        `capacity`): a decode step reads them at positions held in tensors and never grows them (a
+        rolling cache decodes past its capacity: give it `longest`; `generate` does)."""
         self.pe.reserve(longest or capacity)
         cache = self.attention.new_cache(self.config, self.mask, capacity)
         if batch is not None:

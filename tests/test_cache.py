@@ -196,3 +196,29 @@ def test_inductor_decodes_the_tokens_of_eager():
     assert torch.equal(model.generate(prompt, 40, temperature=0), eager)
     assert torch.equal(eager[0, 3:13], torch.arange(8, 18))  # it learned to count: the test can fail
     torch._dynamo.reset()
+
+
+def test_what_does_not_fit_is_refused_not_dropped():
+    """A chunk past a full cache's capacity, and lengths outside 1..T, are errors, not wrong logits;
+    prompts padded wider than they need still decode."""
+    model = GPT(dataclasses.replace(CONFIG, pos_encoding="rope")).eval()
+    cache = model.new_cache(8, batch=1)
+    with torch.no_grad():
+        model(torch.zeros(1, 6, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="holds 8 positions; 10 do not fit"):
+            model(torch.zeros(1, 4, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="counts in 1..4"):
+            model(torch.zeros(2, 4, dtype=torch.long), lengths=torch.tensor([5, 1]))
+    wide = torch.zeros(2, 8, dtype=torch.long)
+    assert len(list(decode(model, wide, 2, greedy, lengths=torch.tensor([3, 2])))) == 2
+
+
+def test_uncached_compiled_generation_compiles_a_few_widths_only(monkeypatch):
+    """Without a cache every token is a forward over the whole context: its widths are bucketed
+    like a prefill's, so a compiled model traces log2(length) graphs, not one per token."""
+    monkeypatch.setattr(torch._dynamo.config, "automatic_dynamic_shapes", False)
+    model = GPT(dataclasses.replace(CONFIG, pos_encoding="alibi")).eval()
+    graphs = _counting_compile(model)
+    model.generate(torch.randint(0, CONFIG.vocab_size, (1, 3)), 40, temperature=0, use_cache=False)
+    assert len(graphs) <= 5  # widths 4, 8, 16, 32, 64
+    torch._dynamo.reset()
