@@ -68,6 +68,9 @@ class GPTConfig:
     tokens). Decoding then keeps only the last W keys (plus sinks)."""
     attn_sinks: int = 0
     """With a window: the first S tokens stay visible to every token (StreamingLLM's attention sinks)."""
+    chunked_loss: bool = False
+    """Compute the loss through the output layer a chunk of rows at a time, never forming the (B, T, V)
+    logits (model/loss.py): the same loss and gradients, less memory; forward then returns no logits."""
 
     @property
     def padded_vocab_size(self) -> int:

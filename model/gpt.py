@@ -17,6 +17,7 @@ from model.config import GPTConfig
 from model.generation import stream
 from model.kernels import Plan, Step, WeightsHook
 from model.linear_attention import LayerStateCache
+from model.loss import linear_cross_entropy
 from model.masks import AttentionMask
 from model.positions import PositionEncoding, build_positions
 from model.scores import SCORES
@@ -122,7 +123,7 @@ class GPT(nn.Module):
         last_only: bool = False,
         positions: Tensor | None = None,
         lengths: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
+    ) -> tuple[Tensor | None, Tensor | None]:
         """Logits for every position, and the mean cross-entropy when targets are given.
 
         Args:
@@ -142,9 +143,12 @@ class GPT(nn.Module):
                 The scheme's tables must already cover them (`pe.reserve`; learned: < block_size).
 
         Returns:
-            logits (B, T, padded_vocab_size) and the loss (a scalar) or None.
+            logits (B, T, padded_vocab_size) and the loss (a scalar) or None; with targets and
+            `config.chunked_loss`, None and the loss (the logits are never formed whole).
         """
         x = self._hidden(idx, cache, positions=positions, lengths=lengths)  # (B, T, C)
+        if targets is not None and self.config.chunked_loss and not last_only:
+            return None, linear_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.flatten())
         if last_only:
             x = x[:, -1:] if lengths is None else x[torch.arange(x.size(0), device=x.device), lengths - 1, None]
         logits = self.lm_head(x)  # (B, T or 1, V)

@@ -1,0 +1,71 @@
+"""The output layer and the cross-entropy in one pass over chunks of rows, never forming the whole
+(N, V) logits.
+
+For GPT-2's 50304-token output at B x T = 16 x 1024 the float32 logits are 3.3 GB, and their
+gradient as much again: the largest tensors of a training step. Here the final states (N, C) go
+through the tied head a chunk of rows at a time; each chunk's logits give its share of the loss and,
+in the same pass, its gradients with respect to the states and to the head's weight (the logits'
+gradient is softmax - one-hot, known as soon as the logits are), after which the chunk's logits are
+dropped (the scheme of liger-kernel's fused linear cross-entropy, written here in plain PyTorch).
+The backward pass only scales the stored gradients by the incoming one.
+
+It computes exactly `F.cross_entropy(hidden @ weight.T, targets, ignore_index=-1)` with the mean
+over the rows that are not ignored (every row of the padded vocabulary takes part in the softmax,
+as on the plain path), in float32 (logits in the states' dtype, as the plain path's head under
+autocast, then at least float32); tested against it, values and gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+IGNORE_INDEX = -1
+CHUNK_ELEMENTS = 1 << 24
+"""Logits formed at once: rows per chunk = this // vocabulary (64 MiB in float32)."""
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
+    """The mean cross-entropy of `hidden @ weight.T` against `targets` (-1: ignored), chunk by chunk.
+
+    Args:
+        hidden: (N, C) final states, in the compute dtype (bf16 under autocast).
+        weight: (V, C) the output layer's weight.
+        targets: (N,) next-token ids.
+    """
+    rows = max(1, CHUNK_ELEMENTS // weight.size(0))
+    return _LinearCrossEntropy.apply(hidden, weight, targets, rows)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, rows: int) -> Tensor:
+        head = weight.to(hidden.dtype)  # the plain path's head runs in the states' dtype too
+        wide = torch.promote_types(hidden.dtype, torch.float32)  # float32, or float64 if given float64
+        kept = targets != IGNORE_INDEX
+        count = kept.sum()
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=wide, device=weight.device)
+        total = torch.zeros((), dtype=wide, device=hidden.device)
+        for start in range(0, hidden.size(0), rows):
+            part = slice(start, start + rows)
+            logits = (hidden[part] @ head.T).to(wide)  # (n, V)
+            target, keep = targets[part].clamp(min=0)[:, None], kept[part, None]
+            log_z = logits.logsumexp(dim=-1, keepdim=True)
+            total += ((log_z - logits.gather(1, target)) * keep).sum()
+            grad = torch.exp(logits - log_z)  # d loss_i / d logits_i: softmax - one-hot, for kept rows
+            grad.scatter_add_(1, target, torch.full_like(log_z, -1.0))
+            grad *= keep
+            grad_hidden[part] = (grad.to(hidden.dtype) @ head).to(hidden.dtype)
+            grad_weight += grad.T @ hidden[part].to(wide)
+        ctx.save_for_backward(grad_hidden, grad_weight, count)
+        ctx.weight_dtype = weight.dtype
+        return total / count  # NaN when every target is ignored, as F.cross_entropy's mean
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor) -> tuple[Tensor, Tensor, None, None]:
+        grad_hidden, grad_weight, count = ctx.saved_tensors
+        scale = grad_loss / count
+        return (grad_hidden * scale.to(grad_hidden.dtype), (grad_weight * scale).to(ctx.weight_dtype), None, None)
