@@ -184,7 +184,7 @@ class Live:
         sys.stdout.write(self.rows.texts[0][self.printed :] + "\n")
 
 
-def decode(
+def generate_rows(
     model: GPT, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig, generator: torch.Generator,
     rows: Rows, live: Live | None,
 ) -> tuple[float, float]:  # fmt: skip
@@ -261,7 +261,7 @@ def sample(args: SampleConfig) -> None:
     show = args.stream if args.stream is not None else (len(heads) == 1 and sys.stdout.isatty())
     live = Live(rows, heads[0] if prompts[0].text else "") if show else None
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    seconds, first = decode(model, batch, lengths, args, generator, rows, live)
+    seconds, first = generate_rows(model, batch, lengths, args, generator, rows, live)
     rows.finish()
     write_rows(heads, rows, live)
     print(speed(rows.tokens, seconds, first, args, f"{device}, {dtype}", compiled), file=sys.stderr)

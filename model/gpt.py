@@ -205,7 +205,7 @@ class GPT(nn.Module):
         if positions is not None and (cache is not None or positions.shape != idx.shape):
             raise ValueError(f"positions must be (B, T) = {tuple(idx.shape)} like idx, and cannot go with a cache.")
         if lengths is not None and not torch.compiler.is_compiling():  # one read per prefill, never in a graph
-            shortest, longest = int(lengths.min()), int(lengths.max())
+            shortest, longest = torch.stack(torch.aminmax(lengths)).tolist() if lengths.numel() else (0, 0)
             if lengths.shape != (B,) or shortest < 1 or longest > T:
                 raise ValueError(f"lengths must be (B,) = ({B},) counts in 1..{T}, got {tuple(lengths.shape)} in "
                                  f"{shortest}..{longest}.")  # fmt: skip

@@ -151,9 +151,6 @@ class StateCache(DecodingCache):
     """What decoding keeps for linear attention: one `LinearState` per layer, the same size after
     any number of tokens (with each row's next position, as every cache)."""
 
-    rolling = True
-    capacity = None
-
     def __init__(self, n_layer: int) -> None:
         super().__init__()
         self.layers = [LayerStateCache() for _ in range(n_layer)]

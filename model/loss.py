@@ -58,7 +58,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad = torch.exp(logits - log_z)  # d loss_i / d logits_i: softmax - one-hot, for kept rows
             grad.scatter_add_(1, target, torch.full_like(log_z, -1.0))
             grad *= keep
-            grad_hidden[part] = (grad.to(hidden.dtype) @ head).to(hidden.dtype)
+            grad_hidden[part] = grad.to(hidden.dtype) @ head
             grad_weight += grad.T @ hidden[part].to(wide)
         ctx.save_for_backward(grad_hidden, grad_weight, count)
         ctx.weight_dtype = weight.dtype

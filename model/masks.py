@@ -13,8 +13,8 @@ query) and k (the key):
 
 From this one description come: the flex `mask_mod` (a block mask, built once per forward and
 shared by every layer), the dense boolean mask of eager and SDPA (`dense`), and what a KV cache
-must keep (`keeps`): the sinks and the last W keys, so that its memory stays constant however long
-decoding runs.
+must keep (`kept_keys`): the sinks and the last W keys, which `model.cache` holds in S + W slots, so
+that its memory stays constant however long decoding runs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -67,12 +66,6 @@ class AttentionMask:
     def dense(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """(Tq, Tk) bool, True where query at `q_pos[i]` sees key at `k_pos[j]`."""
         return self.visible(q_pos[:, None], k_pos[None, :])
-
-    def keeps(self, k_pos: Tensor, next_q: int) -> Tensor:
-        """Which cached keys (at positions `k_pos`) a query at `next_q` or later can still see."""
-        if not self.window:
-            return torch.ones_like(k_pos, dtype=torch.bool)
-        return (next_q - k_pos < self.window) | (k_pos < self.sinks)
 
     def kept_keys(self, length: int) -> int:
         """How many keys a cache holds at most after `length` tokens (all of them without a window)."""
