@@ -26,17 +26,8 @@ after the first).
 from __future__ import annotations
 
 import contextlib
-import datetime
-import gc
-import importlib.util
 import io
 import itertools
-import json
-import os
-import platform
-import re
-import shlex
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -47,14 +38,13 @@ from typing import Literal
 import torch
 from torch import nn
 
+from benchmarks.common import DEFAULT_PEER, PeakMemory, append_json, device_name, load_peer
 from core.cli import Command
 from core.device import pick_device_dtype
 from core.errors import ConfigError, did_you_mean
 from model import GPT, POS_ENCODINGS, GPTConfig
 from model.generation import compile_for_decoding, stream
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_PEER = ROOT.parent / "shared" / "peers" / "nanoGPT"
 SHAPES: dict[str, dict[str, int]] = {
     "gpt2": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50257},  # GPT-2 124M
     "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "vocab_size": 65},  # shakespeare_char
@@ -135,51 +125,6 @@ class Row:
     peak_mib: float | None
 
 
-class PeakMemory:
-    """Peak memory of one row, as the module docstring says: `start` before the model is built,
-    `reset` after the warm-up, `peak_mib` after the timed run."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.proc = Path("/proc/self/clear_refs")
-
-    @property
-    def how(self) -> str:
-        if self.cuda:
-            return "CUDA max allocated, weights included"
-        if self.proc.exists():
-            return "the process's peak RSS during the timed run: weights, cache, Python and torch"
-        return "not measured on this system: -"
-
-    @property
-    def label(self) -> str:
-        return f"peak MiB ({self.how})"
-
-    def start(self) -> None:
-        gc.collect()
-        if self.cuda:
-            torch.cuda.empty_cache()
-
-    def reset(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        elif self.proc.exists():
-            self.proc.write_text("5")  # Linux: reset the high-water mark to the current RSS
-
-    def peak_mib(self) -> float | None:
-        if self.cuda:
-            return torch.cuda.max_memory_allocated(self.device) / 2**20
-        return _status_mib("VmHWM") if self.proc.exists() else None  # a difference of RSS can go negative
-
-
-def _status_mib(key: str) -> float:
-    """A figure of /proc/self/status (in kB there) in MiB."""
-    match = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
-    return int(match.group(1)) / 1024 if match else 0.0
-
-
 @dataclass(frozen=True)
 class Setup:
     """The resolved run: what every row shares."""
@@ -208,16 +153,6 @@ def resolve(args: DecodeBenchConfig) -> Setup:
     shape = args.shape if args.shape != "auto" else ("gpt2" if cuda else "small")
     tokens = args.tokens if args.tokens is not None else (1000 if cuda else 200)
     return Setup(args, device, dtype, shape, tokens, PeakMemory(device))
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    cpuinfo = Path("/proc/cpuinfo")
-    found = re.search(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.MULTILINE) if cpuinfo.exists() else None
-    name = found.group(1).strip() if found else platform.machine()
-    threads = torch.get_num_threads()
-    return f"{os.cpu_count()}-core CPU ({name}), {threads} thread{'s' if threads > 1 else ''}"
 
 
 def build_ours(setup: Setup, scheme: str) -> GPT:
@@ -270,19 +205,6 @@ def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
     first, total = time_tokens(setup, decode(setup.tokens))
     return Row("posgpt", scheme, mode, batch, batch * setup.tokens / total, 1000 * first,
                warmup if mode == "compiled" else None, setup.memory.peak_mib())  # fmt: skip
-
-
-def load_peer(directory: Path) -> ModuleType | None:
-    """nanoGPT's model.py as module `nanogpt_peer_model` (not `model`, which is ours), or None."""
-    file = directory / "model.py"
-    if not file.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("nanogpt_peer_model", file)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its @dataclass looks the module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def run_nanogpt(setup: Setup, peer: ModuleType, batch: int) -> Row:
@@ -352,16 +274,10 @@ def summary(rows: list[Row], batches: list[int]) -> list[str]:
 def record(setup: Setup, row: Row) -> None:
     """Print the row and append it to --json (with what a reader needs to reproduce it)."""
     print(row_line(row), flush=True)
-    if setup.args.json is None:
-        return
-    entry = {"date": datetime.date.today().isoformat(), "device": device_name(setup.device),
-             "dtype": str(setup.dtype).removeprefix("torch."), "shape": setup.shape, **SHAPES[setup.shape],
-             "prompt_tokens": setup.args.prompt_tokens, "new_tokens": setup.tokens,
-             "temperature": setup.args.temperature, "top_k": setup.args.top_k, **asdict(row),
-             "memory": setup.memory.label, "torch": torch.__version__,
-             "command": shlex.join(["python", *sys.argv])}  # fmt: skip
-    with open(setup.args.json, "a", encoding="utf-8") as file:
-        file.write(json.dumps(entry) + "\n")
+    append_json(setup.args.json, {"device": device_name(setup.device), "dtype": str(setup.dtype).removeprefix("torch."),
+                "shape": setup.shape, **SHAPES[setup.shape], "prompt_tokens": setup.args.prompt_tokens,
+                "new_tokens": setup.tokens, "temperature": setup.args.temperature, "top_k": setup.args.top_k,
+                **asdict(row), "memory": setup.memory.label})  # fmt: skip
 
 
 def bench_decode(args: DecodeBenchConfig) -> None:

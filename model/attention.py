@@ -97,6 +97,11 @@ class Attention(nn.Module):
         return choose_kernel(cls.kernels, requested, needs, device)
 
     @classmethod
+    def kernel_name(cls, kernel: Kernel) -> str:
+        """The `attn_backend` name of one of this function's kernels."""
+        return next(name for name, k in cls.kernels.items() if k is kernel)
+
+    @classmethod
     def weights_kernel(cls, needs: Needs) -> Kernel:
         return weights_kernel(cls.kernels, needs)
 

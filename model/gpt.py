@@ -10,17 +10,24 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from model.attention import ATTENTIONS, Attention, Cache
 from model.cache import LayerCache
 from model.config import GPTConfig
 from model.generation import stream
-from model.kernels import Plan, Step, WeightsHook
+from model.kernels import Kernel, Plan, Step, WeightsHook
 from model.linear_attention import LayerStateCache
 from model.loss import linear_cross_entropy
 from model.masks import AttentionMask
 from model.positions import PositionEncoding, build_positions
 from model.scores import SCORES
+
+
+def training_flops_per_token(n_params: int, n_layer: int, n_embd: int, keys: int) -> int:
+    """Forward + backward FLOPs per token of a GPT with `n_params` non-lookup parameters whose
+    queries each attend to `keys` keys: 6N + 12 L C keys (`GPT.flops_per_token`; C = H x D)."""
+    return 6 * n_params + 12 * n_layer * n_embd * keys
 
 
 class MLP(nn.Module):
@@ -81,6 +88,11 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied input/output embeddings (Press & Wolf 2017)
+        self.activation_checkpointing = False
+        """Keep only each block's input during a training forward pass and recompute the block in the
+        backward pass: activation memory of one block instead of all, for about a third more compute
+        (`train.activation_checkpointing`). The same values and gradients (dropout draws the same
+        masks again). A switch of how to train, not of what the model computes: not in the config."""
         self.init_weights()
 
     @torch.no_grad()
@@ -215,31 +227,38 @@ class GPT(nn.Module):
             self._check_length(T)
         ids = cache_step.q_pos if decoding else positions  # decoding: each row at its own positions
         x = self.drop(self.pe.embed(self.wte(idx), 0, ids))  # (B, T, C)
-        needs = self.attention.needs(
-            self.pe,
-            self.mask,
-            SCORES[self.config.attn_score],
-            idx.device,
-            dropout_active=self.training and self.config.dropout > 0,
-            needs_grad=x.requires_grad,
-            decoding=decoding,
-        )
-        if visit is None:
-            kernel = self.attention.choose_kernel(self.config.attn_backend, needs, idx.device)
-        else:
-            kernel = self.attention.weights_kernel(needs)
+        dropout = self.training and self.config.dropout > 0
+        kernel = self.kernel(idx.device, dropout, x.requires_grad, decoding, weights=visit is not None)
         if decoding:
             step = Step(0, T, self.config.n_head, idx.device, cache_step.k_pos, ids, q_pos=ids)
         else:
             step = Step(0, T, self.config.n_head, idx.device, ids=positions)
         context = kernel.context(self.pe, self.mask, step, self._kernel_memos[type(kernel)])
         plan = Plan(kernel, context, step, cache_step=cache_step)
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, block in enumerate(self.blocks):
             layer_plan = dataclasses.replace(plan, on_weights=visit(i)) if visit else plan
-            x = block(x, self.pe, layer_plan, cache.layers[i] if cache is not None else None)
+            if recompute:
+                x = checkpoint(block, x, self.pe, layer_plan, use_reentrant=False)
+            else:
+                x = block(x, self.pe, layer_plan, cache.layers[i] if cache is not None else None)
         if cache is not None:
             cache.commit(cache_step)
         return self.ln_f(x)
+
+    def kernel(
+        self, device: torch.device, dropout: bool, needs_grad: bool, decoding: bool = False, weights: bool = False
+    ) -> Kernel:
+        """The attention kernel a forward pass on `device` runs: what `config.attn_backend` resolves
+        to for this model's scheme, mask and score, with attention dropout active or not, with a
+        backward pass or not, decoding or not; with `weights`, the kernel that forms the weights."""
+        needs = self.attention.needs(
+            self.pe, self.mask, SCORES[self.config.attn_score], device,
+            dropout_active=dropout, needs_grad=needs_grad, decoding=decoding,
+        )  # fmt: skip
+        if weights:
+            return self.attention.weights_kernel(needs)
+        return self.attention.choose_kernel(self.config.attn_backend, needs, device)
 
     def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> Cache:
         """What decoding keeps, as the attention function says (`Attention.new_cache`): a KV cache
@@ -288,7 +307,7 @@ class GPT(nn.Module):
         """
         c = self.config
         keys = self.mask.kept_keys(seq_len)  # a window attends to at most W + S keys
-        return 6 * self.num_params(exclude_embeddings=True) + 12 * c.n_layer * c.n_head * c.head_dim * keys
+        return training_flops_per_token(self.num_params(exclude_embeddings=True), c.n_layer, c.n_embd, keys)
 
     @torch.no_grad()
     def generate(

@@ -9,7 +9,7 @@ import json
 import pytest
 
 import bench
-from benchmarks.decoding import DEFAULT_PEER
+from benchmarks.common import DEFAULT_PEER
 from core import cli
 
 TINY = ["decode", "--shape", "tiny", "--batches", "1", "2", "--tokens", "8", "--modes", "eager"]

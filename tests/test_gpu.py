@@ -204,6 +204,49 @@ def test_fsdp_on_one_gpu_clips_through_the_sharded_module(tmp_path, text_file):
     assert read_checkpoint(tmp_path / "runs" / "tiny" / "last.ckpt")["global_step"] == 12
 
 
+def test_fsdp_at_world_size_one_resumes_as_an_uninterrupted_run(tmp_path, text_file):
+    """FSDP's full state dicts restore weights, optimizer moments and the data stream: a run
+    stopped halfway and resumed ends where the uninterrupted one does (float32: no bf16 rounding
+    between the two orders of operations; the tolerance allows for non-deterministic kernels)."""
+    common = ["--train.strategy", "fsdp", "--train.devices", "1", "--train.precision", "32-true",
+              "--train.eval_interval", "5", "--train.ckpt_interval", "5", "--optim.decay_steps", "10"]  # fmt: skip
+    a, b = straight_and_resumed(tmp_path, text_file, 10, *common)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_fp8_trains_through_the_trainer_where_the_gpu_has_fp8(tmp_path, text_file):
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no FP8 tensor cores on this GPU")
+    pytest.importorskip("torchao.float8")
+    argv = _gpu_run(tmp_path, text_file, "--train.fp8", "true", "--train.compile", "true",
+                    "--model.n_embd", "64", "--model.n_head", "4")  # fmt: skip
+    cli.run(train_script.COMMAND, argv)
+    ckpt = read_checkpoint(tmp_path / "runs" / "tiny" / "last.ckpt")
+    assert ckpt["global_step"] == 12 and all(torch.isfinite(t).all() for t in ckpt["state_dict"].values())
+
+
+LONG = [{"pos_encoding": s} for s in POS_ENCODINGS] + [{"pos_encoding": "rope", "attn_window": 1024, "attn_sinks": 4}]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fields", LONG, ids=lambda f: "-".join(str(v) for v in f.values()))
+def test_a_compiled_bf16_training_step_at_16k_tokens_runs_for_every_scheme(fields):
+    """Issue 22: T=16384 did not finish within 200 s for any scheme. One compiled step of a small
+    model at 16384 tokens (forward, backward) must now finish, with finite gradients."""
+    config = GPTConfig(vocab_size=256, block_size=16384, n_layer=2, n_head=4, n_embd=256, bias=False, **fields)
+    torch.manual_seed(0)
+    model = GPT(config).to(CUDA)
+    model.compile()
+    idx = torch.randint(0, 256, (1, 16385), device=CUDA)
+    for _ in range(2):  # the second step reuses the compiled graphs and the block mask
+        with torch.autocast("cuda", torch.bfloat16):
+            _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
 @pytest.fixture(scope="module")
 def cpu_checkpoints(tmp_path_factory) -> dict[str, object]:
     """Tiny rope and alibi checkpoints trained on the CPU, to be run on the GPU."""

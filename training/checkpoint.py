@@ -23,9 +23,10 @@ from core.checkpoint import CheckpointError, read_checkpoint
 from model import GPTConfig
 from training.config import RunConfig
 
-CHANGEABLE_MODEL_FIELDS = frozenset({"attn_backend", "dropout", "rope_scaling", "rope_scaling_factor"})
+CHANGEABLE_MODEL_FIELDS = frozenset({"attn_backend", "dropout", "rope_scaling", "rope_scaling_factor", "chunked_loss"})
 """Model fields that a resumed run may change: the weights keep their shapes and meaning (RoPE
-scaling is how position interpolation fine-tunes a trained model for longer contexts)."""
+scaling is how position interpolation fine-tunes a trained model for longer contexts; the chunked
+loss computes the same loss)."""
 
 
 def check_resume(path: str | Path, config: RunConfig, data: dict[str, Any]) -> list[str]:

@@ -121,6 +121,16 @@ class TrainConfig:
     32-true, bf16-mixed, 16-mixed, ..."""
     compile: bool = False
     """Compile the model with torch.compile."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile mode with --train.compile: default, max-autotune (searches matmul and Triton configs;
+    minutes of compilation), reduce-overhead (CUDA graphs), max-autotune-no-cudagraphs."""
+    activation_checkpointing: bool = False
+    """Recompute each block in the backward pass instead of keeping its activations: memory of one
+    block's activations instead of all of them, for about a third more compute (long contexts)."""
+    fp8: bool = False
+    """Train the linear layers of the blocks in FP8 (torchao's float8 training, dynamic tensorwise
+    scaling; the output layer stays bf16). Needs an NVIDIA GPU with FP8 tensor cores (compute
+    capability 8.9+: H100, H200, L4, RTX 4090), bf16 precision, and `pip install torchao`."""
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
     """Lightning accelerator: auto, cpu, gpu/cuda, mps."""
     devices: int | str = "auto"

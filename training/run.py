@@ -27,9 +27,11 @@ from data.dataset import PreparedData, prepare_dir
 from data.provenance import provenance
 from data.tasks import TaskConfig
 from data.tokenizer import Tokenizer
+from model import GPT
 from training.callbacks import AtomicCheckpointIO, DivergenceGuard, LastCheckpoint, SpeedMonitor
 from training.checkpoint import check_resume
 from training.config import DataConfig, RunConfig, TrainConfig
+from training.fp8 import check_fp8, convert_to_fp8
 from training.hardware import check_accelerator, check_strategy, resolve_precision
 from training.module import GPTModule
 
@@ -182,6 +184,8 @@ def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
     check_accelerator(t.accelerator)
     check_strategy(t.strategy, t.accelerator)
     precision = resolve_precision(t.precision, t.accelerator)
+    if t.fp8:
+        check_fp8(t.accelerator, precision)
     check_writable(Path(t.out_dir), "--train.out_dir")
     L.seed_everything(t.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
@@ -208,8 +212,11 @@ def _fit(cfg: RunConfig, data: TrainingData, run_dir: Path, precision: str, ckpt
         for change in check_resume(ckpt_path, cfg, data.record):
             log.info("Resuming with %s", change)
     module = GPTModule(cfg, data.tokenizer.meta(), data.record)
+    module.model.activation_checkpointing = t.activation_checkpointing
+    if t.fp8:
+        log.info("FP8 training: %d linear layers through torchao's float8", convert_to_fp8(module.model))
     if t.compile:
-        module.model.compile()  # in place: state_dict keys keep their names
+        module.model.compile(mode=t.compile_mode)  # in place: state_dict keys keep their names
 
     last = LastCheckpoint(run_dir, t.ckpt_interval)
     trainer = _trainer(
@@ -234,6 +241,9 @@ def _fit(cfg: RunConfig, data: TrainingData, run_dir: Path, precision: str, ckpt
         enable_progress_bar=t.progress_bar,
         default_root_dir=str(run_dir),
     )
+    note = dropout_fallback(module.model, trainer.strategy.root_device)
+    if note and trainer.is_global_zero:
+        log.info(note)
     if trainer.is_global_zero:
         config_yaml = yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False).encode()
         atomic_write_bytes(run_dir / "config.yaml", config_yaml)
@@ -259,6 +269,23 @@ def _fit(cfg: RunConfig, data: TrainingData, run_dir: Path, precision: str, ckpt
     if trainer.is_global_zero and t.sample_tokens > 0:
         sample = sample_text(module, data.tokenizer, t.sample_tokens)
     return RunResult(run_dir, run_dir / "last.ckpt", best_path, best_loss, sample)
+
+
+def dropout_fallback(model: GPT, device: torch.device) -> str | None:
+    """One line when attention dropout moves training off its fused kernel on `device`
+    (FlexAttention has no dropout: a bias or a window then runs through SDPA with a float mask
+    formed in memory), else None."""
+    c = model.config
+    names = [model.attention.kernel_name(model.kernel(device, dropout, needs_grad=True)) for dropout in (True, False)]
+    if c.dropout == 0 or names[0] == names[1]:
+        return None
+    with_dropout, without = names
+    what = f"pos_encoding={c.pos_encoding}" + (f", attn_window={c.attn_window}" if c.attn_window else "")
+    return (
+        f"model.dropout {c.dropout}: attention with {what} runs on {with_dropout} with a float mask, not {without} "
+        "(which has no attention dropout); slower and more memory at long contexts. --model.dropout 0 keeps "
+        f"{without}."
+    )
 
 
 def _trainer(t: TrainConfig, **kwargs: Any) -> L.Trainer:

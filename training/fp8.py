@@ -1,0 +1,70 @@
+"""FP8 training of the blocks' linear layers (`train.fp8`), through torchao's float8 training.
+
+Each selected `nn.Linear` becomes torchao's `Float8Linear`: the weights stay in their own dtype
+(the optimizer and checkpoints see the same parameters under the same names), and each matmul casts
+its operands to FP8 with a dynamic per-tensor scale (e4m3 forward, e5m2 for the gradients).
+Only the blocks' linear layers are converted: the tied output layer stays bf16 (its weight is the
+token embedding, and a 50k vocabulary is where FP8's rounding would show most in the loss).
+
+FP8 matmuls need NVIDIA tensor cores of compute capability 8.9 or later (Ada: L4, RTX 4090;
+Hopper: H100, H200); everywhere else `check_fp8` refuses before any work is done.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from training.hardware import HardwareError, uses_cuda
+
+FP8_CAPABILITY = (8, 9)
+"""The first CUDA compute capability with FP8 tensor cores (Ada Lovelace)."""
+BF16_PRECISIONS = ("bf16-mixed", "bf16-true")
+
+
+def check_fp8(accelerator: str, precision: str) -> None:
+    """Refuse `train.fp8` where it cannot run, with the fix: no CUDA GPU, a GPU without FP8 tensor
+    cores, a precision other than bf16, or no torchao."""
+    if not uses_cuda(accelerator):
+        raise HardwareError(
+            "--train.fp8 true needs an NVIDIA GPU with FP8 tensor cores (compute capability 8.9+: H100, H200, "
+            "L4, RTX 4090) and none is used here. Leave --train.fp8 false."
+        )
+    capability = torch.cuda.get_device_capability()
+    if capability < FP8_CAPABILITY:
+        name = torch.cuda.get_device_name()
+        raise HardwareError(
+            f"--train.fp8 true needs FP8 tensor cores (compute capability 8.9+: H100, H200, L4, RTX 4090); "
+            f"{name} has {capability[0]}.{capability[1]}. Leave --train.fp8 false (bf16 is this GPU's fastest)."
+        )
+    if precision not in BF16_PRECISIONS:
+        raise HardwareError(
+            f"--train.fp8 true trains with bf16 around the FP8 matmuls, not --train.precision {precision}. "
+            "Use --train.precision bf16-mixed (or auto)."
+        )
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        message = "--train.fp8 true needs torchao: pip install torchao (or leave --train.fp8 false)."
+        raise HardwareError(message) from None
+
+
+def fp8_eligible(module: nn.Module, name: str) -> bool:
+    """Whether the layer `name` trains in FP8: a block's linear layer whose sizes FP8 matmuls take
+    (multiples of 16), never the output layer."""
+    return (
+        isinstance(module, nn.Linear)
+        and name.startswith("blocks.")
+        and module.in_features % 16 == 0
+        and module.out_features % 16 == 0
+    )
+
+
+def convert_to_fp8(model: nn.Module) -> int:
+    """Swap the eligible linear layers of `model` (a GPT) for torchao's Float8Linear, in place,
+    before compiling; returns how many were converted."""
+    from torchao.float8 import convert_to_float8_training
+
+    names = [name for name, module in model.named_modules() if fp8_eligible(module, name)]
+    convert_to_float8_training(model, module_filter_fn=fp8_eligible)
+    return len(names)
