@@ -1,13 +1,15 @@
 """The trainer against a hand-written loop (`python bench.py train-step | plain-run | val-noise`).
 
-`train-step` times optimizer steps of the default CPU shape (nanoGPT's CPU config, learned
-positions) two ways, interleaved A B B A so that the machine's drift hits both alike:
+`train-step` times optimizer steps at one shape (`--shape cpu`: nanoGPT's CPU config, `6x384`: its
+shakespeare_char model at batch 8; learned positions) two ways, interleaved A B B A so that the
+machine's drift hits both alike:
   A: the Lightning trainer (`training.run.train`, as `python train.py` runs it);
   B: a hand-written PyTorch loop in the style of nanoGPT's train.py, on the same model, data and
      optimizer (np.memmap batches, forward, backward, clip, AdamW step).
-It prints the median tokens/s of each. `plain-run` trains B for a whole run and reports the val
-loss the trainer would log (every fixed window of the validation split), so the two can be
-compared on loss as well as speed. `val-noise` measures how noisy nanoGPT's own val estimate is.
+It prints the median tokens/s of each (`python bench.py precision --profile L C T B` shows where
+the time of B's step goes, operator by operator). `plain-run` trains B for a whole run and
+reports the val loss the trainer would log (every fixed window of the validation split), so the two
+can be compared on loss as well as speed. `val-noise` measures how noisy nanoGPT's own val estimate is.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
+from benchmarks.nanogpt import SHAPES
 from core.cli import Command
 from data.dataset import load_prepared
 from data.prepare import prepare
@@ -35,36 +39,65 @@ SHAPE = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128,
 BATCH = 12
 
 
-def lightning_tokens_per_s(data_dir: Path, out: Path, steps: int) -> float:
-    """Median of the trainer's own tokens/s readings (SpeedMonitor, every 25 steps, warm-up excluded)."""
+@dataclass(frozen=True)
+class StepShape:
+    """The model and batch of a timed step, and the precision both sides train in."""
+
+    model: GPTConfig = SHAPE
+    batch: int = BATCH
+    precision: str = "32-true"
+
+    @classmethod
+    def named(cls, name: str, precision: str) -> StepShape:
+        """`SHAPES[name]` of benchmarks.nanogpt (learned positions, no biases, a char vocabulary)."""
+        shape = SHAPES[name]
+        model = {k: shape[k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
+        config = GPTConfig(vocab_size=65, bias=False, pos_encoding="learned", **model)
+        return cls(config, shape["batch_size"], precision)
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.model.block_size
+
+
+def lightning_run(data_dir: Path, out: Path, steps: int, shape: StepShape, log_interval: int = 25) -> Path:
+    """Train `steps` steps through the trainer; its run directory."""
     cfg = RunConfig(
-        model=SHAPE,
+        model=shape.model,
         data=DataConfig(input=None, dir=str(data_dir)),
         optim=OptimConfig(beta2=0.99),
         train=TrainConfig(
             max_steps=steps,
-            batch_size=BATCH,
+            batch_size=shape.batch,
             eval_interval=10**9,
-            log_interval=25,
+            eval_tokens=shape.tokens,  # the one validation at the end: one batch
+            log_interval=log_interval,
             out_dir=str(out),
             run_name="lightning",
             overwrite=True,  # each round starts afresh in the same directory
             progress_bar=False,
             sample_tokens=0,
+            precision=shape.precision,
         ),
     )
-    result = train(cfg)
-    rows = latest_metrics(result.run_dir).read_text().splitlines()
+    return train(cfg).run_dir
+
+
+def lightning_tokens_per_s(data_dir: Path, out: Path, steps: int, shape: StepShape = StepShape()) -> float:
+    """Median of the trainer's own tokens/s readings (SpeedMonitor, every 25 steps or a third of a
+    short run, warm-up excluded)."""
+    run_dir = lightning_run(data_dir, out, steps, shape, log_interval=min(25, max(1, steps // 3)))
+    rows = latest_metrics(run_dir).read_text().splitlines()
     header = rows[0].split(",")
     col = header.index("perf/tokens_per_s")
     values = [float(r.split(",")[col]) for r in rows[1:] if r.split(",")[col]]
     return statistics.median(values)
 
 
-def plain_loop_tokens_per_s(data_dir: Path, steps: int) -> float:
-    """nanoGPT-style loop; median over steps (the first 10 excluded as warm-up)."""
-    _, times = plain_loop(data_dir, steps, seed=1337)
-    return BATCH * SHAPE.block_size / statistics.median(times[10:])
+def plain_loop_tokens_per_s(data_dir: Path, steps: int, shape: StepShape = StepShape()) -> float:
+    """nanoGPT-style loop; median over steps (the first 10, or the first few of a short run, excluded as warm-up)."""
+    _, times = plain_loop(data_dir, steps, seed=1337, shape=shape)
+    return shape.tokens / statistics.median(times[min(10, steps // 4) :])
 
 
 def whole_split_loss(model: GPT, data_dir: Path) -> float:
@@ -73,27 +106,29 @@ def whole_split_loss(model: GPT, data_dir: Path) -> float:
     return evaluate_length(model, val, model.config.block_size, token_budget=len(val), batch_size=64).loss
 
 
-def plain_loop(data_dir: Path, steps: int, seed: int) -> tuple[GPT, list[float]]:
-    """Train SHAPE with a hand-written loop in the style of nanoGPT's train.py; return the model and
-    the wall time of every step."""
+def plain_loop(data_dir: Path, steps: int, seed: int, shape: StepShape = StepShape()) -> tuple[GPT, list[float]]:
+    """Train `shape` with a hand-written loop in the style of nanoGPT's train.py; return the model and
+    the wall time of every step. bf16-mixed runs the forward pass under CPU autocast."""
     torch.manual_seed(seed)
-    model = GPT(SHAPE)
+    model = GPT(shape.model)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=shape.precision == "bf16-mixed")
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, betas=(0.9, 0.99)
     )
-    T = SHAPE.block_size
+    T, batch = shape.model.block_size, shape.batch
     times = []
     for step in range(steps):
         start = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = 1e-3 * lr_factor(step, 1e-3, 1e-4, 100, steps)
         data = np.memmap(data_dir / "train.bin", dtype=np.uint16, mode="r")
-        ix = torch.randint(len(data) - T, (BATCH,))
+        ix = torch.randint(len(data) - T, (batch,))
         x = torch.stack([torch.from_numpy(data[i : i + T].astype(np.int64)) for i in ix])
         y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + T].astype(np.int64)) for i in ix])
-        _, loss = model(x, y)
+        with autocast:
+            _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -112,10 +147,16 @@ class TrainStepConfig:
     """Optimizer steps per timed run."""
     rounds: int = 2
     """ABBA rounds."""
+    shape: Literal["cpu", "6x384"] = "cpu"
+    """cpu: nanoGPT's CPU config (4 x 4 x 128, block 64, batch 12); 6x384: its shakespeare_char model
+    (6 x 6 x 384, block 256) at batch 8."""
+    precision: Literal["32-true", "bf16-mixed"] = "32-true"
+    """What both sides train in."""
 
 
 def bench_train_step(args: TrainStepConfig) -> None:
     """Tokens/s of A and B, interleaved A B B A; the median of each."""
+    shape = StepShape.named(args.shape, args.precision)
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
         prepare(args.input, str(data_dir), "char")
@@ -123,9 +164,9 @@ def bench_train_step(args: TrainStepConfig) -> None:
         for _ in range(args.rounds):
             for kind in ("lightning", "plain", "plain", "lightning"):
                 if kind == "lightning":
-                    results[kind].append(lightning_tokens_per_s(data_dir, Path(tmp) / "runs", args.steps))
+                    results[kind].append(lightning_tokens_per_s(data_dir, Path(tmp) / "runs", args.steps, shape))
                 else:
-                    results[kind].append(plain_loop_tokens_per_s(data_dir, args.steps))
+                    results[kind].append(plain_loop_tokens_per_s(data_dir, args.steps, shape))
                 print(f"{kind:9s} {results[kind][-1]:9.0f} tokens/s", flush=True)
     for kind, values in results.items():
         median = statistics.median(values)

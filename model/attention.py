@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from core.errors import ConfigError, did_you_mean
 from model.cache import KVCache, LayerCache
 from model.kernels import AUTO, KERNELS, Kernel, Lack, Needs, Plan, choose_kernel, weights_kernel
+from model.linear import Linear
 from model.linear_attention import LINEAR_KERNELS, LayerStateCache, StateCache, feature_map
 from model.masks import AttentionMask
 from model.positions import SCHEMES, PositionEncoding
@@ -51,8 +52,8 @@ class Attention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.n_head, self.head_dim = config.n_head, config.head_dim
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.qkv = Linear(config.n_embd, 3 * config.n_embd, config.bias, config.linear_backend)
+        self.proj = Linear(config.n_embd, config.n_embd, config.bias, config.linear_backend)
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
         self.score = build_score(config)

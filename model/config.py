@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 from core.errors import ConfigError
 from model.attention import check_config
+from model.linear import LINEAR_BACKENDS, onednn_available
 
 RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
@@ -68,6 +69,10 @@ class GPTConfig:
     tokens). Decoding then keeps only the last W keys (plus sinks)."""
     attn_sinks: int = 0
     """With a window: the first S tokens stay visible to every token (StreamingLLM's attention sinks)."""
+    linear_backend: str = "auto"
+    """Who multiplies the linear layers' float32 matrices on a CPU (model/linear.py): aten (PyTorch's MKL
+    sgemm) | onednn | auto (oneDNN on non-Intel x86 CPUs with AVX-512, where MKL runs AVX2 code; aten
+    elsewhere). GPUs, bf16 and compiled models always use F.linear."""
     chunked_loss: bool = False
     """Compute the loss through the output layer a chunk of rows at a time, never forming the (B, T, V)
     logits (model/loss.py): the same loss and gradients, less memory; forward then returns no logits."""
@@ -112,6 +117,9 @@ class GPTConfig:
             raise ConfigError(
                 "GPTConfig.attn_sinks keeps the first tokens visible beyond a window: set attn_window > 0."
             )
+        _check_choice("linear_backend", self.linear_backend, LINEAR_BACKENDS)
+        if self.linear_backend == "onednn" and not onednn_available():
+            raise ConfigError("GPTConfig.linear_backend='onednn': this PyTorch build has no oneDNN; use auto or aten.")
         check_config(self)  # the registries' half: names, each scheme's needs, a kernel for the combination
 
     @property

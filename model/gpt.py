@@ -17,6 +17,7 @@ from model.cache import LayerCache
 from model.config import GPTConfig
 from model.generation import stream
 from model.kernels import Kernel, Plan, Step, WeightsHook
+from model.linear import Linear
 from model.linear_attention import LayerStateCache
 from model.loss import linear_cross_entropy
 from model.masks import AttentionMask
@@ -35,9 +36,9 @@ class MLP(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.fc = Linear(config.n_embd, 4 * config.n_embd, config.bias, config.linear_backend)
         self.gelu = nn.GELU()  # exact (erf) GELU, as nanoGPT; GPT-2 used the tanh approximation
-        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.proj = Linear(4 * config.n_embd, config.n_embd, config.bias, config.linear_backend)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -86,7 +87,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, self.attention) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.lm_head = Linear(config.n_embd, config.padded_vocab_size, False, config.linear_backend)
         self.lm_head.weight = self.wte.weight  # tied input/output embeddings (Press & Wolf 2017)
         self.activation_checkpointing = False
         """Keep only each block's input during a training forward pass and recompute the block in the

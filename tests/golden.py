@@ -51,7 +51,10 @@ def model_curve(settings: dict[str, Any], steps: int = STEPS) -> list[float]:
 
     fields = {k: v for k, v in settings.items() if k != "random_positions"}
     torch.manual_seed(1337)
-    model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32, **fields))
+    # PyTorch's own float32 matmuls, on every CPU: the file records them (oneDNN's are tested against them)
+    model = GPT(
+        GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32, linear_backend="aten", **fields)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     data = torch.Generator().manual_seed(0)
     text = torch.randint(0, 64, (256,), generator=data)  # windows of one short random text: learnable
@@ -80,7 +83,8 @@ def trainer_curve(tmp: Path, text_file: Path, steps: int = STEPS) -> list[float]
 
     cli.run(train_script.COMMAND, [
         "--model.n_layer", "2", "--model.n_head", "4", "--model.n_embd", "32", "--model.block_size", "32",
-        "--model.dropout", "0.1", "--train.batch_size", "4", "--train.grad_accum", "2",
+        "--model.dropout", "0.1", "--model.linear_backend", "aten",
+        "--train.batch_size", "4", "--train.grad_accum", "2",
         "--train.max_steps", str(steps), "--train.log_interval", "1", "--train.eval_interval", str(steps),
         "--train.progress_bar", "false", "--train.sample_tokens", "0", "--train.precision", "32-true",
         "--train.accelerator", "cpu", "--optim.lr", "3e-3", "--optim.warmup_steps", "5",

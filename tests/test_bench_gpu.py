@@ -10,7 +10,8 @@ import pytest
 
 import bench
 from benchmarks.common import DEFAULT_PEER
-from benchmarks.gpu import GPU_SHAPES, Row, ratios
+from benchmarks.gpu import ratios
+from benchmarks.gpu_rows import GPU_SHAPES, Row
 from core import cli
 
 CPU_MODE = ["gpu", "--compile", "false", "--steps", "2", "--warmup", "1"]

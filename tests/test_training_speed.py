@@ -108,7 +108,7 @@ def test_fp8_converts_the_blocks_linear_layers_and_trains_close_to_bf16(monkeypa
     keys = list(converted.state_dict())
     assert fp8_module.convert_to_fp8(converted) == 4 * SMALL.n_layer  # qkv, proj, fc, proj per block
     assert list(converted.state_dict()) == keys  # checkpoints keep their layout
-    assert type(converted.lm_head) is torch.nn.Linear  # the tied output layer stays bf16
+    assert type(converted.lm_head).__name__ == "Linear"  # the tied output layer stays bf16
     assert type(converted.blocks[0].mlp.fc).__name__ == "Float8Linear"
     idx = torch.randint(0, 64, (4, 33))
     losses = []

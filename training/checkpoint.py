@@ -23,7 +23,9 @@ from core.checkpoint import CheckpointError, read_checkpoint
 from model import GPTConfig
 from training.config import RunConfig
 
-CHANGEABLE_MODEL_FIELDS = frozenset({"attn_backend", "dropout", "rope_scaling", "rope_scaling_factor", "chunked_loss"})
+CHANGEABLE_MODEL_FIELDS = frozenset(
+    {"attn_backend", "linear_backend", "dropout", "rope_scaling", "rope_scaling_factor", "chunked_loss"}
+)
 """Model fields that a resumed run may change: the weights keep their shapes and meaning (RoPE
 scaling is how position interpolation fine-tunes a trained model for longer contexts; the chunked
 loss computes the same loss)."""
