@@ -121,3 +121,19 @@ def test_fp8_converts_the_blocks_linear_layers_and_trains_close_to_bf16(monkeypa
     for (name, p), q in zip(plain.named_parameters(), converted.parameters(), strict=True):
         error = (q.grad - p.grad).norm() / p.grad.norm()
         assert error < 0.15, (name, error)  # FP8's rounding: ~5% on a layer (e4m3: 3 mantissa bits)
+
+
+def test_train_py_compiles_in_the_mode_asked_and_recomputes_blocks_when_asked(tmp_path, text_file, monkeypatch):
+    import model.gpt as gpt_module
+    from core import cli
+
+    modes, recomputed = [], []
+    monkeypatch.setattr(GPT, "compile", lambda self, mode=None: modes.append(mode))  # the mode, not minutes of Inductor
+    real = gpt_module.checkpoint
+    monkeypatch.setattr(gpt_module, "checkpoint", lambda *a, **k: recomputed.append(1) or real(*a, **k))
+    argv = tiny_args(tmp_path, text_file, "--train.max_steps", "2", "--train.compile", "true",
+                     "--train.compile_mode", "max-autotune-no-cudagraphs",
+                     "--train.activation_checkpointing", "true")  # fmt: skip
+    cli.run(train_script.COMMAND, argv)
+    assert modes == ["max-autotune-no-cudagraphs"]
+    assert len(recomputed) >= 2 * 2  # every block of every training step (validation runs without)
