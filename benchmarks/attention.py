@@ -94,6 +94,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "none": {"pos_encoding": "none"},
     "alibi": {"pos_encoding": "alibi"},
     "t5": {"pos_encoding": "t5"},
+    "kerple": {"pos_encoding": "kerple"},
     "rope-window64": {"pos_encoding": "rope", "attn_window": 64},
     "rope-window64-sinks4": {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4},
     "rope-linear": {"pos_encoding": "rope", "attention": "linear"},

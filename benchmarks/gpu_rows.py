@@ -30,6 +30,7 @@ SCHEMES: dict[str, dict[str, Any]] = {
     "rope": {"pos_encoding": "rope"},
     "alibi": {"pos_encoding": "alibi"},
     "t5": {"pos_encoding": "t5"},
+    "kerple": {"pos_encoding": "kerple"},
     "none": {"pos_encoding": "none"},
     "window": {"pos_encoding": "rope"},  # + attn_window and attn_sinks from the options
 }
@@ -55,7 +56,7 @@ class GpuBenchConfig:
     trainer's overhead; nanoGPT's step beside ours."""
 
     schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
-    """Rows of ours: learned, sinusoidal, rope, alibi, t5, none, window (RoPE + --window and --sinks)."""
+    """Rows of ours: learned, sinusoidal, rope, alibi, t5, kerple, none, window (RoPE + --window and --sinks)."""
     shapes: list[str] | None = None
     """Batch x context, e.g. 16x1024 (default: 16x1024 32x1024 4x4096 1x16384 1x32768 on a GPU, 4x64 on a CPU)."""
     model: Literal["auto", "gpt2", "tiny"] = "auto"

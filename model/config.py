@@ -43,7 +43,7 @@ class GPTConfig:
     """Biases in Linear and LayerNorm layers, as GPT-2 has; False is slightly faster and as good."""
     pos_encoding: str = "learned"
     """Position scheme, a key of model.positions.SCHEMES: learned | sinusoidal | rope | alibi | t5 (relative bias) |
-    none (NoPE: causal mask only)."""
+    kerple (learned log-distance bias) | none (NoPE: causal mask only)."""
     attn_backend: str = "auto"
     """Attention kernel, auto (fastest correct choice per device) or a key of the attention function's kernels:
     eager (reference) | sdpa | flex; for attention='linear': chunked | eager (the quadratic reference)."""

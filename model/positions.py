@@ -250,6 +250,35 @@ class T5Bias(PositionEncoding):
         return self.table[bucket, h].float()
 
 
+class Kerple(PositionEncoding):
+    """KERPLE's logarithmic kernel (Chi et al. 2022), causal: head h adds
+    -r1_h * log(1 + r2_h * (i - j)) to the score of query i on key j, with r1_h, r2_h > 0 learned.
+    A log-shaped ALiBi whose slope and curvature each head learns; like ALiBi it runs at any length.
+    Both are kept at least `EPS` (the paper's code clamps them there after each step; here the
+    clamp is in the forward pass, which keeps the parameters plain for the optimizer and compile)."""
+
+    score_bias = True
+    learned_bias = True
+    EPS = 1e-2
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config)
+        self.r1 = nn.Parameter(torch.empty(config.n_head))
+        self.r2 = nn.Parameter(torch.empty(config.n_head))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # the paper's code: r1 ~ U(0, 2), r2 ~ U(0, 1), per head
+        with torch.no_grad():
+            self.r1.uniform_(0.0, 2.0)
+            self.r2.uniform_(0.0, 1.0)
+
+    def relative_bias(self, h: Tensor, distance: Tensor) -> Tensor:
+        r1, r2 = self.r1.float().clamp(min=self.EPS), self.r2.float().clamp(min=self.EPS)
+        # future keys (distance < 0) are masked by the kernel, but their bias must stay finite
+        return -r1[h] * torch.log1p(r2[h] * distance.clamp(min=0))
+
+
 def _require_even(config: GPTConfig, value: int, why: str) -> None:
     if value % 2:
         raise ConfigError(f"GPTConfig.pos_encoding={config.pos_encoding!r} {why}; got {value}.")
@@ -325,6 +354,7 @@ SCHEMES: dict[str, type[PositionEncoding]] = {
     "rope": RotaryPositions,
     "alibi": ALiBi,
     "t5": T5Bias,
+    "kerple": Kerple,
     "none": NoPositions,
 }
 """The position schemes by `pos_encoding` name."""

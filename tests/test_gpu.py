@@ -103,7 +103,7 @@ def test_auto_alibi_trains_through_compiled_flex_on_cuda(gpu_config):
 
 @pytest.mark.parametrize(
     "extra",
-    [{"pos_encoding": "t5"}, {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4},
+    [{"pos_encoding": "t5"}, {"pos_encoding": "kerple"}, {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4},
      {"pos_encoding": "alibi", "attn_window": 64}],
 )  # fmt: skip
 def test_flex_learned_bias_and_window_masks_match_eager_with_gradients_on_cuda(gpu_config, extra):
@@ -121,6 +121,8 @@ def test_flex_learned_bias_and_window_masks_match_eager_with_gradients_on_cuda(g
         torch.testing.assert_close(p.grad, r.grad, atol=1e-4, rtol=1e-3, msg=name)
     if config.pos_encoding == "t5":
         assert model.pe.table.grad.abs().sum() > 0
+    if config.pos_encoding == "kerple":
+        assert model.pe.r1.grad.abs().sum() > 0 and model.pe.r2.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("scheme", ["alibi", "t5", "rope"])

@@ -1,0 +1,85 @@
+"""KERPLE's logarithmic bias (Chi et al. 2022) against its formula, written out here: the bias by
+hand, one layer of attention by hand, the gradients of r1 and r2 through every kernel that runs it
+on a CPU, the clamp that keeps both positive, and a checkpoint round trip. The parity matrix
+(test_kernels.py) and the cache tests (test_cache.py) take it from the registry like every scheme."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+
+CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=False, pos_encoding="kerple")
+
+
+def _set(model: GPT, r1: list[float], r2: list[float]) -> None:
+    with torch.no_grad():
+        model.pe.r1.copy_(torch.tensor(r1))
+        model.pe.r2.copy_(torch.tensor(r2))
+
+
+def test_the_bias_is_minus_r1_log_of_one_plus_r2_d():
+    model = GPT(CONFIG)
+    _set(model, [1.0, 0.5], [1.0, 2.0])
+    d = torch.arange(4.0)
+    head0 = model.pe.relative_bias(torch.tensor(0), d)
+    head1 = model.pe.relative_bias(torch.tensor(1), d)
+    assert head0.tolist() == pytest.approx([0.0, -math.log(2), -math.log(3), -math.log(4)])
+    assert head1.tolist() == pytest.approx([0.0, -0.5 * math.log(3), -0.5 * math.log(5), -0.5 * math.log(7)])
+    assert model.pe.relative_bias(torch.tensor(0), torch.tensor([-3.0])).isfinite().all()  # masked keys
+
+
+def test_r1_and_r2_are_used_at_least_eps():
+    model = GPT(CONFIG)
+    _set(model, [-1.0, 0.0], [-5.0, 0.0])  # an optimizer step may push them below zero
+    eps = model.pe.EPS
+    bias = model.pe.relative_bias(torch.tensor([[0], [1]]), torch.tensor([[10.0]]))
+    assert bias.flatten().tolist() == pytest.approx([-eps * math.log1p(eps * 10)] * 2)
+
+
+def test_the_attention_weights_are_the_softmax_of_scores_plus_the_bias_by_hand():
+    torch.manual_seed(0)
+    model = GPT(CONFIG).eval()
+    _set(model, [0.7, 1.3], [0.4, 2.5])
+    idx = torch.randint(0, 64, (1, 6))
+    seen = []
+    with torch.no_grad():
+        model.attention_weights(idx, lambda layer: (lambda rows, w: seen.append(w)) if layer == 0 else None)
+        h = model.blocks[0].ln_1(model.wte(idx))  # kerple adds nothing to the embeddings
+        q, k, _ = model.blocks[0].attn.qkv(h).split(16, dim=-1)
+    q, k = (t.view(1, 6, 2, 8).transpose(1, 2) for t in (q, k))  # (1, H, T, D)
+    i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
+    r1, r2 = torch.tensor([0.7, 1.3])[:, None, None], torch.tensor([0.4, 2.5])[:, None, None]
+    bias = -r1 * torch.log(1 + r2 * (i - j).clamp(min=0))  # (H, T, T)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(8) + bias).masked_fill(j > i, float("-inf"))
+    torch.testing.assert_close(torch.cat(seen, dim=2), scores.softmax(-1), rtol=1e-5, atol=1e-6)
+
+
+def test_gradients_of_r1_and_r2_agree_on_eager_and_sdpa():
+    grads = []
+    for backend in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        model = GPT(dataclasses.replace(CONFIG, attn_backend=backend, n_layer=2))
+        idx = torch.randint(0, 64, (2, 30))  # past block_size: the bias runs at any length
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        grads.append((model.pe.r1.grad, model.pe.r2.grad))
+    for eager, sdpa in zip(*grads, strict=True):
+        assert eager is not None and eager.abs().sum() > 0
+        torch.testing.assert_close(sdpa, eager, rtol=1e-4, atol=1e-6)
+
+
+def test_a_checkpoint_round_trips_the_learned_slopes(tmp_path):
+    model = GPT(CONFIG)
+    _set(model, [0.3, 1.7], [0.9, 0.2])
+    torch.save({"config": CONFIG.to_dict(), "state": model.state_dict()}, tmp_path / "k.pt")
+    saved = torch.load(tmp_path / "k.pt")
+    again = GPT(GPTConfig.from_dict(saved["config"]))
+    again.load_state_dict(saved["state"])
+    assert again.pe.r1.tolist() == pytest.approx([0.3, 1.7]) and again.pe.r2.tolist() == pytest.approx([0.9, 0.2])
+    idx = torch.randint(0, 64, (1, 12))
+    torch.testing.assert_close(again(idx)[0], model(idx)[0])
