@@ -99,6 +99,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "rope-window64-sinks4": {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4},
     "rope-linear": {"pos_encoding": "rope", "attention": "linear"},
     "rope-dot": {"pos_encoding": "rope", "attn_score": "dot"},
+    "rope-general": {"pos_encoding": "rope", "attn_score": "general"},
     "rope-additive": {"pos_encoding": "rope", "attn_score": "additive"},
 }
 

@@ -128,6 +128,7 @@ class SoftmaxAttention(Attention):
         q, k = pe.rotate(q, k, plan.step.q_start, plan.step.ids)  # the new tokens, at their absolute positions
         if cache is not None:
             k, v = cache.update(k, v, plan.cache_step)  # the keys and values the plan describes
+        q = self.score.queries(q)  # what the kernels score (q W for the general score)
         y = plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0)  # (B, H, T, D)
         return self.output(y)
 

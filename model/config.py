@@ -63,7 +63,8 @@ class GPTConfig:
     """pos_encoding='t5': distances from here on share the last bucket."""
     attn_score: str = "scaled_dot"
     """Scoring function, a key of model.scores.SCORES: scaled_dot (q.k / sqrt(D), Vaswani) | dot (q.k, Luong) |
-    additive (v.tanh(Wq q + Wk k), Bahdanau; eager kernel only, chunked over queries)."""
+    general (q.W k, Luong; W learned per head, from I / sqrt(D)) | additive (v.tanh(Wq q + Wk k), Bahdanau; eager
+    kernel only, chunked over queries)."""
     attn_window: int = 0
     """Sliding-window attention: each token sees itself and the W - 1 tokens before it (0: all earlier
     tokens). Decoding then keeps only the last W keys (plus sinks)."""

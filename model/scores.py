@@ -4,9 +4,13 @@
 |--------------|-------------------------------------------|---------------------|----------------------|
 | `scaled_dot` | q . k / sqrt(D) (Vaswani et al. 2017)     | none                | D multiply-adds      |
 | `dot`        | q . k (Luong et al. 2015)                 | none                | D multiply-adds      |
+| `general`    | q . W k (Luong et al. 2015)               | D^2                 | D multiply-adds      |
 | `additive`   | v . tanh(W_q q + W_k k) (Bahdanau et al.) | 2 D^2 + D           | D tanh + D mult-adds |
 
-The additive score also forms a (Tq, Tk, D) tensor of tanh inputs.
+The additive score also forms a (Tq, Tk, D) tensor of tanh inputs. The general score is a dot
+product of transformed queries: q . W k = (q W) . k, so the layer hands the fused kernels q W
+(`Score.queries`, after the scheme's rotation) and they compute a plain dot product; W starts at
+I / sqrt(D), where the score is the scaled dot product, and is learned per head.
 
 Why the sqrt(D): with q and k of independent unit-variance components, q . k has variance D, so
 unscaled scores grow with the head size and push the softmax into saturation, where its gradients
@@ -48,8 +52,14 @@ class Score(nn.Module):
         """The score for a model of `config` (its head count and size)."""
         return cls()
 
+    def queries(self, q: Tensor) -> Tensor:
+        """The queries (B, H, Tq, D) that the kernels score against the keys (the rotated ones as
+        they are, unless the score transforms them)."""
+        return q
+
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        """Scores (B, H, Tq, Tk) of queries (B, H, Tq, D) on keys (B, H, Tk, D), in q's dtype."""
+        """Scores (B, H, Tq, Tk) of queries (B, H, Tq, D), as `queries` returned them, on keys
+        (B, H, Tk, D), in q's dtype."""
         return (q @ k.transpose(-2, -1)) * self.scale
 
     def query_chunk(self, q: Tensor, k: Tensor) -> int:
@@ -71,6 +81,29 @@ class ScaledDot(Score):
 
 class Dot(Score):
     scale = 1.0
+
+
+class General(Score):
+    """Luong's general (bilinear) score, per head h: q . W_h k, as the dot product (q W_h) . k."""
+
+    scale = 1.0
+
+    def __init__(self, n_head: int, head_dim: int) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(n_head, head_dim, head_dim))
+        self.reset_parameters()
+
+    @classmethod
+    def build(cls, config: GPTConfig) -> Score:
+        return cls(config.n_head, config.head_dim)
+
+    def reset_parameters(self) -> None:
+        d = self.w.size(-1)
+        with torch.no_grad():  # the scaled dot product to start with
+            self.w.copy_(torch.eye(d).expand_as(self.w) / math.sqrt(d))
+
+    def queries(self, q: Tensor) -> Tensor:
+        return torch.einsum("bhtd,hde->bhte", q, self.w.to(q.dtype))
 
 
 class Additive(Score):
@@ -110,6 +143,7 @@ class Additive(Score):
 SCORES: dict[str, type[Score]] = {
     "scaled_dot": ScaledDot,
     "dot": Dot,
+    "general": General,
     "additive": Additive,
 }
 """The scoring functions by `attn_score` name (`Score.build` makes one for a model)."""

@@ -93,7 +93,7 @@ def test_a_linear_attention_model_overfits_a_batch(tiny_config):
          ["attention='linear' cannot run attn_score='dot'", "scores no query-key pairs",
           "attn_score scaled_dot would run", "attention softmax would run"]),
         ({"attn_backend": "sdpa", "attn_score": "additive"},
-         ["attn_backend='sdpa' cannot run attn_score='additive'", "attn_score scaled_dot or dot would run",
+         ["attn_backend='sdpa' cannot run attn_score='additive'", "attn_score scaled_dot, dot or general would run",
           "attn_backend auto or eager would run"]),
         ({"attn_backend": "flex", "dropout": 0.1},
          ["attn_backend='flex' cannot run dropout=0.1", "attention dropout", "dropout 0.0 would run",

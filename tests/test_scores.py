@@ -1,4 +1,4 @@
-"""Scoring functions: scaled dot product (Vaswani), dot (Luong), additive (Bahdanau)."""
+"""Scoring functions: scaled dot product (Vaswani), dot and general (Luong), additive (Bahdanau)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 import model.scores as scores
 from model import GPT
 from model.kernels import eager_attention
-from model.scores import Additive, Dot, ScaledDot
+from model.scores import Additive, Dot, General, ScaledDot
 
 from helpers import eager_with_weights, overfit
 
@@ -64,3 +64,51 @@ def test_each_score_overfits_and_decodes_the_same_with_and_without_cache(tiny_co
     prompt = torch.randint(0, tiny_config.vocab_size, (2, 3))
     cached, uncached = (model.generate(prompt, 20, temperature=0, use_cache=c) for c in (True, False))
     assert torch.equal(cached, uncached)
+
+
+def test_the_general_score_by_hand():
+    score = General(n_head=2, head_dim=4).double()
+    with torch.no_grad():
+        score.w.copy_(torch.randn(2, 4, 4, dtype=torch.float64))
+    q, k = torch.randn(2, 1, 2, 3, 4, dtype=torch.float64).unbind(0)
+    got = score(score.queries(q), k)  # (1, 2, 3, 3): what the layer hands every kernel
+    h, i, j = 1, 2, 0
+    torch.testing.assert_close(got[0, h, i, j], q[0, h, i] @ score.w[h] @ k[0, h, j])  # q^T W k, no scale
+
+
+def test_the_general_score_starts_as_the_scaled_dot_product(tiny_config):
+    torch.manual_seed(0)
+    general = GPT(dataclasses.replace(tiny_config, attn_score="general", pos_encoding="rope"))
+    plain = GPT(dataclasses.replace(tiny_config, pos_encoding="rope"))
+    plain.load_state_dict(general.state_dict(), strict=False)  # every weight but W
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 12))
+    torch.testing.assert_close(general(idx)[0], plain(idx)[0], rtol=1e-5, atol=1e-5)
+    assert {n for n, _ in general.named_parameters()} - {n for n, _ in plain.named_parameters()} == {
+        f"blocks.{i}.attn.score.w" for i in range(tiny_config.n_layer)
+    }
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_the_general_scores_attention_weights_by_hand_and_its_gradient(tiny_config, backend):
+    torch.manual_seed(0)
+    config = dataclasses.replace(tiny_config, attn_score="general", pos_encoding="alibi", attn_backend=backend)
+    model = GPT(config)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.score.w.add_(0.3 * torch.randn_like(block.attn.score.w))  # away from the start
+    idx = torch.randint(0, config.vocab_size, (1, 7))
+    seen = []
+    with torch.no_grad():
+        model.attention_weights(idx, lambda layer: (lambda rows, w: seen.append(w)) if layer == 0 else None)
+        h = model.blocks[0].ln_1(model.wte(idx))
+        q, k, _ = model.blocks[0].attn.qkv(h).split(config.n_embd, dim=-1)
+    H, D = config.n_head, config.head_dim
+    q, k = (t.view(1, 7, H, D).transpose(1, 2) for t in (q, k))
+    i, j = torch.arange(7)[:, None], torch.arange(7)[None, :]
+    slopes = model.pe.slopes[:, None, None]
+    scores = torch.einsum("bhid,hde,bhje->bhij", q, model.blocks[0].attn.score.w, k) - slopes * (i - j)
+    weights = scores.masked_fill(j > i, float("-inf")).softmax(-1)
+    torch.testing.assert_close(torch.cat(seen, dim=2), weights, rtol=1e-5, atol=1e-6)
+    _, loss = model(idx, idx)
+    loss.backward()
+    assert all(block.attn.score.w.grad.abs().sum() > 0 for block in model.blocks)
