@@ -188,7 +188,13 @@ def check_config(config: GPTConfig) -> None:
     _check_name("attention", config.attention, list(ATTENTIONS))
     _check_name("attn_score", config.attn_score, list(SCORES))
     _check_name("attn_backend", config.attn_backend, [AUTO, *kernel_names()])
-    SCHEMES[config.pos_encoding].check(config)
+    scheme = SCHEMES[config.pos_encoding]
+    if config.rope_fraction != 1.0 and not scheme.partial_rotation:
+        raise ConfigError(
+            f"GPTConfig.rope_fraction {config.rope_fraction} rotates part of each head, which "
+            f"pos_encoding={config.pos_encoding!r} does not do: use pos_encoding='rope', or rope_fraction 1."
+        )
+    scheme.check(config)
     layer = ATTENTIONS[config.attention]
     if config.attn_backend != AUTO and config.attn_backend not in layer.kernels:
         raise ConfigError(

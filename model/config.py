@@ -21,6 +21,8 @@ from model.linear import LINEAR_BACKENDS, onednn_available
 
 RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
+RopePartial = Literal["p_rope", "neox"]
+ROPE_PARTIALS: tuple[str, ...] = get_args(RopePartial)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +59,13 @@ class GPTConfig:
     """RoPE context extension, usually set at evaluation time: linear (position interpolation), ntk, yarn."""
     rope_scaling_factor: float = 1.0
     """How many times block_size the scaled RoPE should cover (1 changes nothing)."""
+    rope_fraction: float = 1.0
+    """Share of each head's dimensions RoPE rotates (1.0: all); the rest carry no position. How they are
+    chosen is `rope_partial`."""
+    rope_partial: RopePartial = "p_rope"
+    """With rope_fraction < 1: p_rope keeps the highest-frequency pairs and leaves the lowest-frequency ones
+    unrotated (Barbero et al. 2025, "Round and round we go"); neox rotates the first rope_fraction x head_dim
+    dimensions with frequencies spread over them, the rest pass through (GPT-NeoX's rotary_pct)."""
     t5_num_buckets: int = 32
     """pos_encoding='t5': learned biases per head for this many buckets of distance, half of them exact."""
     t5_max_distance: int = 128
@@ -103,6 +112,11 @@ class GPTConfig:
             raise ConfigError(f"GPTConfig.rope_scaling_factor must be >= 1, got {self.rope_scaling_factor!r}.")
         if self.rope_scaling == "ntk" and self.head_dim <= 2:
             raise ConfigError("GPTConfig.rope_scaling='ntk' needs a head size above 2 (it scales by D / (D - 2)).")
+        _check_choice("rope_partial", self.rope_partial, ROPE_PARTIALS)
+        if isinstance(self.rope_fraction, bool) or not 0.0 < self.rope_fraction <= 1.0:
+            raise ConfigError(
+                f"GPTConfig.rope_fraction must be in (0, 1] (1: every dimension), got {self.rope_fraction!r}."
+            )
         if self.rope_base <= 0:
             raise ConfigError(f"GPTConfig.rope_base must be positive, got {self.rope_base!r}.")
         if self.t5_num_buckets < 2 or self.t5_max_distance <= self.t5_num_buckets // 2:

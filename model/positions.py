@@ -54,6 +54,8 @@ class PositionEncoding(nn.Module):
     """Whether the scheme reads positions at all (NoPE does not)."""
     rescalable: bool = False
     """Whether `config.rope_scaling` applies: its angles can be stretched at evaluation (RoPE)."""
+    partial_rotation: bool = False
+    """Whether `config.rope_fraction` applies: it can rotate part of each head (RoPE)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -167,10 +169,12 @@ class RotaryPositions(PositionEncoding):
     """
 
     rescalable = True
+    partial_rotation = True
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
         self.head_dim = config.head_dim
+        self.rotated_dims, self.pairs = rotated_part(config)
         self.base = config.rope_base
         self.scaling = (config.rope_scaling, config.rope_scaling_factor, config.block_size)
         cos, sin = self._cos_sin(config.block_size)
@@ -181,6 +185,7 @@ class RotaryPositions(PositionEncoding):
     def check(cls, config: GPTConfig) -> None:
         why = f"rotates pairs of dimensions, so the head size n_embd / n_head = {config.n_embd} / {config.n_head}"
         _require_even(config, config.head_dim, why + " must be even")
+        rotated_part(config)  # a fraction that makes whole pairs
 
     def reserve(self, length: int) -> None:
         if length > self.cos.size(0):
@@ -194,11 +199,15 @@ class RotaryPositions(PositionEncoding):
         cos, sin = take(self.cos, start, T, ids), take(self.sin, start, T, ids)  # (T, D/2), or (B, T, D/2)
         if ids is not None:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D/2): the same positions for every head
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        r = self.rotated_dims
+        if r == self.head_dim:
+            return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # neox: the first r dimensions rotate, the rest pass through
+        return tuple(torch.cat((apply_rope(t[..., :r], cos, sin), t[..., r:]), dim=-1) for t in (q, k))
 
     def _cos_sin(self, length: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
         kind, factor, trained_length = self.scaling
-        return rope_cos_sin(length, self.head_dim, self.base, device, kind, factor, trained_length)
+        return rope_cos_sin(length, self.rotated_dims, self.base, device, kind, factor, trained_length, self.pairs)
 
 
 class ALiBi(PositionEncoding):
@@ -277,6 +286,32 @@ class Kerple(PositionEncoding):
         r1, r2 = self.r1.float().clamp(min=self.EPS), self.r2.float().clamp(min=self.EPS)
         # future keys (distance < 0) are masked by the kernel, but their bias must stay finite
         return -r1[h] * torch.log1p(r2[h] * distance.clamp(min=0))
+
+
+def rotated_part(config: GPTConfig) -> tuple[int, int | None]:
+    """(dimensions the rotation spans, frequency pairs that turn: None for all) of RoPE with
+    `config.rope_fraction` of each head: p_rope spans the whole head and turns the highest-frequency
+    fraction of its D / 2 pairs; neox spans the first fraction x D dimensions and turns all their
+    pairs. Refuses, naming the fix, a fraction that makes no whole number of pairs."""
+    fraction, D = config.rope_fraction, config.head_dim
+    if fraction == 1.0:
+        return D, None
+    if config.rope_partial == "p_rope":
+        pairs = fraction * D / 2
+        if pairs < 1 or abs(pairs - round(pairs)) > 1e-9:
+            raise ConfigError(
+                f"GPTConfig.rope_fraction {fraction} of the {D // 2} frequency pairs of a head of {D} is {pairs:g} "
+                f"pairs: pick k / {D // 2} for a whole number k >= 1 (e.g. {max(1, round(pairs))}/{D // 2})."
+            )
+        return D, round(pairs)
+    dims = fraction * D
+    if dims < 2 or abs(dims - round(dims)) > 1e-9 or round(dims) % 2:
+        example = max(2, 2 * round(dims / 2))
+        raise ConfigError(
+            f"GPTConfig.rope_fraction {fraction} with rope_partial='neox' rotates {dims:g} of the head's {D} "
+            f"dimensions; it must be an even number >= 2 (pairs): pick 2k / {D} (e.g. {example}/{D})."
+        )
+    return round(dims), None
 
 
 def _require_even(config: GPTConfig, value: int, why: str) -> None:

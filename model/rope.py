@@ -21,6 +21,7 @@ def rope_cos_sin(
     scaling: str = "none",
     factor: float = 1.0,
     trained_length: int = 0,
+    pairs: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """cos and sin of the RoPE angles, each (length, head_dim / 2) in float32, optionally scaled to
     cover `factor` times the `trained_length`. With D = head_dim, b = base, s = factor and
@@ -33,7 +34,8 @@ def rope_cos_sin(
       (Peng et al. 2023, and Hugging Face's `_compute_yarn_parameters`) computes it: see
       `yarn_inv_freq`; cos and sin are multiplied by 0.1 ln(s) + 1, so every attention score is
       scaled by its square (the paper's sqrt(1/t) on both q and k).
-    With factor 1 every method gives the unscaled angles.
+    With factor 1 every method gives the unscaled angles. With `pairs` k, only the k fastest pairs
+    turn (p-RoPE: theta_i = 0 for i >= k, so cos 1 and sin 0 leave the rest as they are).
     """
     dims = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
     if scaling == "ntk":
@@ -45,6 +47,8 @@ def rope_cos_sin(
     elif scaling == "yarn" and factor > 1.0:
         inv_freq = yarn_inv_freq(inv_freq, head_dim, base, factor, trained_length)
         mscale = 0.1 * math.log(factor) + 1.0
+    if pairs is not None:
+        inv_freq = torch.where(torch.arange(inv_freq.numel(), device=device) < pairs, inv_freq, 0.0)
     angles = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)
     return torch.cos(angles) * mscale, torch.sin(angles) * mscale
 
