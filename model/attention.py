@@ -24,12 +24,12 @@ from torch import Tensor, nn
 
 from core.errors import ConfigError, did_you_mean
 from model.cache import KVCache, LayerCache
-from model.kernels import AUTO, KERNELS, Kernel, Lack, Needs, Plan, choose_kernel, weights_kernel
+from model.kernels import AUTO, KERNELS, Kernel, Lack, Needs, Plan, Step, choose_kernel, weights_kernel
 from model.linear import Linear
 from model.linear_attention import LINEAR_KERNELS, LayerStateCache, StateCache, feature_map
 from model.masks import AttentionMask
 from model.positions import SCHEMES, PositionEncoding
-from model.scores import SCORES, Score, build_score
+from model.scores import SCORES, LogLengthScale, Score, build_score
 
 if TYPE_CHECKING:
     from model.config import GPTConfig
@@ -123,11 +123,18 @@ class SoftmaxAttention(Attention):
 
     kernels = KERNELS
 
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config)
+        self.log_scale = LogLengthScale.of(config)
+        self.mask = AttentionMask(config.attn_window, config.attn_sinks)
+
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None = None) -> Tensor:
         q, k, v = self.project(x)
         q, k = pe.rotate(q, k, plan.step.q_start, plan.step.ids)  # the new tokens, at their absolute positions
         if cache is not None:
             k, v = cache.update(k, v, plan.cache_step)  # the keys and values the plan describes
+        if self.log_scale is not None:
+            q = self.log_scale(q, self.mask.seen_keys(query_indices(plan.step)))
         q = self.score.queries(q)  # what the kernels score (q W for the general score)
         y = plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0)  # (B, H, T, D)
         return self.output(y)
@@ -139,6 +146,14 @@ class SoftmaxAttention(Attention):
     @classmethod
     def constant_memory(cls, mask: AttentionMask) -> bool:
         return not mask.causal_only  # a window's rolling cache
+
+
+def query_indices(step: Step) -> Tensor:
+    """Where the step's queries stand among the keys: (B, Tq) when decoding (each row's cache
+    position), else (Tq,) from `q_start` (randomized positions are labels, not counts)."""
+    if step.q_pos is not None:
+        return step.q_pos
+    return torch.arange(step.q_start, step.q_start + step.q_len, device=step.device)
 
 
 class LinearAttention(Attention):
@@ -196,6 +211,11 @@ def check_config(config: GPTConfig) -> None:
         )
     scheme.check(config)
     layer = ATTENTIONS[config.attention]
+    if config.attn_log_scaling != "none" and not layer.scored:
+        raise ConfigError(
+            f"GPTConfig.attn_log_scaling scales attention scores, and attention={config.attention!r} forms none: "
+            "use attention='softmax', or attn_log_scaling 'none'."
+        )
     if config.attn_backend != AUTO and config.attn_backend not in layer.kernels:
         raise ConfigError(
             f"attn_backend={config.attn_backend!r} is not a kernel of attention={config.attention!r}, whose "

@@ -79,6 +79,12 @@ class GPTConfig:
     tokens). Decoding then keeps only the last W keys (plus sinks)."""
     attn_sinks: int = 0
     """With a window: the first S tokens stay visible to every token (StreamingLLM's attention sinks)."""
+    attn_log_scaling: Literal["none", "fixed", "learned"] = "none"
+    """Log-length attention scaling (SSMax, Nakanishi 2025; the log-length temperature of YaRN and DroPE):
+    each query times s * ln(n), n the number of keys it sees, so scores sharpen as the context grows instead
+    of flattening. fixed: s = attn_log_scale; learned: s per head and layer, starting there. Softmax only."""
+    attn_log_scale: float | None = None
+    """s of attn_log_scaling (default 1 / ln(block_size): at the training length the scale is 1)."""
     linear_backend: str = "auto"
     """Who multiplies the linear layers' float32 matrices on a CPU (model/linear.py): aten (PyTorch's MKL
     sgemm) | onednn | auto (oneDNN on non-Intel x86 CPUs with AVX-512, where MKL runs AVX2 code; aten
@@ -113,6 +119,11 @@ class GPTConfig:
         if self.rope_scaling == "ntk" and self.head_dim <= 2:
             raise ConfigError("GPTConfig.rope_scaling='ntk' needs a head size above 2 (it scales by D / (D - 2)).")
         _check_choice("rope_partial", self.rope_partial, ROPE_PARTIALS)
+        _check_choice("attn_log_scaling", self.attn_log_scaling, ("none", "fixed", "learned"))
+        if self.attn_log_scale is not None and not self.attn_log_scale > 0:
+            raise ConfigError(f"GPTConfig.attn_log_scale must be positive (or None), got {self.attn_log_scale!r}.")
+        if self.attn_log_scaling != "none" and self.attn_log_scale is None and self.block_size < 2:
+            raise ConfigError("GPTConfig.attn_log_scaling needs block_size >= 2 or an explicit attn_log_scale.")
         if isinstance(self.rope_fraction, bool) or not 0.0 < self.rope_fraction <= 1.0:
             raise ConfigError(
                 f"GPTConfig.rope_fraction must be in (0, 1] (1: every dimension), got {self.rope_fraction!r}."

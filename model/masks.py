@@ -67,6 +67,14 @@ class AttentionMask:
         """(Tq, Tk) bool, True where query at `q_pos[i]` sees key at `k_pos[j]`."""
         return self.visible(q_pos[:, None], k_pos[None, :])
 
+    def seen_keys(self, q: Tensor) -> Tensor:
+        """How many keys a query at position `q` sees (a tensor of positions, keys from 0): q + 1
+        under causal attention; with a window its W keys plus the sinks before them."""
+        n = q + 1
+        if self.window:
+            n = n.clamp(max=self.window) + (n - self.window).clamp(min=0, max=self.sinks)
+        return n
+
     def kept_keys(self, length: int) -> int:
         """How many keys a cache holds at most after `length` tokens (all of them without a window)."""
         return min(length, self.window + self.sinks) if self.window else length

@@ -140,6 +140,35 @@ class Additive(Score):
         return max(1, ADDITIVE_CHUNK_ELEMENTS // (B * H * k.size(-2) * D))
 
 
+class LogLengthScale(nn.Module):
+    """Log-length attention scaling (`attn_log_scaling`): each query times s_h ln(n), n the number of
+    keys it sees (SSMax, Nakanishi 2025). With n keys of comparable scores the softmax's largest
+    weight falls like 1/n; growing the scores by ln(n) keeps a query able to single out one key at
+    any length. s per head, learned or fixed; ln(1) = 0 leaves a first token's one key as it is."""
+
+    def __init__(self, n_head: int, s: float, learned: bool) -> None:
+        super().__init__()
+        start = torch.full((n_head,), float(s))
+        if learned:
+            self.s = nn.Parameter(start)
+        else:
+            self.register_buffer("s", start, persistent=False)
+
+    @classmethod
+    def of(cls, config: GPTConfig) -> LogLengthScale | None:
+        """The scaling `config` asks for, or None."""
+        if config.attn_log_scaling == "none":
+            return None
+        s = config.attn_log_scale if config.attn_log_scale is not None else 1.0 / math.log(config.block_size)
+        return cls(config.n_head, s, learned=config.attn_log_scaling == "learned")
+
+    def forward(self, q: Tensor, seen: Tensor) -> Tensor:
+        """Queries (B, H, T, D) scaled by s_h ln(seen), `seen` (T,) or (B, T) key counts."""
+        log_n = torch.log(seen.float())
+        log_n = log_n[None, None, :, None] if log_n.dim() == 1 else log_n[:, None, :, None]
+        return (q.float() * (self.s.float()[None, :, None, None] * log_n)).to(q.dtype)
+
+
 SCORES: dict[str, type[Score]] = {
     "scaled_dot": ScaledDot,
     "dot": Dot,
