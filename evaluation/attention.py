@@ -11,7 +11,9 @@ statistics are accumulated chunk by chunk, so no (layers, heads, T, T) tensor is
 - **entropy by query position**: -sum_j p_ij log p_ij of each query's weights (log(i + 1) for
   uniform attention over the i + 1 keys it sees), which grows when attention diffuses;
 - **sink mass by query position**: the weight on the first `sink_tokens` keys (attention sinks,
-  Xiao et al. 2023).
+  Xiao et al. 2023);
+- **sink rate** per layer (Gu et al., ICLR 2025): the share of its heads whose mean weight on the
+  first token, over every query, exceeds a threshold (0.3 as in the paper), with each head's mean.
 
 For linear attention with RoPE the weights have a rotated numerator and can be negative: its
 entropy is that of |w| normalised per row.
@@ -31,6 +33,8 @@ from tqdm import tqdm
 from model.gpt import GPT
 from model.kernels import WeightsHook
 
+SINK_RATE_THRESHOLD = 0.3
+"""Gu et al.'s epsilon: a head whose mean first-token weight exceeds it counts as a sink head."""
 PER_OCTAVE = 4
 """Buckets per doubling of distance or position in the summaries (log-spaced: the plots are log-x)."""
 
@@ -76,6 +80,8 @@ class LayerSums:
     distance: Tensor
     entropy: Tensor
     sink: Tensor
+    first: Tensor
+    """Weight on the first key, by query position (for the sink rate)."""
 
 
 class AttentionStats:
@@ -85,7 +91,7 @@ class AttentionStats:
     def __init__(self, n_layer: int, n_head: int, length: int, sink_tokens: int, device: torch.device) -> None:
         self.length, self.sink_tokens, self.windows = length, sink_tokens, 0
         self.layers = [
-            LayerSums(*(torch.zeros(n_head, length, dtype=torch.float64, device=device) for _ in range(3)))
+            LayerSums(*(torch.zeros(n_head, length, dtype=torch.float64, device=device) for _ in range(4)))
             for _ in range(n_layer)
         ]
 
@@ -95,6 +101,7 @@ class AttentionStats:
             sums.distance += distance_sums(weights, rows).double()
             sums.entropy[:, rows] += row_entropy(weights).sum(0).double()
             sums.sink[:, rows] += weights[..., : self.sink_tokens].sum(-1).sum(0).double()
+            sums.first[:, rows] += weights[..., 0].sum(0).double()
 
         return add
 
@@ -113,9 +120,11 @@ class AttentionStats:
         distance = np.stack([s.distance.cpu().numpy() for s in self.layers]) / queries_at
         entropy = np.stack([s.entropy.cpu().numpy() for s in self.layers]) / self.windows
         sink = np.stack([s.sink.cpu().numpy() for s in self.layers]) / self.windows
+        first = np.stack([s.first.cpu().numpy() for s in self.layers]).mean(-1) / self.windows  # (layers, heads)
         return {
             "windows": self.windows,
             "sink_tokens": self.sink_tokens,
+            "sink_rate": sink_rate(first),
             "distance": {"edges": edges, "mean_weight": _rounded(bucket_means(distance, edges))},
             "position": {
                 "edges": edges,
@@ -123,6 +132,14 @@ class AttentionStats:
                 "sink_mass": _rounded(bucket_means(sink, edges)),
             },
         }
+
+
+def sink_rate(first_mass: np.ndarray, threshold: float = SINK_RATE_THRESHOLD) -> dict[str, Any]:
+    """Gu et al.'s sink rate from each head's mean first-token weight (layers, heads): per layer and
+    over the model, the share of heads above `threshold`."""
+    sinks = first_mass > threshold
+    return {"threshold": threshold, "per_layer": _rounded(sinks.mean(-1)), "model": float(f"{sinks.mean():.6g}"),
+            "first_token_mass": _rounded(first_mass)}  # fmt: skip
 
 
 def _rounded(values: np.ndarray) -> list:

@@ -104,7 +104,28 @@ def markdown_table(doc: dict[str, Any], groups: list[Group]) -> str:
         tokenizer = _one_or_list(g.column("tokenizer"))
         pos = g.runs[0]["pos_encoding"]
         lines.append(f"| {g.label} | {pos} | {train} | {tokenizer} | {len(g.runs)} | " + " | ".join(cells) + " |")
+    lines += sink_rate_table(doc.get("attention", []), lengths)
     return "\n".join(lines) + "\n"
+
+
+def sink_rate_table(entries: list[dict[str, Any]], lengths: list[int]) -> list[str]:
+    """With the attention statistics: each model's sink rate (Gu et al. 2025) at each length, the
+    share of its heads whose mean first-token weight exceeds the threshold; seeds averaged."""
+    rates: dict[str, dict[int, list[float]]] = {}
+    threshold = None
+    for entry in entries:
+        rate = entry["summary"].get("sink_rate")
+        if rate is not None:
+            threshold = rate["threshold"]
+            rates.setdefault(entry["label"], {}).setdefault(entry["length"], []).append(rate["model"])
+    if not rates:
+        return []
+    lines = ["", f"## Sink rate: share of heads with mean first-token weight > {threshold}", ""]
+    lines += ["| model | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---:|" * len(lengths)]
+    for label, by_length in rates.items():
+        cells = [f"{sum(v) / len(v):.2f}" if (v := by_length.get(n)) else "n/a" for n in lengths]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _settings_lines(doc: dict[str, Any], groups: list[Group]) -> list[str]:

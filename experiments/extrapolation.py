@@ -61,8 +61,9 @@ class ExperimentConfig:
     """Training seeds; with several, the table shows mean ± std across seeds."""
     run: RunConfig = field(default_factory=RunConfig)
     """The training run shared by every scheme (model.pos_encoding and train.seed are set per run)."""
-    eval: EvalSettings = field(default_factory=EvalSettings)
-    """The evaluation of every final checkpoint."""
+    eval: EvalSettings = field(default_factory=lambda: EvalSettings(attention_stats=True))
+    """The evaluation of every final checkpoint; here with the attention statistics (entropy, sink mass,
+    sink rate) beside the perplexity by default."""
     eval_data: EvalData = field(default_factory=EvalData)
     """Evaluation text (default: the validation split of the training data)."""
 

@@ -206,6 +206,13 @@ def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path):
         _png_ok(out / name)
     doc = json.loads((out / "results.json").read_text())
     assert {(e["label"], e["length"]) for e in doc["attention"]} == {("window", 8), ("window", 32), ("learned", 8)}
+    report = (out / "results.md").read_text()
+    assert "## Sink rate: share of heads with mean first-token weight > 0.3" in report
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in report.splitlines() if line.startswith("| window |")
+            or line.startswith("| learned |")}  # fmt: skip
+    assert rows["learned"].rstrip(" |").endswith("n/a")  # learned positions stop at block_size
+    rate = next(e for e in doc["attention"] if e["label"] == "window")["summary"]["sink_rate"]
+    assert len(rate["per_layer"]) == 2 and 0 <= rate["model"] <= 1
 
 
 def test_the_help_says_where_the_weights_come_from(capsys):
@@ -213,3 +220,22 @@ def test_the_help_says_where_the_weights_come_from(capsys):
         cli.run(maps_script.COMMAND, ["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "eager reference kernel" in help_text and "never form them" in help_text and "--lengths" in help_text
+
+
+def test_the_sink_rate_is_the_share_of_heads_whose_mean_first_token_weight_passes_the_threshold():
+    """Gu et al.'s sink rate by hand: layer 0 has one head of two on the first token (mean weight
+    over queries 0.68 > 0.3) and one spread evenly over the visible keys (mean 0.21); layer 1 none."""
+    T = 16
+    pos = torch.arange(T)
+    causal = pos[None, :] <= pos[:, None]
+    uniform = causal.double() / causal.sum(-1, keepdim=True)  # 1 / (i + 1) on each visible key
+    sink_head = uniform * 0.4
+    sink_head[:, 0] += 0.6  # 0.6 more on the first token, rows still summing to 1
+    stats = AttentionStats(n_layer=2, n_head=2, length=T, sink_tokens=1, device=torch.device("cpu"))
+    stats.hook(0)(slice(0, T), torch.stack([sink_head, uniform])[None])
+    stats.hook(1)(slice(0, T), torch.stack([uniform, uniform])[None])
+    stats.windows += 1
+    rate = stats.summary()["sink_rate"]
+    first_uniform = float((1 / (pos + 1.0)).mean())
+    assert rate["first_token_mass"][0] == pytest.approx([0.6 + 0.4 * first_uniform, first_uniform], rel=1e-5)
+    assert rate["threshold"] == 0.3 and rate["per_layer"] == [0.5, 0.0] and rate["model"] == 0.25
