@@ -100,6 +100,10 @@ VARIANTS: dict[str, dict[str, object]] = {
     "rope-linear": {"pos_encoding": "rope", "attention": "linear"},
     "rope-dot": {"pos_encoding": "rope", "attn_score": "dot"},
     "rope-general": {"pos_encoding": "rope", "attn_score": "general"},
+    "p-rope-0.5": {"pos_encoding": "rope", "rope_fraction": 0.5},
+    "neox-rope-0.5": {"pos_encoding": "rope", "rope_fraction": 0.5, "rope_partial": "neox"},
+    "rope-logn": {"pos_encoding": "rope", "attn_log_scaling": "learned"},
+    "none-logn": {"pos_encoding": "none", "attn_log_scaling": "learned"},
     "rope-additive": {"pos_encoding": "rope", "attn_score": "additive"},
 }
 
