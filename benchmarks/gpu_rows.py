@@ -180,7 +180,8 @@ def resolve(args: GpuBenchConfig) -> Setup:
     shapes = [parse_shape(s) for s in (args.shapes or (GPU_SHAPES if cuda else CPU_SHAPES))]
     steps = args.steps or (20 if cuda else 3)
     if args.fp8:
-        check_fp8("gpu" if cuda else "cpu", "bf16-mixed")
+        check_fp8("gpu" if cuda else "cpu", "bf16-mixed", option="--fp8")
+    torch.set_float32_matmul_precision("high")  # as train.py sets it: every row alike (the trainer's too)
     return Setup(args, device, model, shapes, steps, PeakMemory(device))
 
 

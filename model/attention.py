@@ -130,12 +130,12 @@ class SoftmaxAttention(Attention):
 
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None = None) -> Tensor:
         q, k, v = self.project(x)
+        q = self.score.queries(q)  # what the kernels score (q W for the general score), rotated like q
         q, k = pe.rotate(q, k, plan.step.q_start, plan.step.ids)  # the new tokens, at their absolute positions
         if cache is not None:
             k, v = cache.update(k, v, plan.cache_step)  # the keys and values the plan describes
         if self.log_scale is not None:
             q = self.log_scale(q, self.mask.seen_keys(query_indices(plan.step)))
-        q = self.score.queries(q)  # what the kernels score (q W for the general score)
         y = plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0)  # (B, H, T, D)
         return self.output(y)
 
@@ -215,6 +215,11 @@ def check_config(config: GPTConfig) -> None:
         raise ConfigError(
             f"GPTConfig.attn_log_scaling scales attention scores, and attention={config.attention!r} forms none: "
             "use attention='softmax', or attn_log_scaling 'none'."
+        )
+    if config.attn_log_scaling != "none" and not SCORES[config.attn_score].dot_product:
+        raise ConfigError(
+            f"GPTConfig.attn_log_scaling scales the query of a dot-product score, and attn_score="
+            f"{config.attn_score!r} is not one: use attn_score scaled_dot, dot or general, or attn_log_scaling 'none'."
         )
     if config.attn_backend != AUTO and config.attn_backend not in layer.kernels:
         raise ConfigError(

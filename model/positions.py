@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from core.errors import ConfigError
-from model.rope import apply_rope, rope_cos_sin
+from model.rope import apply_rope, rope_cos_sin, rotated_part
 
 if TYPE_CHECKING:
     from model.config import GPTConfig
@@ -185,7 +185,12 @@ class RotaryPositions(PositionEncoding):
     def check(cls, config: GPTConfig) -> None:
         why = f"rotates pairs of dimensions, so the head size n_embd / n_head = {config.n_embd} / {config.n_head}"
         _require_even(config, config.head_dim, why + " must be even")
-        rotated_part(config)  # a fraction that makes whole pairs
+        dims, _ = rotated_part(config)  # a fraction that makes whole pairs
+        if config.rope_scaling == "ntk" and dims <= 2:
+            raise ConfigError(
+                f"GPTConfig.rope_scaling='ntk' scales the base by D / (D - 2) of the {dims} rotated dimensions: "
+                "rotate more of them (a larger rope_fraction) or use another rope_scaling."
+            )
 
     def reserve(self, length: int) -> None:
         if length > self.cos.size(0):
@@ -263,8 +268,9 @@ class Kerple(PositionEncoding):
     """KERPLE's logarithmic kernel (Chi et al. 2022), causal: head h adds
     -r1_h * log(1 + r2_h * (i - j)) to the score of query i on key j, with r1_h, r2_h > 0 learned.
     A log-shaped ALiBi whose slope and curvature each head learns; like ALiBi it runs at any length.
-    Both are kept at least `EPS` (the paper's code clamps them there after each step; here the
-    clamp is in the forward pass, which keeps the parameters plain for the optimizer and compile)."""
+    Both are used at least `EPS` (the paper's code clamps the parameters there after each step; here
+    the forward pass clamps their values and lets the gradient through unchanged, so that a
+    parameter pushed below EPS can come back, and the optimizer and compile see plain parameters)."""
 
     score_bias = True
     learned_bias = True
@@ -283,35 +289,9 @@ class Kerple(PositionEncoding):
             self.r2.uniform_(0.0, 1.0)
 
     def relative_bias(self, h: Tensor, distance: Tensor) -> Tensor:
-        r1, r2 = self.r1.float().clamp(min=self.EPS), self.r2.float().clamp(min=self.EPS)
+        r1, r2 = (torch.where(r < self.EPS, self.EPS + (r - r.detach()), r) for r in (self.r1.float(), self.r2.float()))
         # future keys (distance < 0) are masked by the kernel, but their bias must stay finite
         return -r1[h] * torch.log1p(r2[h] * distance.clamp(min=0))
-
-
-def rotated_part(config: GPTConfig) -> tuple[int, int | None]:
-    """(dimensions the rotation spans, frequency pairs that turn: None for all) of RoPE with
-    `config.rope_fraction` of each head: p_rope spans the whole head and turns the highest-frequency
-    fraction of its D / 2 pairs; neox spans the first fraction x D dimensions and turns all their
-    pairs. Refuses, naming the fix, a fraction that makes no whole number of pairs."""
-    fraction, D = config.rope_fraction, config.head_dim
-    if fraction == 1.0:
-        return D, None
-    if config.rope_partial == "p_rope":
-        pairs = fraction * D / 2
-        if pairs < 1 or abs(pairs - round(pairs)) > 1e-9:
-            raise ConfigError(
-                f"GPTConfig.rope_fraction {fraction} of the {D // 2} frequency pairs of a head of {D} is {pairs:g} "
-                f"pairs: pick k / {D // 2} for a whole number k >= 1 (e.g. {max(1, round(pairs))}/{D // 2})."
-            )
-        return D, round(pairs)
-    dims = fraction * D
-    if dims < 2 or abs(dims - round(dims)) > 1e-9 or round(dims) % 2:
-        example = max(2, 2 * round(dims / 2))
-        raise ConfigError(
-            f"GPTConfig.rope_fraction {fraction} with rope_partial='neox' rotates {dims:g} of the head's {D} "
-            f"dimensions; it must be an even number >= 2 (pairs): pick 2k / {D} (e.g. {example}/{D})."
-        )
-    return round(dims), None
 
 
 def _require_even(config: GPTConfig, value: int, why: str) -> None:

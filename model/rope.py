@@ -8,9 +8,15 @@ tests/test_positions.py.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+from core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from model.config import GPTConfig
 
 
 def rope_cos_sin(
@@ -89,3 +95,29 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     x1, x2 = x.float().chunk(2, dim=-1)  # (..., T, D/2) each
     rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     return rotated.to(x.dtype)
+
+
+def rotated_part(config: GPTConfig) -> tuple[int, int | None]:
+    """(dimensions the rotation spans, frequency pairs that turn: None for all) of RoPE with
+    `config.rope_fraction` of each head: p_rope spans the whole head and turns the highest-frequency
+    fraction of its D / 2 pairs; neox spans the first fraction x D dimensions and turns all their
+    pairs. Refuses, naming the fix, a fraction that makes no whole number of pairs."""
+    fraction, D = config.rope_fraction, config.head_dim
+    if fraction == 1.0:
+        return D, None
+    if config.rope_partial == "p_rope":
+        pairs = fraction * D / 2
+        if pairs < 1 or abs(pairs - round(pairs)) > 1e-9:
+            raise ConfigError(
+                f"GPTConfig.rope_fraction {fraction} of the {D // 2} frequency pairs of a head of {D} is {pairs:g} "
+                f"pairs: pick k / {D // 2} for a whole number k >= 1 (e.g. {max(1, round(pairs))}/{D // 2})."
+            )
+        return D, round(pairs)
+    dims = fraction * D
+    if dims < 2 or abs(dims - round(dims)) > 1e-9 or round(dims) % 2:
+        example = max(2, 2 * round(dims / 2))
+        raise ConfigError(
+            f"GPTConfig.rope_fraction {fraction} with rope_partial='neox' rotates {dims:g} of the head's {D} "
+            f"dimensions; it must be an even number >= 2 (pairs): pick 2k / {D} (e.g. {example}/{D})."
+        )
+    return round(dims), None

@@ -9,7 +9,8 @@
 
 The additive score also forms a (Tq, Tk, D) tensor of tanh inputs. The general score is a dot
 product of transformed queries: q . W k = (q W) . k, so the layer hands the fused kernels q W
-(`Score.queries`, after the scheme's rotation) and they compute a plain dot product; W starts at
+(`Score.queries`, before the scheme's rotation, so that with RoPE the score still depends on
+relative positions only) and they compute a plain dot product; W starts at
 I / sqrt(D), where the score is the scaled dot product, and is learned per head.
 
 Why the sqrt(D): with q and k of independent unit-variance components, q . k has variance D, so
@@ -53,8 +54,8 @@ class Score(nn.Module):
         return cls()
 
     def queries(self, q: Tensor) -> Tensor:
-        """The queries (B, H, Tq, D) that the kernels score against the keys (the rotated ones as
-        they are, unless the score transforms them)."""
+        """The queries (B, H, Tq, D) that the kernels score against the keys, before the scheme
+        rotates them (as they are, unless the score transforms them)."""
         return q
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ from benchmarks.gpu import ratios
 from benchmarks.gpu_rows import GPU_SHAPES, Row
 from core import cli
 
-CPU_MODE = ["gpu", "--compile", "false", "--steps", "2", "--warmup", "1"]
+CPU_MODE = ["gpu", "--device", "cpu", "--compile", "false", "--steps", "2", "--warmup", "1"]
 
 
 def _bench(argv: list[str], capsys) -> list[str]:
@@ -109,12 +109,12 @@ def test_gpu_shapes_are_the_issues():
         (["--shapes", "16by1024"], "write each shape as BATCHxCONTEXT"),
         (["--steps", "0"], "--steps must be at least 1"),
         (["--sinks", "-1"], "--sinks must be at least 0"),
-        (["--fp8", "true"], "--train.fp8 true needs an NVIDIA GPU with FP8 tensor cores"),
+        (["--fp8", "true"], "--fp8 true needs an NVIDIA GPU with FP8 tensor cores"),
     ],
 )
 def test_gpu_bench_refuses_a_bad_option_in_one_line(argv, needle, capsys):
     with pytest.raises(SystemExit) as stop:
-        cli.run_modes("bench.py", bench.__doc__, bench.MODES, ["gpu", "--peer", "none", *argv])
+        cli.run_modes("bench.py", bench.__doc__, bench.MODES, ["gpu", "--device", "cpu", "--peer", "none", *argv])
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err

@@ -229,6 +229,25 @@ def test_fp8_trains_through_the_trainer_where_the_gpu_has_fp8(tmp_path, text_fil
     assert ckpt["global_step"] == 12 and all(torch.isfinite(t).all() for t in ckpt["state_dict"].values())
 
 
+@pytest.mark.parametrize("scheme", ["alibi", "kerple"])
+def test_activation_checkpointing_through_compiled_flex_gives_the_plain_gradients(gpu_config, scheme):
+    """Recomputed blocks around FlexAttention under torch.compile (the CUDA default for bias schemes
+    with --train.activation_checkpointing) against the same model without recomputation."""
+    config = dataclasses.replace(gpu_config, pos_encoding=scheme)
+    plain = GPT(config).to(CUDA)
+    recomputed = GPT(config).to(CUDA)
+    recomputed.load_state_dict(plain.state_dict())
+    recomputed.activation_checkpointing = True
+    idx = torch.randint(0, config.vocab_size, (2, config.block_size + 1), device=CUDA)
+    for model in (plain, recomputed):
+        model.compile()
+        with torch.autocast("cuda", torch.bfloat16):
+            _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+    for (name, p), r in zip(plain.named_parameters(), recomputed.parameters(), strict=True):
+        torch.testing.assert_close(r.grad, p.grad, atol=1e-3, rtol=1e-2, msg=name)
+
+
 LONG = [{"pos_encoding": s} for s in POS_ENCODINGS] + [{"pos_encoding": "rope", "attn_window": 1024, "attn_sinks": 4}]
 
 

@@ -83,3 +83,12 @@ def test_a_checkpoint_round_trips_the_learned_slopes(tmp_path):
     assert again.pe.r1.tolist() == pytest.approx([0.3, 1.7]) and again.pe.r2.tolist() == pytest.approx([0.9, 0.2])
     idx = torch.randint(0, 64, (1, 12))
     torch.testing.assert_close(again(idx)[0], model(idx)[0])
+
+
+def test_a_slope_pushed_below_eps_still_gets_a_gradient_and_can_come_back():
+    model = GPT(CONFIG)
+    _set(model, [-0.5, 1.0], [0.3, -2.0])
+    idx = torch.randint(0, 64, (2, 12))
+    _, loss = model(idx[:, :-1], idx[:, 1:])
+    loss.backward()
+    assert model.pe.r1.grad[0] != 0 and model.pe.r2.grad[1] != 0  # the clamp passes the gradient through

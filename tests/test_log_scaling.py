@@ -88,3 +88,8 @@ def test_settings_that_cannot_run_are_one_clear_message(fields, needle):
     with pytest.raises(ConfigError) as error:
         dataclasses.replace(BASE, **fields)
     assert needle in str(error.value)
+
+
+def test_a_score_that_is_not_a_dot_product_is_refused():
+    with pytest.raises(ConfigError, match="attn_score='additive' is not one"):
+        dataclasses.replace(BASE, attn_score="additive")

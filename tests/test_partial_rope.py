@@ -117,3 +117,8 @@ def test_the_learned_model_trains_through_every_kernel_with_partial_rope():
         loss.backward()
         losses.append(loss.item())
     assert losses[0] == pytest.approx(losses[1], rel=1e-5) and math.isfinite(losses[0])
+
+
+def test_ntk_over_two_rotated_dimensions_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="rope_scaling='ntk' scales the base by D / \\(D - 2\\) of the 2 rotated"):
+        dataclasses.replace(BASE, rope_fraction=0.125, rope_partial="neox", rope_scaling="ntk")

@@ -112,3 +112,19 @@ def test_the_general_scores_attention_weights_by_hand_and_its_gradient(tiny_conf
     _, loss = model(idx, idx)
     loss.backward()
     assert all(block.attn.score.w.grad.abs().sum() > 0 for block in model.blocks)
+
+
+def test_the_general_score_with_rope_depends_on_relative_positions_only(tiny_config):
+    """q W is formed before RoPE rotates it: with a W far from the identity, shifting every
+    position changes no logit (applied after the rotation, it would)."""
+    torch.manual_seed(0)
+    model = GPT(dataclasses.replace(tiny_config, attn_score="general", pos_encoding="rope")).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.score.w.copy_(torch.randn_like(block.attn.score.w))
+    idx = torch.randint(0, tiny_config.vocab_size, (1, 10))
+    model.pe.reserve(17)  # the rotation tables cover the shifted positions
+    with torch.no_grad():
+        plain = model(idx)[0]
+        shifted = model(idx, positions=torch.arange(10)[None] + 7)[0]
+    torch.testing.assert_close(shifted, plain, rtol=1e-4, atol=1e-4)

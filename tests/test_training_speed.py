@@ -79,10 +79,13 @@ def test_dropout_fallback_is_said_where_it_moves_a_scheme_off_flex():
     assert dropout_fallback(alibi, cpu) is None  # SDPA either way
     assert dropout_fallback(GPT(dataclasses.replace(SMALL, pos_encoding="rope", dropout=0.1)), cuda) is None
     assert dropout_fallback(GPT(dataclasses.replace(SMALL, pos_encoding="alibi")), cuda) is None
+    flex = GPT(dataclasses.replace(SMALL, pos_encoding="alibi", attn_backend="flex"))
+    assert dropout_fallback(flex, cuda) is None  # a named kernel: nothing falls back, nothing to say
 
 
 def test_fp8_without_fp8_hardware_is_one_line_before_any_work(tmp_path, text_file, capsys):
-    line = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.fp8", "true"))
+    argv = tiny_args(tmp_path, text_file, "--train.fp8", "true", "--train.accelerator", "cpu")
+    line = cli_error(capsys, train_script.COMMAND, argv)
     assert "--train.fp8 true needs an NVIDIA GPU with FP8 tensor cores" in line and "--train.fp8 false" in line
     assert not (tmp_path / "runs").exists() and not (tmp_path / "prepared").exists()
 

@@ -22,30 +22,30 @@ FP8_CAPABILITY = (8, 9)
 BF16_PRECISIONS = ("bf16-mixed", "bf16-true")
 
 
-def check_fp8(accelerator: str, precision: str) -> None:
+def check_fp8(accelerator: str, precision: str, option: str = "--train.fp8") -> None:
     """Refuse `train.fp8` where it cannot run, with the fix: no CUDA GPU, a GPU without FP8 tensor
-    cores, a precision other than bf16, or no torchao."""
+    cores, a precision other than bf16, or no torchao. `option` is how the command spells the flag."""
     if not uses_cuda(accelerator):
         raise HardwareError(
-            "--train.fp8 true needs an NVIDIA GPU with FP8 tensor cores (compute capability 8.9+: H100, H200, "
-            "L4, RTX 4090) and none is used here. Leave --train.fp8 false."
+            f"{option} true needs an NVIDIA GPU with FP8 tensor cores (compute capability 8.9+: H100, H200, "
+            f"L4, RTX 4090) and none is used here. Leave {option} false."
         )
     capability = torch.cuda.get_device_capability()
     if capability < FP8_CAPABILITY:
         name = torch.cuda.get_device_name()
         raise HardwareError(
-            f"--train.fp8 true needs FP8 tensor cores (compute capability 8.9+: H100, H200, L4, RTX 4090); "
-            f"{name} has {capability[0]}.{capability[1]}. Leave --train.fp8 false (bf16 is this GPU's fastest)."
+            f"{option} true needs FP8 tensor cores (compute capability 8.9+: H100, H200, L4, RTX 4090); "
+            f"{name} has {capability[0]}.{capability[1]}. Leave {option} false (bf16 is this GPU's fastest)."
         )
     if precision not in BF16_PRECISIONS:
         raise HardwareError(
-            f"--train.fp8 true trains with bf16 around the FP8 matmuls, not --train.precision {precision}. "
+            f"{option} true trains with bf16 around the FP8 matmuls, not --train.precision {precision}. "
             "Use --train.precision bf16-mixed (or auto)."
         )
     try:
         import torchao.float8  # noqa: F401
     except ImportError:
-        message = "--train.fp8 true needs torchao: pip install torchao (or leave --train.fp8 false)."
+        message = f"{option} true needs torchao: pip install torchao (or leave {option} false)."
         raise HardwareError(message) from None
 
 

@@ -28,6 +28,7 @@ from data.provenance import provenance
 from data.tasks import TaskConfig
 from data.tokenizer import Tokenizer
 from model import GPT
+from model.kernels import AUTO
 from training.callbacks import AtomicCheckpointIO, DivergenceGuard, LastCheckpoint, SpeedMonitor
 from training.checkpoint import check_resume
 from training.config import DataConfig, RunConfig, TrainConfig
@@ -276,8 +277,10 @@ def dropout_fallback(model: GPT, device: torch.device) -> str | None:
     (FlexAttention has no dropout: a bias or a window then runs through SDPA with a float mask
     formed in memory), else None."""
     c = model.config
+    if c.dropout == 0 or c.attn_backend != AUTO:  # a named kernel is what runs, or a refusal at the forward
+        return None
     names = [model.attention.kernel_name(model.kernel(device, dropout, needs_grad=True)) for dropout in (True, False)]
-    if c.dropout == 0 or names[0] == names[1]:
+    if names[0] == names[1]:
         return None
     with_dropout, without = names
     what = f"pos_encoding={c.pos_encoding}" + (f", attn_window={c.attn_window}" if c.attn_window else "")
