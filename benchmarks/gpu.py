@@ -151,6 +151,9 @@ def bench_gpu(args: GpuBenchConfig) -> None:
         rows.append(guarded(setup, label, run))
         record(setup, rows[-1])
     print("\n" + "\n".join(ratios(rows)))
+    switches = [name for name in ("chunked_loss", "activation_checkpointing", "fp8") if getattr(args, name)]
+    if switches and peer is not None:
+        print(f"note: our rows ran with {', '.join(switches)}, nanoGPT's without: its ratios compare unlike steps")
 
 
 GPU = Command("bench.py gpu", GpuBenchConfig, bench_gpu, GpuBenchConfig.__doc__, logs=False)
