@@ -89,3 +89,22 @@ def test_variants_beside_the_schemes(tmp_path, text_file, capsys):
     assert all(row["ppl"] for row in runs["t5"]["results"])  # t5 runs at every length, past block_size
     argv = _tiny(tmp_path, text_file, "--schemes", "[rope]", "--variants", "[{name: rope}]")
     assert "must not repeat" in cli_error(capsys, experiment.COMMAND, argv)
+
+
+def test_the_new_schemes_and_switches_are_taken_by_name_and_as_variants(tmp_path, text_file):
+    """Kerple by name; partial RoPE, log-n scaling and the general score as variants (issue 23)."""
+    variants = ("[{name: p-rope, model: {pos_encoding: rope, rope_fraction: 0.5}}, "
+                "{name: nope-logn, model: {pos_encoding: none, attn_log_scaling: learned}}, "
+                "{name: rope-general, model: {pos_encoding: rope, attn_score: general}}]")  # fmt: skip
+    config = cli.parse(experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[kerple]", "--variants", variants))
+    assert [m.name for m in config.models()] == ["kerple", "p-rope", "nope-logn", "rope-general"]
+    assert config.eval.attention_stats  # the study explains its curves by default (sink rate included)
+
+
+def test_a_variant_with_a_fraction_that_makes_no_whole_pairs_is_refused_before_training(tmp_path, text_file, capsys):
+    bad = _tiny(
+        tmp_path, text_file, "--variants", "[{name: p-rope-bad, model: {pos_encoding: rope, rope_fraction: 0.3}}]"
+    )
+    message = cli_error(capsys, experiment.COMMAND, bad)
+    assert "p-rope-bad" in message and "rope_fraction 0.3" in message
+    assert not (tmp_path / "report").exists()
