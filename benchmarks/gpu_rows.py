@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -16,22 +17,18 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.common import PeakMemory
-from benchmarks.trainer_row import trainer_tokens_per_s
+from benchmarks.trainer_row import RandomTokens, trainer_tokens_per_s
 from core.device import pick_device_dtype
 from core.errors import ConfigError, did_you_mean
-from model import GPT, GPTConfig
+from model import GPT, POS_ENCODINGS, GPTConfig
 from model.gpt import training_flops_per_token
+from training.config import OptimConfig
 from training.fp8 import check_fp8, convert_to_fp8
 from training.hardware import peak_flops
+from training.module import adamw
 
 SCHEMES: dict[str, dict[str, Any]] = {
-    "learned": {"pos_encoding": "learned"},
-    "sinusoidal": {"pos_encoding": "sinusoidal"},
-    "rope": {"pos_encoding": "rope"},
-    "alibi": {"pos_encoding": "alibi"},
-    "t5": {"pos_encoding": "t5"},
-    "kerple": {"pos_encoding": "kerple"},
-    "none": {"pos_encoding": "none"},
+    **{scheme: {"pos_encoding": scheme} for scheme in POS_ENCODINGS},
     "window": {"pos_encoding": "rope"},  # + attn_window and attn_sinks from the options
 }
 """Row labels and the model settings of each; `window` is RoPE with a sliding window and sinks."""
@@ -56,7 +53,7 @@ class GpuBenchConfig:
     trainer's overhead; nanoGPT's step beside ours."""
 
     schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
-    """Rows of ours: learned, sinusoidal, rope, alibi, t5, kerple, none, window (RoPE + --window and --sinks)."""
+    """Rows of ours: every position scheme by name, and window (RoPE + --window and --sinks)."""
     shapes: list[str] | None = None
     """Batch x context, e.g. 16x1024 (default: 16x1024 32x1024 4x4096 1x16384 1x32768 on a GPU, 4x64 on a CPU)."""
     model: Literal["auto", "gpt2", "tiny"] = "auto"
@@ -186,23 +183,32 @@ def resolve(args: GpuBenchConfig) -> Setup:
 
 
 def batches(setup: Setup, batch: int, context: int, vocab: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Random (x, y) token batches drawn on the host and copied to the device, as a trainer's loader
+    """The trainer row's random batches (`RandomTokens`), copied to the device as a trainer's loader
     hands them over (pinned memory on a GPU)."""
-    generator = torch.Generator().manual_seed(SEED)
-    while True:
-        tokens = torch.randint(0, vocab, (batch, context + 1), generator=generator)
-        pair = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    stream = RandomTokens(vocab, context, batch)
+    for index in itertools.count():
+        pair = stream.batch(index)
         if setup.cuda:
             pair = tuple(t.pin_memory() for t in pair)
         yield tuple(t.to(setup.device, non_blocking=True) for t in pair)
 
 
-def adamw(model: nn.Module, fused: bool) -> torch.optim.Optimizer:
-    """AdamW as the trainer builds it: weight decay on matrices only, fused."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), fused=fused)
+def training_step(
+    setup: Setup, model: nn.Module, optimizer: torch.optim.Optimizer, data: Iterator
+) -> Callable[[], None]:
+    """One step as train.py takes it: forward (bf16 autocast on a GPU), backward, clipping of the
+    global gradient norm, the optimizer step."""
+
+    def step() -> None:
+        x, y = next(data)
+        with setup.sdpa(), setup.autocast():
+            _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
 
 
 def time_steps(setup: Setup, step: Callable[[], None]) -> tuple[float, float]:
@@ -241,18 +247,8 @@ def run_ours(setup: Setup, scheme: str, batch: int, context: int) -> Row:
     if setup.args.compile:
         torch._dynamo.reset()  # this row's compilation is its own
         model.compile(mode=setup.args.compile_mode)
-    optimizer = adamw(model, fused=setup.device.type in ("cuda", "cpu"))
-    data = batches(setup, batch, context, config.vocab_size)
-
-    def step() -> None:
-        x, y = next(data)
-        with setup.sdpa(), setup.autocast():
-            _, loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    optimizer = adamw(model, OptimConfig(lr=6e-4, beta2=0.95), setup.device)
+    step = training_step(setup, model, optimizer, batches(setup, batch, context, config.vocab_size))
     compile_s, per_step = time_steps(setup, step)
     flops = model.flops_per_token(context)
     return figures(setup, Row("posgpt", scheme, kernel, batch, context), per_step, flops, compile_s)
@@ -282,17 +278,7 @@ def run_nanogpt(setup: Setup, peer: Any, batch: int, context: int) -> Row:
     if setup.args.compile:
         torch._dynamo.reset()
         model = torch.compile(model, mode=setup.args.compile_mode)
-    data = batches(setup, batch, context, shape["vocab_size"])
-
-    def step() -> None:
-        x, y = next(data)
-        with setup.sdpa(), setup.autocast():
-            _, loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    step = training_step(setup, model, optimizer, batches(setup, batch, context, shape["vocab_size"]))
     compile_s, per_step = time_steps(setup, step)
     flops = training_flops_per_token(n_params, shape["n_layer"], shape["n_embd"], context)
     return figures(setup, Row("nanoGPT", "learned", "sdpa", batch, context), per_step, flops, compile_s)

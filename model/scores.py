@@ -84,19 +84,31 @@ class Dot(Score):
     scale = 1.0
 
 
-class General(Score):
+def per_head(x: Tensor, w: Tensor) -> Tensor:
+    """x (B, H, T, D) times each head's own matrix w (H, D, E) -> (B, H, T, E), in x's dtype."""
+    return torch.einsum("bhtd,hde->bhte", x, w.to(x.dtype))
+
+
+class HeadParameters(Score):
+    """A score with parameters of its own per head, built from the head count and size."""
+
+    def __init__(self, n_head: int, head_dim: int) -> None:
+        super().__init__()
+
+    @classmethod
+    def build(cls, config: GPTConfig) -> Score:
+        return cls(config.n_head, config.head_dim)
+
+
+class General(HeadParameters):
     """Luong's general (bilinear) score, per head h: q . W_h k, as the dot product (q W_h) . k."""
 
     scale = 1.0
 
     def __init__(self, n_head: int, head_dim: int) -> None:
-        super().__init__()
+        super().__init__(n_head, head_dim)
         self.w = nn.Parameter(torch.empty(n_head, head_dim, head_dim))
         self.reset_parameters()
-
-    @classmethod
-    def build(cls, config: GPTConfig) -> Score:
-        return cls(config.n_head, config.head_dim)
 
     def reset_parameters(self) -> None:
         d = self.w.size(-1)
@@ -104,25 +116,21 @@ class General(Score):
             self.w.copy_(torch.eye(d).expand_as(self.w) / math.sqrt(d))
 
     def queries(self, q: Tensor) -> Tensor:
-        return torch.einsum("bhtd,hde->bhte", q, self.w.to(q.dtype))
+        return per_head(q, self.w)
 
 
-class Additive(Score):
+class Additive(HeadParameters):
     """Bahdanau's additive (concat) score, per head h: v_h . tanh(W_q,h q + W_k,h k)."""
 
     dot_product = False
     scale = None
 
     def __init__(self, n_head: int, head_dim: int) -> None:
-        super().__init__()
+        super().__init__(n_head, head_dim)
         self.w_q = nn.Parameter(torch.empty(n_head, head_dim, head_dim))
         self.w_k = nn.Parameter(torch.empty(n_head, head_dim, head_dim))
         self.v = nn.Parameter(torch.empty(n_head, head_dim))
         self.reset_parameters()
-
-    @classmethod
-    def build(cls, config: GPTConfig) -> Score:
-        return cls(config.n_head, config.head_dim)
 
     def reset_parameters(self) -> None:
         d = self.v.size(-1)
@@ -131,8 +139,7 @@ class Additive(Score):
         nn.init.normal_(self.v, std=d**-0.5)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        wq = torch.einsum("bhtd,hde->bhte", q, self.w_q.to(q.dtype))  # (B, H, Tq, D)
-        wk = torch.einsum("bhtd,hde->bhte", k, self.w_k.to(k.dtype))  # (B, H, Tk, D)
+        wq, wk = per_head(q, self.w_q), per_head(k, self.w_k)  # (B, H, Tq, D), (B, H, Tk, D)
         hidden = torch.tanh(wq[:, :, :, None, :] + wk[:, :, None, :, :])  # (B, H, Tq, Tk, D)
         return torch.einsum("bhqkd,hd->bhqk", hidden, self.v.to(q.dtype))
 

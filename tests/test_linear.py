@@ -34,10 +34,23 @@ def test_onednn_linear_equals_f_linear_with_gradients(shape, bias):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_frozen_input_gets_no_gradient_computed():
+def test_a_frozen_input_gets_no_gradient_computed(monkeypatch):
     x, w = torch.randn(4, 8), torch.randn(6, 8, requires_grad=True)
-    (gw,) = torch.autograd.grad(OneDnnLinear.apply(x, w, None).sum(), [w])
+    out = OneDnnLinear.apply(x, w, None)
+    products = []
+    real = linear_module._onednn
+    monkeypatch.setattr(linear_module, "_onednn", lambda *args: products.append(args) or real(*args))
+    (gw,) = torch.autograd.grad(out.sum(), [w])
     torch.testing.assert_close(gw, torch.ones(4, 6).t() @ x)
+    assert len(products) == 1  # the weight's gradient only: no product for the input's
+
+
+def test_compiled_code_sees_f_linear(monkeypatch):
+    monkeypatch.setattr(OneDnnLinear, "apply", lambda *args: pytest.fail("oneDNN inside a compiled graph"))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # what Dynamo answers while tracing
+    layer = Linear(8, 4, backend="onednn")
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
 def test_a_model_on_onednn_trains_as_on_aten():
