@@ -95,6 +95,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "alibi": {"pos_encoding": "alibi"},
     "t5": {"pos_encoding": "t5"},
     "kerple": {"pos_encoding": "kerple"},
+    "fire": {"pos_encoding": "fire"},
     "rope-window64": {"pos_encoding": "rope", "attn_window": 64},
     "rope-window64-sinks4": {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4},
     "rope-linear": {"pos_encoding": "rope", "attention": "linear"},

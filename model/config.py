@@ -45,7 +45,8 @@ class GPTConfig:
     """Biases in Linear and LayerNorm layers, as GPT-2 has; False is slightly faster and as good."""
     pos_encoding: str = "learned"
     """Position scheme, a key of model.positions.SCHEMES: learned | sinusoidal | rope | alibi | t5 (relative bias) |
-    kerple (learned log-distance bias) | none (NoPE: causal mask only)."""
+    kerple (learned log-distance bias) |
+    fire (an MLP of log-normalized distances, Li et al. 2024) | none (NoPE: causal mask only)."""
     attn_backend: str = "auto"
     """Attention kernel, auto (fastest correct choice per device) or a key of the attention function's kernels:
     eager (reference) | sdpa | flex; for attention='linear': chunked | eager (the quadratic reference)."""
@@ -70,6 +71,8 @@ class GPTConfig:
     """pos_encoding='t5': learned biases per head for this many buckets of distance, half of them exact."""
     t5_max_distance: int = 128
     """pos_encoding='t5': distances from here on share the last bucket."""
+    fire_width: int = 32
+    """pos_encoding='fire': hidden ReLU units of the MLP that maps a normalized distance to each head's bias."""
     attn_score: str = "scaled_dot"
     """Scoring function, a key of model.scores.SCORES: scaled_dot (q.k / sqrt(D), Vaswani) | dot (q.k, Luong) |
     general (q.W k, Luong; W learned per head, from I / sqrt(D)) | additive (v.tanh(Wq q + Wk k), Bahdanau; eager
@@ -102,7 +105,7 @@ class GPTConfig:
         return n if n <= 256 else -(-n // 64) * 64
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "fire_width"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"GPTConfig.{name} must be a positive integer, got {value!r}.")

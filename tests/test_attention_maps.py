@@ -23,7 +23,7 @@ from model.kernels import eager
 
 from helpers import cli_error, train_tiny
 
-SCHEMES = ["learned", "sinusoidal", "rope", "alibi", "t5", "kerple", "none"]
+SCHEMES = ["learned", "sinusoidal", "rope", "alibi", "t5", "kerple", "fire", "none"]
 MASKS = {"causal": {}, "window": {"attn_window": 5}, "window+sinks": {"attn_window": 5, "attn_sinks": 2}}
 
 

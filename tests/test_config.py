@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_choices_are_the_documented_ones():
-    assert set(POS_ENCODINGS) == {"learned", "sinusoidal", "rope", "alibi", "t5", "kerple", "none"}
+    assert set(POS_ENCODINGS) == {"learned", "sinusoidal", "rope", "alibi", "t5", "kerple", "fire", "none"}
     assert set(kernel_names()) == {"eager", "sdpa", "flex", "chunked"}
     assert set(ATTENTIONS) == {"softmax", "linear"}
     assert GPTConfig().rope_base == 10000.0

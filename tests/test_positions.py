@@ -64,7 +64,7 @@ def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
     torch.testing.assert_close(bias[:, -1, 0], -slopes * (k_len - 1))
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "t5"])
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "kerple", "fire"])
 def test_with_positions_per_row_the_dense_bias_and_the_score_mod_agree(tiny_config, scheme):
     """Randomized positions: both derivations read each row's own positions (B, H, T, T)."""
     from model.kernels import KERNELS, Step
@@ -83,7 +83,7 @@ def test_with_positions_per_row_the_dense_bias_and_the_score_mod_agree(tiny_conf
     modded = score_mod(torch.zeros(3, n_head, 9, 9), b, h, q_idx, kv_idx)
     visible = bias > float("-inf")
     torch.testing.assert_close(modded[visible], bias[visible])
-    expected = pe.relative_bias(h[0], (ids[2, 8] - ids[2, :9])[None, None, :])[:, 0]  # last query of row 2
+    expected = pe.relative_bias(h[0], (ids[2, 8] - ids[2, :9])[None, None, :], ids[2, 8])[:, 0]  # last query of row 2
     torch.testing.assert_close(bias[2, :, 8], expected)
 
 
@@ -230,7 +230,7 @@ def test_t5_bias_is_a_learned_table_lookup_that_saturates(tiny_config):
     pe = T5Bias(config)
     h = torch.arange(config.n_head)[:, None]
     for d, bucket in ((0, 0), (3, 3), (8, 5), (20, 7), (500, 7)):
-        torch.testing.assert_close(pe.relative_bias(h, torch.tensor([[d]])), pe.table[bucket][:, None])
+        torch.testing.assert_close(pe.relative_bias(h, torch.tensor([[d]]), torch.tensor(d)), pe.table[bucket][:, None])
     assert pe.lookup_parameters() == [pe.table]
 
 

@@ -44,7 +44,7 @@ class DenseContext:
     def rows_per_block(self) -> int:
         """Query rows whose mask and bias stay within `DENSE_ELEMENTS`."""
         batch = max(self.q_pos.size(0), self.k_pos.size(0), self.q_ids.size(0))
-        heads = self.n_head if self.pe.score_bias else 1
+        heads = self.pe.bias_elements(self.n_head) if self.pe.score_bias else 1
         return max(1, DENSE_ELEMENTS // (batch * heads * self.k_pos.size(-1)))
 
     def block(self, rows: slice) -> tuple[Tensor | None, Tensor | None]:
@@ -57,8 +57,9 @@ class DenseContext:
         bias = None
         if self.pe.score_bias:
             heads = torch.arange(self.n_head, device=self.q_pos.device)[:, None, None]
-            distance = self.q_ids[:, None, rows, None] - self.k_ids[:, None, None, :]
-            bias = self.pe.relative_bias(heads, distance).masked_fill(~visible, float("-inf"))  # the formula, once
+            query = self.q_ids[:, None, rows, None]
+            bias = self.pe.relative_bias(heads, query - self.k_ids[:, None, None, :], query)  # the formula, once
+            bias = bias.masked_fill(~visible, float("-inf"))
         return (None if self.plain else visible), bias
 
     def blocks(self, q_len: int, most: int | None = None) -> list[slice]:

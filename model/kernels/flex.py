@@ -55,18 +55,21 @@ def score_mod_of(pe: PositionEncoding, step: Step) -> ScoreMod:
     if q_pos is not None and k_pos is not None:  # decoding: each row at its own positions
 
         def score_mod_rows(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score + pe.relative_bias(h, q_pos[b, q_idx] - k_pos[b, kv_idx])
+            query = q_pos[b, q_idx]
+            return score + pe.relative_bias(h, query - k_pos[b, kv_idx], query)
 
         return score_mod_rows
     if ids is not None:
 
         def score_mod_ids(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score + pe.relative_bias(h, ids[b, q_idx] - ids[b, kv_idx])
+            query = ids[b, q_idx]
+            return score + pe.relative_bias(h, query - ids[b, kv_idx], query)
 
         return score_mod_ids
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return score + pe.relative_bias(h, q_idx + q_start - kv_idx)
+        query = q_idx + q_start
+        return score + pe.relative_bias(h, query - kv_idx, query)
 
     return score_mod
 

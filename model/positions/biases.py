@@ -1,0 +1,183 @@
+"""Schemes that bias the attention scores (`relative_bias`): ALiBi, T5, Kerple, FIRE."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from model.positions.base import PositionEncoding
+
+if TYPE_CHECKING:
+    from model.config import GPTConfig
+
+
+class ALiBi(PositionEncoding):
+    """ALiBi (Press et al. 2022): no position vectors; head h adds -m_h * (i - j) to the score of
+    query i on key j, with the paper's head-specific slopes m_h (see `alibi_slopes`)."""
+
+    score_bias = True
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config)
+        self.n_head = config.n_head
+        self.register_buffer("slopes", _alibi_slopes_tensor(config.n_head), persistent=False)
+
+    def _fp32_slopes(self) -> Tensor:
+        if self.slopes.dtype != torch.float32:  # e.g. after model.to(torch.bfloat16)
+            self.slopes = _alibi_slopes_tensor(self.n_head, device=self.slopes.device)
+        return self.slopes
+
+    def relative_bias(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
+        return -self._fp32_slopes()[h] * distance
+
+
+class T5Bias(PositionEncoding):
+    """T5's relative position bias (Raffel et al. 2020), causal: a learned scalar per head for each
+    bucket of the distance d = q - k >= 0. Buckets 0..N/2-1 hold one distance each; the other N/2
+    are log-spaced up to `max_distance`, from which on every distance shares the last bucket (so
+    the scheme runs at any length). The table is looked up, once per forward for eager and SDPA
+    and inside the kernel for flex, and shared by every layer."""
+
+    score_bias = True
+    learned_bias = True
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config)
+        self.num_buckets, self.max_distance = config.t5_num_buckets, config.t5_max_distance
+        self.table = nn.Parameter(torch.empty(config.t5_num_buckets, config.n_head))  # (buckets, H)
+        distances = torch.arange(config.t5_max_distance + 1)
+        self.register_buffer("buckets", t5_bucket(distances, self.num_buckets, self.max_distance), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.table, mean=0.0, std=0.02)  # the scale of GPT-2's other weights
+
+    def lookup_parameters(self) -> list[nn.Parameter]:
+        return [self.table]
+
+    def relative_bias(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
+        bucket = self.buckets[distance.clamp(0, self.max_distance)]  # saturates at max_distance
+        return self.table[bucket, h].float()
+
+
+class Kerple(PositionEncoding):
+    """KERPLE's logarithmic kernel (Chi et al. 2022), causal: head h adds
+    -r1_h * log(1 + r2_h * (i - j)) to the score of query i on key j, with r1_h, r2_h > 0 learned.
+    A log-shaped ALiBi whose slope and curvature each head learns; like ALiBi it runs at any length.
+    Both are used at least `EPS` (the paper's code clamps the parameters there after each step; here
+    the forward pass clamps their values and lets the gradient through unchanged, so that a
+    parameter pushed below EPS can come back, and the optimizer and compile see plain parameters)."""
+
+    score_bias = True
+    learned_bias = True
+    EPS = 1e-2
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config)
+        self.r1 = nn.Parameter(torch.empty(config.n_head))
+        self.r2 = nn.Parameter(torch.empty(config.n_head))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # the paper's code: r1 ~ U(0, 2), r2 ~ U(0, 1), per head
+        with torch.no_grad():
+            self.r1.uniform_(0.0, 2.0)
+            self.r2.uniform_(0.0, 1.0)
+
+    def relative_bias(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
+        r1, r2 = (torch.where(r < self.EPS, self.EPS + (r - r.detach()), r) for r in (self.r1.float(), self.r2.float()))
+        # future keys (distance < 0) are masked by the kernel, but their bias must stay finite
+        return -r1[h] * torch.log1p(r2[h] * distance.clamp(min=0))
+
+
+def t5_bucket(distance: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """T5's causal (unidirectional) bucket of each distance q - k: the distance itself below
+    N/2 = num_buckets // 2, else N/2 + floor(ln(d / (N/2)) / ln(max_distance / (N/2)) * (N - N/2)),
+    at most N - 1 (`_relative_position_bucket` of the T5 code with bidirectional=False)."""
+    exact = num_buckets // 2
+    d = distance.clamp(min=0)
+    log_ratio = torch.log(d.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+    large = (exact + (log_ratio * (num_buckets - exact)).long()).clamp(max=num_buckets - 1)
+    return torch.where(d < exact, d, large)
+
+
+def alibi_slopes(n_head: int) -> list[float]:
+    """The ALiBi paper's slopes. For n a power of two, the geometric sequence that starts at and has
+    ratio 2^(-8/n). Otherwise take the slopes of the closest smaller power of two n' and add every
+    other slope of the sequence for 2n' until there are n (Press et al. 2022, appendix; their code)."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if n_head & (n_head - 1) == 0:
+        return power_of_two(n_head)
+    closest = 2 ** math.floor(math.log2(n_head))
+    return power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_head - closest]
+
+
+def _alibi_slopes_tensor(n_head: int, device: torch.device | None = None) -> Tensor:
+    return torch.tensor(alibi_slopes(n_head), dtype=torch.float32, device=device)
+
+
+class FIRE(PositionEncoding):
+    """FIRE, functional interpolation for relative positions (Li et al. 2024), causal: head h adds
+
+        b_h(i, j) = f(psi(i - j) / psi(max(L, i)))_h,    psi(x) = ln(c x + 1),
+
+    to the score of the query at position i (0-based) on the key at j, f a small MLP from one
+    input to one output per head (`fire_width` hidden ReLU units), c and L learned and positive.
+    The input lies in [0, 1] at any length: beyond L the distances are divided by the log of the
+    query's own position, so that a longer context is a finer grid of the interval the model saw
+    in training, not distances it never saw. Shared by every layer (as T5's bias).
+
+    c starts at 0.1 and L at block_size / 4 (their code: 512 for 2048 training tokens, an assumption
+    here); both are used as |c| and |L|. The MLP starts as `nn.Linear`'s default, the normalizer has
+    `EPS` added so that c -> 0 stays finite."""
+
+    score_bias = True
+    learned_bias = True
+    EPS = 1e-6
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config)
+        self.initial_threshold = max(1.0, config.block_size / 4)
+        self.c = nn.Parameter(torch.empty(()))
+        self.threshold = nn.Parameter(torch.empty(()))
+        self.w1, self.b1 = nn.Parameter(torch.empty(config.fire_width)), nn.Parameter(torch.empty(config.fire_width))
+        self.w2 = nn.Parameter(torch.empty(config.fire_width, config.n_head))
+        self.b2 = nn.Parameter(torch.empty(config.n_head))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.c.fill_(0.1)
+            self.threshold.fill_(self.initial_threshold)
+            for weight, bias, fan_in in ((self.w1, self.b1, 1), (self.w2, self.b2, self.w2.size(0))):
+                bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default init
+                weight.uniform_(-bound, bound)
+                bias.uniform_(-bound, bound)
+
+    def bias_elements(self, n_head: int) -> int:
+        return 2 * n_head + 2  # the bias, a product on the way, a hidden unit and the normalized distance
+
+    def normalized(self, distance: Tensor, query: Tensor) -> Tensor:
+        """psi(i - j) / psi(max(L, i)), float32, for keys `distance` = i - j before a query at `query` = i."""
+        c, threshold = self.c.float().abs(), self.threshold.float().abs()
+        psi_distance = torch.log1p(c * distance.clamp(min=0).float())  # future keys: masked, but finite
+        psi_position = torch.log1p(c * torch.maximum(query.float(), threshold)) + self.EPS
+        return psi_distance / psi_position
+
+    def relative_bias(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
+        # the MLP one hidden unit at a time: pointwise arithmetic, which FlexAttention fuses into its
+        # kernel (a matmul in a score_mod cannot be), and no (..., width) tensor on the dense path
+        x = self.normalized(distance, query)
+        w1, b1, w2, b2 = (p.float() for p in (self.w1, self.b1, self.w2, self.b2))
+        w2 = w2[:, h]  # (width, *h.shape): each head's output weights
+        bias = b2[h]
+        for unit in range(w1.size(0)):
+            bias = bias + w2[unit] * torch.relu(w1[unit] * x + b1[unit])
+        return bias

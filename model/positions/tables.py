@@ -1,0 +1,138 @@
+"""Schemes that add or rotate by a per-position table: learned, sinusoidal, RoPE."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from core.errors import ConfigError
+from model.positions.base import PositionEncoding, grown, require_even, take
+from model.rope import apply_rope, rope_cos_sin, rotated_part
+
+if TYPE_CHECKING:
+    from model.config import GPTConfig
+
+
+class LearnedPositions(PositionEncoding):
+    """One trained vector per absolute position, added to the token embedding (GPT-2)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config)
+        self.table = nn.Embedding(config.block_size, config.n_embd)
+        self.reset_parameters()
+
+    @classmethod
+    def longest(cls, config: GPTConfig) -> int | None:
+        return config.block_size
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.table.weight, mean=0.0, std=0.02)  # GPT-2's init
+
+    def lookup_parameters(self) -> list[nn.Parameter]:
+        return [self.table.weight]
+
+    def embed(self, x: Tensor, start: int, ids: Tensor | None = None) -> Tensor:
+        end = start + x.size(1)
+        if ids is None and end > self.table.num_embeddings:
+            # GPT.forward checks lengths first with a friendlier message; this guards direct use.
+            raise ValueError(
+                f"pos_encoding='learned' has embeddings for {self.table.num_embeddings} positions "
+                f"(block_size) but position {end - 1} was asked for."
+            )
+        return x + take(self.table.weight, start, x.size(1), ids)
+
+
+class SinusoidalPositions(PositionEncoding):
+    """The fixed sin/cos table of "Attention Is All You Need" (Vaswani et al. 2017, section 3.5).
+
+    PE[pos, 2i] = sin(pos / 10000^(2i/C)) and PE[pos, 2i+1] = cos(pos / 10000^(2i/C)). As in the
+    paper (section 3.4), token embeddings are multiplied by sqrt(C) before the table is added:
+    with GPT-2's 0.02 init the tokens would otherwise be drowned by the unit-amplitude table.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config)
+        self.n_embd = config.n_embd
+        self.register_buffer("table", sinusoid_table(config.block_size, config.n_embd), persistent=False)
+
+    @classmethod
+    def check(cls, config: GPTConfig) -> None:
+        require_even(config, config.n_embd, "pairs sin and cos channels, so n_embd must be even")
+
+    def reserve(self, length: int) -> None:
+        if length > self.table.size(0):
+            self.table = sinusoid_table(grown(length), self.n_embd, device=self.table.device)
+
+    def embed(self, x: Tensor, start: int, ids: Tensor | None = None) -> Tensor:
+        end = start + x.size(1)
+        if (ids is None and end > self.table.size(0)) or self.table.dtype != torch.float32:
+            self.table = sinusoid_table(grown(max(end, self.table.size(0))), self.n_embd, device=x.device)
+        return x * math.sqrt(self.n_embd) + take(self.table, start, x.size(1), ids).to(x.dtype)
+
+
+class RotaryPositions(PositionEncoding):
+    """RoPE (Su et al. 2021): rotate each (q, k) dimension pair by an angle proportional to position,
+    so that q_m . k_n depends on positions only through m - n.
+
+    Pairs are the two halves of the head (dimension i with i + D/2), as in GPT-NeoX and litgpt.
+    Angles and the rotation are computed in float32 whatever the activations' dtype.
+    """
+
+    rescalable = True
+    partial_rotation = True
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config)
+        self.head_dim = config.head_dim
+        self.rotated_dims, self.pairs = rotated_part(config)
+        self.base = config.rope_base
+        self.scaling = (config.rope_scaling, config.rope_scaling_factor, config.block_size)
+        cos, sin = self._cos_sin(config.block_size)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    @classmethod
+    def check(cls, config: GPTConfig) -> None:
+        why = f"rotates pairs of dimensions, so the head size n_embd / n_head = {config.n_embd} / {config.n_head}"
+        require_even(config, config.head_dim, why + " must be even")
+        dims, _ = rotated_part(config)  # a fraction that makes whole pairs
+        if config.rope_scaling == "ntk" and dims <= 2:
+            raise ConfigError(
+                f"GPTConfig.rope_scaling='ntk' scales the base by D / (D - 2) of the {dims} rotated dimensions: "
+                "rotate more of them (a larger rope_fraction) or use another rope_scaling."
+            )
+
+    def reserve(self, length: int) -> None:
+        if length > self.cos.size(0):
+            self.cos, self.sin = self._cos_sin(grown(length), device=self.cos.device)
+
+    def rotate(self, q: Tensor, k: Tensor, start: int, ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        end = start + q.size(-2)
+        if (ids is None and end > self.cos.size(0)) or self.cos.dtype != torch.float32:
+            self.cos, self.sin = self._cos_sin(grown(max(end, self.cos.size(0))), device=q.device)
+        T = q.size(-2)
+        cos, sin = take(self.cos, start, T, ids), take(self.sin, start, T, ids)  # (T, D/2), or (B, T, D/2)
+        if ids is not None:
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D/2): the same positions for every head
+        r = self.rotated_dims
+        if r == self.head_dim:
+            return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # neox: the first r dimensions rotate, the rest pass through
+        return tuple(torch.cat((apply_rope(t[..., :r], cos, sin), t[..., r:]), dim=-1) for t in (q, k))
+
+    def _cos_sin(self, length: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+        kind, factor, trained_length = self.scaling
+        return rope_cos_sin(length, self.rotated_dims, self.base, device, kind, factor, trained_length, self.pairs)
+
+
+def sinusoid_table(length: int, dim: int, device: torch.device | None = None) -> Tensor:
+    """(length, dim) float32 table; even channels sin, odd channels cos, of pos / 10000^(2i/dim)."""
+    pos = torch.arange(length, dtype=torch.float32, device=device)[:, None]
+    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32, device=device) * (-math.log(10000.0) / dim))
+    table = torch.empty(length, dim, dtype=torch.float32, device=device)
+    table[:, 0::2] = torch.sin(pos * inv_freq)
+    table[:, 1::2] = torch.cos(pos * inv_freq)
+    return table
