@@ -30,6 +30,7 @@ from model.linear_attention import LINEAR_KERNELS, LayerStateCache, StateCache, 
 from model.masks import AttentionMask
 from model.positions import SCHEMES, PositionEncoding
 from model.scores import SCORES, LogLengthScale, Score, build_score
+from model.sigmoid_attention import SIGMOID_KERNELS
 
 if TYPE_CHECKING:
     from model.config import GPTConfig
@@ -88,6 +89,7 @@ class Attention(nn.Module):
             bias_gradients=pe.learned_bias and needs_grad,
             dropout=dropout_active and cls.drops_weights,
             backward_on=device.type if needs_grad and device is not None else None,
+            runs_on=device.type if device is not None else None,
             sparse_mask=not mask.causal_only,
             decoding=decoding,
             dot_score=score.dot_product or not cls.scored,
@@ -148,6 +150,13 @@ class SoftmaxAttention(Attention):
         return not mask.causal_only  # a window's rolling cache
 
 
+class SigmoidAttention(SoftmaxAttention):
+    """Sigmoid attention (Ramapuram et al. 2025; `model.sigmoid_attention`): softmax attention's layer
+    and KV cache, with weights sigmoid(score - ln n) that are not normalised over the keys."""
+
+    kernels = SIGMOID_KERNELS
+
+
 def query_indices(step: Step) -> Tensor:
     """Where the step's queries stand among the keys: (B, Tq) when decoding (each row's cache
     position), else (Tq,) from `q_start` (randomized positions are labels, not counts)."""
@@ -186,6 +195,7 @@ class LinearAttention(Attention):
 ATTENTIONS: dict[str, type[Attention]] = {
     "softmax": SoftmaxAttention,
     "linear": LinearAttention,
+    "sigmoid": SigmoidAttention,
 }
 """The attention functions by `attention` name: each a layer class with its own kernels."""
 

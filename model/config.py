@@ -53,7 +53,8 @@ class GPTConfig:
     attention: str = "softmax"
     """Attention function, a key of model.attention.ATTENTIONS: softmax (Vaswani et al.) or linear: causal
     kernelized attention with phi = elu + 1 (Katharopoulos et al. 2020), O(T) memory and a constant-size
-    decoding state; no score-bias schemes, no windows."""
+    decoding state; no score-bias schemes, no windows; or sigmoid: sigmoid(score - ln n) per key, n the keys a
+    query sees, not normalised (Ramapuram et al. 2025; kernels eager and flex)."""
     rope_base: float = 10000.0
     """RoPE frequency base (theta): pair i rotates by position * rope_base^(-2i/head_dim)."""
     rope_scaling: RopeScaling = "none"

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_choices_are_the_documented_ones():
     assert set(POS_ENCODINGS) == {"learned", "sinusoidal", "rope", "alibi", "t5", "kerple", "fire", "none"}
     assert set(kernel_names()) == {"eager", "sdpa", "flex", "chunked"}
-    assert set(ATTENTIONS) == {"softmax", "linear"}
+    assert set(ATTENTIONS) == {"softmax", "linear", "sigmoid"}
     assert GPTConfig().rope_base == 10000.0
 
 
@@ -32,7 +32,7 @@ def test_choices_are_the_documented_ones():
         ({"pos_encoding": "rotary"}, ["pos_encoding", "'rotary'", "learned", "alibi", "none"]),
         ({"pos_encoding": "alibl"}, ["got 'alibl'; did you mean alibi?"]),
         ({"attn_backend": "flash"}, ["attn_backend", "'flash'", "sdpa", "flex", "eager", "auto"]),
-        ({"attention": "sigmoid"}, ["attention", "'sigmoid'", "softmax", "linear"]),
+        ({"attention": "sigmod"}, ["attention", "'sigmod'", "softmax", "linear", "did you mean sigmoid?"]),
         ({"attn_score": "bilinear"}, ["attn_score", "scaled_dot", "additive"]),
         ({"attn_sinks": 2}, ["attn_sinks", "attn_window > 0"]),
         ({"attn_window": -1}, ["attn_window", ">= 0"]),

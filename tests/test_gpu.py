@@ -41,6 +41,17 @@ def gpu_config() -> GPTConfig:
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
 @pytest.mark.parametrize("scheme", POS_ENCODINGS)
 def test_backend_in_bf16_matches_float32_eager(gpu_config, scheme, backend):
+    assert_bf16_matches_eager(gpu_config, scheme, backend)
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "fire"])
+@pytest.mark.parametrize("attention", ["sigmoid"])
+def test_the_other_functions_flex_kernels_match_their_eager_reference_in_bf16(gpu_config, attention, scheme):
+    assert_bf16_matches_eager(dataclasses.replace(gpu_config, attention=attention), scheme, "flex")
+
+
+def assert_bf16_matches_eager(gpu_config: GPTConfig, scheme: str, backend: str) -> None:
+    """`backend` under bf16 autocast against the float32 reference: logits and every gradient."""
     if scheme == "learned":
         gpu_config = dataclasses.replace(gpu_config, block_size=256)  # room for ODD_LEN
     for T, (ref_logits, ref_grads), (logits, grads) in run_pair(

@@ -90,6 +90,8 @@ class Needs:
     bias_gradients: bool = False
     dropout: bool = False
     backward_on: str | None = None
+    runs_on: str | None = None
+    """The device of the forward pass (None: any, as a config's validation asks)."""
     sparse_mask: bool = False
     decoding: bool = False
     dot_score: bool = True
@@ -104,6 +106,8 @@ class Needs:
             missing.append(Lack("gradients through a learned score bias", "pos_encoding"))
         if self.dropout and not kernel.dropout:
             missing.append(Lack("attention dropout", "dropout"))
+        if self.runs_on and kernel.devices is not None and self.runs_on not in kernel.devices:
+            missing.append(Lack(f"a forward pass on {self.runs_on}", None))
         if self.backward_on and kernel.backward_devices is not None and self.backward_on not in kernel.backward_devices:
             missing.append(Lack(f"a backward pass on {self.backward_on}", None))
         if not self.dot_score and not kernel.any_score:
@@ -119,6 +123,8 @@ class Kernel:
     score_bias: bool = False
     bias_gradients: bool = False
     dropout: bool = False
+    devices: frozenset[str] | None = None
+    """Devices it runs on at all (None: every device)."""
     backward_devices: frozenset[str] | None = None
     """Devices with a backward pass (None: every device)."""
     auto_devices: frozenset[str] | None = None

@@ -3,6 +3,8 @@ against, and the one that forms the attention weights (attention maps)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -12,6 +14,15 @@ from model.kernels.dense import DenseContext, causal_mask, dense_context
 from model.masks import AttentionMask
 from model.positions import PositionEncoding
 from model.scores import ScaledDot, Score
+
+Weigh = Callable[[Tensor, Tensor], Tensor]
+"""(scores (B, H, rows, Tk) with -inf where a key is not visible, visibility (.., rows, Tk) bool)
+-> attention weights: what makes an attention function of the scores (softmax, sigmoid, ...)."""
+
+
+def softmax_weights(scores: Tensor, visible: Tensor) -> Tensor:
+    """Softmax attention's weights: the softmax over the visible keys."""
+    return torch.softmax(scores, dim=-1)
 
 
 def eager_attention(
@@ -23,10 +34,11 @@ def eager_attention(
     mask: Tensor | None = None,
     score: Score | None = None,
     on_weights: WeightsHook | None = None,
+    weigh: Weigh = softmax_weights,
 ) -> Tensor:
-    """softmax(score(q, k) + bias, over the visible keys) v, written out in (at least) float32. The
-    score is q k^T / sqrt(D) unless `score` says otherwise (`model.scores`); queries are taken in
-    chunks when the score needs it (additive).
+    """softmax(score(q, k) + bias, over the visible keys) v, written out in (at least) float32 (with
+    `weigh`: its weights instead of the softmax). The score is q k^T / sqrt(D) unless `score` says
+    otherwise (`model.scores`); queries are taken in chunks when the score needs it (additive).
 
     Args:
         q: (B, H, Tq, D) queries; k, v: (B, H, Tk, D) keys and values.
@@ -37,6 +49,7 @@ def eager_attention(
         score: the scoring function (default: scaled dot product).
         on_weights: called with each chunk of weights (query rows, (B, H, rows, Tk), after dropout),
             chunks then small enough that no (B, H, Tq, Tk) tensor is formed at long lengths.
+        weigh: the attention function's weights of the masked scores (default: the softmax).
 
     Returns:
         The (B, H, Tq, D) output in q's dtype.
@@ -56,7 +69,7 @@ def eager_attention(
         if bias is not None:
             scores = scores + bias[..., rows, :].to(dtype)
         scores = scores.masked_fill(~visible[..., rows, :], float("-inf"))
-        weights = F.dropout(torch.softmax(scores, dim=-1), p=dropout_p)
+        weights = F.dropout(weigh(scores, visible[..., rows, :]), p=dropout_p)
         outs.append(weights @ vw)  # (B, H, chunk, D)
         if on_weights is not None:
             on_weights(rows, weights)
@@ -64,7 +77,11 @@ def eager_attention(
 
 
 class EagerKernel(Kernel):
-    """Everything, slowly: any score, bias, mask and dropout, on every device, and the weights."""
+    """Everything, slowly: any score, bias, mask and dropout, on every device, and the weights. An
+    attention function that differs from softmax attention only in how scores become weights
+    reuses it with its own `weigh` (sigmoid attention)."""
+
+    weigh: Weigh = staticmethod(softmax_weights)
 
     score_bias = True
     bias_gradients = True
@@ -87,7 +104,7 @@ class EagerKernel(Kernel):
         for rows in context.blocks(q.size(-2)):  # one block unless the mask and bias would be large
             visible, bias = context.block(rows)
             hook = _shifted(on_weights, rows.start) if on_weights is not None else None
-            outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook))
+            outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, self.weigh))
         return torch.cat(outs, dim=2)
 
 

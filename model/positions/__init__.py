@@ -5,8 +5,9 @@ Every scheme implements up to three hooks, each a no-op by default:
 - `embed(x, start, ids)`        adds something to the token embeddings (learned, sinusoidal);
 - `rotate(q, k, start, ids)`    rotates queries and keys per head (RoPE);
 - `relative_bias(h, d, i)` a bias on the attention score of head h for a query at position i, d
-  positions after its key (ALiBi, T5, Kerple read d; FIRE both). It is written once: the dense (H, Tq, Tk) bias of eager and SDPA is this
-  function on index grids, and FlexAttention's `score_mod` calls it inside the fused kernel.
+  positions after its key (ALiBi, T5, Kerple read d; FIRE both). It is written once: the dense
+  (H, Tq, Tk) bias of eager and SDPA is this function on index grids, and FlexAttention's
+  `score_mod` calls it inside the fused kernel.
 
 and declares what it is (capabilities that kernels, training and evaluation read, never the
 scheme's name): `longest(config)` (None: no limit; the instance's `max_positions`), `score_bias`

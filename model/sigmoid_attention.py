@@ -1,0 +1,95 @@
+"""Sigmoid attention (Ramapuram et al., ICLR 2025): each visible key weighs
+
+    w_ij = sigmoid(s_ij + b_i),    b_i = -ln(n_i),
+
+s_ij the score (with the scheme's bias) and n_i the number of keys query i sees, with no
+normalisation over the keys: the weights are independent of each other and need not sum to 1.
+The paper's b = -ln(n) with n the sequence length becomes here the keys each query sees, which
+keeps the function causal (a query's output does not depend on later tokens) and a cached decoding
+step equal to a full forward pass; at the start of training every weight is about 1/n, as a
+softmax's would be.
+
+Two kernels, tested against each other (`SIGMOID_KERNELS`):
+- `eager`: the formula written out in float32 on softmax attention's dense context (the eager
+  kernel with sigmoid weights): the reference, which forms the weights (attention maps);
+- `flex`: FlexAttention, exactly, through its log-sum-exp. With the score modified to
+  m_ij = ln sigmoid(s_ij + b_i), flex computes softmax(m) v = sum_j sigmoid(.) v_j / Z_i with
+  Z_i = sum_j sigmoid(.) = exp(lse_i), which it also returns: the output times exp(lse) is the
+  sigmoid attention output, block mask, score bias and all, in one fused kernel (on CUDA: compiled
+  flex returns no lse on a CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention.flex_attention import AuxRequest
+
+from model.kernels.base import Kernel, Step, WeightsHook
+from model.kernels.eager import EagerKernel
+from model.kernels.flex import (
+    FlexContext,
+    FlexKernel,
+    ScoreMod,
+    build_block_mask,
+    compiled_flex_attention,
+    score_mod_of,
+)
+from model.masks import AttentionMask
+from model.positions import PositionEncoding
+from model.scores import Score
+
+
+def sigmoid_weights(scores: Tensor, visible: Tensor) -> Tensor:
+    """sigmoid(score - ln n) for each visible key, n the keys the query sees; 0 for the others
+    (their score is -inf)."""
+    seen = visible.sum(dim=-1, keepdim=True).clamp(min=1)
+    return torch.sigmoid(scores - torch.log(seen.to(scores.dtype)))
+
+
+class SigmoidEager(EagerKernel):
+    """The reference: the eager kernel with sigmoid weights (any score, bias, mask and dropout)."""
+
+    weigh = staticmethod(sigmoid_weights)
+
+
+def sigmoid_score_mod(pe: PositionEncoding, mask: AttentionMask, step: Step) -> ScoreMod:
+    """ln sigmoid(score + the scheme's bias - ln n), n the keys the query sees (`mask.seen_keys` of
+    its place in the token order; when decoding, of its cache position)."""
+    bias = score_mod_of(pe, step) if pe.score_bias else None
+    q_pos, q_start = step.q_pos, step.q_start
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        z = bias(score, b, h, q_idx, kv_idx) if bias is not None else score
+        query = q_pos[b, q_idx] if q_pos is not None else q_idx + q_start
+        return F.logsigmoid(z - torch.log(mask.seen_keys(query).float()))
+
+    return score_mod
+
+
+class SigmoidFlex(FlexKernel):
+    """FlexAttention with the log-sigmoid score and the output rescaled by exp(lse) (module docstring).
+    CUDA only: compiled flex on a CPU returns no lse (torch 2.13)."""
+
+    devices = frozenset({"cuda"})
+
+    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict) -> FlexContext:
+        return FlexContext(build_block_mask(mask, step, memo), sigmoid_score_mod(pe, mask, step))
+
+    def run(
+        self, q: Tensor, k: Tensor, v: Tensor, context: FlexContext, score: Score, dropout_p: float,
+        on_weights: WeightsHook | None,
+    ) -> Tensor:  # fmt: skip
+        out, aux = compiled_flex_attention()(
+            q, k, v, score_mod=context.score_mod, block_mask=context.block_mask, scale=score.scale,
+            return_aux=AuxRequest(lse=True),
+        )  # fmt: skip
+        return (out.float() * aux.lse.exp()[..., None]).to(q.dtype)
+
+
+SIGMOID_KERNELS: dict[str, Kernel] = {
+    "eager": SigmoidEager(),
+    "flex": SigmoidFlex(),
+}
+"""Sigmoid attention's kernels by `attn_backend` name."""
