@@ -6,30 +6,28 @@ never asks which kernel it has. The layer class also declares what the function 
 (each function has its own registry of them), whether attention dropout and a scoring function
 apply to it, what decoding keeps (`new_cache`) and whether that stays the same size however long
 decoding runs (`constant_memory`). Adding an attention function is one layer class (usually with a
-kernel class of its own) and one line in `ATTENTIONS`: see docs/extending.md.
-
-`check_config` is the registry half of `GPTConfig`'s validation: every name is in its registry,
-the scheme accepts the model's shape, and the attention function has a kernel for the scheme, the
-mask, the score and the dropout, so that a refused combination is refused when the config is
-built, in one line naming the settings and what would work.
+kernel class of its own) and one line in `ATTENTIONS`: see docs/extending.md. What the registries
+allow together is checked in `model.validation`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from core.errors import ConfigError, did_you_mean
+from core.errors import ConfigError
 from model.cache import KVCache, LayerCache
-from model.kernels import AUTO, KERNELS, Kernel, Lack, Needs, Plan, Step, choose_kernel, weights_kernel
+from model.kernels import KERNELS, Kernel, Needs, Plan, Step, WeightsHook, choose_kernel, weights_kernel
 from model.linear import Linear
 from model.linear_attention import LINEAR_KERNELS, LayerStateCache, StateCache, feature_map
 from model.masks import AttentionMask
-from model.positions import SCHEMES, PositionEncoding
-from model.scores import SCORES, LogLengthScale, Score, build_score
+from model.positions import PositionEncoding
+from model.scores import SCORES, LogLengthScale, ScaledDot, Score, build_score
 from model.sigmoid_attention import SIGMOID_KERNELS
 
 if TYPE_CHECKING:
@@ -49,9 +47,13 @@ class Attention(nn.Module):
     """Attention dropout (`config.dropout`) applies to its weights."""
     scored: ClassVar[bool] = True
     """It scores query-key pairs with `config.attn_score`."""
+    value_passes: ClassVar[int] = 1
+    """Weighted sums of the values per query (the FLOP count's): two for differential attention."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
+        self.layer = layer
+        """This layer's index in the model, from 0."""
         self.n_head, self.head_dim = config.n_head, config.head_dim
         self.qkv = Linear(config.n_embd, 3 * config.n_embd, config.bias, config.linear_backend)
         self.proj = Linear(config.n_embd, config.n_embd, config.bias, config.linear_backend)
@@ -70,6 +72,10 @@ class Attention(nn.Module):
         B, _, T, _ = y.shape
         y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * self.head_dim)
         return self.resid_dropout(self.proj(y))
+
+    @classmethod
+    def check(cls, config: GPTConfig) -> None:
+        """Raise `ConfigError` when the function cannot work with `config` (called at its validation)."""
 
     @classmethod
     def needs(
@@ -125,21 +131,30 @@ class SoftmaxAttention(Attention):
 
     kernels = KERNELS
 
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
+        super().__init__(config, layer)
         self.log_scale = LogLengthScale.of(config)
         self.mask = AttentionMask(config.attn_window, config.attn_sinks)
 
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None = None) -> Tensor:
+        q, k, v = self.attended(x, pe, plan, cache)
+        y = plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0)  # (B, H, T, D)
+        return self.output(y)
+
+    def attended(
+        self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The queries of the new tokens and the keys and values they attend over, as the kernels take
+        them: scored (q W for the general score), rotated at their absolute positions, the keys and
+        values the cache holds added, the queries log-length scaled."""
         q, k, v = self.project(x)
-        q = self.score.queries(q)  # what the kernels score (q W for the general score), rotated like q
-        q, k = pe.rotate(q, k, plan.step.q_start, plan.step.ids)  # the new tokens, at their absolute positions
+        q = self.score.queries(q)  # what the kernels score, rotated like q
+        q, k = pe.rotate(q, k, plan.step.q_start, plan.step.ids)
         if cache is not None:
             k, v = cache.update(k, v, plan.cache_step)  # the keys and values the plan describes
         if self.log_scale is not None:
             q = self.log_scale(q, self.mask.seen_keys(query_indices(plan.step)))
-        y = plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0)  # (B, H, T, D)
-        return self.output(y)
+        return q, k, v
 
     @classmethod
     def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
@@ -155,6 +170,87 @@ class SigmoidAttention(SoftmaxAttention):
     and KV cache, with weights sigmoid(score - ln n) that are not normalised over the keys."""
 
     kernels = SIGMOID_KERNELS
+
+
+class DifferentialAttention(SoftmaxAttention):
+    """Differential attention (Ye et al., ICLR 2025): the difference of two softmax maps,
+
+        DiffAttn = (softmax(q1 k1^T / sqrt(d)) - lambda softmax(q2 k2^T / sqrt(d))) v,
+
+    each head's queries and keys split in two halves of d = D / 2 (so the head count and the
+    parameters are softmax attention's), lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init
+    learned per layer (four vectors of d, from N(0, 0.1^2)), lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1))
+    for layer l = 1..L, and each head's output RMS-normalised (a learned gain over D, shared by the
+    heads) and scaled by 1 - lambda_init, as the paper's code does. The difference cancels the
+    attention both maps give to irrelevant context (the "noise").
+
+    Both maps run on softmax attention's kernels, one call each. The halves are the even and odd
+    RoPE pairs (pair i = dimensions i and i + D/2): each half holds whole pairs, so q1 . k1 and
+    q2 . k2 stay functions of relative position, and each sees frequencies across the spectrum.
+    Attention maps show w1 - lambda w2. Decoding keeps softmax attention's KV cache."""
+
+    value_passes = 2
+
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
+        super().__init__(config, layer)
+        half = self.head_dim // 2
+        if config.attn_score == "scaled_dot":
+            self.score = ScaledDot(half)  # each map scores d = D / 2 dimensions
+        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer)  # the paper's l - 1 = this 0-based index
+        # lq1, lk1, lq2, lk2: vectors (no weight decay, as every 1-D parameter)
+        self.lambdas = nn.ParameterList(nn.Parameter(torch.empty(half).normal_(mean=0.0, std=0.1)) for _ in range(4))
+        self.head_norm = nn.RMSNorm(self.head_dim, eps=1e-5)
+        index = torch.arange(self.head_dim).view(2, half // 2, 2)  # (half of the head, pair, parity)
+        self.register_buffer("halves", index.permute(2, 0, 1).reshape(2, half), persistent=False)
+
+    @classmethod
+    def check(cls, config: GPTConfig) -> None:
+        if config.head_dim % 4:
+            raise ConfigError(
+                f"attention='differential' splits each head's RoPE pairs in two halves, so the head size "
+                f"n_embd / n_head = {config.head_dim} must be a multiple of 4: change n_embd or n_head."
+            )
+        if not SCORES[config.attn_score].dot_product:
+            raise ConfigError(
+                f"attention='differential' scores half of each head per map, a dot product; attn_score="
+                f"{config.attn_score!r} is not one: use attn_score scaled_dot, dot or general."
+            )
+        if config.rope_fraction != 1.0 and config.rope_partial == "neox":
+            raise ConfigError(
+                "attention='differential' splits heads by RoPE pairs of the whole head, which rope_partial='neox' "
+                "does not make: use rope_partial='p_rope', or rope_fraction 1."
+            )
+
+    def weight(self) -> Tensor:
+        """lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, a float32 scalar."""
+        lq1, lk1, lq2, lk2 = (p.float() for p in self.lambdas)
+        return torch.exp(lq1 @ lk1) - torch.exp(lq2 @ lk2) + self.lambda_init
+
+    def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None = None) -> Tensor:
+        q, k, v = self.attended(x, pe, plan, cache)
+        lam = self.weight()
+        dropout = self.dropout if self.training else 0.0
+        maps = _difference_hooks(plan.on_weights, lam)
+        (q1, q2), (k1, k2) = (t[..., self.halves].unbind(-2) for t in (q, k))  # (B, H, T, d) each
+        y1 = dataclasses.replace(plan, on_weights=maps[0]).attend(q1, k1, v, self.score, dropout)
+        y2 = dataclasses.replace(plan, on_weights=maps[1]).attend(q2, k2, v, self.score, dropout)
+        y = self.head_norm(y1 - lam.to(y1.dtype) * y2) * (1.0 - self.lambda_init)
+        return self.output(y)
+
+
+def _difference_hooks(on_weights: WeightsHook | None, lam: Tensor) -> tuple[WeightsHook | None, WeightsHook | None]:
+    """Hooks for the two maps' weights that hand `on_weights` w1 - lambda w2, row block by row block."""
+    if on_weights is None:
+        return None, None
+    first: dict[tuple[int, int], Tensor] = {}
+
+    def keep(rows: slice, weights: Tensor) -> None:
+        first[(rows.start, rows.stop)] = weights
+
+    def combine(rows: slice, weights: Tensor) -> None:
+        on_weights(rows, first.pop((rows.start, rows.stop)) - lam.to(weights.dtype) * weights)
+
+    return keep, combine
 
 
 def query_indices(step: Step) -> Tensor:
@@ -196,111 +292,6 @@ ATTENTIONS: dict[str, type[Attention]] = {
     "softmax": SoftmaxAttention,
     "linear": LinearAttention,
     "sigmoid": SigmoidAttention,
+    "differential": DifferentialAttention,
 }
 """The attention functions by `attention` name: each a layer class with its own kernels."""
-
-
-def kernel_names() -> list[str]:
-    """Every kernel name of every attention function, in registry order (the valid `attn_backend`s
-    besides auto)."""
-    return list(dict.fromkeys(name for layer in ATTENTIONS.values() for name in layer.kernels))
-
-
-def check_config(config: GPTConfig) -> None:
-    """Raise `ConfigError` for a config no model can be built from: an unknown name, a scheme that
-    refuses the shape, or settings no kernel of the attention function can run together."""
-    _check_name("pos_encoding", config.pos_encoding, list(SCHEMES))
-    _check_name("attention", config.attention, list(ATTENTIONS))
-    _check_name("attn_score", config.attn_score, list(SCORES))
-    _check_name("attn_backend", config.attn_backend, [AUTO, *kernel_names()])
-    scheme = SCHEMES[config.pos_encoding]
-    if config.rope_fraction != 1.0 and not scheme.partial_rotation:
-        raise ConfigError(
-            f"GPTConfig.rope_fraction {config.rope_fraction} rotates part of each head, which "
-            f"pos_encoding={config.pos_encoding!r} does not do: use pos_encoding='rope', or rope_fraction 1."
-        )
-    scheme.check(config)
-    layer = ATTENTIONS[config.attention]
-    if config.attn_log_scaling != "none" and not layer.scored:
-        raise ConfigError(
-            f"GPTConfig.attn_log_scaling scales attention scores, and attention={config.attention!r} forms none: "
-            "use attention='softmax', or attn_log_scaling 'none'."
-        )
-    if config.attn_log_scaling != "none" and not SCORES[config.attn_score].dot_product:
-        raise ConfigError(
-            f"GPTConfig.attn_log_scaling scales the query of a dot-product score, and attn_score="
-            f"{config.attn_score!r} is not one: use attn_score scaled_dot, dot or general, or attn_log_scaling 'none'."
-        )
-    if config.attn_backend != AUTO and config.attn_backend not in layer.kernels:
-        raise ConfigError(
-            f"attn_backend={config.attn_backend!r} is not a kernel of attention={config.attention!r}, whose "
-            f"kernels are {', '.join([AUTO, *layer.kernels])}; {_alternatives(config, 'attention')}."
-        )
-    missing = _unmet(config.to_dict())
-    if missing:
-        raise ConfigError(_refusal(config, missing))
-
-
-def _check_name(field: str, value: Any, names: list[str]) -> None:
-    if value not in names:
-        hint = did_you_mean(str(value), names, "") or "."
-        raise ConfigError(f"GPTConfig.{field} must be one of {names}, got {value!r}{hint}")
-
-
-def _unmet(settings: dict[str, Any]) -> list[Lack]:
-    """What the kernels that `settings` allow lack of what they ask, on any device (empty: runnable):
-    the fewest such needs of any of those kernels; and, for a function that scores no query-key
-    pairs, a score other than the standard one (it would be ignored)."""
-    layer = ATTENTIONS[settings["attention"]]
-    if not layer.scored and not SCORES[settings["attn_score"]].standard:
-        return [Lack("a scoring function (it scores no query-key pairs)", "attn_score")]
-    mask = AttentionMask(settings["attn_window"], settings["attn_sinks"])
-    needs = layer.needs(SCHEMES[settings["pos_encoding"]], mask, SCORES[settings["attn_score"]],
-                        dropout_active=settings["dropout"] > 0)  # fmt: skip
-    backend = settings["attn_backend"]
-    kernels = layer.kernels.values() if backend == AUTO else [layer.kernels[backend]]
-    return min((needs.unmet(kernel) for kernel in kernels), key=len)
-
-
-def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
-    """Whether `config` with `field` set to `value` would run (a window dropped with its sinks, an
-    attention function with its own kernels)."""
-    settings = {**config.to_dict(), field: value}
-    if field == "attn_window":
-        settings["attn_sinks"] = 0
-    if field == "attention" and settings["attn_backend"] not in ATTENTIONS[value].kernels:
-        settings["attn_backend"] = AUTO
-    return not _unmet(settings)
-
-
-def _alternatives(config: GPTConfig, field: str) -> str:
-    """The other values of `field` with which `config` would run, in words."""
-    values: dict[str, list[Any]] = {
-        "pos_encoding": list(SCHEMES),
-        "attention": list(ATTENTIONS),
-        "attn_score": list(SCORES),
-        "attn_backend": [AUTO, *ATTENTIONS[config.attention].kernels],
-        "attn_window": [0],
-        "dropout": [0.0],
-    }
-    able = [str(v) for v in values[field] if v != getattr(config, field) and _runs_with(config, field, v)]
-    if not able:
-        return f"changing {field} alone would not run it"
-    listed = able[0] if len(able) == 1 else ", ".join(able[:-1]) + " or " + able[-1]
-    return f"{field} {listed} would run"
-
-
-def _refusal(config: GPTConfig, missing: list[Lack]) -> str:
-    """One line: which setting cannot run which, why, and what would."""
-    host = "attn_backend" if config.attn_backend != AUTO else "attention"
-    culprit = missing[0].setting or "attn_backend"
-    lacks = " and ".join(lack.words for lack in missing)
-    if host == "attn_backend":
-        why = f"kernel {config.attn_backend!r} lacks {lacks}"
-    else:
-        why = f"none of its kernels ({', '.join(ATTENTIONS[config.attention].kernels)}) has {lacks}"
-    host_value, culprit_value = getattr(config, host), getattr(config, culprit)
-    return (
-        f"{host}={host_value!r} cannot run {culprit}={culprit_value!r}: {why}. With {host}={host_value!r}, "
-        f"{_alternatives(config, culprit)}; with {culprit}={culprit_value!r}, {_alternatives(config, host)}."
-    )

@@ -6,7 +6,7 @@ keys of their registries (`model.positions.SCHEMES`, `model.attention.ATTENTIONS
 function's kernels, `model.scores.SCORES`): a new one is a class and a registry line, and no code
 here changes (the fields' documentation lists the built-in ones). Validation checks them against
 the registries and checks that the attention function has a kernel for the combination
-(`model.attention.check_config`), so that a config that cannot run is refused when it is built,
+(`model.validation.check_config`), so that a config that cannot run is refused when it is built,
 before any data is prepared.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
 from core.errors import ConfigError
-from model.attention import check_config
 from model.linear import LINEAR_BACKENDS, onednn_available
+from model.validation import check_config
 
 RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)

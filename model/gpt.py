@@ -25,10 +25,11 @@ from model.positions import PositionEncoding, build_positions
 from model.scores import SCORES
 
 
-def training_flops_per_token(n_params: int, n_layer: int, n_embd: int, keys: int) -> int:
+def training_flops_per_token(n_params: int, n_layer: int, n_embd: int, keys: int, value_passes: int = 1) -> int:
     """Forward + backward FLOPs per token of a GPT with `n_params` non-lookup parameters whose
-    queries each attend to `keys` keys: 6N + 12 L C keys (`GPT.flops_per_token`; C = H x D)."""
-    return 6 * n_params + 12 * n_layer * n_embd * keys
+    queries each attend to `keys` keys: 6N + 6 L C keys for the scores and 6 L C keys for each
+    weighted sum of the values (`GPT.flops_per_token`; C = H x D): 6N + 12 L C keys with one."""
+    return 6 * n_params + 6 * n_layer * n_embd * keys * (1 + value_passes)
 
 
 class MLP(nn.Module):
@@ -53,10 +54,10 @@ class Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)); `attention` is the
     layer class of the model's attention function."""
 
-    def __init__(self, config: GPTConfig, attention: type[Attention]) -> None:
+    def __init__(self, config: GPTConfig, attention: type[Attention], layer: int = 0) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = attention(config)
+        self.attn = attention(config, layer)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -85,7 +86,7 @@ class GPT(nn.Module):
         # sees the dict change
         self._kernel_memos: dict = {type(kernel): {} for kernel in self.attention.kernels.values()}
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, self.attention) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, self.attention, i) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = Linear(config.n_embd, config.padded_vocab_size, False, config.linear_backend)
         self.lm_head.weight = self.wte.weight  # tied input/output embeddings (Press & Wolf 2017)
@@ -300,7 +301,8 @@ class GPT(nn.Module):
         return total
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token (forward + backward) at context `seq_len`: 6N + 12 L H Q T.
+        """Training FLOPs per token (forward + backward) at context `seq_len`: 6N + 12 L H Q T (18 with
+        differential attention's two weighted sums).
 
         6N covers the weight matmuls (PaLM appendix B; Kaplan et al. 2020); 12 L H Q T the
         attention scores and their weighted sum, counted over the full T x T square as nanoGPT's
@@ -308,7 +310,8 @@ class GPT(nn.Module):
         """
         c = self.config
         keys = self.mask.kept_keys(seq_len)  # a window attends to at most W + S keys
-        return training_flops_per_token(self.num_params(exclude_embeddings=True), c.n_layer, c.n_embd, keys)
+        n_params = self.num_params(exclude_embeddings=True)
+        return training_flops_per_token(n_params, c.n_layer, c.n_embd, keys, self.attention.value_passes)
 
     @torch.no_grad()
     def generate(

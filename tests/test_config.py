@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from model import ATTENTIONS, POS_ENCODINGS, GPTConfig
-from model.attention import kernel_names
+from model.validation import kernel_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_choices_are_the_documented_ones():
     assert set(POS_ENCODINGS) == {"learned", "sinusoidal", "rope", "alibi", "t5", "kerple", "fire", "none"}
     assert set(kernel_names()) == {"eager", "sdpa", "flex", "chunked"}
-    assert set(ATTENTIONS) == {"softmax", "linear", "sigmoid"}
+    assert set(ATTENTIONS) == {"softmax", "linear", "sigmoid", "differential"}
     assert GPTConfig().rope_base == 10000.0
 
 

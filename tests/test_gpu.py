@@ -45,7 +45,7 @@ def test_backend_in_bf16_matches_float32_eager(gpu_config, scheme, backend):
 
 
 @pytest.mark.parametrize("scheme", ["rope", "alibi", "fire"])
-@pytest.mark.parametrize("attention", ["sigmoid"])
+@pytest.mark.parametrize("attention", ["sigmoid", "differential"])
 def test_the_other_functions_flex_kernels_match_their_eager_reference_in_bf16(gpu_config, attention, scheme):
     assert_bf16_matches_eager(dataclasses.replace(gpu_config, attention=attention), scheme, "flex")
 

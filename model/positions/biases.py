@@ -136,15 +136,15 @@ class FIRE(PositionEncoding):
 
     c starts at 0.1 and L at block_size / 4 (their code: 512 for 2048 training tokens, an assumption
     here); both are used as |c| and |L|. The MLP starts as `nn.Linear`'s default, the normalizer has
-    `EPS` added so that c -> 0 stays finite."""
+    1e-6 added so that c -> 0 stays finite."""
 
     score_bias = True
     learned_bias = True
-    EPS = 1e-6
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
         self.initial_threshold = max(1.0, config.block_size / 4)
+        self.width = config.fire_width
         self.c = nn.Parameter(torch.empty(()))
         self.threshold = nn.Parameter(torch.empty(()))
         self.w1, self.b1 = nn.Parameter(torch.empty(config.fire_width)), nn.Parameter(torch.empty(config.fire_width))
@@ -168,7 +168,9 @@ class FIRE(PositionEncoding):
         """psi(i - j) / psi(max(L, i)), float32, for keys `distance` = i - j before a query at `query` = i."""
         c, threshold = self.c.float().abs(), self.threshold.float().abs()
         psi_distance = torch.log1p(c * distance.clamp(min=0).float())  # future keys: masked, but finite
-        psi_position = torch.log1p(c * torch.maximum(query.float(), threshold)) + self.EPS
+        # a literal: a float attribute read in a score_mod compiled for dynamic shapes becomes a
+        # tensor whose .item() flex cannot lower
+        psi_position = torch.log1p(c * torch.maximum(query.float(), threshold)) + 1e-6
         return psi_distance / psi_position
 
     def relative_bias(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
@@ -176,8 +178,8 @@ class FIRE(PositionEncoding):
         # kernel (a matmul in a score_mod cannot be), and no (..., width) tensor on the dense path
         x = self.normalized(distance, query)
         w1, b1, w2, b2 = (p.float() for p in (self.w1, self.b1, self.w2, self.b2))
-        w2 = w2[:, h]  # (width, *h.shape): each head's output weights
+        w2 = w2.t()[h]  # (*h.shape, width): each head's output weights
         bias = b2[h]
-        for unit in range(w1.size(0)):
-            bias = bias + w2[unit] * torch.relu(w1[unit] * x + b1[unit])
+        for unit in range(self.width):
+            bias = bias + w2[..., unit] * torch.relu(w1[unit] * x + b1[unit])
         return bias

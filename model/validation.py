@@ -1,0 +1,126 @@
+"""The registry half of `GPTConfig`'s validation (`check_config`): every name is in its registry,
+the scheme and the attention function accept the model's shape, and the attention function has a
+kernel for the scheme, the mask, the score and the dropout, so that a refused combination is refused
+when the config is built, in one line naming the settings and what would work.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from core.errors import ConfigError, did_you_mean
+from model.attention import ATTENTIONS
+from model.kernels import AUTO, Lack
+from model.masks import AttentionMask
+from model.positions import SCHEMES
+from model.scores import SCORES
+
+if TYPE_CHECKING:
+    from model.config import GPTConfig
+
+
+def kernel_names() -> list[str]:
+    """Every kernel name of every attention function, in registry order (the valid `attn_backend`s
+    besides auto)."""
+    return list(dict.fromkeys(name for layer in ATTENTIONS.values() for name in layer.kernels))
+
+
+def check_config(config: GPTConfig) -> None:
+    """Raise `ConfigError` for a config no model can be built from: an unknown name, a scheme that
+    refuses the shape, or settings no kernel of the attention function can run together."""
+    _check_name("pos_encoding", config.pos_encoding, list(SCHEMES))
+    _check_name("attention", config.attention, list(ATTENTIONS))
+    _check_name("attn_score", config.attn_score, list(SCORES))
+    _check_name("attn_backend", config.attn_backend, [AUTO, *kernel_names()])
+    scheme = SCHEMES[config.pos_encoding]
+    if config.rope_fraction != 1.0 and not scheme.partial_rotation:
+        raise ConfigError(
+            f"GPTConfig.rope_fraction {config.rope_fraction} rotates part of each head, which "
+            f"pos_encoding={config.pos_encoding!r} does not do: use pos_encoding='rope', or rope_fraction 1."
+        )
+    scheme.check(config)
+    layer = ATTENTIONS[config.attention]
+    layer.check(config)
+    if config.attn_log_scaling != "none" and not layer.scored:
+        raise ConfigError(
+            f"GPTConfig.attn_log_scaling scales attention scores, and attention={config.attention!r} forms none: "
+            "use attention='softmax', or attn_log_scaling 'none'."
+        )
+    if config.attn_log_scaling != "none" and not SCORES[config.attn_score].dot_product:
+        raise ConfigError(
+            f"GPTConfig.attn_log_scaling scales the query of a dot-product score, and attn_score="
+            f"{config.attn_score!r} is not one: use attn_score scaled_dot, dot or general, or attn_log_scaling 'none'."
+        )
+    if config.attn_backend != AUTO and config.attn_backend not in layer.kernels:
+        raise ConfigError(
+            f"attn_backend={config.attn_backend!r} is not a kernel of attention={config.attention!r}, whose "
+            f"kernels are {', '.join([AUTO, *layer.kernels])}; {_alternatives(config, 'attention')}."
+        )
+    missing = _unmet(config.to_dict())
+    if missing:
+        raise ConfigError(_refusal(config, missing))
+
+
+def _check_name(field: str, value: Any, names: list[str]) -> None:
+    if value not in names:
+        hint = did_you_mean(str(value), names, "") or "."
+        raise ConfigError(f"GPTConfig.{field} must be one of {names}, got {value!r}{hint}")
+
+
+def _unmet(settings: dict[str, Any]) -> list[Lack]:
+    """What the kernels that `settings` allow lack of what they ask, on any device (empty: runnable):
+    the fewest such needs of any of those kernels; and, for a function that scores no query-key
+    pairs, a score other than the standard one (it would be ignored)."""
+    layer = ATTENTIONS[settings["attention"]]
+    if not layer.scored and not SCORES[settings["attn_score"]].standard:
+        return [Lack("a scoring function (it scores no query-key pairs)", "attn_score")]
+    mask = AttentionMask(settings["attn_window"], settings["attn_sinks"])
+    needs = layer.needs(SCHEMES[settings["pos_encoding"]], mask, SCORES[settings["attn_score"]],
+                        dropout_active=settings["dropout"] > 0)  # fmt: skip
+    backend = settings["attn_backend"]
+    kernels = layer.kernels.values() if backend == AUTO else [layer.kernels[backend]]
+    return min((needs.unmet(kernel) for kernel in kernels), key=len)
+
+
+def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
+    """Whether `config` with `field` set to `value` would run (a window dropped with its sinks, an
+    attention function with its own kernels)."""
+    settings = {**config.to_dict(), field: value}
+    if field == "attn_window":
+        settings["attn_sinks"] = 0
+    if field == "attention" and settings["attn_backend"] not in ATTENTIONS[value].kernels:
+        settings["attn_backend"] = AUTO
+    return not _unmet(settings)
+
+
+def _alternatives(config: GPTConfig, field: str) -> str:
+    """The other values of `field` with which `config` would run, in words."""
+    values: dict[str, list[Any]] = {
+        "pos_encoding": list(SCHEMES),
+        "attention": list(ATTENTIONS),
+        "attn_score": list(SCORES),
+        "attn_backend": [AUTO, *ATTENTIONS[config.attention].kernels],
+        "attn_window": [0],
+        "dropout": [0.0],
+    }
+    able = [str(v) for v in values[field] if v != getattr(config, field) and _runs_with(config, field, v)]
+    if not able:
+        return f"changing {field} alone would not run it"
+    listed = able[0] if len(able) == 1 else ", ".join(able[:-1]) + " or " + able[-1]
+    return f"{field} {listed} would run"
+
+
+def _refusal(config: GPTConfig, missing: list[Lack]) -> str:
+    """One line: which setting cannot run which, why, and what would."""
+    host = "attn_backend" if config.attn_backend != AUTO else "attention"
+    culprit = missing[0].setting or "attn_backend"
+    lacks = " and ".join(lack.words for lack in missing)
+    if host == "attn_backend":
+        why = f"kernel {config.attn_backend!r} lacks {lacks}"
+    else:
+        why = f"none of its kernels ({', '.join(ATTENTIONS[config.attention].kernels)}) has {lacks}"
+    host_value, culprit_value = getattr(config, host), getattr(config, culprit)
+    return (
+        f"{host}={host_value!r} cannot run {culprit}={culprit_value!r}: {why}. With {host}={host_value!r}, "
+        f"{_alternatives(config, culprit)}; with {culprit}={culprit_value!r}, {_alternatives(config, host)}."
+    )
