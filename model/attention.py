@@ -134,7 +134,7 @@ class SoftmaxAttention(Attention):
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__(config, layer)
         self.log_scale = LogLengthScale.of(config)
-        self.mask = AttentionMask(config.attn_window, config.attn_sinks)
+        self.mask = AttentionMask.of(config)
 
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None = None) -> Tensor:
         q, k, v = self.attended(x, pe, plan, cache)
@@ -162,7 +162,7 @@ class SoftmaxAttention(Attention):
 
     @classmethod
     def constant_memory(cls, mask: AttentionMask) -> bool:
-        return not mask.causal_only  # a window's rolling cache
+        return mask.rolling  # a window's rolling cache
 
 
 class SigmoidAttention(SoftmaxAttention):

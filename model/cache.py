@@ -103,7 +103,7 @@ class KVCache(DecodingCache):
     def __init__(self, n_layer: int, capacity: int, mask: AttentionMask | None = None) -> None:
         super().__init__()
         self.mask = mask or AttentionMask()
-        self.rolling = not self.mask.causal_only
+        self.rolling = self.mask.rolling
         self.capacity = self.mask.window + self.mask.sinks if self.rolling else capacity
         """Keys held at most: a rolling cache's S + W, else the longest sequence it takes."""
         self.slot_positions: Tensor | None = None

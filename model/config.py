@@ -83,6 +83,14 @@ class GPTConfig:
     tokens). Decoding then keeps only the last W keys (plus sinks)."""
     attn_sinks: int = 0
     """With a window: the first S tokens stay visible to every token (StreamingLLM's attention sinks)."""
+    attn_random_blocks: int = 0
+    """With a window: each block of attn_sparse_block queries also sees this many random earlier blocks of keys,
+    drawn by attn_random_seed. Window + sinks + random blocks is BigBird's sparse attention (Zaheer et al. 2020),
+    causal; decoding then keeps every key (random blocks reach any of them)."""
+    attn_sparse_block: int = 64
+    """attn_random_blocks: keys per random block; must divide block_size."""
+    attn_random_seed: int = 0
+    """attn_random_blocks: seed of the draws (fixed: the same blocks at every length, in training and evaluation)."""
     attn_log_scaling: Literal["none", "fixed", "learned"] = "none"
     """Log-length attention scaling (SSMax, Nakanishi 2025; the log-length temperature of YaRN and DroPE):
     each query times s * ln(n), n the number of keys it sees, so scores sharpen as the context grows instead
@@ -139,7 +147,7 @@ class GPTConfig:
                 f"GPTConfig.t5_num_buckets must be >= 2 and t5_max_distance above half of it (the exact buckets), "
                 f"got {self.t5_num_buckets} and {self.t5_max_distance}."
             )
-        for name in ("attn_window", "attn_sinks"):
+        for name in ("attn_window", "attn_sinks", "attn_random_blocks", "attn_random_seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"GPTConfig.{name} must be an integer >= 0, got {value!r}.")
@@ -147,10 +155,25 @@ class GPTConfig:
             raise ConfigError(
                 "GPTConfig.attn_sinks keeps the first tokens visible beyond a window: set attn_window > 0."
             )
+        self._check_random_blocks()
         _check_choice("linear_backend", self.linear_backend, LINEAR_BACKENDS)
         if self.linear_backend == "onednn" and not onednn_available():
             raise ConfigError("GPTConfig.linear_backend='onednn': this PyTorch build has no oneDNN; use auto or aten.")
         check_config(self)  # the registries' half: names, each scheme's needs, a kernel for the combination
+
+    def _check_random_blocks(self) -> None:
+        if not self.attn_random_blocks:
+            return
+        if not self.attn_window:
+            raise ConfigError(
+                "GPTConfig.attn_random_blocks adds random blocks to a window's keys (BigBird): set attn_window > 0."
+            )
+        block = self.attn_sparse_block
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1 or self.block_size % block:
+            raise ConfigError(
+                f"GPTConfig.attn_sparse_block must be a positive divisor of block_size {self.block_size}, got "
+                f"{block!r}: pick one of {[d for d in (16, 32, 64, 128, 256) if self.block_size % d == 0] or [1]}."
+            )
 
     @property
     def head_dim(self) -> int:

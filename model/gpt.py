@@ -79,7 +79,7 @@ class GPT(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.pe = build_positions(config)  # one instance, shared by every block
-        self.mask = AttentionMask(config.attn_window, config.attn_sinks)  # one description, every kernel's mask
+        self.mask = AttentionMask.of(config)  # one description, every kernel's mask
         self.attention = ATTENTIONS[config.attention]  # the attention function: its layer class and kernels
         # what each kernel keeps across forwards (flex: block masks by shape), by kernel class (a copied
         # or unpickled model has copies of the kernels); made now, so that a compiled forward never
@@ -309,7 +309,7 @@ class GPT(nn.Module):
         MFU estimate does. Use it with a throughput to get model FLOPs utilisation.
         """
         c = self.config
-        keys = self.mask.kept_keys(seq_len)  # a window attends to at most W + S keys
+        keys = self.mask.attended_keys(seq_len)  # a window attends to at most W + S (+ R G) keys
         n_params = self.num_params(exclude_embeddings=True)
         return training_flops_per_token(n_params, c.n_layer, c.n_embd, keys, self.attention.value_passes)
 

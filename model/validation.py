@@ -74,7 +74,7 @@ def _unmet(settings: dict[str, Any]) -> list[Lack]:
     layer = ATTENTIONS[settings["attention"]]
     if not layer.scored and not SCORES[settings["attn_score"]].standard:
         return [Lack("a scoring function (it scores no query-key pairs)", "attn_score")]
-    mask = AttentionMask(settings["attn_window"], settings["attn_sinks"])
+    mask = AttentionMask(settings["attn_window"], settings["attn_sinks"], settings["attn_random_blocks"])
     needs = layer.needs(SCHEMES[settings["pos_encoding"]], mask, SCORES[settings["attn_score"]],
                         dropout_active=settings["dropout"] > 0)  # fmt: skip
     backend = settings["attn_backend"]
@@ -87,7 +87,7 @@ def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
     attention function with its own kernels)."""
     settings = {**config.to_dict(), field: value}
     if field == "attn_window":
-        settings["attn_sinks"] = 0
+        settings["attn_sinks"] = settings["attn_random_blocks"] = 0
     if field == "attention" and settings["attn_backend"] not in ATTENTIONS[value].kernels:
         settings["attn_backend"] = AUTO
     return not _unmet(settings)

@@ -21,6 +21,7 @@ MASKS: dict[str, dict[str, int]] = {
     "causal": {},
     "window": {"attn_window": 5},
     "window+sinks": {"attn_window": 5, "attn_sinks": 2},
+    "bigbird": {"attn_window": 5, "attn_sinks": 1, "attn_random_blocks": 2, "attn_sparse_block": 4},
 }
 
 
@@ -105,14 +106,14 @@ def test_a_row_in_a_padded_batch_decodes_as_it_would_alone(config):
 
 @pytest.mark.parametrize("mask", sorted(MASKS))
 def test_the_cache_holds_its_capacity_and_no_more(mask):
-    """A window's rolling buffer holds S + W slots however long decoding runs; a full cache the
-    bucketed length of prompt + new tokens, at most the window."""
+    """A window's rolling buffer holds S + W slots however long decoding runs; a full cache (causal,
+    or a window with random blocks) the capacity asked for."""
     model = GPT(dataclasses.replace(CONFIG, pos_encoding="alibi", **MASKS[mask])).eval()
     cache = model.new_cache(8, batch=2)
     prompt = torch.randint(0, 64, (2, 9))
-    expected = model.mask.window + model.mask.sinks if mask != "causal" else 8
-    assert cache.capacity == expected
-    if mask != "causal":
+    expected = model.mask.window + model.mask.sinks if model.mask.rolling else 8
+    assert cache.capacity == expected  # random blocks reach any earlier key: a full cache
+    if model.mask.rolling:
         assert context_window(model) is None  # constant memory: no window to slide
         with torch.no_grad():
             model(prompt, cache=cache)

@@ -114,8 +114,9 @@ def test_auto_alibi_trains_through_compiled_flex_on_cuda(gpu_config):
 
 @pytest.mark.parametrize(
     "extra",
-    [{"pos_encoding": "t5"}, {"pos_encoding": "kerple"}, {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4},
-     {"pos_encoding": "alibi", "attn_window": 64}],
+    [{"pos_encoding": "t5"}, {"pos_encoding": "kerple"}, {"pos_encoding": "fire"},
+     {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4}, {"pos_encoding": "alibi", "attn_window": 64},
+     {"pos_encoding": "rope", "attn_window": 32, "attn_sinks": 4, "attn_random_blocks": 2, "attn_sparse_block": 16}],
 )  # fmt: skip
 def test_flex_learned_bias_and_window_masks_match_eager_with_gradients_on_cuda(gpu_config, extra):
     """Only a GPU runs FlexAttention's backward: the T5 table's gradient (a captured tensor read by
@@ -259,7 +260,12 @@ def test_activation_checkpointing_through_compiled_flex_gives_the_plain_gradient
         torch.testing.assert_close(r.grad, p.grad, atol=1e-3, rtol=1e-2, msg=name)
 
 
-LONG = [{"pos_encoding": s} for s in POS_ENCODINGS] + [{"pos_encoding": "rope", "attn_window": 1024, "attn_sinks": 4}]
+LONG = [{"pos_encoding": s} for s in POS_ENCODINGS] + [
+    {"pos_encoding": "rope", "attn_window": 1024, "attn_sinks": 4},
+    {"pos_encoding": "rope", "attn_window": 1024, "attn_sinks": 4, "attn_random_blocks": 3},
+    {"pos_encoding": "rope", "attention": "sigmoid"},
+    {"pos_encoding": "rope", "attention": "differential"},
+]
 
 
 @pytest.mark.slow

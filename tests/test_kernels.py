@@ -20,7 +20,11 @@ from model.scores import SCORES
 from helpers import build, eager_with_weights, lengths, run_pair
 
 ODD_LEN = 13  # not a multiple of 16 (FlexAttention's and the flash kernels' tile sizes)
-MASKS: dict[str, dict[str, int]] = {"window": {"attn_window": 5}, "window+sinks": {"attn_window": 5, "attn_sinks": 2}}
+MASKS: dict[str, dict[str, int]] = {
+    "window": {"attn_window": 5},
+    "window+sinks": {"attn_window": 5, "attn_sinks": 2},
+    "bigbird": {"attn_window": 5, "attn_sinks": 1, "attn_random_blocks": 2, "attn_sparse_block": 4},
+}
 SCORE_SCHEMES = ("rope", "alibi", "t5")
 """Schemes the other scores are checked with: a rotation, a fixed bias, a learned bias."""
 

@@ -16,7 +16,11 @@ from model.masks import AttentionMask
 from helpers import overfit, run_pair
 
 ODD_LEN = 13
-MASKS = {"window": {"attn_window": 5}, "window+sinks": {"attn_window": 5, "attn_sinks": 2}}
+MASKS = {
+    "window": {"attn_window": 5},
+    "window+sinks": {"attn_window": 5, "attn_sinks": 2},
+    "bigbird": {"attn_window": 5, "attn_sinks": 1, "attn_random_blocks": 2, "attn_sparse_block": 4},
+}
 
 
 def _config(tiny_config: GPTConfig, scheme: str, mask: str, **extra) -> GPTConfig:
