@@ -38,7 +38,9 @@ class LoadedCheckpoint:
 
 
 def model_config_of(ckpt: dict[str, Any]) -> GPTConfig:
-    return GPTConfig.from_dict(ckpt["hyper_parameters"]["config"]["model"])
+    """The config of the model the checkpoint holds: the run's, or after a switch mid-training
+    (`train.switch_at`) the one it switched to."""
+    return GPTConfig.from_dict(ckpt.get("model_config") or ckpt["hyper_parameters"]["config"]["model"])
 
 
 def gpt_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> GPT:

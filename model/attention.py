@@ -77,6 +77,9 @@ class Attention(nn.Module):
     def check(cls, config: GPTConfig) -> None:
         """Raise `ConfigError` when the function cannot work with `config` (called at its validation)."""
 
+    def reconfigure(self, old: GPTConfig, config: GPTConfig) -> None:
+        """Take the mask and scaling of `config` (`GPT.switch`), keeping the weights."""
+
     @classmethod
     def needs(
         cls,
@@ -135,6 +138,12 @@ class SoftmaxAttention(Attention):
         super().__init__(config, layer)
         self.log_scale = LogLengthScale.of(config)
         self.mask = AttentionMask.of(config)
+
+    def reconfigure(self, old: GPTConfig, config: GPTConfig) -> None:
+        self.mask = AttentionMask.of(config)
+        if (old.attn_log_scaling, old.attn_log_scale) != (config.attn_log_scaling, config.attn_log_scale):
+            scale = LogLengthScale.of(config)
+            self.log_scale = scale.to(self.qkv.weight.device) if scale is not None else None
 
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None = None) -> Tensor:
         q, k, v = self.attended(x, pe, plan, cache)

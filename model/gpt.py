@@ -32,6 +32,26 @@ def training_flops_per_token(n_params: int, n_layer: int, n_embd: int, keys: int
     return 6 * n_params + 6 * n_layer * n_embd * keys * (1 + value_passes)
 
 
+SCHEME_FIELDS = ("pos_encoding", "rope_base", "rope_scaling", "rope_scaling_factor", "rope_fraction", "rope_partial",
+                 "t5_num_buckets", "t5_max_distance", "fire_width")  # fmt: skip
+"""The fields a position scheme reads: `GPT.switch` rebuilds the scheme when one of them changes."""
+SWITCHABLE_FIELDS = frozenset(
+    {
+        *SCHEME_FIELDS,
+        "attn_window",
+        "attn_sinks",
+        "attn_random_blocks",
+        "attn_sparse_block",
+        "attn_random_seed",
+        "attn_log_scaling",
+        "attn_log_scale",
+        "attn_backend",
+        "chunked_loss",
+    }  # fmt: skip
+)
+"""What `GPT.switch` may change: everything but the blocks' weights and how they are computed."""
+
+
 class MLP(nn.Module):
     """Position-wise feed-forward network: C -> 4C -> GELU -> C."""
 
@@ -191,6 +211,29 @@ class GPT(nn.Module):
         products. Dropout is off: call it on a model in eval mode.
         """
         return self.lm_head(self._hidden(idx, None, visit))
+
+    def switch(self, config: GPTConfig) -> None:
+        """Become a model of `config` in place, mid-training or for fine-tuning into another scheme
+        (DroPE: RoPE, then no positions with the log-length temperature; GPT-2's learned table to
+        RoPE or ALiBi). Only `SWITCHABLE_FIELDS` may differ: the blocks' weights keep their shapes
+        and meaning. The position scheme is rebuilt (its own parameters fresh) when a field it reads
+        changed, each layer's log-length scaling when its fields changed; every other parameter
+        stays the same object, so an optimizer keeps its state for them."""
+        fixed = [f for f, v in config.to_dict().items() if f not in SWITCHABLE_FIELDS and getattr(self.config, f) != v]
+        if fixed:
+            raise ValueError(
+                f"A model can switch its position scheme, mask, log-length scaling and kernel, not {', '.join(fixed)} "
+                "(the weights would change shape or meaning)."
+            )
+        old, self.config = self.config, config
+        device = self.wte.weight.device
+        if any(getattr(old, f) != getattr(config, f) for f in SCHEME_FIELDS):
+            self.pe = build_positions(config).to(device)
+        self.mask = AttentionMask.of(config)
+        for block in self.blocks:
+            block.attn.reconfigure(old, config)
+        for memo in self._kernel_memos.values():
+            memo.clear()  # block masks of the old mask
 
     def rescaled(self, scaling: str, factor: float) -> GPT:
         """This model with its position scheme's angles stretched (`config.rope_scaling` and its

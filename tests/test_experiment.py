@@ -76,28 +76,38 @@ def test_experiment_config_mistakes_fail_clearly(tmp_path, text_file, capsys):
 
 
 def test_variants_beside_the_schemes(tmp_path, text_file, capsys):
-    """A named attention variant (here RoPE with a window and T5) trains and is evaluated like a scheme."""
-    variants = "[{name: rope-w8, model: {pos_encoding: rope, attn_window: 8, attn_sinks: 2}}]"
+    """Named variants (RoPE with a window; dropped positions: RoPE, then none with the log-length
+    temperature from step 6 of 8) train and are evaluated like the schemes (FIRE)."""
+    variants = ("[{name: rope-w8, model: {pos_encoding: rope, attn_window: 8, attn_sinks: 2}}, "
+                "{name: drope, model: {pos_encoding: rope}, train: {switch_at: 0.75, "
+                "switch_model: {pos_encoding: none, attn_log_scaling: fixed}}}]")  # fmt: skip
     cli.run(
-        experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[t5]", "--seeds", "[1]", "--variants", variants)
+        experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[fire]", "--seeds", "[1]", "--variants", variants)
     )
     doc = json.loads((tmp_path / "report" / "results.json").read_text())
     runs = {run["label"]: run for run in doc["runs"]}
-    assert {"t5", "rope-w8", "rope-w8 + yarn"} <= set(runs)
+    assert {"fire", "rope-w8", "rope-w8 + yarn", "drope"} <= set(runs) and "drope + yarn" not in runs
     model = runs["rope-w8"]["config"]["model"]
     assert (model["attn_window"], model["attn_sinks"], model["pos_encoding"]) == (8, 2, "rope")
-    assert all(row["ppl"] for row in runs["t5"]["results"])  # t5 runs at every length, past block_size
+    assert all(row["ppl"] for name in ("fire", "drope") for row in runs[name]["results"])  # past block_size
     argv = _tiny(tmp_path, text_file, "--schemes", "[rope]", "--variants", "[{name: rope}]")
     assert "must not repeat" in cli_error(capsys, experiment.COMMAND, argv)
 
 
 def test_the_new_schemes_and_switches_are_taken_by_name_and_as_variants(tmp_path, text_file):
-    """Kerple by name; partial RoPE, log-n scaling and the general score as variants (issue 23)."""
-    variants = ("[{name: p-rope, model: {pos_encoding: rope, rope_fraction: 0.5}}, "
-                "{name: nope-logn, model: {pos_encoding: none, attn_log_scaling: learned}}, "
-                "{name: rope-general, model: {pos_encoding: rope, attn_score: general}}]")  # fmt: skip
-    config = cli.parse(experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[kerple]", "--variants", variants))
-    assert [m.name for m in config.models()] == ["kerple", "p-rope", "nope-logn", "rope-general"]
+    """Kerple and FIRE by name; partial RoPE, log-n scaling, the general score, sigmoid and differential
+    attention and BigBird's mask as variants (issue 23); DroPE in test_variants_beside_the_schemes."""
+    variants = (
+        "[{name: p-rope, model: {pos_encoding: rope, rope_fraction: 0.5}}, "
+        "{name: nope-logn, model: {pos_encoding: none, attn_log_scaling: learned}}, "
+        "{name: rope-general, model: {pos_encoding: rope, attn_score: general}}, "
+        "{name: sigmoid, model: {attention: sigmoid}}, {name: diff, model: {attention: differential}}, "
+        "{name: bigbird, model: {attn_window: 4, attn_sinks: 1, attn_random_blocks: 1, attn_sparse_block: 4}}]"
+    )
+    config = cli.parse(experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[kerple, fire]",
+                                                 "--variants", variants))  # fmt: skip
+    names = ["kerple", "fire", "p-rope", "nope-logn", "rope-general", "sigmoid", "diff", "bigbird"]
+    assert [m.name for m in config.models()] == names
     assert config.eval.attention_stats  # the study explains its curves by default (sink rate included)
 
 

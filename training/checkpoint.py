@@ -45,6 +45,11 @@ def check_resume(path: str | Path, config: RunConfig, data: dict[str, Any]) -> l
     saved = ckpt["hyper_parameters"]["config"]
     if saved["train"].get("seed") != config.train.seed:
         diffs.append(f"train.seed: checkpoint {saved['train'].get('seed')!r} vs now {config.train.seed!r}")
+    if ckpt.get("switched_at") is not None and saved["train"].get("switch_model") != config.train.switch_model:
+        diffs.append(
+            f"train.switch_model: the checkpoint's model switched to {saved['train'].get('switch_model')!r} at step "
+            f"{ckpt['switched_at']}, now {config.train.switch_model!r}"
+        )
     saved_data = ckpt["hyper_parameters"].get("data")
     if saved_data and saved_data.get("fingerprint") != data.get("fingerprint"):
         diffs.append(

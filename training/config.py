@@ -6,10 +6,13 @@ other files in `configs/` override it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from core.errors import ConfigError
 from model import SCHEMES, GPTConfig
+from model.gpt import SWITCHABLE_FIELDS
 
 PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "64")
 """The values of --train.precision: auto (see `training.hardware.resolve_precision`), or Lightning's."""
@@ -156,6 +159,21 @@ class TrainConfig:
     not new at test time (evaluation and sampling use 0..T-1 as always). N must cover the longest
     input to be evaluated; for learned positions N <= block_size. 0: off. NoPE has none to randomize."""
 
+    switch_at: float = 0.0
+    """Switch the model to `switch_model` at this point of training, keeping its weights: a fraction of max_steps in
+    (0, 1) (of the max_steps of the command that reaches it), or an optimizer step (an integer >= 1); 0: never.
+    Dropping positions (DroPE, Gelberg et al. 2025): RoPE, then the last 15% with none and the log-length
+    temperature: --train.switch_at 0.85 --train.switch_model '{pos_encoding: none, attn_log_scaling: fixed}'."""
+    switch_model: dict[str, Any] = field(default_factory=dict)
+    """The model fields that change at switch_at: the position scheme and its fields, the mask, the log-length
+    scaling, the kernel (the blocks' weights stay; a new scheme's own parameters start fresh)."""
+
+    def switch_step(self) -> int | None:
+        """The optimizer step at which the model switches (None: never)."""
+        if not self.switch_at:
+            return None
+        return round(self.switch_at * self.max_steps) if self.switch_at < 1 else int(self.switch_at)
+
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "grad_accum", "eval_interval", "log_interval", "ckpt_interval"):
             _at_least(f"train.{name}", getattr(self, name), 1)
@@ -168,6 +186,14 @@ class TrainConfig:
         if isinstance(self.devices, int) and not isinstance(self.devices, bool) and self.devices < 1:
             raise ValueError(
                 f"train.devices must be at least 1 (or 'auto' or a list such as '0,1'), got {self.devices}."
+            )
+        at = self.switch_at
+        if isinstance(at, bool) or at < 0 or (at >= 1 and at != int(at)):
+            raise ValueError(f"train.switch_at must be a fraction in (0, 1), a step >= 1, or 0 (never); got {at!r}.")
+        if bool(at) != bool(self.switch_model):
+            raise ValueError(
+                "train.switch_at and train.switch_model go together: the step, and what the model switches to "
+                "(e.g. --train.switch_at 0.85 --train.switch_model '{pos_encoding: none, attn_log_scaling: fixed}')."
             )
         if self.run_name is not None and (not self.run_name or "/" in self.run_name or self.run_name in (".", "..")):
             raise ValueError(f"train.run_name must be a plain directory name, got {self.run_name!r}.")
@@ -190,7 +216,12 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
+    def switched_model(self) -> GPTConfig:
+        """The model after `train.switch_at`: `model` with `train.switch_model` applied."""
+        return dataclasses.replace(self.model, **self.train.switch_model)
+
     def __post_init__(self) -> None:
+        self._check_switch()
         n, block = self.train.random_positions, self.model.block_size
         if n and n < block:
             raise ValueError(f"train.random_positions {n} must be at least model.block_size {block} (0: off).")
@@ -200,3 +231,21 @@ class RunConfig:
                 f"train.random_positions {n}: {self.model.pos_encoding} positions exist up to {limit} "
                 f"(model.block_size); raise model.block_size to {n} (the table then covers every position drawn)."
             )
+
+    def _check_switch(self) -> None:
+        changes = self.train.switch_model
+        if not changes:
+            return
+        fixed = sorted(set(changes) - SWITCHABLE_FIELDS)
+        if fixed:
+            raise ValueError(
+                f"train.switch_model cannot change {', '.join(fixed)}: a switch keeps the blocks' weights, so it "
+                f"changes only {', '.join(sorted(SWITCHABLE_FIELDS))}."
+            )
+        try:
+            self.switched_model()
+        except (ConfigError, TypeError) as error:
+            raise ValueError(f"train.switch_model: {error}") from None
+        if self.train.switch_step() == 0:
+            raise ValueError(f"train.switch_at {self.train.switch_at} of {self.train.max_steps} steps is step 0: "
+                             "switch later, or train the switched model from the start.")  # fmt: skip

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Any
 
 import lightning as L
 import torch
 
+from core.errors import ConfigError
 from data.dataset import Batch
 from model import GPT
 from model.positions import random_positions
 from training.config import OptimConfig, RunConfig
+
+log = logging.getLogger(__name__)
 
 
 def lr_factor(step: int, base_lr: float, min_lr: float, warmup: int, decay_steps: int) -> float:
@@ -57,15 +61,67 @@ class GPTModule(L.LightningModule):
         self.tokens_seen = 0
         """Training tokens so far, over every device: counted from each batch's shape (a task's
         batches are shorter than block_size), kept in checkpoints."""
+        self.switched_at: int | None = None
+        """The optimizer step at which the model switched to `train.switch_model` (None: not yet), kept
+        in checkpoints: a resumed run switches on loading, before the weights are restored."""
         self._val_sum: torch.Tensor | None = None
         self.nonfinite: torch.Tensor | None = None
         """Whether any training loss since the start was NaN or inf: kept on the device, so that
         checking every step costs no synchronisation; `training.callbacks.DivergenceGuard` reads it."""
 
     def on_train_start(self) -> None:
+        self._check_switch()
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
         if self.config.train.random_positions:
             self.model.pe.reserve(self.config.train.random_positions)  # tables cover every position drawn
+
+    def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
+        # global_step moves only when the optimizer steps: the first micro-batch of the switch step
+        step = self.config.train.switch_step()
+        if step is not None and self.switched_at is None and self.global_step >= step:
+            self.switch_model()
+
+    def _check_switch(self) -> None:
+        """Refuse, before the first step, a switch that adds or drops parameters on several devices:
+        DDP and FSDP fix the parameters they synchronise when they wrap the model."""
+        if not self.config.train.switch_model or self.switched_at is not None or self.trainer.world_size == 1:
+            return
+        with torch.device("meta"):
+            after = {name for name, _ in GPT(self.config.switched_model()).named_parameters()}
+        if after != {name for name, _ in self.model.named_parameters()}:
+            raise ConfigError(
+                f"train.switch_model {self.config.train.switch_model} adds or drops parameters, which a run on "
+                f"{self.trainer.world_size} devices cannot (DDP and FSDP fix them when they wrap the model): "
+                "switch to a scheme without parameters (none, rope, alibi; fixed log scaling), or train on one device."
+            )
+
+    def switch_model(self) -> None:
+        """Switch the model to `train.switch_model` now, carrying the optimizer's state to every
+        parameter that stays (a new scheme's own parameters start with none)."""
+        before = set(self.model.parameters())
+        self.model.switch(self.config.switched_model())
+        self.switched_at = self.global_step
+        log.info("Step %d: the model switches to %s", self.global_step, self.config.train.switch_model)
+        if set(self.model.parameters()) != before:
+            self._rebuild_optimizer()
+
+    def _rebuild_optimizer(self) -> None:
+        """A new AdamW over the switched model's parameters with the old one's state and learning
+        rates, and the schedule carried on from the same step."""
+        strategy = self.trainer.strategy
+        old, scheduler = strategy.optimizers[0], strategy.lr_scheduler_configs[0].scheduler
+        new = adamw(self.model, self.config.optim, self.device)
+        for group, old_group in zip(new.param_groups, old.param_groups, strict=True):
+            group.update(lr=old_group["lr"], initial_lr=old_group["initial_lr"])
+            for p in group["params"]:
+                if p in old.state:
+                    new.state[p] = old.state[p]
+        new_scheduler = torch.optim.lr_scheduler.LambdaLR(new, self.lr_factor)
+        new_scheduler.load_state_dict(scheduler.state_dict())
+        for group, lr in zip(new.param_groups, scheduler.get_last_lr(), strict=True):
+            group["lr"] = lr
+        strategy.optimizers = [new]
+        strategy.lr_scheduler_configs[0].scheduler = new_scheduler
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.model(idx, targets)
@@ -151,6 +207,8 @@ class GPTModule(L.LightningModule):
         # dropout's random stream, so that a resumed run draws the same masks as an uninterrupted one
         checkpoint["torch_rng"] = torch.get_rng_state()
         checkpoint["tokens_seen"] = self.tokens_seen
+        checkpoint["switched_at"] = self.switched_at
+        checkpoint["model_config"] = self.model.config.to_dict()  # the model now (after a switch: the new one)
         if torch.cuda.is_available():
             checkpoint["cuda_rng"] = torch.cuda.get_rng_state_all()
 
@@ -161,6 +219,9 @@ class GPTModule(L.LightningModule):
         settings every value written here equals the saved one, so a resume stays bit-identical."""
         self._apply_optim_config(checkpoint)
         self.tokens_seen = checkpoint.get("tokens_seen", 0)
+        self.switched_at = checkpoint.get("switched_at")
+        if self.switched_at is not None:  # before the weights load: they are the switched model's
+            self.model.switch(self.config.switched_model())
         if "torch_rng" in checkpoint:
             torch.set_rng_state(checkpoint["torch_rng"])
         if "cuda_rng" in checkpoint and torch.cuda.is_available():
