@@ -57,7 +57,9 @@ def test_a_tiny_experiment_end_to_end_and_reuse(tmp_path, text_file, capsys):
 @pytest.mark.parametrize("name", ["extrapolation_shakespeare.yaml", "extrapolation_gpu.yaml"])
 def test_shipped_experiment_configs_parse(name):
     config = cli.parse(experiment.COMMAND, ["--config", str(ROOT / "configs" / name)])
-    assert config.schemes == ["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
+    assert config.schemes == ["learned", "sinusoidal", "rope", "alibi", "t5", "kerple", "fire", "none"]
+    variants = {variant.name: variant for variant in config.models()}
+    assert variants["drope"].train["switch_model"]["pos_encoding"] == "none"  # dropped positions: one line
     assert any(variant.model.get("attn_window", 0) > 0 for variant in config.models())  # a sliding-window model
     assert max(config.eval.lengths) >= 8 * config.run.model.block_size  # train short, test at 8x or more
     assert config.eval.mode == "nonoverlap"
