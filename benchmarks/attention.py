@@ -105,6 +105,15 @@ VARIANTS: dict[str, dict[str, object]] = {
     "neox-rope-0.5": {"pos_encoding": "rope", "rope_fraction": 0.5, "rope_partial": "neox"},
     "rope-logn": {"pos_encoding": "rope", "attn_log_scaling": "learned"},
     "none-logn": {"pos_encoding": "none", "attn_log_scaling": "learned"},
+    "rope-sigmoid": {"pos_encoding": "rope", "attention": "sigmoid"},
+    "rope-differential": {"pos_encoding": "rope", "attention": "differential"},
+    "rope-bigbird": {
+        "pos_encoding": "rope",
+        "attn_window": 64,
+        "attn_sinks": 4,
+        "attn_random_blocks": 2,
+        "attn_sparse_block": 32,
+    },
     "rope-additive": {"pos_encoding": "rope", "attn_score": "additive"},
 }
 

@@ -74,6 +74,9 @@ class GPTConfig:
     """pos_encoding='t5': distances from here on share the last bucket."""
     fire_width: int = 32
     """pos_encoding='fire': hidden ReLU units of the MLP that maps a normalized distance to each head's bias."""
+    fire_per_layer: bool = False
+    """pos_encoding='fire': one c, L and MLP per layer (the paper's FIRE) instead of one shared by every layer
+    (its FIRE-S, as T5's bias is shared)."""
     attn_score: str = "scaled_dot"
     """Scoring function, a key of model.scores.SCORES: scaled_dot (q.k / sqrt(D), Vaswani) | dot (q.k, Luong) |
     general (q.W k, Luong; W learned per head, from I / sqrt(D)) | additive (v.tanh(Wq q + Wk k), Bahdanau; eager

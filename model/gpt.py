@@ -33,7 +33,7 @@ def training_flops_per_token(n_params: int, n_layer: int, n_embd: int, keys: int
 
 
 SCHEME_FIELDS = ("pos_encoding", "rope_base", "rope_scaling", "rope_scaling_factor", "rope_fraction", "rope_partial",
-                 "t5_num_buckets", "t5_max_distance", "fire_width")  # fmt: skip
+                 "t5_num_buckets", "t5_max_distance", "fire_width", "fire_per_layer")  # fmt: skip
 """The fields a position scheme reads: `GPT.switch` rebuilds the scheme when one of them changes."""
 SWITCHABLE_FIELDS = frozenset(
     {
@@ -278,11 +278,13 @@ class GPT(nn.Module):
             step = Step(0, T, self.config.n_head, idx.device, cache_step.k_pos, ids, q_pos=ids)
         else:
             step = Step(0, T, self.config.n_head, idx.device, ids=positions)
-        context = kernel.context(self.pe, self.mask, step, self._kernel_memos[type(kernel)])
-        plan = Plan(kernel, context, step, cache_step=cache_step)
+        memo = self._kernel_memos[type(kernel)]
+        plan = Plan(kernel, kernel.context(self.pe, self.mask, step, memo), step, cache_step=cache_step)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, block in enumerate(self.blocks):
             layer_plan = dataclasses.replace(plan, on_weights=visit(i)) if visit else plan
+            if self.pe.bias_layers > 1 and i > 0:  # a bias of its own: its own context (layer 0's is built)
+                layer_plan = dataclasses.replace(layer_plan, context=kernel.context(self.pe, self.mask, step, memo, i))
             if recompute:
                 x = checkpoint(block, x, self.pe, layer_plan, use_reentrant=False)
             else:

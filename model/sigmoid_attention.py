@@ -54,10 +54,10 @@ class SigmoidEager(EagerKernel):
     weigh = staticmethod(sigmoid_weights)
 
 
-def sigmoid_score_mod(pe: PositionEncoding, mask: AttentionMask, step: Step) -> ScoreMod:
+def sigmoid_score_mod(pe: PositionEncoding, mask: AttentionMask, step: Step, layer: int = 0) -> ScoreMod:
     """ln sigmoid(score + the scheme's bias - ln n), n the keys the query sees (`mask.seen_keys` of
     its place in the token order; when decoding, of its cache position)."""
-    bias = score_mod_of(pe, step) if pe.score_bias else None
+    bias = score_mod_of(pe, step, pe.head_offset(layer)) if pe.score_bias else None
     q_pos, q_start = step.q_pos, step.q_start
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -74,8 +74,8 @@ class SigmoidFlex(FlexKernel):
 
     devices = frozenset({"cuda"})
 
-    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict) -> FlexContext:
-        return FlexContext(build_block_mask(mask, step, memo), sigmoid_score_mod(pe, mask, step))
+    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0) -> FlexContext:
+        return FlexContext(build_block_mask(mask, step, memo), sigmoid_score_mod(pe, mask, step, layer))
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: FlexContext, score: Score, dropout_p: float,

@@ -129,3 +129,72 @@ def test_fire_starts_at_c_0_1_and_l_a_quarter_of_the_block_and_refuses_a_bad_wid
         dataclasses.replace(CONFIG, fire_width=0)
     with pytest.raises(ConfigError, match="pos_encoding='fire'"):
         dataclasses.replace(CONFIG, attention="linear")  # linear attention's kernels take no score bias
+
+
+PER_LAYER = dataclasses.replace(CONFIG, n_layer=2, fire_per_layer=True)
+
+
+def test_per_layer_each_layer_has_its_own_c_l_and_mlp():
+    model = GPT(PER_LAYER)
+    pe = model.pe
+    assert pe.c.shape == (2,) and pe.w1.shape == (2, 3) and pe.w2.shape == (3, 4) and pe.b2.shape == (4,)
+    with torch.no_grad():
+        pe.c.copy_(torch.tensor([0.5, 0.2]))
+        pe.threshold.copy_(torch.tensor([4.0, 2.0]))
+        pe.w1.copy_(torch.tensor([[1.0, 2.0, -1.0], [0.5, 0.0, 3.0]]))
+        pe.b1.copy_(torch.tensor([[0.0, -1.0, 1.0], [0.1, 0.0, -0.5]]))
+        pe.w2.copy_(torch.tensor([[1.0, 0.0, 2.0, 0.0], [1.0, 0.0, 0.0, 1.0], [0.0, -3.0, 1.0, 1.0]]))
+        pe.b2.copy_(torch.tensor([0.5, 0.0, -0.2, 0.3]))
+    assert pe.head_offset(0) == 0 and pe.head_offset(1) == 2  # layer 1's heads are the MLP's outputs 2 and 3
+    relu = lambda v: max(v, 0.0)  # noqa: E731
+    i, j = 10, 3
+    x = math.log(0.2 * 7 + 1) / math.log(0.2 * 10 + 1)  # layer 1: c = 0.2, L = 2
+    hidden = [relu(0.5 * x + 0.1), relu(0.0), relu(3 * x - 0.5)]
+    expected = [2 * hidden[0] + hidden[2] - 0.2, hidden[1] + hidden[2] + 0.3]
+    got = [pe.relative_bias(torch.tensor(2 + h), torch.tensor(i - j), torch.tensor(i)).item() for h in (0, 1)]
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert pe.relative_bias(torch.tensor(0), torch.tensor(7), torch.tensor(10)).item() == pytest.approx(
+        by_hand(10, 3, 0.5, 4.0)[0], rel=1e-5
+    )  # layer 0: the shared test's values
+
+
+def test_per_layer_the_layers_biases_reach_their_kernels_and_gradients_agree():
+    grads, logits = [], []
+    for backend in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        model = GPT(dataclasses.replace(PER_LAYER, attn_backend=backend))
+        idx = torch.randint(0, 64, (2, 40))
+        out, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        logits.append(out.detach())
+        grads.append({name: p.grad for name, p in model.pe.named_parameters()})
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-5)
+    assert (grads[0]["c"] != 0).all() and (grads[0]["w1"].abs().sum(-1) > 0).all()  # every layer's own parameters
+    for name, eager in grads[0].items():
+        assert eager.abs().sum() > 0, name
+        torch.testing.assert_close(grads[1][name], eager, rtol=1e-4, atol=1e-6, msg=name)
+    # the second layer's bias is its own: the same model with layer 1's MLP zeroed gives other logits
+    model = GPT(PER_LAYER).eval()
+    idx = torch.randint(0, 64, (1, 20))
+    with torch.no_grad():
+        before = model(idx)[0]
+        model.pe.w2[:, 2:].zero_()
+        assert not torch.allclose(model(idx)[0], before)
+
+
+def test_per_layer_compiled_flex_matches_eager():
+    torch.manual_seed(0)
+    eager = GPT(PER_LAYER).eval()
+    flex = GPT(dataclasses.replace(PER_LAYER, attn_backend="flex")).eval()
+    flex.load_state_dict(eager.state_dict())
+    idx = torch.randint(0, 64, (2, 30))
+    with torch.no_grad():
+        torch.testing.assert_close(flex(idx)[0], eager(idx)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_per_layer_cached_decoding_gives_the_tokens_of_no_cache():
+    torch.manual_seed(0)
+    model = GPT(PER_LAYER).eval()
+    prompt = torch.randint(0, 64, (2, 5))
+    cached, uncached = (model.generate(prompt, 25, temperature=0, use_cache=c) for c in (True, False))
+    assert torch.equal(cached, uncached)

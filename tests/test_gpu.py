@@ -115,6 +115,7 @@ def test_auto_alibi_trains_through_compiled_flex_on_cuda(gpu_config):
 @pytest.mark.parametrize(
     "extra",
     [{"pos_encoding": "t5"}, {"pos_encoding": "kerple"}, {"pos_encoding": "fire"},
+     {"pos_encoding": "fire", "fire_per_layer": True},
      {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4}, {"pos_encoding": "alibi", "attn_window": 64},
      {"pos_encoding": "rope", "attn_window": 32, "attn_sinks": 4, "attn_random_blocks": 2, "attn_sparse_block": 16}],
 )  # fmt: skip

@@ -8,7 +8,7 @@ bias, attention dropout, the devices with a backward pass, masks beyond causal, 
 scaled dot product, forming the weights, the devices where `auto` may pick it) and its preference
 for `auto` (`rank`). It has two methods:
 
-- `context(pe, mask, step, memo)`: what it needs for one forward pass, built once from the position
+- `context(pe, mask, step, memo, layer)`: what it needs for one forward pass, built once from the position
   scheme, the `AttentionMask` and where the queries and keys sit (`Step`), and shared by every
   layer (a dense mask and bias for eager and SDPA, a block mask and a score modification for
   flex); `memo` is a dict the kernel keeps per model, for what it builds once per shape;
@@ -139,8 +139,9 @@ class Kernel:
         """Preference of `auto` among the kernels that can run `needs` on `device`: lowest first."""
         return 1.0
 
-    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict) -> Any:
-        """What every layer's call of this kernel needs for one forward pass (None: nothing)."""
+    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0) -> Any:
+        """What every layer's call of this kernel needs for one forward pass (None: nothing); for a
+        scheme whose layers have biases of their own (`pe.bias_layers` > 1), what layer `layer`'s needs."""
         return None
 
     def run(

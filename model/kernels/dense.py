@@ -9,6 +9,7 @@ as they come: memory that grows linearly with the length, not quadratically.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,8 @@ class DenseContext:
     q_ids: Tensor
     k_ids: Tensor
     plain: bool
+    head_offset: Tensor | int = 0
+    """The number of this layer's first head among the scheme's (`PositionEncoding.head_offset`)."""
     whole: tuple[Tensor | None, Tensor | None] | None = None
 
     @property
@@ -56,7 +59,7 @@ class DenseContext:
         visible = visible & (self.k_pos >= 0)[:, None, None, :]
         bias = None
         if self.pe.score_bias:
-            heads = torch.arange(self.n_head, device=self.q_pos.device)[:, None, None]
+            heads = torch.arange(self.n_head, device=self.q_pos.device)[:, None, None] + self.head_offset
             query = self.q_ids[:, None, rows, None]
             bias = self.pe.relative_bias(heads, query - self.k_ids[:, None, None, :], query)  # the formula, once
             bias = bias.masked_fill(~visible, float("-inf"))
@@ -68,9 +71,11 @@ class DenseContext:
         return [slice(c, min(c + step, q_len)) for c in range(0, q_len, step)]
 
 
-def dense_context(pe: PositionEncoding, mask: AttentionMask, step: Step, shortcut: bool) -> DenseContext:
-    """The dense context of one forward pass (see `DenseContext`); with `shortcut`, plain causal
-    attention needs no mask."""
+def dense_context(
+    pe: PositionEncoding, mask: AttentionMask, step: Step, shortcut: bool, layer: int = 0
+) -> DenseContext:
+    """The dense context of one forward pass (see `DenseContext`), of layer `layer` where the scheme's
+    layers have biases of their own; with `shortcut`, plain causal attention needs no mask."""
     device = step.device
     if step.q_pos is not None:  # decoding through a cache: each row's own positions
         assert step.k_pos is not None
@@ -80,11 +85,10 @@ def dense_context(pe: PositionEncoding, mask: AttentionMask, step: Step, shortcu
         k_pos = torch.arange(step.k_len, device=device)[None]
         q_ids, k_ids = (step.ids, step.ids) if step.ids is not None else (q_pos, k_pos)
     plain = shortcut and mask.causal_only and step.q_pos is None
-    context = DenseContext(pe, mask, step.n_head, q_pos, k_pos, q_ids, k_ids, plain)
+    context = DenseContext(pe, mask, step.n_head, q_pos, k_pos, q_ids, k_ids, plain, pe.head_offset(layer))
     if context.rows_per_block < step.q_len:
         return context  # formed block by block
-    whole = context.block(slice(0, step.q_len))
-    return DenseContext(pe, mask, step.n_head, q_pos, k_pos, q_ids, k_ids, plain, whole)
+    return dataclasses.replace(context, whole=context.block(slice(0, step.q_len)))
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:

@@ -93,8 +93,10 @@ class EagerKernel(Kernel):
     def rank(self, needs: Needs, device: torch.device) -> float:
         return 2.0  # the reference: only when no fused kernel can
 
-    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict) -> DenseContext:
-        return dense_context(pe, mask, step, shortcut=False)
+    def context(
+        self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0
+    ) -> DenseContext:
+        return dense_context(pe, mask, step, shortcut=False, layer=layer)
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,

@@ -49,27 +49,28 @@ def flex_attention_fused(
     return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
 
-def score_mod_of(pe: PositionEncoding, step: Step) -> ScoreMod:
-    """The scheme's bias as a FlexAttention score_mod: the same `relative_bias` as the dense path."""
+def score_mod_of(pe: PositionEncoding, step: Step, offset: Tensor | int = 0) -> ScoreMod:
+    """The scheme's bias as a FlexAttention score_mod: the same `relative_bias` as the dense path (of
+    the heads numbered from `offset`: a layer's own, `pe.head_offset`)."""
     q_start, k_pos, ids, q_pos = step.q_start, step.k_pos, step.ids, step.q_pos
     if q_pos is not None and k_pos is not None:  # decoding: each row at its own positions
 
         def score_mod_rows(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             query = q_pos[b, q_idx]
-            return score + pe.relative_bias(h, query - k_pos[b, kv_idx], query)
+            return score + pe.relative_bias(h + offset, query - k_pos[b, kv_idx], query)
 
         return score_mod_rows
     if ids is not None:
 
         def score_mod_ids(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             query = ids[b, q_idx]
-            return score + pe.relative_bias(h, query - ids[b, kv_idx], query)
+            return score + pe.relative_bias(h + offset, query - ids[b, kv_idx], query)
 
         return score_mod_ids
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         query = q_idx + q_start
-        return score + pe.relative_bias(h, query - kv_idx, query)
+        return score + pe.relative_bias(h + offset, query - kv_idx, query)
 
     return score_mod
 
@@ -156,9 +157,9 @@ class FlexKernel(Kernel):
         # first for a bias or a window on CUDA when the lengths repeat; after SDPA otherwise
         return 0.0 if (needs.score_bias or needs.sparse_mask) and not needs.decoding else 1.5
 
-    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict) -> FlexContext:
+    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0) -> FlexContext:
         block_mask = build_block_mask(mask, step, memo)
-        score_mod = score_mod_of(pe, step) if pe.score_bias else None
+        score_mod = score_mod_of(pe, step, pe.head_offset(layer)) if pe.score_bias else None
         return FlexContext(block_mask, score_mod)
 
     def run(

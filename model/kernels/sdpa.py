@@ -66,8 +66,10 @@ class SdpaKernel(Kernel):
     dropout = True
     sparse_masks = True
 
-    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict) -> DenseContext:
-        return dense_context(pe, mask, step, shortcut=True)
+    def context(
+        self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0
+    ) -> DenseContext:
+        return dense_context(pe, mask, step, shortcut=True, layer=layer)
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,

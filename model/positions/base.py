@@ -57,6 +57,15 @@ class PositionEncoding(nn.Module):
         Only schemes that declare `score_bias` have one; masking is the kernel's job."""
         raise NotImplementedError(f"{type(self).__name__} has no score bias.")
 
+    bias_layers: int = 1
+    """Layers with a bias of their own (1: one bias shared by every layer). With more, layer l's
+    heads are numbered from `head_offset(l)` in `relative_bias`, and each layer's kernel context
+    is built with its own."""
+
+    def head_offset(self, layer: int) -> Tensor | int:
+        """The number of layer `layer`'s first head among the heads `relative_bias` knows."""
+        return 0
+
     def bias_elements(self, n_head: int) -> int:
         """Float32 values `relative_bias` forms per query-key pair for `n_head` heads (the bias, and
         anything larger on the way to it): how many query rows a dense kernel takes at once."""

@@ -132,7 +132,10 @@ class FIRE(PositionEncoding):
     input to one output per head (`fire_width` hidden ReLU units), c and L learned and positive.
     The input lies in [0, 1] at any length: beyond L the distances are divided by the log of the
     query's own position, so that a longer context is a finer grid of the interval the model saw
-    in training, not distances it never saw. Shared by every layer (as T5's bias).
+    in training, not distances it never saw. Shared by every layer (the paper's FIRE-S, as T5's
+    bias), or with `fire_per_layer` one c, L and MLP per layer (the paper's FIRE): the layers' heads
+    are then numbered on from each other (`bias_layers`, `head_offset`), head h of layer l being
+    l H + h of the MLP's L H outputs.
 
     c starts at 0.1 and L at block_size / 4 (their code: 512 for 2048 training tokens, an assumption
     here); both are used as |c| and |L|. The MLP starts as `nn.Linear`'s default, the normalizer has
@@ -144,12 +147,16 @@ class FIRE(PositionEncoding):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
         self.initial_threshold = max(1.0, config.block_size / 4)
-        self.width = config.fire_width
-        self.c = nn.Parameter(torch.empty(()))
-        self.threshold = nn.Parameter(torch.empty(()))
-        self.w1, self.b1 = nn.Parameter(torch.empty(config.fire_width)), nn.Parameter(torch.empty(config.fire_width))
-        self.w2 = nn.Parameter(torch.empty(config.fire_width, config.n_head))
-        self.b2 = nn.Parameter(torch.empty(config.n_head))
+        self.width, self.n_head = config.fire_width, config.n_head
+        self.bias_layers = config.n_layer if config.fire_per_layer else 1
+        per_layer = (self.bias_layers,) if config.fire_per_layer else ()  # shared: the shapes FIRE-S always had
+        self.c = nn.Parameter(torch.empty(per_layer))
+        self.threshold = nn.Parameter(torch.empty(per_layer))
+        self.w1 = nn.Parameter(torch.empty(*per_layer, config.fire_width))
+        self.b1 = nn.Parameter(torch.empty(*per_layer, config.fire_width))
+        self.w2 = nn.Parameter(torch.empty(config.fire_width, self.bias_layers * config.n_head))
+        self.b2 = nn.Parameter(torch.empty(self.bias_layers * config.n_head))
+        self.register_buffer("offsets", torch.arange(self.bias_layers) * config.n_head, persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -161,12 +168,21 @@ class FIRE(PositionEncoding):
                 weight.uniform_(-bound, bound)
                 bias.uniform_(-bound, bound)
 
+    def head_offset(self, layer: int) -> Tensor | int:
+        # a tensor, not an int: a flex score_mod that captured an int would compile once per layer
+        return self.offsets[layer] if self.bias_layers > 1 else 0
+
     def bias_elements(self, n_head: int) -> int:
         return 2 * n_head + 2  # the bias, a product on the way, a hidden unit and the normalized distance
 
-    def normalized(self, distance: Tensor, query: Tensor) -> Tensor:
-        """psi(i - j) / psi(max(L, i)), float32, for keys `distance` = i - j before a query at `query` = i."""
-        c, threshold = self.c.float().abs(), self.threshold.float().abs()
+    def _of_layer(self, p: Tensor, layer: Tensor | None) -> Tensor:
+        """A per-layer parameter's values for the layers `layer` of the heads (shared: as it is)."""
+        return p.float() if layer is None else p.float()[layer]
+
+    def normalized(self, distance: Tensor, query: Tensor, layer: Tensor | None = None) -> Tensor:
+        """psi(i - j) / psi(max(L, i)), float32, for keys `distance` = i - j before a query at `query` = i
+        (of layers `layer` with `fire_per_layer`)."""
+        c, threshold = self._of_layer(self.c, layer).abs(), self._of_layer(self.threshold, layer).abs()
         psi_distance = torch.log1p(c * distance.clamp(min=0).float())  # future keys: masked, but finite
         # a literal: a float attribute read in a score_mod compiled for dynamic shapes becomes a
         # tensor whose .item() flex cannot lower
@@ -176,10 +192,11 @@ class FIRE(PositionEncoding):
     def relative_bias(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
         # the MLP one hidden unit at a time: pointwise arithmetic, which FlexAttention fuses into its
         # kernel (a matmul in a score_mod cannot be), and no (..., width) tensor on the dense path
-        x = self.normalized(distance, query)
-        w1, b1, w2, b2 = (p.float() for p in (self.w1, self.b1, self.w2, self.b2))
-        w2 = w2.t()[h]  # (*h.shape, width): each head's output weights
-        bias = b2[h]
+        layer = h // self.n_head if self.bias_layers > 1 else None
+        x = self.normalized(distance, query, layer)
+        w2 = self.w2.float().t()[h]  # (*h.shape, width): each head's output weights
+        bias = self.b2.float()[h]
         for unit in range(self.width):
-            bias = bias + w2[..., unit] * torch.relu(w1[unit] * x + b1[unit])
+            w1, b1 = (self._of_layer(p[..., unit], layer) for p in (self.w1, self.b1))
+            bias = bias + w2[..., unit] * torch.relu(w1 * x + b1)
         return bias
