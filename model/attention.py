@@ -27,7 +27,7 @@ from model.linear import Linear
 from model.linear_attention import LINEAR_KERNELS, LayerStateCache, StateCache, feature_map
 from model.masks import AttentionMask
 from model.positions import PositionEncoding
-from model.scores import SCORES, LogLengthScale, ScaledDot, Score, build_score
+from model.scores import SCORES, LogLengthScale, Score, build_score
 from model.sigmoid_attention import SIGMOID_KERNELS
 
 if TYPE_CHECKING:
@@ -203,8 +203,7 @@ class DifferentialAttention(SoftmaxAttention):
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__(config, layer)
         half = self.head_dim // 2
-        if config.attn_score == "scaled_dot":
-            self.score = ScaledDot(half)  # each map scores d = D / 2 dimensions
+        self.score = self.score.scoring(half)  # each map scores d = D / 2 dimensions: 1 / sqrt(d)
         self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer)  # the paper's l - 1 = this 0-based index
         # lq1, lk1, lq2, lk2: vectors (no weight decay, as every 1-D parameter)
         self.lambdas = nn.ParameterList(nn.Parameter(torch.empty(half).normal_(mean=0.0, std=0.1)) for _ in range(4))

@@ -58,6 +58,11 @@ class Score(nn.Module):
         rotates them (as they are, unless the score transforms them)."""
         return q
 
+    def scoring(self, dims: int) -> Score:
+        """This score for queries and keys of `dims` dimensions, where the attention function scores
+        parts of a head (differential attention's halves): itself, unless its scale follows the size."""
+        return self
+
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         """Scores (B, H, Tq, Tk) of queries (B, H, Tq, D), as `queries` returned them, on keys
         (B, H, Tk, D), in q's dtype."""
@@ -78,6 +83,9 @@ class ScaledDot(Score):
     @classmethod
     def build(cls, config: GPTConfig) -> Score:
         return cls(config.head_dim)
+
+    def scoring(self, dims: int) -> Score:
+        return ScaledDot(dims)
 
 
 class Dot(Score):

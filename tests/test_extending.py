@@ -59,10 +59,10 @@ def test_the_new_kernel_is_validated_chosen_and_matched_against_eager(registered
         dataclasses.replace(config, attn_score="additive")
     cases = {label: (case, name) for label, case, name, _ in parity_cases(TINY) if name == "math"}
     other_dot_scores = [name for name, score in SCORES.items() if score.dot_product and name != "scaled_dot"]
-    # every scheme, with no mask and both windows; each other dot-product score (dot, general) on 3 schemes;
-    # for each function whose kernels are softmax's (softmax, differential)
+    # every scheme, with no mask and each of test_kernels' masks; each other dot-product score (dot, general)
+    # on 3 schemes; for each function whose kernels are softmax's (softmax, differential)
     functions = [name for name, layer in ATTENTIONS.items() if layer.kernels is KERNELS]
-    assert len(cases) == len(functions) * (len(SCHEMES) * 3 + 3 * len(other_dot_scores))
+    assert len(cases) == len(functions) * (len(SCHEMES) * (1 + len(test_kernels.MASKS)) + 3 * len(other_dot_scores))
     for case in cases.values():
         assert_matches_reference(*case)
     layer = ATTENTIONS["softmax"]

@@ -113,6 +113,7 @@ def test_shipped_gpu_experiment_config_trains_and_evaluates_in_bf16(tmp_path, te
     cli.run(experiment.COMMAND, [
         "--config", str(ROOT / "configs" / "extrapolation_gpu.yaml"), "--out_dir", str(tmp_path / "report"),
         "--schemes", "[rope, alibi]",
+        "--variants", "[{name: rope-window128, model: {pos_encoding: rope, attn_window: 128}}]",
         "--run.model.n_layer", "1", "--run.model.n_head", "2", "--run.model.n_embd", "32",
         "--run.model.block_size", "32", "--run.train.batch_size", "2", "--run.train.max_steps", "2",
         "--run.train.eval_interval", "2", "--run.train.compile", "false", "--run.train.precision", "bf16-mixed",
@@ -124,7 +125,7 @@ def test_shipped_gpu_experiment_config_trains_and_evaluates_in_bf16(tmp_path, te
     report = tmp_path / "report"
     assert (report / "results.md").is_file()
     runs = {p.name for p in (report / "runs").iterdir()}
-    assert runs == {"rope-seed1337", "alibi-seed1337", "rope-window128-seed1337"}  # the config's window variant
+    assert runs == {"rope-seed1337", "alibi-seed1337", "rope-window128-seed1337"}
 
 
 def test_fsdp_without_gpus_is_one_clear_message(tmp_path, text_file, capsys):

@@ -163,7 +163,7 @@ class TrainConfig:
     """Switch the model to `switch_model` at this point of training, keeping its weights: a fraction of max_steps in
     (0, 1) (of the max_steps of the command that reaches it), or an optimizer step (an integer >= 1); 0: never.
     Dropping positions (DroPE, Gelberg et al. 2025): RoPE, then the last 15% with none and the log-length
-    temperature: --train.switch_at 0.85 --train.switch_model '{pos_encoding: none, attn_log_scaling: fixed}'."""
+    temperature, is switch_at 0.85 with switch_model {pos_encoding: none, attn_log_scaling: fixed}."""
     switch_model: dict[str, Any] = field(default_factory=dict)
     """The model fields that change at switch_at: the position scheme and its fields, the mask, the log-length
     scaling, the kernel (the blocks' weights stay; a new scheme's own parameters start fresh)."""
