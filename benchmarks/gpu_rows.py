@@ -29,9 +29,17 @@ from training.module import adamw
 
 SCHEMES: dict[str, dict[str, Any]] = {
     **{scheme: {"pos_encoding": scheme} for scheme in POS_ENCODINGS},
+    "fire-per-layer": {"pos_encoding": "fire", "fire_per_layer": True},
     "window": {"pos_encoding": "rope"},  # + attn_window and attn_sinks from the options
+    "bigbird": {"pos_encoding": "rope", "attn_random_blocks": 3, "attn_sparse_block": 64},  # + the window's
+    "sigmoid": {"pos_encoding": "rope", "attention": "sigmoid"},
+    "differential": {"pos_encoding": "rope", "attention": "differential"},
 }
-"""Row labels and the model settings of each; `window` is RoPE with a sliding window and sinks."""
+"""Row labels and the model settings of each: every position scheme; `window` RoPE with a sliding
+window and sinks, `bigbird` that and 3 random blocks of 64 keys; sigmoid and differential attention
+with RoPE."""
+WINDOWED = ("window", "bigbird")
+"""The rows that take --window and --sinks."""
 MODELS: dict[str, dict[str, int]] = {
     "gpt2": {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257},  # GPT-2 124M
     "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 64, "vocab_size": 256},  # the suite's CPU mode
@@ -53,7 +61,8 @@ class GpuBenchConfig:
     trainer's overhead; nanoGPT's step beside ours."""
 
     schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
-    """Rows of ours: every position scheme by name, and window (RoPE + --window and --sinks)."""
+    """Rows of ours: every position scheme by name, fire-per-layer, window (RoPE + --window and --sinks), bigbird
+    (that + random blocks), sigmoid, differential."""
     shapes: list[str] | None = None
     """Batch x context, e.g. 16x1024 (default: 16x1024 32x1024 4x4096 1x16384 1x32768 on a GPU, 4x64 on a CPU)."""
     model: Literal["auto", "gpt2", "tiny"] = "auto"
@@ -165,7 +174,7 @@ class Setup:
         return contextlib.nullcontext() if backend == "auto" else sdpa_kernel(SDPA_BACKENDS[backend])
 
     def config(self, scheme: str, context: int) -> GPTConfig:
-        extra = {"attn_window": self.args.window, "attn_sinks": self.args.sinks} if scheme == "window" else {}
+        extra = {"attn_window": self.args.window, "attn_sinks": self.args.sinks} if scheme in WINDOWED else {}
         return GPTConfig(**MODELS[self.model], block_size=context, bias=False, dropout=0.0,
                          chunked_loss=self.args.chunked_loss, **SCHEMES[scheme], **extra)  # fmt: skip
 

@@ -142,6 +142,9 @@ COMPILE_CASES = [  # every scheme, mask and attention function once, and a score
     {"pos_encoding": "alibi", "attn_score": "additive"},
     {"pos_encoding": "t5"},
     {"pos_encoding": "none", "attention": "linear"},
+    {"pos_encoding": "kerple", "attention": "sigmoid"},
+    {"pos_encoding": "fire", "fire_per_layer": True, **MASKS["bigbird"]},
+    {"pos_encoding": "rope", "attention": "differential", "attn_log_scaling": "learned"},
 ]
 
 
