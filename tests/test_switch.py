@@ -119,3 +119,22 @@ def test_a_switch_that_adds_parameters_is_refused_on_several_devices():
                 module._check_switch()
         else:
             module._check_switch()
+
+
+def test_a_compiled_model_follows_its_switch():
+    """train.compile compiles the model in place: after a switch the graph is traced anew (dynamo's
+    guards see the new scheme), never the old scheme's graph run on the new model."""
+    torch.manual_seed(0)
+    model = GPT(CONFIG)
+    model.compile(backend="eager")
+    idx = torch.randint(0, 64, (2, 24))
+    with torch.no_grad():
+        before = model(idx)[0]
+        target = dataclasses.replace(CONFIG, pos_encoding="alibi", attn_log_scaling="fixed")
+        model.switch(target)
+        after = model(idx)[0]
+    fresh = GPT(target)
+    fresh.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(after, fresh(idx)[0])
+    assert not torch.allclose(after, before)
