@@ -80,6 +80,10 @@ class Attention(nn.Module):
     def reconfigure(self, old: GPTConfig, config: GPTConfig) -> None:
         """Take the mask and scaling of `config` (`GPT.switch`), keeping the weights."""
 
+    def reconfigure_replaces_parameters(self, old: GPTConfig, config: GPTConfig) -> bool:
+        """Whether `reconfigure(old, config)` would put new parameters in place of old ones."""
+        return False
+
     @classmethod
     def needs(
         cls,
@@ -141,9 +145,13 @@ class SoftmaxAttention(Attention):
 
     def reconfigure(self, old: GPTConfig, config: GPTConfig) -> None:
         self.mask = AttentionMask.of(config)
-        if (old.attn_log_scaling, old.attn_log_scale) != (config.attn_log_scaling, config.attn_log_scale):
+        if _log_scaling_changes(old, config):
             scale = LogLengthScale.of(config)
-            self.log_scale = scale.to(self.qkv.weight.device) if scale is not None else None
+            weight = self.qkv.weight
+            self.log_scale = scale.to(device=weight.device, dtype=weight.dtype) if scale is not None else None
+
+    def reconfigure_replaces_parameters(self, old: GPTConfig, config: GPTConfig) -> bool:
+        return _log_scaling_changes(old, config) and "learned" in (old.attn_log_scaling, config.attn_log_scaling)
 
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None = None) -> Tensor:
         q, k, v = self.attended(x, pe, plan, cache)
@@ -242,7 +250,9 @@ class DifferentialAttention(SoftmaxAttention):
         (q1, q2), (k1, k2) = (t[..., self.halves].unbind(-2) for t in (q, k))  # (B, H, T, d) each
         y1 = dataclasses.replace(plan, on_weights=maps[0]).attend(q1, k1, v, self.score, dropout)
         y2 = dataclasses.replace(plan, on_weights=maps[1]).attend(q2, k2, v, self.score, dropout)
-        y = self.head_norm(y1 - lam.to(y1.dtype) * y2) * (1.0 - self.lambda_init)
+        # the difference in float32 (it cancels where lambda is near 1), normalised in the gain's dtype
+        y = (y1.float() - lam * y2.float()).to(self.head_norm.weight.dtype)
+        y = self.head_norm(y).to(y1.dtype) * (1.0 - self.lambda_init)
         return self.output(y)
 
 
@@ -259,6 +269,10 @@ def _difference_hooks(on_weights: WeightsHook | None, lam: Tensor) -> tuple[Weig
         on_weights(rows, first.pop((rows.start, rows.stop)) - lam.to(weights.dtype) * weights)
 
     return keep, combine
+
+
+def _log_scaling_changes(old: GPTConfig, new: GPTConfig) -> bool:
+    return (old.attn_log_scaling, old.attn_log_scale) != (new.attn_log_scaling, new.attn_log_scale)
 
 
 def query_indices(step: Step) -> Tensor:

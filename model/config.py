@@ -49,12 +49,14 @@ class GPTConfig:
     fire (an MLP of log-normalized distances, Li et al. 2024) | none (NoPE: causal mask only)."""
     attn_backend: str = "auto"
     """Attention kernel, auto (fastest correct choice per device) or a key of the attention function's kernels:
-    eager (reference) | sdpa | flex; for attention='linear': chunked | eager (the quadratic reference)."""
+    eager (reference) | sdpa | flex; for attention='linear': chunked | eager (the quadratic reference); for
+    attention='sigmoid': eager | flex (CUDA)."""
     attention: str = "softmax"
     """Attention function, a key of model.attention.ATTENTIONS: softmax (Vaswani et al.) or linear: causal
     kernelized attention with phi = elu + 1 (Katharopoulos et al. 2020), O(T) memory and a constant-size
-    decoding state; no score-bias schemes, no windows; or sigmoid: sigmoid(score - ln n) per key, n the keys a
-    query sees, not normalised (Ramapuram et al. 2025; kernels eager and flex)."""
+    decoding state; no score-bias schemes, no windows; sigmoid: sigmoid(score - ln n) per key, n the keys a
+    query sees, not normalised (Ramapuram et al. 2025; kernels eager and flex); or differential: the difference
+    of two softmax maps over the halves of each head (Ye et al. 2025; softmax's kernels)."""
     rope_base: float = 10000.0
     """RoPE frequency base (theta): pair i rotates by position * rope_base^(-2i/head_dim)."""
     rope_scaling: RopeScaling = "none"
@@ -165,14 +167,16 @@ class GPTConfig:
         check_config(self)  # the registries' half: names, each scheme's needs, a kernel for the combination
 
     def _check_random_blocks(self) -> None:
+        block = self.attn_sparse_block
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ConfigError(f"GPTConfig.attn_sparse_block must be a positive integer, got {block!r}.")
         if not self.attn_random_blocks:
             return
         if not self.attn_window:
             raise ConfigError(
                 "GPTConfig.attn_random_blocks adds random blocks to a window's keys (BigBird): set attn_window > 0."
             )
-        block = self.attn_sparse_block
-        if isinstance(block, bool) or not isinstance(block, int) or block < 1 or self.block_size % block:
+        if self.block_size % block:
             raise ConfigError(
                 f"GPTConfig.attn_sparse_block must be a positive divisor of block_size {self.block_size}, got "
                 f"{block!r}: pick one of {[d for d in (16, 32, 64, 128, 256) if self.block_size % d == 0] or [1]}."

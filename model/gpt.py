@@ -21,7 +21,7 @@ from model.linear import Linear
 from model.linear_attention import LayerStateCache
 from model.loss import linear_cross_entropy
 from model.masks import AttentionMask
-from model.positions import PositionEncoding, build_positions
+from model.positions import SCHEMES, PositionEncoding, build_positions
 from model.scores import SCORES
 
 
@@ -32,12 +32,10 @@ def training_flops_per_token(n_params: int, n_layer: int, n_embd: int, keys: int
     return 6 * n_params + 6 * n_layer * n_embd * keys * (1 + value_passes)
 
 
-SCHEME_FIELDS = ("pos_encoding", "rope_base", "rope_scaling", "rope_scaling_factor", "rope_fraction", "rope_partial",
-                 "t5_num_buckets", "t5_max_distance", "fire_width", "fire_per_layer")  # fmt: skip
-"""The fields a position scheme reads: `GPT.switch` rebuilds the scheme when one of them changes."""
 SWITCHABLE_FIELDS = frozenset(
     {
-        *SCHEME_FIELDS,
+        "pos_encoding",
+        *(f for scheme in SCHEMES.values() for f in scheme.fields),
         "attn_window",
         "attn_sinks",
         "attn_random_blocks",
@@ -50,6 +48,13 @@ SWITCHABLE_FIELDS = frozenset(
     }  # fmt: skip
 )
 """What `GPT.switch` may change: everything but the blocks' weights and how they are computed."""
+
+
+def _rebuilds_scheme(old: GPTConfig, new: GPTConfig) -> bool:
+    """Whether switching from `old` to `new` builds a new position scheme: another one, or one of its
+    own fields changed (its learned parameters are kept otherwise)."""
+    fields = SCHEMES[new.pos_encoding].fields
+    return old.pos_encoding != new.pos_encoding or any(getattr(old, f) != getattr(new, f) for f in fields)
 
 
 class MLP(nn.Module):
@@ -226,14 +231,23 @@ class GPT(nn.Module):
                 "(the weights would change shape or meaning)."
             )
         old, self.config = self.config, config
-        device = self.wte.weight.device
-        if any(getattr(old, f) != getattr(config, f) for f in SCHEME_FIELDS):
-            self.pe = build_positions(config).to(device)
+        weight = self.wte.weight
+        if _rebuilds_scheme(old, config):
+            self.pe = build_positions(config).to(device=weight.device, dtype=weight.dtype)
         self.mask = AttentionMask.of(config)
         for block in self.blocks:
             block.attn.reconfigure(old, config)
         for memo in self._kernel_memos.values():
             memo.clear()  # block masks of the old mask
+
+    def switch_replaces_parameters(self, config: GPTConfig) -> bool:
+        """Whether `switch(config)` would replace parameters (a scheme's own, a learned log-length
+        scale) by new ones: an optimizer must then be rebuilt, and DDP or FSDP cannot follow."""
+        if _rebuilds_scheme(self.config, config):
+            with torch.device("meta"):
+                if any(True for _ in build_positions(config).parameters()) or any(True for _ in self.pe.parameters()):
+                    return True
+        return any(block.attn.reconfigure_replaces_parameters(self.config, config) for block in self.blocks)
 
     def rescaled(self, scaling: str, factor: float) -> GPT:
         """This model with its position scheme's angles stretched (`config.rope_scaling` and its

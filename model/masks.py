@@ -92,7 +92,10 @@ class AttentionMask:
 
     def pick(self, query_block: Tensor, draw: int) -> Tensor:
         """The key block that `draw` picks for each query block i: hash(seed, i, draw) mod i, in
-        0..i-1 (-1 for block 0, which has no earlier block). Integer arithmetic that stays below 2^63."""
+        0..i-1 (-1 for block 0, which has no earlier block). Integer arithmetic in int64 that stays below
+        2^63 (compiled flex on CUDA hands its mask_mod int32 indices: widened first)."""
+        if query_block.dtype != torch.int64:  # (a no-op cast trips inductor's CPU flex code in dynamic shapes)
+            query_block = query_block.long()
         x = (query_block * 40503 + draw * 2047 + self.random_seed * 92821 + 12345) % (1 << 32)
         for _ in range(2):  # a 32-bit integer mix (xor-shift, multiply)
             x = ((x ^ (x >> 16)) * 0x45D9F3B) % (1 << 32)
@@ -119,6 +122,8 @@ class AttentionMask:
         n = q + 1
         if not self.window:
             return n
+        if q.dtype != torch.int64:  # int64 arithmetic, whatever the caller's index type
+            q, n = q.long(), n.long()
         start = (q - self.window + 1).clamp(min=0)  # the window is keys start..q
         seen = n.clamp(max=self.window) + start.clamp(max=self.sinks)
         picks = [self.pick(q // self.sparse_block, draw) for draw in range(self.random_blocks)]

@@ -6,6 +6,7 @@ when the config is built, in one line naming the settings and what would work.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError, did_you_mean
@@ -90,6 +91,10 @@ def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
         settings["attn_sinks"] = settings["attn_random_blocks"] = 0
     if field == "attention" and settings["attn_backend"] not in ATTENTIONS[value].kernels:
         settings["attn_backend"] = AUTO
+    try:  # what the attention function itself refuses (differential attention: the head size, the score)
+        ATTENTIONS[settings["attention"]].check(SimpleNamespace(**settings, head_dim=config.head_dim))
+    except ConfigError:
+        return False
     return not _unmet(settings)
 
 

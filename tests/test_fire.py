@@ -24,7 +24,7 @@ def _set(model: GPT, c: float, threshold: float) -> None:
     pe = model.pe
     with torch.no_grad():
         pe.c.fill_(c)
-        pe.threshold.fill_(threshold)
+        pe.threshold_scale.fill_(threshold / pe.initial_threshold.item())  # L = |m L0|
         pe.w1.copy_(torch.tensor([1.0, 2.0, -1.0]))
         pe.b1.copy_(torch.tensor([0.0, -1.0, 1.0]))
         pe.w2.copy_(torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, -3.0]]))
@@ -88,7 +88,7 @@ def test_every_fire_parameter_gets_the_same_gradient_on_eager_and_sdpa():
         _, loss = model(idx[:, :-1], idx[:, 1:])
         loss.backward()
         grads.append({name: p.grad for name, p in model.pe.named_parameters()})
-    assert set(grads[0]) == {"c", "threshold", "w1", "b1", "w2", "b2"}
+    assert set(grads[0]) == {"c", "threshold_scale", "w1", "b1", "w2", "b2"}
     for name, eager in grads[0].items():
         assert eager is not None and eager.abs().sum() > 0, name
         torch.testing.assert_close(grads[1][name], eager, rtol=1e-4, atol=1e-6, msg=name)
@@ -117,14 +117,15 @@ def test_a_checkpoint_round_trips_every_fire_parameter(tmp_path):
     saved = torch.load(tmp_path / "f.pt")
     again = GPT(GPTConfig.from_dict(saved["config"]))
     again.load_state_dict(saved["state"])
-    assert again.pe.c.item() == pytest.approx(0.7) and again.pe.threshold.item() == pytest.approx(3.0)
+    assert again.pe.c.item() == pytest.approx(0.7) and again.pe.threshold().item() == pytest.approx(3.0)
     idx = torch.randint(0, 64, (1, 24))
     torch.testing.assert_close(again(idx)[0], model(idx)[0])
 
 
 def test_fire_starts_at_c_0_1_and_l_a_quarter_of_the_block_and_refuses_a_bad_width():
     pe = GPT(dataclasses.replace(CONFIG, block_size=64)).pe
-    assert pe.c.item() == pytest.approx(0.1) and pe.threshold.item() == 16.0 and pe.w1.numel() == 3
+    assert pe.c.item() == pytest.approx(0.1) and pe.threshold().item() == 16.0 and pe.threshold_scale.item() == 1.0
+    assert pe.w1.numel() == 3
     with pytest.raises(ConfigError, match="fire_width must be a positive integer"):
         dataclasses.replace(CONFIG, fire_width=0)
     with pytest.raises(ConfigError, match="pos_encoding='fire'"):
@@ -137,12 +138,12 @@ PER_LAYER = dataclasses.replace(CONFIG, n_layer=2, fire_per_layer=True)
 def test_per_layer_each_layer_has_its_own_c_l_and_mlp():
     model = GPT(PER_LAYER)
     pe = model.pe
-    assert pe.c.shape == (2,) and pe.w1.shape == (2, 3) and pe.w2.shape == (3, 4) and pe.b2.shape == (4,)
+    assert pe.c.shape == (2,) and pe.w1.shape == (6,) and pe.w2.shape == (3, 4) and pe.b2.shape == (4,)
     with torch.no_grad():
         pe.c.copy_(torch.tensor([0.5, 0.2]))
-        pe.threshold.copy_(torch.tensor([4.0, 2.0]))
-        pe.w1.copy_(torch.tensor([[1.0, 2.0, -1.0], [0.5, 0.0, 3.0]]))
-        pe.b1.copy_(torch.tensor([[0.0, -1.0, 1.0], [0.1, 0.0, -0.5]]))
+        pe.threshold_scale.copy_(torch.tensor([4.0, 2.0]) / pe.initial_threshold)
+        pe.w1.copy_(torch.tensor([1.0, 2.0, -1.0, 0.5, 0.0, 3.0]))  # layer 0's units, then layer 1's
+        pe.b1.copy_(torch.tensor([0.0, -1.0, 1.0, 0.1, 0.0, -0.5]))
         pe.w2.copy_(torch.tensor([[1.0, 0.0, 2.0, 0.0], [1.0, 0.0, 0.0, 1.0], [0.0, -3.0, 1.0, 1.0]]))
         pe.b2.copy_(torch.tensor([0.5, 0.0, -0.2, 0.3]))
     assert pe.head_offset(0) == 0 and pe.head_offset(1) == 2  # layer 1's heads are the MLP's outputs 2 and 3
@@ -169,7 +170,7 @@ def test_per_layer_the_layers_biases_reach_their_kernels_and_gradients_agree():
         logits.append(out.detach())
         grads.append({name: p.grad for name, p in model.pe.named_parameters()})
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-5)
-    assert (grads[0]["c"] != 0).all() and (grads[0]["w1"].abs().sum(-1) > 0).all()  # every layer's own parameters
+    assert (grads[0]["c"] != 0).all() and (grads[0]["w1"].view(2, -1).abs().sum(-1) > 0).all()  # each layer
     for name, eager in grads[0].items():
         assert eager.abs().sum() > 0, name
         torch.testing.assert_close(grads[1][name], eager, rtol=1e-4, atol=1e-6, msg=name)
@@ -198,3 +199,9 @@ def test_per_layer_cached_decoding_gives_the_tokens_of_no_cache():
     prompt = torch.randint(0, 64, (2, 5))
     cached, uncached = (model.generate(prompt, 25, temperature=0, use_cache=c) for c in (True, False))
     assert torch.equal(cached, uncached)
+
+
+def test_per_layer_with_one_layer_gives_scalar_biases_and_no_weight_decay_on_the_first_layer():
+    pe = GPT(dataclasses.replace(CONFIG, n_layer=1, fire_per_layer=True)).pe
+    assert pe.relative_bias(torch.tensor(1), torch.tensor(3), torch.tensor(5)).shape == ()
+    assert pe.w1.dim() == pe.b1.dim() == 1  # 1-D as in the shared form: AdamW decays neither

@@ -115,7 +115,7 @@ def test_a_switch_that_adds_parameters_is_refused_on_several_devices():
         module = GPTModule(cfg, {}, {})
         module._trainer = SimpleNamespace(world_size=2)
         if refused:
-            with pytest.raises(ConfigError, match="adds or drops parameters, which a run on 2 devices cannot"):
+            with pytest.raises(ConfigError, match="replaces parameters, which a run on 2 devices cannot"):
                 module._check_switch()
         else:
             module._check_switch()

@@ -82,15 +82,13 @@ class GPTModule(L.LightningModule):
             self.switch_model()
 
     def _check_switch(self) -> None:
-        """Refuse, before the first step, a switch that adds or drops parameters on several devices:
+        """Refuse, before the first step, a switch that replaces parameters on several devices:
         DDP and FSDP fix the parameters they synchronise when they wrap the model."""
         if not self.config.train.switch_model or self.switched_at is not None or self.trainer.world_size == 1:
             return
-        with torch.device("meta"):
-            after = {name for name, _ in GPT(self.config.switched_model()).named_parameters()}
-        if after != {name for name, _ in self.model.named_parameters()}:
+        if self.model.switch_replaces_parameters(self.config.switched_model()):
             raise ConfigError(
-                f"train.switch_model {self.config.train.switch_model} adds or drops parameters, which a run on "
+                f"train.switch_model {self.config.train.switch_model} replaces parameters, which a run on "
                 f"{self.trainer.world_size} devices cannot (DDP and FSDP fix them when they wrap the model): "
                 "switch to a scheme without parameters (none, rope, alibi; fixed log scaling), or train on one device."
             )
@@ -101,6 +99,8 @@ class GPTModule(L.LightningModule):
         before = set(self.model.parameters())
         self.model.switch(self.config.switched_model())
         self.switched_at = self.global_step
+        if self.config.train.random_positions:
+            self.model.pe.reserve(self.config.train.random_positions)  # the new scheme's tables too
         log.info("Step %d: the model switches to %s", self.global_step, self.config.train.switch_model)
         if set(self.model.parameters()) != before:
             self._rebuild_optimizer()

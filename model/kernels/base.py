@@ -11,7 +11,8 @@ for `auto` (`rank`). It has two methods:
 - `context(pe, mask, step, memo, layer)`: what it needs for one forward pass, built once from the position
   scheme, the `AttentionMask` and where the queries and keys sit (`Step`), and shared by every
   layer (a dense mask and bias for eager and SDPA, a block mask and a score modification for
-  flex); `memo` is a dict the kernel keeps per model, for what it builds once per shape;
+  flex), or built for each layer where the scheme gives each layer a bias of its own; `memo` is a
+  dict the kernel keeps per model, for what it builds once per shape;
 - `run(q, k, v, context, score, dropout_p, on_weights)`: the attention output.
 
 Each attention function (`model.attention.ATTENTIONS`) has its own registry of kernels, and
@@ -158,7 +159,8 @@ class Kernel:
 @dataclass(frozen=True)
 class Plan:
     """One forward pass's attention, shared by every layer: the kernel, the context it built, where
-    the tokens sit, and (for attention maps: a copy per layer) who receives the weights."""
+    the tokens sit, and (for attention maps: a copy per layer) who receives the weights. A copy per
+    layer holds that layer's context where the scheme's layers have biases of their own."""
 
     kernel: Kernel
     context: Any

@@ -57,6 +57,9 @@ class PositionEncoding(nn.Module):
         Only schemes that declare `score_bias` have one; masking is the kernel's job."""
         raise NotImplementedError(f"{type(self).__name__} has no score bias.")
 
+    fields: tuple[str, ...] = ()
+    """The `GPTConfig` fields the scheme reads beyond the model's shape (`GPT.switch` rebuilds it when
+    one of them changes)."""
     bias_layers: int = 1
     """Layers with a bias of their own (1: one bias shared by every layer). With more, layer l's
     heads are numbered from `head_offset(l)` in `relative_bias`, and each layer's kernel context

@@ -43,6 +43,7 @@ class T5Bias(PositionEncoding):
 
     score_bias = True
     learned_bias = True
+    fields = ("t5_num_buckets", "t5_max_distance")
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
@@ -137,23 +138,26 @@ class FIRE(PositionEncoding):
     are then numbered on from each other (`bias_layers`, `head_offset`), head h of layer l being
     l H + h of the MLP's L H outputs.
 
-    c starts at 0.1 and L at block_size / 4 (their code: 512 for 2048 training tokens, an assumption
-    here); both are used as |c| and |L|. The MLP starts as `nn.Linear`'s default, the normalizer has
-    1e-6 added so that c -> 0 stays finite."""
+    c starts at 0.1 and L at L0 = block_size / 4 (their code: 512 for 2048 training tokens, an
+    assumption here), L learned as |m L0| with m from 1, as their code does; c is used as |c|. The
+    MLP starts as `nn.Linear`'s default, the normalizer has 1e-6 added so that c -> 0 stays finite."""
 
     score_bias = True
     learned_bias = True
+    fields = ("fire_width", "fire_per_layer")
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
-        self.initial_threshold = max(1.0, config.block_size / 4)
-        self.width, self.n_head = config.fire_width, config.n_head
+        self.width, self.n_head, self.per_layer = config.fire_width, config.n_head, config.fire_per_layer
         self.bias_layers = config.n_layer if config.fire_per_layer else 1
         per_layer = (self.bias_layers,) if config.fire_per_layer else ()  # shared: the shapes FIRE-S always had
         self.c = nn.Parameter(torch.empty(per_layer))
-        self.threshold = nn.Parameter(torch.empty(per_layer))
-        self.w1 = nn.Parameter(torch.empty(*per_layer, config.fire_width))
-        self.b1 = nn.Parameter(torch.empty(*per_layer, config.fire_width))
+        # L = |m L0|: the multiplier m is learned from 1 (their code), so that L moves at lr x L0 a step
+        self.threshold_scale = nn.Parameter(torch.empty(per_layer))
+        self.register_buffer("initial_threshold", torch.tensor(max(1.0, config.block_size / 4)), persistent=False)
+        # per layer: the layers' first-layer weights one after the other, 1-D like the shared ones (no weight decay)
+        self.w1 = nn.Parameter(torch.empty(self.bias_layers * config.fire_width))
+        self.b1 = nn.Parameter(torch.empty(self.bias_layers * config.fire_width))
         self.w2 = nn.Parameter(torch.empty(config.fire_width, self.bias_layers * config.n_head))
         self.b2 = nn.Parameter(torch.empty(self.bias_layers * config.n_head))
         self.register_buffer("offsets", torch.arange(self.bias_layers) * config.n_head, persistent=False)
@@ -162,7 +166,7 @@ class FIRE(PositionEncoding):
     def reset_parameters(self) -> None:
         with torch.no_grad():
             self.c.fill_(0.1)
-            self.threshold.fill_(self.initial_threshold)
+            self.threshold_scale.fill_(1.0)
             for weight, bias, fan_in in ((self.w1, self.b1, 1), (self.w2, self.b2, self.w2.size(0))):
                 bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default init
                 weight.uniform_(-bound, bound)
@@ -170,33 +174,36 @@ class FIRE(PositionEncoding):
 
     def head_offset(self, layer: int) -> Tensor | int:
         # a tensor, not an int: a flex score_mod that captured an int would compile once per layer
-        return self.offsets[layer] if self.bias_layers > 1 else 0
+        return self.offsets[layer] if self.per_layer else 0
 
     def bias_elements(self, n_head: int) -> int:
-        return 2 * n_head + 2  # the bias, a product on the way, a hidden unit and the normalized distance
+        # the bias, a product, a hidden unit and the normalized distance: per head when per layer
+        return 4 * n_head + 4 if self.per_layer else 2 * n_head + 2
 
-    def _of_layer(self, p: Tensor, layer: Tensor | None) -> Tensor:
-        """A per-layer parameter's values for the layers `layer` of the heads (shared: as it is)."""
-        return p.float() if layer is None else p.float()[layer]
+    def threshold(self, layer: Tensor | None = None) -> Tensor:
+        """L = |m L0|, float32 (of layers `layer` with `fire_per_layer`)."""
+        scale = self.threshold_scale.float()
+        return (scale if layer is None else scale[layer]).abs() * self.initial_threshold.float()
 
     def normalized(self, distance: Tensor, query: Tensor, layer: Tensor | None = None) -> Tensor:
         """psi(i - j) / psi(max(L, i)), float32, for keys `distance` = i - j before a query at `query` = i
         (of layers `layer` with `fire_per_layer`)."""
-        c, threshold = self._of_layer(self.c, layer).abs(), self._of_layer(self.threshold, layer).abs()
+        c = (self.c.float() if layer is None else self.c.float()[layer]).abs()
         psi_distance = torch.log1p(c * distance.clamp(min=0).float())  # future keys: masked, but finite
         # a literal: a float attribute read in a score_mod compiled for dynamic shapes becomes a
         # tensor whose .item() flex cannot lower
-        psi_position = torch.log1p(c * torch.maximum(query.float(), threshold)) + 1e-6
+        psi_position = torch.log1p(c * torch.maximum(query.float(), self.threshold(layer))) + 1e-6
         return psi_distance / psi_position
 
     def relative_bias(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
         # the MLP one hidden unit at a time: pointwise arithmetic, which FlexAttention fuses into its
         # kernel (a matmul in a score_mod cannot be), and no (..., width) tensor on the dense path
-        layer = h // self.n_head if self.bias_layers > 1 else None
+        layer = h // self.n_head if self.per_layer else None
         x = self.normalized(distance, query, layer)
+        w1, b1 = self.w1.float(), self.b1.float()
         w2 = self.w2.float().t()[h]  # (*h.shape, width): each head's output weights
         bias = self.b2.float()[h]
         for unit in range(self.width):
-            w1, b1 = (self._of_layer(p[..., unit], layer) for p in (self.w1, self.b1))
-            bias = bias + w2[..., unit] * torch.relu(w1 * x + b1)
+            first = unit if layer is None else layer * self.width + unit
+            bias = bias + w2[..., unit] * torch.relu(w1[first] * x + b1[first])
         return bias

@@ -83,6 +83,7 @@ class RotaryPositions(PositionEncoding):
 
     rescalable = True
     partial_rotation = True
+    fields = ("rope_base", "rope_scaling", "rope_scaling_factor", "rope_fraction", "rope_partial")
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
