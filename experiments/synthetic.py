@@ -118,7 +118,7 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
                 "checkpoint": run.ckpt,
                 "pos_encoding": model.config.pos_encoding,
                 "random_positions": config["train"].get("random_positions", 0),
-                "model": config["model"],
+                "model": model.config.to_dict(),  # the model evaluated (after a switch: the new one)
                 "results": evaluate_task(model, tokenizer, cfg.task, cfg.eval_batch, bar.update),
             })  # fmt: skip
     doc = {
