@@ -62,7 +62,9 @@ def test_the_new_kernel_is_validated_chosen_and_matched_against_eager(registered
     # every scheme, with no mask and each of test_kernels' masks; each other dot-product score (dot, general)
     # on 3 schemes; for each function whose kernels are softmax's (softmax, differential)
     functions = [name for name, layer in ATTENTIONS.items() if layer.kernels is KERNELS]
-    assert len(cases) == len(functions) * (len(SCHEMES) * (1 + len(test_kernels.MASKS)) + 3 * len(other_dot_scores))
+    per_function = 3 * len(other_dot_scores) + len(SCHEMES)  # the scores on 3 schemes; every scheme unmasked
+    masked = len(SCHEMES) + (len(functions) - 1) * len(test_kernels.SCORE_SCHEMES)  # softmax: every scheme
+    assert len(cases) == len(functions) * per_function + masked * len(test_kernels.MASKS)
     for case in cases.values():
         assert_matches_reference(*case)
     layer = ATTENTIONS["softmax"]
