@@ -59,6 +59,32 @@ def run_pair(config: GPTConfig, scheme: str, backend: str, device: torch.device,
         yield T, results[0], results[1]
 
 
+def assert_flex_matches_eager(config: GPTConfig, length: int) -> None:
+    """The same weights on flex (forward only: what a CPU compiles) and on eager give the same logits
+    for two random sequences of `length` tokens."""
+    torch.manual_seed(0)
+    eager = GPT(dataclasses.replace(config, attn_backend="eager")).eval()
+    flex = GPT(dataclasses.replace(config, attn_backend="flex")).eval()
+    flex.load_state_dict(eager.state_dict())
+    idx = torch.randint(0, config.vocab_size, (2, length))
+    with torch.no_grad():
+        torch.testing.assert_close(flex(idx)[0], eager(idx)[0], rtol=1e-4, atol=1e-5)
+
+
+def scheme_gradients(config: GPTConfig, length: int, backends: tuple[str, ...] = ("eager", "sdpa")) -> list[dict]:
+    """For each backend, from the same seed: the gradient of the position scheme's every parameter
+    after one loss on two random sequences of `length` + 1 tokens (the same on each)."""
+    grads = []
+    for backend in backends:
+        torch.manual_seed(0)
+        model = GPT(dataclasses.replace(config, attn_backend=backend))
+        idx = torch.randint(0, config.vocab_size, (2, length + 1))
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        grads.append({name: p.grad for name, p in model.pe.named_parameters()})
+    return grads
+
+
 def overfit(model: GPT, steps: int = 150, lr: float = 3e-3, seed: int = 0) -> tuple[float, float]:
     """Train `model` on one fixed batch of random tokens (4 x 16 + 1); return the loss before and
     after. Memorising it shows that gradients reach every part of the model."""

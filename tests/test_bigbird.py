@@ -16,6 +16,8 @@ from core.errors import ConfigError
 from model import GPT, GPTConfig
 from model.masks import AttentionMask
 
+from helpers import assert_flex_matches_eager
+
 CONFIG = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=16, bias=False, pos_encoding="alibi",
                    attn_window=4, attn_sinks=1, attn_random_blocks=1, attn_sparse_block=4)  # fmt: skip
 
@@ -50,13 +52,7 @@ def test_compiled_flex_runs_the_mask_in_its_kernel_and_matches_eager():
     # a fresh compile: after other tests' shapes dynamo compiles flex for dynamic shapes, where torch
     # 2.13's CPU flex template fails to build this mask's C++ (an inductor bug; CPU flex is never auto)
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    eager = GPT(CONFIG).eval()
-    flex = GPT(dataclasses.replace(CONFIG, attn_backend="flex")).eval()
-    flex.load_state_dict(eager.state_dict())
-    idx = torch.randint(0, 64, (2, 150))  # past block_size, more than one 128-key tile
-    with torch.no_grad():
-        torch.testing.assert_close(flex(idx)[0], eager(idx)[0], rtol=1e-4, atol=1e-5)
+    assert_flex_matches_eager(CONFIG, 150)  # past block_size, more than one 128-key tile
 
 
 def test_the_attention_maps_show_the_pattern():

@@ -14,6 +14,8 @@ import torch
 from core.errors import ConfigError
 from model import GPT, GPTConfig
 
+from helpers import assert_flex_matches_eager, scheme_gradients
+
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=False, pos_encoding="fire",
                    fire_width=3)  # fmt: skip
 
@@ -80,14 +82,7 @@ def test_the_attention_weights_are_the_softmax_of_scores_plus_the_bias_by_hand()
 
 
 def test_every_fire_parameter_gets_the_same_gradient_on_eager_and_sdpa():
-    grads = []
-    for backend in ("eager", "sdpa"):
-        torch.manual_seed(0)
-        model = GPT(dataclasses.replace(CONFIG, attn_backend=backend, n_layer=2))
-        idx = torch.randint(0, 64, (2, 40))  # past block_size and past L: both regimes of the normalizer
-        _, loss = model(idx[:, :-1], idx[:, 1:])
-        loss.backward()
-        grads.append({name: p.grad for name, p in model.pe.named_parameters()})
+    grads = scheme_gradients(dataclasses.replace(CONFIG, n_layer=2), 39)  # past block_size and L: both regimes
     assert set(grads[0]) == {"c", "threshold_scale", "w1", "b1", "w2", "b2"}
     for name, eager in grads[0].items():
         assert eager is not None and eager.abs().sum() > 0, name
@@ -184,13 +179,7 @@ def test_per_layer_the_layers_biases_reach_their_kernels_and_gradients_agree():
 
 
 def test_per_layer_compiled_flex_matches_eager():
-    torch.manual_seed(0)
-    eager = GPT(PER_LAYER).eval()
-    flex = GPT(dataclasses.replace(PER_LAYER, attn_backend="flex")).eval()
-    flex.load_state_dict(eager.state_dict())
-    idx = torch.randint(0, 64, (2, 30))
-    with torch.no_grad():
-        torch.testing.assert_close(flex(idx)[0], eager(idx)[0], rtol=1e-4, atol=1e-5)
+    assert_flex_matches_eager(PER_LAYER, 30)
 
 
 def test_per_layer_cached_decoding_gives_the_tokens_of_no_cache():

@@ -17,6 +17,8 @@ import model.sigmoid_attention as sigmoid_module
 from model import GPT, GPTConfig
 from model.kernels import KernelError
 
+from helpers import assert_flex_matches_eager
+
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=False, attention="sigmoid",
                    pos_encoding="alibi")  # fmt: skip
 
@@ -50,14 +52,7 @@ def test_the_flex_kernels_lse_identity_gives_the_eager_output(monkeypatch, field
     exp(lse): the eager sigmoid output, with a bias, a window and sinks, at an odd length."""
     monkeypatch.setattr(sigmoid_module, "compiled_flex_attention", lambda: flex_attention)
     monkeypatch.setattr(sigmoid_module.SigmoidFlex, "devices", None)
-    torch.manual_seed(0)
-    config = dataclasses.replace(CONFIG, n_layer=2, **fields)
-    eager = GPT(config).eval()
-    flex = GPT(dataclasses.replace(config, attn_backend="flex")).eval()
-    flex.load_state_dict(eager.state_dict())
-    idx = torch.randint(0, 64, (2, 21))
-    with torch.no_grad():
-        torch.testing.assert_close(flex(idx)[0], eager(idx)[0], rtol=1e-4, atol=1e-5)
+    assert_flex_matches_eager(dataclasses.replace(CONFIG, n_layer=2, **fields), 21)
 
 
 def test_flex_is_refused_on_a_cpu_and_auto_runs_eager_there():

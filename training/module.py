@@ -72,8 +72,13 @@ class GPTModule(L.LightningModule):
     def on_train_start(self) -> None:
         self._check_switch()
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
+        self._reserve_positions()
+
+    def _reserve_positions(self) -> None:
+        """Grow the scheme's tables to every position `train.random_positions` draws (before a
+        compiled step would grow them)."""
         if self.config.train.random_positions:
-            self.model.pe.reserve(self.config.train.random_positions)  # tables cover every position drawn
+            self.model.pe.reserve(self.config.train.random_positions)
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         # global_step moves only when the optimizer steps: the first micro-batch of the switch step
@@ -99,8 +104,7 @@ class GPTModule(L.LightningModule):
         before = set(self.model.parameters())
         self.model.switch(self.config.switched_model())
         self.switched_at = self.global_step
-        if self.config.train.random_positions:
-            self.model.pe.reserve(self.config.train.random_positions)  # the new scheme's tables too
+        self._reserve_positions()  # the new scheme's tables too
         log.info("Step %d: the model switches to %s", self.global_step, self.config.train.switch_model)
         if set(self.model.parameters()) != before:
             self._rebuild_optimizer()
