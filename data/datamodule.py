@@ -28,7 +28,7 @@ class TokenDataModule(L.LightningDataModule):
     def __init__(self, data: PreparedData, block_size: int, batch_size: int, seed: int, eval_tokens: int = 0) -> None:
         super().__init__()
         self.data, self.block_size, self.batch_size = data, block_size, batch_size
-        self.seed, self.eval_tokens = seed, eval_tokens
+        self.seed = seed
         self._start = 0
         for split in ("train", "val"):
             n = data.meta[f"{split}_tokens"]
@@ -37,6 +37,13 @@ class TokenDataModule(L.LightningDataModule):
                     f"The {split} split has {n} tokens, shorter than one training window of block_size + 1 = "
                     f"{block_size + 1}. Use more text, a smaller --model.block_size, or another --data.val_fraction."
                 )
+        self.validation = FixedWindows(data, "val", block_size, batch_size, eval_tokens)
+        """The fixed validation windows: at most `eval_tokens` tokens (0: the whole split)."""
+
+    def validation_record(self) -> dict[str, int]:
+        """What every validation scores, for the log and the checkpoints."""
+        windows = len(self.validation.offsets)
+        return {"windows": windows, "tokens": windows * self.block_size, "split_tokens": self.data.meta["val_tokens"]}
 
     def _micro_batches_done(self) -> int:
         trainer = self.trainer
@@ -48,14 +55,13 @@ class TokenDataModule(L.LightningDataModule):
         return DataLoader(stream, batch_size=None, pin_memory=self._pin(), generator=_private_generator())
 
     def val_dataloader(self) -> DataLoader:
-        windows = FixedWindows(self.data, "val", self.block_size, self.batch_size, self.eval_tokens)
-        return DataLoader(windows, batch_size=None, pin_memory=self._pin(), generator=_private_generator())
+        return DataLoader(self.validation, batch_size=None, pin_memory=self._pin(), generator=_private_generator())
 
     def _pin(self) -> bool:
         return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "micro_batches": self._micro_batches_done()}
+        return {"seed": self.seed, "micro_batches": self._micro_batches_done(), "validation": self.validation_record()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["seed"] != self.seed:

@@ -157,6 +157,27 @@ def _settings_lines(doc: dict[str, Any], groups: list[Group]) -> list[str]:
     if any(len(g.runs) > 1 for g in groups):
         lines.append("several seeds: mean ± standard deviation across seeds")
     lines.append(f"{doc['device']}, {doc['dtype']}, torch {doc['torch']}, git {doc['git']}, {doc['created']}")
+    return lines + study_lines(doc)
+
+
+def study_lines(doc: dict[str, Any]) -> list[str]:
+    """What a study's report says of its training (from `doc["experiment"]`, absent in a plain
+    evaluation): the corpus, the tokens and steps of the runs, and where the time went."""
+    study = doc.get("experiment")
+    if not study or not study.get("runs"):
+        return []
+    runs = study["runs"]
+    lines = []
+    for corpus in sorted({run["data"]["corpus"] or "?" for run in runs}):
+        of = [run for run in runs if (run["data"]["corpus"] or "?") == corpus]
+        size = of[0]["data"].get("train_tokens")
+        lines.append(f"trained on {corpus}" + (f" ({size:,} training tokens)" if size else "") + f": {len(of)} run(s)")
+    steps, tokens = {run["steps"] for run in runs}, {run["tokens"] for run in runs}
+    lines.append(f"each run: {_one_or_list(sorted(steps))} steps, {_one_or_list(sorted(tokens))} tokens")
+    seconds = [run["train_seconds"] for run in runs if run.get("train_seconds") is not None]
+    if seconds:
+        lines.append(f"training wall time: {sum(seconds):,.0f} s over {len(seconds)} run(s) (all launches); "
+                     f"evaluation {study['eval_wall_s']:,.0f} s")  # fmt: skip
     return lines
 
 

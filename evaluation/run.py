@@ -112,6 +112,17 @@ def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: 
     return doc
 
 
+def merge_documents(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One results document from documents of the same settings that each evaluated some of the
+    checkpoints (a study evaluates them one at a time, to keep each): the runs in order, and the
+    attention statistics as `evaluate_checkpoints` orders them (by length, then checkpoint)."""
+    doc = {**docs[0], "created": max(d["created"] for d in docs), "runs": [r for d in docs for r in d["runs"]]}
+    if any("attention" in d for d in docs):
+        entries = [(e["length"], i, e) for i, d in enumerate(docs) for e in d.get("attention", [])]
+        doc["attention"] = [e for _, _, e in sorted(entries, key=lambda item: item[:2])]
+    return doc
+
+
 def provenance(device: torch.device, dtype: torch.dtype) -> dict[str, str]:
     """When, from which code, with which torch, on what, in which dtype: the head of a results file."""
     return {

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from core.files import atomic_write_bytes  # noqa: E402
-from evaluation.report import line_style, png_bytes  # noqa: E402
+from evaluation.report import line_style, png_bytes, study_lines  # noqa: E402
 
 
 def _by_label(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -51,6 +51,7 @@ def markdown_table(doc: dict[str, Any]) -> str:
     lines.append("- greedy decoding with the KV cache; n/a: learned positions cannot reach that length")
     lines.append("- several seeds: mean ± standard deviation across seeds")
     lines.append(f"- {doc['device']}, torch {doc['torch']}, git {doc['git']}, {doc['created']}")
+    lines += [f"- {line}" for line in study_lines(doc)]
     for key, title in (("accuracy", "Exact match (%)"), ("token_accuracy", "Answer tokens right (%), partial credit")):
         lines += ["", f"## {title}", "", "| model | positions | seeds | " + " | ".join(map(str, lengths)) + " |"]
         lines.append("|---|---|---:|" + "---:|" * len(lengths))

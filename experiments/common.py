@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -11,10 +13,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from core.checkpoint import CheckpointError, read_checkpoint
 from core.cli import Command
 from core.errors import ConfigError, did_you_mean
+from core.files import atomic_write_bytes
+from core.repo import git_sha
+from experiments.plan import (
+    Deadline,
+    PlannedRun,
+    Progress,
+    corpus_vocab,
+    describe,
+    flops_per_step,
+    format_seconds,
+    steps_done,
+    sustained_flops,
+)
+from training.callbacks import TIME_LIMIT_EXIT, TrainingStopped
 from training.config import RunConfig
+from training.hardware import uses_cuda
 from training.run import TrainingData, train
 
 log = logging.getLogger(__name__)
@@ -101,16 +120,49 @@ def run_config_for(run: RunConfig, out_dir: str, variant: Variant, seed: int) ->
     )
 
 
-def finished(ckpt: Path, max_steps: int) -> bool:
-    """Whether `ckpt` exists and was written at (or after) `max_steps` optimizer steps."""
-    return ckpt.is_file() and int(read_checkpoint(ckpt).get("global_step", 0)) >= max_steps
-
-
 @dataclass
 class TrainedRun:
     label: str
     seed: int
     ckpt: str
+
+
+STARTUP_RESERVE_S = 60.0
+"""Most seconds of a study's time limit kept for starting a run or an evaluation (building the
+model, compiling it): a new one is not begun with less left (but at most a tenth of the limit)."""
+
+
+def plan_runs(run: RunConfig, out_dir: str, models: list[Variant], seeds: list[int]) -> list[PlannedRun]:
+    """Every run of the study (seeds outer, so that a partial study has whole seeds) and how far each got."""
+    plan = []
+    for seed in seeds:
+        for variant in models:
+            cfg = run_config_for(run, out_dir, variant, seed)
+            ckpt = Path(cfg.train.out_dir) / cfg.train.run_name / "last.ckpt"
+            plan.append(PlannedRun(variant.name, cfg.train.run_name, cfg, ckpt, steps_done(ckpt)))
+    return plan
+
+
+def study_device(run: RunConfig) -> torch.device:
+    """The device the study's runs train on (for the estimate)."""
+    return torch.device("cuda" if uses_cuda(run.train.accelerator) else "cpu")
+
+
+def stopped_study(stop: TrainingStopped, what: str) -> TrainingStopped:
+    """A run's (or the evaluation's) stop, told as the study's: the same command continues it."""
+    reason = str(stop).split(";")[0]
+    return TrainingStopped(
+        f"{reason} ({what}). Run the same command again to continue: finished runs and evaluations are reused, "
+        "an interrupted run resumes from its last.ckpt.",
+        stop.exit_code,
+    )
+
+
+def time_is_up(deadline: Deadline, max_minutes: float, what: str) -> TrainingStopped | None:
+    """The stop to raise when too little of the study's time is left to begin `what`, else None."""
+    if not deadline.passed(min(STARTUP_RESERVE_S, 6 * max_minutes)):
+        return None
+    return stopped_study(TrainingStopped("Time limit (--max_minutes) reached;", TIME_LIMIT_EXIT), f"before {what}")
 
 
 def train_all(
@@ -119,40 +171,132 @@ def train_all(
     models: list[Variant],
     seeds: list[int],
     data_for: Callable[[RunConfig], TrainingData] | None = None,
+    vocab_size: int | None = None,
+    max_minutes: float = 0.0,
+    deadline: Deadline | None = None,
 ) -> tuple[list[TrainedRun], dict[str, float]]:
-    """Train every model with every seed (seeds outer, so that a partial experiment has whole seeds),
-    reusing runs trained to max_steps and resuming interrupted ones; `data_for` gives a run's data
-    (default: the run's corpus). Returns the runs and the training wall time of those trained now."""
+    """Train every model with every seed, reusing runs trained to max_steps and resuming interrupted
+    ones, after printing the plan and its estimated time; `data_for` gives a run's data (default: the
+    run's corpus), `vocab_size` its vocabulary for the estimate (default: from the tokenizer). With
+    `max_minutes`, every run gets what is left of `deadline`, and the study stops (exit status 75)
+    when it is up. Returns the runs and the training wall time of those trained now."""
+    deadline = deadline or Deadline(max_minutes)
+    plan = plan_runs(run, out_dir, models, seeds)
+    device = study_device(run)
+    step_flops = {r.name: flops_per_step(r.config, vocab_size or corpus_vocab(r.config)) for r in plan}
+    progress = Progress(plan, 1 / sustained_flops(device, run.train.precision), step_flops)
+    print(describe(plan, progress, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
+          flush=True)  # fmt: skip
     trained, wall = [], {}
-    for seed in seeds:
-        for variant in models:
-            run_cfg = run_config_for(run, out_dir, variant, seed)
-            ckpt = Path(run_cfg.train.out_dir) / run_cfg.train.run_name / "last.ckpt"
-            if finished(ckpt, run_cfg.train.max_steps):
-                log.info("%s: trained already (%s), reused", run_cfg.train.run_name, ckpt)
-            else:
-                log.info("training %s (%d of %d)", run_cfg.train.run_name, len(trained) + 1, len(seeds) * len(models))
-                t0 = time.perf_counter()
-                try:
-                    result = train(run_cfg, data_for(run_cfg) if data_for else None)
-                except CheckpointError as error:
-                    raise CheckpointError(f"{error} (runs are reused from {Path(out_dir) / 'runs'}; choose another "
-                                          "out_dir to start afresh)") from None  # fmt: skip
-                wall[run_cfg.train.run_name] = round(time.perf_counter() - t0, 1)
-                ckpt = result.last_ckpt
-            trained.append(TrainedRun(variant.name, seed, str(ckpt)))
+    for k, planned in enumerate(plan, 1):
+        name = planned.name
+        if planned.done:
+            log.info("run %d of %d: %s trained already (%s), reused", k, len(plan), name, planned.ckpt)
+        else:
+            stop = time_is_up(deadline, max_minutes, f"run {k} of {len(plan)}, {name}")
+            if stop:
+                raise stop
+            log.info("run %d of %d: training %s%s", k, len(plan), name,
+                     f" from step {planned.step}" if planned.step else "")  # fmt: skip
+            cfg = dataclasses.replace(planned.config, train=dataclasses.replace(
+                planned.config.train, max_minutes=deadline.minutes_left()))  # fmt: skip
+            flops, t0 = progress.left(planned), time.perf_counter()
+            try:
+                train(cfg, data_for(cfg) if data_for else None)
+            except TrainingStopped as stop:
+                raise stopped_study(stop, f"run {k} of {len(plan)}, {name}") from None
+            except CheckpointError as error:
+                raise CheckpointError(f"{error} (runs are reused from {Path(out_dir) / 'runs'}; choose another "
+                                      "out_dir to start afresh)") from None  # fmt: skip
+            wall[name] = round(time.perf_counter() - t0, 1)
+            planned.step = cfg.train.max_steps
+            progress.finished(planned, wall[name], flops)
+            todo = [r for r in plan[k:] if not r.done]
+            if todo:
+                log.info("run %d of %d done in %s; the %d left take about %s", k, len(plan),
+                         format_seconds(wall[name]), len(todo), format_seconds(progress.estimate(todo)))  # fmt: skip
+        trained.append(TrainedRun(planned.label, planned.config.train.seed, str(planned.ckpt)))
     return trained, wall
 
 
-def experiment_record(cfg: Any, train_wall: dict[str, float], eval_started: float, started: float) -> dict[str, Any]:
-    """The `experiment` entry of a report: the resolved config and where the time went."""
-    now = time.perf_counter()
+def run_record(run: TrainedRun) -> dict[str, Any]:
+    """What a study reports of one trained run: its steps, training tokens and wall time (summed over
+    the launches that trained it) and its data, read from its checkpoint."""
+    ckpt = read_checkpoint(run.ckpt)
+    data = ckpt.get("hyper_parameters", {}).get("data") or {}
+    corpus = data.get("prepared") if "task" not in data else f"task {data['task']['name']}"
+    return {
+        "label": run.label,
+        "seed": run.seed,
+        "steps": int(ckpt.get("global_step", 0)),
+        "tokens": int(ckpt.get("tokens_seen", 0)),
+        "train_seconds": ckpt.get("train_seconds"),
+        "data": {"corpus": corpus, "sources": data.get("sources"), "train_tokens": data.get("train_tokens")},
+    }
+
+
+def experiment_record(
+    cfg: Any, trained: list[TrainedRun], train_wall: dict[str, float], eval_wall: float, started: float
+) -> dict[str, Any]:
+    """The `experiment` entry of a report: the resolved config, every run's steps, tokens and time,
+    and where this command's time went."""
     return {
         "config": dataclasses.asdict(cfg),
+        "runs": [run_record(r) for r in trained],
         "train_wall_s": train_wall,
-        "eval_wall_s": round(now - eval_started, 1),
-        "total_wall_s": round(now - started, 1),
+        "eval_wall_s": round(eval_wall, 1),
+        "total_wall_s": round(time.perf_counter() - started, 1),
     }
+
+
+def cached(run_dir: Path, kind: str, key: dict[str, Any], compute: Callable[[], Any]) -> tuple[Any, float]:
+    """`compute()`'s result, kept in <run_dir>/<kind>-<hash of key>.json, and the seconds it took when it
+    was computed: a study interrupted during its evaluation keeps what it evaluated. `key` must name
+    everything the result depends on (settings, the checkpoint's identity, the code)."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = run_dir / f"{kind}-{digest}.json"
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        return stored["result"], stored["seconds"]
+    started = time.perf_counter()
+    result = compute()
+    seconds = round(time.perf_counter() - started, 1)
+    atomic_write_bytes(path, json.dumps({"key": key, "seconds": seconds, "result": result}, indent=1).encode())
+    return result, seconds
+
+
+def checkpoint_identity(ckpt: str) -> dict[str, Any]:
+    """What tells a checkpoint file from another written at the same path, without reading it whole."""
+    stat = Path(ckpt).stat()
+    return {"path": str(Path(ckpt).resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "git": git_sha()}
+
+
+def evaluate_each(
+    trained: list[TrainedRun],
+    kind: str,
+    key: dict[str, Any],
+    evaluate: Callable[[TrainedRun], Any],
+    deadline: Deadline,
+    max_minutes: float,
+) -> tuple[list[Any], float]:
+    """`evaluate(run)` for every run, each kept beside its checkpoint (`cached`), so that an
+    interrupted study evaluates only what is left; stops (exit 75) when the time limit leaves too
+    little for the next one. Returns the results and the seconds they took, over every launch."""
+    results, seconds = [], 0.0
+    for k, run in enumerate(trained, 1):
+        run_key = {**key, "checkpoint": checkpoint_identity(run.ckpt)}
+
+        def compute(run: TrainedRun = run, k: int = k) -> Any:
+            stop = time_is_up(deadline, max_minutes, f"evaluating {k} of {len(trained)}, {run.label} seed {run.seed}")
+            if stop:
+                raise stop
+            log.info("evaluating %d of %d: %s seed %d", k, len(trained), run.label, run.seed)
+            return evaluate(run)
+
+        result, took = cached(Path(run.ckpt).parent, kind, run_key, compute)
+        results.append(result)
+        seconds += took
+    return results, seconds
 
 
 def print_report(out_dir: str, doc: dict[str, Any]) -> None:
@@ -160,5 +304,5 @@ def print_report(out_dir: str, doc: dict[str, Any]) -> None:
     out = Path(out_dir)
     print((out / "results.md").read_text())
     wall = doc["experiment"]
-    print(f"report in {out} (training {sum(wall['train_wall_s'].values()):.0f} s, evaluation "
+    print(f"report in {out} (this command: training {sum(wall['train_wall_s'].values()):.0f} s, evaluation "
           f"{wall['eval_wall_s']:.0f} s, total {wall['total_wall_s']:.0f} s)")  # fmt: skip

@@ -29,16 +29,18 @@ import yaml
 from core.cli import run
 from evaluation.config import EvalData, EvalSettings
 from evaluation.report import write_report
-from evaluation.run import Subject, evaluate_checkpoints
+from evaluation.run import Subject, evaluate_checkpoints, merge_documents
 from experiments.common import (
     Variant,
     check_models,
+    evaluate_each,
     experiment_command,
     experiment_record,
     models_of,
     print_report,
     train_all,
 )
+from experiments.plan import Deadline
 from model import POS_ENCODINGS
 from training.config import RunConfig
 
@@ -66,6 +68,9 @@ class ExperimentConfig:
     sink rate) beside the perplexity by default."""
     eval_data: EvalData = field(default_factory=EvalData)
     """Evaluation text (default: the validation split of the training data)."""
+    max_minutes: float = 0.0
+    """End this command cleanly within this many minutes (0: no limit): the run in progress saves its last.ckpt,
+    evaluations done are kept, and the command exits with status 75; the same command continues the study."""
 
     def __post_init__(self) -> None:
         check_models(self.models(), self.seeds, self.run)
@@ -81,11 +86,20 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-    started = time.perf_counter()
-    trained, train_wall = train_all(cfg.run, cfg.out_dir, cfg.models(), cfg.seeds)
-    t0 = time.perf_counter()
-    doc = evaluate_checkpoints([Subject(r.ckpt, r.label) for r in trained], cfg.eval, cfg.eval_data)
-    doc["experiment"] = experiment_record(cfg, train_wall, t0, started)
+    started, deadline = time.perf_counter(), Deadline(cfg.max_minutes)
+    trained, train_wall = train_all(cfg.run, cfg.out_dir, cfg.models(), cfg.seeds, max_minutes=cfg.max_minutes,
+                                    deadline=deadline)  # fmt: skip
+    key = {"eval": dataclasses.asdict(cfg.eval), "eval_data": dataclasses.asdict(cfg.eval_data)}
+    docs, eval_wall = evaluate_each(
+        trained,
+        "extrapolation",
+        key,
+        lambda r: evaluate_checkpoints([Subject(r.ckpt, r.label)], cfg.eval, cfg.eval_data),
+        deadline,
+        cfg.max_minutes,
+    )
+    doc = merge_documents(docs)
+    doc["experiment"] = experiment_record(cfg, trained, train_wall, eval_wall, started)
     write_report(doc, out)
     print_report(cfg.out_dir, doc)
     return doc

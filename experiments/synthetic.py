@@ -38,14 +38,17 @@ from evaluation.run import provenance
 from evaluation.task_report import write_task_report
 from evaluation.tasks import evaluate_task
 from experiments.common import (
+    TrainedRun,
     Variant,
     check_models,
+    evaluate_each,
     experiment_command,
     experiment_record,
     models_of,
     print_report,
     train_all,
 )
+from experiments.plan import Deadline
 from model import POS_ENCODINGS
 from training.config import RunConfig
 from training.run import task_data
@@ -77,6 +80,9 @@ class SyntheticConfig:
     """Test examples decoded at once."""
     device: str = "auto"
     """Device of the evaluation: auto (cuda if available, else cpu), cpu, cuda, ..."""
+    max_minutes: float = 0.0
+    """End this command cleanly within this many minutes (0: no limit): the run in progress saves its last.ckpt,
+    evaluations done are kept, and the command exits with status 75; the same command continues the study."""
 
     def __post_init__(self) -> None:
         check_models(self.models(), self.seeds, self.run)
@@ -98,35 +104,37 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-    started = time.perf_counter()
-    trained, train_wall = train_all(cfg.run, cfg.out_dir, cfg.models(), cfg.seeds, lambda r: task_data(cfg.task, r))
-    t0 = time.perf_counter()
-    device = pick_device(cfg.device)
+    started, deadline = time.perf_counter(), Deadline(cfg.max_minutes)
     tokenizer = tokenizer_for(cfg.task)
+    trained, train_wall = train_all(cfg.run, cfg.out_dir, cfg.models(), cfg.seeds, lambda r: task_data(cfg.task, r),
+                                    tokenizer.vocab_size, cfg.max_minutes, deadline)  # fmt: skip
+    device = pick_device(cfg.device)
+    key = {"task": dataclasses.asdict(cfg.task), "eval_batch": cfg.eval_batch, "device": str(device)}
     depths = len(cfg.task.depths) if cfg.task.name == "passkey" else 1
-    total = len(trained) * len(cfg.task.eval_lengths) * depths * cfg.task.test_size
-    runs = []
-    with tqdm(total=total, unit="example", dynamic_ncols=True, disable=not sys.stderr.isatty()) as bar:
-        for run in trained:
+    per_run = len(cfg.task.eval_lengths) * depths * cfg.task.test_size
+    with tqdm(total=len(trained) * per_run, unit="example", dynamic_ncols=True, disable=not sys.stderr.isatty()) as bar:
+
+        def evaluate(run: TrainedRun) -> dict[str, Any]:
             bar.set_description(f"{run.label} seed {run.seed}")
             ckpt = load_checkpoint(run.ckpt)
             model = ckpt.model.to(device)
-            config = ckpt.config
-            runs.append({
+            return {
                 "label": run.label,
                 "seed": run.seed,
                 "checkpoint": run.ckpt,
                 "pos_encoding": model.config.pos_encoding,
-                "random_positions": config["train"].get("random_positions", 0),
+                "random_positions": ckpt.config["train"].get("random_positions", 0),
                 "model": model.config.to_dict(),  # the model evaluated (after a switch: the new one)
                 "results": evaluate_task(model, tokenizer, cfg.task, cfg.eval_batch, bar.update),
-            })  # fmt: skip
+            }
+
+        runs, eval_wall = evaluate_each(trained, "task", key, evaluate, deadline, cfg.max_minutes)
     doc = {
         "format": FORMAT,
         **provenance(device, torch.float32),
         "task": dataclasses.asdict(cfg.task),
         "runs": runs,
-        "experiment": experiment_record(cfg, train_wall, t0, started),
+        "experiment": experiment_record(cfg, trained, train_wall, eval_wall, started),
     }
     write_task_report(doc, out)
     print_report(cfg.out_dir, doc)

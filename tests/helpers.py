@@ -191,3 +191,52 @@ def eager_with_weights(
     chunks: list[torch.Tensor] = []
     out = eager_attention(q, k, v, on_weights=lambda rows, weights: chunks.append(weights), **kwargs)
     return out, torch.cat(chunks, dim=2)
+
+
+def signal_during(monkeypatch, method: str, run_name: str, step: int, batch_idx: int | None = None) -> None:
+    """Make `GPTModule.<method>` (training_step or validation_step) send this process a real SIGTERM
+    in run `run_name` at optimizer step `step` (and batch `batch_idx`, if given): a kill at a chosen point."""
+    import os
+    import signal
+
+    from training.module import GPTModule
+
+    original = getattr(GPTModule, method)
+
+    def signalled(self, batch, index):
+        if self.config.train.run_name == run_name and self.global_step == step and batch_idx in (None, index):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, batch, index)
+
+    monkeypatch.setattr(GPTModule, method, signalled)
+
+
+def exits_with(capsys, command, argv: list[str], code: int) -> str:
+    """Run `command` expecting it to exit with `code`; its stderr."""
+    import pytest
+
+    from core import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.run(command, argv)
+    err = capsys.readouterr().err
+    assert info.value.code == code, err[-3000:]
+    return err
+
+
+WALL_TIME_FIELDS = frozenset({"created", "train_seconds", "train_wall_s", "eval_wall_s", "total_wall_s"})
+
+
+def comparable_report(report: Path, root: Path) -> dict:
+    """A study's results.json without its wall-time fields and with `root` (its tree) as ROOT: what an
+    interrupted and resumed study must share with an uninterrupted one."""
+    import json
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in WALL_TIME_FIELDS}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return strip(json.loads((report / "results.json").read_text().replace(str(root), "ROOT")))

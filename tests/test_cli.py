@@ -263,7 +263,7 @@ def _ending(capsys, error: BaseException) -> tuple[int, str]:
 def test_how_each_ending_is_reported(capsys):
     assert _ending(capsys, UserError("fix it")) == (2, "error: fix it\n")
     stopped = "Stopped by SIGTERM at step 3; saved last.ckpt."
-    assert _ending(capsys, TrainingStopped(stopped, 15)) == (143, f"{stopped}\n")
+    assert _ending(capsys, TrainingStopped(stopped, 143)) == (143, f"{stopped}\n")
     assert _ending(capsys, TrainingDiverged("Training diverged.")) == (2, "error: Training diverged.\n")
     assert _ending(capsys, KeyboardInterrupt()) == (130, "Interrupted.\n")
     with pytest.raises(RuntimeError):  # a bug keeps its traceback

@@ -11,7 +11,7 @@ import pytest
 from core import cli
 from experiments import extrapolation as experiment
 
-from helpers import cli_error
+from helpers import cli_error, comparable_report, exits_with, signal_during
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,6 +52,32 @@ def test_a_tiny_experiment_end_to_end_and_reuse(tmp_path, text_file, capsys):
     cli.run(experiment.COMMAND, _tiny(tmp_path, text_file, "--eval.lengths", "[16, 32]"))  # evaluation only
     again = json.loads((report / "results.json").read_text())
     assert again["experiment"]["train_wall_s"] == {} and again["settings"]["lengths"] == [16, 32]
+
+
+def test_a_study_killed_in_training_and_in_validation_resumes_to_the_same_report(
+    tmp_path, text_file, monkeypatch, capsys
+):
+    """Killed (a real SIGTERM) while its second run trains, then while that run validates, the same
+    command continues it each time, to the report of an uninterrupted study (wall times aside)."""
+    extra = ["--seeds", "[1]", "--run.train.eval_interval", "4", "--run.train.ckpt_interval", "100"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    cli.run(experiment.COMMAND, _tiny(straight, text_file, *extra))
+    plan = capsys.readouterr().out
+    assert "Plan: 2 training run(s) on cpu" in plan and "Estimated training time" in plan
+    with monkeypatch.context() as patch:
+        signal_during(patch, "training_step", "learned-seed1", step=2)
+        err = exits_with(capsys, experiment.COMMAND, _tiny(killed, text_file, *extra), 143)
+    assert "Stopped by SIGTERM at step 3 (run 2 of 2, learned-seed1). Run the same command again" in err
+    with monkeypatch.context() as patch:
+        signal_during(patch, "validation_step", "learned-seed1", step=4)
+        err = exits_with(capsys, experiment.COMMAND, _tiny(killed, text_file, *extra), 143)
+    assert "Stopped by SIGTERM at step 4 during validation (run 2 of 2" in err
+    cli.run(experiment.COMMAND, _tiny(killed, text_file, *extra))
+    out = capsys.readouterr().out
+    assert "1. rope-seed1" in out and "(trained, reused)" in out and "(resumes at step 4)" in out
+    assert comparable_report(killed / "report", killed) == comparable_report(straight / "report", straight)
+    table = (killed / "report" / "results.md").read_text()
+    assert "each run: 8 steps" in table and "training wall time" in table
 
 
 @pytest.mark.parametrize("name", ["extrapolation_shakespeare.yaml", "extrapolation_gpu.yaml"])

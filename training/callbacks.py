@@ -18,15 +18,20 @@ from core.errors import UserError
 from core.files import atomic_file
 from training.hardware import peak_flops
 
+TIME_LIMIT_EXIT = 75
+"""The exit status of a run stopped by `train.max_minutes` (sysexits' EX_TEMPFAIL: not finished, run
+the same command again), so that a job script can loop until the work is done."""
+
 
 class TrainingStopped(UserError):
-    """Training stopped by a signal at an optimizer step; the message says where, what was saved and
-    how to continue. The process exits with 128 + the signal's number, as a shell expects of a
-    process a signal ended, and the line is news, not an error."""
+    """Training stopped by a signal or by its time limit at an optimizer step; the message says
+    where, what was saved and how to continue. A signal exits with 128 + its number, as a shell
+    expects of a process a signal ended, the time limit with `TIME_LIMIT_EXIT`; the line is news,
+    not an error."""
 
-    def __init__(self, message: str, signum: int) -> None:
+    def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
-        self.exit_code = 128 + signum
+        self.exit_code = exit_code
 
     def line(self) -> str:
         return str(self)
@@ -67,32 +72,49 @@ def optimizer_stepped(trainer: L.Trainer, batch_idx: int) -> bool:
     return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
 
 
+DEADLINE = -1
+"""The stop reason of a run past its time limit (signals are their positive numbers)."""
+
+
 class LastCheckpoint(L.Callback):
-    """Save `<dir>/last.ckpt` every `every_n_steps` optimizer steps, when training ends, and at the
-    first optimizer step after a SIGTERM or SIGINT, after which training stops with exit status
-    128 + the signal's number (a second Ctrl+C stops at once, without saving). A model with
-    non-finite weights is never saved: the previous checkpoint stays."""
+    """Save `<dir>/last.ckpt` every `every_n_steps` optimizer steps, before every validation during
+    training (at multiples of `eval_every` and at the last step), when training ends, and at the
+    first optimizer step after a SIGTERM or SIGINT or past the time limit `deadline` (a
+    `time.monotonic()` value); training then stops with `TrainingStopped`. A signal or the deadline
+    during a validation stops it at its next batch: the step's checkpoint is written already, and
+    a resumed run goes on training (the interrupted validation is not repeated). A second Ctrl+C
+    stops at once, without saving. A model with non-finite weights is never saved: the previous
+    checkpoint stays.
+
+    The time limit keeps a reserve of twice the longest step and twice the longest save seen, so
+    that the last step and its save end before the deadline."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, dirpath: Path, every_n_steps: int) -> None:
+    def __init__(self, dirpath: Path, every_n_steps: int, eval_every: int = 0, deadline: float | None = None) -> None:
         self.path = Path(dirpath) / "last.ckpt"
-        self.every_n_steps = every_n_steps
+        self.every_n_steps, self.eval_every, self.deadline = every_n_steps, eval_every, deadline
         self.saved_step = -1
         """The step of the last checkpoint this run wrote (-1: none yet)."""
         self._signal: int | None = None
         self._previous: dict[int, Any] = {}
+        self._longest_step, self._longest_save = 0.0, 2.0  # a guess until the first save is timed
+        self._step_ended: float | None = None
+        """When the last optimizer step ended (None: at the start of a launch, whose first step
+        compiles and warms up, and is left out of the longest step)."""
 
     def _save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_step == self.saved_step:
             return
         if not parameters_finite(pl_module):
             raise TrainingDiverged(divergence_message(trainer.global_step, self))
+        started = time.monotonic()
         trainer.save_checkpoint(self.path, weights_only=False)
+        self._longest_save = max(self._longest_save, time.monotonic() - started)
         self.saved_step = trainer.global_step
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # on every rank (a scheduler signals them all), though rank 0's signal decides: see `_stop_signal`
+        # on every rank (a scheduler signals them all), though rank 0's signal decides: see `_stop_reason`
         for signum in self.SIGNALS:
             self._previous[signum] = signal.signal(signum, self._on_signal)
 
@@ -106,28 +128,54 @@ class LastCheckpoint(L.Callback):
     ) -> None:
         if not optimizer_stepped(trainer, batch_idx):
             return
+        now = time.monotonic()
+        if self._step_ended is not None:
+            self._longest_step = max(self._longest_step, now - self._step_ended)
         step = trainer.global_step
-        signum = self._stop_signal(trainer)
-        if signum:
+        reason = self._stop_reason(trainer, reserve=2 * (self._longest_step + self._longest_save))
+        if reason:
             self._save(trainer, pl_module)
-            raise TrainingStopped(
-                f"Stopped by {signal.Signals(signum).name} at step {step}; saved {self.path}. Continue with "
-                "the same command and --train.resume auto.",
-                signum,
-            )
-        if step > 0 and step % self.every_n_steps == 0:
+            self._stop(reason, step)
+        validation_next = step >= trainer.max_steps or (self.eval_every and step % self.eval_every == 0)
+        if step > 0 and (step % self.every_n_steps == 0 or validation_next):
             self._save(trainer, pl_module)
+        self._step_ended = time.monotonic()
 
-    def _stop_signal(self, trainer: L.Trainer) -> int:
-        """The signal to stop at (0: none). With several processes, rank 0's, sent to all (one tiny
-        broadcast per optimizer step, as Lightning's own SIGTERM handling does), so that every rank
-        takes part in the checkpoint and stops at the same step."""
-        signum = self._signal or 0
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        reason = self._stop_reason(trainer, reserve=0.0)
+        if reason:
+            self._stop(reason, trainer.global_step, " during validation")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._step_ended = time.monotonic()  # validation is not a training step
+
+    def _stop(self, reason: int, step: int, where: str = "") -> None:
+        what = "Time limit (--train.max_minutes) reached"
+        if reason != DEADLINE:
+            what = f"Stopped by {signal.Signals(reason).name}"
+        saved = f"saved {self.path}" if self.saved_step == step else f"{self.path} holds step {self.saved_step}"
+        raise TrainingStopped(
+            f"{what} at step {step}{where}; {saved}. Continue with the same command and --train.resume auto.",
+            TIME_LIMIT_EXIT if reason == DEADLINE else 128 + reason,
+        )
+
+    def _stop_reason(self, trainer: L.Trainer, reserve: float) -> int:
+        """Why to stop now: a signal's number, `DEADLINE`, or 0 (go on). With several processes,
+        rank 0's, sent to all (one tiny broadcast, as Lightning's own SIGTERM handling does), so that
+        every rank takes part in the checkpoint and stops at the same step."""
+        reason = self._signal or 0
+        if not reason and self.deadline is not None and time.monotonic() + reserve >= self.deadline:
+            reason = DEADLINE
         if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            flag = torch.tensor([signum], device=trainer.strategy.root_device)
+            flag = torch.tensor([reason], device=trainer.strategy.root_device)
             torch.distributed.broadcast(flag, src=0)
-            signum = int(flag.item())
-        return signum
+            reason = int(flag.item())
+        return reason
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._save(trainer, pl_module)

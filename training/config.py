@@ -14,6 +14,9 @@ from core.errors import ConfigError
 from model import SCHEMES, GPTConfig
 from model.gpt import SWITCHABLE_FIELDS
 
+EVAL_BATCHES = 200
+"""Batches of the default validation budget (`TrainConfig.eval_tokens`), as nanoGPT's eval_iters."""
+
 PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "64")
 """The values of --train.precision: auto (see `training.hardware.resolve_precision`), or Lightning's."""
 
@@ -105,12 +108,18 @@ class TrainConfig:
     """Micro-batches per optimizer step."""
     eval_interval: int = 250
     """Evaluate on the validation split every this many optimizer steps (and at the end)."""
-    eval_tokens: int = 0
-    """Validation token budget: fixed windows from the start of the split; 0 uses the whole split."""
+    eval_tokens: int | None = None
+    """Validation token budget: fixed windows from the start of the split. Default (None): EVAL_BATCHES (200)
+    batches' worth, batch_size x block_size tokens each (nanoGPT's eval_iters), or the whole split where it is
+    smaller; 0: the whole split, however large."""
     log_interval: int = 10
     """Log training metrics every this many optimizer steps."""
     ckpt_interval: int = 250
     """Write last.ckpt every this many optimizer steps (and at the end)."""
+    max_minutes: float = 0.0
+    """Stop cleanly within this many minutes of wall time (0: no limit): last.ckpt is written and the run exits
+    with status 75; the same command with train.resume auto continues it (for job limits and preemptible
+    machines)."""
     seed: int = 1337
     """Seed for initialisation, dropout and the training data stream."""
     out_dir: str = "runs"
@@ -168,6 +177,10 @@ class TrainConfig:
     """The model fields that change at switch_at: the position scheme and its fields, the mask, the log-length
     scaling, the kernel (the blocks' weights stay; a new scheme's own parameters start fresh)."""
 
+    def validation_tokens(self, block_size: int) -> int:
+        """The validation budget in tokens (0: the whole split); see `eval_tokens`."""
+        return EVAL_BATCHES * self.batch_size * block_size if self.eval_tokens is None else self.eval_tokens
+
     def switch_step(self) -> int | None:
         """The optimizer step at which the model switches (None: never)."""
         if not self.switch_at:
@@ -177,7 +190,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "grad_accum", "eval_interval", "log_interval", "ckpt_interval"):
             _at_least(f"train.{name}", getattr(self, name), 1)
-        _at_least("train.eval_tokens", self.eval_tokens, 0)
+        if self.eval_tokens is not None:
+            _at_least("train.eval_tokens", self.eval_tokens, 0)
+        _at_least("train.max_minutes", self.max_minutes, 0)
         _at_least("train.sample_tokens", self.sample_tokens, 0)
         _at_least("train.num_nodes", self.num_nodes, 1)
         _at_least("train.random_positions", self.random_positions, 0)

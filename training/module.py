@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from typing import Any
 
 import lightning as L
@@ -61,6 +62,10 @@ class GPTModule(L.LightningModule):
         self.tokens_seen = 0
         """Training tokens so far, over every device: counted from each batch's shape (a task's
         batches are shorter than block_size), kept in checkpoints."""
+        self.train_seconds = 0.0
+        """Wall time spent training so far, over every launch of the run (from the start of each
+        launch's training, compilation included), kept in checkpoints: what a study reports."""
+        self._launch_started: tuple[float, float] | None = None  # (monotonic clock, train_seconds) at the start
         self.switched_at: int | None = None
         """The optimizer step at which the model switched to `train.switch_model` (None: not yet), kept
         in checkpoints: a resumed run switches on loading, before the weights are restored."""
@@ -70,6 +75,7 @@ class GPTModule(L.LightningModule):
         checking every step costs no synchronisation; `training.callbacks.DivergenceGuard` reads it."""
 
     def on_train_start(self) -> None:
+        self._launch_started = (time.monotonic(), self.train_seconds)
         self._check_switch()
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
         self._reserve_positions()
@@ -211,6 +217,10 @@ class GPTModule(L.LightningModule):
         # dropout's random stream, so that a resumed run draws the same masks as an uninterrupted one
         checkpoint["torch_rng"] = torch.get_rng_state()
         checkpoint["tokens_seen"] = self.tokens_seen
+        if self._launch_started is not None:
+            started, before = self._launch_started
+            self.train_seconds = before + time.monotonic() - started
+        checkpoint["train_seconds"] = round(self.train_seconds, 3)
         checkpoint["switched_at"] = self.switched_at
         checkpoint["model_config"] = self.model.config.to_dict()  # the model now (after a switch: the new one)
         if torch.cuda.is_available():
@@ -223,6 +233,7 @@ class GPTModule(L.LightningModule):
         settings every value written here equals the saved one, so a resume stays bit-identical."""
         self._apply_optim_config(checkpoint)
         self.tokens_seen = checkpoint.get("tokens_seen", 0)
+        self.train_seconds = checkpoint.get("train_seconds", 0.0)
         self.switched_at = checkpoint.get("switched_at")
         if self.switched_at is not None:  # before the weights load: they are the switched model's
             self.model.switch(self.config.switched_model())

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import socket
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +75,12 @@ def corpus_data(cfg: RunConfig) -> TrainingData:
     """A prepared corpus (`cfg.data`): random training windows, fixed validation windows."""
     data = prepared_data(cfg.data)
     t = cfg.train
-    datamodule = TokenDataModule(data, cfg.model.block_size, t.batch_size, t.seed, t.eval_tokens)  # checks the splits
+    budget = t.validation_tokens(cfg.model.block_size)
+    datamodule = TokenDataModule(data, cfg.model.block_size, t.batch_size, t.seed, budget)  # checks the splits
+    v = datamodule.validation_record()
+    log.info("Validation: %d windows of %d tokens = %d of the split's %d tokens (--train.eval_tokens %s)",
+             v["windows"], cfg.model.block_size, v["tokens"], v["split_tokens"],
+             "0: the whole split" if budget == 0 else budget)  # fmt: skip
     source = Path(data.meta["sources"][0]).stem if data.meta.get("sources") else data.path.name
     name = f"{source}-{data.meta['tokenizer']['kind']}"
     return TrainingData(datamodule, data.tokenizer(cfg.data.tiktoken_ranks), provenance(data), name)
@@ -180,8 +186,9 @@ def _wandb_reachable(timeout: float = 3.0) -> bool:
 
 def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
     """Prepare data (`cfg.data`, unless `data` is given: a task), build model and Trainer, fit, and
-    sample a little text at the end."""
+    sample a little text at the end. The clock of `train.max_minutes` starts here."""
     t = cfg.train
+    deadline = time.monotonic() + 60 * t.max_minutes if t.max_minutes else None
     check_accelerator(t.accelerator)
     check_strategy(t.strategy, t.accelerator)
     precision = resolve_precision(t.precision, t.accelerator)
@@ -195,19 +202,21 @@ def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
     run_dir = run_dir_of(cfg, data)
     make_run_dir(run_dir)
     if not rank_zero_only.rank == 0:  # DDP/FSDP workers: rank 0 holds the directory and has checked it
-        return _fit(cfg, data, run_dir, precision, resume_path(t.resume, run_dir))
+        return _fit(cfg, data, run_dir, precision, resume_path(t.resume, run_dir), deadline)
     try:
         with directory_lock(run_dir):
             ckpt_path = resume_path(t.resume, run_dir)
             claim_run_dir(run_dir, ckpt_path, t.overwrite)
-            return _fit(cfg, data, run_dir, precision, ckpt_path)
+            return _fit(cfg, data, run_dir, precision, ckpt_path, deadline)
     except LockedError as error:
         raise RunError(
             f"{error}: another run is training into it. Wait for it, or pass another --train.run_name."
         ) from None
 
 
-def _fit(cfg: RunConfig, data: TrainingData, run_dir: Path, precision: str, ckpt_path: Path | None) -> RunResult:
+def _fit(
+    cfg: RunConfig, data: TrainingData, run_dir: Path, precision: str, ckpt_path: Path | None, deadline: float | None
+) -> RunResult:
     t = cfg.train
     if ckpt_path is not None:
         for change in check_resume(ckpt_path, cfg, data.record):
@@ -219,7 +228,7 @@ def _fit(cfg: RunConfig, data: TrainingData, run_dir: Path, precision: str, ckpt
     if t.compile:
         module.model.compile(mode=t.compile_mode)  # in place: state_dict keys keep their names
 
-    last = LastCheckpoint(run_dir, t.ckpt_interval)
+    last = LastCheckpoint(run_dir, t.ckpt_interval, t.eval_interval, deadline)
     trainer = _trainer(
         t,
         precision=precision,

@@ -1,0 +1,207 @@
+"""Readers of the local source formats: each turns one file (or saved dataset) into a stream of `Piece`s, in
+order, in bounded memory whatever its size.
+
+- text: pieces of about CHUNK_CHARS characters that end on line boundaries; the file is one document.
+- JSON lines (`.jsonl`, `.jsonl.gz`): one JSON object a line, its text column one document.
+- Parquet: the text column, a batch of rows at a time (pyarrow reads one row group at a time).
+- a dataset saved by `datasets`' `save_to_disk`: the text column, memory-mapped, a batch of rows at a time.
+
+Empty and null texts are skipped; a file of documents that yields none is an error, since it is far more
+often a wrong column or an empty export than an intended part of a corpus. Every problem a user can cause is
+one `DataError` that names the file (and line) and the fix. pyarrow and datasets are optional packages,
+imported only when such a source is read.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import json
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NamedTuple
+
+from data.errors import DataError
+
+CHUNK_CHARS = 1 << 20
+"""Characters per piece of a text file (more where a line is longer)."""
+ROWS_PER_BATCH = 1024
+"""Rows read at a time from Parquet files and saved datasets."""
+COLUMN_HINT = "pass --data.text_column NAME"
+
+
+class Piece(NamedTuple):
+    """A stretch of a source's text, in order."""
+
+    text: str
+    end: bool
+    """A document ends after this text: <|endoftext|> follows in GPT-2 BPE (a newline in char mode for documents
+    of JSON lines, Parquet and datasets; nothing for text files, as before documents existed)."""
+    read: int
+    """Bytes of the source read so far, on disk (for a Hub dataset: characters of text), for progress."""
+
+
+def optional_import(module: str, purpose: str, extra: str) -> ModuleType:
+    """`module`, or one DataError that names the pip command installing it (the `extra` of posgpt)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        package = module.split(".")[0]
+        raise DataError(
+            f"{purpose} needs the {package} package, which is not installed: pip install 'posgpt[{extra}]' "
+            f"(or pip install {package})."
+        ) from None
+
+
+def text_pieces(path: Path, errors: str) -> Iterator[Piece]:
+    """A text file in pieces; the last, empty one ends the file's document."""
+    try:
+        with open(path, encoding="utf-8", errors=errors, newline="") as f:
+            while chunk := f.read(CHUNK_CHARS):
+                if not chunk.endswith("\n"):
+                    chunk += f.readline()
+                if "\x00" in chunk:
+                    raise DataError(f"{path} looks like a binary file (it contains NUL bytes); pass text files.")
+                yield Piece(chunk, False, f.buffer.tell())
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{path} is not valid UTF-8 ({error.reason}, byte value {error.object[error.start]:#04x}). "
+            "Convert it to UTF-8, or pass --data.errors replace to replace invalid bytes."
+        ) from None
+    yield Piece("", True, path.stat().st_size)
+
+
+def jsonl_pieces(path: Path, column: str, errors: str) -> Iterator[Piece]:
+    """Each line's `column`, one document a line; `.gz` files are decompressed as they are read."""
+    with open(path, "rb") as raw:
+        lines: Iterable[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if path.name.endswith(".gz") else raw
+        documents, plain = 0, not path.name.endswith(".gz")
+        read = 0
+        try:
+            for number, line in enumerate(lines, 1):
+                read = read + len(line) if plain else raw.tell()
+                value = _json_text(path, number, line, column, errors)
+                if value:
+                    documents += 1
+                    yield Piece(value, True, read)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+            raise DataError(f"{path} is not a readable gzip file ({error}); recompress it, or pass the .jsonl.") from None
+    if not documents:
+        raise _no_documents(path, column)
+
+
+def _json_text(path: Path, number: int, line: bytes, column: str, errors: str) -> str | None:
+    """The text of one JSON line (None: a blank line, or a null text)."""
+    where = f"{path}:{number}"
+    if not line.strip():
+        return None
+    if b"\x00" in line:
+        raise DataError(f"{where} looks binary (NUL bytes): {path} is not a JSON-lines file.")
+    try:
+        row = json.loads(line.decode("utf-8-sig" if number == 1 else "utf-8", errors))
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{where} is not valid UTF-8 ({error.reason}, byte value {error.object[error.start]:#04x}). "
+            "Convert the file to UTF-8, or pass --data.errors replace to replace invalid bytes."
+        ) from None
+    except json.JSONDecodeError as error:
+        raise DataError(
+            f"{where}: invalid JSON ({error.msg} at column {error.colno}); each line of a JSON-lines file must be "
+            "one JSON object."
+        ) from None
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: a JSON {type(row).__name__} where an object with a {column!r} field belongs.")
+    if column not in row:
+        fields = ", ".join(map(repr, row)) or "none"
+        raise DataError(f"{where} has no {column!r} field (its fields: {fields}); {COLUMN_HINT}.")
+    value = row[column]
+    if value is not None and not isinstance(value, str):
+        raise DataError(
+            f"{where}: field {column!r} holds a JSON {type(value).__name__}, not a string; {COLUMN_HINT} "
+            "naming the text."
+        )
+    return value
+
+
+def parquet_pieces(path: Path, column: str) -> Iterator[Piece]:
+    """The rows' `column`, a batch of rows at a time."""
+    pa = optional_import("pyarrow", f"Reading the Parquet file {path}", "parquet")
+    pq = optional_import("pyarrow.parquet", f"Reading the Parquet file {path}", "parquet")
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as error:
+        raise DataError(f"Cannot read {path} as Parquet ({first_line(error)}); pass a valid Parquet file.") from None
+    schema = parquet.schema_arrow
+    _check_column(path, column, {name: _is_string(pa, schema.field(name).type) for name in schema.names},
+                  str(schema.field(column).type) if column in schema.names else "")  # fmt: skip
+    rows, total, size, documents = 0, max(parquet.metadata.num_rows, 1), path.stat().st_size, 0
+    try:
+        for batch in parquet.iter_batches(batch_size=ROWS_PER_BATCH, columns=[column]):
+            values = batch.column(0).to_pylist()
+            rows += len(values)
+            read = size * rows // total
+            for value in values:
+                if value:
+                    documents += 1
+                    yield Piece(value, True, read)
+    except (pa.ArrowException, OSError) as error:
+        raise DataError(f"Cannot read {path}: {first_line(error)} (a damaged Parquet file?).") from None
+    if not documents:
+        raise _no_documents(path, column)
+
+
+def saved_dataset_pieces(path: Path, column: str, size: int) -> Iterator[Piece]:
+    """The rows' `column` of a dataset saved with `datasets`' save_to_disk (memory-mapped Arrow files)."""
+    datasets = optional_import("datasets", f"Reading the saved dataset {path}", "hf")
+    try:
+        dataset = datasets.load_from_disk(str(path))
+    except Exception as error:  # datasets raises FileNotFoundError, ValueError, ArrowInvalid, ...
+        raise DataError(f"Cannot load the dataset saved in {path} ({first_line(error)}); save it again.") from None
+    features = dataset.features
+    strings = {name: _is_string_feature(datasets, feature) for name, feature in features.items()}
+    _check_column(path, column, strings, str(features.get(column, "")))
+    rows, total, documents = 0, max(len(dataset), 1), 0
+    for batch in dataset.select_columns([column]).iter(batch_size=ROWS_PER_BATCH):
+        values = batch[column]
+        rows += len(values)
+        read = size * rows // total
+        for value in values:
+            if value:
+                documents += 1
+                yield Piece(value, True, read)
+    if not documents:
+        raise _no_documents(path, column)
+
+
+def _check_column(where: Path | str, column: str, strings: dict[str, bool], kind: str) -> None:
+    """A missing or non-string text column as one message listing the columns there are."""
+    if column not in strings:
+        raise DataError(f"{where} has no column {column!r} (its columns: {', '.join(strings) or 'none'}); {COLUMN_HINT}.")
+    if not strings[column]:
+        text_columns = ", ".join(name for name, is_text in strings.items() if is_text) or "none"
+        raise DataError(
+            f"Column {column!r} of {where} holds {kind}, not strings (its string columns: {text_columns}); "
+            f"{COLUMN_HINT}."
+        )
+
+
+def _is_string(pa: Any, kind: Any) -> bool:
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    view = getattr(pa.types, "is_string_view", lambda _: False)
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind) or view(kind))
+
+
+def _is_string_feature(datasets: Any, feature: Any) -> bool:
+    return isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+
+
+def _no_documents(where: Path | str, column: str) -> DataError:
+    return DataError(f"{where} has no documents (no non-empty {column!r} values); pass a file with text, or {COLUMN_HINT}.")
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (libraries' messages run to many lines)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

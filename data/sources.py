@@ -1,0 +1,199 @@
+"""The sources of a corpus: what `--data.input` (`python -m data.prepare --inputs`) names, resolved into
+`Source`s that say where the text is, in which format, and which column holds it.
+
+| input                                         | source                                                          |
+|-----------------------------------------------|-----------------------------------------------------------------|
+| `FILE` (any suffix but those below)           | a UTF-8 text file: one document                                 |
+| `FILE.jsonl`, `FILE.jsonl.gz`                 | JSON lines: each line an object whose `text_column` is a document |
+| `FILE.parquet`                                | Parquet: each row's `text_column` a document (needs pyarrow)    |
+| `DIR` holding `state.json`, `dataset_info.json` | a dataset saved by `datasets`' `save_to_disk`: each row's `text_column` (needs datasets) |
+| `DIR` otherwise                               | the files under it matching `glob`, recursively, in sorted order, each read by its suffix |
+| `hf:NAME[:CONFIG]:SPLIT[@REVISION]`           | a Hugging Face Hub dataset, streamed (`data.hub`; needs datasets) |
+| `shakespeare`, `python-docs`, `python-library`, `auto` | a named corpus (`data.corpora`)                        |
+
+Files are recognised by suffix. Documents keep the order of the files and of the rows within them. In GPT-2
+BPE every document ends with <|endoftext|>; in char mode the documents of JSON lines, Parquet and datasets end
+with a newline (text files are concatenated as they are, as they always were).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from core.files import sha256_file
+from data import hub
+from data.errors import DataError
+from data.readers import Piece, jsonl_pieces, parquet_pieces, saved_dataset_pieces, text_pieces
+
+Format = Literal["text", "jsonl", "parquet", "saved-dataset", "hub"]
+DOCUMENT_SUFFIXES: dict[str, Format] = {".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".parquet": "parquet"}
+"""Files read as documents with a text column, by suffix; every other file is text."""
+SAVED_DATASET_FILES = ("state.json", "dataset_info.json")
+"""What `Dataset.save_to_disk` writes beside its Arrow files."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input of a corpus."""
+
+    location: str
+    """The resolved path; for a Hub dataset its `hf:` spec pinned to a commit."""
+    format: Format
+    column: str | None = None
+    """The text column of the formats of documents; None for text files."""
+    label: str | None = None
+    """The name given to directories and runs prepared from it (default: from the location)."""
+    details: dict[str, Any] = field(default_factory=dict, compare=False)
+    """What the records say of it besides: a Hub dataset's revision and commit, a named corpus' manifest."""
+
+    @property
+    def path(self) -> Path:
+        return Path(self.location)
+
+    @property
+    def documents(self) -> bool:
+        """Whether it is made of documents (rows) rather than one text."""
+        return self.format != "text"
+
+    @property
+    def name(self) -> str:
+        """A short name: the file's without its suffix, the directory's, the Hub dataset's."""
+        if self.label:
+            return self.label
+        if self.format == "hub":
+            return hub.HubSpec.parse(self.location).name.rsplit("/", 1)[-1]
+        name = self.path.name
+        for suffix in DOCUMENT_SUFFIXES:
+            if name.endswith(suffix):
+                return name[: -len(suffix)]
+        return self.path.stem if self.format == "text" else name
+
+    def digest(self) -> bytes:
+        """What the fingerprint of prepared data takes from this source: its location and content hash (for a
+        Hub dataset the pinned spec, commit included), with format and column where it has documents. A text
+        file's is what it was before other formats existed, so text corpora keep their fingerprints."""
+        if self.format == "text":
+            return self.location.encode() + b"\0" + sha256_file(self.path).encode()
+        tag = f"{self.format}:{self.column}:{self.location}".encode()
+        if self.format == "hub":
+            return tag
+        content = _directory_sha256(self.path) if self.format == "saved-dataset" else sha256_file(self.path)
+        return tag + b"\0" + content.encode()
+
+    def size(self) -> int | None:
+        """Bytes on disk (None for a Hub dataset), for progress."""
+        if self.format == "hub":
+            return None
+        if self.format == "saved-dataset":
+            return sum(p.stat().st_size for p in _files_under(self.path))
+        return self.path.stat().st_size
+
+    def pieces(self, errors: str = "strict") -> Iterator[Piece]:
+        """The text, in order, a piece at a time (see `data.readers`)."""
+        if self.format == "text":
+            return text_pieces(self.path, errors)
+        column = self.column or "text"
+        if self.format == "jsonl":
+            return jsonl_pieces(self.path, column, errors)
+        if self.format == "parquet":
+            return parquet_pieces(self.path, column)
+        if self.format == "saved-dataset":
+            return saved_dataset_pieces(self.path, column, self.size() or 0)
+        return hub.hub_pieces(hub.HubSpec.parse(self.location), column)
+
+    def record(self) -> dict[str, Any]:
+        """What meta.json and checkpoints record of it; `Source.from_record` reads it back."""
+        record: dict[str, Any] = {"source": self.location, "format": self.format}
+        if self.column is not None:
+            record["column"] = self.column
+        if self.label:
+            record["label"] = self.label
+        return {**record, **self.details}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Source:
+        """The source `record` describes (no network: a Hub source is recorded pinned)."""
+        known = {"source", "format", "column", "label"}
+        extra = {k: v for k, v in record.items() if k not in known}
+        return cls(record["source"], record["format"], record.get("column"), record.get("label"), extra)
+
+
+def file_source(path: Path, column: str) -> Source:
+    """A file, read by its suffix."""
+    path = path.resolve()
+    for suffix, kind in DOCUMENT_SUFFIXES.items():
+        if path.name.lower().endswith(suffix):
+            return Source(str(path), kind, column)
+    return Source(str(path), "text")
+
+
+def hub_source(text: str, column: str) -> Source:
+    """A Hub dataset's split, pinned to the commit its revision names now."""
+    spec = hub.HubSpec.parse(text)
+    pinned = hub.pin(spec)
+    return Source(str(pinned), "hub", column, details=hub.details(pinned, spec.revision))
+
+
+def is_saved_dataset(path: Path) -> bool:
+    return all((path / name).is_file() for name in SAVED_DATASET_FILES)
+
+
+def path_sources(path: Path, glob: str, column: str) -> list[Source]:
+    """The sources of an existing file or directory: a saved dataset, or the files matching `glob` under it."""
+    if path.is_file():
+        return [file_source(path, column)]
+    if is_saved_dataset(path):
+        return [Source(str(path.resolve()), "saved-dataset", column)]
+    if (path / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in path.iterdir() if p.is_dir() and is_saved_dataset(p))
+        raise DataError(
+            f"{path} holds a DatasetDict with the splits {', '.join(splits) or 'none'}: pass one split's directory, "
+            f"e.g. --data.input {path / (splits[0] if splits else 'train')}."
+        )
+    found = sorted(p for p in path.rglob(glob) if p.is_file())
+    if not found:
+        raise DataError(f"Directory {path} has no files matching {glob!r}; pass --data.glob PATTERN{_hint(path)}.")
+    return [file_source(p, column) for p in found]
+
+
+def _hint(path: Path) -> str:
+    """Where a directory holds files of documents: the glob that would find them."""
+    for suffix in DOCUMENT_SUFFIXES:
+        if next(iter(path.rglob(f"*{suffix}")), None) is not None:
+            return f" (it has {suffix} files: --data.glob '*{suffix}')"
+    return ""
+
+
+def corpus_name(sources: list[Source]) -> str:
+    """The name of prepared directories: the one source's, or the directory of the first of several."""
+    first = sources[0]
+    if len(sources) == 1 or first.format == "hub":
+        return first.name
+    return first.path.parent.name
+
+
+def modified_after(location: str, stamp: float) -> bool:
+    """Whether a recorded source changed (or vanished) after `stamp`: a stat of each file, no hashing; a
+    pinned Hub dataset never changes."""
+    if location.startswith(hub.PREFIX):
+        return False
+    path = Path(location)
+    if path.is_dir():
+        return any(p.stat().st_mtime > stamp for p in _files_under(path))
+    return not path.is_file() or path.stat().st_mtime > stamp
+
+
+def _files_under(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file())
+
+
+def _directory_sha256(directory: Path) -> str:
+    """One hash of every file under `directory`: their relative paths and contents."""
+    digest = hashlib.sha256()
+    for path in _files_under(directory):
+        digest.update(str(path.relative_to(directory)).encode() + b"\0" + sha256_file(path).encode() + b"\n")
+    return digest.hexdigest()

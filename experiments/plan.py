@@ -1,0 +1,154 @@
+"""A study's plan before it starts, its progress while it runs, and its time limit.
+
+A study prints what it will do (every run: trained already, half-trained or to train, with its steps
+and tokens) and a rough estimate of the time it takes, then `run k of n` and an ETA after every
+run. The estimate is the training FLOPs of each run that is left (`GPT.flops_per_token`) over what
+the device sustains: a GPU's datasheet peak times a typical utilisation, a CPU's measured matmul
+rate times the same; once runs have finished, their measured times recalibrate it. It is an
+estimate, and says so.
+
+`Deadline` is a study's `--max_minutes`: each training run gets what is left of it
+(`train.max_minutes`), and the study stops between evaluations when too little is left, so that a
+whole study runs as a sequence of commands that each end within the limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from core.checkpoint import read_checkpoint
+from model import GPT, GPTConfig
+from training.config import RunConfig
+from training.hardware import peak_flops
+
+UTILISATION = 0.35
+"""Share of the peak that a training step sustains, for the estimate (an H100 trains GPT-2 124M at
+~38% MFU, BENCHMARKS.md; small models less)."""
+CHAR_VOCAB = 256
+"""The vocabulary assumed for a character-level model in the estimate (it is the corpus' own)."""
+
+
+@dataclass
+class PlannedRun:
+    """One training run of a study, and how far it got."""
+
+    label: str
+    """The model's name (a scheme or a variant): the runs of its seeds share it."""
+    name: str
+    """The run's directory name, <label>-seed<S>."""
+    config: RunConfig
+    ckpt: Path
+    step: int
+    """Optimizer steps done (0: not started)."""
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.config.train.max_steps
+
+    def tokens(self) -> int:
+        """Training tokens of the whole run (a synthetic task's examples are shorter: an upper bound)."""
+        t = self.config.train
+        return t.max_steps * t.batch_size * t.grad_accum * self.config.model.block_size
+
+
+def steps_done(ckpt: Path) -> int:
+    """The optimizer steps `ckpt` was written at (0 when there is none)."""
+    return int(read_checkpoint(ckpt).get("global_step", 0)) if ckpt.is_file() else 0
+
+
+def flops_per_step(config: RunConfig, vocab_size: int) -> float:
+    """Training FLOPs of one optimizer step of `config`'s model, built on the meta device (no memory)."""
+    model_config = dataclasses.replace(config.model, vocab_size=vocab_size)
+    with torch.device("meta"):
+        model = GPT(model_config)
+    t = config.train
+    return float(model.flops_per_token(model_config.block_size)) * t.batch_size * t.grad_accum * model_config.block_size
+
+
+def sustained_flops(device: torch.device, precision: str = "bf16-mixed") -> float:
+    """FLOP/s a training step sustains on `device`, roughly: a GPU's peak, or a CPU's float32 matmul
+    rate measured now (a few tens of milliseconds), times `UTILISATION`."""
+    peak = peak_flops(device, precision)
+    if peak is None:
+        a = torch.randn(512, 512)
+        a @ a  # warm-up
+        started, repeats = time.perf_counter(), 8
+        for _ in range(repeats):
+            a @ a
+        peak = 2 * 512**3 * repeats / (time.perf_counter() - started)
+    return peak * UTILISATION
+
+
+class Progress:
+    """Run k of n, and the ETA of what is left, recalibrated by the runs that finished."""
+
+    def __init__(self, plan: list[PlannedRun], seconds_per_flop: float, step_flops: dict[str, float]) -> None:
+        self.plan, self.step_flops = plan, step_flops
+        self.seconds_per_flop = seconds_per_flop
+        self._measured: list[tuple[float, float]] = []  # (seconds, flops) of runs trained here
+
+    def left(self, run: PlannedRun) -> float:
+        """The FLOPs left of `run`."""
+        return self.step_flops[run.name] * max(0, run.config.train.max_steps - run.step)
+
+    def estimate(self, runs: list[PlannedRun]) -> float:
+        """Seconds the training of `runs` takes, as estimated now."""
+        rate = self.seconds_per_flop
+        if self._measured:
+            rate = sum(s for s, _ in self._measured) / max(1.0, sum(f for _, f in self._measured))
+        return sum(self.left(r) for r in runs) * rate
+
+    def finished(self, run: PlannedRun, seconds: float, flops: float) -> None:
+        if flops > 0:
+            self._measured.append((seconds, flops))
+
+
+def describe(plan: list[PlannedRun], progress: Progress, device: str) -> str:
+    """The plan, a line a run, and the estimate of the time the training takes."""
+    lines = [f"Plan: {len(plan)} training run(s) on {device}"]
+    for k, run in enumerate(plan, 1):
+        t = run.config.train
+        state = "trained, reused" if run.done else f"resumes at step {run.step}" if run.step else "to train"
+        lines.append(f"  {k:>3}. {run.name}: {t.max_steps} steps x {t.batch_size * t.grad_accum} x "
+                     f"{run.config.model.block_size} = {run.tokens() / 1e6:.1f}M tokens ({state})")  # fmt: skip
+    todo = [r for r in plan if not r.done]
+    lines.append(f"Estimated training time: {format_seconds(progress.estimate(todo))} for {len(todo)} run(s) "
+                 f"(rough: FLOPs at {UTILISATION:.0%} of the device's peak), then the evaluation")  # fmt: skip
+    return "\n".join(lines)
+
+
+def format_seconds(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+class Deadline:
+    """The end of a study command's time (`max_minutes`; 0: none), on the monotonic clock."""
+
+    def __init__(self, max_minutes: float) -> None:
+        self.end = time.monotonic() + 60 * max_minutes if max_minutes else None
+
+    def minutes_left(self) -> float:
+        """What is left, in minutes (0: no limit, as `train.max_minutes` reads it; a tiny positive
+        number once it has passed, so that a run started then stops at its first step)."""
+        if self.end is None:
+            return 0.0
+        return max(1e-3, (self.end - time.monotonic()) / 60)
+
+    def passed(self, reserve: float = 0.0) -> bool:
+        """Whether fewer than `reserve` seconds are left."""
+        return self.end is not None and time.monotonic() + reserve >= self.end
+
+
+def corpus_vocab(config: RunConfig) -> int:
+    """The vocabulary size to estimate a corpus run with: GPT-2's for BPE, `CHAR_VOCAB` otherwise."""
+    return GPTConfig.vocab_size if config.data.tokenizer == "gpt2" else CHAR_VOCAB
