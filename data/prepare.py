@@ -1,13 +1,21 @@
 """Turn text into memory-mapped token files: `train.bin`, `val.bin` and `meta.json`.
 
     python -m data.prepare --inputs corpus/ --out_dir prepared/mycorpus --tokenizer gpt2
+    python -m data.prepare --inputs shards/ --glob '*.jsonl' --text_column text --out_dir prepared/x --tokenizer gpt2
+    python -m data.prepare --inputs hf:Salesforce/wikitext:wikitext-103-raw-v1:train --out_dir prepared/wt103 ...
+    python -m data.prepare --inputs python-library --out_dir prepared/pylib --tokenizer gpt2
 
-Input is a file, several files, a directory (recursive, `*.txt` by default) or a named corpus
-(`shakespeare`, `python-docs`, `auto`: see `data.corpora`). Text is streamed in chunks that end on
-line boundaries, so memory stays bounded whatever the corpus size; GPT-2 BPE encodes a batch of
-chunks at once on several threads. The last
-`val_fraction` of the tokens is the validation split (as nanoGPT does): deterministic, and
-contiguous, so no window straddles the two splits.
+Inputs (`data.sources`): text files, JSON-lines (`.jsonl`, `.jsonl.gz`) and Parquet files whose documents are
+a text column, directories (recursive, `*.txt` by default), a dataset saved with `datasets`' save_to_disk, a
+Hugging Face Hub dataset streamed with `hf:NAME[:CONFIG]:SPLIT[@REVISION]` (`data.hub`), or a named corpus
+(`shakespeare`, `python-docs`, `python-library`, `auto`: see `data.corpora`). Everything is streamed, so memory
+stays bounded whatever the corpus size; GPT-2 BPE encodes batches on every core, with progress
+(`data.encode`). In BPE each document (a text file, a JSON line, a row) ends with <|endoftext|>.
+
+The validation split is the last min(`val_fraction` of the tokens, `val_max_tokens`) tokens (nanoGPT
+takes the last 10%; the cap keeps a 10B-token corpus from holding out a billion): deterministic, and
+contiguous, so no window straddles the two splits. The fingerprint covers the cap only where it binds, so
+data prepared before the cap existed keep their fingerprints wherever it does not.
 
 Writes are atomic: `meta.json` is removed first and written last, after both token files are in
 place, and the data loader trusts a directory only when `meta.json` is there and agrees with the
@@ -32,15 +40,19 @@ from typing import Any, Literal
 import numpy as np
 
 from core.cli import Command, run
-from core.files import LockedError, atomic_write_bytes, directory_lock, remove_stale_tmp, sha256_file, tmp_path
+from core.files import LockedError, atomic_write_bytes, directory_lock, remove_stale_tmp, tmp_path
+from data import hub
 from data.corpora import NAMED
+from data.encode import char_set, write_tokens
 from data.errors import DataError
-from data.tokenizer import GPT2Tokenizer, Tokenizer, build_tokenizer
+from data.sources import Source, corpus_name, file_source, hub_source, path_sources
+from data.tokenizer import build_tokenizer
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-CHUNK_CHARS = 1 << 20
+VAL_MAX_TOKENS = 5_000_000
+"""The default cap of the validation split, in tokens (`val_max_tokens`)."""
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -48,29 +60,42 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
 
-def resolve_sources(inputs: str | os.PathLike | Sequence[str | os.PathLike], glob: str = "*.txt") -> list[Path]:
-    """The files to read, in a fixed order: files as given, directories searched recursively."""
-    items = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
+Inputs = str | os.PathLike | Source | Sequence[str | os.PathLike | Source]
+
+
+def resolve_sources(inputs: Inputs, glob: str = "*.txt", text_column: str = "text") -> list[Source]:
+    """The sources to read, in a fixed order: inputs as given, directories searched recursively (see
+    `data.sources` for the syntax); `text_column` is the text of JSON lines, Parquet and datasets."""
+    items = [inputs] if isinstance(inputs, (str, os.PathLike, Source)) else list(inputs)
     if not items:
-        raise DataError(f"No input given: pass --data.input FILE|DIR or a named corpus ({', '.join(NAMED)}).")
-    sources: list[Path] = []
+        raise DataError(f"No input given: pass --data.input FILE|DIR|{hub.SYNTAX} or a named corpus ({_named()}).")
+    found: dict[str, Source] = {}
     for item in items:
-        if str(item) in NAMED:
-            sources.append(NAMED[str(item)]())
-            continue
-        path = Path(item).expanduser()
-        if path.is_dir():
-            found = sorted(p for p in path.rglob(glob) if p.is_file())
-            if not found:
-                raise DataError(f"Directory {path} has no files matching {glob!r}; pass --data.glob PATTERN.")
-            sources.extend(found)
-        elif path.is_file():
-            sources.append(path)
-        else:
-            raise DataError(
-                f"Input not found: {path}. Pass an existing file or directory, or a named corpus ({', '.join(NAMED)})."
-            )
-    return list(dict.fromkeys(p.resolve() for p in sources))  # drop repeats, keep order
+        for source in _sources_of(item, glob, text_column):
+            found.setdefault(source.location, source)  # drop repeats, keep order
+    return list(found.values())
+
+
+def _sources_of(item: str | os.PathLike | Source, glob: str, text_column: str) -> list[Source]:
+    if isinstance(item, Source):
+        return [item]
+    text = str(item)
+    if text in NAMED:
+        named = NAMED[text]()
+        return [named if isinstance(named, Source) else file_source(named, text_column)]
+    if text.startswith(hub.PREFIX):
+        return [hub_source(text, text_column)]
+    path = Path(item).expanduser()
+    if not path.exists():
+        raise DataError(
+            f"Input not found: {path}. Pass an existing file or directory, a Hub dataset ({hub.SYNTAX}) or a named "
+            f"corpus ({_named()})."
+        )
+    return path_sources(path, glob, text_column)
+
+
+def _named() -> str:
+    return ", ".join(NAMED)
 
 
 @dataclass
@@ -78,11 +103,14 @@ class PrepareConfig:
     """What to tokenize, into which directory, how (`python -m data.prepare`)."""
 
     inputs: str | list[str]
-    """File(s), directory(ies) or a named corpus (`data.corpora.NAMED`: shakespeare, python-docs, auto)."""
+    """Text, JSON-lines (.jsonl, .jsonl.gz) or Parquet file(s), directory(ies) (searched with `glob`), a dataset
+    saved with datasets' save_to_disk, a Hub dataset (hf:NAME[:CONFIG]:SPLIT[@REVISION], streamed; pip install
+    'posgpt[hf]'), or a named corpus (shakespeare, python-docs, python-library, auto)."""
     out_dir: str
     """Output directory, created if needed."""
     tokenizer: Literal["char", "gpt2"] = "char"
-    """char (vocabulary from the corpus) or gpt2 (BPE; <|endoftext|> after each file)."""
+    """char (vocabulary from the corpus; a newline ends each JSON line's or row's document) or gpt2 (BPE;
+    <|endoftext|> ends each document: a text file, a JSON line, a row)."""
     glob: str = "*.txt"
     """File pattern for directories."""
     val_fraction: float = 0.1
@@ -93,6 +121,10 @@ class PrepareConfig:
     """Local r50k_base.tiktoken for offline BPE (or set POSGPT_TIKTOKEN_RANKS)."""
     workers: int | None = None
     """Threads for BPE encoding (default: all cores)."""
+    text_column: str = "text"
+    """The column (JSON field) that holds each document's text in JSON-lines, Parquet and datasets sources."""
+    val_max_tokens: int | None = VAL_MAX_TOKENS
+    """Most tokens of the validation split, the last min(val_fraction of the tokens, this); null: no cap."""
 
 
 def prepare(
@@ -104,22 +136,26 @@ def prepare(
     errors: Literal["strict", "replace"] = "strict",
     tiktoken_ranks: str | None = None,
     workers: int | None = None,
+    text_column: str = "text",
+    val_max_tokens: int | None = VAL_MAX_TOKENS,
 ) -> dict[str, Any]:
     """Tokenize `inputs` into `out_dir` (see the module docstring) and return its metadata; the
-    arguments are the fields of `PrepareConfig`."""
+    arguments are the fields of `PrepareConfig` (`inputs` may also be resolved `Source`s)."""
     if not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}.")
     if tokenizer not in ("char", "gpt2"):
         raise DataError(f"Unknown tokenizer {tokenizer!r}; valid choices: ['char', 'gpt2'].")
     if errors not in ("strict", "replace"):
         raise DataError(f"errors must be 'strict' or 'replace', got {errors!r}.")
-    sources = resolve_sources(inputs, glob)
+    if val_max_tokens is not None and (isinstance(val_max_tokens, bool) or val_max_tokens < 1):
+        raise DataError(f"val_max_tokens must be at least 1 (or null: no cap), got {val_max_tokens!r}.")
+    sources = resolve_sources(inputs, glob, text_column)
     out = Path(out_dir)
     settings = {"tokenizer": tokenizer, "val_fraction": val_fraction, "errors": errors}
-    key = fingerprint(sources, settings)
     try:
+        digests = [source.digest() for source in sources]  # hashes every file, once
         with _prepare_lock(out):
-            return _prepare_locked(sources, out, tokenizer, settings, key, tiktoken_ranks, workers)
+            return _prepare_locked(sources, out, settings, digests, val_max_tokens, tiktoken_ranks, workers)
     except OSError as error:
         raise _os_error(error, out) from None
 
@@ -153,43 +189,46 @@ def _prepare_lock(out: Path) -> Iterator[None]:
 
 
 def _prepare_locked(
-    sources: list[Path],
+    sources: list[Source],
     out: Path,
-    tokenizer: str,
     settings: dict[str, Any],
-    key: str,
+    digests: list[bytes],
+    cap: int | None,
     tiktoken_ranks: str | None,
     workers: int | None,
 ) -> dict[str, Any]:
-    """`prepare`, once the output's lock is held; `key` is the fingerprint of sources and settings."""
-    val_fraction, errors = settings["val_fraction"], settings["errors"]
-    existing = _reusable(out, key)
+    """`prepare`, once the output's lock is held; `digests` are the sources' (`Source.digest`)."""
+    tokenizer, val_fraction, errors = settings["tokenizer"], settings["val_fraction"], settings["errors"]
+    existing = _reusable(out, digests, settings, cap)
     if existing is not None:
         log.info("Reusing %s: sources and settings unchanged", out)
         return existing
     remove_stale_tmp(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").unlink(missing_ok=True)  # from here on, the directory is not trusted
-    chars: set[str] = set()
-    if tokenizer == "char":
-        for chunk in _read_all(sources, errors):
-            chars.update(chunk)
-        if not chars:
-            raise DataError(f"The input has no text: {_names(sources)} (empty).")
+    chars = char_set(sources, errors) if tokenizer == "char" else set()
+    if tokenizer == "char" and not chars:
+        raise DataError(f"The input has no text: {_names(sources)} (empty).")
     tok = build_tokenizer(tokenizer, chars, tiktoken_ranks)
     dtype = token_dtype(tok.vocab_size)
     tmp = tmp_path(out / "tokens.bin")
     try:
-        total = _write_tokens(tmp, sources, tok, dtype, errors, workers or os.cpu_count() or 1)
-        if total == 0:
+        written = write_tokens(tmp, sources, tok, dtype, errors, workers or os.cpu_count() or 1)
+        total = written.tokens
+        if written.chars == 0:
             raise DataError(f"The input has no text: {_names(sources)} (empty).")
-        n_train = int(total * (1.0 - val_fraction))  # nanoGPT's split: data[: int(n * 0.9)]
-        n_val = total - n_train
+        n_train, n_val, capped = split_sizes(total, val_fraction, cap)
         if n_train < 1 or (val_fraction > 0 and n_val < 1):
             raise DataError(f"The corpus has only {total} tokens, too few to split with val_fraction={val_fraction}.")
         _split(tmp, out, n_train, dtype)
     finally:
         tmp.unlink(missing_ok=True)
+    if capped:
+        log.info(
+            "Validation split capped at %s tokens (--data.val_max_tokens), %.2f%% of the %s tokens instead of "
+            "val_fraction %g",
+            f"{n_val:,}", 100 * n_val / total, f"{total:,}", val_fraction,
+        )  # fmt: skip
     meta = {
         "format_version": FORMAT_VERSION,
         "tokenizer": tok.meta(),
@@ -197,67 +236,34 @@ def _prepare_locked(
         "train_tokens": n_train,
         "val_tokens": n_val,
         "val_fraction": val_fraction,
+        "val_max_tokens": cap,
+        "val_capped": capped,
         "errors": errors,
-        "sources": [str(p) for p in sources],
-        "fingerprint": key,
+        "name": corpus_name(sources),
+        "sources": [source.location for source in sources],
+        "source_details": [source.record() for source in sources],
+        "fingerprint": _combine(digests, settings, cap if capped else None),
+        "read": written.record(),
     }
     atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode())
-    log.info("Wrote %s: %d train and %d val tokens (%s)", out, n_train, n_val, dtype.name)
+    log.info(
+        "Wrote %s: %d train and %d val tokens (%s), %.1f MB read in %.1f s (%.1f MB/s)",
+        out, n_train, n_val, dtype.name, written.bytes_read / 1e6, written.seconds, written.mb_per_s(),
+    )  # fmt: skip
     return meta
 
 
-def _names(sources: list[Path]) -> str:
-    return ", ".join(map(str, sources))
+def split_sizes(total: int, val_fraction: float, cap: int | None) -> tuple[int, int, bool]:
+    """(train tokens, val tokens, whether the cap bound): the last `val_fraction` of `total` (nanoGPT's
+    data[: int(n * 0.9)]), or the last `cap` tokens where that is fewer."""
+    n_train = int(total * (1.0 - val_fraction))
+    if cap is not None and total - n_train > cap:
+        return total - cap, cap, True
+    return n_train, total - n_train, False
 
 
-def _read_chunks(path: Path, errors: str) -> Iterator[str]:
-    """Text of `path` in pieces of about CHUNK_CHARS characters that end on line boundaries."""
-    try:
-        with open(path, encoding="utf-8", errors=errors, newline="") as f:
-            while chunk := f.read(CHUNK_CHARS):
-                if not chunk.endswith("\n"):
-                    chunk += f.readline()
-                if "\x00" in chunk:
-                    raise DataError(f"{path} looks like a binary file (it contains NUL bytes); pass text files.")
-                yield chunk
-    except UnicodeDecodeError as error:
-        raise DataError(
-            f"{path} is not valid UTF-8 ({error.reason}, byte value {error.object[error.start]:#04x}). "
-            "Convert it to UTF-8, or pass --data.errors replace to replace invalid bytes."
-        ) from None
-
-
-def _read_all(sources: list[Path], errors: str) -> Iterator[str]:
-    for path in sources:
-        yield from _read_chunks(path, errors)
-
-
-def _write_tokens(path: Path, sources: list[Path], tok: Tokenizer, dtype: np.dtype, errors: str, workers: int) -> int:
-    """Encode every source into one flat token file; return the number of tokens."""
-    total = 0
-    with open(path, "wb") as f:
-        for ids in _encoded(sources, tok, errors, workers):
-            array = np.asarray(ids, dtype=dtype)
-            f.write(array.tobytes())
-            total += array.size
-    return total
-
-
-def _encoded(sources: list[Path], tok: Tokenizer, errors: str, workers: int) -> Iterator[list[int]]:
-    if not isinstance(tok, GPT2Tokenizer):
-        for chunk in _read_all(sources, errors):
-            yield tok.encode(chunk)
-        return
-    for path in sources:  # BPE: a batch of chunks per call, encoded in parallel; EOT ends each file
-        batch: list[str] = []
-        for chunk in _read_chunks(path, errors):
-            batch.append(chunk)
-            if len(batch) == workers:
-                yield from tok.encode_batch(batch, num_threads=workers)
-                batch = []
-        if batch:
-            yield from tok.encode_batch(batch, num_threads=workers)
-        yield [tok.eot_id]
+def _names(sources: list[Source]) -> str:
+    return ", ".join(source.location for source in sources)
 
 
 def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
@@ -278,21 +284,39 @@ def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
     os.replace(tokens, out / "train.bin")
 
 
-def fingerprint(sources: list[Path], settings: dict[str, Any]) -> str:
-    """What identifies a prepared dataset: the sources' paths and contents and the settings
-    (`tokenizer`, `val_fraction`, `errors`); checkpoints record it."""
+def fingerprint(sources: list[Source], settings: dict[str, Any]) -> str:
+    """What identifies a prepared dataset: the sources' locations and contents and the settings
+    (`tokenizer`, `val_fraction`, `errors`, and `val_max_tokens` where the cap bound); checkpoints record it."""
+    return _combine([source.digest() for source in sources], settings)
+
+
+def _combine(digests: list[bytes], settings: dict[str, Any], cap: int | None = None) -> str:
+    """The fingerprint of sources with these digests; a binding `cap` joins the settings (and only then, so
+    that data prepared before the cap existed keep their fingerprints wherever it does not bind)."""
+    if cap is not None:
+        settings = {**settings, "val_max_tokens": cap}
     digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True).encode())
-    for path in sources:
-        digest.update(str(path).encode() + b"\0" + sha256_file(path).encode())
+    for source_digest in digests:
+        digest.update(source_digest)
     return digest.hexdigest()
 
 
-def _reusable(out: Path, key: str) -> dict[str, Any] | None:
-    """The existing metadata when `out` holds complete output for this fingerprint."""
+def _reusable(out: Path, digests: list[bytes], settings: dict[str, Any], cap: int | None) -> dict[str, Any] | None:
+    """The existing metadata when `out` holds complete output for these sources and settings: the same
+    fingerprint, recomputed with the cap where the directory's split was capped, and a split that the cap
+    asked for now would not cut differently."""
     try:
         meta = json.loads((out / "meta.json").read_text())
     except (OSError, ValueError):
         return None
+    if meta.get("val_capped"):
+        if meta.get("val_max_tokens") != cap:
+            return None
+        key = _combine(digests, settings, cap)
+    else:
+        if cap is not None and meta.get("val_tokens", 0) > cap:
+            return None  # prepared without a cap (or a larger one) that would bind now
+        key = _combine(digests, settings)
     if meta.get("fingerprint") != key:
         return None
     itemsize = np.dtype(meta["dtype"]).itemsize
@@ -306,7 +330,7 @@ def _reusable(out: Path, key: str) -> dict[str, Any] | None:
 def main(cfg: PrepareConfig) -> None:
     """Prepare, then print the token counts."""
     meta = prepare(**asdict(cfg))
-    print(json.dumps({k: meta[k] for k in ("train_tokens", "val_tokens", "dtype")}))
+    print(json.dumps({k: meta[k] for k in ("train_tokens", "val_tokens", "val_capped", "dtype")}))
 
 
 COMMAND = Command(

@@ -87,7 +87,7 @@ def jsonl_pieces(path: Path, column: str, errors: str) -> Iterator[Piece]:
                     documents += 1
                     yield Piece(value, True, read)
         except (gzip.BadGzipFile, EOFError, zlib.error) as error:
-            raise DataError(f"{path} is not a readable gzip file ({error}); recompress it, or pass the .jsonl.") from None
+            raise DataError(f"{path} is not a readable gzip file ({error}); recompress it or pass the .jsonl") from None
     if not documents:
         raise _no_documents(path, column)
 
@@ -178,7 +178,8 @@ def saved_dataset_pieces(path: Path, column: str, size: int) -> Iterator[Piece]:
 def _check_column(where: Path | str, column: str, strings: dict[str, bool], kind: str) -> None:
     """A missing or non-string text column as one message listing the columns there are."""
     if column not in strings:
-        raise DataError(f"{where} has no column {column!r} (its columns: {', '.join(strings) or 'none'}); {COLUMN_HINT}.")
+        names = ", ".join(strings) or "none"
+        raise DataError(f"{where} has no column {column!r} (its columns: {names}); {COLUMN_HINT}.")
     if not strings[column]:
         text_columns = ", ".join(name for name, is_text in strings.items() if is_text) or "none"
         raise DataError(
@@ -199,7 +200,7 @@ def _is_string_feature(datasets: Any, feature: Any) -> bool:
 
 
 def _no_documents(where: Path | str, column: str) -> DataError:
-    return DataError(f"{where} has no documents (no non-empty {column!r} values); pass a file with text, or {COLUMN_HINT}.")
+    return DataError(f"{where} has no documents (no non-empty {column!r} values); pass one with text or {COLUMN_HINT}.")
 
 
 def first_line(error: BaseException) -> str:

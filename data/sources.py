@@ -1,15 +1,19 @@
 """The sources of a corpus: what `--data.input` (`python -m data.prepare --inputs`) names, resolved into
 `Source`s that say where the text is, in which format, and which column holds it.
 
-| input                                         | source                                                          |
-|-----------------------------------------------|-----------------------------------------------------------------|
-| `FILE` (any suffix but those below)           | a UTF-8 text file: one document                                 |
-| `FILE.jsonl`, `FILE.jsonl.gz`                 | JSON lines: each line an object whose `text_column` is a document |
-| `FILE.parquet`                                | Parquet: each row's `text_column` a document (needs pyarrow)    |
-| `DIR` holding `state.json`, `dataset_info.json` | a dataset saved by `datasets`' `save_to_disk`: each row's `text_column` (needs datasets) |
-| `DIR` otherwise                               | the files under it matching `glob`, recursively, in sorted order, each read by its suffix |
-| `hf:NAME[:CONFIG]:SPLIT[@REVISION]`           | a Hugging Face Hub dataset, streamed (`data.hub`; needs datasets) |
-| `shakespeare`, `python-docs`, `python-library`, `auto` | a named corpus (`data.corpora`)                        |
+| input                                   | source                                                                |
+|-----------------------------------------|-----------------------------------------------------------------------|
+| `FILE` (any suffix but those below)     | a UTF-8 text file: one document                                       |
+| `FILE.jsonl`, `FILE.jsonl.gz`           | JSON lines: each line an object whose `text_column` is a document     |
+| `FILE.parquet`                          | Parquet: each row's `text_column` a document (needs pyarrow)          |
+| `DIR` with `state.json` and             | a dataset saved by `datasets`' `save_to_disk`: each row's             |
+| `dataset_info.json`                     | `text_column` a document (needs datasets)                             |
+| `DIR` otherwise                         | the files under it matching `glob`, recursively, sorted, each read as |
+|                                         | its suffix says                                                       |
+| `hf:NAME[:CONFIG]:SPLIT[@REVISION]`     | a Hugging Face Hub dataset's split, streamed (`data.hub`; needs       |
+|                                         | datasets)                                                             |
+| `shakespeare`, `python-docs`,           | a named corpus (`data.corpora`)                                       |
+| `python-library`, `auto`                |                                                                       |
 
 Files are recognised by suffix. Documents keep the order of the files and of the rows within them. In GPT-2
 BPE every document ends with <|endoftext|>; in char mode the documents of JSON lines, Parquet and datasets end

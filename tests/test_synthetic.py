@@ -24,7 +24,7 @@ from evaluation.tasks import evaluate_task
 from experiments import synthetic
 from model import GPT, GPTConfig
 
-from helpers import cli_error, straight_and_resumed
+from helpers import cli_error, comparable_report, exits_with, signal_during, straight_and_resumed
 
 TASKS = {
     "copy": TaskConfig(name="copy", train_min=3, train_max=9, eval_lengths=[4, 12]),
@@ -220,6 +220,37 @@ def test_the_experiment_end_to_end_with_reuse(tmp_path, capsys):
     message = cli_error(capsys, evaluate_script.COMMAND, ["--ckpt", doc["runs"][0]["checkpoint"], "--out",
                                                           str(tmp_path / "ppl")])  # fmt: skip
     assert "synthetic task 'passkey'" in message
+
+
+def test_a_study_stopped_by_its_time_limit_and_killed_in_validation_resumes_to_the_same_report(
+    tmp_path, monkeypatch, capsys
+):
+    """The retrieval recipe, shrunk: stopped by --max_minutes (exit 75), then killed during a final
+    validation, the same command continues it to the report of an uninterrupted study."""
+
+    def args(root: Path, *extra: str) -> list[str]:
+        return [
+            "--config", str(Path(__file__).parents[1] / "configs" / "synthetic_retrieval_gpu.yaml"),
+            "--out_dir", str(root / "report"), "--task.train_min", "64", "--task.train_max", "64",
+            "--task.eval_lengths", "[64,96]", "--task.test_size", "2", "--task.depths", "[0.0,1.0]",
+            "--task.val_size", "8", "--schemes", "[alibi]", "--run.model.block_size", "64",
+            "--run.model.n_layer", "1", "--run.model.n_head", "2", "--run.model.n_embd", "32",
+            "--run.train.compile", "false",
+            "--run.train.max_steps", "4", "--run.train.eval_interval", "4", "--run.train.batch_size", "4",
+            "--run.train.logger", "none", *extra,
+        ]  # fmt: skip
+
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    cli.run(synthetic.COMMAND, args(straight))
+    assert "Plan: 2 training run(s)" in capsys.readouterr().out
+    err = exits_with(capsys, synthetic.COMMAND, args(stopped, "--max_minutes", "0.02"), 75)
+    assert "Time limit" in err and "Run the same command again" in err
+    with monkeypatch.context() as patch:
+        signal_during(patch, "validation_step", "drope-seed1337", step=4)
+        err = exits_with(capsys, synthetic.COMMAND, args(stopped), 143)
+    assert "during validation (run 2 of 2, drope-seed1337)" in err
+    cli.run(synthetic.COMMAND, args(stopped))
+    assert comparable_report(stopped / "report", stopped) == comparable_report(straight / "report", straight)
 
 
 @pytest.mark.parametrize("name", ["synthetic_copy.yaml", "synthetic_passkey.yaml", "synthetic_copy_gpu.yaml"])

@@ -188,3 +188,25 @@ def test_every_run_ends_evaluated(tmp_path, text_file):
         steps = [int(row["step"]) for row in csv.DictReader(f) if row.get("val/loss")]
     assert steps == [4, 6]  # Lightning's 0-based step of the 5th and the 7th optimizer step
     assert read_checkpoint(tmp_path / "runs" / "tiny" / "best.ckpt")["global_step"] in (5, 7)
+
+
+def test_the_default_validation_of_a_large_corpus_is_bounded(tmp_path, caplog):
+    """A 22 MB character corpus (2.2M validation characters) trains 3 steps with the default run's
+    validation: 200 batches of 12 x 64, not the whole split (which took 7.5 minutes on two cores)."""
+    import logging
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    block = "".join(rng.choice(list("abcdefghij klmnopqrst\n"), size=1 << 20))
+    corpus = tmp_path / "large.txt"
+    corpus.write_text(block * 22)
+    argv = ["--data.input", str(corpus), "--data.prepared_root", str(tmp_path / "prepared"),
+            "--train.out_dir", str(tmp_path / "runs"), "--train.max_steps", "3", "--train.progress_bar", "false",
+            "--train.sample_tokens", "0", "--train.logger", "none"]  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        cli.run(train_script.COMMAND, argv)
+    ckpt = read_checkpoint(next((tmp_path / "runs").glob("*/last.ckpt")))
+    validation = ckpt["TokenDataModule"]["validation"]
+    assert validation == {"windows": 2400, "tokens": 200 * 12 * 64, "split_tokens": 2306868}
+    assert "Validation: 2400 windows of 64 tokens = 153600 of the split's 2306868 tokens" in caplog.text
