@@ -33,7 +33,7 @@ from experiments.plan import (
 )
 from training.callbacks import TIME_LIMIT_EXIT, TrainingStopped
 from training.config import RunConfig
-from training.hardware import uses_cuda
+from training.hardware import resolve_precision, uses_cuda
 from training.run import TrainingData, train
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,8 @@ def train_all(
     plan = plan_runs(run, out_dir, models, seeds)
     device = study_device(run)
     step_flops = {r.name: flops_per_step(r.config, vocab_size or corpus_vocab(r.config)) for r in plan}
-    progress = Progress(plan, 1 / sustained_flops(device, run.train.precision), step_flops)
+    precision = resolve_precision(run.train.precision, run.train.accelerator)
+    progress = Progress(plan, 1 / sustained_flops(device, precision), step_flops)
     print(describe(plan, progress, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
           flush=True)  # fmt: skip
     trained, wall = [], {}

@@ -54,30 +54,55 @@ def test_a_tiny_experiment_end_to_end_and_reuse(tmp_path, text_file, capsys):
     assert again["experiment"]["train_wall_s"] == {} and again["settings"]["lengths"] == [16, 32]
 
 
+def _recipe(root: Path, text_file: Path) -> list[str]:
+    """The 124M GPU recipe shrunk to seconds on a CPU: one layer, char level, two schemes."""
+    return [
+        "--config", str(ROOT / "configs" / "extrapolation_124m.yaml"),
+        "--out_dir", str(root / "report"), "--schemes", "[rope, learned]",
+        "--run.data.input", str(text_file), "--run.data.tokenizer", "char",
+        "--run.data.prepared_root", str(root / "prepared"),
+        "--run.model.block_size", "16", "--run.model.n_layer", "1", "--run.model.n_head", "2",
+        "--run.model.n_embd", "32", "--run.train.compile", "false", "--run.train.batch_size", "8",
+        "--run.train.max_steps", "8", "--run.train.eval_interval", "4", "--run.train.ckpt_interval", "100",
+        "--run.optim.warmup_steps", "2", "--eval.lengths", "[8, 16, 32]", "--eval.token_budget", "64",
+        "--eval.progress", "false",
+    ]  # fmt: skip
+
+
 def test_a_study_killed_in_training_and_in_validation_resumes_to_the_same_report(
     tmp_path, text_file, monkeypatch, capsys
 ):
     """Killed (a real SIGTERM) while its second run trains, then while that run validates, the same
     command continues it each time, to the report of an uninterrupted study (wall times aside)."""
-    extra = ["--seeds", "[1]", "--run.train.eval_interval", "4", "--run.train.ckpt_interval", "100"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    cli.run(experiment.COMMAND, _tiny(straight, text_file, *extra))
+    cli.run(experiment.COMMAND, _recipe(straight, text_file))
     plan = capsys.readouterr().out
     assert "Plan: 2 training run(s) on cpu" in plan and "Estimated training time" in plan
     with monkeypatch.context() as patch:
-        signal_during(patch, "training_step", "learned-seed1", step=2)
-        err = exits_with(capsys, experiment.COMMAND, _tiny(killed, text_file, *extra), 143)
-    assert "Stopped by SIGTERM at step 3 (run 2 of 2, learned-seed1). Run the same command again" in err
+        signal_during(patch, "training_step", "learned-seed1337", step=2)
+        err = exits_with(capsys, experiment.COMMAND, _recipe(killed, text_file), 143)
+    assert "Stopped by SIGTERM at step 3 (run 2 of 2, learned-seed1337). Run the same command again" in err
     with monkeypatch.context() as patch:
-        signal_during(patch, "validation_step", "learned-seed1", step=4)
-        err = exits_with(capsys, experiment.COMMAND, _tiny(killed, text_file, *extra), 143)
+        signal_during(patch, "validation_step", "learned-seed1337", step=4)
+        err = exits_with(capsys, experiment.COMMAND, _recipe(killed, text_file), 143)
     assert "Stopped by SIGTERM at step 4 during validation (run 2 of 2" in err
-    cli.run(experiment.COMMAND, _tiny(killed, text_file, *extra))
+    cli.run(experiment.COMMAND, _recipe(killed, text_file))
     out = capsys.readouterr().out
-    assert "1. rope-seed1" in out and "(trained, reused)" in out and "(resumes at step 4)" in out
+    assert "1. rope-seed1337" in out and "(trained, reused)" in out and "(resumes at step 4)" in out
     assert comparable_report(killed / "report", killed) == comparable_report(straight / "report", straight)
     table = (killed / "report" / "results.md").read_text()
     assert "each run: 8 steps" in table and "training wall time" in table
+    assert {"attention_L8.png", "ppl_vs_length.png"} <= {p.name for p in (killed / "report").iterdir()}
+
+
+def test_the_124m_recipe_is_the_papers_grid():
+    config = cli.parse(experiment.COMMAND, ["--config", str(ROOT / "configs" / "extrapolation_124m.yaml")])
+    assert config.schemes == ["learned", "sinusoidal", "rope", "alibi", "t5", "none"] and config.variants == []
+    model = config.run.model
+    assert (model.n_layer, model.n_head, model.n_embd, model.block_size) == (12, 12, 768, 512)
+    assert config.run.data.tokenizer == "gpt2" and config.run.data.input == "python-library"
+    assert max(config.eval.lengths) == 16 * model.block_size and config.eval.attention_stats
+    assert config.eval.rope_scaling == ["none", "linear", "ntk", "yarn"]
 
 
 @pytest.mark.parametrize("name", ["extrapolation_shakespeare.yaml", "extrapolation_gpu.yaml"])

@@ -253,6 +253,14 @@ def test_a_study_stopped_by_its_time_limit_and_killed_in_validation_resumes_to_t
     assert comparable_report(stopped / "report", stopped) == comparable_report(straight / "report", straight)
 
 
+def test_the_retrieval_recipe_tests_at_1_2_4_and_8_times_the_training_length():
+    config = cli.parse(synthetic.COMMAND, ["--config", str(Path(__file__).parents[1] / "configs" /
+                                                              "synthetic_retrieval_gpu.yaml")])  # fmt: skip
+    task = config.task
+    assert task.name == "passkey" and task.eval_lengths == [n * task.train_max for n in (1, 2, 4, 8)]
+    assert [m.name for m in config.models()] == ["learned", "sinusoidal", "rope", "alibi", "t5", "none", "drope"]
+
+
 @pytest.mark.parametrize("name", ["synthetic_copy.yaml", "synthetic_passkey.yaml", "synthetic_copy_gpu.yaml"])
 def test_shipped_synthetic_configs_parse(name):
     config = cli.parse(synthetic.COMMAND, ["--config", str(Path(__file__).parents[1] / "configs" / name)])
