@@ -6,11 +6,15 @@
 |               | that says how to pass a local copy                                               |
 | `python-docs` | the English documentation bundled with CPython (`pydoc_data`, ~465 KB), or, where |
 |               | an installation lacks it, the standard library's own source: no network needed    |
+| `python-library` | the Python source and docs of the standard library and of every installed      |
+|               | distribution, one document per file, deduplicated (`data.library`): tens of millions |
+|               | of GPT-2 tokens with no network, built once per installation                      |
 | `auto`        | the default of `python train.py`: `shakespeare` where it can be had, else         |
 |               | `python-docs`, saying so in one line                                              |
 
 Every corpus becomes a file in the cache directory ($POSGPT_CACHE, else ~/.cache/posgpt), so the
-rest of the pipeline (hashing, preparing, naming the run after the file) treats it like any file.
+rest of the pipeline (hashing, preparing, naming the run after the file) treats it like any file
+(`python-library` a JSON-lines file of documents, with its manifest).
 """
 
 from __future__ import annotations
@@ -27,11 +31,14 @@ from pathlib import Path
 
 from core.files import atomic_write_bytes, sha256_file
 from data.errors import DataError
+from data.library import installed_environment, library_corpus, library_roots
+from data.sources import Source
 
 log = logging.getLogger(__name__)
 
 SHAKESPEARE = "shakespeare"
 PYTHON_DOCS = "python-docs"
+PYTHON_LIBRARY = "python-library"
 AUTO = "auto"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -94,9 +101,22 @@ def default_corpus() -> Path:
         return path
 
 
-NAMED: dict[str, Callable[[], Path]] = {
+def python_library() -> Source:
+    """`python-library` of this installation: built into the cache the first time (about 10 s for 300 MB),
+    then found by the installation's versions without walking anything (see `data.library`)."""
+    roots = library_roots()
+    cache = cache_dir()
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        return library_corpus(roots, cache, installed_environment(roots), exclude=[Path("prepared"), Path("runs")])
+    except OSError as error:
+        raise DataError(f"Cannot write {cache} ({error}); set {CACHE_ENV} to a writable directory.") from None
+
+
+NAMED: dict[str, Callable[[], Path | Source]] = {
     SHAKESPEARE: shakespeare_path,
     PYTHON_DOCS: python_docs_path,
+    PYTHON_LIBRARY: python_library,
     AUTO: default_corpus,
 }
 """Names that `--data.input` accepts besides files and directories."""

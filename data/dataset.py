@@ -21,7 +21,8 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from data.errors import DataError
-from data.prepare import FORMAT_VERSION, prepare, resolve_sources
+from data.prepare import FORMAT_VERSION, VAL_MAX_TOKENS, prepare, resolve_sources
+from data.sources import Source, corpus_name
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -82,7 +83,7 @@ def load_prepared(path: str | Path) -> PreparedData:
 
 
 def prepare_dir(
-    inputs: str | list[str] | None,
+    inputs: str | list[str] | list[Source] | None,
     prepared: str | None,
     prepared_root: str,
     tokenizer: str = "char",
@@ -90,19 +91,29 @@ def prepare_dir(
     val_fraction: float = 0.1,
     errors: str = "strict",
     tiktoken_ranks: str | None = None,
+    text_column: str = "text",
+    val_max_tokens: int | None = VAL_MAX_TOKENS,
 ) -> PreparedData:
     """The prepared directory `prepared`, or one prepared (or reused) from `inputs` under
-    `prepared_root`, named after the text and keyed by the sources and settings."""
+    `prepared_root`, named after the text and keyed by the sources and settings. The key takes the text
+    column and the validation cap only where they differ from their defaults, so that directories prepared
+    before those settings existed keep their names."""
     if prepared:
         return load_prepared(prepared)
     if not inputs:
-        raise DataError("No data: pass --data.input FILE|DIR|auto|shakespeare|python-docs or --data.dir PREPARED_DIR.")
-    sources = resolve_sources(inputs, glob)
-    settings = [str(p) for p in sources] + [tokenizer, str(val_fraction), errors, glob]
+        raise DataError(
+            "No data: pass --data.input FILE|DIR|hf:NAME:SPLIT|auto|shakespeare|python-docs|python-library or "
+            "--data.dir PREPARED_DIR."
+        )
+    sources = resolve_sources(inputs, glob, text_column)
+    settings = [source.location for source in sources] + [tokenizer, str(val_fraction), errors, glob]
+    if text_column != "text":
+        settings.append(f"text_column={text_column}")
+    if val_max_tokens != VAL_MAX_TOKENS:
+        settings.append(f"val_max_tokens={val_max_tokens}")
     key = hashlib.sha256("\n".join(settings).encode()).hexdigest()[:10]
-    name = sources[0].stem if len(sources) == 1 else sources[0].parent.name
-    out = Path(prepared_root) / f"{name}-{tokenizer}-{key}"
-    prepare([str(p) for p in sources], str(out), tokenizer, glob, val_fraction, errors, tiktoken_ranks)
+    out = Path(prepared_root) / f"{corpus_name(sources)}-{tokenizer}-{key}"
+    prepare(sources, str(out), tokenizer, glob, val_fraction, errors, tiktoken_ranks, None, text_column, val_max_tokens)
     return load_prepared(out)
 
 

@@ -1,9 +1,12 @@
 """Sources -> one flat file of token ids, streamed, on every core, with progress.
 
-GPT-2 BPE encodes a batch of pieces at once (about CHUNK_CHARS characters per thread) with tiktoken's
-`encode_ordinary_batch`, whose threads run outside the GIL (on 2 cores: 1.5x one thread's 7 MB/s of Python
-source); <|endoftext|> follows every document. The char tokenizer encodes the same stream, a newline ending
-each document of JSON lines, Parquet and datasets. Either way memory holds one batch, whatever the corpus size.
+GPT-2 BPE encodes a batch of pieces at once (about CHUNK_CHARS characters per thread) on a pool of threads,
+one per core, each encoding a contiguous group of pieces in one call of tiktoken, outside the GIL
+(`GPT2Tokenizer.encode_pieces`: one call per document would leave short documents on one core), while the
+next batch is read; <|endoftext|> follows every document. On the 2-core development machine the 322 MB of
+`python-library` encode at 11.3 MB/s, against 6.6 on one thread. The char tokenizer encodes the same
+stream, a newline ending each document of JSON lines, Parquet and datasets. Either way memory holds a few
+batches, whatever the corpus size.
 
 Progress: a tqdm bar on a terminal; elsewhere (logs of batch jobs) an INFO line at every tenth of the input
 read, or every minute where the size is unknown (Hub datasets): MB read, tokens, MB/s.
@@ -14,7 +17,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +36,8 @@ MAX_BATCH_PIECES = 65536
 """Most pieces (documents, for short ones) encoded in one call."""
 LOG_SECONDS = 60.0
 """Interval of progress lines where the input's size is unknown."""
+QUIET_SECONDS = 5.0
+"""No progress lines before this: a small corpus is done by then, and the summary line says it all."""
 
 
 class Progress:
@@ -55,6 +62,8 @@ class Progress:
 
     def _maybe_log(self) -> None:
         now = time.perf_counter()
+        if now - self.start < QUIET_SECONDS:
+            return
         if self.total:
             tenth = min(10, self.read * 10 // self.total)
             if tenth <= self._tenth:
@@ -66,7 +75,8 @@ class Progress:
         else:
             return
         self._last_log = now
-        log.info("%s: %s, %s tokens, %.1f MB/s)", self.what, where, f"{self.tokens:,}", self.mb_per_s())
+        tokens = f", {self.tokens:,} tokens" if self.tokens else ""
+        log.info("%s: %s%s, %.1f MB/s)", self.what, where, tokens, self.mb_per_s())
 
     def seconds(self) -> float:
         return time.perf_counter() - self.start
@@ -122,8 +132,9 @@ def write_tokens(
     """Encode every source into one flat token file at `path`."""
     progress = Progress("tokenizing", total_size(sources))
     tokens, chars = 0, 0
+    pool = ThreadPoolExecutor(workers) if isinstance(tok, GPT2Tokenizer) and workers > 1 else None
     if isinstance(tok, GPT2Tokenizer):
-        batches = _bpe_batches(sources, tok, errors, workers)
+        batches = _bpe_batches(sources, tok, errors, workers, pool)
     else:
         batches = _char_batches(sources, tok, errors)
     try:
@@ -135,13 +146,33 @@ def write_tokens(
                 progress.update(read, tokens)
     finally:
         progress.close()
+        if pool is not None:
+            pool.shutdown()
     return Written(tokens, chars, progress.read, progress.seconds())
 
 
 def _bpe_batches(
-    sources: list[Source], tok: GPT2Tokenizer, errors: str, workers: int
-) -> Iterator[tuple[list[int], int, int]]:
-    """(ids, bytes read so far, characters) for each batch of pieces, <|endoftext|> after each document."""
+    sources: list[Source], tok: GPT2Tokenizer, errors: str, workers: int, pool: ThreadPoolExecutor | None
+) -> Iterator[tuple[np.ndarray, int, int]]:
+    """(ids, bytes read so far, characters) for each batch of pieces, <|endoftext|> after each document. A
+    batch is encoded while the next one is read (reading JSON holds the GIL, encoding mostly does not)."""
+    pending: deque[tuple[Future, int, int]] = deque()
+    with ThreadPoolExecutor(1) as driver:
+        for texts, ends, read, size in _piece_batches(sources, errors, workers):
+            pending.append((driver.submit(tok.encode_pieces, texts, ends, workers, pool), read, size))
+            if len(pending) > 1:
+                future, done, chars = pending.popleft()
+                yield future.result(), done, chars
+        while pending:
+            future, done, chars = pending.popleft()
+            yield future.result(), done, chars
+
+
+def _piece_batches(
+    sources: list[Source], errors: str, workers: int
+) -> Iterator[tuple[list[str], list[bool], int, int]]:
+    """(texts, ends, bytes read so far, characters): the pieces of the sources, about CHUNK_CHARS characters
+    per worker at a time."""
     texts: list[str] = []
     ends: list[bool] = []
     size, base, read = 0, 0, 0
@@ -152,20 +183,11 @@ def _bpe_batches(
             size += len(piece.text)
             read = base + piece.read
             if size >= workers * CHUNK_CHARS or len(texts) >= MAX_BATCH_PIECES:
-                yield _encode(tok, texts, ends, workers), read, size
+                yield texts, ends, read, size
                 texts, ends, size = [], [], 0
         base = read
     if texts:
-        yield _encode(tok, texts, ends, workers), read, size
-
-
-def _encode(tok: GPT2Tokenizer, texts: list[str], ends: list[bool], workers: int) -> list[int]:
-    ids: list[int] = []
-    for encoded, end in zip(tok.encode_batch(texts, num_threads=workers), ends, strict=True):
-        ids.extend(encoded)
-        if end:
-            ids.append(tok.eot_id)
-    return ids
+        yield texts, ends, read, size
 
 
 def _char_batches(sources: list[Source], tok: Tokenizer, errors: str) -> Iterator[tuple[list[int], int, int]]:

@@ -5,10 +5,11 @@
     hf:Salesforce/wikitext:wikitext-103-raw-v1:train@main and a branch, tag or commit
 
 Names hold '/' but never ':' or '@', so the spec splits on them without ambiguity. The revision (default
-`main`) is resolved to its commit once, when the source is resolved, and the source is pinned to that
-commit from then on: the data are read at that commit, the prepared data's fingerprint is name + config +
-split + commit (a new commit on the branch is new data), and the pinned spec is what meta.json and
-checkpoints record, so that finding the data again needs no network. Rows are streamed
+`main`) is resolved to its commit when the source is resolved (one request to the Hub), and the source is
+pinned to that commit from then on: the data are read at that commit, the prepared data's fingerprint is
+name + config + split + commit (a new commit on the branch is new data), and the pinned spec is what
+meta.json and checkpoints record, so that finding the data again needs no network (an unpinned spec does:
+offline, pass the pinned one to reuse what was prepared). Rows are streamed
 (`load_dataset(..., streaming=True)`): nothing is downloaded whole, memory stays bounded.
 
 `datasets` (and its `huggingface_hub`) are an optional extra, `pip install 'posgpt[hf]'`, imported only here
@@ -76,8 +77,8 @@ def pin(spec: HubSpec) -> HubSpec:
     except Exception as error:  # offline, unknown dataset or revision: huggingface_hub raises many types
         raise DataError(
             f"Cannot find {spec} on the Hugging Face Hub ({type(error).__name__}: {first_line(error)}). Check the "
-            "name and revision; offline, save the dataset with save_to_disk while online and pass its directory, "
-            "or pass a pinned hf:...@COMMIT once its files are in the datasets cache."
+            "name and revision. Offline, data prepared online is reused through the pinned spec its meta.json "
+            "records (hf:...@COMMIT) or --data.dir DIR; or pass a dataset saved with save_to_disk."
         ) from None
     return replace(spec, revision=commit) if commit else spec
 
@@ -90,12 +91,20 @@ def hub_pieces(spec: HubSpec, column: str) -> Iterator[Piece]:
     except Exception as error:  # unknown config or split, no network: datasets raises many types
         raise DataError(f"Cannot stream {spec} ({type(error).__name__}: {first_line(error)}).") from None
     read, documents = 0, 0
-    for row in rows:
-        value = _row_text(spec, row, column)
-        if value:
-            read += len(value)
-            documents += 1
-            yield Piece(value, True, read)
+    try:
+        for row in rows:
+            value = _row_text(spec, row, column)
+            if value:
+                read += len(value)
+                documents += 1
+                yield Piece(value, True, read)
+    except DataError:
+        raise
+    except Exception as error:  # the connection dropped, a shard is unreadable: datasets raises many types
+        raise DataError(
+            f"Streaming {spec} failed after {documents} documents ({type(error).__name__}: {first_line(error)}); "
+            "run the command again (nothing half-written is kept)."
+        ) from None
     if not documents:
         raise DataError(f"{spec} has no documents (no non-empty {column!r} values); {COLUMN_HINT}.")
 

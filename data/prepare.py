@@ -114,7 +114,7 @@ class PrepareConfig:
     glob: str = "*.txt"
     """File pattern for directories."""
     val_fraction: float = 0.1
-    """Share of tokens, taken from the end, for validation."""
+    """Share of tokens, taken from the end, for validation (at most `val_max_tokens`)."""
     errors: Literal["strict", "replace"] = "strict"
     """strict rejects invalid UTF-8; replace substitutes U+FFFD for bad bytes."""
     tiktoken_ranks: str | None = None
@@ -128,7 +128,7 @@ class PrepareConfig:
 
 
 def prepare(
-    inputs: str | list[str],
+    inputs: Inputs,
     out_dir: str,
     tokenizer: Literal["char", "gpt2"] = "char",
     glob: str = "*.txt",

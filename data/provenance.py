@@ -1,7 +1,9 @@
 """What a checkpoint records of its training data, and finding that data again.
 
 Training writes `provenance(data)` into every checkpoint: the prepared directory, its fingerprint
-(which covers the sources' contents and the settings) and the sources. Evaluation reads it back
+(which covers the sources' contents and the settings), the sources (with their format, text column, a Hub
+dataset's name, config, split, revision and commit, a named corpus' manifest) and the validation cap where it
+bound (the fingerprint then covers it, so finding the data again needs it). Evaluation reads it back
 through `recorded_data` to score a checkpoint on its own validation split, and only while that
 split is still the one it was trained beside; `checkpoint_tokenizer` rebuilds the recorded
 tokenizer. Everything here takes plain values (the recorded dicts, the checkpoint's path for
@@ -18,7 +20,8 @@ from typing import Any
 from core.checkpoint import CheckpointError
 from data.dataset import PreparedData, load_prepared, prepare_dir
 from data.errors import DataError
-from data.prepare import fingerprint, resolve_sources
+from data.prepare import VAL_MAX_TOKENS, fingerprint, resolve_sources
+from data.sources import Source, modified_after
 from data.tokenizer import RANKS_ENV, Tokenizer, tokenizer_from_meta
 
 log = logging.getLogger(__name__)
@@ -28,7 +31,7 @@ def provenance(data: PreparedData) -> dict[str, Any]:
     """What a checkpoint records of its training data: enough to find it again and to tell whether
     it is still the same (the fingerprint covers the sources' contents and the settings)."""
     meta = data.meta
-    return {
+    record = {
         "prepared": str(data.path.resolve()),
         "fingerprint": meta.get("fingerprint"),
         "sources": meta.get("sources", []),
@@ -36,6 +39,11 @@ def provenance(data: PreparedData) -> dict[str, Any]:
         "train_tokens": meta["train_tokens"],
         "val_tokens": meta["val_tokens"],
     }
+    if meta.get("source_details"):
+        record["source_details"] = meta["source_details"]
+    if meta.get("val_capped"):
+        record.update(val_capped=True, val_max_tokens=meta["val_max_tokens"])
+    return record
 
 
 def tiktoken_ranks(explicit: str | None, recorded: str | None) -> str | None:
@@ -79,20 +87,24 @@ def recorded_data(
     """
     settings = {key: data_config[key] for key in ("tokenizer", "val_fraction", "errors")}
     glob = data_config["glob"]
+    column = data_config.get("text_column", "text")  # absent from checkpoints written before it existed
+    cap = data_config.get("val_max_tokens", VAL_MAX_TOKENS)
     if record is not None and "task" in record:
         raise DataError(
             f"{checkpoint} was trained on the synthetic task {record['task']['name']!r}, which has no text split: "
             "test it with python -m experiments.synthetic, or pass a text with --eval_data.input FILE."
         )
     if record is None:
-        return _unrecorded_data(checkpoint, data_config, settings, tokenizer_meta, ranks)
+        # written before checkpoints recorded their data, so before the cap: the whole last val_fraction
+        uncapped = {**settings, "text_column": column, "val_max_tokens": data_config.get("val_max_tokens")}
+        return _unrecorded_data(checkpoint, data_config, uncapped, tokenizer_meta, ranks)
     try:
         prepared: PreparedData | None = load_prepared(record["prepared"])
     except DataError:
         prepared = None  # gone or incomplete
     if prepared is not None and prepared.meta.get("fingerprint") == record["fingerprint"]:
         edited = _edited_since(record["sources"], prepared.path / "meta.json")
-        if edited and _unchanged_sources(record, glob, settings) is not None:
+        if edited and _unchanged_sources(record, glob, column, settings) is not None:
             edited = []  # touched (copied, checked out) but holding what they held
         if edited:
             log.warning(
@@ -104,11 +116,17 @@ def recorded_data(
         return prepared
     # gone, or prepared again from other text: prepare it anew only from sources that still hold
     # what they held (hashing them, which only this path needs)
-    sources = _unchanged_sources(record, glob, settings)
+    sources = _unchanged_sources(record, glob, column, settings)
     if sources is None:
         raise DataError(_changed_data(checkpoint, f"{', '.join(record['sources'])} changed or moved since"))
     root = str(Path(record["prepared"]).parent)
-    return prepare_dir([str(p) for p in sources], None, root, **settings, glob=glob, tiktoken_ranks=ranks)
+    if record.get("val_capped"):
+        cap = record["val_max_tokens"]
+    elif cap is not None and record["val_tokens"] > cap:
+        cap = None  # a split prepared before the cap existed, larger than it: prepare it uncapped, as it was
+    return prepare_dir(
+        sources, None, root, **settings, glob=glob, tiktoken_ranks=ranks, text_column=column, val_max_tokens=cap
+    )
 
 
 def _unrecorded_data(
@@ -127,10 +145,17 @@ def _unrecorded_data(
     return prepared
 
 
-def _unchanged_sources(record: dict[str, Any], glob: str, settings: dict[str, Any]) -> list[Path] | None:
-    """The recorded sources, if they still hold what they held at training (hashing them); else None."""
+def _unchanged_sources(record: dict[str, Any], glob: str, column: str, settings: dict[str, Any]) -> list[Source] | None:
+    """The recorded sources, if they still hold what they held at training (hashing them); else None. They
+    are read as recorded (format, column) where the record says, else resolved from their paths again."""
+    if record.get("val_capped"):
+        settings = {**settings, "val_max_tokens": record["val_max_tokens"]}
     try:
-        sources = resolve_sources(record["sources"], glob)
+        details = record.get("source_details")
+        if details:
+            sources = [Source.from_record(detail) for detail in details]
+        else:
+            sources = resolve_sources(record["sources"], glob, column)
         return sources if fingerprint(sources, settings) == record["fingerprint"] else None
     except (DataError, OSError):
         return None
@@ -139,7 +164,7 @@ def _unchanged_sources(record: dict[str, Any], glob: str, settings: dict[str, An
 def _edited_since(sources: list[str], reference: Path) -> list[str]:
     """The sources modified (or gone) since `reference` was written: a stat each, no hashing."""
     stamp = reference.stat().st_mtime
-    return [s for s in sources if not Path(s).is_file() or Path(s).stat().st_mtime > stamp]
+    return [s for s in sources if modified_after(s, stamp)]
 
 
 def _changed_data(checkpoint: str, what: str) -> str:

@@ -76,8 +76,12 @@ def text_pieces(path: Path, errors: str) -> Iterator[Piece]:
 def jsonl_pieces(path: Path, column: str, errors: str) -> Iterator[Piece]:
     """Each line's `column`, one document a line; `.gz` files are decompressed as they are read."""
     with open(path, "rb") as raw:
-        lines: Iterable[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if path.name.endswith(".gz") else raw
-        documents, plain = 0, not path.name.endswith(".gz")
+        plain = not path.name.endswith(".gz")
+        if plain and b"\x00" in raw.read(1 << 13):
+            raise DataError(f"{path} looks like a binary file (it contains NUL bytes); pass JSON-lines text.")
+        raw.seek(0)
+        lines: Iterable[bytes] = raw if plain else gzip.GzipFile(fileobj=raw, mode="rb")
+        documents = 0
         read = 0
         try:
             for number, line in enumerate(lines, 1):
@@ -98,7 +102,7 @@ def _json_text(path: Path, number: int, line: bytes, column: str, errors: str) -
     if not line.strip():
         return None
     if b"\x00" in line:
-        raise DataError(f"{where} looks binary (NUL bytes): {path} is not a JSON-lines file.")
+        raise DataError(f"{where} holds NUL bytes: {path} looks like a binary file, not JSON lines.")
     try:
         row = json.loads(line.decode("utf-8-sig" if number == 1 else "utf-8", errors))
     except UnicodeDecodeError as error:
@@ -134,8 +138,8 @@ def parquet_pieces(path: Path, column: str) -> Iterator[Piece]:
     except (pa.ArrowException, OSError) as error:
         raise DataError(f"Cannot read {path} as Parquet ({first_line(error)}); pass a valid Parquet file.") from None
     schema = parquet.schema_arrow
-    _check_column(path, column, {name: _is_string(pa, schema.field(name).type) for name in schema.names},
-                  str(schema.field(column).type) if column in schema.names else "")  # fmt: skip
+    strings = {name: _is_string(pa, schema.field(name).type) for name in schema.names}
+    _check_column(path, column, strings, str(schema.field(column).type) if column in strings else "")
     rows, total, size, documents = 0, max(parquet.metadata.num_rows, 1), path.stat().st_size, 0
     try:
         for batch in parquet.iter_batches(batch_size=ROWS_PER_BATCH, columns=[column]):

@@ -23,6 +23,7 @@ with a newline (text files are concatenated as they are, as they always were).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,7 +86,10 @@ class Source:
         tag = f"{self.format}:{self.column}:{self.location}".encode()
         if self.format == "hub":
             return tag
-        content = _directory_sha256(self.path) if self.format == "saved-dataset" else sha256_file(self.path)
+        if self.format == "saved-dataset":
+            content = _files_sha256(self.path, saved_dataset_files(self.path))
+        else:
+            content = sha256_file(self.path)
         return tag + b"\0" + content.encode()
 
     def size(self) -> int | None:
@@ -93,7 +97,7 @@ class Source:
         if self.format == "hub":
             return None
         if self.format == "saved-dataset":
-            return sum(p.stat().st_size for p in _files_under(self.path))
+            return sum(p.stat().st_size for p in saved_dataset_files(self.path))
         return self.path.stat().st_size
 
     def pieces(self, errors: str = "strict") -> Iterator[Piece]:
@@ -146,6 +150,17 @@ def is_saved_dataset(path: Path) -> bool:
     return all((path / name).is_file() for name in SAVED_DATASET_FILES)
 
 
+def saved_dataset_files(path: Path) -> list[Path]:
+    """The files that make a saved dataset: its state, its info and the Arrow files its state lists (not the
+    cache files that processing it may have left beside them); every file, where the state is unreadable."""
+    try:
+        state = json.loads((path / "state.json").read_text())
+        data = [path / entry["filename"] for entry in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return _files_under(path)
+    return [path / name for name in SAVED_DATASET_FILES] + data
+
+
 def path_sources(path: Path, glob: str, column: str) -> list[Source]:
     """The sources of an existing file or directory: a saved dataset, or the files matching `glob` under it."""
     if path.is_file():
@@ -187,7 +202,7 @@ def modified_after(location: str, stamp: float) -> bool:
         return False
     path = Path(location)
     if path.is_dir():
-        return any(p.stat().st_mtime > stamp for p in _files_under(path))
+        return any(not p.is_file() or p.stat().st_mtime > stamp for p in saved_dataset_files(path))
     return not path.is_file() or path.stat().st_mtime > stamp
 
 
@@ -195,9 +210,9 @@ def _files_under(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file())
 
 
-def _directory_sha256(directory: Path) -> str:
-    """One hash of every file under `directory`: their relative paths and contents."""
+def _files_sha256(directory: Path, files: list[Path]) -> str:
+    """One hash of `files` under `directory`: their relative paths and contents."""
     digest = hashlib.sha256()
-    for path in _files_under(directory):
+    for path in files:
         digest.update(str(path.relative_to(directory)).encode() + b"\0" + sha256_file(path).encode() + b"\n")
     return digest.hexdigest()

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 from data.errors import DataError
 
@@ -115,9 +118,51 @@ class GPT2Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)
 
-    def encode_batch(self, texts: list[str], num_threads: int) -> list[list[int]]:
-        """Encode many texts at once; tiktoken runs them on `num_threads` threads outside the GIL."""
-        return self._enc.encode_ordinary_batch(texts, num_threads=num_threads)
+    def encode_pieces(
+        self, texts: list[str], ends: list[bool], num_threads: int = 1, pool: ThreadPoolExecutor | None = None
+    ) -> np.ndarray:
+        """The ids of `texts` in order, each encoded on its own, with <|endoftext|> after those that end a
+        document (`ends`): a batch of a corpus, encoded on `num_threads` threads of `pool` (else a new one).
+
+        Why not one call per text (tiktoken's `encode_ordinary_batch`): tiktoken releases the GIL inside each
+        call, but a call on a short document is so brief that the threads spend their time handing the GIL
+        over (2 cores, 100-byte documents: 3 MB/s on 2 threads, 7-8 on one; grouped as here, 9-13). So each
+        thread takes a contiguous group of texts and encodes it in a single call, the texts joined by
+        <|endoftext|> with that token allowed: tiktoken splits at special tokens first and encodes the text
+        between them alone, so each text's ids are exactly `encode(text)`, and the separators are the end
+        tokens (those after texts that do not end a document are removed). A text that itself holds the
+        string <|endoftext|> is encoded on its own, as the plain text it is."""
+        groups = _contiguous_groups([len(text) for text in texts], max(num_threads, 1))
+        if len(groups) <= 1:
+            return self._encode_group(texts, ends)
+        jobs = [(texts[lo:hi], ends[lo:hi]) for lo, hi in groups]
+        if pool is None:
+            with ThreadPoolExecutor(num_threads) as own:
+                return np.concatenate(list(own.map(lambda job: self._encode_group(*job), jobs)))
+        return np.concatenate(list(pool.map(lambda job: self._encode_group(*job), jobs)))
+
+    def _encode_group(self, texts: list[str], ends: list[bool]) -> np.ndarray:
+        """`encode_pieces` of one thread: runs of texts in one call each, a text holding <|endoftext|> alone."""
+        parts: list[np.ndarray] = []
+        run: list[int] = []  # a run of texts without the end token's string
+        for i, text in enumerate(texts):
+            if EOT not in text:
+                run.append(i)
+                continue
+            if run:
+                parts.append(self._encode_joined([texts[j] for j in run], [ends[j] for j in run]))
+                run = []
+            parts.append(np.asarray(self.encode(text) + [self.eot_id] * ends[i], dtype=np.int64))
+        if run:
+            parts.append(self._encode_joined([texts[j] for j in run], [ends[j] for j in run]))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def _encode_joined(self, texts: list[str], ends: list[bool]) -> np.ndarray:
+        ids = np.asarray(self._enc.encode(EOT.join(texts) + EOT, allowed_special={EOT}), dtype=np.int64)
+        if all(ends):
+            return ids
+        separators = np.flatnonzero(ids == self.eot_id)  # one after each text
+        return np.delete(ids, separators[~np.asarray(ends, dtype=bool)])
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._enc.decode(list(ids))
@@ -131,6 +176,21 @@ class GPT2Tokenizer:
 
     def meta(self) -> dict[str, Any]:
         return {"kind": "gpt2", "vocab_size": self.vocab_size}
+
+
+def _contiguous_groups(lengths: list[int], n: int) -> list[tuple[int, int]]:
+    """(start, end) of at most `n` contiguous groups of items of about equal total length."""
+    bound = sum(lengths) / n
+    groups: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for i, length in enumerate(lengths):
+        size += length
+        if size >= bound * (len(groups) + 1) and len(groups) < n - 1:
+            groups.append((start, i + 1))
+            start = i + 1
+    if start < len(lengths):
+        groups.append((start, len(lengths)))
+    return groups
 
 
 def _encoding_from_ranks(path: Path):  # -> tiktoken.Encoding

@@ -65,13 +65,13 @@ def test_auto_is_tiny_shakespeare_where_it_is_cached(offline, shakespeare_path, 
     offline.mkdir()
     (offline / "tinyshakespeare.txt").write_bytes(shakespeare_path.read_bytes())
     with caplog.at_level(logging.INFO):
-        assert resolve_sources("auto") == [(offline / "tinyshakespeare.txt").resolve()]
+        assert [s.path for s in resolve_sources("auto")] == [(offline / "tinyshakespeare.txt").resolve()]
     assert not caplog.records  # nothing to say
 
 
 def test_without_pydoc_data_the_standard_librarys_source_stands_in(offline, monkeypatch):
     monkeypatch.setitem(sys.modules, "pydoc_data.topics", None)  # importing it now raises ImportError
-    (path,) = resolve_sources("python-docs")
+    (path,) = (s.path for s in resolve_sources("python-docs"))
     assert path.name == f"python-stdlib-{VERSION}.txt"
     text = path.read_text()
     assert len(text) == corpora.STDLIB_SOURCE_CHARS and "import " in text

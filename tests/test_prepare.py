@@ -168,7 +168,7 @@ def test_named_corpus_comes_from_the_cache_without_network(tmp_path, monkeypatch
         raise AssertionError("must not download when the cache holds the file")
 
     monkeypatch.setattr(urllib.request, "urlopen", no_network)
-    assert resolve_sources("shakespeare") == [(cache / "tinyshakespeare.txt").resolve()]
+    assert [s.path for s in resolve_sources("shakespeare")] == [(cache / "tinyshakespeare.txt").resolve()]
 
 
 def test_named_corpus_offline_says_how_to_pass_a_local_file(tmp_path, monkeypatch):

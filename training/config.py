@@ -36,9 +36,13 @@ class DataConfig:
     """Where the tokens come from."""
 
     input: str | list[str] | None = "auto"
-    """Text file(s), directory(ies) (searched recursively with `glob`), or a named corpus: shakespeare (Tiny
-    Shakespeare, cached or downloaded), python-docs (bundled with Python, no network), auto (shakespeare where it can
-    be had, else python-docs)."""
+    """Text file(s); JSON-lines (.jsonl, .jsonl.gz) or Parquet file(s) of documents in `text_column`; directory(ies)
+    (searched recursively with `glob`, each file read as its suffix says); a dataset saved with datasets'
+    save_to_disk (its directory); a Hugging Face Hub dataset, streamed: hf:NAME[:CONFIG]:SPLIT[@REVISION], e.g.
+    hf:Salesforce/wikitext:wikitext-103-raw-v1:train (pip install 'posgpt[hf]'); or a named corpus: shakespeare
+    (Tiny Shakespeare, cached or downloaded), python-docs (bundled with Python, no network), python-library (the
+    Python source and docs of this installation: tens of millions of GPT-2 tokens, no network), auto
+    (shakespeare where it can be had, else python-docs)."""
     dir: str | None = None
     """A directory written by `python -m data.prepare`; used instead of `input` when given."""
     tokenizer: Literal["char", "gpt2"] = "char"
@@ -46,19 +50,31 @@ class DataConfig:
     glob: str = "*.txt"
     """File pattern used inside input directories."""
     val_fraction: float = 0.1
-    """Share of the tokens, from the end of the corpus, held out for validation."""
+    """Share of the tokens, from the end of the corpus, held out for validation (at most `val_max_tokens`)."""
     errors: Literal["strict", "replace"] = "strict"
     """Invalid UTF-8: strict stops with an error, replace substitutes U+FFFD."""
     tiktoken_ranks: str | None = None
     """Local r50k_base.tiktoken for offline GPT-2 BPE (or set POSGPT_TIKTOKEN_RANKS)."""
     prepared_root: str = "prepared"
     """Where token files prepared from `input` are written (and reused when unchanged)."""
+    text_column: str = "text"
+    """The column (JSON field) holding each document's text in JSON-lines, Parquet and datasets sources."""
+    val_max_tokens: int | None = 5_000_000
+    """Most tokens of the validation split: it is the last min(val_fraction of the tokens, this), so a large
+    corpus does not hold out 10% (data.prepare.VAL_MAX_TOKENS); null: no cap."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction!r}.")
+        if self.val_max_tokens is not None:
+            _at_least("data.val_max_tokens", self.val_max_tokens, 1)
+        if not self.text_column:
+            raise ValueError("data.text_column must name a column, got ''.")
         if not self.input and not self.dir:
-            raise ValueError("No data: pass --data.input FILE|DIR|auto|shakespeare|python-docs or --data.dir DIR.")
+            raise ValueError(
+                "No data: pass --data.input FILE|DIR|hf:NAME:SPLIT|auto|shakespeare|python-docs|python-library or "
+                "--data.dir DIR."
+            )
 
 
 @dataclass

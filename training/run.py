@@ -56,7 +56,16 @@ class RunError(UserError, ValueError):
 def prepared_data(cfg: DataConfig) -> PreparedData:
     """The prepared directory `cfg` names, preparing (or reusing) one under `prepared_root`."""
     return prepare_dir(
-        cfg.input, cfg.dir, cfg.prepared_root, cfg.tokenizer, cfg.glob, cfg.val_fraction, cfg.errors, cfg.tiktoken_ranks
+        cfg.input,
+        cfg.dir,
+        cfg.prepared_root,
+        cfg.tokenizer,
+        cfg.glob,
+        cfg.val_fraction,
+        cfg.errors,
+        cfg.tiktoken_ranks,
+        text_column=cfg.text_column,
+        val_max_tokens=cfg.val_max_tokens,
     )
 
 
@@ -81,7 +90,9 @@ def corpus_data(cfg: RunConfig) -> TrainingData:
     log.info("Validation: %d windows of %d tokens = %d of the split's %d tokens (--train.eval_tokens %s)",
              v["windows"], cfg.model.block_size, v["tokens"], v["split_tokens"],
              "0: the whole split" if budget == 0 else budget)  # fmt: skip
-    source = Path(data.meta["sources"][0]).stem if data.meta.get("sources") else data.path.name
+    source = data.meta.get("name") or (
+        Path(data.meta["sources"][0]).stem if data.meta.get("sources") else data.path.name
+    )
     name = f"{source}-{data.meta['tokenizer']['kind']}"
     return TrainingData(datamodule, data.tokenizer(cfg.data.tiktoken_ranks), provenance(data), name)
 
