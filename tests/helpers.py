@@ -193,9 +193,12 @@ def eager_with_weights(
     return out, torch.cat(chunks, dim=2)
 
 
-def signal_during(monkeypatch, method: str, run_name: str, step: int, batch_idx: int | None = None) -> None:
-    """Make `GPTModule.<method>` (training_step or validation_step) send this process a real SIGTERM
-    in run `run_name` at optimizer step `step` (and batch `batch_idx`, if given): a kill at a chosen point."""
+def signal_during(
+    monkeypatch, method: str, run_name: str, step: int, batch_idx: int | None = None, signum: int | None = None
+) -> None:
+    """Make `GPTModule.<method>` (training_step or validation_step) send this process a real signal
+    (default SIGTERM) in run `run_name` at optimizer step `step` (and batch `batch_idx`, if given): a
+    kill at a chosen point."""
     import os
     import signal
 
@@ -205,7 +208,7 @@ def signal_during(monkeypatch, method: str, run_name: str, step: int, batch_idx:
 
     def signalled(self, batch, index):
         if self.config.train.run_name == run_name and self.global_step == step and batch_idx in (None, index):
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum or signal.SIGTERM)
         return original(self, batch, index)
 
     monkeypatch.setattr(GPTModule, method, signalled)

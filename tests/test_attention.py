@@ -5,8 +5,6 @@ run, refused when the config is validated, in one line naming the settings and w
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -109,14 +107,16 @@ def test_a_combination_no_kernel_runs_is_refused_at_validation_in_one_line(tiny_
         assert needle in message, message
 
 
-def test_train_refuses_such_a_combination_before_preparing_any_data(tmp_path, text_file):
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "--model.attention", "linear", "--model.pos_encoding", "alibi",
-         "--data.input", str(text_file), "--data.prepared_root", str(tmp_path / "prepared"),
-         "--train.out_dir", str(tmp_path / "runs")],
-        cwd=tmp_path, capture_output=True, text=True,
-    )  # fmt: skip
-    assert run.returncode == 2, run.stderr
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "attention='linear' cannot run pos_encoding='alibi'" in lines[0], run.stderr
+def test_train_refuses_such_a_combination_before_preparing_any_data(tmp_path, text_file, capsys):
+    import train as train_script
+    from core import cli
+
+    argv = ["--model.attention", "linear", "--model.pos_encoding", "alibi", "--data.input", str(text_file),
+            "--data.prepared_root", str(tmp_path / "prepared"), "--train.out_dir", str(tmp_path / "runs")]  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        cli.run(train_script.COMMAND, argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "attention='linear' cannot run pos_encoding='alibi'" in lines[0], err
     assert not (tmp_path / "prepared").exists() and not (tmp_path / "runs").exists()

@@ -29,7 +29,7 @@ from data.tokenizer import RANKS_ENV
 from evaluation.checkpoint import load_checkpoint
 from training.module import lr_factor
 
-from helpers import cli_error, tiny_args
+from helpers import cli_error, exits_with, signal_during, tiny_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,8 +124,9 @@ def test_sampling_and_evaluating_a_non_finite_checkpoint_is_one_message(tmp_path
 # 3. signals
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_saves_a_checkpoint_and_exits_non_zero_and_resume_is_exact(tmp_path, text_file, signum):
+def test_a_sigterm_saves_a_checkpoint_and_exits_143_and_resume_is_exact(tmp_path, text_file):
+    """A real process, a real signal from outside."""
+    signum = signal.SIGTERM
     common = ["--train.logger", "none", "--optim.decay_steps", "200", "--train.ckpt_interval", "20"]
     killed = tmp_path / "killed"
     argv = tiny_args(killed, text_file, *common, "--train.max_steps", "100000", "--train.progress_bar", "true")
@@ -137,13 +138,11 @@ def test_a_signal_saves_a_checkpoint_and_exits_non_zero_and_resume_is_exact(tmp_
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, err[-2000:]
-    assert f"Stopped by {signal.Signals(signum).name}" in err and "--train.resume auto" in err
+    assert "Stopped by SIGTERM" in err and "--train.resume auto" in err
     assert "Traceback" not in err
     stopped = read_checkpoint(killed / "runs" / "tiny" / "last.ckpt")
     step = stopped["global_step"]
     assert step > 20  # saved at the signal, after the first periodic checkpoint
-    if signum != signal.SIGTERM:
-        return
     end = str(step + 3)
     argv = tiny_args(killed, text_file, *common, "--train.max_steps", end, "--train.resume", "auto")
     cli.run(train_script.COMMAND, argv)
@@ -152,6 +151,13 @@ def test_a_signal_saves_a_checkpoint_and_exits_non_zero_and_resume_is_exact(tmp_
     a = read_checkpoint(killed / "runs" / "tiny" / "last.ckpt")["state_dict"]
     b = read_checkpoint(straight / "runs" / "tiny" / "last.ckpt")["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path, text_file, monkeypatch, capsys):
+    signal_during(monkeypatch, "training_step", "tiny", step=4, signum=signal.SIGINT)
+    err = exits_with(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.logger", "none"), 130)
+    assert err.strip().splitlines()[-1].startswith("Stopped by SIGINT at step 5; saved")
+    assert read_checkpoint(tmp_path / "runs" / "tiny" / "last.ckpt")["global_step"] == 5
 
 
 # 4. concurrent prepares, locks and temporary files
