@@ -158,9 +158,10 @@ def stopped_study(stop: TrainingStopped, what: str) -> TrainingStopped:
     )
 
 
-def time_is_up(deadline: Deadline, max_minutes: float, what: str) -> TrainingStopped | None:
-    """The stop to raise when too little of the study's time is left to begin `what`, else None."""
-    if not deadline.passed(min(STARTUP_RESERVE_S, 6 * max_minutes)):
+def time_is_up(deadline: Deadline, max_minutes: float, what: str, takes: float = 0.0) -> TrainingStopped | None:
+    """The stop to raise when too little of the study's time is left to begin `what` (which may take
+    `takes` seconds, as measured on its likes), else None."""
+    if not deadline.passed(max(min(STARTUP_RESERVE_S, 6 * max_minutes), takes)):
         return None
     return stopped_study(TrainingStopped("Time limit (--max_minutes) reached;", TIME_LIMIT_EXIT), f"before {what}")
 
@@ -282,13 +283,15 @@ def evaluate_each(
 ) -> tuple[list[Any], float]:
     """`evaluate(run)` for every run, each kept beside its checkpoint (`cached`), so that an
     interrupted study evaluates only what is left; stops (exit 75) when the time limit leaves too
-    little for the next one. Returns the results and the seconds they took, over every launch."""
-    results, seconds = [], 0.0
+    little for the next one (a minute, or 1.25 times the longest evaluation so far, kept ones included:
+    an evaluation cannot stop halfway). Returns the results and the seconds they took, over every launch."""
+    results, seconds, longest = [], 0.0, 0.0
     for k, run in enumerate(trained, 1):
         run_key = {**key, "checkpoint": checkpoint_identity(run.ckpt)}
 
-        def compute(run: TrainedRun = run, k: int = k) -> Any:
-            stop = time_is_up(deadline, max_minutes, f"evaluating {k} of {len(trained)}, {run.label} seed {run.seed}")
+        def compute(run: TrainedRun = run, k: int = k, longest: float = longest) -> Any:
+            what = f"evaluating {k} of {len(trained)}, {run.label} seed {run.seed}"
+            stop = time_is_up(deadline, max_minutes, what, 1.25 * longest)
             if stop:
                 raise stop
             log.info("evaluating %d of %d: %s seed %d", k, len(trained), run.label, run.seed)
@@ -296,7 +299,7 @@ def evaluate_each(
 
         result, took = cached(Path(run.ckpt).parent, kind, run_key, compute)
         results.append(result)
-        seconds += took
+        seconds, longest = seconds + took, max(longest, took)
     return results, seconds
 
 
