@@ -224,7 +224,7 @@ def train_all(
 def run_record(run: TrainedRun) -> dict[str, Any]:
     """What a study reports of one trained run: its steps, training tokens and wall time (summed over
     the launches that trained it) and its data, read from its checkpoint."""
-    ckpt = read_checkpoint(run.ckpt)
+    ckpt = read_checkpoint(run.ckpt, mmap=True)
     data = ckpt.get("hyper_parameters", {}).get("data") or {}
     corpus = data.get("prepared") if "task" not in data else f"task {data['task']['name']}"
     return {

@@ -58,7 +58,7 @@ class PlannedRun:
 
 def steps_done(ckpt: Path) -> int:
     """The optimizer steps `ckpt` was written at (0 when there is none)."""
-    return int(read_checkpoint(ckpt).get("global_step", 0)) if ckpt.is_file() else 0
+    return int(read_checkpoint(ckpt, mmap=True).get("global_step", 0)) if ckpt.is_file() else 0
 
 
 def flops_per_step(config: RunConfig, vocab_size: int) -> float:
