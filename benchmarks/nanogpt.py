@@ -20,7 +20,7 @@ from typing import Literal
 
 from core.cli import Command
 from data.prepare import prepare
-from training.run import latest_metrics
+from training.logs import metrics_file
 
 SHAPES = {
     # nanoGPT's README laptop command
@@ -68,7 +68,7 @@ def logged_step_ms(kind: str, stdout: str, run_dir: Path) -> float:
     if kind == "nanoGPT":
         times = [float(line.split("time ")[1].split("ms")[0]) for line in stdout.splitlines() if "time " in line]
         return statistics.median(times[5:])
-    rows = latest_metrics(run_dir).read_text().splitlines()
+    rows = metrics_file(run_dir).read_text().splitlines()
     col = rows[0].split(",").index("perf/tokens_per_s")
     speeds = [float(r.split(",")[col]) for r in rows[1:] if r.split(",")[col]]
     tokens = int(run_dir.name.split("-")[1])  # bench-<tokens per step>-<steps>

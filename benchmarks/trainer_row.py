@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader
 from data.dataset import SeededStream
 from model import GPTConfig
 from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
-from training.run import TrainingData, latest_metrics, train
+from training.logs import metrics_file
+from training.run import TrainingData, train
 
 SEED = 1337
 
@@ -84,7 +85,7 @@ def trainer_tokens_per_s(config: GPTConfig, batch: int, steps: int, options: dic
         torch._dynamo.reset()
         with quiet_lightning():
             result = train(run, data)
-        rows = latest_metrics(result.run_dir).read_text().splitlines()
+        rows = metrics_file(result.run_dir).read_text().splitlines()
     col = rows[0].split(",").index("perf/tokens_per_s")
     return [float(r.split(",")[col]) for r in rows[1:] if r.split(",")[col]][-1]
 

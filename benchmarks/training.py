@@ -32,8 +32,9 @@ from evaluation.checkpoint import load_checkpoint
 from evaluation.extrapolation import evaluate_length
 from model import GPT, GPTConfig
 from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
+from training.logs import metrics_file
 from training.module import lr_factor
-from training.run import latest_metrics, train
+from training.run import train
 
 SHAPE = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, bias=False, pos_encoding="learned")
 BATCH = 12
@@ -87,7 +88,7 @@ def lightning_tokens_per_s(data_dir: Path, out: Path, steps: int, shape: StepSha
     """Median of the trainer's own tokens/s readings (SpeedMonitor, every 25 steps or a third of a
     short run, warm-up excluded)."""
     run_dir = lightning_run(data_dir, out, steps, shape, log_interval=min(25, max(1, steps // 3)))
-    rows = latest_metrics(run_dir).read_text().splitlines()
+    rows = metrics_file(run_dir).read_text().splitlines()
     header = rows[0].split(",")
     col = header.index("perf/tokens_per_s")
     values = [float(r.split(",")[col]) for r in rows[1:] if r.split(",")[col]]

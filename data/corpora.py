@@ -19,6 +19,7 @@ rest of the pipeline (hashing, preparing, naming the run after the file) treats 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -57,7 +58,6 @@ def shakespeare_path() -> Path:
     path = cache_dir() / "tinyshakespeare.txt"
     if path.is_file() and sha256_file(path) == SHAKESPEARE_SHA256:
         return path
-    log.info("Downloading Tiny Shakespeare from %s", SHAKESPEARE_URL)
     try:
         with urllib.request.urlopen(SHAKESPEARE_URL, timeout=20) as response:
             payload = response.read()
@@ -69,6 +69,7 @@ def shakespeare_path() -> Path:
     if hashlib.sha256(payload).hexdigest() != SHAKESPEARE_SHA256:
         raise DataError(f"The download from {SHAKESPEARE_URL} is not Tiny Shakespeare (sha256 mismatch).")
     _write_to_cache(path, payload)
+    log.info("Downloaded Tiny Shakespeare (%d KB) from %s into %s", len(payload) // 1024, SHAKESPEARE_URL, path)
     return path
 
 
@@ -85,7 +86,13 @@ def python_docs_path() -> Path:
 
 def default_corpus() -> Path:
     """`auto`: Tiny Shakespeare where it can be had; otherwise Python's documentation, with one
-    line that says what is used, why, and how to pass a file instead."""
+    line that says what is used, why, and how to pass a file instead. Within a process the choice is
+    made once per cache directory, so that a study of many runs tries the download and says so once."""
+    return _default_corpus(cache_dir())
+
+
+@functools.cache
+def _default_corpus(cache: Path) -> Path:
     try:
         return shakespeare_path()
     except DataError as error:

@@ -21,6 +21,7 @@ entropy is that of |w| normalised per row.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -182,7 +183,8 @@ def long_context_stats(
         if runs_at(model, length)
     ]
     entries = []
-    with tqdm(total=sum(p[-1] for p in plan), unit="window", disable=not progress, dynamic_ncols=True) as bar:
+    bar_on = progress and sys.stderr.isatty()  # a bar in a log file is a carriage-return flood
+    with tqdm(total=sum(p[-1] for p in plan), unit="window", disable=not bar_on, dynamic_ncols=True) as bar:
         for label, path, model, text, length, count in plan:
             bar.set_description(f"attention {label} L={length}")
             device = model.wte.weight.device

@@ -42,7 +42,7 @@ class EvalSettings:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Autocast dtype: auto is bfloat16 on a GPU that has it, float32 otherwise (losses in float32)."""
     progress: bool = True
-    """Show a progress bar."""
+    """Show a progress bar (on a terminal only: a log file gets none)."""
     attention_stats: bool = False
     """Also explain the curve: for every checkpoint as trained, attention mass by distance, entropy
     and sink mass by position, per layer and head, at every length (attention_L<length>.png, numbers

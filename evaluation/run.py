@@ -14,6 +14,7 @@ import datetime
 import hashlib
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,8 @@ def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: 
         if ckpt.model.pe.max_positions is None or n <= ckpt.model.pe.max_positions
     )
     runs = []
-    with tqdm(total=total, unit="window", disable=not settings.progress, dynamic_ncols=True) as bar:
+    bar_on = settings.progress and sys.stderr.isatty()  # a bar in a log file is a carriage-return flood
+    with tqdm(total=total, unit="window", disable=not bar_on, dynamic_ncols=True) as bar:
         for subject, ckpt, text, scaling in plan:
             runs.append(_evaluate_one(subject, ckpt, text, scaling, settings, device, autocast, bar))
     doc = {

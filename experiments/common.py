@@ -27,14 +27,14 @@ from experiments.plan import (
     corpus_vocab,
     describe,
     flops_per_step,
-    format_seconds,
     steps_done,
     sustained_flops,
 )
 from training.callbacks import TIME_LIMIT_EXIT, TrainingStopped
 from training.config import RunConfig
 from training.hardware import resolve_precision, uses_cuda
-from training.run import TrainingData, train
+from training.progress import format_seconds, progress_line
+from training.run import TrainingData, corpus_data, prepared_data, train
 
 log = logging.getLogger(__name__)
 
@@ -189,22 +189,25 @@ def train_all(
     progress = Progress(plan, 1 / sustained_flops(device, precision), step_flops)
     print(describe(plan, progress, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
           flush=True)  # fmt: skip
-    trained, wall = [], {}
+    trained, wall, prepared = [], {}, None
     for k, planned in enumerate(plan, 1):
         name = planned.name
         if planned.done:
-            log.info("run %d of %d: %s trained already (%s), reused", k, len(plan), name, planned.ckpt)
+            log.info(progress_line(k, len(plan), [f"{name} trained already, reused ({planned.ckpt})"], None, "run"))
         else:
             stop = time_is_up(deadline, max_minutes, f"run {k} of {len(plan)}, {name}")
             if stop:
                 raise stop
-            log.info("run %d of %d: training %s%s", k, len(plan), name,
-                     f" from step {planned.step}" if planned.step else "")  # fmt: skip
+            start = f" from step {planned.step}" if planned.step else ""
+            log.info(progress_line(k, len(plan), [f"training {name}{start}"], None, "run"))
+            resume = "auto" if planned.step else None  # a run with no checkpoint yet starts afresh, and quietly
             cfg = dataclasses.replace(planned.config, train=dataclasses.replace(
-                planned.config.train, max_minutes=deadline.minutes_left()))  # fmt: skip
+                planned.config.train, max_minutes=deadline.minutes_left(), resume=resume))  # fmt: skip
             flops, t0 = progress.left(planned), time.perf_counter()
             try:
-                train(cfg, data_for(cfg) if data_for else None)
+                if data_for is None:  # the study's corpus, prepared (and said so) once
+                    prepared = prepared or prepared_data(cfg.data)
+                train(cfg, data_for(cfg) if data_for else corpus_data(cfg, prepared))
             except TrainingStopped as stop:
                 raise stopped_study(stop, f"run {k} of {len(plan)}, {name}") from None
             except CheckpointError as error:
@@ -214,9 +217,8 @@ def train_all(
             planned.step = cfg.train.max_steps
             progress.finished(planned, wall[name], flops)
             todo = [r for r in plan[k:] if not r.done]
-            if todo:
-                log.info("run %d of %d done in %s; the %d left take about %s", k, len(plan),
-                         format_seconds(wall[name]), len(todo), format_seconds(progress.estimate(todo)))  # fmt: skip
+            parts = [f"{name} trained in {format_seconds(wall[name])}"] + ([f"{len(todo)} left"] if todo else [])
+            log.info(progress_line(k, len(plan), parts, progress.estimate(todo) if todo else None, "run"))
         trained.append(TrainedRun(planned.label, planned.config.train.seed, str(planned.ckpt)))
     return trained, wall
 

@@ -25,6 +25,7 @@ from core.checkpoint import read_checkpoint
 from model import GPT, GPTConfig
 from training.config import RunConfig
 from training.hardware import peak_flops
+from training.progress import format_seconds
 
 UTILISATION = 0.35
 """Share of the peak that a training step sustains, for the estimate (an H100 trains GPT-2 124M at
@@ -120,15 +121,6 @@ def describe(plan: list[PlannedRun], progress: Progress, device: str) -> str:
     lines.append(f"Estimated training time: {format_seconds(progress.estimate(todo))} for {len(todo)} run(s) "
                  f"(rough: FLOPs at {UTILISATION:.0%} of the device's peak), then the evaluation")  # fmt: skip
     return "\n".join(lines)
-
-
-def format_seconds(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 class Deadline:

@@ -79,7 +79,7 @@ def trainer_curve(tmp: Path, text_file: Path, steps: int = STEPS) -> list[float]
     two micro-batches per step, float32 on the CPU."""
     import train as train_script
     from core import cli
-    from training.run import latest_metrics
+    from training.logs import metrics_file
 
     cli.run(train_script.COMMAND, [
         "--model.n_layer", "2", "--model.n_head", "4", "--model.n_embd", "32", "--model.block_size", "32",
@@ -91,7 +91,7 @@ def trainer_curve(tmp: Path, text_file: Path, steps: int = STEPS) -> list[float]
         "--data.input", str(text_file), "--data.prepared_root", str(tmp / "prepared"),
         "--train.out_dir", str(tmp / "runs"), "--train.run_name", "golden",
     ])  # fmt: skip
-    with open(latest_metrics(tmp / "runs" / "golden")) as f:
+    with open(metrics_file(tmp / "runs" / "golden")) as f:
         return [float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")]
 
 

@@ -228,16 +228,18 @@ def exits_with(capsys, command, argv: list[str], code: int) -> str:
 
 
 WALL_TIME_FIELDS = frozenset({"created", "train_seconds", "train_wall_s", "eval_wall_s", "total_wall_s"})
+LAUNCH_FIELDS = frozenset({"resume"})
+"""Settings of the launch that wrote a checkpoint (a study resumes only the runs it had begun)."""
 
 
 def comparable_report(report: Path, root: Path) -> dict:
-    """A study's results.json without its wall-time fields and with `root` (its tree) as ROOT: what an
+    """A study's results.json without its wall-time and launch fields and with `root` (its tree) as ROOT: what an
     interrupted and resumed study must share with an uninterrupted one."""
     import json
 
     def strip(value):
         if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k not in WALL_TIME_FIELDS}
+            return {k: strip(v) for k, v in value.items() if k not in WALL_TIME_FIELDS | LAUNCH_FIELDS}
         if isinstance(value, list):
             return [strip(v) for v in value]
         return value

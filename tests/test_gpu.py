@@ -23,7 +23,7 @@ from core.checkpoint import read_checkpoint
 from model import GPT, POS_ENCODINGS, GPTConfig
 from model.kernels import compiled_flex_attention
 from model.positions import random_positions
-from training.run import latest_metrics
+from training.logs import metrics_file
 
 from helpers import build, relative_error, run_pair, straight_and_resumed, tiny_args
 
@@ -195,7 +195,7 @@ def test_default_gpu_run_trains_with_compile_bf16_fused_adamw_clipping_and_mfu(t
     norms = _record_step_norms(monkeypatch)
     cli.run(train_script.COMMAND, _gpu_run(tmp_path, text_file, "--train.compile", "true", "--optim.grad_clip", "0.05"))
     assert len(norms) == 12 and norms == pytest.approx([0.05] * 12, rel=1e-2)
-    with open(latest_metrics(tmp_path / "runs" / "tiny")) as f:
+    with open(metrics_file(tmp_path / "runs" / "tiny")) as f:
         mfu = [float(row["perf/mfu"]) for row in csv.DictReader(f) if row.get("perf/mfu")]
     assert mfu and all(0 < m < 1 for m in mfu)
 

@@ -20,7 +20,7 @@ from data.dataset import load_prepared
 from data.prepare import prepare
 from training import hardware
 from training.callbacks import SpeedMonitor
-from training.run import latest_metrics
+from training.logs import metrics_file
 
 from helpers import cli_error, straight_and_resumed, tiny_args
 
@@ -55,7 +55,7 @@ def test_bf16_mixed_clips_before_every_fused_step_with_accumulation(tmp_path, te
     assert read_checkpoint(run_dir / "last.ckpt")["global_step"] == 6
     assert len(norms_at_step) == 6  # one clipped step per two micro-batches
     assert norms_at_step == pytest.approx([0.05] * 6, rel=1e-3)
-    with open(latest_metrics(run_dir)) as f:
+    with open(metrics_file(run_dir)) as f:
         logged = [float(row["train/grad_norm"]) for row in csv.DictReader(f) if row.get("train/grad_norm")]
     assert len(logged) == 3 and all(norm > 0.05 for norm in logged)  # the norm before clipping
 

@@ -16,7 +16,7 @@ import train as train_script
 from core import cli
 from core.checkpoint import read_checkpoint
 from evaluation.checkpoint import load_checkpoint
-from training.run import latest_metrics
+from training.logs import metrics_file
 
 from helpers import cli_error, tiny_args
 
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def val_losses(run_dir: Path) -> list[float]:
     """Validation losses that the latest launch logged (each launch writes logs/version_N)."""
-    with open(latest_metrics(run_dir)) as f:
+    with open(metrics_file(run_dir)) as f:
         return [float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
 
 
@@ -40,7 +40,7 @@ def test_training_leaves_checkpoints_that_rebuild_model_and_tokenizer(tmp_path, 
     assert {"last.ckpt", "best.ckpt", "config.yaml"} <= {p.name for p in run_dir.iterdir()}
     assert not list(run_dir.glob(".*tmp*"))  # no temporary checkpoint left behind
     losses = val_losses(run_dir)
-    with open(latest_metrics(run_dir)) as f:  # tokens counted from the batches: 8 windows of 32 a step
+    with open(metrics_file(run_dir)) as f:  # tokens counted from the batches: 8 windows of 32 a step
         tokens = {int(r["step"]): float(r["train/tokens"]) for r in csv.DictReader(f) if r.get("train/tokens")}
     assert tokens and all(count == (step + 1) * 8 * 32 for step, count in tokens.items())
     vocab = len(set(text_file.read_text()))
@@ -184,7 +184,7 @@ def test_every_run_ends_evaluated(tmp_path, text_file):
     cli.run(
         train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "7", "--train.eval_interval", "5")
     )
-    with open(latest_metrics(tmp_path / "runs" / "tiny")) as f:
+    with open(metrics_file(tmp_path / "runs" / "tiny")) as f:
         steps = [int(row["step"]) for row in csv.DictReader(f) if row.get("val/loss")]
     assert steps == [4, 6]  # Lightning's 0-based step of the 5th and the 7th optimizer step
     assert read_checkpoint(tmp_path / "runs" / "tiny" / "best.ckpt")["global_step"] in (5, 7)
@@ -209,4 +209,4 @@ def test_the_default_validation_of_a_large_corpus_is_bounded(tmp_path, caplog):
     ckpt = read_checkpoint(next((tmp_path / "runs").glob("*/last.ckpt")))
     validation = ckpt["TokenDataModule"]["validation"]
     assert validation == {"windows": 2400, "tokens": 200 * 12 * 64, "split_tokens": 2306868}
-    assert "Validation: 2400 windows of 64 tokens = 153600 of the split's 2306868 tokens" in caplog.text
+    assert "validation scores 153,600 of 2,306,868)" in caplog.text

@@ -3,7 +3,10 @@ SIGINT), the divergence guard, atomic writes."""
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -49,8 +52,45 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path, hidden=True) as f:
-            torch.save(checkpoint, f)
+        try:
+            with atomic_file(path, hidden=True) as f:
+                torch.save(checkpoint, f)
+        except (OSError, RuntimeError) as error:
+            failure = write_failure(path, error)
+            if failure is None:
+                raise
+            raise failure from None
+
+
+class CheckpointWriteError(UserError):
+    """A checkpoint could not be written, most often for a full disk; the previous one is intact."""
+
+
+TORCH_WRITE_ERRORS = ("unexpected pos", "PytorchStreamWriter failed", "file write failed")
+"""What torch.save's zip writer says when the file it writes cannot grow (a full disk, through a file object)."""
+
+
+def write_failure(path: Path, error: OSError | RuntimeError) -> CheckpointWriteError | None:
+    """The one-line error of a checkpoint write that failed for lack of space (or of a working disk), naming
+    the disk, its free space and the checkpoint that was kept; None for any other error (a bug)."""
+    full = isinstance(error, OSError) and error.errno == errno.ENOSPC
+    if not full and not any(text in str(error) for text in TORCH_WRITE_ERRORS):
+        return None
+    free = shutil.disk_usage(path.parent).free
+    what = "no space left" if full or free < (64 << 20) else f"the write failed ({str(error).splitlines()[0][:120]})"
+    kept = f"the previous {path} is intact" if path.is_file() else f"no earlier {path.name} was there"
+    return CheckpointWriteError(
+        f"Could not write {path}: {what} on the disk mounted at {mount_point(path.parent)} ({free / 2**20:.0f} MB "
+        f"free); {kept}. Free some space and continue with the same command and --train.resume auto."
+    )
+
+
+def mount_point(path: Path) -> Path:
+    """The mount point of the file system holding `path`: how a user finds the disk to free."""
+    path = path.resolve()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
 
 
 def parameters_finite(module: torch.nn.Module) -> bool:
@@ -91,9 +131,18 @@ class LastCheckpoint(L.Callback):
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, dirpath: Path, every_n_steps: int, eval_every: int = 0, deadline: float | None = None) -> None:
+    def __init__(
+        self,
+        dirpath: Path,
+        every_n_steps: int,
+        eval_every: int = 0,
+        deadline: float | None = None,
+        keep_every: int = 0,
+        keep_last: int = 0,
+    ) -> None:
         self.path = Path(dirpath) / "last.ckpt"
         self.every_n_steps, self.eval_every, self.deadline = every_n_steps, eval_every, deadline
+        self.keep_every, self.keep_last = keep_every, keep_last
         self.saved_step = -1
         """The step of the last checkpoint this run wrote (-1: none yet)."""
         self._signal: int | None = None
@@ -112,6 +161,21 @@ class LastCheckpoint(L.Callback):
         trainer.save_checkpoint(self.path, weights_only=False)
         self._longest_save = max(self._longest_save, time.monotonic() - started)
         self.saved_step = trainer.global_step
+        if self.keep_every and self.saved_step % self.keep_every == 0 and trainer.is_global_zero:
+            self._keep(self.saved_step)
+
+    def _keep(self, step: int) -> None:
+        """last.ckpt as step-NNNNNNN.ckpt too (a hard link: no second copy on disk), and only the latest
+        `keep_last` of those."""
+        kept = self.path.with_name(f"step-{step:07d}.ckpt")
+        kept.unlink(missing_ok=True)
+        try:
+            os.link(self.path, kept)
+        except OSError:  # a file system without hard links
+            shutil.copyfile(self.path, kept)
+        if self.keep_last:
+            for old in sorted(self.path.parent.glob("step-*.ckpt"))[: -self.keep_last]:
+                old.unlink(missing_ok=True)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # on every rank (a scheduler signals them all), though rank 0's signal decides: see `_stop_reason`

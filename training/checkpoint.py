@@ -36,15 +36,8 @@ def check_resume(path: str | Path, config: RunConfig, data: dict[str, Any]) -> l
     data) when the model, the data or the seed differ; return the optim and train settings that
     change, as "section.field: old -> new" lines, for the log."""
     ckpt = read_checkpoint(path)
-    saved_model = GPTConfig.from_dict(ckpt["hyper_parameters"]["config"]["model"])
-    diffs = [
-        f"model.{k}: checkpoint {v!r} vs now {getattr(config.model, k)!r}"
-        for k, v in saved_model.to_dict().items()
-        if k not in CHANGEABLE_MODEL_FIELDS and getattr(config.model, k) != v
-    ]
     saved = ckpt["hyper_parameters"]["config"]
-    if saved["train"].get("seed") != config.train.seed:
-        diffs.append(f"train.seed: checkpoint {saved['train'].get('seed')!r} vs now {config.train.seed!r}")
+    diffs = same_run_differences(saved, config, "checkpoint")
     if ckpt.get("switched_at") is not None and saved["train"].get("switch_model") != config.train.switch_model:
         diffs.append(
             f"train.switch_model: the checkpoint's model switched to {saved['train'].get('switch_model')!r} at step "
@@ -68,3 +61,17 @@ def check_resume(path: str | Path, config: RunConfig, data: dict[str, Any]) -> l
         for k, v in saved[section].items()
         if k in now[section] and now[section][k] != v and k != "resume"
     ]
+
+
+def same_run_differences(saved: dict[str, Any], config: RunConfig, what: str) -> list[str]:
+    """What makes `config` another run than the `saved` one (a checkpoint's or config.yaml's config, `what`):
+    the model's fields that a resume may not change, and the seed of the data stream."""
+    saved_model = GPTConfig.from_dict(saved["model"])
+    diffs = [
+        f"model.{k}: {what} {v!r} vs now {getattr(config.model, k)!r}"
+        for k, v in saved_model.to_dict().items()
+        if k not in CHANGEABLE_MODEL_FIELDS and getattr(config.model, k) != v
+    ]
+    if saved["train"].get("seed") != config.train.seed:
+        diffs.append(f"train.seed: {what} {saved['train'].get('seed')!r} vs now {config.train.seed!r}")
+    return diffs

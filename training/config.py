@@ -132,6 +132,11 @@ class TrainConfig:
     """Log training metrics every this many optimizer steps."""
     ckpt_interval: int = 250
     """Write last.ckpt every this many optimizer steps (and at the end)."""
+    keep_every: int = 0
+    """Also keep the checkpoint of every this many optimizer steps as step-NNNNNNN.ckpt (0: none), for
+    evaluating a run along its training; a multiple of ckpt_interval or eval_interval."""
+    keep_last: int = 0
+    """How many step-numbered checkpoints to keep, the latest (0: all)."""
     max_minutes: float = 0.0
     """Stop cleanly within this many minutes of wall time (0: no limit): last.ckpt is written and the run exits
     with status 75; the same command with train.resume auto continues it (for job limits and preemptible
@@ -167,14 +172,20 @@ class TrainConfig:
     """Lightning strategy: auto, ddp, fsdp, ..."""
     num_nodes: int = 1
     """Number of machines."""
-    logger: Literal["csv", "wandb", "none"] = "csv"
-    """csv: <run dir>/logs/metrics.csv; wandb: offline (files in the run dir) when no API key is set."""
+    logger: Literal["csv", "tensorboard", "wandb", "none"] = "csv"
+    """csv: <run dir>/metrics.csv, one file across resumes; tensorboard: <run dir>/tensorboard (pip install
+    tensorboard); wandb: offline (files in the run dir) when no API key is set."""
     wandb_project: str = "posgpt"
     """wandb project name."""
     sample_tokens: int = 300
     """Characters/tokens of text to sample and print when training ends (0: none)."""
     progress_bar: bool = True
-    """Show Lightning's progress bar."""
+    """Lightning's progress bar when stdout is a terminal; where it is not (a log file, CI) or with false, one
+    plain line every print_interval steps instead."""
+    print_interval: int = 0
+    """Steps between the plain progress lines (0: about 20 lines a run, at a multiple of log_interval)."""
+    model_summary: bool = False
+    """Print Lightning's table of the model's modules at the start (the settings line gives the parameter count)."""
     overwrite: bool = False
     """Start afresh in a run directory that holds checkpoints of an earlier run, deleting them (without
     it, such a run stops and asks for --train.resume auto or another run name)."""
@@ -212,6 +223,13 @@ class TrainConfig:
         _at_least("train.sample_tokens", self.sample_tokens, 0)
         _at_least("train.num_nodes", self.num_nodes, 1)
         _at_least("train.random_positions", self.random_positions, 0)
+        for name in ("keep_every", "keep_last", "print_interval"):
+            _at_least(f"train.{name}", getattr(self, name), 0)
+        if self.keep_every and self.keep_every % self.ckpt_interval and self.keep_every % self.eval_interval:
+            raise ValueError(
+                f"train.keep_every {self.keep_every} must be a multiple of train.ckpt_interval {self.ckpt_interval} "
+                f"or of train.eval_interval {self.eval_interval}: those are the steps a checkpoint is written at."
+            )
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision {self.precision!r} is not one of {', '.join(PRECISIONS)}.")
         if isinstance(self.devices, int) and not isinstance(self.devices, bool) and self.devices < 1:

@@ -1,0 +1,123 @@
+"""Where a run's metrics go: one CSV file for the whole run (across resumes), TensorBoard, or wandb.
+
+A resumed run continues the run's metrics in place: the rows of the steps it trains again (those after
+the checkpoint it resumes from) are dropped first, so that `metrics.csv` holds each step once, whatever
+the number of launches.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from lightning.fabric.loggers.csv_logs import _ExperimentWriter as FabricWriter
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+from core.errors import UserError
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.csv"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def kept_rows(path: Path, start_step: int) -> tuple[list[str], list[dict[str, str]]]:
+    """The header and the rows of the metrics file `path` logged before `start_step` (none if it is absent)."""
+    if not path.is_file():
+        return [], []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = [row for row in reader if row.get("step") and int(float(row["step"])) < start_step]
+        return list(reader.fieldnames or []), rows
+
+
+class _ContinuedWriter(ExperimentWriter):
+    """Lightning's CSV writer, which deletes an existing metrics file, made to continue it from `start_step`."""
+
+    def __init__(self, log_dir: str, start_step: int) -> None:
+        self.start_step = start_step
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        header, rows = kept_rows(Path(self.metrics_file_path), self.start_step)
+        self.metrics_keys = header
+        if header:
+            with open(self.metrics_file_path, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=header)
+                writer.writeheader()
+                writer.writerows(rows)
+
+
+class RunCSVLogger(CSVLogger):
+    """`<run dir>/metrics.csv`, one file for the run: a resume from step S keeps the rows before S."""
+
+    def __init__(self, run_dir: Path, start_step: int) -> None:
+        super().__init__(save_dir=str(run_dir), name="", version="")
+        self.start_step = start_step
+
+    @property
+    def log_dir(self) -> str:
+        return self.save_dir
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> FabricWriter:
+        if self._experiment is None:
+            self._experiment = _ContinuedWriter(self.log_dir, self.start_step)
+        return self._experiment
+
+    def log_hyperparams(self, params: Any = None) -> None:
+        """Nothing: config.yaml in the run directory is the run's configuration."""
+
+
+def make_logger(kind: str, run_dir: Path, start_step: int, wandb_project: str, config: dict[str, Any]) -> Logger | bool:
+    """The logger `train.logger` names (False for none); `start_step` is the step a resumed run starts at."""
+    if kind == "none":
+        return False
+    if kind == "csv":
+        return RunCSVLogger(run_dir, start_step)
+    if kind == "tensorboard":
+        return tensorboard_logger(run_dir, start_step)
+    online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline" and _wandb_reachable()
+    if not online:
+        log.info("wandb: no API key or no network; logging offline to %s/wandb (upload later: wandb sync)", run_dir)
+    return WandbLogger(project=wandb_project, name=run_dir.name, save_dir=str(run_dir), offline=not online,
+                       config=config)  # fmt: skip
+
+
+def tensorboard_logger(run_dir: Path, start_step: int) -> TensorBoardLogger:
+    """`<run dir>/tensorboard`, one directory for the run: a resume purges the steps it trains again."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise UserError("--train.logger tensorboard needs the tensorboard package: pip install tensorboard "
+                        "(or pip install 'posgpt[tensorboard]'), or use --train.logger csv.") from None  # fmt: skip
+    return TensorBoardLogger(save_dir=str(run_dir), name=TENSORBOARD_DIR, version="", default_hp_metric=False,
+                             purge_step=start_step or None)  # fmt: skip
+
+
+def _wandb_reachable(timeout: float = 3.0) -> bool:
+    """Whether the wandb server answers a TCP connection (checked only when an API key is set)."""
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def metrics_file(run_dir: Path) -> Path:
+    """The CSV metrics of a run: `<run dir>/metrics.csv`, or, for a run logged before it was one file, the
+    latest launch's `logs/version_N/metrics.csv`."""
+    path = run_dir / METRICS_FILE
+    versions = list((run_dir / "logs").glob("version_*"))
+    if path.is_file() or not versions:
+        return path
+    return max(versions, key=lambda p: int(p.name.split("_")[1])) / METRICS_FILE

@@ -1,0 +1,154 @@
+"""What a run prints while it trains: a progress bar in a terminal, else one plain line every few steps.
+
+A log file or a CI console gets `step 500/2000 | loss 1.912 | 41.3 ms/step | 18.6k tok/s | ETA 1:02` lines
+(and a line with the validation loss when one is measured), never the carriage-return flood a bar
+writes where there is no terminal to redraw it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import TQDMProgressBar
+
+from training.callbacks import optimizer_stepped
+
+log = logging.getLogger(__name__)
+
+LINES_PER_RUN = 20
+"""About how many plain progress lines a run prints when `train.print_interval` is left to choose."""
+
+
+LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
+"""Loggers of Lightning's notices (devices available, AMP in use, a logging service's advertisement)."""
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Leave out Lightning's notices (its warnings stay) and the deprecation warnings that libraries raise
+    about each other's APIs, which the user can do nothing about."""
+    loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            for category in (DeprecationWarning, FutureWarning):
+                warnings.filterwarnings("ignore", category=category, module=r"(lightning|torch|lightning_utilities)\.")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def print_every(max_steps: int, log_interval: int) -> int:
+    """The default step interval of the plain lines: a multiple of `log_interval` (the steps whose
+    loss is logged) near `max_steps / LINES_PER_RUN`."""
+    return max(1, round(max_steps / LINES_PER_RUN / log_interval)) * log_interval
+
+
+def format_seconds(seconds: float) -> str:
+    """h:mm:ss, or m:ss under an hour."""
+    s = max(0, round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def format_count(n: float) -> str:
+    """18600 -> 18.6k, 2.3e6 -> 2.3M: rates as people read them."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f}{suffix}"
+    return f"{n:.0f}"
+
+
+def progress_line(step: int, total: int, parts: list[str], eta: float | None, unit: str = "step") -> str:
+    """`step k/n | part | part | ETA m:ss`: the one format of every plain progress line (a run's steps,
+    `unit` "step", and a study's runs, "run")."""
+    eta_part = [f"ETA {format_seconds(eta)}"] if eta is not None else []
+    return " | ".join([f"{unit} {step}/{total}", *parts, *eta_part])
+
+
+class ProgressLines(L.Callback):
+    """One plain log line every `every` optimizer steps (train loss, ms/step, tokens/s, MFU where the GPU's peak
+    is known, ETA) and one after each validation (its loss). Step time is measured between lines, leaving
+    validations out; the ETA adds the validations still to come at the last one's duration."""
+
+    def __init__(self, every: int, eval_every: int) -> None:
+        self.every, self.eval_every = every, eval_every
+        self._mark: tuple[float, int, int] | None = None  # (time, step, tokens) of the last line
+        self._train_seconds, self._train_steps = 0.0, 0
+        self._val_started, self._val_seconds = 0.0, 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._mark = (time.perf_counter(), trainer.global_step, pl_module.tokens_seen)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if not trainer.is_global_zero or not optimizer_stepped(trainer, batch_idx) or self._mark is None:
+            return
+        if step % self.every and step < trainer.max_steps:
+            return
+        now = time.perf_counter()
+        since, step0, tokens0 = self._mark
+        steps = step - step0
+        if steps <= 0:
+            return
+        self._train_seconds += now - since
+        self._train_steps += steps
+        parts = []
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is not None:
+            parts.append(f"loss {float(loss):.3f}")
+        tokens_per_s = (pl_module.tokens_seen - tokens0) / (now - since)
+        parts += [f"{1000 * (now - since) / steps:.1f} ms/step", f"{format_count(tokens_per_s)} tok/s"]
+        mfu = trainer.callback_metrics.get("perf/mfu")
+        if mfu is not None:
+            parts.append(f"MFU {100 * float(mfu):.1f}%")
+        log.info(progress_line(step, trainer.max_steps, parts, self._eta(step, trainer.max_steps)))
+        self._mark = (time.perf_counter(), step, pl_module.tokens_seen)
+
+    def _eta(self, step: int, total: int) -> float | None:
+        if step >= total or not self._train_steps:
+            return None
+        validations = total // self.eval_every - step // self.eval_every if self.eval_every else 0
+        return (total - step) * self._train_seconds / self._train_steps + validations * self._val_seconds
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._val_started = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        self._val_seconds = time.perf_counter() - self._val_started
+        if self._mark is not None:  # the next step's time starts now, not before the validation
+            self._mark = (time.perf_counter(), *self._mark[1:])
+        loss = trainer.callback_metrics.get("val/loss")
+        if trainer.is_global_zero and loss is not None:
+            step = trainer.global_step
+            log.info(progress_line(step, trainer.max_steps, [f"val loss {float(loss):.3f}",
+                                                             f"{self._val_seconds:.1f} s"], None))  # fmt: skip
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's bar without the logger's version number (`v_num`), which tells a reader nothing."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        return items
+
+
+def progress_callback(bar: bool, every: int, eval_every: int) -> L.Callback:
+    """The bar where it is wanted and stdout is a terminal to redraw it on, else the plain lines."""
+    if bar and sys.stdout.isatty():
+        return ProgressBar()
+    return ProgressLines(every, eval_every)

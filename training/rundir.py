@@ -1,0 +1,132 @@
+"""The run directory: where a run may start or resume, what it holds of earlier runs, and the
+configuration files it keeps (config.yaml: what the run used; requested.yaml: what was asked)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+import yaml
+
+from core.errors import UserError
+from core.files import atomic_write_bytes, remove_stale_tmp
+from data.corpora import AUTO as AUTO_CORPUS
+from training.checkpoint import same_run_differences
+from training.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+class RunError(UserError, ValueError):
+    """A problem with the run directory or the run's options; the message says how to fix it."""
+
+
+def resume_path(resume: str | None, run_dir: Path) -> Path | None:
+    """'auto' -> <run_dir>/last.ckpt if present; a path -> that path (which must exist)."""
+    if not resume:
+        return None
+    if resume == "auto":
+        last = run_dir / "last.ckpt"
+        return last if last.is_file() else None
+    path = Path(resume)
+    if not path.is_file():
+        raise RunError(f"--train.resume {resume}: no such checkpoint. Pass an existing .ckpt file or 'auto'.")
+    return path
+
+
+CHECKPOINT_NAMES = ("last.ckpt", "best.ckpt")
+STEP_CHECKPOINTS = "step-*.ckpt"
+CONFIG_FILE, REQUESTED_FILE = "config.yaml", "requested.yaml"
+
+
+def checkpoints_in(run_dir: Path) -> list[Path]:
+    """The checkpoints a run wrote into `run_dir`: last, best and the step-numbered ones."""
+    named = [run_dir / name for name in CHECKPOINT_NAMES if (run_dir / name).is_file()]
+    return named + sorted(run_dir.glob(STEP_CHECKPOINTS))
+
+
+def claim_run_dir(run_dir: Path, resume: Path | None, overwrite: bool, used: RunConfig) -> None:
+    """Refuse to start a fresh run in a directory that holds checkpoints, or the config.yaml of another run
+    (unless `overwrite`, which removes them first), and remove what killed writers left there. Call it
+    holding the lock."""
+    existing = checkpoints_in(run_dir)
+    if resume is None and not overwrite:
+        if existing:
+            raise RunError(
+                f"{run_dir} already holds {', '.join(p.name for p in existing[:3])} from an earlier run. Resume it "
+                "with --train.resume auto, or pass --train.overwrite true (deletes them) or another --train.run_name."
+            )
+        other = other_run(run_dir / CONFIG_FILE, used)
+        if other:
+            raise RunError(
+                f"{run_dir} holds the {CONFIG_FILE} of another run ({other}) and no checkpoint: pass the options of "
+                "that run, or --train.overwrite true (starts afresh there) or another --train.run_name."
+            )
+    if resume is None and existing:
+        for path in existing:
+            path.unlink()
+        log.info("--train.overwrite: removed %s", ", ".join(str(p) for p in existing))
+    for path in remove_stale_tmp(run_dir):
+        log.info("Removed %s, left by a run that was killed while writing it", path)
+
+
+COMPARED_DATA_FIELDS = ("input", "dir", "tokenizer", "glob", "text_column", "val_fraction")
+"""What config.yaml records of the data that makes another run (where it is kept and how errors are
+handled do not)."""
+
+
+def other_run(path: Path, used: RunConfig) -> str:
+    """How the run whose config is `path` (absent: none) differs from `used` in data, model or seed; '' if
+    it is the same run."""
+    try:
+        saved = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return ""
+    if not isinstance(saved, dict) or not {"model", "data", "train"} <= saved.keys():
+        return ""
+    now = dataclasses.asdict(used.data)
+    diffs = [f"data.{k}: {saved['data'].get(k)!r} vs now {now[k]!r}"
+             for k in COMPARED_DATA_FIELDS if saved["data"].get(k) != now[k]]  # fmt: skip
+    return "; ".join(diffs + same_run_differences(saved, used, CONFIG_FILE))
+
+
+def used_config(cfg: RunConfig, sources: list[str], precision: str) -> RunConfig:
+    """`cfg` as the run uses it: the corpus `auto` chose (of the prepared data's `sources`) and the
+    precision `auto` resolved to."""
+    chosen = str(sources[0]) if cfg.data.input == AUTO_CORPUS and len(sources) == 1 else cfg.data.input
+    return dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(cfg.data, input=chosen),
+        train=dataclasses.replace(cfg.train, precision=precision),
+    )
+
+
+def check_writable(path: Path, option: str) -> None:
+    """Stop, before any work is done, when `path` cannot be created or written (a file is in the
+    way, or a parent is read-only); creates nothing."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunError(f"Cannot create {path}: {existing} is a file. Pass {option} DIR, a directory.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunError(f"Cannot write to {path}: {existing} is read-only. Pass {option} DIR that you can write.")
+
+
+def make_run_dir(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise RunError(
+            f"Cannot create the run directory {run_dir} ({error.strerror or error}). Pass --train.out_dir DIR "
+            "that you can write, or another --train.run_name."
+        ) from None
+
+
+def write_configs(run_dir: Path, requested: RunConfig, used: RunConfig) -> None:
+    """config.yaml: the configuration the run used (what `auto` chose), which `--config` reads back;
+    requested.yaml beside it: the options as they were given."""
+    for name, cfg in ((CONFIG_FILE, used), (REQUESTED_FILE, requested)):
+        atomic_write_bytes(run_dir / name, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False).encode())
