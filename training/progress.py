@@ -77,44 +77,53 @@ def progress_line(step: int, total: int, parts: list[str], eta: float | None, un
 
 class ProgressLines(L.Callback):
     """One plain log line every `every` optimizer steps (train loss, ms/step, tokens/s, MFU where the GPU's peak
-    is known, ETA) and one after each validation (its loss). Step time is measured between lines, leaving
-    validations out; the ETA adds the validations still to come at the last one's duration."""
+    is known, ETA) and one after each validation (its loss). Step time is measured from the end of a launch's
+    first step (which warms up) and leaves validations out; the ETA adds the validations still to come at the
+    last one's duration."""
 
     def __init__(self, every: int, eval_every: int) -> None:
         self.every, self.eval_every = every, eval_every
-        self._mark: tuple[float, int, int] | None = None  # (time, step, tokens) of the last line
+        self._mark: tuple[float, int, int] | None = None  # (time, step, tokens) where the clock last started
+        self._interval = [0.0, 0, 0]  # seconds, steps and tokens of training since the last line
         self._train_seconds, self._train_steps = 0.0, 0
         self._val_started, self._val_seconds = 0.0, 0.0
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._mark = (time.perf_counter(), trainer.global_step, pl_module.tokens_seen)
+    def _clock(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Add the training since the mark to the interval, and start the clock again here."""
+        now = time.perf_counter()
+        if self._mark is not None:
+            since, step, tokens = self._mark
+            done = (now - since, trainer.global_step - step, pl_module.tokens_seen - tokens)
+            self._interval = [a + b for a, b in zip(self._interval, done, strict=True)]
+        self._mark = (now, trainer.global_step, pl_module.tokens_seen)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if not trainer.is_global_zero or not optimizer_stepped(trainer, batch_idx) or self._mark is None:
+        if not trainer.is_global_zero or not optimizer_stepped(trainer, batch_idx):
+            return
+        if self._mark is None:  # the launch's first step: the clock starts after it
+            self._mark = (time.perf_counter(), step, pl_module.tokens_seen)
             return
         if step % self.every and step < trainer.max_steps:
             return
-        now = time.perf_counter()
-        since, step0, tokens0 = self._mark
-        steps = step - step0
+        self._clock(trainer, pl_module)
+        seconds, steps, tokens = self._interval
         if steps <= 0:
             return
-        self._train_seconds += now - since
+        self._interval = [0.0, 0, 0]
+        self._train_seconds += seconds
         self._train_steps += steps
         parts = []
         loss = trainer.callback_metrics.get("train/loss")
         if loss is not None:
             parts.append(f"loss {float(loss):.3f}")
-        tokens_per_s = (pl_module.tokens_seen - tokens0) / (now - since)
-        parts += [f"{1000 * (now - since) / steps:.1f} ms/step", f"{format_count(tokens_per_s)} tok/s"]
+        parts += [f"{1000 * seconds / steps:.1f} ms/step", f"{format_count(tokens / seconds)} tok/s"]
         mfu = trainer.callback_metrics.get("perf/mfu")
         if mfu is not None:
             parts.append(f"MFU {100 * float(mfu):.1f}%")
         log.info(progress_line(step, trainer.max_steps, parts, self._eta(step, trainer.max_steps)))
-        self._mark = (time.perf_counter(), step, pl_module.tokens_seen)
 
     def _eta(self, step: int, total: int) -> float | None:
         if step >= total or not self._train_steps:
@@ -123,19 +132,20 @@ class ProgressLines(L.Callback):
         return (total - step) * self._train_seconds / self._train_steps + validations * self._val_seconds
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and self._mark is not None:
+            self._clock(trainer, pl_module)
         self._val_started = time.perf_counter()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
         self._val_seconds = time.perf_counter() - self._val_started
-        if self._mark is not None:  # the next step's time starts now, not before the validation
-            self._mark = (time.perf_counter(), *self._mark[1:])
+        if self._mark is not None:  # the training clock starts again after the validation
+            self._mark = (time.perf_counter(), trainer.global_step, pl_module.tokens_seen)
         loss = trainer.callback_metrics.get("val/loss")
         if trainer.is_global_zero and loss is not None:
-            step = trainer.global_step
-            log.info(progress_line(step, trainer.max_steps, [f"val loss {float(loss):.3f}",
-                                                             f"{self._val_seconds:.1f} s"], None))  # fmt: skip
+            parts = [f"val loss {float(loss):.3f}", f"{self._val_seconds:.1f} s"]
+            log.info(progress_line(trainer.global_step, trainer.max_steps, parts, None))
 
 
 class ProgressBar(TQDMProgressBar):
