@@ -1,0 +1,39 @@
+"""Every option that the code names in a message, a log line or a help text is one that a command takes:
+a renamed or removed option cannot linger in what users are told to type. (Which command's spelling a
+message gets is core.cli.spell's, tested in test_cli.)"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from test_cli import COMMANDS
+
+import bench
+from core import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+NOT_OURS = {"short"}  # git rev-parse --short, in core/repo.py
+EXAMPLES = {"x"}  # core/cli.py's docstrings show the list syntax on a made-up --x
+
+
+def named_options() -> dict[str, set[str]]:
+    """{option named in a string of the project's code: the files that name it}."""
+    found: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        if {"tests", ".git", "runs", "build"} & set(path.relative_to(ROOT).parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for match in cli.OPTION.finditer(node.value):
+                    found.setdefault(match.group(1), set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_option_a_message_names_is_an_option_of_a_command():
+    commands = [*COMMANDS.values(), *bench.MODES.values()]
+    accepted = set().union(*(cli.accepted(command) for command in commands))
+    found = named_options()
+    assert len(found) > 50  # the scan sees the messages
+    unknown = {name: sorted(files) for name, files in found.items() if name not in accepted | NOT_OURS | EXAMPLES}
+    assert not unknown
