@@ -1,46 +1,12 @@
-"""Benchmarks whose figures go into BENCHMARKS.md: `python bench.py MODE [options]`.
-
-    python bench.py train-step --input ../shared/data/tinyshakespeare.txt [--steps 300 --rounds 2]
-    python bench.py plain-run --input ../shared/data/tinyshakespeare.txt --seeds 1337 1 2
-    python bench.py val-noise --ckpt runs/X/last.ckpt --data_dir prepared/Y
-    python bench.py gpu [--schemes rope alibi --shapes 16x1024 4x4096 --json rows.jsonl]
-    python bench.py decode [--schemes learned rope alibi --batches 1 64 --modes eager compiled --json rows.jsonl]
-    python bench.py vs-nanogpt --peer ../shared/peers/nanoGPT --input ../shared/data/tinyshakespeare.txt --shape cpu
-    python bench.py precision [--steps 20] [--profile 4 128 64 12]
-    python bench.py clip [--steps 100]
-    python bench.py attention-cost [--lengths 1024 4096 16384]
-    python bench.py variants [--names rope learned alibi]
-
-Each mode is a dataclass of options and a function in `benchmarks/` (training.py: the trainer
-against a hand-written loop; decoding.py: decode speed per scheme, eager and compiled, against
-nanoGPT's generate; gpu.py: training speed per scheme and shape, bare step, trainer and nanoGPT's
-step; nanogpt.py: our train.py against nanoGPT's; precision.py: float32 against bf16,
-clipping and AdamW; attention.py: attention kinds and variants); `python bench.py MODE --help`
-lists a mode's options and what it measures.
-"""
+"""Benchmarks whose figures go into BENCHMARKS.md: `python bench.py MODE [options]` (or `posgpt bench MODE`).
+The modes are in benchmarks/modes.py; `python bench.py --help` lists them."""
 
 from __future__ import annotations
 
-from benchmarks.attention import ATTENTION_COST, VARIANT_STEP
-from benchmarks.decoding import DECODE
-from benchmarks.gpu import GPU
-from benchmarks.nanogpt import VS_NANOGPT
-from benchmarks.precision import CLIP, PRECISION
-from benchmarks.training import PLAIN_RUN, TRAIN_STEP, VAL_NOISE
+from benchmarks.modes import DESCRIPTION, MODES
 from core.cli import run_modes
 
-MODES = {
-    "train-step": TRAIN_STEP,
-    "plain-run": PLAIN_RUN,
-    "val-noise": VAL_NOISE,
-    "decode": DECODE,
-    "gpu": GPU,
-    "vs-nanogpt": VS_NANOGPT,
-    "precision": PRECISION,
-    "clip": CLIP,
-    "attention-cost": ATTENTION_COST,
-    "variants": VARIANT_STEP,
-}
+__all__ = ["MODES"]
 
 if __name__ == "__main__":
-    run_modes("bench.py", __doc__, MODES)
+    run_modes("bench.py", DESCRIPTION, MODES)

@@ -1,21 +1,12 @@
-"""Sample from a trained checkpoint: `python sample.py --ckpt runs/NAME/last.ckpt --prompt "ROMEO:"`.
-
-The checkpoint alone rebuilds model and tokenizer. Text goes to stdout (streamed token by token
-for one sample in a terminal); speed goes to stderr, so stdout can be piped. The logic is in
-evaluation/sampling.py.
-"""
+"""Sample from a trained checkpoint: `python sample.py --ckpt runs/NAME/last.ckpt --prompt "ROMEO:"`
+(or `posgpt sample`). The logic is in evaluation/commands.py and evaluation/sampling.py."""
 
 from __future__ import annotations
 
-import sys
+from core.cli import run
+from evaluation.commands import SAMPLE as COMMAND
 
-from core.cli import Command, run
-from evaluation.sampling import SampleConfig, sample
-
-COMMAND = Command("sample.py", SampleConfig, sample, __doc__.splitlines()[0], logs=False)
+__all__ = ["COMMAND"]
 
 if __name__ == "__main__":
-    try:
-        run(COMMAND)
-    except BrokenPipeError:  # e.g. `python sample.py ... | head`: the reader has what it wanted
-        sys.stderr.close()
+    run(COMMAND)

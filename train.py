@@ -1,51 +1,16 @@
-"""Train a GPT: `python train.py [--config configs/X.yaml] [--model.pos_encoding alibi ...]`.
+"""Train a GPT: `python train.py [--config configs/X.yaml] [--model.pos_encoding alibi ...]` (or `posgpt train`).
 
 With no arguments it trains configs/shakespeare_char.yaml (Tiny Shakespeare, char-level, a few
-minutes on a laptop CPU) and prints a short sample. `--help` lists every option.
+minutes on a laptop CPU) and prints a short sample. `--help` lists every option. The logic is in
+training/command.py.
 """
 
 from __future__ import annotations
 
-import errno
-from pathlib import Path
+from core.cli import run
+from training.command import COMMAND, DEFAULT_CONFIG, main, os_error_message
 
-from core.cli import Command, run
-from training.config import RunConfig
-from training.run import RunError, result_summary, train
-
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "shakespeare_char.yaml"
-
-
-def main(cfg: RunConfig) -> None:
-    """Train, then print the sample and where the checkpoints are."""
-    try:
-        result = train(cfg)
-    except OSError as error:  # disk full, a directory that cannot be written: a user can fix it
-        raise RunError(os_error_message(error)) from error
-    if result.sample is not None:
-        print(f"\n--- sample ---\n{result.sample}\n--------------")
-    print(result_summary(result))
-
-
-def os_error_message(error: OSError) -> str:
-    """A file-system error during training as one line with the fix."""
-    where = f" ({error.filename})" if error.filename else ""
-    if error.errno == errno.ENOSPC:
-        return (
-            f"no space left on the device{where}. Checkpoints are written atomically, so the previous last.ckpt "
-            "is intact: free some space and continue with the same command and --train.resume auto."
-        )
-    return f"{error.strerror or error}{where}. Check that the run and data directories can be written."
-
-
-COMMAND = Command(
-    "train.py",
-    RunConfig,
-    main,
-    "Train a GPT on any text; the position scheme is --model.pos_encoding.",
-    default_config=str(DEFAULT_CONFIG),
-    skip=frozenset({"model.vocab_size"}),  # the tokenizer's, set from the data
-)
+__all__ = ["COMMAND", "DEFAULT_CONFIG", "main", "os_error_message"]
 
 if __name__ == "__main__":
     run(COMMAND)

@@ -29,11 +29,14 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
+import configs
 from core.errors import ConfigError, UserError, did_you_mean
+from core.lists import ListOption, spread_lists
 
 C = TypeVar("C")
 
@@ -133,13 +136,16 @@ def spelled_logs(command: Command) -> Iterator[None]:
             handler.removeFilter(spelling)
 
 
-def run_modes(prog: str, description: str, modes: Mapping[str, Command], argv: Sequence[str] | None = None) -> None:
-    """`prog MODE [options]`: run the mode's command on the options (`run`)."""
+Modes = Mapping[str, "Command | Modes"]
+"""A command line of modes: each a command, or modes of its own (`posgpt study extrapolation`)."""
+
+
+def run_modes(prog: str, description: str, modes: Modes, argv: Sequence[str] | None = None) -> None:
+    """`prog MODE [options]`: run the mode's command on the options (`run`), its usage line naming it
+    `prog MODE`; a mode that has modes of its own reads the next word the same way."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    listing = "\n".join(f"  {name:16s} {mode.description.splitlines()[0]}" for name, mode in modes.items())
     if argv[:1] in (["-h"], ["--help"]):
-        print(f"usage: {prog} MODE [options]\n\n{description.strip()}\n\n"
-              f"modes ({prog} MODE --help lists its options):\n{listing}")  # fmt: skip
+        print(modes_help(prog, description, modes))
         sys.exit(0)
     if not argv or argv[0] not in modes:
         given = f"unknown mode {argv[0]!r}" if argv else "no mode given"
@@ -147,13 +153,27 @@ def run_modes(prog: str, description: str, modes: Mapping[str, Command], argv: S
         error = UsageError(f"{prog} MODE", f"{given} (modes: {', '.join(modes)}){hint}")
         print(error.line(), file=sys.stderr)
         sys.exit(error.exit_code)
-    run(modes[argv[0]], argv[1:])
+    mode = modes[argv[0]]
+    if isinstance(mode, Command):
+        run(dataclasses.replace(mode, prog=f"{prog} {argv[0]}"), argv[1:])
+    else:
+        run_modes(f"{prog} {argv[0]}", "", mode, argv[1:])
+
+
+def modes_help(prog: str, description: str, modes: Modes) -> str:
+    """The usage line, the description and a line per mode (a command's summary, or its modes)."""
+    lines = []
+    for name, mode in modes.items():
+        about = mode.description.strip().splitlines()[0] if isinstance(mode, Command) else " | ".join(mode)
+        lines.append(f"  {name:16s} {about}")
+    head = f"{description.strip()}\n\n" if description.strip() else ""
+    return f"usage: {prog} MODE [options]\n\n{head}modes ({prog} MODE --help lists its options):\n" + "\n".join(lines)
 
 
 def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
     """The command's validated options; a refused option raises `UsageError`, a setting the config's
     own checks refuse `ConfigError`."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = shipped_configs(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser(command)
     try:
         namespace = parser.parse_args(spread_lists(argv, sequence_options(command)))
@@ -171,19 +191,46 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
         raise ConfigError(str(error)) from None
 
 
+def shipped_configs(argv: list[str]) -> list[str]:
+    """`argv` with every `--config configs/NAME.yaml` that is not a file here read from the configs the
+    package ships: the README's commands work from any directory and from a non-editable install."""
+    out = []
+    for i, token in enumerate(argv):
+        name, eq, value = token.partition("=")
+        previous = argv[i - 1] if i else ""
+        if eq and name == "--config":
+            out.append(f"--config={_shipped(value)}")
+        elif previous == "--config":
+            out.append(_shipped(token))
+        else:
+            out.append(token)
+    return out
+
+
+def _shipped(path: str) -> str:
+    if Path(path).exists() or Path(path).parent.name != "configs":
+        return path
+    shipped = configs.shipped(Path(path).name)
+    return str(shipped) if shipped.is_file() else path
+
+
 def build_parser(command: Command) -> ArgumentParser:
     """jsonargparse over the command's dataclass, group by group (so that `skip` and `hidden` reach
     nested fields), with the defaults of the dataclass as a whole."""
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # field docstrings become --help text
     parser = ArgumentParser(
         prog=command.prog,
+        usage=f"{command.prog} [--config FILE.yaml] [--print_config] [--GROUP.OPTION VALUE ...]",
         description=command.description,
         exit_on_error=False,
         allow_abbrev=False,  # a prefix of an option is a typo to point out, not an option
         default_config_files=[command.default_config] if command.default_config else None,
     )
     parser.add_argument(
-        "--config", action=ActionConfigFile, help="A YAML file of these options (--print_config writes one)."
+        "--config",
+        action=ActionConfigFile,
+        help="A YAML file of these options (--print_config writes one); configs/NAME.yaml is read from the "
+        "shipped configs where no such file is here.",
     )
     _add_group(parser, command.config, "", None, command)
     return parser
@@ -197,6 +244,9 @@ def _add_group(parser: ArgumentParser, cls: type, prefix: str, defaults: Any, co
     nested = {f.name for f in fields if dataclasses.is_dataclass(hints[f.name])}
     left_out = {f.name for f in fields if prefix + f.name in command.skip | command.hidden}
     parser.add_class_arguments(cls, prefix[:-1] or None, skip=nested | left_out)
+    group = parser.groups.get(prefix[:-1] or cls.__name__)
+    if group is not None and group.title:  # the summary line: the defaults shown are the command's, not the class'
+        group.title = group.title.split(". ")[0].rstrip(".")
     own = [f.name for f in fields if f.name not in nested | left_out]
     if defaults is not None and own:
         parser.set_defaults({prefix + name: getattr(defaults, name) for name in own})
@@ -246,18 +296,6 @@ def accepted(command: Command) -> set[str]:
     return {*options(command), *command.hidden}
 
 
-@dataclass(frozen=True)
-class ListOption:
-    """How a list or tuple option is written."""
-
-    kind: type
-    """list or tuple."""
-    single_ok: bool
-    """A single plain value is accepted too (`str | list[str]`)."""
-    nested: bool
-    """Its items are lists or tuples themselves (`list[tuple[int, int]]`): `[1,2]` is one item."""
-
-
 def sequence_options(command: Command) -> dict[str, ListOption]:
     """Options whose type is a list or a tuple, by name."""
     found = {}
@@ -273,45 +311,6 @@ def sequence_options(command: Command) -> dict[str, ListOption]:
         single_ok = any(m is not type(None) and m not in sequences for m in members)
         found[name] = ListOption(typing.get_origin(sequences[0]) or sequences[0], single_ok, nested)
     return found
-
-
-def spread_lists(argv: Sequence[str], sequences: Mapping[str, ListOption]) -> list[str]:
-    """`argv` with every list option given as `--x a b c` rewritten to what jsonargparse reads: the
-    list emptied, then each value appended (`--x=[] --x+=a ...`), so that each value is parsed as it
-    would be on its own; a tuple becomes `--x=[a,b,c]`. `--x [a,b,c]` and a single value of a type
-    that takes one (`str | list[str]`) pass through."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        i += 1
-        name, eq, inline = token[2:].partition("=") if token.startswith("--") else ("", "", "")
-        if name not in sequences:
-            out.append(token)
-            continue
-        values = [inline] if eq else []
-        while i < len(argv) and not _is_option(argv[i]):
-            values.append(argv[i])
-            i += 1
-        out += _sequence_args(name, values, sequences[name])
-    return out
-
-
-def _is_option(token: str) -> bool:
-    return token.startswith("--") or (token.startswith("-") and token[1:2].isalpha())
-
-
-def _sequence_args(name: str, values: list[str], sequence: ListOption) -> list[str]:
-    if not values:
-        return [f"--{name}"]  # the parser says that a value is missing
-    whole = values[0].startswith("[[" if sequence.nested else "[") or values[0] == "null"
-    if len(values) == 1 and (sequence.single_ok or whole):
-        return [f"--{name}={values[0]}"]  # `=`: a value that starts with a dash stays a value
-    if sequence.kind is tuple:
-        return [f"--{name}=[{','.join(values)}]"]
-    if sequence.nested:  # each item is a tuple, written 4,128,64,12 as a tuple option takes it
-        values = [v if v.startswith("[") else f"[{v}]" for v in values]
-    return [f"--{name}=[]", *(f"--{name}+=[{v}]" if v.startswith("[") else f"--{name}+={v}" for v in values)]
 
 
 def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = frozenset()) -> str:

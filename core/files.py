@@ -73,22 +73,81 @@ def remove_stale_tmp(directory: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def directory_lock(directory: Path, wait: bool = False) -> Iterator[None]:
+def directory_lock(directory: Path, wait: bool = False, tidy: bool = False) -> Iterator[None]:
     """Hold an exclusive lock on `directory` (its `.lock` file) for the duration of the block.
 
     `wait=False` raises `LockedError` at once when another process holds it; `wait=True` blocks
     until that process finishes (or dies). The `.lock` file holds the holder's pid, for messages.
+    `tidy=True`: when the block raises, the lock file and the directories this call created are
+    removed again (directories only while empty), so that a failed writer leaves nothing behind.
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    while True:
+        created = _missing_dirs(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = directory / ".lock"
+        fd, new_lock = _open_lock(lock)
+        if fd is None:  # removed between two calls: look again
+            continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise LockedError(f"{directory} is in use by another process (pid {holder})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                raise LockedError(f"{directory} is in use by another process (pid {holder})") from None
+            if not _same_file(fd, lock):  # its holder failed and removed it (tidy) while this one waited
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            try:
+                yield
+            except BaseException:
+                if tidy:
+                    _tidy(lock if new_lock else None, created)
+                raise
+            return
+        finally:
+            os.close(fd)  # closing releases the lock
+
+
+def _open_lock(lock: Path) -> tuple[int | None, bool]:
+    """(descriptor of `lock`, whether this call created it); None when it vanished meanwhile."""
+    try:
+        return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        pass
+    try:
+        return os.open(lock, os.O_RDWR), False
+    except FileNotFoundError:
+        return None, False
+
+
+def _missing_dirs(directory: Path) -> list[Path]:
+    """`directory` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    path = directory.absolute()
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether `path` is still the file open as `fd` (not removed, nor replaced by another)."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
+
+
+def _tidy(lock: Path | None, created: list[Path]) -> None:
+    """Remove the lock file (while it is held: a waiter then sees it gone and locks afresh) and the
+    directories in `created` (deepest first) that are empty."""
+    if lock is not None:
+        lock.unlink(missing_ok=True)
+    for path in created:
+        try:
+            path.rmdir()
+        except OSError:  # not empty: something else is in it now
+            return

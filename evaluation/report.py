@@ -247,10 +247,23 @@ def position_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
     handles, labels = axes.flat[0].get_legend_handles_labels()
     if not handles:  # the first panel may have no applicable model
         handles, labels = next((a.get_legend_handles_labels() for a in axes.flat if a.lines), ([], []))
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6) or 1, fontsize=8, frameon=False)
+    legend = fig.legend(handles, labels, loc="lower center", ncol=legend_columns(fig, labels), fontsize=8,
+                        frameon=False)  # fmt: skip
     fig.suptitle("Loss by position inside the window", fontsize=10)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.canvas.draw()  # the legend's height: the figure grows by it, the panels stay above it
+    legend_inches = legend.get_window_extent().height / fig.dpi + 0.1
+    panels_inches = fig.get_figheight()
+    fig.set_figheight(panels_inches + legend_inches)
+    fig.tight_layout(rect=(0, legend_inches / (panels_inches + legend_inches), 1, 1))
     return fig
+
+
+def legend_columns(fig: plt.Figure, labels: list[str], fontsize: float = 8) -> int:
+    """As many legend columns as fit the figure's width with the longest label (about 0.6 em a
+    character, plus the line sample and the spacing)."""
+    width = fig.get_figwidth() * fig.dpi
+    column = (max((len(label) for label in labels), default=1) * 0.6 + 4) * fontsize
+    return max(1, min(len(labels), int(width // column)))
 
 
 def _panel_lengths(lengths: list[int]) -> list[int]:
@@ -260,12 +273,16 @@ def _panel_lengths(lengths: list[int]) -> list[int]:
     return [lengths[i] for i in sorted(picks)]
 
 
+TRAIN_LENGTH_LINE = {"color": "black", "linestyle": "-.", "linewidth": 0.9}
+"""The training length's marker: black dash-dots, which no model's curve uses (`line_style`)."""
+
+
 def _mark_train_lengths(ax: plt.Axes, groups: list[Group], below: float = math.inf) -> None:
     for n in sorted({t for g in groups for t in g.column("train_length")}):
         if n < below:
-            ax.axvline(n, color="0.4", ls="--", lw=0.9)
+            ax.axvline(n, **TRAIN_LENGTH_LINE)
             ax.annotate(f"trained at {n}", (n, 1), xycoords=("data", "axes fraction"), xytext=(3, -10),
-                        textcoords="offset points", fontsize=7, color="0.3")  # fmt: skip
+                        textcoords="offset points", fontsize=7, color=TRAIN_LENGTH_LINE["color"])  # fmt: skip
 
 
 def _nice_ticks(low: float, high: float) -> list[float]:

@@ -20,6 +20,7 @@ from core.cli import Command
 from core.errors import ConfigError, did_you_mean
 from core.files import atomic_write_bytes
 from core.repo import git_sha
+from core.units import format_seconds
 from experiments.plan import (
     Deadline,
     PlannedRun,
@@ -33,7 +34,7 @@ from experiments.plan import (
 from training.callbacks import TIME_LIMIT_EXIT, TrainingStopped
 from training.config import RunConfig
 from training.hardware import resolve_precision, uses_cuda
-from training.progress import format_seconds, progress_line
+from training.progress import progress_line
 from training.run import TrainingData, corpus_data, prepared_data, train
 
 log = logging.getLogger(__name__)

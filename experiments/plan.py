@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from core.checkpoint import read_checkpoint
+from core.units import format_seconds
 from model import GPT, GPTConfig
 from training.config import RunConfig
 from training.hardware import peak_flops
-from training.progress import format_seconds
 
 UTILISATION = 0.35
 """Share of the peak that a training step sustains, for the estimate (an H100 trains GPT-2 124M at

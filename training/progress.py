@@ -18,6 +18,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 
+from core.units import format_count, format_seconds
 from training.callbacks import optimizer_stepped
 
 log = logging.getLogger(__name__)
@@ -52,20 +53,6 @@ def print_every(max_steps: int, log_interval: int) -> int:
     """The default step interval of the plain lines: a multiple of `log_interval` (the steps whose
     loss is logged) near `max_steps / LINES_PER_RUN`."""
     return max(1, round(max_steps / LINES_PER_RUN / log_interval)) * log_interval
-
-
-def format_seconds(seconds: float) -> str:
-    """h:mm:ss, or m:ss under an hour."""
-    s = max(0, round(seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
-def format_count(n: float) -> str:
-    """18600 -> 18.6k, 2.3e6 -> 2.3M: rates as people read them."""
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f}{suffix}"
-    return f"{n:.0f}"
 
 
 def progress_line(step: int, total: int, parts: list[str], eta: float | None, unit: str = "step") -> str:

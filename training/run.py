@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -17,6 +18,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_only
 
 from core.checkpoint import read_checkpoint
+from core.errors import UserError
 from core.files import LockedError, directory_lock
 from core.repo import git_sha
 from data.datamodule import TaskDataModule, TokenDataModule
@@ -24,6 +26,7 @@ from data.dataset import PreparedData, prepare_dir
 from data.provenance import provenance
 from data.tasks import TaskConfig
 from data.tokenizer import Tokenizer
+from evaluation.curves import write_training_plot
 from model import GPT
 from model.kernels import AUTO
 from training.callbacks import AtomicCheckpointIO, DivergenceGuard, LastCheckpoint, SpeedMonitor
@@ -54,6 +57,8 @@ class RunResult:
     best_ckpt: Path | None
     best_val_loss: float | None
     sample: str | None
+    plot: Path | None = None
+    """training.png: the run's loss and learning-rate curves (csv logger)."""
 
 
 def prepared_data(cfg: DataConfig) -> PreparedData:
@@ -223,12 +228,17 @@ def _fit(
         trainer.fit(module, datamodule=data.datamodule, ckpt_path=ckpt_path)
 
     best = trainer.checkpoint_callback
-    best_path = Path(best.best_model_path) if best and best.best_model_path else None
+    best_path = run_dir / Path(best.best_model_path).name if best and best.best_model_path else None
     best_loss = float(best.best_model_score) if best and best.best_model_score is not None else None
     sample = None
     if trainer.is_global_zero and t.sample_tokens > 0:
         sample = sample_text(module, data.tokenizer, t.sample_tokens)
-    return RunResult(run_dir, run_dir / "last.ckpt", best_path, best_loss, sample)
+    plot = None
+    if trainer.is_global_zero and t.logger == "csv":
+        trainer.logger.save()  # the rows still buffered
+        with contextlib.suppress(UserError):  # a run shorter than log_interval has no curve to draw
+            plot = write_training_plot(run_dir)
+    return RunResult(run_dir, run_dir / "last.ckpt", best_path, best_loss, sample, plot)
 
 
 def settings_line(
@@ -299,5 +309,6 @@ def result_summary(result: RunResult) -> str:
             "last_ckpt": str(result.last_ckpt),
             "best_ckpt": str(result.best_ckpt) if result.best_ckpt else None,
             "best_val_loss": result.best_val_loss,
+            "plot": str(result.plot) if result.plot else None,
         }
     )

@@ -1,0 +1,5 @@
+"""`python -m posgpt ...`: the same as the `posgpt` command."""
+
+from posgpt.cli import main
+
+main()

@@ -1,0 +1,94 @@
+"""`posgpt` and its commands: one name for every tool, short help pages, and a non-editable install
+that trains from any directory with the configs it ships."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.cli import Command
+from posgpt import cli as posgpt
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = ["train", "sample", "evaluate", "attention", "prepare", "plot", "study", "bench"]
+
+
+def _help(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as info:
+        posgpt.main([*argv, "--help"])
+    assert info.value.code == 0
+    return capsys.readouterr().out
+
+
+def _commands(modes, words=()) -> list[tuple[str, ...]]:
+    found = []
+    for name, mode in modes.items():
+        found += [(*words, name)] if isinstance(mode, Command) else _commands(mode, (*words, name))
+    return found
+
+
+def test_posgpt_help_lists_the_commands(capsys):
+    text = _help(capsys, [])
+    listed = re.findall(r"^  (\S+) ", text, flags=re.M)
+    assert listed == COMMANDS
+    assert "extrapolation | synthetic" in text
+
+
+def test_every_commands_help_starts_its_options_within_25_lines(capsys):
+    commands = _commands(posgpt.modes())
+    assert ("train",) in commands and ("study", "synthetic") in commands and ("bench", "decode") in commands
+    for words in commands:
+        lines = _help(capsys, list(words)).splitlines()
+        first = next(i for i, line in enumerate(lines) if line.lstrip().startswith("-h, --help"))
+        assert first < 25, (words, first)
+        assert lines[0].startswith(f"usage: posgpt {' '.join(words)} "), lines[0]
+
+
+def test_train_help_states_the_default_runs_model(capsys):
+    """The model group's title is no longer GPTConfig's own defaults (GPT-2 small, learned positions)
+    above the default run's 4 layers, 128 wide, RoPE."""
+    text = _help(capsys, ["train"])
+    assert "GPT-2 small" not in text and "124M" not in text
+    assert re.search(r"--model.n_layer N_LAYER\s+Number of transformer blocks. \(type: int, default: 4\)", text)
+    assert "RoPE" in text.split("\noptions:\n")[0]
+
+
+@pytest.mark.slow
+def test_a_non_editable_install_trains_from_any_directory(tmp_path):
+    """Build a wheel of this tree, install it into a fresh environment (its dependencies from this one),
+    and run posgpt from an empty directory: the commands, the shipped configs and a tiny training run."""
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "runs", "prepared", "reports", "*.egg-info",
+                                                                "__pycache__", ".*cache"))  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = lambda *args, **kw: subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, **kw)  # noqa: E731
+    built = run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source), "-w",
+                str(tmp_path / "dist"))  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    venv = tmp_path / "venv"
+    assert run(sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)).returncode == 0
+    wheel = next((tmp_path / "dist").glob("posgpt-*.whl"))
+    installed = run(sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", str(wheel))  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    (work / "t.txt").write_text("the king and the queen said to all men of the land\n" * 200)
+    exe = str(venv / "bin" / "posgpt")
+    where = run(str(venv / "bin" / "python"), "-c", "import training, configs; print(training.__file__)", cwd=work)
+    assert where.stdout.startswith(str(venv)), where  # the installed copy, not this tree
+    shown = run(exe, "study", "extrapolation", "--config", "configs/extrapolation_shakespeare.yaml",
+                "--print_config", cwd=work)  # fmt: skip
+    assert shown.returncode == 0 and "schemes:" in shown.stdout, shown.stderr
+    trained = run(exe, "train", "--data.input", "t.txt", "--model.n_layer", "1", "--model.n_head", "2",
+                  "--model.n_embd", "32", "--model.block_size", "16", "--train.max_steps", "3", "--train.batch_size",
+                  "2", "--train.eval_interval", "3", "--train.sample_tokens", "0", cwd=work)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    run_dir = work / "runs" / "t-char-rope"
+    assert {"last.ckpt", "config.yaml", "metrics.csv", "training.png"} <= {p.name for p in run_dir.iterdir()}

@@ -1,0 +1,46 @@
+"""`train.py` / `posgpt train`: train a GPT, print a sample and where the checkpoints are."""
+
+from __future__ import annotations
+
+import errno
+
+from configs import shipped
+from core.cli import Command
+from training.config import RunConfig
+from training.run import RunError, result_summary, train
+
+DEFAULT_CONFIG = shipped("shakespeare_char.yaml")
+"""The run `python train.py` trains with no options (Tiny Shakespeare, char-level, 4 layers, RoPE)."""
+
+
+def main(cfg: RunConfig) -> None:
+    """Train, then print the sample and where the checkpoints are."""
+    try:
+        result = train(cfg)
+    except OSError as error:  # disk full, a directory that cannot be written: a user can fix it
+        raise RunError(os_error_message(error)) from error
+    if result.sample is not None:
+        print(f"\n--- sample ---\n{result.sample}\n--------------")
+    print(result_summary(result))
+
+
+def os_error_message(error: OSError) -> str:
+    """A file-system error during training as one line with the fix."""
+    where = f" ({error.filename})" if error.filename else ""
+    if error.errno == errno.ENOSPC:
+        return (
+            f"no space left on the device{where}. Checkpoints are written atomically, so the previous last.ckpt "
+            "is intact: free some space and continue with the same command and --train.resume auto."
+        )
+    return f"{error.strerror or error}{where}. Check that the run and data directories can be written."
+
+
+COMMAND = Command(
+    "train.py",
+    RunConfig,
+    main,
+    "Train a GPT on any text; the position scheme is --model.pos_encoding. With no options: "
+    "configs/shakespeare_char.yaml (Tiny Shakespeare, char-level, 4 layers x 128, RoPE, 2000 steps).",
+    default_config=str(DEFAULT_CONFIG),
+    skip=frozenset({"model.vocab_size"}),  # the tokenizer's, set from the data
+)
