@@ -164,10 +164,17 @@ def modes_help(prog: str, description: str, modes: Modes) -> str:
     """The usage line, the description and a line per mode (a command's summary, or its modes)."""
     lines = []
     for name, mode in modes.items():
-        about = mode.description.strip().splitlines()[0] if isinstance(mode, Command) else " | ".join(mode)
+        about = summary(mode.description) if isinstance(mode, Command) else " | ".join(mode)
         lines.append(f"  {name:16s} {about}")
     head = f"{description.strip()}\n\n" if description.strip() else ""
     return f"usage: {prog} MODE [options]\n\n{head}modes ({prog} MODE --help lists its options):\n" + "\n".join(lines)
+
+
+def summary(description: str) -> str:
+    """A command's description in one line: the first sentence of its first paragraph (a paragraph may
+    wrap over several lines)."""
+    paragraph = " ".join(description.strip().split("\n\n")[0].split())
+    return re.split(r"(?<=\.)\s+(?=[A-Z])", paragraph, maxsplit=1)[0]
 
 
 def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:

@@ -80,6 +80,7 @@ With --prompt (up to 64 tokens): per checkpoint, one PNG per layer with a grid o
 heatmaps) and one of every layer averaged over heads. With --lengths 256 1024 4096: per length, attention
 mass against distance, attention entropy and the mass on the first tokens against query position, per
 layer, the training length marked. results.json holds every number plotted. The weights are recomputed in
-float32 on the eager reference kernel from the checkpoint's parameters.""",
+float32 on the eager reference kernel from the checkpoint's parameters: the fused kernels that train and
+sample never form them.""",
     aliases={"eval_data.": "data."},
 )

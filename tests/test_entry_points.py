@@ -40,6 +40,14 @@ def test_posgpt_help_lists_the_commands(capsys):
     assert "extrapolation | synthetic" in text
 
 
+def test_a_modes_line_is_its_commands_first_sentence(capsys):
+    """One sentence per mode: not the whole first paragraph (train's), nor a wrapped line cut short (bench gpu's)."""
+    lines = dict(re.findall(r"^  (\S+) +(.*)$", _help(capsys, []), flags=re.M))
+    assert lines["train"] == "Train a GPT on any text; the position scheme is --model.pos_encoding."
+    gpu = dict(re.findall(r"^  (\S+) +(.*)$", _help(capsys, ["bench"]), flags=re.M))["gpu"]
+    assert gpu.endswith("; nanoGPT's step beside ours."), gpu
+
+
 def test_every_commands_help_starts_its_options_within_25_lines(capsys):
     commands = _commands(posgpt.modes())
     assert ("train",) in commands and ("study", "synthetic") in commands and ("bench", "decode") in commands
