@@ -11,10 +11,11 @@ from test_cli import COMMANDS
 
 import bench
 from core import cli
+from posgpt import cli as posgpt
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_OURS = {"short"}  # git rev-parse --short, in core/repo.py
-EXAMPLES = {"x"}  # core/cli.py's docstrings show the list syntax on a made-up --x
+EXAMPLES = {"x", "GROUP.OPTION"}  # core/cli.py's docstrings and usage line show the syntax on made-up names
 
 
 def named_options() -> dict[str, set[str]]:
@@ -31,7 +32,7 @@ def named_options() -> dict[str, set[str]]:
 
 
 def test_every_option_a_message_names_is_an_option_of_a_command():
-    commands = [*COMMANDS.values(), *bench.MODES.values()]
+    commands = [*COMMANDS.values(), *bench.MODES.values(), posgpt.modes()["plot"]]
     accepted = set().union(*(cli.accepted(command) for command in commands))
     found = named_options()
     assert len(found) > 50  # the scan sees the messages
