@@ -109,6 +109,13 @@ class GPTConfig:
     chunked_loss: bool = False
     """Compute the loss through the output layer a chunk of rows at a time, never forming the (B, T, V)
     logits (model/loss.py): the same loss and gradients, less memory; forward then returns no logits."""
+    gelu_approximate: str = "none"
+    """The MLP's GELU: none (exact, erf; nanoGPT's) or tanh (the approximation GPT-2 was trained with)."""
+    init_from: str | None = None
+    """Start training from pretrained weights: gpt2 | gpt2-medium | gpt2-large | gpt2-xl (OpenAI's, from the
+    Hugging Face cache) or a directory holding a GPT-2-layout model.safetensors. The shape must be the
+    weights' (configs/finetune_gpt2.yaml has GPT-2 small's); another pos_encoding than learned replaces
+    GPT-2's position table (a scheme switch at step 0). Read only when a run starts afresh."""
 
     @property
     def padded_vocab_size(self) -> int:
@@ -137,6 +144,7 @@ class GPTConfig:
             raise ConfigError("GPTConfig.rope_scaling='ntk' needs a head size above 2 (it scales by D / (D - 2)).")
         _check_choice("rope_partial", self.rope_partial, ROPE_PARTIALS)
         _check_choice("attn_log_scaling", self.attn_log_scaling, ("none", "fixed", "learned"))
+        _check_choice("gelu_approximate", self.gelu_approximate, ("none", "tanh"))
         if self.attn_log_scale is not None and not self.attn_log_scale > 0:
             raise ConfigError(f"GPTConfig.attn_log_scale must be positive (or None), got {self.attn_log_scale!r}.")
         if self.attn_log_scaling != "none" and self.attn_log_scale is None and self.block_size < 2:

@@ -63,7 +63,7 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.fc = Linear(config.n_embd, 4 * config.n_embd, config.bias, config.linear_backend)
-        self.gelu = nn.GELU()  # exact (erf) GELU, as nanoGPT; GPT-2 used the tanh approximation
+        self.gelu = nn.GELU(approximate=config.gelu_approximate)  # exact (nanoGPT) or tanh (GPT-2)
         self.proj = Linear(4 * config.n_embd, config.n_embd, config.bias, config.linear_backend)
         self.dropout = nn.Dropout(config.dropout)
 

@@ -24,11 +24,11 @@ from model import GPTConfig
 from training.config import RunConfig
 
 CHANGEABLE_MODEL_FIELDS = frozenset(
-    {"attn_backend", "linear_backend", "dropout", "rope_scaling", "rope_scaling_factor", "chunked_loss"}
+    {"attn_backend", "linear_backend", "dropout", "rope_scaling", "rope_scaling_factor", "chunked_loss", "init_from"}
 )
 """Model fields that a resumed run may change: the weights keep their shapes and meaning (RoPE
 scaling is how position interpolation fine-tunes a trained model for longer contexts; the chunked
-loss computes the same loss)."""
+loss computes the same loss; pretrained weights are only read by a fresh start)."""
 
 
 def check_resume(path: str | Path, config: RunConfig, data: dict[str, Any]) -> list[str]:

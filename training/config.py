@@ -271,6 +271,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         self._check_switch()
+        if self.model.init_from and self.data.tokenizer != "gpt2":
+            raise ValueError(
+                f"model.init_from {self.model.init_from} is a GPT-2 model, which reads GPT-2's tokens: pass "
+                "--data.tokenizer gpt2."
+            )
         n, block = self.train.random_positions, self.model.block_size
         if n and n < block:
             raise ValueError(f"train.random_positions {n} must be at least model.block_size {block} (0: off).")

@@ -29,6 +29,7 @@ from data.tokenizer import Tokenizer
 from evaluation.curves import write_training_plot
 from model import GPT
 from model.kernels import AUTO
+from model.pretrained import from_pretrained, weights_file
 from training.callbacks import AtomicCheckpointIO, DivergenceGuard, LastCheckpoint, SpeedMonitor
 from training.checkpoint import check_resume
 from training.config import DataConfig, RunConfig, TrainConfig
@@ -180,6 +181,9 @@ def _fit(
     if used is not None:
         write_configs(run_dir, cfg, used)
     module = GPTModule(cfg, data.tokenizer.meta(), data.record)
+    if cfg.model.init_from and ckpt_path is None:  # a resume restores its own weights
+        module.model = from_pretrained(cfg.model)
+        log.info("Weights from %s (%s)", cfg.model.init_from, weights_file(cfg.model.init_from))
     module.model.activation_checkpointing = t.activation_checkpointing
     if t.fp8:
         log.info("FP8 training: %d linear layers through torchao's float8", convert_to_fp8(module.model))
