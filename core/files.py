@@ -4,7 +4,8 @@ Writes are atomic (a temporary file beside the target, fsynced, then renamed), t
 carry the writer's pid so that two processes never write one file, and a directory lock keeps two
 live writers (two runs, two prepares) out of one directory. A lock is released by the kernel when
 its process dies, even under kill -9, so it never goes stale; the temporary files a killed writer
-left are removed by the next holder of the lock.
+left are removed by the next holder of the lock. A writer that fails can have its lock file and the
+directories it created removed (`directory_lock(..., tidy=True)`): a waiter then locks afresh.
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@ Writes are atomic: `meta.json` is removed first and written last, after both tok
 place, and the data loader trusts a directory only when `meta.json` is there and agrees with the
 files. Re-running on unchanged sources and settings reuses the output. A directory lock serialises
 concurrent prepares of one output (the second waits, then reuses what the first wrote), and
-temporary files carry the writer's pid; those a killed prepare left are removed by the next one.
+temporary files carry the writer's pid; those a killed prepare left are removed by the next one. A prepare
+that fails (a full disk, a bad input, Ctrl+C) leaves no token file, no temporary file and no lock file, and
+removes the directories it created.
 """
 
 from __future__ import annotations
@@ -177,14 +179,15 @@ def _os_error(error: OSError, out: Path) -> DataError:
 @contextlib.contextmanager
 def _prepare_lock(out: Path) -> Iterator[None]:
     """The output's lock: at once when free, else (another prepare of the same output is running)
-    after saying that this one waits for it."""
+    after saying that this one waits for it. A prepare that fails removes the lock file and the
+    directories it created, so that a failed prepare into a new directory leaves nothing."""
     try:
-        with directory_lock(out):
+        with directory_lock(out, tidy=True):
             yield
         return
     except LockedError as error:
         log.info("%s; waiting for it to finish", error)
-    with directory_lock(out, wait=True):
+    with directory_lock(out, wait=True, tidy=True):
         yield
 
 
@@ -197,8 +200,8 @@ def _prepare_locked(
     tiktoken_ranks: str | None,
     workers: int | None,
 ) -> dict[str, Any]:
-    """`prepare`, once the output's lock is held; `digests` are the sources' (`Source.digest`)."""
-    tokenizer, val_fraction, errors = settings["tokenizer"], settings["val_fraction"], settings["errors"]
+    """`prepare`, once the output's lock is held; `digests` are the sources' (`Source.digest`). On any
+    failure the directory keeps none of the token files (nor, see `_prepare_lock`, itself if it was new)."""
     existing = _reusable(out, digests, settings, cap)
     if existing is not None:
         log.info("Reusing %s: sources and settings unchanged", out)
@@ -206,6 +209,25 @@ def _prepare_locked(
     remove_stale_tmp(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").unlink(missing_ok=True)  # from here on, the directory is not trusted
+    try:
+        return _write(sources, out, settings, digests, cap, tiktoken_ranks, workers)
+    except BaseException:  # token files without meta.json are never read: give their space back
+        for split in ("train", "val"):
+            (out / f"{split}.bin").unlink(missing_ok=True)
+        raise
+
+
+def _write(
+    sources: list[Source],
+    out: Path,
+    settings: dict[str, Any],
+    digests: list[bytes],
+    cap: int | None,
+    tiktoken_ranks: str | None,
+    workers: int | None,
+) -> dict[str, Any]:
+    """Tokenize, split and write `meta.json` last (`_prepare_locked`'s arguments)."""
+    tokenizer, val_fraction, errors = settings["tokenizer"], settings["val_fraction"], settings["errors"]
     chars = char_set(sources, errors) if tokenizer == "char" else set()
     if tokenizer == "char" and not chars:
         raise DataError(f"The input has no text: {_names(sources)} (empty).")
@@ -270,18 +292,21 @@ def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
     """Last tokens -> val.bin; the file itself, truncated to the first n_train, -> train.bin."""
     all_tokens = np.memmap(tokens, dtype=dtype, mode="r")
     val_tmp = tmp_path(out / "val.bin")
-    with open(val_tmp, "wb") as f:
-        for start in range(n_train, all_tokens.size, 1 << 24):
-            f.write(np.asarray(all_tokens[start : start + (1 << 24)]).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    del all_tokens
-    with open(tokens, "r+b") as f:
-        f.truncate(n_train * dtype.itemsize)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(val_tmp, out / "val.bin")
-    os.replace(tokens, out / "train.bin")
+    try:
+        with open(val_tmp, "wb") as f:
+            for start in range(n_train, all_tokens.size, 1 << 24):
+                f.write(np.asarray(all_tokens[start : start + (1 << 24)]).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        del all_tokens
+        with open(tokens, "r+b") as f:
+            f.truncate(n_train * dtype.itemsize)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(val_tmp, out / "val.bin")
+        os.replace(tokens, out / "train.bin")
+    finally:
+        val_tmp.unlink(missing_ok=True)
 
 
 def fingerprint(sources: list[Source], settings: dict[str, Any]) -> str:

@@ -4,6 +4,8 @@ distance, entropy and sink mass against position (`evaluation.attention` compute
 from __future__ import annotations
 
 import math
+import textwrap
+from collections.abc import Sequence
 from typing import Any
 
 import matplotlib
@@ -17,6 +19,8 @@ from matplotlib.colors import Normalize, PowerNorm, TwoSlopeNorm  # noqa: E402
 from evaluation.attention import bucket_means  # noqa: E402
 
 SPECIAL = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
+LEGEND_WRAP = 40
+"""Characters per line of a legend label; longer labels wrap (a legend must fit its figure)."""
 
 
 def printable(piece: str) -> str:
@@ -125,7 +129,8 @@ def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | 
     labels = list(dict.fromkeys(e["label"] for e in entries))
     colour = {label: f"C{i % 10}" for i, label in enumerate(order or labels)}
     sinks = entries[0]["summary"]["sink_tokens"]
-    fig, axes = plt.subplots(n_layer, 3, figsize=(12, 2.4 * n_layer + 0.9), dpi=72, squeeze=False)
+    fig, axes = plt.subplots(n_layer, 3, figsize=(12, 2.4 * n_layer + 0.9), dpi=72, squeeze=False,
+                             layout="constrained")  # fmt: skip
     for col, (key, field, ylabel, xlabel) in enumerate(PANELS):
         means = _label_means(entries, key, field)
         for label in labels:
@@ -155,10 +160,35 @@ def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | 
             ax.grid(True, which="major", alpha=0.3)
         axes[-1, col].set_xlabel(xlabel, fontsize=8)
     handles, names = axes[0, 1].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6), fontsize=8, frameon=False)
+    legend_below(fig, handles, names)
     fig.suptitle(f"Where attention goes at L = {length} (dashed: training length)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
+
+
+def legend_below(fig: plt.Figure, handles: Sequence[Any], labels: Sequence[str], max_cols: int = 6) -> Any:
+    """A legend under the panels of `fig` (a constrained-layout figure, which makes room for it) that lies
+    inside the figure: in as many columns (up to `max_cols`) as its width takes, labels wrapped at
+    LEGEND_WRAP characters where even one column is too wide, the figure widened where that is still too
+    wide; the figure grows by the legend's height, so the panels keep theirs. None when nothing is listed."""
+    if not handles:
+        return None
+    renderer = fig.canvas.get_renderer()
+    wrapped = [textwrap.fill(label, LEGEND_WRAP) for label in labels]
+    legend = None
+    for names in (list(labels), wrapped):
+        for ncol in range(min(len(names), max_cols), 0, -1):
+            legend = fig.legend(handles, names, loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
+            if legend.get_window_extent(renderer).width <= 0.96 * fig.bbox.width:
+                break
+            legend.remove()
+            legend = None
+        if legend is not None:
+            break
+    if legend is None:  # a label with a word too long for the figure
+        legend = fig.legend(handles, wrapped, loc="outside lower center", ncol=1, fontsize=8, frameon=False)
+        fig.set_figwidth(legend.get_window_extent(renderer).width / fig.dpi / 0.96)
+    fig.set_figheight(fig.get_figheight() + legend.get_window_extent(renderer).height / fig.dpi)
+    return legend
 
 
 def stats_figures(entries: list[dict[str, Any]]) -> list[tuple[str, plt.Figure]]:

@@ -3,83 +3,117 @@ rate, drawn from the run's CSV metrics into `<run dir>/training.png` (at the end
 demand: `posgpt plot --run_dir runs/NAME` or `python -m evaluation.curves --run_dir runs/NAME`).
 
 A run logs one `metrics.csv` across its launches; a run logged before that has one
-`logs/version_N/metrics.csv` per launch, read in order, a later launch's row for a step replacing the
-earlier one (a resumed launch repeats the steps after its checkpoint).
+`logs/version_N/metrics.csv` per launch (and one upgraded mid-way has both: the per-launch files, then
+`metrics.csv`). The files are read oldest launch first, and each launch's rows replace every row of the
+launches before it from its first step on: a resumed launch trains again the steps after its checkpoint,
+so what the abandoned launch logged there is no longer the run's.
+
+The figure is a plain `matplotlib.figure.Figure` (no pyplot): drawing it touches no global state, and
+importing this module (training does, to draw at the end of a run) imports no pyplot and picks no backend.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
-matplotlib.use("Agg")  # files only, no display; before pyplot is imported
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
-
-from core.cli import Command, run  # noqa: E402
-from core.errors import UserError  # noqa: E402
-from core.files import atomic_write_bytes  # noqa: E402
-from core.units import format_count  # noqa: E402
-from evaluation.report import png_bytes  # noqa: E402
+from core.cli import Command, run
+from core.errors import UserError
+from core.files import atomic_write_bytes
+from core.units import format_count
 
 PLOT_FILE = "training.png"
 SERIES = ("train/loss", "val/loss", "lr", "train/tokens")
 """The logged columns the plot reads (step is every row's)."""
 
+Metrics = dict[str, list[tuple[int, float]]]
+"""{column: [(optimizer step, value), ...] in step order}."""
+
 
 def metric_files(run_dir: Path) -> list[Path]:
-    """The run's metrics files, oldest launch first."""
+    """The run's metrics files, oldest launch first: the per-launch files of older runs in numeric version
+    order, then the one file of the run."""
+    versions = sorted((run_dir / "logs").glob("version_*/metrics.csv"), key=_version)
     single = run_dir / "metrics.csv"
-    if single.is_file():
-        return [single]
-    versions = sorted((run_dir / "logs").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:]))
-    return versions
+    return versions + ([single] if single.is_file() else [])
 
 
-def read_metrics(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """{column: [(step, value), ...] by step} of the run's logged metrics, each step once (the latest
-    launch's value)."""
+def _version(path: Path) -> int:
+    suffix = path.parent.name.removeprefix("version_")
+    return int(suffix) if suffix.isdigit() else -1
+
+
+def read_launch(path: Path) -> dict[int, dict[str, float]]:
+    """{step: {column: value}} of one metrics file, the rows of one step merged (Lightning writes train and
+    validation metrics as separate rows). Empty cells are metrics not logged that step; a cell that is no
+    number (the half-written last line of a killed launch) is left out."""
+    rows: dict[int, dict[str, float]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            step = _number(row.get("step"))
+            if step is None:
+                continue
+            values = {name: value for name in SERIES if (value := _number(row.get(name))) is not None}
+            rows.setdefault(int(step) + 1, {}).update(values)  # Lightning logs step k at index k - 1
+    return rows
+
+
+def _number(cell: str | None) -> float | None:
+    try:
+        return float(cell) if cell else None
+    except ValueError:
+        return None
+
+
+def merge_launches(launches: list[dict[int, dict[str, float]]]) -> Metrics:
+    """One series per column from the launches' rows, oldest launch first: each launch replaces the rows
+    of the launches before it from its first step on."""
+    merged: dict[int, dict[str, float]] = {}
+    for rows in launches:
+        if rows:
+            first = min(rows)
+            merged = {step: values for step, values in merged.items() if step < first}
+            merged.update(rows)
+    return {name: [(step, merged[step][name]) for step in sorted(merged) if name in merged[step]] for name in SERIES}
+
+
+def read_metrics(run_dir: Path) -> Metrics:
+    """The run's logged metrics as one series per column (see the module docstring)."""
     files = metric_files(run_dir)
     if not files:
         raise UserError(
             f"{run_dir} holds no metrics.csv: plots are drawn from the csv logger's metrics (train with "
             "--train.logger csv, the default; TensorBoard and wandb draw their own)."
         )
-    merged: dict[str, dict[int, float]] = {name: {} for name in SERIES}
-    for path in files:
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                if not row.get("step"):
-                    continue
-                step = int(float(row["step"])) + 1  # Lightning logs a step's metrics at its 0-based index
-                for name in SERIES:
-                    if row.get(name):
-                        merged[name][step] = float(row[name])
-    return {name: sorted(values.items()) for name, values in merged.items()}
+    return merge_launches([read_launch(path) for path in files])
 
 
-def training_figure(metrics: dict[str, list[tuple[int, float]]], title: str) -> plt.Figure:
-    """Loss (train and validation) and learning rate against optimizer steps, tokens on a second axis."""
-    fig, (loss_ax, lr_ax) = plt.subplots(2, 1, figsize=(7, 6), dpi=100, sharex=True, height_ratios=(3, 1))
+def training_figure(metrics: Metrics, title: str) -> Figure:
+    """Loss (train and validation) above, learning rate below, against optimizer steps; tokens seen on a
+    second x axis on top when they were logged."""
+    fig = Figure(figsize=(7, 6), dpi=100, layout="constrained")
+    loss_ax, lr_ax = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
     for name, label, style in (("train/loss", "train", {"color": "C0", "lw": 1.0}),
                                ("val/loss", "validation", {"color": "C3", "marker": "o", "ms": 3.5})):  # fmt: skip
         points = metrics.get(name) or []
         if points:
             steps, values = zip(*points, strict=True)
-            loss_ax.plot(steps, values, label=label, **style)
+            loss_ax.plot(steps, values, label=f"{label} (last {values[-1]:.3f})", **style)
     loss_ax.set_ylabel("loss (nats)")
     loss_ax.grid(True, alpha=0.3)
     loss_ax.legend(fontsize=8)
     loss_ax.set_title(title, fontsize=10)
     tokens = metrics.get("train/tokens") or []
-    if tokens and tokens[-1][0] > 0:  # tokens per step, from the logged count: a second x axis
+    if tokens and tokens[-1][0] > 0 and tokens[-1][1] > 0:  # tokens per step, from the logged count
         per_step = tokens[-1][1] / tokens[-1][0]
         axis = loss_ax.secondary_xaxis("top", functions=(lambda s: s * per_step, lambda t: t / per_step))
         axis.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_count(v)))
-        axis.set_xlabel("tokens", fontsize=8)
+        axis.set_xlabel("tokens seen", fontsize=8)
         axis.tick_params(labelsize=7)
     lr = metrics.get("lr") or []
     if lr:
@@ -89,7 +123,6 @@ def training_figure(metrics: dict[str, list[tuple[int, float]]], title: str) -> 
     lr_ax.set_xlabel("optimizer step")
     lr_ax.grid(True, alpha=0.3)
     lr_ax.tick_params(labelsize=7)
-    fig.tight_layout()
     return fig
 
 
@@ -98,8 +131,13 @@ def write_training_plot(run_dir: Path) -> Path:
     metrics = read_metrics(run_dir)
     if not any(metrics[name] for name in ("train/loss", "val/loss")):
         raise UserError(f"{run_dir}'s metrics hold no loss yet: train for at least --train.log_interval steps.")
+    buffer = io.BytesIO()
+    training_figure(metrics, run_dir.resolve().name).savefig(buffer, format="png")
     path = run_dir / PLOT_FILE
-    atomic_write_bytes(path, png_bytes(training_figure(metrics, run_dir.name)))
+    try:
+        atomic_write_bytes(path, buffer.getvalue())
+    except OSError as error:
+        raise UserError(f"cannot write {path}: {error.strerror or error}.") from None
     return path
 
 

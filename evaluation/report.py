@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
 from core.files import atomic_write_bytes  # noqa: E402
-from evaluation.attention_figures import stats_figures  # noqa: E402
+from evaluation.attention_figures import legend_below, stats_figures  # noqa: E402
 
 MAX_PANELS = 6
 """Lengths shown in loss_by_position.png (evenly chosen, the longest always among them)."""
@@ -222,7 +222,8 @@ def position_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
     shown = _panel_lengths(doc["settings"]["lengths"])
     cols = min(3, len(shown))
     rows = math.ceil(len(shown) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows + 0.6), dpi=72, squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows + 0.6), dpi=72, squeeze=False,
+                             layout="constrained")  # fmt: skip
     for ax, length in zip(axes.flat, shown, strict=False):
         for i, g in enumerate(groups):
             found = g.rows_at(length)
@@ -247,23 +248,9 @@ def position_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
     handles, labels = axes.flat[0].get_legend_handles_labels()
     if not handles:  # the first panel may have no applicable model
         handles, labels = next((a.get_legend_handles_labels() for a in axes.flat if a.lines), ([], []))
-    legend = fig.legend(handles, labels, loc="lower center", ncol=legend_columns(fig, labels), fontsize=8,
-                        frameon=False)  # fmt: skip
+    legend_below(fig, handles, labels)
     fig.suptitle("Loss by position inside the window", fontsize=10)
-    fig.canvas.draw()  # the legend's height: the figure grows by it, the panels stay above it
-    legend_inches = legend.get_window_extent().height / fig.dpi + 0.1
-    panels_inches = fig.get_figheight()
-    fig.set_figheight(panels_inches + legend_inches)
-    fig.tight_layout(rect=(0, legend_inches / (panels_inches + legend_inches), 1, 1))
     return fig
-
-
-def legend_columns(fig: plt.Figure, labels: list[str], fontsize: float = 8) -> int:
-    """As many legend columns as fit the figure's width with the longest label (about 0.6 em a
-    character, plus the line sample and the spacing)."""
-    width = fig.get_figwidth() * fig.dpi
-    column = (max((len(label) for label in labels), default=1) * 0.6 + 4) * fontsize
-    return max(1, min(len(labels), int(width // column)))
 
 
 def _panel_lengths(lengths: list[int]) -> list[int]:

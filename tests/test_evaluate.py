@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import matplotlib.colors
 import numpy as np
 import pytest
 from conftest import make_text
@@ -14,8 +15,11 @@ from conftest import make_text
 import evaluate as evaluate_script
 from core import cli
 from data.dataset import load_prepared
+from evaluation.attention import log_edges
+from evaluation.attention_figures import stats_figure
 from evaluation.checkpoint import load_checkpoint
 from evaluation.config import EvalData, EvalSettings
+from evaluation.report import TRAIN_LENGTH_LINE, Group, line_style, position_figure
 from evaluation.run import Subject, default_labels, evaluate_checkpoints
 from model import GPTConfig
 from training.config import DataConfig, RunConfig, TrainConfig
@@ -236,3 +240,68 @@ def test_bfloat16_autocast_on_cpu_stays_close_to_float32(runs, tmp_path):
     for run, ref in zip(bf16["runs"], fp32["runs"], strict=True):
         for row, ref_row in zip(run["results"], ref["results"], strict=True):
             assert row["loss"] == pytest.approx(ref_row["loss"], rel=2e-2) and row["loss"] != ref_row["loss"]
+
+
+# the figures' legends and the training-length marker, on hand-made results
+
+LONG_LABELS = {
+    "wide": [f"WWWWWWWWWWWWWWWWWWWWWWWWWWWW MMMMMMMM {i}" for i in range(4)],  # wide letters, one column too wide
+    "one_word": ["rope_yarn_" * 12 + str(i) for i in range(3)],  # no space to wrap at
+    "many": [f"rope + yarn, attn_window 64, seed average {i}" for i in range(12)],
+}
+
+
+def _assert_legend_fits(fig, labels: list[str]) -> None:
+    """The legend lies inside the figure as drawn (nothing clipped when saved), below every panel, and
+    lists every label (wrapped, perhaps)."""
+    fig.canvas.draw()
+    (legend,) = fig.legends
+    box, page = legend.get_window_extent(), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, (box, page)
+    for ax in fig.axes:
+        if ax.lines:  # the panel with its tick labels and axis label sits above the legend
+            assert ax.get_tightbbox().y0 >= box.y1 - 1
+    shown = {"".join(text.get_text().split()) for text in legend.get_texts()}
+    assert {"".join(label.split()) for label in labels} <= shown
+
+
+def _position_doc(labels: list[str], lengths=(64, 128)) -> tuple[dict, list[Group]]:
+    runs = [{"label": label, "train_length": 32, "results": [{"length": n, "applicable": True,
+             "bucket_starts": [0, n // 4, n // 2, 3 * n // 4], "by_position": [3.0 - 0.1 * i, 2.5, 2.4, 2.6]}
+             for n in lengths]} for i, label in enumerate(labels)]  # fmt: skip
+    return {"settings": {"lengths": list(lengths)}}, [Group(r["label"], [r]) for r in runs]
+
+
+@pytest.mark.parametrize("labels", LONG_LABELS)
+@pytest.mark.parametrize("lengths", [(64,), (64, 128, 256, 512)])
+def test_the_loss_by_position_legend_lies_inside_the_figure(labels, lengths):
+    _assert_legend_fits(position_figure(*_position_doc(LONG_LABELS[labels], lengths)), LONG_LABELS[labels])
+
+
+def _stats_entries(labels: list[str], length: int = 64) -> list[dict]:
+    edges = log_edges(length)
+    buckets = len(edges) - 1
+    per_head = [[[0.5 / (b + 1) for b in range(buckets)]] * 2] * 2  # [layer][head][bucket]
+    summary = {"sink_tokens": 4, "distance": {"edges": edges, "mean_weight": per_head},
+               "position": {"edges": edges, "entropy": per_head, "sink_mass": per_head}}  # fmt: skip
+    return [{"label": label, "train_length": 32, "length": length, "summary": summary} for label in labels]
+
+
+@pytest.mark.parametrize("labels", LONG_LABELS)
+def test_the_attention_figure_legend_lies_inside_the_figure(labels):
+    _assert_legend_fits(stats_figure(_stats_entries(LONG_LABELS[labels]), 64), LONG_LABELS[labels])
+
+
+def test_the_training_length_is_marked_in_a_colour_and_style_no_model_has():
+    """Black dash-dots: far from each of the 30 model colours (C7 is grey), in a line style none uses."""
+    doc, groups = _position_doc([f"scheme {i}" for i in range(30)])
+    fig = position_figure(doc, groups)
+    ax = fig.axes[0]
+    marks = [line for line in ax.lines if line.get_label().startswith("_") and len(set(line.get_xdata())) == 1]
+    curves = [line for line in ax.lines if not line.get_label().startswith("_")]
+    assert len(marks) == 1 and len(curves) == 30 and list(marks[0].get_xdata()) == [32, 32]
+    mark_rgb = np.array(matplotlib.colors.to_rgb(marks[0].get_color()))
+    for curve in curves:
+        assert np.linalg.norm(mark_rgb - matplotlib.colors.to_rgb(curve.get_color())) > 0.5
+        assert marks[0].get_linestyle() != curve.get_linestyle()
+    assert TRAIN_LENGTH_LINE["linestyle"] not in {line_style(i)["linestyle"] for i in range(30)}

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
+import errno
 import json
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -13,11 +16,16 @@ import numpy as np
 import pytest
 from conftest import make_text
 
+from core import files as files_module
+from core.files import directory_lock
+from data import encode as encode_module
 from data import prepare as prepare_module
 from data.dataset import load_prepared
 from data.errors import DataError
 from data.prepare import prepare, resolve_sources, token_dtype
 from data.tokenizer import EOT, CharTokenizer, GPT2Tokenizer
+
+from helpers import cli_error
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -180,3 +188,102 @@ def test_named_corpus_offline_says_how_to_pass_a_local_file(tmp_path, monkeypatc
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     with pytest.raises(DataError, match=r"offline\? Pass a local copy instead: --data.input"):
         resolve_sources("shakespeare")
+
+
+# a full disk
+
+
+class _FullDisk:
+    """A file opened for writing on a disk that fills after `room` bytes: the write that passes it writes what
+    fits, then raises ENOSPC."""
+
+    def __init__(self, file, room: int) -> None:
+        self.file, self.room = file, room
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self.room:
+            self.file.write(data[: self.room])
+            raise OSError(errno.ENOSPC, "No space left on device", self.file.name)
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
+
+
+def _fill_disk(monkeypatch, module, room: int = 10) -> None:
+    """`module`'s files opened for writing see a disk that fills after `room` bytes."""
+    real_open = builtins.open
+
+    def full_open(path, mode="r", *args, **kwargs):
+        file = real_open(path, mode, *args, **kwargs)
+        return _FullDisk(file, room) if "w" in mode or "+" in mode else file
+
+    monkeypatch.setattr(module, "open", full_open, raising=False)
+
+
+# the three writes of a prepare: the token stream, the validation split, meta.json
+WRITERS = {"tokens": encode_module, "split": prepare_module, "meta": files_module}
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_full_disk_leaves_nothing_and_says_so_in_one_line(text_file, tmp_path, monkeypatch, capsys, writer):
+    root = tmp_path / "prepared"  # neither it nor out exists yet: both are the prepare's to remove
+    out = root / "corpus"
+    _fill_disk(monkeypatch, WRITERS[writer])
+    line = cli_error(capsys, prepare_module.COMMAND, ["--inputs", str(text_file), "--out_dir", str(out)])
+    assert "No space left on device" in line and "Free some space" in line and "discarded" in line
+    assert not root.exists()  # no token file, no temporary file, no lock file, no directory
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
+
+
+def test_a_full_disk_in_a_directory_the_user_made_removes_only_what_the_prepare_wrote(text_file, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    prepare(str(text_file), str(out), "char")  # a complete earlier prepare, then other text
+    (out / "notes.txt").write_text("mine")
+    text_file.write_text(make_text(seed=3))
+    before = {p.name for p in out.iterdir()}
+    _fill_disk(monkeypatch, prepare_module)
+    with pytest.raises(DataError, match="No space left on device"):
+        prepare(str(text_file), str(out), "char")
+    left = {p.name for p in out.iterdir()}
+    assert left <= before and "notes.txt" in left and (out / "notes.txt").read_text() == "mine"
+    assert not {"meta.json", "train.bin", "val.bin"} & left and not [n for n in left if ".tmp" in n]
+    monkeypatch.undo()
+    prepare(str(text_file), str(out), "char")  # the next prepare (space freed) succeeds
+    assert load_prepared(out).tokenizer().decode(_all_tokens(out).tolist()) == make_text(seed=3)
+
+
+def test_a_waiter_on_a_lock_its_failed_holder_removed_locks_afresh(tmp_path):
+    """A tidy holder that fails removes the lock file while a second writer waits on it: the waiter then
+    holds the file at the path (a third writer would find it locked), not the removed one."""
+    out = tmp_path / "new" / "out"
+    holding, waiter_done, seen = threading.Event(), threading.Event(), {}
+
+    def wait_for_it() -> None:
+        holding.wait()
+        with directory_lock(out, wait=True, tidy=True):
+            lock = out / ".lock"
+            seen["exists"] = lock.exists()
+            try:
+                with directory_lock(out):
+                    seen["third"] = "got it"
+            except files_module.LockedError:
+                seen["third"] = "refused"
+        waiter_done.set()
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    with pytest.raises(RuntimeError), directory_lock(out, tidy=True):
+        holding.set()
+        threading.Event().wait(0.3)  # the waiter is blocked on the lock by now
+        raise RuntimeError("failed")
+    waiter.join(10)
+    assert waiter_done.is_set() and seen == {"exists": True, "third": "refused"}
+    assert (out / ".lock").exists()  # the waiter succeeded: its lock stays, as a lock always did

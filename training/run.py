@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -240,8 +239,10 @@ def _fit(
     plot = None
     if trainer.is_global_zero and t.logger == "csv":
         trainer.logger.save()  # the rows still buffered
-        with contextlib.suppress(UserError):  # a run shorter than log_interval has no curve to draw
+        try:
             plot = write_training_plot(run_dir)
+        except UserError as error:  # no loss logged yet, or a disk that cannot take the figure: the run is done
+            log.warning("No training.png: %s", error)
     return RunResult(run_dir, run_dir / "last.ckpt", best_path, best_loss, sample, plot)
 
 
