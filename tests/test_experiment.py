@@ -4,6 +4,8 @@ shrunk from the command line, run reuse, and the configs in configs/ parse."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -31,8 +33,14 @@ def _tiny(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def test_a_tiny_experiment_end_to_end_and_reuse(tmp_path, text_file, capsys):
-    cli.run(experiment.COMMAND, _tiny(tmp_path, text_file))
+def test_a_tiny_experiment_end_to_end_and_reuse(tmp_path, text_file, capsys, caplog):
+    with caplog.at_level(logging.INFO):
+        cli.run(experiment.COMMAND, _tiny(tmp_path, text_file))
+    lines = caplog.messages  # a study's progress: the plain lines of a run's steps, one per run and step
+    assert "run 1/4 | training rope-seed1" in lines and sum(m.startswith("Reusing prepared/") for m in lines) <= 1
+    done = r"run 3/4 \| learned-seed1 trained in \d+:\d\d \| 1 left \| ETA \d+:\d\d"
+    assert any(re.fullmatch(done, m) for m in lines)
+    assert not any("no checkpoint in" in m for m in lines)  # a study's fresh run is no news
     report = tmp_path / "report"
     for name in ("results.json", "results.md", "ppl_vs_length.png", "loss_by_position.png", "experiment.yaml"):
         assert (report / name).stat().st_size > 0
