@@ -38,7 +38,7 @@ def test_a_tiny_experiment_end_to_end_and_reuse(tmp_path, text_file, capsys, cap
         cli.run(experiment.COMMAND, _tiny(tmp_path, text_file))
     lines = caplog.messages  # a study's progress: the plain lines of a run's steps, one per run and step
     assert "run 1/4 | training rope-seed1" in lines and sum(m.startswith("Reusing prepared/") for m in lines) <= 1
-    done = r"run 3/4 \| learned-seed1 trained in \d+:\d\d \| 1 left \| ETA \d+:\d\d"
+    done = r"run 3/4 \| rope-seed2 trained in \d+:\d\d \| 1 left \| ETA \d+:\d\d"
     assert any(re.fullmatch(done, m) for m in lines)
     assert not any("no checkpoint in" in m for m in lines)  # a study's fresh run is no news
     report = tmp_path / "report"
