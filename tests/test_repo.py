@@ -88,3 +88,21 @@ def test_no_python_file_is_over_400_lines():
     files = tracked or [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")]
     long = {f: n for f in files if (n := len((ROOT / f).read_text().splitlines())) > 400}
     assert not long, long
+
+
+def test_the_readme_is_short_and_its_links_lead_somewhere():
+    """The README starts where users start (under 200 lines); the reference lives in docs/, and every
+    relative link of the README and of docs/*.md names a file or directory that exists."""
+    import re
+
+    readme = ROOT / "README.md"
+    assert len(readme.read_text().splitlines()) < 200
+    pages = [readme, *sorted((ROOT / "docs").glob("*.md"))]
+    assert len(pages) > 5
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            path = target.split("#")[0]
+            if path and "://" not in path and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, broken
