@@ -79,7 +79,7 @@ handled do not)."""
 
 def other_run(path: Path, used: RunConfig) -> str:
     """How the run whose config is `path` (absent: none) differs from `used` in data, model or seed; '' if
-    it is the same run."""
+    it is the same run (a config.yaml of an older version, which kept `auto`, matches what auto chose)."""
     try:
         saved = yaml.safe_load(path.read_text()) if path.is_file() else None
     except (OSError, yaml.YAMLError):
@@ -88,7 +88,7 @@ def other_run(path: Path, used: RunConfig) -> str:
         return ""
     now = dataclasses.asdict(used.data)
     diffs = [f"data.{k}: {saved['data'].get(k)!r} vs now {now[k]!r}"
-             for k in COMPARED_DATA_FIELDS if saved["data"].get(k) != now[k]]  # fmt: skip
+             for k in COMPARED_DATA_FIELDS if saved["data"].get(k) not in (now[k], AUTO_CORPUS)]  # fmt: skip
     return "; ".join(diffs + same_run_differences(saved, used, CONFIG_FILE))
 
 
