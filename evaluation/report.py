@@ -187,9 +187,10 @@ def _one_or_list(values: list[Any]) -> str:
 
 
 def ppl_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
-    """Perplexity against length, log-log, one line per model, the training length(s) marked."""
+    """Perplexity against length, log-log, one line per model, the training length(s) marked, the legend
+    below the axes."""
     lengths = doc["settings"]["lengths"]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100, layout="constrained")
     for i, g in enumerate(groups):
         points = [(n, stat) for n in lengths if (stat := g.ppl_at(n)) is not None]
         if not points:
@@ -212,8 +213,7 @@ def ppl_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
     mode = doc["settings"]["mode"] + (f", stride {doc['settings']['stride']}" if doc["settings"]["stride"] else "")
     ax.set_title(f"Perplexity against context length ({mode})", fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    legend_below(fig, *ax.get_legend_handles_labels())  # below the axes: a study's many curves stay visible
     return fig
 
 

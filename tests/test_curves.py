@@ -128,3 +128,18 @@ def test_the_loss_by_position_legend_fits_and_the_training_length_is_no_models_c
     assert marker and marker[0].get_color() == TRAIN_LENGTH_LINE["color"]
     styles = {(line_style(i)["color"], line_style(i)["linestyle"]) for i in range(30)}
     assert (TRAIN_LENGTH_LINE["color"], TRAIN_LENGTH_LINE["linestyle"]) not in styles
+
+
+def test_the_perplexity_figures_legend_lies_below_the_axes_inside_the_figure():
+    from evaluation.report import ppl_figure
+
+    labels = [f"rope + yarn, attn_window 64, variant number {i}" for i in range(12)]
+    runs = [{"label": label, "train_length": 32, "results": [{"length": n, "ppl": 10.0 + i + n / 64}
+             for n in (32, 64)]} for i, label in enumerate(labels)]  # fmt: skip
+    doc = {"settings": {"lengths": [32, 64], "mode": "nonoverlap", "stride": None}}
+    fig = ppl_figure(doc, [Group(r["label"], [r]) for r in runs])
+    fig.canvas.draw()
+    legend, figure, axes = fig.legends[0].get_window_extent(), fig.bbox, fig.axes[0].get_window_extent()
+    assert figure.x0 <= legend.x0 and legend.x1 <= figure.x1 and figure.y0 <= legend.y0
+    assert legend.y1 <= axes.y0 and not fig.axes[0].get_legend()
+    assert [t.get_text() for t in fig.legends[0].get_texts()][0].startswith("rope + yarn")
