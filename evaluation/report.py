@@ -72,7 +72,14 @@ def write_report(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
         files[name] = png_bytes(figure)
     for name, payload in files.items():
         atomic_write_bytes(out / name, payload)
+    for stale in set(out.glob(STATS_FIGURES)) - {out / name for name in files}:  # an earlier report's lengths
+        stale.unlink()
     return [out / name for name in files]
+
+
+STATS_FIGURES = "attention_L*.png"
+"""The attention-statistics figures a report writes, one per length: those of an earlier report into the same
+directory go, so that the figures beside results.json are this report's."""
 
 
 def fmt(value: float) -> str:

@@ -268,6 +268,10 @@ def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path):
     assert rows["learned"].rstrip(" |").endswith("n/a")  # learned positions stop at block_size
     rate = next(e for e in doc["attention"] if e["label"] == "window")["summary"]["sink_rate"]
     assert len(rate["per_layer"]) == 2 and 0 <= rate["model"] <= 1
+    cli.run(evaluate_script.COMMAND, ["--ckpt", str(runs["window"]), "--eval.lengths", "[16]", "--eval.token_budget",
+                                      "64", "--eval.attention_stats", "true", "--eval.progress", "false", "--out",
+                                      str(out)])  # fmt: skip
+    assert sorted(p.name for p in out.glob("attention_L*.png")) == ["attention_L16.png"]  # no earlier length left
 
 
 def test_the_help_says_where_the_weights_come_from(capsys):
