@@ -34,8 +34,16 @@ def kept_rows(path: Path, start_step: int) -> tuple[list[str], list[dict[str, st
         return [], []
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        rows = [row for row in reader if row.get("step") and int(float(row["step"])) < start_step]
+        rows = [row for row in reader if _step(row) < start_step]
         return list(reader.fieldnames or []), rows
+
+
+def _step(row: dict[str, str | None]) -> float:
+    """A row's step; infinity for a row without one (the half-written last line of a killed launch)."""
+    try:
+        return float(row.get("step") or "inf")
+    except ValueError:
+        return float("inf")
 
 
 class _ContinuedWriter(ExperimentWriter):
