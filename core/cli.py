@@ -37,6 +37,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 import configs
 from core.errors import ConfigError, UserError, did_you_mean
 from core.lists import ListOption, spread_lists
+from core.quiet import quiet_libraries
 
 C = TypeVar("C")
 
@@ -94,7 +95,7 @@ def run(command: Command[C], argv: Sequence[str] | None = None) -> None:
         config = parse(command, argv)
         if command.logs:
             logging.basicConfig(level=logging.INFO, format="%(message)s")
-        with spelled_logs(command):
+        with spelled_logs(command), quiet_libraries():
             command.main(config)
     except UsageError as error:  # its own options, as the user typed them
         print(error.line(), file=sys.stderr)

@@ -7,12 +7,9 @@ writes where there is no terminal to redraw it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import time
-import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
@@ -25,28 +22,6 @@ log = logging.getLogger(__name__)
 
 LINES_PER_RUN = 20
 """About how many plain progress lines a run prints when `train.print_interval` is left to choose."""
-
-
-LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
-"""Loggers of Lightning's notices (devices available, AMP in use, a logging service's advertisement)."""
-
-
-@contextlib.contextmanager
-def quiet_libraries() -> Iterator[None]:
-    """Leave out Lightning's notices (its warnings stay) and the deprecation warnings that libraries raise
-    about each other's APIs, which the user can do nothing about."""
-    loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            for category in (DeprecationWarning, FutureWarning):
-                warnings.filterwarnings("ignore", category=category, module=r"(lightning|torch|lightning_utilities)\.")
-            yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
 
 
 def print_every(max_steps: int, log_interval: int) -> int:

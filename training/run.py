@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from core.checkpoint import read_checkpoint
 from core.errors import UserError
 from core.files import LockedError, directory_lock
+from core.quiet import quiet_libraries
 from core.repo import git_sha
 from data.datamodule import TaskDataModule, TokenDataModule
 from data.dataset import PreparedData, prepare_dir
@@ -36,7 +37,7 @@ from training.fp8 import check_fp8, convert_to_fp8
 from training.hardware import check_accelerator, check_strategy, resolve_precision
 from training.logs import make_logger
 from training.module import GPTModule
-from training.progress import ProgressBar, print_every, progress_callback, quiet_libraries
+from training.progress import ProgressBar, print_every, progress_callback
 from training.rundir import (
     RunError,
     check_writable,
