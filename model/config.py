@@ -23,6 +23,10 @@ RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
 RopePartial = Literal["p_rope", "neox"]
 ROPE_PARTIALS: tuple[str, ...] = get_args(RopePartial)
+GPT2_SHAPES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
+               "gpt2-xl": (48, 25, 1600)}  # fmt: skip
+"""OpenAI's GPT-2 models on the Hugging Face hub (`init_from`): (n_layer, n_head, n_embd). Here, not in
+model/pretrained.py, so that a wrong shape is refused when the config is built, before data is prepared."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +149,8 @@ class GPTConfig:
         _check_choice("rope_partial", self.rope_partial, ROPE_PARTIALS)
         _check_choice("attn_log_scaling", self.attn_log_scaling, ("none", "fixed", "learned"))
         _check_choice("gelu_approximate", self.gelu_approximate, ("none", "tanh"))
+        if self.init_from in GPT2_SHAPES:
+            self._check_gpt2_shape(self.init_from, *GPT2_SHAPES[self.init_from])
         if self.attn_log_scale is not None and not self.attn_log_scale > 0:
             raise ConfigError(f"GPTConfig.attn_log_scale must be positive (or None), got {self.attn_log_scale!r}.")
         if self.attn_log_scaling != "none" and self.attn_log_scale is None and self.block_size < 2:
@@ -173,6 +179,15 @@ class GPTConfig:
         if self.linear_backend == "onednn" and not onednn_available():
             raise ConfigError("GPTConfig.linear_backend='onednn': this PyTorch build has no oneDNN; use auto or aten.")
         check_config(self)  # the registries' half: names, each scheme's needs, a kernel for the combination
+
+    def _check_gpt2_shape(self, source: str, layers: int, heads: int, width: int) -> None:
+        """Refuse, in one line naming every option to pass, a model that GPT-2's weights do not fit. The
+        shape is not taken from the weights silently: the config, and the config.yaml of the run, say
+        what the model is (`model.pretrained.check_shape` does the same for a directory of weights)."""
+        wanted = {"n_layer": layers, "n_head": heads, "n_embd": width, "bias": True, "gelu_approximate": "tanh"}
+        wrong = [k for k, v in wanted.items() if getattr(self, k) != v]
+        if wrong:
+            raise ConfigError(gpt2_shape_message(source, wanted, wrong))
 
     def _check_random_blocks(self) -> None:
         block = self.attn_sparse_block
@@ -207,6 +222,16 @@ class GPTConfig:
         if unknown:
             raise ConfigError(f"Unknown GPTConfig field(s) {unknown}; valid fields: {sorted(known)}.")
         return cls(**values)
+
+
+def gpt2_shape_message(source: str, wanted: dict[str, Any], wrong: list[str]) -> str:
+    """The refusal of a model that the weights `source` do not fit: the options that make it fit."""
+    flags = " ".join(f"--model.{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in wanted.items())
+    return (
+        f"--model.init_from {source} holds a model of {wanted['n_layer']} layers, {wanted['n_head']} heads, "
+        f"{wanted['n_embd']} wide, with biases and tanh GELU; this one differs in {', '.join(wrong)}: pass {flags} "
+        "(and --data.tokenizer gpt2)."
+    )
 
 
 def _check_choice(field: str, value: object, choices: tuple[str, ...]) -> None:

@@ -20,13 +20,10 @@ import torch
 from torch import Tensor
 
 from core.errors import UserError
-from model.config import GPTConfig
+from model.config import GPT2_SHAPES, GPTConfig, gpt2_shape_message
 from model.gpt import GPT
 from model.positions import SCHEMES
 
-VARIANTS = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
-            "gpt2-xl": (48, 25, 1600)}  # fmt: skip
-"""OpenAI's GPT-2 models on the Hugging Face hub: (n_layer, n_head, n_embd)."""
 GPT2_POSITIONS = "learned"
 """GPT-2's position scheme: a learned table of 1024 positions."""
 WEIGHTS = "model.safetensors"
@@ -56,10 +53,8 @@ def weights_file(source: str) -> Path:
         if (path / WEIGHTS).is_file():
             return path / WEIGHTS
         raise PretrainedError(f"--model.init_from {source}: the directory holds no {WEIGHTS}.")
-    if source not in VARIANTS:
-        raise PretrainedError(
-            f"--model.init_from {source}: neither a directory nor one of {', '.join(VARIANTS)}."
-        )
+    if source not in GPT2_SHAPES:
+        raise PretrainedError(f"--model.init_from {source}: neither a directory nor one of {', '.join(GPT2_SHAPES)}.")
     repo = hub_cache() / f"models--{source}"
     ref = repo / "refs" / "main"
     snapshots = [repo / "snapshots" / ref.read_text().strip()] if ref.is_file() else []
@@ -95,20 +90,24 @@ def config_heads(path: Path) -> int | None:
 
 
 def check_shape(config: GPTConfig, weights: dict[str, Tensor], source: str, heads: int | None) -> None:
-    """Refuse, in one line naming the settings, a model whose shape is not the weights'."""
+    """Refuse, in one line naming the settings, weights that are not GPT-2's layout or a model whose
+    shape is not the weights'."""
+    layers = sorted({int(m.group(1)) for name in weights if (m := re.match(r"h\.(\d+)\.", name))})
+    needed = ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"]
+    needed += [f"h.{i}.{theirs}.{kind}" for i in layers for theirs in NAMES for kind in ("weight", "bias")]
+    missing = [name for name in needed if name not in weights]
+    if missing or not layers:
+        raise PretrainedError(
+            f"--model.init_from {source}: not GPT-2's layout (GPT2LMHeadModel's tensor names), missing "
+            f"{', '.join(missing[:3]) or 'h.0.*'}{' ...' if len(missing) > 3 else ''}."
+        )
     vocab, width = weights["wte.weight"].shape
     positions = weights["wpe.weight"].shape[0]
-    layers = len({int(m.group(1)) for name in weights if (m := re.match(r"h\.(\d+)\.", name))})
-    heads = VARIANTS[source][1] if source in VARIANTS else heads or config.n_head
-    wanted = {"n_layer": layers, "n_head": heads, "n_embd": width, "bias": True, "gelu_approximate": "tanh"}
-    wrong = {k: v for k, v in wanted.items() if getattr(config, k) != v}
+    heads = GPT2_SHAPES[source][1] if source in GPT2_SHAPES else heads or config.n_head
+    wanted = {"n_layer": len(layers), "n_head": heads, "n_embd": width, "bias": True, "gelu_approximate": "tanh"}
+    wrong = [k for k, v in wanted.items() if getattr(config, k) != v]
     if wrong:
-        flags = " ".join(f"--model.{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in wanted.items())
-        raise PretrainedError(
-            f"--model.init_from {source} holds a model of {layers} layers, {heads} heads, {width} wide, with biases "
-            f"and tanh GELU; this one differs in {', '.join(wrong)}: pass {flags} (configs/finetune_gpt2.yaml has "
-            "GPT-2 small's)."
-        )
+        raise PretrainedError(gpt2_shape_message(source, wanted, wrong))
     if config.vocab_size != vocab:
         raise PretrainedError(
             f"--model.init_from {source} has a vocabulary of {vocab} tokens, the data's tokenizer {config.vocab_size}: "
@@ -121,24 +120,28 @@ def check_shape(config: GPTConfig, weights: dict[str, Tensor], source: str, head
         )
 
 
-def gpt2_state(weights: dict[str, Tensor], model: GPT) -> dict[str, Tensor]:
-    """This model's state dict filled from GPT-2's tensors (the vocabulary padded with zero rows, the
-    position table cut to block_size)."""
-    state = {k: v.clone() for k, v in model.state_dict().items()}
+def load_gpt2(model: GPT, weights: dict[str, Tensor]) -> None:
+    """Copy GPT-2's tensors into `model` (of GPT-2's scheme) in place: no second copy of the model is
+    made, which matters for gpt2-xl's 6 GB. The position table is cut to block_size. Rows of the padded
+    vocabulary (50257 -> 50304) get the mean of the real rows: a zero row would give a logit of 0, far
+    above GPT-2's, which are mostly strongly negative, so the 47 padded tokens would take most of the
+    probability of the (padded) softmax of the loss; a mean row's logit is the mean of the real logits,
+    so by Jensen's inequality the 47 add at most 47/50257 to its normaliser (< 0.001 nats). Parameters
+    GPT-2 has none of (a learned score matrix, a learned log-length scale) keep their initialisation."""
+    state = model.state_dict()  # views of the parameters
     vocab = weights["wte.weight"].shape[0]
     state["wte.weight"][:vocab] = weights["wte.weight"]
-    state["wte.weight"][vocab:] = 0
-    state["lm_head.weight"] = state["wte.weight"]
-    rows = min(model.config.block_size, weights["wpe.weight"].shape[0])  # more rows: a table switched away
+    state["wte.weight"][vocab:] = weights["wte.weight"].to(torch.float64).mean(0)
+    rows = min(model.config.block_size, weights["wpe.weight"].shape[0])
     state["pe.table.weight"][:rows] = weights["wpe.weight"][:rows]
-    for name in ("weight", "bias"):
-        state[f"ln_f.{name}"] = weights[f"ln_f.{name}"]
+    copies = {f"ln_f.{kind}": weights[f"ln_f.{kind}"] for kind in ("weight", "bias")}
     for layer in range(model.config.n_layer):
         for theirs, ours in NAMES.items():
             for kind in ("weight", "bias"):
                 tensor = weights[f"h.{layer}.{theirs}.{kind}"]
-                state[f"blocks.{layer}.{ours}.{kind}"] = tensor.t() if f"{theirs}.{kind}" in TRANSPOSED else tensor
-    return state
+                copies[f"blocks.{layer}.{ours}.{kind}"] = tensor.t() if f"{theirs}.{kind}" in TRANSPOSED else tensor
+    for name, tensor in copies.items():
+        state[name].copy_(tensor)
 
 
 def from_pretrained(config: GPTConfig) -> GPT:
@@ -150,7 +153,7 @@ def from_pretrained(config: GPTConfig) -> GPT:
     as_gpt2 = dataclasses.replace(config, pos_encoding=GPT2_POSITIONS)
     model = GPT(as_gpt2)
     with torch.no_grad():
-        model.load_state_dict({k: v.to(torch.float32) for k, v in gpt2_state(weights, model).items()})
+        load_gpt2(model, weights)
     if config.pos_encoding != as_gpt2.pos_encoding:
         model.switch(config)
     return model

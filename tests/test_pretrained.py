@@ -6,6 +6,7 @@ Hugging Face's own model is skip-guarded."""
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from core import cli
+from core.errors import ConfigError
 from experiments import extrapolation
 from model import GPTConfig
 from model.gpt import MLP
@@ -24,14 +26,17 @@ LAYERS, HEADS, WIDTH, POSITIONS, VOCAB = 2, 2, 32, 64, 50257
 
 
 def gpt2_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
-    """GPT-2's names and layouts (Conv1D weights as (in, out)), small random values."""
+    """GPT-2's names and layouts (Conv1D weights as (in, out)), small random values; like GPT-2's, the
+    logits are strongly negative: every token row leans against ln_f's bias in one coordinate, which
+    ln_f's weight leaves out, so each logit has -9 added."""
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape: int, scale: float = 0.1) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * scale
 
-    w = {"wte.weight": r(VOCAB, WIDTH), "wpe.weight": r(POSITIONS, WIDTH), "ln_f.weight": 1 + r(WIDTH),
-         "ln_f.bias": r(WIDTH)}  # fmt: skip
+    lean = F.one_hot(torch.tensor(0), WIDTH).float()
+    w = {"wte.weight": r(VOCAB, WIDTH) - 3 * lean, "wpe.weight": r(POSITIONS, WIDTH),
+         "ln_f.weight": (1 + r(WIDTH)) * (1 - lean), "ln_f.bias": r(WIDTH) + 3 * lean}  # fmt: skip
     for i in range(LAYERS):
         w |= {f"h.{i}.ln_1.weight": 1 + r(WIDTH), f"h.{i}.ln_1.bias": r(WIDTH),
               f"h.{i}.attn.c_attn.weight": r(WIDTH, 3 * WIDTH), f"h.{i}.attn.c_attn.bias": r(3 * WIDTH),
@@ -72,8 +77,8 @@ def tiny_config(source: Path | str, **fields) -> GPTConfig:
 def weights(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
     directory = tmp_path_factory.mktemp("gpt2-tiny")
     tensors = gpt2_tensors()
-    save_file({f"transformer.{k}" if k.startswith("h.0") else k: v for k, v in tensors.items()},
-              str(directory / "model.safetensors"))  # fmt: skip  (either naming, as HF saves one or the other)
+    named = {f"transformer.{k}" if k.startswith("h.0") else k: v for k, v in tensors.items()}  # HF saves either
+    save_file(named, str(directory / "model.safetensors"))
     return directory, tensors
 
 
@@ -86,6 +91,18 @@ def test_a_gpt2_layout_file_gives_gpt2s_logits(weights):
     expected = reference_gpt2(tensors, idx)
     assert torch.allclose(logits[..., :VOCAB], expected, atol=2e-5, rtol=1e-4)
     assert torch.equal(model.lm_head.weight, model.wte.weight)  # still tied
+
+
+def test_the_loss_is_gpt2s_the_padded_rows_take_no_probability(weights):
+    """The vocabulary is padded 50257 -> 50304 and the loss is a softmax over every row: a zero row's
+    logit 0 would outweigh GPT-2's negative logits (here by over a nat)."""
+    directory, tensors = weights
+    model = from_pretrained(tiny_config(directory)).eval()
+    idx = torch.randint(0, VOCAB, (2, 33), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+    expected = F.cross_entropy(reference_gpt2(tensors, idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten())
+    assert model.config.padded_vocab_size > VOCAB and abs(loss.item() - expected.item()) < 1e-3
 
 
 def test_the_hugging_face_cache_is_searched_and_missing_weights_say_where(tmp_path, monkeypatch):
@@ -116,6 +133,22 @@ def test_a_model_of_another_shape_or_vocabulary_is_refused_in_one_line(weights):
         from_pretrained(tiny_config(directory, block_size=128))
     with pytest.raises(ValueError, match="pass --data.tokenizer gpt2"):
         RunConfig(model=tiny_config(directory), data=DataConfig(tokenizer="char"))
+    with pytest.raises(ConfigError, match="differs in gelu_approximate: pass --model.n_layer 24 --model.n_head 16 "):
+        GPTConfig(init_from="gpt2-medium", n_layer=24, n_head=16, n_embd=1024)  # when built: before any data
+    GPTConfig(init_from="gpt2", gelu_approximate="tanh")  # the defaults are GPT-2 small's shape
+
+
+def test_weights_that_cannot_be_read_are_refused_in_one_line(weights, tmp_path, monkeypatch):
+    directory, tensors = weights
+    save_file({"model.embed_tokens.weight": tensors["wte.weight"][:8]}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(PretrainedError, match=r"not GPT-2's layout \(GPT2LMHeadModel's tensor names\), missing wte"):
+        from_pretrained(tiny_config(tmp_path))
+    (tmp_path / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(PretrainedError, match="Cannot read"):
+        from_pretrained(tiny_config(tmp_path))
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)  # the package not installed
+    with pytest.raises(PretrainedError, match="needs the safetensors package: pip install safetensors"):
+        from_pretrained(tiny_config(directory))
 
 
 def test_gelu_approximate_tanh_is_gpt2s_gelu():
@@ -144,12 +177,13 @@ def test_fine_tuning_gpt2_into_other_schemes_is_a_study_option(weights, tmp_path
             "--run.model.n_layer", str(LAYERS), "--run.model.n_head", str(HEADS), "--run.model.n_embd", str(WIDTH),
             "--run.model.block_size", "32", "--run.model.attn_backend", "auto", "--run.data.input", str(text_file),
             "--run.data.tiktoken_ranks", str(gpt2_ranks), "--run.data.prepared_root", str(tmp_path / "prepared"),
+            "--variants", "[{name: learned-then-rope, train: {switch_at: 1, switch_model: {pos_encoding: rope}}}]",
             "--run.train.max_steps", "2", "--run.train.batch_size", "2", "--run.train.eval_interval", "2",
             "--run.train.compile", "false", "--eval.lengths", "[32, 64]", "--eval.token_budget", "64",
             "--eval.batch_tokens", "256", "--eval.progress", "false"]  # fmt: skip
     cli.run(extrapolation.COMMAND, argv)
     report = (tmp_path / "report" / "results.md").read_text()
-    assert "| learned |" in report and "| alibi |" in report
+    assert "| learned |" in report and "| alibi |" in report and "| learned-then-rope |" in report
 
 
 def test_hugging_faces_gpt2_gives_the_same_logits():
