@@ -157,7 +157,12 @@ def prepare(
     try:
         digests = [source.digest() for source in sources]  # hashes every file, once
         with _prepare_lock(out):
-            return _prepare_locked(sources, out, settings, digests, val_max_tokens, tiktoken_ranks, workers)
+            existing = _reusable(out, digests, settings, val_max_tokens)
+            if existing is not None:
+                log.info("Reusing %s: sources and settings unchanged", out)
+                return existing
+            with _untrusted(out):
+                return _write(sources, out, settings, digests, val_max_tokens, tiktoken_ranks, workers)
     except OSError as error:
         raise _os_error(error, out) from None
 
@@ -191,27 +196,17 @@ def _prepare_lock(out: Path) -> Iterator[None]:
         yield
 
 
-def _prepare_locked(
-    sources: list[Source],
-    out: Path,
-    settings: dict[str, Any],
-    digests: list[bytes],
-    cap: int | None,
-    tiktoken_ranks: str | None,
-    workers: int | None,
-) -> dict[str, Any]:
-    """`prepare`, once the output's lock is held; `digests` are the sources' (`Source.digest`). On any
-    failure the directory keeps none of the token files (nor, see `_prepare_lock`, itself if it was new)."""
-    existing = _reusable(out, digests, settings, cap)
-    if existing is not None:
-        log.info("Reusing %s: sources and settings unchanged", out)
-        return existing
+@contextlib.contextmanager
+def _untrusted(out: Path) -> Iterator[None]:
+    """The block rewrites `out`'s token files: meta.json goes first (from here on the directory is not
+    trusted), and on any failure the token files go too, since without meta.json they are never read
+    (nor, see `_prepare_lock`, the directory itself if it was new)."""
     remove_stale_tmp(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "meta.json").unlink(missing_ok=True)  # from here on, the directory is not trusted
+    (out / "meta.json").unlink(missing_ok=True)
     try:
-        return _write(sources, out, settings, digests, cap, tiktoken_ranks, workers)
-    except BaseException:  # token files without meta.json are never read: give their space back
+        yield
+    except BaseException:  # give their space back
         for split in ("train", "val"):
             (out / f"{split}.bin").unlink(missing_ok=True)
         raise
@@ -226,7 +221,8 @@ def _write(
     tiktoken_ranks: str | None,
     workers: int | None,
 ) -> dict[str, Any]:
-    """Tokenize, split and write `meta.json` last (`_prepare_locked`'s arguments)."""
+    """Tokenize, split and write `meta.json` last, once the output's lock is held; `digests` are the
+    sources' (`Source.digest`)."""
     tokenizer, val_fraction, errors = settings["tokenizer"], settings["val_fraction"], settings["errors"]
     chars = char_set(sources, errors) if tokenizer == "char" else set()
     if tokenizer == "char" and not chars:
