@@ -28,6 +28,8 @@ from core.files import atomic_write_bytes
 from core.units import format_count
 
 PLOT_FILE = "training.png"
+METRICS_FILE = "metrics.csv"
+"""A run's CSV metrics, one file across launches (training.logs writes it)."""
 SERIES = ("train/loss", "val/loss", "lr", "train/tokens")
 """The logged columns the plot reads (step is every row's)."""
 
@@ -39,7 +41,7 @@ def metric_files(run_dir: Path) -> list[Path]:
     """The run's metrics files, oldest launch first: the per-launch files of older runs in numeric version
     order, then the one file of the run."""
     versions = sorted((run_dir / "logs").glob("version_*/metrics.csv"), key=_version)
-    single = run_dir / "metrics.csv"
+    single = run_dir / METRICS_FILE
     return versions + ([single] if single.is_file() else [])
 
 

@@ -19,7 +19,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from core.checkpoint import CheckpointError, read_checkpoint
+from core.checkpoint import CheckpointError
 from model import GPTConfig
 from training.config import RunConfig
 
@@ -31,11 +31,10 @@ scaling is how position interpolation fine-tunes a trained model for longer cont
 loss computes the same loss; pretrained weights are only read by a fresh start)."""
 
 
-def check_resume(path: str | Path, config: RunConfig, data: dict[str, Any]) -> list[str]:
-    """Refuse to resume from `path` with `config` on `data` (the provenance record of the prepared
-    data) when the model, the data or the seed differ; return the optim and train settings that
-    change, as "section.field: old -> new" lines, for the log."""
-    ckpt = read_checkpoint(path)
+def check_resume(ckpt: dict[str, Any], path: str | Path, config: RunConfig, data: dict[str, Any]) -> list[str]:
+    """Refuse to resume from the checkpoint `ckpt` (read from `path`, which messages name) with `config` on
+    `data` (the provenance record of the prepared data) when the model, the data or the seed differ; return
+    the optim and train settings that change, as "section.field: old -> new" lines, for the log."""
     saved = ckpt["hyper_parameters"]["config"]
     diffs = same_run_differences(saved, config, "checkpoint")
     if ckpt.get("switched_at") is not None and saved["train"].get("switch_model") != config.train.switch_model:

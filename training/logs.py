@@ -21,10 +21,10 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 from core.errors import UserError
+from evaluation.curves import METRICS_FILE, metric_files
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.csv"
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -122,10 +122,7 @@ def _wandb_reachable(timeout: float = 3.0) -> bool:
 
 
 def metrics_file(run_dir: Path) -> Path:
-    """The CSV metrics of a run: `<run dir>/metrics.csv`, or, for a run logged before it was one file, the
-    latest launch's `logs/version_N/metrics.csv`."""
-    path = run_dir / METRICS_FILE
-    versions = list((run_dir / "logs").glob("version_*"))
-    if path.is_file() or not versions:
-        return path
-    return max(versions, key=lambda p: int(p.name.split("_")[1])) / METRICS_FILE
+    """The CSV metrics of a run's latest launch: `<run dir>/metrics.csv`, or, for a run logged before it was
+    one file, its last `logs/version_N/metrics.csv` (`evaluation.curves.metric_files` orders them)."""
+    files = metric_files(run_dir)
+    return files[-1] if files else run_dir / METRICS_FILE

@@ -175,9 +175,10 @@ def _fit(
     t = cfg.train
     start_step = 0
     if ckpt_path is not None:
-        for change in check_resume(ckpt_path, cfg, data.record):
+        ckpt = read_checkpoint(ckpt_path, mmap=True)  # its settings and step; Lightning loads the weights
+        for change in check_resume(ckpt, ckpt_path, cfg, data.record):
             log.info("Resuming with %s", change)
-        start_step = int(read_checkpoint(ckpt_path, mmap=True).get("global_step", 0))
+        start_step = int(ckpt.get("global_step", 0))
     if used is not None:
         write_configs(run_dir, cfg, used)
     module = GPTModule(cfg, data.tokenizer.meta(), data.record)
