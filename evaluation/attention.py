@@ -1,5 +1,5 @@
 """Where attention goes: the weights of every layer and head, recomputed on the reference path, and
-three statistics of them that explain what a position scheme does past its training length.
+the statistics of them that explain what a position scheme does past its training length.
 
 The fused kernels never form the attention weights, so `GPT.attention_weights` recomputes them in
 float32 on the eager reference kernel from the same parameters (softmax over the visible keys; for
@@ -12,8 +12,25 @@ statistics are accumulated chunk by chunk, so no (layers, heads, T, T) tensor is
   uniform attention over the i + 1 keys it sees), which grows when attention diffuses;
 - **sink mass by query position**: the weight on the first `sink_tokens` keys (attention sinks,
   Xiao et al. 2023);
-- **sink rate** per layer (Gu et al., ICLR 2025): the share of its heads whose mean weight on the
-  first token, over every query, exceeds a threshold (0.3 as in the paper), with each head's mean.
+- **sink rate** per layer and for the model (Gu et al., ICLR 2025, "When Attention Sink Emerges in
+  Language Models"): for each window, layer and head, alpha_0 = the weight on the first token
+  averaged over the window's T queries; the sink rate is the share of (window, head) pairs of a
+  layer (of the model: of every layer) with alpha_0 > 0.3. Beside it, each head's
+  `first_token_mass`, alpha_0 averaged over windows.
+
+The sink rate follows the authors' code: `compute_attention_sink` in eval_sink_open_source.py of
+github.com/sail-sg/Attention-Sink (commit e0d3b0e477bad52b620d0d9e063ac2497fed727f, unchanged at
+HEAD af49727230ee57b6ecadcc74547653fc776833fc; pretrain/eval_sink_pretrain.py computes the same).
+There the weights of every sample form a (samples, layers, heads, T, T) array; key j's importance is
+the sum over all T query rows of weight (i, j) divided by T - j, the number of queries at or after j
+whatever the mask. For the first token that is the plain mean over all T queries, query 0 included
+(whose weight on it is 1). Each sample's importance is compared with epsilon = 0.3 by a strict `>`,
+and the 0/1 indicators are averaged over samples, layers and heads at once (reported x 100). A
+window here is one of their samples. Thresholding each window before averaging is what makes it
+their metric: the mean of alpha_0 over windows thresholded once (this project's number before
+issue 33) says 1/8 for one head of eight with alpha_0 = 0.5 and 0.2 in two windows, theirs 1/16.
+Their divisor ignores the mask (their window-attention models are measured with it too): under a
+sliding window without sinks the queries that cannot see the first token count, with weight 0.
 
 For linear attention with RoPE the weights have a rotated numerator and can be negative: its
 entropy is that of |w| normalised per row.
@@ -35,7 +52,11 @@ from model.gpt import GPT
 from model.kernels import WeightsHook
 
 SINK_RATE_THRESHOLD = 0.3
-"""Gu et al.'s epsilon: a head whose mean first-token weight exceeds it counts as a sink head."""
+"""Gu et al.'s epsilon: a head whose first-token weight alpha_0 in a window exceeds it (strictly) is a
+sink in that window."""
+SINK_RATE_DEFINITION = "per-window alpha_0 > threshold (Gu et al. 2025)"
+"""Marks a summary's `sink_rate` as Gu et al.'s metric: summaries written before issue 33 lack it, and
+theirs thresholded alpha_0 averaged over windows (a report must not show those as the sink rate)."""
 PER_OCTAVE = 4
 """Buckets per doubling of distance or position in the summaries (log-spaced: the plots are log-x)."""
 
@@ -76,23 +97,43 @@ def row_entropy(weights: Tensor) -> Tensor:
 @dataclass
 class LayerSums:
     """What one layer's chunks add up to, per head: weight by distance, and entropy and sink mass by
-    query position, each summed over windows."""
+    query position, each summed over windows; alpha_0 summed over windows and the windows in which it
+    passed the threshold (the sink rate)."""
 
     distance: Tensor
     entropy: Tensor
     sink: Tensor
-    first: Tensor
-    """Weight on the first key, by query position (for the sink rate)."""
+    first_mass: Tensor
+    """(H,): alpha_0 (first-token weight averaged over a window's queries), summed over windows."""
+    sink_windows: Tensor
+    """(H,): windows in which the head's alpha_0 exceeded the threshold."""
+    pending: Tensor | None = None
+    """(B, H): first-token weight summed over the query rows of the batch seen so far (the chunks of a
+    batch arrive a few rows at a time; alpha_0 is known once all `length` rows have come)."""
+    pending_rows: int = 0
 
 
 class AttentionStats:
     """Accumulates the statistics of every layer over windows of one length; `hook(layer)` is the
-    `visit` of `GPT.attention_weights`."""
+    `visit` of `GPT.attention_weights`. Memory: a few (H, length) sums per layer, and (B, H) for the
+    batch in progress."""
 
-    def __init__(self, n_layer: int, n_head: int, length: int, sink_tokens: int, device: torch.device) -> None:
-        self.length, self.sink_tokens, self.windows = length, sink_tokens, 0
+    def __init__(
+        self,
+        n_layer: int,
+        n_head: int,
+        length: int,
+        sink_tokens: int,
+        device: torch.device,
+        threshold: float = SINK_RATE_THRESHOLD,
+    ) -> None:
+        self.length, self.sink_tokens, self.windows, self.threshold = length, sink_tokens, 0, threshold
+
+        def zeros(*shape: int) -> Tensor:
+            return torch.zeros(*shape, dtype=torch.float64, device=device)
+
         self.layers = [
-            LayerSums(*(torch.zeros(n_head, length, dtype=torch.float64, device=device) for _ in range(4)))
+            LayerSums(zeros(n_head, length), zeros(n_head, length), zeros(n_head, length), zeros(n_head), zeros(n_head))
             for _ in range(n_layer)
         ]
 
@@ -102,7 +143,14 @@ class AttentionStats:
             sums.distance += distance_sums(weights, rows).double()
             sums.entropy[:, rows] += row_entropy(weights).sum(0).double()
             sums.sink[:, rows] += weights[..., : self.sink_tokens].sum(-1).sum(0).double()
-            sums.first[:, rows] += weights[..., 0].sum(0).double()
+            first = weights[..., 0].double().sum(-1)  # (B, H): these rows' weight on the first key
+            sums.pending = first if sums.pending is None else sums.pending + first
+            sums.pending_rows += rows.stop - rows.start
+            if sums.pending_rows == self.length:  # every query of these windows seen: alpha_0 is known
+                alpha0 = sums.pending / self.length  # (B, H), the mean over all T queries (Gu et al.)
+                sums.first_mass += alpha0.sum(0)
+                sums.sink_windows += (alpha0 > self.threshold).sum(0)
+                sums.pending, sums.pending_rows = None, 0
 
         return add
 
@@ -114,18 +162,21 @@ class AttentionStats:
     def summary(self) -> dict[str, Any]:
         """Per layer and head, bucketed (log-spaced) means over windows and queries:
         {"distance": {"edges", "mean_weight"}, "position": {"edges", "entropy", "sink_mass"}} where
-        mean_weight / entropy / sink_mass are [layer][head][bucket]."""
+        mean_weight / entropy / sink_mass are [layer][head][bucket]; and "sink_rate" (`sink_rate`)."""
         n = self.length
         edges = log_edges(n)
         queries_at = (n - np.arange(n)) * self.windows  # queries that have a key d back, over windows
         distance = np.stack([s.distance.cpu().numpy() for s in self.layers]) / queries_at
         entropy = np.stack([s.entropy.cpu().numpy() for s in self.layers]) / self.windows
         sink = np.stack([s.sink.cpu().numpy() for s in self.layers]) / self.windows
-        first = np.stack([s.first.cpu().numpy() for s in self.layers]).mean(-1) / self.windows  # (layers, heads)
+        if any(s.pending_rows for s in self.layers):
+            raise RuntimeError("A batch of windows was summarised before all its query rows had been added.")
+        first = np.stack([s.first_mass.cpu().numpy() for s in self.layers]) / self.windows  # (layers, heads)
+        sinks = np.stack([s.sink_windows.cpu().numpy() for s in self.layers]) / self.windows  # (layers, heads)
         return {
             "windows": self.windows,
             "sink_tokens": self.sink_tokens,
-            "sink_rate": sink_rate(first),
+            "sink_rate": sink_rate(sinks, first, self.threshold),
             "distance": {"edges": edges, "mean_weight": _rounded(bucket_means(distance, edges))},
             "position": {
                 "edges": edges,
@@ -135,11 +186,13 @@ class AttentionStats:
         }
 
 
-def sink_rate(first_mass: np.ndarray, threshold: float = SINK_RATE_THRESHOLD) -> dict[str, Any]:
-    """Gu et al.'s sink rate from each head's mean first-token weight (layers, heads): per layer and
-    over the model, the share of heads above `threshold`."""
-    sinks = first_mass > threshold
-    return {"threshold": threshold, "per_layer": _rounded(sinks.mean(-1)), "model": float(f"{sinks.mean():.6g}"),
+def sink_rate(sink_share: np.ndarray, first_mass: np.ndarray, threshold: float) -> dict[str, Any]:
+    """Gu et al.'s sink rate from, per layer and head (layers, heads), the share of windows in which
+    alpha_0 > `threshold` (`per_head`) and alpha_0's mean over windows (`first_token_mass`, for
+    reading only: the rate never thresholds it). `per_layer` and `model` average the per-window
+    indicators over windows and heads (and layers): every head sees the same windows."""
+    return {"definition": SINK_RATE_DEFINITION, "threshold": threshold, "per_layer": _rounded(sink_share.mean(-1)),
+            "model": float(f"{sink_share.mean():.6g}"), "per_head": _rounded(sink_share),
             "first_token_mass": _rounded(first_mass)}  # fmt: skip
 
 

@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
 from core.files import atomic_write_bytes  # noqa: E402
+from evaluation.attention import SINK_RATE_DEFINITION  # noqa: E402
 from evaluation.attention_figures import legend_below, stats_figures  # noqa: E402
 
 MAX_PANELS = 6
@@ -117,21 +118,33 @@ def markdown_table(doc: dict[str, Any], groups: list[Group]) -> str:
 
 def sink_rate_table(entries: list[dict[str, Any]], lengths: list[int]) -> list[str]:
     """With the attention statistics: each model's sink rate (Gu et al. 2025) at each length, the
-    share of its heads whose mean first-token weight exceeds the threshold; seeds averaged."""
-    rates: dict[str, dict[int, list[float]]] = {}
-    threshold = None
+    share of (window, layer, head) triples whose first-token weight alpha_0, averaged over the
+    window's queries, exceeds the threshold; seeds averaged. Statistics written before issue 33
+    (cached evaluations, old results.json) thresholded alpha_0 averaged over windows, another number:
+    they get a table of their own under that name, never the sink rate's."""
+    tables: dict[bool, dict[str, dict[int, list[float]]]] = {True: {}, False: {}}
+    threshold: dict[bool, float] = {}
     for entry in entries:
         rate = entry["summary"].get("sink_rate")
         if rate is not None:
-            threshold = rate["threshold"]
-            rates.setdefault(entry["label"], {}).setdefault(entry["length"], []).append(rate["model"])
-    if not rates:
-        return []
-    lines = ["", f"## Sink rate: share of heads with mean first-token weight > {threshold}", ""]
-    lines += ["| model | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---:|" * len(lengths)]
-    for label, by_length in rates.items():
-        cells = [f"{sum(v) / len(v):.2f}" if (v := by_length.get(n)) else "n/a" for n in lengths]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            gu = rate.get("definition") == SINK_RATE_DEFINITION
+            threshold[gu] = rate["threshold"]
+            tables[gu].setdefault(entry["label"], {}).setdefault(entry["length"], []).append(rate["model"])
+    titles = {
+        True: "## Sink rate (Gu et al. 2025): share of (window, layer, head) whose first-token weight, "
+        "averaged over the window's queries, is > {}",
+        False: "## Not the sink rate: share of heads whose first-token weight averaged over all windows is > {} "
+        "(statistics from before issue 33; evaluate again for Gu et al.'s sink rate)",
+    }
+    lines: list[str] = []
+    for gu in (True, False):
+        if not tables[gu]:
+            continue
+        lines += ["", titles[gu].format(threshold[gu]), ""]
+        lines += ["| model | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---:|" * len(lengths)]
+        for label, by_length in tables[gu].items():
+            cells = [f"{sum(v) / len(v):.2f}" if (v := by_length.get(n)) else "n/a" for n in lengths]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
