@@ -262,7 +262,8 @@ def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path):
     doc = json.loads((out / "results.json").read_text())
     assert {(e["label"], e["length"]) for e in doc["attention"]} == {("window", 8), ("window", 32), ("learned", 8)}
     report = (out / "results.md").read_text()
-    assert "## Sink rate: share of heads with mean first-token weight > 0.3" in report
+    header = "## Sink rate (Gu et al. 2025): share of (window, layer, head) whose first-token weight, averaged over "
+    assert header + "the window's queries, is > 0.3" in report and "Not the sink rate" not in report
     rows = {line.split(" | ")[0].lstrip("| "): line for line in report.splitlines() if line.startswith("| window |")
             or line.startswith("| learned |")}  # fmt: skip
     assert rows["learned"].rstrip(" |").endswith("n/a")  # learned positions stop at block_size
@@ -281,9 +282,10 @@ def test_the_help_says_where_the_weights_come_from(capsys):
     assert "eager reference kernel" in help_text and "never form them" in help_text and "--lengths" in help_text
 
 
-def test_the_sink_rate_is_the_share_of_heads_whose_mean_first_token_weight_passes_the_threshold():
-    """Gu et al.'s sink rate by hand: layer 0 has one head of two on the first token (mean weight
-    over queries 0.68 > 0.3) and one spread evenly over the visible keys (mean 0.21); layer 1 none."""
+def test_the_sink_rate_of_one_window_is_the_share_of_heads_whose_first_token_weight_passes_the_threshold():
+    """Gu et al.'s sink rate by hand on one window (tests/test_sink_rate.py has several): layer 0 has
+    one head of two on the first token (mean weight over queries 0.68 > 0.3) and one spread evenly
+    over the visible keys (mean 0.21); layer 1 none."""
     T = 16
     pos = torch.arange(T)
     causal = pos[None, :] <= pos[:, None]
@@ -298,3 +300,4 @@ def test_the_sink_rate_is_the_share_of_heads_whose_mean_first_token_weight_passe
     first_uniform = float((1 / (pos + 1.0)).mean())
     assert rate["first_token_mass"][0] == pytest.approx([0.6 + 0.4 * first_uniform, first_uniform], rel=1e-5)
     assert rate["threshold"] == 0.3 and rate["per_layer"] == [0.5, 0.0] and rate["model"] == 0.25
+    assert rate["per_head"] == [[1.0, 0.0], [0.0, 0.0]]
