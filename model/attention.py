@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -28,7 +28,7 @@ from model.linear_attention import LINEAR_KERNELS, LayerStateCache, StateCache, 
 from model.masks import AttentionMask
 from model.positions import PositionEncoding
 from model.scores import SCORES, LogLengthScale, Score, build_score
-from model.sigmoid_attention import SIGMOID_KERNELS
+from model.sigmoid_attention import SIGMOID_KERNELS, sigmoid_length
 
 if TYPE_CHECKING:
     from model.config import GPTConfig
@@ -76,6 +76,24 @@ class Attention(nn.Module):
     @classmethod
     def check(cls, config: GPTConfig) -> None:
         """Raise `ConfigError` when the function cannot work with `config` (called at its validation)."""
+
+    @classmethod
+    def rotary_dim(cls, config: GPTConfig) -> int:
+        """The width of the vectors the position scheme rotates as one (`rotate`): a head's."""
+        return config.head_dim
+
+    @classmethod
+    def kernel_context(
+        cls, kernel: Kernel, config: GPTConfig, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict,
+        layer: int = 0,
+    ) -> Any:  # fmt: skip
+        """What `kernel` needs for one forward pass of a model of `config` (`Kernel.context`); a function
+        with settings of its own hands them to its kernels here."""
+        return kernel.context(pe, mask, step, memo, layer)
+
+    def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, step: Step) -> tuple[Tensor, Tensor]:
+        """The scheme's rotation of queries and keys (B, H, T, D) at the step's positions."""
+        return pe.rotate(q, k, step.q_start, step.ids)
 
     def reconfigure(self, old: GPTConfig, config: GPTConfig) -> None:
         """Take the mask and scaling of `config` (`GPT.switch`), keeping the weights."""
@@ -166,7 +184,7 @@ class SoftmaxAttention(Attention):
         values the cache holds added, the queries log-length scaled."""
         q, k, v = self.project(x)
         q = self.score.queries(q)  # what the kernels score, rotated like q
-        q, k = pe.rotate(q, k, plan.step.q_start, plan.step.ids)
+        q, k = self.rotate(pe, q, k, plan.step)
         if cache is not None:
             k, v = cache.update(k, v, plan.cache_step)  # the keys and values the plan describes
         if self.log_scale is not None:
@@ -184,9 +202,17 @@ class SoftmaxAttention(Attention):
 
 class SigmoidAttention(SoftmaxAttention):
     """Sigmoid attention (Ramapuram et al. 2025; `model.sigmoid_attention`): softmax attention's layer
-    and KV cache, with weights sigmoid(score - ln n) that are not normalised over the keys."""
+    and KV cache, with weights sigmoid(score - ln n) that are not normalised over the keys; n the
+    training length, or the keys each query sees (`config.sigmoid_bias`)."""
 
     kernels = SIGMOID_KERNELS
+
+    @classmethod
+    def kernel_context(
+        cls, kernel: Kernel, config: GPTConfig, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict,
+        layer: int = 0,
+    ) -> Any:  # fmt: skip
+        return kernel.context(pe, mask, step, memo, layer, length=sigmoid_length(config))
 
 
 class DifferentialAttention(SoftmaxAttention):
@@ -201,9 +227,14 @@ class DifferentialAttention(SoftmaxAttention):
     heads) and scaled by 1 - lambda_init, as the paper's code does. The difference cancels the
     attention both maps give to irrelevant context (the "noise").
 
-    Both maps run on softmax attention's kernels, one call each. The halves are the even and odd
-    RoPE pairs (pair i = dimensions i and i + D/2): each half holds whole pairs, so q1 . k1 and
-    q2 . k2 stay functions of relative position, and each sees frequencies across the spectrum.
+    Both maps run on softmax attention's kernels, one call each. How a head splits is
+    `config.diff_split`. `half_heads` (the default) is the official code's (microsoft/unilm,
+    Diff-Transformer/multihead_diffattn.py: q and k viewed as 2H half-heads of d, the rotary
+    embedding built for head_dim d applied to each): the first d dimensions of the head are map 1's,
+    the last d map 2's, each rotated by RoPE of width d, so both maps have the same frequencies.
+    `rope_pairs` (checkpoints written before the option) rotates the whole head with RoPE of width D
+    and gives map 1 the even pairs and map 2 the odd ones (pair i = dimensions i and i + D/2): map 2's
+    frequencies fall between map 1's. Either way q1 . k1 and q2 . k2 depend on relative position only.
     Attention maps show w1 - lambda w2. Decoding keeps softmax attention's KV cache."""
 
     value_passes = 2
@@ -216,14 +247,18 @@ class DifferentialAttention(SoftmaxAttention):
         # lq1, lk1, lq2, lk2: vectors (no weight decay, as every 1-D parameter)
         self.lambdas = nn.ParameterList(nn.Parameter(torch.empty(half).normal_(mean=0.0, std=0.1)) for _ in range(4))
         self.head_norm = nn.RMSNorm(self.head_dim, eps=1e-5)
-        index = torch.arange(self.head_dim).view(2, half // 2, 2)  # (half of the head, pair, parity)
-        self.register_buffer("halves", index.permute(2, 0, 1).reshape(2, half), persistent=False)
+        self.split = config.diff_split
+        if self.split == "half_heads":
+            index = torch.arange(self.head_dim).view(2, half)  # map 1: the first half, map 2: the second
+        else:  # rope_pairs: (half of the head, pair, parity) -> the even pairs, then the odd ones
+            index = torch.arange(self.head_dim).view(2, half // 2, 2).permute(2, 0, 1).reshape(2, half)
+        self.register_buffer("halves", index, persistent=False)
 
     @classmethod
     def check(cls, config: GPTConfig) -> None:
         if config.head_dim % 4:
             raise ConfigError(
-                f"attention='differential' splits each head's RoPE pairs in two halves, so the head size "
+                f"attention='differential' splits each head in two halves of whole RoPE pairs, so the head size "
                 f"n_embd / n_head = {config.head_dim} must be a multiple of 4: change n_embd or n_head."
             )
         if not SCORES[config.attn_score].dot_product:
@@ -231,11 +266,24 @@ class DifferentialAttention(SoftmaxAttention):
                 f"attention='differential' scores half of each head per map, a dot product; attn_score="
                 f"{config.attn_score!r} is not one: use attn_score scaled_dot, dot or general."
             )
-        if config.rope_fraction != 1.0 and config.rope_partial == "neox":
+        if config.rope_fraction != 1.0 and config.rope_partial == "neox" and config.diff_split == "rope_pairs":
             raise ConfigError(
-                "attention='differential' splits heads by RoPE pairs of the whole head, which rope_partial='neox' "
-                "does not make: use rope_partial='p_rope', or rope_fraction 1."
+                "attention='differential' with diff_split='rope_pairs' splits heads by RoPE pairs of the whole head, "
+                "which rope_partial='neox' does not make: use diff_split='half_heads', rope_partial='p_rope', or "
+                "rope_fraction 1."
             )
+
+    @classmethod
+    def rotary_dim(cls, config: GPTConfig) -> int:
+        return config.head_dim // 2 if config.diff_split == "half_heads" else config.head_dim
+
+    def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, step: Step) -> tuple[Tensor, Tensor]:
+        if self.split != "half_heads":
+            return super().rotate(pe, q, k, step)
+        B, H, T, D = q.shape
+        halves = [t.unflatten(-1, (2, D // 2)).transpose(2, 3).flatten(1, 2) for t in (q, k)]  # (B, 2H, T, d)
+        q2, k2 = pe.rotate(*halves, step.q_start, step.ids)
+        return tuple(t.unflatten(1, (H, 2)).transpose(2, 3).flatten(-2) for t in (q2, k2))  # (B, H, T, D)
 
     def weight(self) -> Tensor:
         """lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, a float32 scalar."""

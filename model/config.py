@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
 from core.errors import ConfigError
+from model.attention import ATTENTIONS
 from model.linear import LINEAR_BACKENDS, onednn_available
+from model.masks import RANDOM_DRAWS
 from model.validation import check_config
 
 RopeScaling = Literal["none", "linear", "ntk", "yarn"]
@@ -58,9 +60,19 @@ class GPTConfig:
     attention: str = "softmax"
     """Attention function, a key of model.attention.ATTENTIONS: softmax (Vaswani et al.) or linear: causal
     kernelized attention with phi = elu + 1 (Katharopoulos et al. 2020), O(T) memory and a constant-size
-    decoding state; no score-bias schemes, no windows; sigmoid: sigmoid(score - ln n) per key, n the keys a
-    query sees, not normalised (Ramapuram et al. 2025; kernels eager and flex); or differential: the difference
-    of two softmax maps over the halves of each head (Ye et al. 2025; softmax's kernels)."""
+    decoding state; no score-bias schemes, no windows; sigmoid: sigmoid(score - ln n) per key, n the
+    training length (sigmoid_bias), not normalised (Ramapuram et al. 2025; kernels eager and flex); or differential:
+    the difference of two softmax maps over the halves of each head (Ye et al. 2025; softmax's kernels)."""
+    diff_split: Literal["half_heads", "rope_pairs"] = "half_heads"
+    """attention='differential': how each head's queries and keys split into the two maps. half_heads: two
+    half-heads of D / 2 dimensions, each rotated by RoPE built for D / 2, so both maps share one set of
+    frequencies (the official code, microsoft/unilm Diff-Transformer/multihead_diffattn.py); rope_pairs: the
+    whole head rotated, its even and odd RoPE pairs the two maps, whose frequencies interleave (checkpoints
+    before this option)."""
+    sigmoid_bias: Literal["train_length", "seen_keys"] = "train_length"
+    """attention='sigmoid': the n of its bias b = -ln n. train_length: block_size, one constant for every query,
+    unchanged when evaluating longer (the paper's, Ramapuram et al. 2025, and apple/axlearn's); seen_keys: the
+    keys each query sees, per query (checkpoints before this option)."""
     rope_base: float = 10000.0
     """RoPE frequency base (theta): pair i rotates by position * rope_base^(-2i/head_dim)."""
     rope_scaling: RopeScaling = "none"
@@ -96,6 +108,10 @@ class GPTConfig:
     """With a window: each block of attn_sparse_block queries also sees this many random earlier blocks of keys,
     drawn by attn_random_seed. Window + sinks + random blocks is BigBird's sparse attention (Zaheer et al. 2020),
     causal; decoding then keeps every key (random blocks reach any of them)."""
+    attn_random_draw: Literal["bigbird", "earlier_with_replacement"] = "bigbird"
+    """attn_random_blocks: bigbird draws R distinct blocks among those with no sink token that end before the
+    window of the query block's first query (BigBird's rule, all of them when fewer); earlier_with_replacement
+    draws R times among all earlier blocks, window and sink blocks included (checkpoints before this option)."""
     attn_sparse_block: int = 64
     """attn_random_blocks: keys per random block; must divide block_size."""
     attn_random_seed: int = 0
@@ -149,6 +165,9 @@ class GPTConfig:
         _check_choice("rope_partial", self.rope_partial, ROPE_PARTIALS)
         _check_choice("attn_log_scaling", self.attn_log_scaling, ("none", "fixed", "learned"))
         _check_choice("gelu_approximate", self.gelu_approximate, ("none", "tanh"))
+        _check_choice("attn_random_draw", self.attn_random_draw, RANDOM_DRAWS)
+        _check_choice("diff_split", self.diff_split, ("half_heads", "rope_pairs"))
+        _check_choice("sigmoid_bias", self.sigmoid_bias, ("train_length", "seen_keys"))
         if self.init_from in GPT2_SHAPES:
             self._check_gpt2_shape(self.init_from, *GPT2_SHAPES[self.init_from])
         if self.attn_log_scale is not None and not self.attn_log_scale > 0:
@@ -210,18 +229,38 @@ class GPTConfig:
         """Size of each attention head (n_embd / n_head)."""
         return self.n_embd // self.n_head
 
+    @property
+    def rotary_dim(self) -> int:
+        """Width of the vectors RoPE rotates as one, as the attention function declares it
+        (`Attention.rotary_dim`): the head, or differential attention's half-heads."""
+        return ATTENTIONS[self.attention].rotary_dim(self)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field, for checkpoints and logs."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
-        """Rebuild a config from `to_dict` output; unknown keys are an error that names them."""
+        """Rebuild a config from `to_dict` output (a checkpoint's, a run's config.yaml); unknown keys are
+        an error that names them. A field a model depends on that the dict lacks was written before the
+        field existed: it takes the behaviour of that time (`BEFORE_FIELD`), so an old checkpoint goes on
+        computing what it was trained with."""
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"Unknown GPTConfig field(s) {unknown}; valid fields: {sorted(known)}.")
-        return cls(**values)
+        before = {f: old for f, (old, applies) in BEFORE_FIELD.items() if f not in values and applies(values)}
+        return cls(**values, **before)
+
+
+BEFORE_FIELD: dict[str, tuple[Any, Any]] = {
+    "attn_random_draw": ("earlier_with_replacement", lambda v: v.get("attn_random_blocks", 0) > 0),
+    "diff_split": ("rope_pairs", lambda v: v.get("attention") == "differential"),
+    "sigmoid_bias": ("seen_keys", lambda v: v.get("attention") == "sigmoid"),
+}
+"""Fields that changed what a model computes when they were added (issue 33: the papers' defaults): the value
+that keeps the earlier behaviour, and for which recorded configs it matters (elsewhere the default is kept, so
+that an unrelated old run resumes with today's config)."""
 
 
 def gpt2_shape_message(source: str, wanted: dict[str, Any], wrong: list[str]) -> str:

@@ -41,6 +41,7 @@ SWITCHABLE_FIELDS = frozenset(
         "attn_random_blocks",
         "attn_sparse_block",
         "attn_random_seed",
+        "attn_random_draw",
         "attn_log_scaling",
         "attn_log_scale",
         "attn_backend",
@@ -293,12 +294,14 @@ class GPT(nn.Module):
         else:
             step = Step(0, T, self.config.n_head, idx.device, ids=positions)
         memo = self._kernel_memos[type(kernel)]
-        plan = Plan(kernel, kernel.context(self.pe, self.mask, step, memo), step, cache_step=cache_step)
+        context = self.attention.kernel_context(kernel, self.config, self.pe, self.mask, step, memo)
+        plan = Plan(kernel, context, step, cache_step=cache_step)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, block in enumerate(self.blocks):
             layer_plan = dataclasses.replace(plan, on_weights=visit(i)) if visit else plan
             if self.pe.bias_layers > 1 and i > 0:  # a bias of its own: its own context (layer 0's is built)
-                layer_plan = dataclasses.replace(layer_plan, context=kernel.context(self.pe, self.mask, step, memo, i))
+                context = self.attention.kernel_context(kernel, self.config, self.pe, self.mask, step, memo, i)
+                layer_plan = dataclasses.replace(layer_plan, context=context)
             if recompute:
                 x = checkpoint(block, x, self.pe, layer_plan, use_reentrant=False)
             else:

@@ -7,16 +7,25 @@ query) and k (the key):
     causal(q, k) = k <= q
     window(q, k) = q - k < W              (sliding window of W keys, the query's own included)
     sink(q, k)   = k < S                  (the first S tokens stay visible: StreamingLLM's sinks)
-    random(q, k) = k // G in picks(q // G) (R random earlier blocks of G keys per block of queries)
+    random(q, k) = k // G in picks(q // G) (R random blocks of G keys per block of queries)
 
     visible(q, k) = causal and (window or sink or random)      with W > 0
     visible(q, k) = causal                                     with W = 0 (full causal attention)
 
 Window, sinks and random blocks together are BigBird's sparse attention (Zaheer et al. 2020), causal:
-local, global (the first S tokens) and random attention. The R blocks of query block i (i >= 1) are
-drawn from blocks 0..i-1 by an integer hash of (seed, i, draw): fixed by the seed, the same at every
-length, pointwise (so that FlexAttention evaluates it inside its kernel), drawn with replacement
-(two draws may pick one block).
+local, global (the first S tokens) and random attention. The R blocks of query block i are drawn as
+BigBird's `get_single_block_row_attention` (google-research/bigbird, bigbird/core/attention.py)
+draws them: R *distinct* blocks from outside the window and the global blocks. Here the window is
+token-level and the sinks are tokens, so a key block j is eligible for query block i when it holds no
+sink token (j G >= S) and lies wholly before the first key that the block's first query sees through
+the window ((j + 1) G <= i G - W + 1): a range lo <= j < hi_i of blocks. When fewer than R are
+eligible, all of them are taken. The draw is sequential sampling without replacement from that range,
+each draw an integer hash of (seed, i, draw) and the earlier picks skipped over in sorted order: fixed
+by the seed, the same at every length, and pointwise (no table), so that FlexAttention evaluates it
+inside its kernel. No random block then overlaps the window or the sinks of any query of the block.
+`random_draw='earlier_with_replacement'` is this project's draw before issue 33 (R draws with
+replacement from all earlier blocks, window and sink blocks included), which checkpoints written
+before it keep.
 
 From this one description come: the flex `mask_mod` (a block mask, built once per forward and
 shared by every layer), the dense boolean mask of eager and SDPA (`dense`), and what a KV cache
@@ -38,6 +47,8 @@ if TYPE_CHECKING:
     from model.config import GPTConfig
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+RANDOM_DRAWS = ("bigbird", "earlier_with_replacement")
+"""How random blocks are drawn (`AttentionMask.random_draw`)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,9 @@ class AttentionMask:
     """Size of the random blocks, in keys (and of the blocks of queries that draw them)."""
     random_seed: int = 0
     """Seed of the random blocks' draws."""
+    random_draw: str = "bigbird"
+    """How the random blocks are drawn: bigbird (R distinct eligible blocks, BigBird's) or
+    earlier_with_replacement (R draws among all earlier blocks, the draw of checkpoints before issue 33)."""
 
     def __post_init__(self) -> None:
         if self.window < 0 or self.sinks < 0 or self.random_blocks < 0 or self.sparse_block < 1:
@@ -61,6 +75,8 @@ class AttentionMask:
                 f"attn_window, attn_sinks and attn_random_blocks must be >= 0 and attn_sparse_block >= 1, got "
                 f"{self.window}, {self.sinks}, {self.random_blocks} and {self.sparse_block}."
             )
+        if self.random_draw not in RANDOM_DRAWS:
+            raise ValueError(f"attn_random_draw must be one of {list(RANDOM_DRAWS)}, got {self.random_draw!r}.")
         if (self.sinks or self.random_blocks) and not self.window:
             raise ValueError("attn_sinks and attn_random_blocks add keys beyond a window: they need attn_window > 0.")
 
@@ -68,7 +84,7 @@ class AttentionMask:
     def of(cls, config: GPTConfig) -> AttentionMask:
         """The mask a model of `config` attends with."""
         return cls(config.attn_window, config.attn_sinks, config.attn_random_blocks, config.attn_sparse_block,
-                   config.attn_random_seed)  # fmt: skip
+                   config.attn_random_seed, config.attn_random_draw)  # fmt: skip
 
     @property
     def causal_only(self) -> bool:
@@ -85,22 +101,63 @@ class AttentionMask:
         allowed = k <= q
         if self.window:
             local = (q - k < self.window) | (k < self.sinks)
-            for draw in range(self.random_blocks):
-                local = local | (k // self.sparse_block == self.pick(q // self.sparse_block, draw))
+            key_block = k // self.sparse_block
+            for block in self.picks(q // self.sparse_block):
+                local = local | (key_block == block)
             allowed = allowed & local
         return allowed
 
-    def pick(self, query_block: Tensor, draw: int) -> Tensor:
-        """The key block that `draw` picks for each query block i: hash(seed, i, draw) mod i, in
-        0..i-1 (-1 for block 0, which has no earlier block). Integer arithmetic in int64 that stays below
-        2^63 (compiled flex on CUDA hands its mask_mod int32 indices: widened first)."""
+    def picks(self, query_block: Tensor) -> list[Tensor]:
+        """The key blocks each query block draws, one tensor per draw shaped like `query_block`, -1
+        where a draw picks nothing (too few eligible blocks, or the first block)."""
+        if not self.random_blocks:
+            return []
         if query_block.dtype != torch.int64:  # (a no-op cast trips inductor's CPU flex code in dynamic shapes)
             query_block = query_block.long()
+        if self.random_draw == "earlier_with_replacement":
+            return [self._earlier_with_replacement(query_block, draw) for draw in range(self.random_blocks)]
+        return self._distinct_eligible(query_block)
+
+    def eligible(self, query_block: Tensor) -> tuple[Tensor, Tensor]:
+        """(lo, count): the key blocks lo..lo + count - 1 that query block i may draw under BigBird's
+        rule: no sink token in them, and wholly before the window of the block's first query."""
+        size = self.sparse_block
+        lo = -(-self.sinks // size)  # the first block free of sinks
+        hi = torch.div(query_block * size - self.window + 1, size, rounding_mode="floor")  # exclusive
+        return lo, (hi - lo).clamp(min=0)
+
+    def _distinct_eligible(self, query_block: Tensor) -> list[Tensor]:
+        """min(R, count) distinct blocks of the eligible range: draw r is uniform among the count - r
+        blocks not yet taken (the r-th hash modulo count - r, then moved past each earlier pick at or
+        below it, in ascending order), so no block is drawn twice; pointwise, R^2 comparisons."""
+        lo, count = self.eligible(query_block)
+        taken: list[Tensor] = []  # earlier picks (offsets in the range), ascending
+        picks = []
+        for draw in range(self.random_blocks):
+            left = count - draw
+            x = self._hash(query_block, draw) % left.clamp(min=1)
+            for earlier in taken:  # the x-th block not yet taken
+                x = x + (x >= earlier).long()
+            picks.append(torch.where(left > 0, lo + x, -1))
+            sorted_taken = []
+            for earlier in taken:  # insert x, keeping the list ascending
+                sorted_taken.append(torch.minimum(earlier, x))
+                x = torch.maximum(earlier, x)
+            taken = [*sorted_taken, x]
+        return picks
+
+    def _earlier_with_replacement(self, query_block: Tensor, draw: int) -> Tensor:
+        """The draw of checkpoints written before issue 33: hash(seed, i, draw) mod i, in 0..i-1 (-1 for
+        block 0), with replacement, window and sink blocks included."""
+        return torch.where(query_block > 0, self._hash(query_block, draw) % query_block.clamp(min=1), -1)
+
+    def _hash(self, query_block: Tensor, draw: int) -> Tensor:
+        """A 32-bit integer mix (xor-shift, multiply) of (seed, i, draw), in int64 arithmetic that stays
+        below 2^63 (compiled flex on CUDA hands its mask_mod int32 indices: widened by `picks`)."""
         x = (query_block * 40503 + draw * 2047 + self.random_seed * 92821 + 12345) % (1 << 32)
-        for _ in range(2):  # a 32-bit integer mix (xor-shift, multiply)
+        for _ in range(2):
             x = ((x ^ (x >> 16)) * 0x45D9F3B) % (1 << 32)
-        x = x ^ (x >> 16)
-        return torch.where(query_block > 0, x % query_block.clamp(min=1), -1)
+        return x ^ (x >> 16)
 
     def mask_mod(self, offset: int = 0) -> MaskMod:
         """The FlexAttention `mask_mod`, for queries whose indices start at absolute position `offset`
@@ -126,7 +183,9 @@ class AttentionMask:
             q, n = q.long(), n.long()
         start = (q - self.window + 1).clamp(min=0)  # the window is keys start..q
         seen = n.clamp(max=self.window) + start.clamp(max=self.sinks)
-        picks = [self.pick(q // self.sparse_block, draw) for draw in range(self.random_blocks)]
+        picks = self.picks(q // self.sparse_block)
+        if self.random_draw == "bigbird":  # distinct blocks, clear of the window and the sinks
+            return seen + sum((block >= 0).long() for block in picks) * self.sparse_block
         for draw, block in enumerate(picks):
             new = block >= 0
             for earlier in picks[:draw]:

@@ -99,10 +99,11 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def rotated_part(config: GPTConfig) -> tuple[int, int | None]:
     """(dimensions the rotation spans, frequency pairs that turn: None for all) of RoPE with
-    `config.rope_fraction` of each head: p_rope spans the whole head and turns the highest-frequency
+    `config.rope_fraction` of each rotated vector (a head, or what the attention function rotates as
+    one: `GPTConfig.rotary_dim`): p_rope spans the whole vector and turns the highest-frequency
     fraction of its D / 2 pairs; neox spans the first fraction x D dimensions and turns all their
     pairs. Refuses, naming the fix, a fraction that makes no whole number of pairs."""
-    fraction, D = config.rope_fraction, config.head_dim
+    fraction, D = config.rope_fraction, config.rotary_dim
     if fraction == 1.0:
         return D, None
     if config.rope_partial == "p_rope":

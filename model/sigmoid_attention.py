@@ -1,13 +1,16 @@
 """Sigmoid attention (Ramapuram et al., ICLR 2025): each visible key weighs
 
-    w_ij = sigmoid(s_ij + b_i),    b_i = -ln(n_i),
+    w_ij = sigmoid(s_ij + b),    b = -ln(n),
 
-s_ij the score (with the scheme's bias) and n_i the number of keys query i sees, with no
-normalisation over the keys: the weights are independent of each other and need not sum to 1.
-The paper's b = -ln(n) with n the sequence length becomes here the keys each query sees, which
-keeps the function causal (a query's output does not depend on later tokens) and a cached decoding
-step equal to a full forward pass; at the start of training every weight is about 1/n, as a
-softmax's would be.
+s_ij the score (with the scheme's bias), with no normalisation over the keys: the weights are
+independent of each other and need not sum to 1. By default (`sigmoid_bias='train_length'`) n is
+the training sequence length (`block_size`), one constant for every query and at every evaluation
+length, as the paper and its reference code (apple/axlearn, `SigmoidAttention`: bias -ln(seq_len)
+of the training sequences) have it; at the start of training the weights are then about 1/n, as a
+softmax's over the whole sequence would be. `sigmoid_bias='seen_keys'` (this project's form before
+issue 33, which checkpoints written before it keep) takes n_i, the number of keys query i sees:
+b_i = -ln(n_i), per query. Both keep the function causal and a cached decoding step equal to a full
+forward pass.
 
 Two kernels, tested against each other (`SIGMOID_KERNELS`):
 - `eager`: the formula written out in float32 on softmax attention's dense context (the eager
@@ -21,12 +24,18 @@ Two kernels, tested against each other (`SIGMOID_KERNELS`):
 
 from __future__ import annotations
 
+import functools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest
 
 from model.kernels.base import Kernel, Step, WeightsHook
+from model.kernels.dense import DenseContext
 from model.kernels.eager import EagerKernel
 from model.kernels.flex import (
     FlexContext,
@@ -40,28 +49,63 @@ from model.masks import AttentionMask
 from model.positions import PositionEncoding
 from model.scores import Score
 
+if TYPE_CHECKING:
+    from model.config import GPTConfig
 
-def sigmoid_weights(scores: Tensor, visible: Tensor) -> Tensor:
-    """sigmoid(score - ln n) for each visible key, n the keys the query sees; 0 for the others
-    (their score is -inf)."""
+
+def sigmoid_weights(scores: Tensor, visible: Tensor, length: int | None) -> Tensor:
+    """sigmoid(score - ln n) for each visible key, n = `length`, or with None the keys the query
+    sees; 0 for the others (their score is -inf)."""
+    if length is not None:
+        return torch.sigmoid(scores - math.log(length))
     seen = visible.sum(dim=-1, keepdim=True).clamp(min=1)
     return torch.sigmoid(scores - torch.log(seen.to(scores.dtype)))
+
+
+def sigmoid_length(config: GPTConfig) -> int | None:
+    """The n of b = -ln n for a model of `config`: its training length, or None for the keys each query
+    sees (`GPTConfig.sigmoid_bias`)."""
+    return config.block_size if config.sigmoid_bias == "train_length" else None
+
+
+@dataclass(frozen=True)
+class SigmoidDense:
+    """The eager kernel's dense context, and the n of the bias (None: the keys each query sees)."""
+
+    dense: DenseContext
+    length: int | None
 
 
 class SigmoidEager(EagerKernel):
     """The reference: the eager kernel with sigmoid weights (any score, bias, mask and dropout)."""
 
-    weigh = staticmethod(sigmoid_weights)
+    def context(  # type: ignore[override]  # the bias's n, from the layer (`SigmoidAttention.kernel_context`)
+        self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0, *,
+        length: int | None,
+    ) -> SigmoidDense:  # fmt: skip
+        return SigmoidDense(super().context(pe, mask, step, memo, layer), length)
+
+    def run(
+        self, q: Tensor, k: Tensor, v: Tensor, context: SigmoidDense, score: Score, dropout_p: float,
+        on_weights: WeightsHook | None,
+    ) -> Tensor:  # fmt: skip
+        weigh = functools.partial(sigmoid_weights, length=context.length)
+        return self.attend(q, k, v, context.dense, score, dropout_p, on_weights, weigh)
 
 
-def sigmoid_score_mod(pe: PositionEncoding, mask: AttentionMask, step: Step, layer: int = 0) -> ScoreMod:
-    """ln sigmoid(score + the scheme's bias - ln n), n the keys the query sees (`mask.seen_keys` of
-    its place in the token order; when decoding, of its cache position)."""
+def sigmoid_score_mod(
+    pe: PositionEncoding, mask: AttentionMask, step: Step, length: int | None, layer: int = 0
+) -> ScoreMod:
+    """ln sigmoid(score + the scheme's bias - ln n), n = `length`, or with None the keys the query
+    sees (`mask.seen_keys` of its place in the token order; when decoding, of its cache position)."""
     bias = score_mod_of(pe, step, pe.head_offset(layer)) if pe.score_bias else None
     q_pos, q_start = step.q_pos, step.q_start
+    log_length = math.log(length) if length is not None else None
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         z = bias(score, b, h, q_idx, kv_idx) if bias is not None else score
+        if log_length is not None:
+            return F.logsigmoid(z - log_length)
         query = q_pos[b, q_idx] if q_pos is not None else q_idx + q_start
         return F.logsigmoid(z - torch.log(mask.seen_keys(query).float()))
 
@@ -74,8 +118,11 @@ class SigmoidFlex(FlexKernel):
 
     devices = frozenset({"cuda"})
 
-    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0) -> FlexContext:
-        return FlexContext(build_block_mask(mask, step, memo), sigmoid_score_mod(pe, mask, step, layer))
+    def context(  # type: ignore[override]  # the bias's n, as SigmoidEager's
+        self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0, *,
+        length: int | None,
+    ) -> FlexContext:  # fmt: skip
+        return FlexContext(build_block_mask(mask, step, memo), sigmoid_score_mod(pe, mask, step, length, layer))
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: FlexContext, score: Score, dropout_p: float,

@@ -1,6 +1,7 @@
 """BigBird-style sparse attention (Zaheer et al. 2020), causal: a window, global first tokens (the
-sinks) and random earlier blocks per block of queries. The pattern by hand, the draws fixed by the
-seed at every length, the key count that log-n scaling and sigmoid attention divide by, compiled
+sinks) and random earlier blocks per block of queries. The pattern by hand from BigBird's rule (R
+distinct blocks outside the window and the sinks), the draws fixed by the seed at every length and
+spread evenly, the older draw, the key count that log-n scaling and sigmoid attention divide by, compiled
 FlexAttention against the dense reference, the attention maps, and the refusals. The parity matrix
 (test_kernels.py), the cache tests (test_cache.py: a full KV cache) and the block-mask test
 (test_masks.py) take the mask with the others."""
@@ -22,28 +23,69 @@ CONFIG = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=16,
                    attn_window=4, attn_sinks=1, attn_random_blocks=1, attn_sparse_block=4)  # fmt: skip
 
 
-def test_each_query_block_sees_its_window_its_sinks_and_its_random_blocks_by_hand():
-    mask = AttentionMask.of(CONFIG)
-    q, k = torch.arange(48)[:, None], torch.arange(48)[None, :]
+def eligible_by_hand(query_block: int, window: int, sinks: int, size: int) -> set[int]:
+    """BigBird's rule (google-research/bigbird `get_single_block_row_attention`: random blocks are drawn
+    from outside the window and the global blocks), token by token: key blocks holding no sink and no
+    key that the block's first query sees through its window, before it."""
+    first = query_block * size
+    clear = [key >= sinks and not 0 <= first - key < window for key in range(first)]  # of the sinks and window
+    return {j for j in range(query_block) if all(clear[j * size : (j + 1) * size])}
+
+
+@pytest.mark.parametrize(("window", "sinks", "random_blocks", "size"), [(4, 1, 1, 4), (6, 3, 3, 4), (5, 0, 2, 8)])
+def test_each_query_block_sees_its_window_its_sinks_and_r_distinct_eligible_blocks(window, sinks, random_blocks, size):
+    """R distinct blocks, all of them when fewer are eligible, none in the window or the sinks: on the
+    previous draw (with replacement, among every earlier block) most draws fell in window or sink
+    blocks and blocks were drawn twice."""
+    mask = AttentionMask(window, sinks, random_blocks, size)
+    T = 40 * size
+    q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
     visible = mask.visible(q, k)
-    for query in range(48):
-        block = query // 4
-        picked = mask.pick(torch.tensor(block), 0).item()
-        assert (picked == -1) == (block == 0) and picked < block  # an earlier block, none for the first
-        expected = {key for key in range(query + 1) if query - key < 4 or key < 1 or key // 4 == picked}
-        assert set(visible[query].nonzero().flatten().tolist()) == expected, query
-    # a fixed seed: the same blocks at every length; another seed, other blocks
-    blocks = torch.arange(1, 200)
-    assert torch.equal(mask.pick(blocks, 0)[:10], mask.pick(blocks[:10], 0))
+    drawn = 0
+    for block in range(T // size):
+        eligible = eligible_by_hand(block, window, sinks, size)
+        picks = [p.item() for p in mask.picks(torch.tensor(block))]
+        chosen = {p for p in picks if p >= 0}
+        assert chosen <= eligible and len(chosen) == len([p for p in picks if p >= 0]), block  # distinct, eligible
+        assert len(chosen) == min(random_blocks, len(eligible)), block
+        drawn += len(chosen)
+        for query in range(block * size, (block + 1) * size):
+            expected = {key for key in range(query + 1) if query - key < window or key < sinks or key // size in chosen}
+            assert set(visible[query].nonzero().flatten().tolist()) == expected, query
+    assert drawn > 30  # the check saw many draws
+
+
+def test_the_draws_are_fixed_by_the_seed_at_every_length_and_spread_over_the_eligible_blocks():
+    mask = AttentionMask(window=4, sinks=1, random_blocks=2, sparse_block=4)
+    blocks = torch.arange(0, 400)
+    assert all(torch.equal(a[:10], b) for a, b in zip(mask.picks(blocks), mask.picks(blocks[:10]), strict=True))
     other = dataclasses.replace(mask, random_seed=1)
-    assert not torch.equal(other.pick(blocks, 0), mask.pick(blocks, 0))
+    assert not all(torch.equal(a, b) for a, b in zip(other.picks(blocks), mask.picks(blocks), strict=True))
+    # block 399 may draw 1..397: over the seeds, every eligible block is drawn about as often
+    counts = torch.zeros(400)
+    for seed in range(3000):
+        for pick in dataclasses.replace(mask, random_seed=seed).picks(torch.tensor([60])):
+            counts[pick] += 1
+    eligible = counts[1:59]  # block 60's first query sees keys 237..240: blocks 1..58 are eligible
+    assert counts[0] == 0 and counts[59:].sum() == 0 and eligible.sum() == 6000
+    assert eligible.min() > 0.5 * eligible.mean() and eligible.max() < 1.6 * eligible.mean()
+
+
+def test_the_draw_of_older_checkpoints_stays_available():
+    """attn_random_draw='earlier_with_replacement': hash(seed, i, draw) mod i, any earlier block."""
+    mask = AttentionMask(window=4, sinks=1, random_blocks=3, sparse_block=4, random_draw="earlier_with_replacement")
+    picks = torch.stack(mask.picks(torch.arange(200)))  # (draws, blocks)
+    assert torch.all(picks[:, 0] == -1) and torch.all(picks[:, 1:] < torch.arange(1, 200))
+    assert (picks[:, 2:] >= torch.arange(2, 200) - 1).any()  # window blocks drawn too
+    assert (picks[0] == picks[1]).any()  # and a block twice
 
 
 @pytest.mark.parametrize(("window", "sinks", "random_blocks", "size"), [(4, 1, 1, 4), (5, 3, 3, 2), (2, 0, 4, 8)])
-def test_seen_keys_counts_the_visible_keys_of_every_query(window, sinks, random_blocks, size):
+@pytest.mark.parametrize("draw", ["bigbird", "earlier_with_replacement"])
+def test_seen_keys_counts_the_visible_keys_of_every_query(window, sinks, random_blocks, size, draw):
     """Overlaps between window, sinks and blocks, and two draws of one block, counted once: the count
     that log-n scaling and sigmoid attention's flex kernel use without forming the mask."""
-    mask = AttentionMask(window, sinks, random_blocks, size)
+    mask = AttentionMask(window, sinks, random_blocks, size, random_draw=draw)
     q = torch.arange(300)
     assert torch.equal(mask.seen_keys(q), mask.visible(q[:, None], q[None, :]).sum(-1))
 

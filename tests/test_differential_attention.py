@@ -1,7 +1,8 @@
 """Differential attention (Ye et al., ICLR 2025) against its formula, written out here: one layer's
-output and its attention map by hand, lambda_init per layer, the split of each head into whole RoPE
-pairs (a shift of every position changes nothing), the refusals, and a checkpoint round trip. The
-parity matrix (test_kernels.py) and the cache tests (test_cache.py) take it from the registry."""
+output and its attention map by hand (both splits), with RoPE against the official code's half-heads,
+lambda_init per layer, relative positions only (a shift of every position changes nothing), the
+refusals, and a checkpoint round trip. The parity matrix (test_kernels.py) and the cache tests
+(test_cache.py) take it from the registry."""
 
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ def softmax_map(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.T
     return scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
 
 
-def test_one_layer_is_the_difference_of_two_softmax_maps_normalised_per_head_by_hand():
+@pytest.mark.parametrize(("split", "first", "second"), [("half_heads", [0, 1, 2, 3], [4, 5, 6, 7]),
+                                                       ("rope_pairs", [0, 2, 4, 6], [1, 3, 5, 7])])  # fmt: skip
+def test_one_layer_is_the_difference_of_two_softmax_maps_normalised_per_head_by_hand(split, first, second):
     torch.manual_seed(0)
-    model = GPT(CONFIG).eval()
+    model = GPT(dataclasses.replace(CONFIG, diff_split=split)).eval()
     attn = model.blocks[0].attn
     with torch.no_grad():
         attn.head_norm.weight.uniform_(0.5, 1.5)  # a gain that is not 1
@@ -38,8 +41,8 @@ def test_one_layer_is_the_difference_of_two_softmax_maps_normalised_per_head_by_
         model(idx)
         model.attention_weights(idx, lambda layer: lambda rows, w: maps.append(w))
         q, k, v = (t.view(1, T, 2, D).transpose(1, 2) for t in attn.qkv(captured["x"]).split(16, dim=-1))
-        # head h: dimensions i and i + 4 are RoPE pair i; map 1 takes the even pairs, map 2 the odd ones
-        first, second = [0, 2, 4, 6], [1, 3, 5, 7]
+        # half_heads: map 1 the first half of each head, map 2 the second; rope_pairs: dimensions i and
+        # i + 4 are RoPE pair i, map 1 takes the even pairs, map 2 the odd ones
         i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
         bias = -torch.tensor([2.0**-4, 2.0**-8])[:, None, None] * (i - j)  # ALiBi, 2 heads
         w1, w2 = softmax_map(q[..., first], k[..., first], bias), softmax_map(q[..., second], k[..., second], bias)
@@ -51,6 +54,42 @@ def test_one_layer_is_the_difference_of_two_softmax_maps_normalised_per_head_by_
         expected = attn.proj(heads.transpose(1, 2).reshape(1, T, 16))
     torch.testing.assert_close(captured["out"], expected, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(torch.cat(maps, dim=2), w1 - lam * w2, rtol=1e-4, atol=1e-6)
+
+
+def rotary(x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """RoPE of the vectors' own width d, (..., T, d), pairs (i, i + d/2) turning at theta^(-2i/d), float64."""
+    T, d = x.shape[-2:]
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    x1, x2 = x.double().chunk(2, dim=-1)
+    return torch.cat((x1 * angles.cos() - x2 * angles.sin(), x2 * angles.cos() + x1 * angles.sin()), dim=-1)
+
+
+def test_with_rope_both_maps_are_half_heads_rotated_with_the_half_heads_frequencies():
+    """The official code (microsoft/unilm, Diff-Transformer/multihead_diffattn.py) views q and k as 2H
+    half-heads of d = D / 2 and applies the rotary embedding built for head_dim d to each: written out
+    here in float64 (its rotary pairs dimensions 2i, 2i + 1, this one i, i + d/2: a fixed permutation of
+    each half-head, that is of the projection's rows). The split before issue 33 gave map 2 frequencies
+    between map 1's and fails this."""
+    torch.manual_seed(0)
+    model = GPT(dataclasses.replace(CONFIG, pos_encoding="rope")).eval()
+    attn = model.blocks[0].attn
+    T, H, D = 9, 2, 8
+    idx = torch.randint(0, 64, (1, T))
+    captured = {}
+    attn.register_forward_hook(lambda module, args, out: captured.update(x=args[0], out=out))
+    with torch.no_grad():
+        model(idx)
+        q, k, v = (t.double().view(1, T, H, D) for t in attn.qkv(captured["x"]).split(16, dim=-1))
+        q, k = (rotary(t.reshape(1, T, 2 * H, D // 2).transpose(1, 2)) for t in (q, k))  # (1, 2H, T, d)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D // 2)
+        w = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        w = w.view(1, H, 2, T, T)
+        lq1, lk1, lq2, lk2 = (p.double() for p in attn.lambdas)
+        lam = torch.exp(lq1 @ lk1) - torch.exp(lq2 @ lk2) + 0.2
+        heads = (w[:, :, 0] - lam * w[:, :, 1]) @ v.transpose(1, 2)  # (1, H, T, D)
+        heads = heads / heads.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt() * attn.head_norm.weight.double() * 0.8
+        expected = attn.proj(heads.transpose(1, 2).reshape(1, T, 16).float())
+    torch.testing.assert_close(captured["out"], expected, rtol=1e-4, atol=1e-5)
 
 
 def test_lambda_init_follows_the_layer_depth():
@@ -77,8 +116,10 @@ def test_settings_it_cannot_run_are_refused_naming_the_fix():
     with pytest.raises(ConfigError, match="attn_score='additive' is not one"):
         dataclasses.replace(CONFIG, attn_score="additive")
     with pytest.raises(ConfigError, match="rope_partial='neox'"):
-        dataclasses.replace(CONFIG, pos_encoding="rope", rope_fraction=0.5, rope_partial="neox")
+        dataclasses.replace(CONFIG, pos_encoding="rope", rope_fraction=0.5, rope_partial="neox",
+                            diff_split="rope_pairs")  # fmt: skip
     dataclasses.replace(CONFIG, pos_encoding="rope", rope_fraction=0.5)  # p-RoPE keeps whole-head pairs
+    dataclasses.replace(CONFIG, pos_encoding="rope", rope_fraction=0.5, rope_partial="neox")  # of each half-head
 
 
 def test_a_checkpoint_round_trips_lambda_and_the_head_norm(tmp_path):

@@ -23,10 +23,12 @@ CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16,
                    pos_encoding="alibi")  # fmt: skip
 
 
-def test_the_weights_are_sigmoid_of_score_plus_bias_minus_log_n_by_hand():
+@pytest.mark.parametrize(("bias", "T"), [("train_length", 7), ("train_length", 23), ("seen_keys", 7)])
+def test_the_weights_are_sigmoid_of_score_plus_bias_minus_log_n_by_hand(bias, T):
+    """The paper (Ramapuram et al. 2025) and apple/axlearn's SigmoidAttention: b = -ln n, one constant, n the
+    training sequence length (here block_size 16, also past it); seen_keys: n the keys each query sees."""
     torch.manual_seed(0)
-    model = GPT(CONFIG).eval()
-    T = 7
+    model = GPT(dataclasses.replace(CONFIG, sigmoid_bias=bias)).eval()
     idx = torch.randint(0, 64, (1, T))
     seen = []
     with torch.no_grad():
@@ -39,14 +41,16 @@ def test_the_weights_are_sigmoid_of_score_plus_bias_minus_log_n_by_hand():
         for i in range(T):
             for j in range(i + 1):
                 score = (q[0, h, i] @ k[0, h, j]).item() / math.sqrt(8) - slopes[h] * (i - j)
-                weights[0, h, i, j] = 1 / (1 + math.exp(-(score - math.log(i + 1))))
+                n = 16 if bias == "train_length" else i + 1
+                weights[0, h, i, j] = 1 / (1 + math.exp(-(score - math.log(n))))
     got = torch.cat(seen, dim=2)
     torch.testing.assert_close(got, weights, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(got.sum(-1), torch.ones(1, 2, T))  # no normalisation over the keys
 
 
-@pytest.mark.parametrize("fields", [{}, {"attn_window": 4, "attn_sinks": 1}, {"pos_encoding": "rope"}],
-                         ids=["alibi", "alibi-window+sinks", "rope"])  # fmt: skip
+@pytest.mark.parametrize("fields", [{}, {"attn_window": 4, "attn_sinks": 1}, {"pos_encoding": "rope"},
+                                    {"attn_window": 4, "sigmoid_bias": "seen_keys"}],
+                         ids=["alibi", "alibi-window+sinks", "rope", "alibi-window-seen-keys"])  # fmt: skip
 def test_the_flex_kernels_lse_identity_gives_the_eager_output(monkeypatch, fields):
     """FlexAttention's own reference path (uncompiled) with the kernel's log-sigmoid score_mod, times
     exp(lse): the eager sigmoid output, with a bias, a window and sinks, at an odd length."""

@@ -79,7 +79,8 @@ def eager_attention(
 class EagerKernel(Kernel):
     """Everything, slowly: any score, bias, mask and dropout, on every device, and the weights. An
     attention function that differs from softmax attention only in how scores become weights
-    reuses it with its own `weigh` (sigmoid attention)."""
+    reuses it with its own `weigh` (or, where the weights need settings of the model, through
+    `attend`: sigmoid attention)."""
 
     weigh: Weigh = staticmethod(softmax_weights)
 
@@ -102,11 +103,19 @@ class EagerKernel(Kernel):
         self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,
         on_weights: WeightsHook | None,
     ) -> Tensor:  # fmt: skip
+        return self.attend(q, k, v, context, score, dropout_p, on_weights, self.weigh)
+
+    @staticmethod
+    def attend(
+        q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,
+        on_weights: WeightsHook | None, weigh: Weigh,
+    ) -> Tensor:  # fmt: skip
+        """`eager_attention` with weights `weigh`, a block of query rows at a time."""
         outs = []
         for rows in context.blocks(q.size(-2)):  # one block unless the mask and bias would be large
             visible, bias = context.block(rows)
             hook = _shifted(on_weights, rows.start) if on_weights is not None else None
-            outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, self.weigh))
+            outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, weigh))
         return torch.cat(outs, dim=2)
 
 

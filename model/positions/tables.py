@@ -29,7 +29,7 @@ class LearnedPositions(PositionEncoding):
         return config.block_size
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.table.weight, mean=0.0, std=0.02)  # GPT-2's init
+        nn.init.normal_(self.table.weight, mean=0.0, std=0.02)  # nanoGPT's and HF's (GPT-2's TF code: 0.01)
 
     def lookup_parameters(self) -> list[nn.Parameter]:
         return [self.table.weight]
@@ -78,7 +78,9 @@ class RotaryPositions(PositionEncoding):
     so that q_m . k_n depends on positions only through m - n.
 
     Pairs are the two halves of the head (dimension i with i + D/2), as in GPT-NeoX and litgpt.
-    Angles and the rotation are computed in float32 whatever the activations' dtype.
+    Angles and the rotation are computed in float32 whatever the activations' dtype. D is the width
+    the attention function rotates as one vector (`GPTConfig.rotary_dim`): the head, or each
+    half-head of differential attention, whose official code builds its rotary tables for D / 2.
     """
 
     rescalable = True
@@ -87,7 +89,7 @@ class RotaryPositions(PositionEncoding):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
-        self.head_dim = config.head_dim
+        self.head_dim = config.rotary_dim  # the width of the vectors rotate() is handed
         self.rotated_dims, self.pairs = rotated_part(config)
         self.base = config.rope_base
         self.scaling = (config.rope_scaling, config.rope_scaling_factor, config.block_size)
@@ -98,7 +100,9 @@ class RotaryPositions(PositionEncoding):
     @classmethod
     def check(cls, config: GPTConfig) -> None:
         why = f"rotates pairs of dimensions, so the head size n_embd / n_head = {config.n_embd} / {config.n_head}"
-        require_even(config, config.head_dim, why + " must be even")
+        if config.rotary_dim != config.head_dim:
+            why += f" (here each half of it, attention={config.attention!r})"
+        require_even(config, config.rotary_dim, why + " must be even")
         dims, _ = rotated_part(config)  # a fraction that makes whole pairs
         if config.rope_scaling == "ntk" and dims <= 2:
             raise ConfigError(
