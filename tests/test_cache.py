@@ -140,6 +140,12 @@ def _counting_compile(model: GPT) -> list[object]:
     return graphs
 
 
+STATIC_SHAPES = torch._dynamo.config.patch(automatic_dynamic_shapes=False)
+"""No dynamic shapes while a test counts graphs. Torch's own patch, not pytest's monkeypatch: from
+pytest 9.2 monkeypatch's undo deletes a setting of torch's config modules instead of restoring it,
+and the next test that reads it fails with AttributeError."""
+
+
 COMPILE_CASES = [  # every scheme, mask and attention function once, and a score that is not a dot product
     {"pos_encoding": "learned"},
     {"pos_encoding": "sinusoidal", **MASKS["window"]},
@@ -154,11 +160,11 @@ COMPILE_CASES = [  # every scheme, mask and attention function once, and a score
 
 
 @pytest.mark.parametrize("fields", COMPILE_CASES, ids=lambda f: "-".join(str(v) for v in f.values()))
-def test_compiled_generation_is_one_prefill_and_one_decode_graph(fields, monkeypatch):
+@STATIC_SHAPES
+def test_compiled_generation_is_one_prefill_and_one_decode_graph(fields):
     """No dynamic shapes and a counting backend (no inductor): 200 new tokens after a 4-token prompt,
     past block_size 128 for the schemes that extrapolate (a cache of 256; learned: block 256), compile
     the prefill and the decode step; another generation of the same cache size compiles nothing more."""
-    monkeypatch.setattr(torch._dynamo.config, "automatic_dynamic_shapes", False)
     block = 256 if fields["pos_encoding"] == "learned" else 128
     model = GPT(dataclasses.replace(CONFIG, block_size=block, **fields)).eval()
     graphs = _counting_compile(model)
@@ -171,10 +177,10 @@ def test_compiled_generation_is_one_prefill_and_one_decode_graph(fields, monkeyp
     torch._dynamo.reset()
 
 
-def test_a_sliding_learned_window_compiles_a_third_graph_only(monkeypatch):
+@STATIC_SHAPES
+def test_a_sliding_learned_window_compiles_a_third_graph_only():
     """Learned positions past block_size 64: the prompt's prefill, the decode step, and the prefill
     of the last 64 tokens that every step past the window takes."""
-    monkeypatch.setattr(torch._dynamo.config, "automatic_dynamic_shapes", False)
     model = GPT(dataclasses.replace(CONFIG, block_size=64, pos_encoding="learned")).eval()
     graphs = _counting_compile(model)
     model.generate(torch.randint(0, CONFIG.vocab_size, (1, 4)), 500, temperature=0)
@@ -221,10 +227,10 @@ def test_what_does_not_fit_is_refused_not_dropped():
     assert len(list(decode(model, wide, 2, greedy, lengths=torch.tensor([3, 2])))) == 2
 
 
-def test_uncached_compiled_generation_compiles_a_few_widths_only(monkeypatch):
+@STATIC_SHAPES
+def test_uncached_compiled_generation_compiles_a_few_widths_only():
     """Without a cache every token is a forward over the whole context: its widths are bucketed
     like a prefill's, so a compiled model traces log2(length) graphs, not one per token."""
-    monkeypatch.setattr(torch._dynamo.config, "automatic_dynamic_shapes", False)
     model = GPT(dataclasses.replace(CONFIG, pos_encoding="alibi")).eval()
     graphs = _counting_compile(model)
     model.generate(torch.randint(0, CONFIG.vocab_size, (1, 3)), 40, temperature=0, use_cache=False)

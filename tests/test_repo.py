@@ -1,21 +1,54 @@
-"""Rules of the repository: the README's test command is the one CI runs, no code branches on a
-configured name, no Python file over 400 lines."""
+"""Rules of the repository: the README's install and test commands are the ones CI runs, in a fresh
+environment; no test monkeypatches torch's config modules; no code branches on a configured name; no
+Python file over 400 lines."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_ci_runs_exactly_the_readme_test_command():
-    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    command = next(line for line in reversed(ci_lines) if line)  # the script's last command
-    assert "ruff check" in command and "pytest" in command
+def _commands(script: str) -> list[str]:
+    return [line.strip() for line in script.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def test_ci_runs_the_readme_install_and_test_commands_in_a_fresh_environment():
+    """A green CI is a green README: `.ci/run` creates a virtual environment without the machine's
+    site packages, activates it, and its last command is the README's install-and-test line verbatim,
+    so CI tests the releases a fresh install resolves (pytest 9.2 broke the suite while CI's
+    preinstalled 9.0.3 stayed green), not the CI image's."""
+    script = (ROOT / ".ci" / "run").read_text()
+    commands = _commands(script)
+    last = commands[-1]
+    assert "pip install -e" in last and "ruff check" in last and last.endswith("python -m pytest -q")
     readme_lines = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()]
-    assert command in readme_lines
+    assert last in readme_lines
+    creates = [i for i, c in enumerate(commands) if c.startswith("python -m venv ")]
+    activates = [i for i, c in enumerate(commands) if c.startswith(". ") and c.endswith('/bin/activate"')]
+    assert creates and activates and creates[0] < activates[0] < len(commands) - 1
+    assert "--system-site-packages" not in script
+
+
+TORCH_CONFIG_MONKEYPATCH = re.compile(r"monkeypatch\.(?:set|del)attr\(\s*[\"']?torch\.[\w.]*config\b")
+"""pytest's monkeypatch on a torch config module (torch._dynamo.config, torch._inductor.config, ...):
+from pytest 9.2 its undo deletes the setting instead of restoring it. `config.patch(...)` instead."""
+
+
+def test_no_test_monkeypatches_a_torch_config_module():
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if TORCH_CONFIG_MONKEYPATCH.search(line) and path.name != "test_repo.py"
+    ]
+    assert not found, f"patch torch's settings with torch._dynamo.config.patch(...): {found}"
+    assert TORCH_CONFIG_MONKEYPATCH.search('monkeypatch.setattr(torch._dynamo.config, "x", False)')
+    assert TORCH_CONFIG_MONKEYPATCH.search('monkeypatch.setattr("torch._inductor.config.x", 1)')
+    assert not TORCH_CONFIG_MONKEYPATCH.search('monkeypatch.setattr(torch.cuda, "is_available", f)')
 
 
 NAMED_SETTINGS = {"pos_encoding", "attention", "attn_score", "attn_backend"}
@@ -93,8 +126,6 @@ def test_no_python_file_is_over_400_lines():
 def test_the_readme_is_short_and_its_links_lead_somewhere():
     """The README starts where users start (under 200 lines); the reference lives in docs/, and every
     relative link of the README and of docs/*.md names a file or directory that exists."""
-    import re
-
     readme = ROOT / "README.md"
     assert len(readme.read_text().splitlines()) < 200
     pages = [readme, *sorted((ROOT / "docs").glob("*.md"))]
