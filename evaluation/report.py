@@ -154,10 +154,7 @@ def _settings_lines(doc: dict[str, Any], groups: list[Group]) -> list[str]:
         mode = f"sliding windows, stride {s['stride']}: only the last {s['stride']} tokens of each window scored"
     else:
         mode = "non-overlapping windows: every token scored, so position i of a window sees i tokens of context"
-    lines = [f"mode: {mode}", f"token budget: {s['token_budget']:,} tokens scored at every length, from the start"]
-    scored = {row["scored_tokens"] for run in doc["runs"] for row in run["results"] if row["applicable"]}
-    if len(scored) > 1:
-        lines.append(f"scored tokens differ across lengths ({', '.join(map(str, sorted(scored)))}): the text ran out")
+    lines = [f"mode: {mode}", scored_line(doc)]
     sources = {(run["data"]["source"], run["data"]["tokens"], run["data"]["sha256"][:12]) for run in doc["runs"]}
     for source, tokens, digest in sorted(sources):
         lines.append(f"text: {source}, {tokens:,} tokens (sha256 {digest})")
@@ -178,6 +175,35 @@ def _settings_lines(doc: dict[str, Any], groups: list[Group]) -> list[str]:
         lines.append("several seeds: mean ± standard deviation across seeds")
     lines.append(f"{doc['device']}, {doc['dtype']}, torch {doc['torch']}, git {doc['git']}, {doc['created']}")
     return lines + study_lines(doc)
+
+
+def scored_line(doc: dict[str, Any]) -> str:
+    """The tokens each length actually scored, from the runs' `scored_tokens`, not the budget: the
+    budget is only a cap, and a validation split shorter than it (46,505 tokens under 65,536) or a
+    budget that is not a multiple of the stride scores fewer. Lengths that scored the same count share
+    a clause; where checkpoints differ at one length (their own tokenizers) the clause gives the range."""
+    budget = doc["settings"]["token_budget"]
+    counts: dict[int, set[int]] = {}
+    ran_out: list[int] = []
+    for row in (row for run in doc["runs"] for row in run["results"] if row["applicable"]):
+        counts.setdefault(row["length"], set()).add(row["scored_tokens"])
+        if row["scored_tokens"] < max(1, budget // row["stride"]) * row["stride"] and row["length"] not in ran_out:
+            ran_out.append(row["length"])  # fewer windows than the budget allows: the text ended first
+    lengths_by_count: dict[str, list[int]] = {}
+    for length in sorted(counts):
+        low, high = min(counts[length]), max(counts[length])
+        lengths_by_count.setdefault(f"{low:,}" if low == high else f"{low:,}-{high:,}", []).append(length)
+    if len(lengths_by_count) == 1:
+        scored = f"{next(iter(lengths_by_count))} at every length"
+    else:
+        scored = "; ".join(f"{n} at {', '.join(map(str, lengths))}" for n, lengths in lengths_by_count.items())
+    if not ran_out:
+        note = f"budget {budget:,}"
+    elif len(ran_out) == len(counts):
+        note = f"budget {budget:,}: the text ended first"
+    else:
+        note = f"budget {budget:,}: the text ended first at {', '.join(map(str, sorted(ran_out)))}"
+    return f"tokens scored, from the start of the text: {scored} ({note})"
 
 
 def study_lines(doc: dict[str, Any]) -> list[str]:

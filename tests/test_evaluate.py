@@ -131,6 +131,27 @@ def test_checkpoints_sharing_a_label_are_seeds(runs, tmp_path):
     assert "| 2 |" in row and row.count("±") == 2 and "mean ± standard deviation" in table
 
 
+def _scored_line(tmp: Path) -> str:
+    report = (tmp / "out" / "results.md").read_text()
+    return next(line for line in report.splitlines() if "scored" in line and "budget" in line)
+
+
+def test_the_report_states_the_tokens_scored_not_the_budget(runs, tmp_path):
+    """A budget past the validation split scores what the split holds, per length: the report says so
+    (it used to say "100,000 tokens scored at every length"); a budget that is not a multiple of a
+    length scores whole windows under it, and the text did not end there."""
+    n = len(_val_tokens(runs["rope"]))
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), "--eval.lengths", "[16,48]", "--eval.token_budget", "100000")
+    scored = {row["length"]: row["scored_tokens"] for row in doc["runs"][0]["results"]}
+    assert scored == {16: (n - 1) // 16 * 16, 48: (n - 1) // 48 * 48} and max(scored.values()) < 100_000
+    assert _scored_line(tmp_path) == (
+        f"- tokens scored, from the start of the text: {scored[16]:,} at 16; {scored[48]:,} at 48 "
+        "(budget 100,000: the text ended first)"
+    )
+    _evaluate(tmp_path, "--ckpt", str(runs["rope"]), "--eval.lengths", "[16,48]", "--eval.token_budget", "100")
+    assert _scored_line(tmp_path) == "- tokens scored, from the start of the text: 96 at every length (budget 100)"
+
+
 def test_each_checkpoint_tokenizes_a_given_text_with_its_own_tokenizer(runs, tmp_path):
     text = tmp_path / "eval.txt"
     text.write_text(make_text(300, seed=5))  # characters both vocabularies have
