@@ -51,7 +51,11 @@ def gpt_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> GPT:
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
-        raise CheckpointError(f"{path}: its weights do not fit its own config ({error}).") from None
+        misfit = weights_misfit(model.state_dict(), state) or str(error).strip().splitlines()[0]
+        raise CheckpointError(
+            f"{path}: its weights do not fit its own recorded config ({misfit}): the file was edited or written "
+            "by other code. Use a checkpoint this trainer wrote, or retrain."
+        ) from None
     bad = [name for name, tensor in state.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
     if bad:
         raise CheckpointError(
@@ -59,6 +63,29 @@ def gpt_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> GPT:
             "Use an earlier checkpoint, or retrain with a lower --optim.lr."
         )
     return model.eval()
+
+
+def weights_misfit(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> str:
+    """Why `state` does not load into a model whose state dict is `expected`, in one clause ('' if it
+    does): the first tensor whose shape differs, else the missing and unexpected names. PyTorch's own
+    message lists every mismatch, one per line, where a user needs the first one to see what is wrong."""
+    wrong = [name for name, tensor in expected.items() if name in state and state[name].shape != tensor.shape]
+    if wrong:
+        more = {1: "", 2: "; 1 more tensor differs"}.get(len(wrong), f"; {len(wrong) - 1} more tensors differ")
+        name = wrong[0]
+        return f"{name} is {_shape(state[name])} in the file, {_shape(expected[name])} for the config{more}"
+    missing = [name for name in expected if name not in state]
+    unexpected = [name for name in state if name not in expected]
+    found = (("missing", missing), ("unexpected", unexpected))
+    return "; ".join(f"{what} {_names(names)}" for what, names in found if names)
+
+
+def _shape(tensor: torch.Tensor) -> str:
+    return "(" + ", ".join(map(str, tensor.shape)) + ")"
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
 
 
 def load_checkpoint(path: str | Path, ranks_path: str | None = None) -> LoadedCheckpoint:

@@ -81,12 +81,26 @@ def read_weights(path: Path) -> dict[str, Tensor]:
     return {name.removeprefix("transformer."): t for name, t in tensors.items()}
 
 
-def config_heads(path: Path) -> int | None:
-    """n_head from the config.json beside the weights, when there is one."""
+def config_heads(path: Path, source: str) -> int | None:
+    """n_head from the config.json beside the weights, when there is one. One that cannot be read (a
+    download cut short) is refused, not passed over: the weights do not record the head count, and a
+    wrong one gives a model that runs but is not GPT-2."""
     config = path.parent / "config.json"
     if not config.is_file():
         return None
-    return json.loads(config.read_text()).get("n_head")
+    try:
+        settings = json.loads(config.read_text(encoding="utf-8"))
+        problem = "" if isinstance(settings, dict) else "not a JSON object"
+    except json.JSONDecodeError as error:
+        problem = f"not valid JSON ({error}; a download cut short?)"
+    except UnicodeDecodeError:
+        problem = "not valid JSON (not UTF-8 text)"
+    if problem:
+        raise PretrainedError(
+            f"--model.init_from {source}: {config} is {problem}. Fetch it again from where the weights came from, "
+            "or delete it and pass the head count as --model.n_head."
+        )
+    return settings.get("n_head")
 
 
 def check_shape(config: GPTConfig, weights: dict[str, Tensor], source: str, heads: int | None) -> None:
@@ -149,7 +163,7 @@ def from_pretrained(config: GPTConfig) -> GPT:
     source = config.init_from or ""
     path = weights_file(source)
     weights = read_weights(path)
-    check_shape(config, weights, source, config_heads(path))
+    check_shape(config, weights, source, config_heads(path, source))
     as_gpt2 = dataclasses.replace(config, pos_encoding=GPT2_POSITIONS)
     model = GPT(as_gpt2)
     with torch.no_grad():

@@ -109,6 +109,27 @@ def test_a_misspelled_key_in_a_config_file_gets_the_closest_option(tmp_path, cap
         assert len(lines) <= 10 and f"did you mean {closest}?" in lines[1], lines
 
 
+@pytest.mark.parametrize(
+    ("name", "argv", "text", "holds"),
+    [
+        ("train.py", [], "- model\n- train\n", "a list"),
+        ("train.py", [], "model\n", "a single value ('model')"),
+        ("train.py", [], "# all commented out\n", "nothing"),
+        *((name, [], "- model\n", "a list") for name in COMMANDS if name != "train.py"),
+        ("bench.py", ["decode"], "[1, 2]\n", "a list"),
+    ],
+)
+def test_a_config_file_that_is_not_a_mapping_is_one_error_naming_it(name, argv, text, holds, tmp_path, capsys):
+    """Every command reads --config through `core.cli`: a list or a single value there used to end in
+    'error: Unexpected config: - model' with the file's text on the lines below."""
+    (tmp_path / "bad.yaml").write_text(text)
+    lines = _stops(capsys, name, [*argv, "--config", str(tmp_path / "bad.yaml")])
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and len(lines) == 3, lines  # the usage line, the error, where --help is
+    assert f"--config {tmp_path / 'bad.yaml'} holds {holds}, not a mapping: a config file maps" in errors[0]
+    assert "--print_config` writes one" in errors[0]
+
+
 def test_a_bad_value_is_a_short_usage_too(capsys):
     lines = _stops(capsys, "train.py", ["--model.n_layer", "four"])
     assert len(lines) <= 10 and "model.n_layer" in lines[1] and "four" in lines[1], lines

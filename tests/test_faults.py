@@ -108,17 +108,35 @@ def test_a_fresh_diverging_run_writes_no_checkpoint(tmp_path, text_file, capsys)
     assert not (tmp_path / "runs" / "tiny" / "best.ckpt").exists()
 
 
-def test_sampling_and_evaluating_a_non_finite_checkpoint_is_one_message(tmp_path, trained, capsys):
+def _nan(state: dict) -> None:
+    state[next(k for k in state if k.endswith("mlp.fc.weight"))][0, 0] = float("nan")
+
+
+def _wider(state: dict) -> None:
+    state["model.wte.weight"] = torch.cat([state["model.wte.weight"], state["model.wte.weight"][:1]])
+
+
+@pytest.mark.parametrize(
+    ("spoil", "needle"),
+    [
+        (_nan, "non-finite weights"),
+        (_wider, "do not fit its own recorded config (wte.weight is ("),  # (V + 1, 32) in the file, (V, 32) ...
+        (lambda state: state.pop("model.ln_f.weight"), "config (missing ln_f.weight): "),
+    ],
+    ids=["nan", "a-wider-tensor", "a-missing-tensor"],
+)
+def test_sampling_and_evaluating_a_spoiled_checkpoint_is_one_message(tmp_path, trained, capsys, spoil, needle):
+    """Non-finite weights, and weights that do not fit the checkpoint's own config: one line naming the
+    first tensor that does not fit, not PyTorch's size-mismatch dump of every one."""
     ckpt = torch.load(trained / "last.ckpt", weights_only=False)
-    key = next(k for k in ckpt["state_dict"] if k.endswith("mlp.fc.weight"))
-    ckpt["state_dict"][key][0, 0] = float("nan")
-    bad = tmp_path / "nan.ckpt"
+    spoil(ckpt["state_dict"])
+    bad = tmp_path / "spoiled.ckpt"
     torch.save(ckpt, bad)
     for command, argv in (
         (sample_script.COMMAND, ["--ckpt", str(bad), "--max_new_tokens", "5"]),
         (evaluate_script.COMMAND, ["--ckpt", str(bad), "--eval.lengths", "[16]", "--out", str(tmp_path / "e")]),
     ):
-        assert "non-finite weights" in cli_error(capsys, command, argv)
+        assert needle in cli_error(capsys, command, argv)
 
 
 # 3. signals

@@ -20,7 +20,10 @@ from experiments import extrapolation
 from model import GPTConfig
 from model.gpt import MLP
 from model.pretrained import PretrainedError, from_pretrained, hub_cache, weights_file
+from training.command import COMMAND as TRAIN
 from training.config import DataConfig, RunConfig
+
+from helpers import cli_error
 
 LAYERS, HEADS, WIDTH, POSITIONS, VOCAB = 2, 2, 32, 64, 50257
 
@@ -198,3 +201,23 @@ def test_hugging_faces_gpt2_gives_the_same_logits():
     idx = torch.randint(0, 50257, (1, 64))
     with torch.no_grad():
         assert torch.allclose(ours(idx)[0][..., :50257], theirs(idx).logits, atol=1e-3)
+
+
+def test_a_config_json_cut_short_is_one_line_naming_it(weights, tmp_path, gpt2_ranks, text_file, capsys):
+    """train.py --model.init_from DIR whose config.json is cut short (or not an object): one line
+    naming the file and the fix, where a JSONDecodeError's traceback was."""
+    directory = tmp_path / "gpt2"
+    directory.mkdir()
+    (directory / "model.safetensors").write_bytes((weights[0] / "model.safetensors").read_bytes())
+    (directory / "config.json").write_text('{"n_head": 2, "n_la')
+    argv = ["--model.init_from", str(directory), "--model.n_layer", str(LAYERS), "--model.n_head", str(HEADS),
+            "--model.n_embd", str(WIDTH), "--model.block_size", "32", "--data.input", str(text_file),
+            "--data.tokenizer", "gpt2", "--data.tiktoken_ranks", str(gpt2_ranks),
+            "--data.prepared_root", str(tmp_path / "prepared"), "--train.out_dir", str(tmp_path / "runs"),
+            "--train.max_steps", "1", "--train.compile", "false"]  # fmt: skip
+    line = cli_error(capsys, TRAIN, argv)
+    assert f"{directory / 'config.json'} is not valid JSON (Unterminated string" in line
+    assert "Fetch it again from where the weights came from, or delete it and pass the head count as" in line
+    (directory / "config.json").write_text("[2]")
+    with pytest.raises(PretrainedError, match=r"config.json is not a JSON object\. Fetch it again"):
+        from_pretrained(tiny_config(directory))
