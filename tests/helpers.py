@@ -59,9 +59,34 @@ def run_pair(config: GPTConfig, scheme: str, backend: str, device: torch.device,
         yield T, results[0], results[1]
 
 
+def is_flex(kernel: Any) -> bool:
+    """A FlexAttention kernel (softmax's, sigmoid's): on a CPU it runs only under `uncompiled_flex`."""
+    from model.kernels.flex import FlexKernel
+
+    return isinstance(kernel, FlexKernel)
+
+
+def uncompiled_flex(monkeypatch) -> None:
+    """Let every flex kernel run on the CPU, through FlexAttention's uncompiled path: compiled flex is
+    refused there (it returns wrong numbers in torch 2.13: model/kernels/flex.py), the uncompiled one is
+    exact, so the kernels' block masks and score_mods are checked against the dense path this way.
+    Forward only: FlexAttention has no backward pass on a CPU."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    import model.kernels.flex as flex
+    import model.sigmoid_attention as sigmoid
+
+    for module in (flex, sigmoid):
+        monkeypatch.setattr(module, "compiled_flex_attention", lambda: flex_attention)
+    for layer in ATTENTIONS.values():
+        for kernel in layer.kernels.values():
+            if is_flex(kernel):
+                monkeypatch.setattr(type(kernel), "devices", None)
+
+
 def assert_flex_matches_eager(config: GPTConfig, length: int) -> None:
-    """The same weights on flex (forward only: what a CPU compiles) and on eager give the same logits
-    for two random sequences of `length` tokens."""
+    """The same weights on flex (forward only: on a CPU under `uncompiled_flex`) and on eager give the
+    same logits for two random sequences of `length` tokens."""
     torch.manual_seed(0)
     eager = GPT(dataclasses.replace(config, attn_backend="eager")).eval()
     flex = GPT(dataclasses.replace(config, attn_backend="flex")).eval()

@@ -1,9 +1,9 @@
 """BigBird-style sparse attention (Zaheer et al. 2020), causal: a window, global first tokens (the
 sinks) and random earlier blocks per block of queries. The pattern by hand from BigBird's rule (R
 distinct blocks outside the window and the sinks), the draws fixed by the seed at every length and
-spread evenly, the older draw, the key count that log-n scaling and sigmoid attention divide by, compiled
-FlexAttention against the dense reference, the attention maps, and the refusals. The parity matrix
-(test_kernels.py), the cache tests (test_cache.py: a full KV cache) and the block-mask test
+spread evenly, the older draw, the key count that log-n scaling and sigmoid attention divide by,
+FlexAttention (uncompiled on the CPU) against the dense reference, the attention maps, and the refusals.
+The parity matrix (test_kernels.py), the cache tests (test_cache.py: a full KV cache) and the block-mask test
 (test_masks.py) take the mask with the others."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from core.errors import ConfigError
 from model import GPT, GPTConfig
 from model.masks import AttentionMask
 
-from helpers import assert_flex_matches_eager
+from helpers import assert_flex_matches_eager, uncompiled_flex
 
 CONFIG = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=16, bias=False, pos_encoding="alibi",
                    attn_window=4, attn_sinks=1, attn_random_blocks=1, attn_sparse_block=4)  # fmt: skip
@@ -90,10 +90,8 @@ def test_seen_keys_counts_the_visible_keys_of_every_query(window, sinks, random_
     assert torch.equal(mask.seen_keys(q), mask.visible(q[:, None], q[None, :]).sum(-1))
 
 
-def test_compiled_flex_runs_the_mask_in_its_kernel_and_matches_eager():
-    # a fresh compile: after other tests' shapes dynamo compiles flex for dynamic shapes, where torch
-    # 2.13's CPU flex template fails to build this mask's C++ (an inductor bug; CPU flex is never auto)
-    torch._dynamo.reset()
+def test_flex_runs_the_mask_in_its_kernel_and_matches_eager(monkeypatch):
+    uncompiled_flex(monkeypatch)  # compiled flex is refused on a CPU (model/kernels/flex.py); test_gpu.py compiles it
     assert_flex_matches_eager(CONFIG, 150)  # past block_size, more than one 128-key tile
 
 

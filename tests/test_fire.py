@@ -14,7 +14,7 @@ import torch
 from core.errors import ConfigError
 from model import GPT, GPTConfig
 
-from helpers import assert_flex_matches_eager, scheme_gradients
+from helpers import assert_flex_matches_eager, scheme_gradients, uncompiled_flex
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=False, pos_encoding="fire",
                    fire_width=3)  # fmt: skip
@@ -178,7 +178,8 @@ def test_per_layer_the_layers_biases_reach_their_kernels_and_gradients_agree():
         assert not torch.allclose(model(idx)[0], before)
 
 
-def test_per_layer_compiled_flex_matches_eager():
+def test_per_layer_flex_matches_eager(monkeypatch):
+    uncompiled_flex(monkeypatch)  # compiled flex is refused on a CPU (model/kernels/flex.py); test_gpu.py compiles it
     assert_flex_matches_eager(PER_LAYER, 30)
 
 

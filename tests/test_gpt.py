@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from model import GPT, POS_ENCODINGS, GPTConfig
 
-from helpers import overfit
+from helpers import overfit, uncompiled_flex
 
 
 @pytest.mark.parametrize("scheme", POS_ENCODINGS)
@@ -146,8 +146,9 @@ def test_a_rescaled_view_equals_a_model_built_with_the_scaling_and_leaves_the_mo
 
 
 @pytest.mark.parametrize("extra", [{"pos_encoding": "rope"}, {"pos_encoding": "alibi", "attn_backend": "flex"}])
-def test_a_copied_or_unpickled_model_runs_as_the_original(tiny_config, extra, tmp_path):
+def test_a_copied_or_unpickled_model_runs_as_the_original(monkeypatch, tiny_config, extra, tmp_path):
     """What Lightning's ddp_spawn (pickling), SWA and EMA (deep copies) do to a model."""
+    uncompiled_flex(monkeypatch)  # flex's block-mask memo copied too (compiled flex is refused on a CPU)
     model = GPT(dataclasses.replace(tiny_config, **extra)).eval()
     idx = torch.randint(0, tiny_config.vocab_size, (2, 13))
     torch.save(model, tmp_path / "model.pt")

@@ -17,7 +17,7 @@ from model.kernels import KERNELS, Kernel, KernelError, causal_mask, eager_atten
 from model.masks import AttentionMask
 from model.scores import SCORES
 
-from helpers import build, eager_with_weights, lengths, run_pair
+from helpers import build, eager_with_weights, is_flex, lengths, run_pair, uncompiled_flex
 
 ODD_LEN = 13  # not a multiple of 16 (FlexAttention's and the flash kernels' tile sizes)
 MASKS: dict[str, dict[str, int]] = {
@@ -35,8 +35,9 @@ def reference_of(function: str) -> str:
 
 
 def runs_on_cpu(kernel: Kernel) -> bool:
-    """Whether it runs here at all (sigmoid's flex needs CUDA: test_gpu.py checks it there)."""
-    return kernel.devices is None or "cpu" in kernel.devices
+    """Whether it runs here: by itself, or a flex kernel through FlexAttention's exact uncompiled path
+    (`uncompiled_flex`; compiled flex is refused on a CPU and checked on a GPU: test_gpu.py)."""
+    return kernel.devices is None or "cpu" in kernel.devices or is_flex(kernel)
 
 
 def runs_backward_on_cpu(kernel: Kernel) -> bool:
@@ -51,21 +52,26 @@ def runnable(config: GPTConfig, **fields: Any) -> GPTConfig | None:
         return None
 
 
+def every_scheme_masked(function: str, kernel: Kernel) -> bool:
+    """Whether the parity matrix runs every scheme with every mask (the first function's kernels, but flex,
+    whose uncompiled path forms the scores through the score_mod element-wise: seconds for FIRE's MLP), or
+    three schemes (`SCORE_SCHEMES`)."""
+    return function == next(iter(ATTENTIONS)) and not is_flex(kernel)
+
+
 def parity_cases(config: GPTConfig) -> Iterator[tuple[str, GPTConfig, str, Kernel]]:
     """(id, config, kernel name, kernel) of the parity matrix: every kernel of every attention function but its
-    reference, with every scheme; with the masks and the other scores too where it runs a backward
-    pass on the CPU (each new mask or score compiles a kernel for seconds where it does not: flex,
-    whose masks and biases are covered piecewise below and with gradients on a GPU)."""
+    reference, with every scheme, the masks and the other scores (`every_scheme_masked`; flex uncompiled,
+    forward only: compiled and with gradients on a GPU)."""
     for function, layer in ATTENTIONS.items():
         for name, kernel in layer.kernels.items():
             if name == reference_of(function) or not runs_on_cpu(kernel):
                 continue
             variants: list[tuple[str, str, dict[str, Any]]] = [(s, "causal", {}) for s in SCHEMES]
-            if runs_backward_on_cpu(kernel):  # every scheme with the first function, three with the others
-                masked = SCHEMES if function == next(iter(ATTENTIONS)) else SCORE_SCHEMES
-                variants += [(s, mask, fields) for s in masked for mask, fields in MASKS.items()]
-                variants += [(s, score, {"attn_score": score}) for score in SCORES for s in SCORE_SCHEMES
-                             if score != GPTConfig.attn_score]  # fmt: skip
+            masked = SCHEMES if every_scheme_masked(function, kernel) else SCORE_SCHEMES
+            variants += [(s, mask, fields) for s in masked for mask, fields in MASKS.items()]
+            variants += [(s, score, {"attn_score": score}) for score in SCORES for s in SCORE_SCHEMES
+                         if score != GPTConfig.attn_score]  # fmt: skip
             for scheme, label, fields in variants:
                 case = runnable(config, attention=function, attn_backend=name, pos_encoding=scheme, **fields)
                 if case is not None:
@@ -86,8 +92,7 @@ def assert_matches_reference(config: GPTConfig, backend: str) -> None:
 
 TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32)  # conftest's tiny_config
 PARITY = [
-    pytest.param(case, name, id=label, marks=[] if runs_backward_on_cpu(kernel) else [pytest.mark.slow])
-    for label, case, name, kernel in parity_cases(TINY)
+    pytest.param(case, name, id=label) for label, case, name, kernel in parity_cases(TINY)
 ]
 
 
@@ -101,20 +106,26 @@ def test_the_matrix_covers_every_kernel_scheme_mask_and_score():
                 continue
             mine = [label for label in labels if label.startswith(f"{function}-{name}-")]
             assert mine, f"{function}-{name} is never checked"
-            if runs_backward_on_cpu(kernel) and kernel.sparse_masks:
-                expected = len(SCHEMES) if function == next(iter(ATTENTIONS)) else len(SCORE_SCHEMES)
+            if kernel.sparse_masks:
+                expected = len(SCHEMES) if every_scheme_masked(function, kernel) else len(SCORE_SCHEMES)
                 assert sum(label.endswith("-window+sinks") for label in mine) == expected
     assert {"softmax-sdpa-alibi-dot", "softmax-sdpa-t5-window", "linear-chunked-rope-causal"} <= set(labels)
 
 
+@pytest.fixture
+def flex_on_cpu(monkeypatch):
+    """Flex kernels run uncompiled here (`uncompiled_flex`)."""
+    uncompiled_flex(monkeypatch)
+
+
+@pytest.mark.usefixtures("flex_on_cpu")
 @pytest.mark.parametrize(("config", "backend"), PARITY)
 def test_every_kernel_matches_its_reference(config, backend):
     assert_matches_reference(config, backend)
 
 
 CAUSALITY = [
-    pytest.param(function, name, scheme, id=f"{function}-{name}-{scheme}", marks=[] if runs_backward_on_cpu(kernel)
-                 else [pytest.mark.slow])
+    pytest.param(function, name, scheme, id=f"{function}-{name}-{scheme}")
     for function, layer in ATTENTIONS.items()
     for name, kernel in layer.kernels.items()
     for scheme in SCHEMES
@@ -122,12 +133,14 @@ CAUSALITY = [
 ]  # fmt: skip
 
 
+@pytest.mark.usefixtures("flex_on_cpu")
 @pytest.mark.parametrize(("function", "backend", "scheme"), CAUSALITY)
 def test_future_tokens_never_change_past_logits(tiny_config, function, backend, scheme):
     model = build(dataclasses.replace(tiny_config, attention=function), scheme, backend).eval()
     vocab = tiny_config.vocab_size
-    # flex compiles a kernel per shape (seconds on a CPU): one length here, both in the parity test
-    for T in lengths(model.config, ODD_LEN) if runs_backward_on_cpu(model.attention.kernels[backend]) else [ODD_LEN]:
+    # flex's uncompiled path forms the scores through its score_mod element-wise (seconds for FIRE's MLP at
+    # 4 x block_size): one length here, both in the parity test
+    for T in [ODD_LEN] if is_flex(model.attention.kernels[backend]) else lengths(model.config, ODD_LEN):
         idx = torch.randint(0, vocab, (2, T))
         for t in (1, T // 2, T - 1):
             changed = idx.clone()
@@ -192,11 +205,25 @@ def test_auto_picks_eager_for_the_additive_score_and_chunked_for_linear_attentio
     assert linear.weights_kernel(needs) is linear.kernels["eager"]
 
 
-def test_explicit_flex_with_gradients_on_cpu_fails_clearly(tiny_config):
-    model = build(tiny_config, "alibi", "flex").train()
-    idx = torch.randint(0, 64, (1, 8))
-    with pytest.raises(KernelError, match="flex.*lacks a backward pass on cpu.*Kernels that can: eager, sdpa"):
-        model(idx, idx)
+WITH_FLEX = [function for function, layer in ATTENTIONS.items() if any(map(is_flex, layer.kernels.values()))]
+
+
+@pytest.mark.parametrize("function", WITH_FLEX)
+def test_flex_on_a_cpu_is_refused_in_one_line_naming_what_runs(tiny_config, function):
+    """Compiled FlexAttention returns wrong numbers on a CPU in torch 2.13 (at 24, 40, 56 tokens: issue 33,
+    model/kernels/flex.py): asked for by name there, flex is refused at the forward pass, with gradients
+    or without, and the message names the kernels that run instead."""
+    config = dataclasses.replace(tiny_config, attention=function, block_size=64)
+    for train in (False, True):
+        model = build(config, "alibi", "flex").train(train)
+        for T in (24, 40, 56):
+            idx = torch.randint(0, 64, (1, T))
+            with pytest.raises(KernelError) as info, torch.set_grad_enabled(train):
+                model(idx, idx)
+            line = str(info.value)
+            assert "\n" not in line and "flex" in line and "forward pass on cpu" in line and "wrong numbers" in line
+            others = ", ".join(name for name, kernel in ATTENTIONS[function].kernels.items() if not is_flex(kernel))
+            assert line.endswith(f"Kernels that can: {others} (or attn_backend='auto').")
 
 
 def test_auto_trains_alibi_on_cpu(tiny_config):

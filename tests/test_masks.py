@@ -13,7 +13,7 @@ from model.kernels import Step
 from model.kernels.flex import build_block_mask
 from model.masks import AttentionMask
 
-from helpers import overfit, run_pair
+from helpers import overfit, run_pair, uncompiled_flex
 
 ODD_LEN = 13
 MASKS = {
@@ -66,11 +66,11 @@ def test_the_flex_block_mask_is_the_dense_mask(mask, q_start):
     assert torch.equal(blocks | needed, blocks) and blocks.sum() < blocks.numel()  # covers them; sparse
 
 
-@pytest.mark.slow
-def test_flex_with_a_window_and_sinks_matches_eager(tiny_config):
+def test_flex_with_a_window_and_sinks_matches_eager(monkeypatch, tiny_config):
     """FlexAttention's block mask and a learned score_mod (T5) from the same description, logits at both
-    lengths (every new mask compiles a kernel, seconds on a CPU: one scheme here, the block masks of
-    every mask above, every scheme's score_mod in test_kernels.py; gradients on a GPU)."""
+    lengths (uncompiled on the CPU, where compiled flex is refused: one scheme here, the block masks of
+    every mask above, every scheme, mask and score in test_kernels.py; compiled and gradients on a GPU)."""
+    uncompiled_flex(monkeypatch)
     config = _config(tiny_config, "t5", "window+sinks")
     for T, (ref, _), (logits, _) in run_pair(config, "t5", "flex", torch.device("cpu"), torch.float32, ODD_LEN):
         torch.testing.assert_close(logits, ref, atol=2e-5, rtol=1e-4, msg=f"logits, T={T}")
@@ -135,7 +135,7 @@ def test_the_block_mask_built_in_chunks_is_create_block_masks(monkeypatch, mask,
     assert torch.equal(built.to_dense(), expected.to_dense()) and built.seq_lengths == (q_len, k_len)
 
 
-def test_a_compiled_model_builds_its_block_mask_eagerly(tiny_config):
+def test_a_compiled_model_builds_its_block_mask_eagerly(monkeypatch, tiny_config):
     """Inside a compiled forward the block mask is built outside the graph (no sort traced into it,
     no guard on the memo): the compiled logits are the eager ones (dynamo's eager backend, flex
     unfused on the CPU)."""
@@ -143,6 +143,7 @@ def test_a_compiled_model_builds_its_block_mask_eagerly(tiny_config):
 
     from model import GPT
 
+    uncompiled_flex(monkeypatch)
     model = GPT(dataclasses.replace(tiny_config, pos_encoding="alibi", attn_backend="flex", attn_window=6)).eval()
     idx = torch.randint(0, tiny_config.vocab_size, (2, 40))
     with torch.no_grad():

@@ -108,7 +108,8 @@ class Needs:
         if self.dropout and not kernel.dropout:
             missing.append(Lack("attention dropout", "dropout"))
         if self.runs_on and kernel.devices is not None and self.runs_on not in kernel.devices:
-            missing.append(Lack(f"a forward pass on {self.runs_on}", None))
+            why = kernel.device_notes.get(self.runs_on)
+            missing.append(Lack(f"a forward pass on {self.runs_on}" + (f" ({why})" if why else ""), None))
         if self.backward_on and kernel.backward_devices is not None and self.backward_on not in kernel.backward_devices:
             missing.append(Lack(f"a backward pass on {self.backward_on}", None))
         if not self.dot_score and not kernel.any_score:
@@ -126,6 +127,8 @@ class Kernel:
     dropout: bool = False
     devices: frozenset[str] | None = None
     """Devices it runs on at all (None: every device)."""
+    device_notes: Mapping[str, str] = {}
+    """Why it does not run on a device where one might expect it to, by device type: said in the refusal."""
     backward_devices: frozenset[str] | None = None
     """Devices with a backward pass (None: every device)."""
     auto_devices: frozenset[str] | None = None

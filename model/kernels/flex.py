@@ -1,11 +1,28 @@
 """The flex kernel: FlexAttention, with the mask as a block mask (blocks no query sees are skipped)
 and the scheme's bias as a score modification, both fused in one compiled kernel.
 
-`auto` picks it on CUDA for a score bias or a window while training or scoring whole sequences: in
-torch 2.13 FlexAttention has no CPU backward pass and compiles for ~15 s per new shape there, while
-SDPA's CPU kernels are fast enough; and it is not picked for decoding (whose mask changes every
-step: SDPA with a one-row bias runs it). Block masks are built eagerly in chunks of query tiles
-(`block_mask_in_chunks`), never as a whole Tq x Tk mask.
+`auto` picks it on CUDA for a score bias or a window while training or scoring whole sequences; it
+is not picked for decoding (whose mask changes every step: SDPA with a one-row bias runs it). Block
+masks are built eagerly in chunks of query tiles (`block_mask_in_chunks`), never as a whole Tq x Tk
+mask.
+
+It runs on CUDA only: asked for by name on a CPU it is refused at the forward pass, in one line
+naming the kernels that can run (eager, sdpa), because compiled FlexAttention returns wrong numbers
+on a CPU in torch 2.13 (issue 33; plain torch, no code of ours: `torch.compile(flex_attention)` with
+a causal `create_block_mask`, against SDPA). What was measured there, over lengths 1-300:
+
+- forward: wrong when the number of keys is 8 mod 16 (8, 24, 40, ... 120 seen; 0.03 off in the
+  logits of a 2-layer model at 24 tokens, whole rows off by 1-3 in a bare call, NaN at times), and
+  not deterministic: the same call is right in one process and wrong in the next, the wrong rows
+  among the first queries of the tile, as if the kernel read memory it never wrote. Seen with head
+  sizes 8 and 16, not in the same sweeps with 32 and 64 (so not ruled out). It is not the partial
+  128-token tile: 13, 17, 100, 127, 129, 136 and 200 tokens are exact;
+- decoding (one or five queries over the cache's keys): the same, at 8 keys;
+- backward: none on a CPU, compiled or not (FlexAttention raises NotImplementedError).
+
+Uncompiled `flex_attention` is exact on a CPU (its reference path forms the whole score matrix);
+the tests run this kernel's block masks and score_mods through it there (`tests/helpers.py`
+`uncompiled_flex`), and `posgpt check` runs the compiled kernel on a GPU.
 """
 
 from __future__ import annotations
@@ -145,10 +162,12 @@ class FlexContext:
 
 
 class FlexKernel(Kernel):
-    """Fused with a block-sparse mask and an in-kernel bias; no dropout, a backward pass on CUDA only."""
+    """Fused with a block-sparse mask and an in-kernel bias; no dropout; CUDA only (module docstring)."""
 
     score_bias = True
     bias_gradients = True
+    devices = frozenset({"cuda"})
+    device_notes = {"cpu": "compiled FlexAttention returns wrong numbers on a CPU in torch 2.13"}
     backward_devices = frozenset({"cuda"})
     auto_devices = frozenset({"cuda"})
     sparse_masks = True
