@@ -20,6 +20,7 @@ def modes() -> Modes:
     """The commands, by name (imported here, not at the module's import, so that importing posgpt is cheap)."""
     from benchmarks.modes import MODES as BENCH
     from data.prepare import COMMAND as PREPARE
+    from evaluation.check import COMMAND as CHECK
     from evaluation.commands import ATTENTION, EVALUATE, SAMPLE
     from evaluation.curves import COMMAND as PLOT
     from experiments.extrapolation import COMMAND as EXTRAPOLATION
@@ -35,6 +36,7 @@ def modes() -> Modes:
         "plot": PLOT,
         "study": {"extrapolation": EXTRAPOLATION, "synthetic": SYNTHETIC},
         "bench": BENCH,
+        "check": CHECK,
     }
 
 

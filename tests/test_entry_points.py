@@ -16,7 +16,7 @@ from core.cli import Command
 from posgpt import cli as posgpt
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ["train", "sample", "evaluate", "attention", "prepare", "plot", "study", "bench"]
+COMMANDS = ["train", "sample", "evaluate", "attention", "prepare", "plot", "study", "bench", "check"]
 
 
 def _help(capsys, argv: list[str]) -> str:

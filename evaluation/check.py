@@ -1,0 +1,375 @@
+"""`posgpt check`: every attention kernel this device runs, against the float32 reference path, for every
+attention function, position scheme, mask, score and option that changes the attention math, read from
+the registries and from `GPTConfig`'s fields (a new registry entry or option is checked without a line
+here); the KV cache against a full forward pass; the compiled model on request. What to run first on
+a new GPU or a new torch.
+
+Each case is a tiny model (`BASE`: 2 layers, 4 heads of 8, block 128) built from one seed, whose
+reference kernel (the function's kernel that forms the weights: eager, float32) and candidate kernel
+share every weight and input:
+
+- forward: the logits, at lengths 1, 24, 40, 127, 129 (tiles of 16, 64 and 128 and their edges, past
+  block_size; a scheme limited to block_size stops there);
+- backward: the gradient of every parameter, where the kernel has a backward pass on this device;
+- cache: a prompt, single tokens and a chunk through the KV cache (a window's rolling one, linear
+  attention's state) against one full forward pass, for every kernel, the reference included;
+- compiled (`compile` option): the model under `torch.compile` against the reference.
+
+The error of a case is max |candidate - reference| / max |reference| over the compared tensors (for
+gradients, per parameter, the largest), so that it means the same for logits and for small gradients.
+Tolerances (`TOLERANCE`): float32 1e-4, where kernels differ only in the order of their sums (measured
+at about 1e-6 on a CPU; 1e-4 leaves room for a GPU's reductions and for the softmax's amplification
+of score differences, and a kernel off by 1e-2 still fails 100-fold); bfloat16 (on a GPU with bf16,
+the candidate under autocast against the float32 reference) 5e-2: bf16 keeps 8 bits of mantissa
+(a relative rounding of 2^-9 per operation), and a 2-layer model rounds its activations some ten times
+over, so the whole model's bf16 error, not the kernel's, sets the floor.
+
+A combination the config's validation refuses, a kernel that cannot run on this device (flex on a CPU),
+or an option that changes nothing for a function and scheme (rope_scaling without RoPE) is listed as
+skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.cli import Command
+from core.device import pick_device
+from core.errors import ConfigError, UserError
+from core.files import atomic_write_bytes
+from model import ATTENTIONS, GPT, SCHEMES, GPTConfig
+from model.kernels import KernelError
+from model.scores import SCORES
+
+BASE: dict[str, Any] = {"vocab_size": 64, "block_size": 128, "n_layer": 2, "n_head": 4, "n_embd": 32}
+LENGTHS = (1, 24, 40, 127, 129)
+QUICK_LENGTH = 24
+CACHE_LENGTH = 40
+"""Tokens of the cache case: past a window's 20 + 3 slots, so the rolling cache wraps."""
+MASKS: dict[str, dict[str, int]] = {
+    "causal": {},
+    "window": {"attn_window": 20},
+    "window+sinks": {"attn_window": 20, "attn_sinks": 3},
+    "bigbird": {"attn_window": 20, "attn_sinks": 3, "attn_random_blocks": 2, "attn_sparse_block": 16},
+}
+AXES = frozenset({"pos_encoding", "attention", "attn_score", "attn_backend", "attn_window", "attn_sinks",
+                  "attn_random_blocks", "attn_sparse_block"})  # fmt: skip
+"""GPTConfig fields that the case grid sets itself."""
+NOT_ATTENTION = frozenset({"bias", "chunked_loss"})
+"""Choice fields that leave the attention math alone (chunked_loss returns no logits)."""
+COMPANIONS: dict[str, dict[str, Any]] = {
+    "rope_scaling": {"rope_scaling_factor": 4.0},
+    "rope_partial": {"rope_fraction": 0.5},
+    "attn_random_draw": MASKS["bigbird"],
+}
+"""What an option needs beside it to change anything (a scaling factor above 1, a fraction below 1, random blocks)."""
+NUMERIC: dict[str, dict[str, Any]] = {"rope_fraction=0.5": {"rope_fraction": 0.5}}
+"""Numeric options that change the attention math, at one value each."""
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
+"""Largest error that passes, by the candidate's dtype (module docstring)."""
+
+
+@dataclass
+class CheckConfig:
+    """Options of `posgpt check`."""
+
+    device: str = "auto"
+    """Where to check: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
+    quick: bool = False
+    """One length (24), forward passes only (no gradients, no cache), nothing compiled: a smoke test in seconds."""
+    compile: bool = False
+    """Also check the model under torch.compile, for every kernel, scheme and mask (on a CPU, seconds per case)."""
+    json: str | None = None
+    """Write every case (name, check, error, tolerance, passed, seconds, why skipped) and the summary to this file."""
+    only: str | None = None
+    """Run only the cases whose name contains this text (say softmax/alibi or sdpa)."""
+
+
+@dataclass
+class Result:
+    """One row of the table."""
+
+    case: str
+    check: str
+    error: float | None = None
+    tolerance: float | None = None
+    passed: bool | None = None
+    """None: skipped."""
+    seconds: float = 0.0
+    skipped: str | None = None
+
+
+def option_variants() -> Iterator[tuple[str, dict[str, Any]]]:
+    """(label, fields) for each value but the default of every choice field of `GPTConfig` (a Literal or
+    a bool) that is not an axis of the grid, with its companions, and the numeric ones (`NUMERIC`)."""
+    hints = typing.get_type_hints(GPTConfig)
+    for f in dataclasses.fields(GPTConfig):
+        if f.name in AXES | NOT_ATTENTION:
+            continue
+        kind = hints[f.name]
+        values = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else (True, False)
+        if kind is not bool and typing.get_origin(kind) is not typing.Literal:
+            continue
+        for value in values:
+            if value != f.default:
+                yield f"{f.name}={value}", {**COMPANIONS.get(f.name, {}), f.name: value}
+    yield from NUMERIC.items()
+
+
+def grid() -> Iterator[tuple[str, dict[str, Any], dict[str, Any] | None]]:
+    """(name, fields, the option variant's own fields or None) of every case: each function x scheme x
+    mask x score, then each option variant with each function and scheme (causal, the default score)."""
+    for function in ATTENTIONS:
+        for scheme in SCHEMES:
+            for mask, fields in MASKS.items():
+                for score in SCORES:
+                    name = f"{function}/{scheme}/{mask}/{score}"
+                    yield name, {"attention": function, "pos_encoding": scheme, "attn_score": score, **fields}, None
+    for label, extra in option_variants():
+        for function in ATTENTIONS:
+            for scheme in SCHEMES:
+                fields = {"attention": function, "pos_encoding": scheme, "attn_score": GPTConfig.attn_score, **extra}
+                yield f"{function}/{scheme}/{label}", fields, extra
+
+
+def build(fields: dict[str, Any], backend: str, device: torch.device) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**BASE, **fields, attn_backend=backend)).to(device)
+
+
+def reference_name(function: str) -> str:
+    return next(name for name, kernel in ATTENTIONS[function].kernels.items() if kernel.weights)
+
+
+def error_of(actual: torch.Tensor, expected: torch.Tensor, floor: float = 0.0) -> float:
+    """max |actual - expected| / max(max |expected|, floor) (absolute where both are zero), in float64."""
+    actual, expected = actual.double(), expected.double()
+    scale = max(expected.abs().max().item() if expected.numel() else 0.0, floor)
+    diff = (actual - expected).abs().max().item() if expected.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+GRADIENT_FLOOR = 1e-3
+"""A parameter's gradient is measured against at least this share of the largest gradient of the model: a
+gradient that is zero in exact arithmetic (FIRE's output bias, a constant added to every score of a row,
+which the softmax ignores) is float noise of 1e-10 in both paths, not a scale to divide by."""
+
+
+def run_model(model: GPT, idx: torch.Tensor, dtype: torch.dtype, grad: bool) -> tuple[torch.Tensor, dict | None]:
+    """Logits (float32) and, with `grad`, every parameter's gradient of the loss on next tokens."""
+    model.zero_grad(set_to_none=True)
+    autocast = torch.autocast(idx.device.type, dtype, enabled=dtype != torch.float32)
+    with torch.set_grad_enabled(grad), autocast:
+        logits, loss = model(idx, idx.roll(-1, dims=1))
+    if not grad:
+        return logits.float(), None
+    loss.backward()
+    return logits.float(), {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def lengths_for(model: GPT, quick: bool) -> list[int]:
+    longest = model.pe.max_positions
+    return [n for n in ((QUICK_LENGTH,) if quick else LENGTHS) if longest is None or n <= longest]
+
+
+def cache_error(model: GPT, length: int) -> float:
+    """A prompt, single tokens and a chunk through the cache against one full forward pass."""
+    longest = model.pe.max_positions
+    n = min(length, longest) if longest is not None else length
+    idx = torch.randint(0, BASE["vocab_size"], (2, n), generator=torch.Generator().manual_seed(7))
+    idx = idx.to(model.wte.weight.device)
+    with torch.no_grad():
+        full, _ = model(idx)
+        cache = model.new_cache(n, batch=2, longest=n)
+        prompt, singles = max(1, n // 2), min(4, n - max(1, n // 2))  # then the rest as one chunk
+        pieces = [idx[:, :prompt], *idx[:, prompt : prompt + singles].split(1, dim=1), idx[:, prompt + singles :]]
+        pieces = [piece for piece in pieces if piece.size(1)]
+        steps = torch.cat([model(piece, cache=cache)[0] for piece in pieces], dim=1)
+    return error_of(steps.float(), full.float())
+
+
+def dtypes_for(device: torch.device) -> list[torch.dtype]:
+    """float32 everywhere; bfloat16 too on a GPU that has it (what training runs there)."""
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return [torch.float32, torch.bfloat16] if bf16 else [torch.float32]
+
+
+def timed(result: Result, started: float) -> Result:
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def judge(case: str, check: str, error: float, dtype: torch.dtype, started: float) -> Result:
+    tolerance = TOLERANCE[dtype]
+    return timed(Result(case, check, error, tolerance, passed=error <= tolerance), started)
+
+
+def inputs(lengths: list[int], device: torch.device) -> list[torch.Tensor]:
+    """Two random sequences per length, the same for every case."""
+    return [torch.randint(0, BASE["vocab_size"], (2, n), generator=torch.Generator().manual_seed(n)).to(device)
+            for n in lengths]  # fmt: skip
+
+
+def changes_nothing(model: GPT, fields: dict[str, Any], variant: dict[str, Any], device: torch.device) -> bool:
+    """Whether the variant's options leave the reference's logits as they are without them (same weights)
+    for this function and scheme: rope_scaling does nothing without RoPE, diff_split without differential
+    attention."""
+    plain = build({k: v for k, v in fields.items() if k not in variant}, reference_name(fields["attention"]), device)
+    theirs, mine = plain.state_dict(), model.state_dict()
+    if theirs.keys() != mine.keys() or any(theirs[k].shape != mine[k].shape for k in mine):
+        return False  # other parameters: it changes the model
+    plain.load_state_dict(mine)
+    idx = inputs([QUICK_LENGTH], device)[0]
+    with torch.no_grad():
+        return torch.equal(plain.eval()(idx)[0], model.eval()(idx)[0])
+
+
+def check_case(case: str, fields: dict[str, Any], names: list[str], variant: dict[str, Any] | None,
+               cfg: CheckConfig, device: torch.device) -> list[Result]:  # fmt: skip
+    """The rows of one case: for each kernel of `names`, forward (and backward) against the reference per
+    dtype, the cache, the compiled model. One model: each kernel runs its weights (`GPT.switch`)."""
+    config = GPTConfig(**BASE, **fields)
+    reference = reference_name(fields["attention"])
+    model = build(fields, reference, device)
+    if variant is not None and changes_nothing(model, fields, variant, device):
+        return [Result(case, "all", skipped="changes nothing for this function and scheme")]
+    idxs = inputs(lengths_for(model, cfg.quick), device)
+    grad = not cfg.quick
+    expected = [run_model(model.train(grad), idx, torch.float32, grad) for idx in idxs]
+    results = []
+    for name in names:
+        row = f"{case}/{name}"
+        try:
+            model.switch(dataclasses.replace(config, attn_backend=name))
+        except ConfigError as error:
+            results.append(Result(row, "all", skipped=f"refused: {error}"))
+            continue
+        if name != reference:
+            for dtype in dtypes_for(device):
+                results += compare(row, model, idxs, expected, dtype, grad)
+        if cfg.quick:
+            continue
+        started = time.perf_counter()
+        try:
+            results.append(judge(row, "cache", cache_error(model.eval(), CACHE_LENGTH), torch.float32, started))
+        except KernelError as error:
+            results.append(Result(row, "cache", skipped=str(error)))
+        if cfg.compile:
+            results += compare(row, torch.compile(model), idxs, expected, torch.float32, False, "compiled")
+    return results
+
+
+def compare(row: str, model: Any, idxs: list[torch.Tensor], expected: list, dtype: torch.dtype, grad: bool,
+            check: str = "forward") -> list[Result]:  # fmt: skip
+    """The forward (and with `grad` the backward) rows of `model` against the `expected` logits and
+    gradients, the largest error over the lengths; what the kernel cannot run here is skipped."""
+    tag = "" if dtype == torch.float32 else f" [{str(dtype).removeprefix('torch.')}]"
+    rows = []
+    for with_grad in (False, True) if grad else (False,):
+        started, worst = time.perf_counter(), 0.0
+        try:
+            for idx, (ref_logits, ref_grads) in zip(idxs, expected, strict=True):
+                logits, grads = run_model(model.train(with_grad), idx, dtype, with_grad)
+                errors = []
+                if with_grad:
+                    floor = GRADIENT_FLOOR * max(g.abs().max().item() for g in ref_grads.values())
+                    errors = [error_of(g, ref_grads[n], floor) for n, g in grads.items()]
+                worst = max(worst, *errors) if with_grad else max(worst, error_of(logits, ref_logits))
+        except KernelError as error:
+            rows.append(Result(row, ("backward" if with_grad else check) + tag, skipped=str(error)))
+            break
+        rows.append(judge(row, ("backward" if with_grad else check) + tag, worst, dtype, started))
+    return rows
+
+
+def run_checks(cfg: CheckConfig, device: torch.device, report: Any = print) -> list[Result]:
+    """Every case of the grid on `device` (those whose name holds `cfg.only`), each row handed to `report`
+    as it is done."""
+    results: list[Result] = []
+    for case, fields, variant in grid():
+        names = [n for n in ATTENTIONS[fields["attention"]].kernels if not cfg.only or cfg.only in f"{case}/{n}"]
+        if not names:
+            continue
+        try:
+            GPTConfig(**BASE, **fields)
+        except ConfigError as error:
+            rows = [Result(case, "all", skipped=f"refused: {error}")]
+        else:
+            rows = check_case(case, fields, names, variant, cfg, device)
+        for row in rows:
+            report(row)
+        results += rows
+    return results
+
+
+def row_line(row: Result) -> str:
+    """One line of the table: case, check, max error, tolerance, pass, time (or why it was skipped)."""
+    if row.passed is None:
+        return f"{row.case:58s} {row.check:17s} {'':>9s} {'':>7s} skip  {row.seconds:6.2f}s  {row.skipped}"
+    verdict = "pass" if row.passed else "FAIL"
+    return f"{row.case:58s} {row.check:17s} {row.error:9.2e} {row.tolerance:7.0e} {verdict:5s} {row.seconds:6.2f}s"
+
+
+def summary(results: list[Result], seconds: float, device: torch.device) -> str:
+    ran = [r for r in results if r.passed is not None]
+    failed = [r for r in ran if not r.passed]
+    skipped = len(results) - len(ran)
+    worst = max((r.error / r.tolerance for r in ran if r.error is not None), default=0.0)
+    return (
+        f"{len(ran) - len(failed)} of {len(ran)} checks passed, {len(failed)} failed, {skipped} skipped, on "
+        f"{device.type} with torch {torch.__version__} in {seconds:.0f} s (largest error {worst:.2g} of its tolerance)"
+    )
+
+
+class CheckFailed(UserError):
+    """Some kernel disagrees with the reference beyond its tolerance."""
+
+    exit_code = 1
+
+
+def main(cfg: CheckConfig) -> list[Result]:
+    device = pick_device(cfg.device)
+    header = f"{'case':58s} {'check':17s} {'max error':>9s} {'tol':>7s} pass  {'time':>7s}"
+    print(header)
+    started, threads = time.perf_counter(), torch.get_num_threads()
+    if device.type == "cpu":  # tiny shapes: threads only wait on each other (100x slower on a busy CPU)
+        torch.set_num_threads(1)
+    try:
+        results = run_checks(cfg, device, lambda row: print(row_line(row), flush=True))
+    finally:
+        torch.set_num_threads(threads)
+    line = summary(results, time.perf_counter() - started, device)
+    print(line)
+    if cfg.json:
+        payload = {"device": str(device), "torch": torch.__version__, "quick": cfg.quick, "compile": cfg.compile,
+                   "summary": line, "cases": [dataclasses.asdict(r) for r in results]}  # fmt: skip
+        try:
+            atomic_write_bytes(Path(cfg.json), (json.dumps(payload, indent=1) + "\n").encode())
+        except OSError as error:
+            raise UserError(f"cannot write {cfg.json}: {error.strerror or error}.") from None
+        print(f"wrote {cfg.json}")
+    failed = [r for r in results if r.passed is False]
+    if failed:
+        names = ", ".join(f"{r.case} {r.check}" for r in failed[:3]) + (", ..." if len(failed) > 3 else "")
+        raise CheckFailed(f"{len(failed)} checks failed ({names}): a kernel disagrees with the float32 reference.")
+    return results
+
+
+COMMAND = Command(
+    "posgpt check",
+    CheckConfig,
+    main,
+    "Check every attention kernel this device runs against the float32 reference, for every attention function, "
+    "position scheme, mask, score and option, and the KV cache against a full forward pass: run it first on a new "
+    "GPU or a new torch. Prints a table and a summary; exits 1 when a check fails.",
+    logs=False,
+)

@@ -1,0 +1,84 @@
+"""`posgpt check`: the quick run passes on this CPU within 20 s, a wrong kernel is a failure and a non-zero
+exit, the JSON holds every case, and the cases come from the registries and the config's options."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from core import cli
+from evaluation import check
+from model import ATTENTIONS, SCHEMES
+from model.kernels import sdpa
+from model.scores import SCORES
+
+from helpers import exits_with
+
+
+def test_quick_passes_on_this_cpu_within_20_seconds(capsys):
+    started = time.perf_counter()
+    results = check.main(check.CheckConfig(quick=True))
+    took = time.perf_counter() - started
+    ran = [r for r in results if r.passed is not None]
+    assert ran and all(r.passed for r in ran) and took <= 20, took
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["case", "check", "max"]
+    assert f"{len(ran)} of {len(ran)} checks passed, 0 failed" in out.splitlines()[-1]
+    names = {r.case for r in ran}
+    for function, layer in ATTENTIONS.items():  # every function with a kernel beside its reference is compared
+        if any(not k.weights and (k.devices is None or "cpu" in k.devices) for k in layer.kernels.values()):
+            assert any(name.startswith(f"{function}/") for name in names), function
+    assert all(any(f"/{scheme}/" in name for name in names) for scheme in SCHEMES)
+    assert all(any(f"/{score}/" in name for name in names) for score, kind in SCORES.items() if kind.dot_product)
+    assert all(any(f"/{score}/" in r.case for r in results) for score in SCORES)  # additive: eager only, listed
+    skipped = [r for r in results if r.passed is None]
+    assert any("flex" in r.case and "wrong numbers" in r.skipped for r in skipped)  # refused on a CPU, said why
+    assert any(r.skipped.startswith("refused: ") for r in skipped)  # a combination the config refuses
+    assert any("changes nothing" in r.skipped for r in skipped)  # rope_scaling without RoPE
+
+
+def test_every_choice_option_is_a_variant():
+    labels = [label for label, _ in check.option_variants()]
+    for expected in ("rope_scaling=yarn", "rope_partial=neox", "attn_log_scaling=learned", "fire_per_layer=True"):
+        assert expected in labels
+    assert not any(label.startswith(("pos_encoding=", "attention=", "chunked_loss=")) for label in labels)
+
+
+def test_a_wrong_kernel_fails_and_exits_non_zero(monkeypatch, capsys, tmp_path):
+    real = sdpa.sdpa_attention
+
+    def off_by_a_little(*args, **kwargs):
+        return real(*args, **kwargs) + 1e-2
+
+    monkeypatch.setattr(sdpa, "sdpa_attention", off_by_a_little)
+    out = tmp_path / "check.json"
+    argv = ["--quick", "true", "--only", "softmax/alibi/causal/", "--json", str(out)]
+    err = exits_with(capsys, check.COMMAND, argv, 1)
+    assert "checks failed (softmax/alibi/causal/" in err and "sdpa forward" in err
+    saved = json.loads(out.read_text())
+    failed = [c for c in saved["cases"] if c["passed"] is False]
+    assert failed and all(c["case"].endswith("/sdpa") and c["error"] > c["tolerance"] for c in failed)
+    assert all(c["passed"] is None for c in saved["cases"] if "/flex" in c["case"])  # listed as skipped on a CPU
+    assert "failed" in saved["summary"] and saved["device"] == "cpu"
+
+
+@pytest.mark.parametrize("only", ["linear/rope/causal/scaled_dot/chunked", "softmax/t5/bigbird/dot/sdpa"])
+def test_the_full_case_checks_gradients_and_the_cache(only, tmp_path):
+    results = check.main(check.CheckConfig(only=only, json=str(tmp_path / "c.json")))
+    checks = {r.check: r for r in results if r.passed is not None}
+    assert {"forward", "backward"} <= set(checks) and all(r.passed for r in checks.values())
+    rows = json.loads((tmp_path / "c.json").read_text())["cases"]
+    assert any(r["check"] == "cache" and r["passed"] for r in rows)  # the kernel's KV cache (or state)
+    assert torch.is_grad_enabled()
+
+
+def test_the_command_is_posgpts(capsys):
+    from posgpt import cli as posgpt
+
+    assert posgpt.modes()["check"] is check.COMMAND
+    with pytest.raises(SystemExit):
+        cli.run(check.COMMAND, ["--help"])
+    assert "--quick" in capsys.readouterr().out
