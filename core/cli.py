@@ -29,6 +29,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -183,8 +184,7 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
     """The command's validated options; a refused option raises `UsageError`, a setting the config's
     own checks refuse `ConfigError`."""
     argv = shipped_configs(list(sys.argv[1:] if argv is None else argv))
-    for path in config_files(argv):
-        check_config_file(path, command)
+    check_config_files(argv, command)
     parser = build_parser(command)
     try:
         namespace = parser.parse_args(spread_lists(argv, sequence_options(command)))
@@ -218,40 +218,26 @@ def shipped_configs(argv: list[str]) -> list[str]:
     return out
 
 
-def config_files(argv: Sequence[str]) -> list[str]:
-    """The value of every `--config FILE` and `--config=FILE` in `argv`, in order."""
-    found = []
-    for i, token in enumerate(argv):
-        if token.startswith("--config="):
-            found.append(token.partition("=")[2])
-        elif token == "--config" and i + 1 < len(argv):
-            found.append(argv[i + 1])
-    return found
-
-
-def check_config_file(path: str, command: Command) -> None:
-    """Refuse a --config file that is not a mapping (a list, a single value, nothing), naming the file
-    and what it must hold: jsonargparse says 'Unexpected config: - model', the file's text over several
-    lines, and neither which file nor what is wrong. What is not a file (jsonargparse also takes YAML
-    text there) or not YAML is left to jsonargparse's own message."""
-    file = Path(path)
-    if not file.is_file():
-        return
-    try:
-        content = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return
-    if isinstance(content, dict):
-        return
-    what = {type(None): "nothing", list: "a list"}.get(type(content), f"a single value ({content!r})")
-    top = sorted(((name, group) for name, _, group in _offered(command) if "." not in name), key=lambda t: not t[1])
-    names = [name + ":" for name, _ in top]
-    kind = {(True,): "sections", (False,): "options"}.get(tuple({group for _, group in top}), "sections and options")
-    raise UsageError(
-        command.prog,
-        f"--config {path} holds {what}, not a mapping: a config file maps this command's {kind} to their values "
-        f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); `{command.prog} --print_config` writes one.",
-    )
+def check_config_files(argv: Sequence[str], command: Command) -> None:
+    """Refuse a `--config FILE` that is not a mapping (a list, a single value, nothing) in one line naming
+    the file and what it must hold (jsonargparse says 'Unexpected config: - model' over several lines).
+    What is not a file (jsonargparse also takes YAML text there) or not YAML is left to jsonargparse."""
+    paths = [t.partition("=")[2] if t.startswith("--config=") else after for t, after in pairwise([*argv, ""])
+             if t.startswith("--config=") or (t == "--config" and after)]  # fmt: skip
+    for path in filter(lambda p: Path(p).is_file(), paths):
+        try:
+            content = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if not isinstance(content, dict):
+            what = {type(None): "nothing", list: "a list"}.get(type(content), f"a single value ({content!r})")
+            names = [f"{name}:" for name, _, group in _offered(command) if "." not in name]
+            raise UsageError(
+                command.prog,
+                f"--config {path} holds {what}, not a mapping: a config file maps this command's sections and "
+                f"options to their values ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); "
+                f"`{command.prog} --print_config` writes one.",
+            )
 
 
 def _shipped(path: str) -> str:

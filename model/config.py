@@ -55,7 +55,7 @@ class GPTConfig:
     fire (an MLP of log-normalized distances, Li et al. 2024) | none (NoPE: causal mask only)."""
     attn_backend: str = "auto"
     """Attention kernel, auto (fastest correct choice per device) or a key of the attention function's kernels:
-    eager (reference) | sdpa | flex; for attention='linear': chunked | eager (the quadratic reference); for
+    eager (reference) | sdpa | flex (CUDA); for attention='linear': chunked | eager (the quadratic reference); for
     attention='sigmoid': eager | flex (CUDA)."""
     attention: str = "softmax"
     """Attention function, a key of model.attention.ATTENTIONS: softmax (Vaswani et al.) or linear: causal

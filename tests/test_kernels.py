@@ -128,7 +128,7 @@ CAUSALITY = [
     pytest.param(function, name, scheme, id=f"{function}-{name}-{scheme}")
     for function, layer in ATTENTIONS.items()
     for name, kernel in layer.kernels.items()
-    for scheme in SCHEMES
+    for scheme in (SCORE_SCHEMES if is_flex(kernel) else SCHEMES)  # flex: its block mask, the same for every scheme
     if runs_on_cpu(kernel) and runnable(TINY, attention=function, attn_backend=name, pos_encoding=scheme)
 ]  # fmt: skip
 
