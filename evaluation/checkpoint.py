@@ -71,21 +71,13 @@ def weights_misfit(expected: dict[str, torch.Tensor], state: dict[str, torch.Ten
     message lists every mismatch, one per line, where a user needs the first one to see what is wrong."""
     wrong = [name for name, tensor in expected.items() if name in state and state[name].shape != tensor.shape]
     if wrong:
-        more = {1: "", 2: "; 1 more tensor differs"}.get(len(wrong), f"; {len(wrong) - 1} more tensors differ")
+        more = f"; {len(wrong) - 1} more tensor(s) differ" if len(wrong) > 1 else ""
         name = wrong[0]
-        return f"{name} is {_shape(state[name])} in the file, {_shape(expected[name])} for the config{more}"
-    missing = [name for name in expected if name not in state]
-    unexpected = [name for name in state if name not in expected]
-    found = (("missing", missing), ("unexpected", unexpected))
-    return "; ".join(f"{what} {_names(names)}" for what, names in found if names)
-
-
-def _shape(tensor: torch.Tensor) -> str:
-    return "(" + ", ".join(map(str, tensor.shape)) + ")"
-
-
-def _names(names: list[str]) -> str:
-    return ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+        return f"{name} is {tuple(state[name].shape)} in the file, {tuple(expected[name].shape)} for the config{more}"
+    found = {"missing": [n for n in expected if n not in state], "unexpected": [n for n in state if n not in expected]}
+    return "; ".join(
+        f"{what} {', '.join(names[:2])}{' and more' if names[2:] else ''}" for what, names in found.items() if names
+    )
 
 
 def load_checkpoint(path: str | Path, ranks_path: str | None = None) -> LoadedCheckpoint:

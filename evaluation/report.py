@@ -178,32 +178,27 @@ def _settings_lines(doc: dict[str, Any], groups: list[Group]) -> list[str]:
 
 
 def scored_line(doc: dict[str, Any]) -> str:
-    """The tokens each length actually scored, from the runs' `scored_tokens`, not the budget: the
-    budget is only a cap, and a validation split shorter than it (46,505 tokens under 65,536) or a
-    budget that is not a multiple of the stride scores fewer. Lengths that scored the same count share
-    a clause; where checkpoints differ at one length (their own tokenizers) the clause gives the range."""
+    """The tokens each length actually scored (the runs' `scored_tokens`), not the budget, which is only a
+    cap: a validation split shorter than it (46,505 tokens under 65,536) scores fewer. Lengths that scored
+    the same share a clause; checkpoints with their own tokenizers may differ at one length (a range)."""
     budget = doc["settings"]["token_budget"]
-    counts: dict[int, set[int]] = {}
-    ran_out: list[int] = []
+    counts: dict[int, list[int]] = {}
+    short: set[int] = set()  # lengths with fewer windows than the budget allows: the text ended first
     for row in (row for run in doc["runs"] for row in run["results"] if row["applicable"]):
-        counts.setdefault(row["length"], set()).add(row["scored_tokens"])
-        if row["scored_tokens"] < max(1, budget // row["stride"]) * row["stride"] and row["length"] not in ran_out:
-            ran_out.append(row["length"])  # fewer windows than the budget allows: the text ended first
-    lengths_by_count: dict[str, list[int]] = {}
-    for length in sorted(counts):
-        low, high = min(counts[length]), max(counts[length])
-        lengths_by_count.setdefault(f"{low:,}" if low == high else f"{low:,}-{high:,}", []).append(length)
-    if len(lengths_by_count) == 1:
-        scored = f"{next(iter(lengths_by_count))} at every length"
-    else:
-        scored = "; ".join(f"{n} at {', '.join(map(str, lengths))}" for n, lengths in lengths_by_count.items())
-    if not ran_out:
-        note = f"budget {budget:,}"
-    elif len(ran_out) == len(counts):
-        note = f"budget {budget:,}: the text ended first"
-    else:
-        note = f"budget {budget:,}: the text ended first at {', '.join(map(str, sorted(ran_out)))}"
-    return f"tokens scored, from the start of the text: {scored} ({note})"
+        counts.setdefault(row["length"], []).append(row["scored_tokens"])
+        if row["scored_tokens"] < max(1, budget // row["stride"]) * row["stride"]:
+            short.add(row["length"])
+    clauses: dict[str, list[str]] = {}
+    for length, scored in sorted(counts.items()):
+        low, high = min(scored), max(scored)
+        clauses.setdefault(f"{low:,}" if low == high else f"{low:,}-{high:,}", []).append(str(length))
+    said = "; ".join(f"{n} at {', '.join(lengths)}" for n, lengths in clauses.items())
+    if len(clauses) == 1:
+        said = f"{next(iter(clauses))} at every length"
+    ended = ": the text ended first" if short else ""
+    if short and len(short) < len(counts):
+        ended += " at " + ", ".join(map(str, sorted(short)))
+    return f"tokens scored, from the start of the text: {said} (budget {budget:,}{ended})"
 
 
 def study_lines(doc: dict[str, Any]) -> list[str]:
