@@ -4,7 +4,7 @@ The modes are in benchmarks/modes.py; `python bench.py --help` lists them."""
 from __future__ import annotations
 
 from benchmarks.modes import DESCRIPTION, MODES
-from core.cli import run_modes
+from core.modes import run_modes
 
 __all__ = ["MODES"]
 

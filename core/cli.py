@@ -139,47 +139,6 @@ def spelled_logs(command: Command) -> Iterator[None]:
             handler.removeFilter(spelling)
 
 
-Modes = Mapping[str, "Command | Modes"]
-"""A command line of modes: each a command, or modes of its own (`posgpt study extrapolation`)."""
-
-
-def run_modes(prog: str, description: str, modes: Modes, argv: Sequence[str] | None = None) -> None:
-    """`prog MODE [options]`: run the mode's command on the options (`run`), its usage line naming it
-    `prog MODE`; a mode that has modes of its own reads the next word the same way."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["-h"], ["--help"]):
-        print(modes_help(prog, description, modes))
-        sys.exit(0)
-    if not argv or argv[0] not in modes:
-        given = f"unknown mode {argv[0]!r}" if argv else "no mode given"
-        hint = did_you_mean(argv[0] if argv else "", list(modes), "")
-        error = UsageError(f"{prog} MODE", f"{given} (modes: {', '.join(modes)}){hint}")
-        print(error.line(), file=sys.stderr)
-        sys.exit(error.exit_code)
-    mode = modes[argv[0]]
-    if isinstance(mode, Command):
-        run(dataclasses.replace(mode, prog=f"{prog} {argv[0]}"), argv[1:])
-    else:
-        run_modes(f"{prog} {argv[0]}", "", mode, argv[1:])
-
-
-def modes_help(prog: str, description: str, modes: Modes) -> str:
-    """The usage line, the description and a line per mode (a command's summary, or its modes)."""
-    lines = []
-    for name, mode in modes.items():
-        about = summary(mode.description) if isinstance(mode, Command) else " | ".join(mode)
-        lines.append(f"  {name:16s} {about}")
-    head = f"{description.strip()}\n\n" if description.strip() else ""
-    return f"usage: {prog} MODE [options]\n\n{head}modes ({prog} MODE --help lists its options):\n" + "\n".join(lines)
-
-
-def summary(description: str) -> str:
-    """A command's description in one line: the first sentence of its first paragraph (a paragraph may
-    wrap over several lines)."""
-    paragraph = " ".join(description.strip().split("\n\n")[0].split())
-    return re.split(r"(?<=\.)\s+(?=[A-Z])", paragraph, maxsplit=1)[0]
-
-
 def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
     """The command's validated options; a refused option raises `UsageError`, a setting the config's
     own checks refuse `ConfigError`."""

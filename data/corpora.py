@@ -30,9 +30,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from core.files import atomic_write_bytes, sha256_file
+from core.files import atomic_write_bytes, directory_lock, sha256_file
 from data.errors import DataError
-from data.library import installed_environment, library_corpus, library_roots
+from data.library import installed_environment, library_corpus, library_roots, tidy_cache
 from data.sources import Source
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,8 @@ def _cached_text(name: str, make: Callable[[], str]) -> Path:
 
 def _write_to_cache(path: Path, payload: bytes) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, payload)
+        with directory_lock(path.parent, wait=True):
+            tidy_cache(path.parent)
+            atomic_write_bytes(path, payload)
     except OSError as error:
         raise DataError(f"Cannot write {path} ({error}); set {CACHE_ENV} to a writable directory.") from None

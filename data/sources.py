@@ -66,7 +66,8 @@ class Source:
 
     @property
     def name(self) -> str:
-        """A short name: the file's without its suffix, the directory's, the Hub dataset's."""
+        """A short name: a text file's without its suffix, a document file's with its format (code.jsonl and
+        code.parquet are other corpora: code-jsonl, code-parquet), the directory's, the Hub dataset's."""
         if self.label:
             return self.label
         if self.format == "hub":
@@ -74,7 +75,7 @@ class Source:
         name = self.path.name
         for suffix in DOCUMENT_SUFFIXES:
             if name.endswith(suffix):
-                return name[: -len(suffix)]
+                return name[: -len(suffix)] + suffix.replace(".", "-")
         return self.path.stem if self.format == "text" else name
 
     def digest(self) -> bytes:

@@ -26,10 +26,8 @@ from core.errors import ConfigError
 from core.files import atomic_write_bytes
 from data.tokenizer import CharTokenizer
 from evaluation.attention import long_context_stats, prompt_weights, runs_at, visible_keys
-from evaluation.attention_figures import heads_figure, layers_figure, printable, stats_figures
 from evaluation.checkpoint import LoadedCheckpoint, load_checkpoint
 from evaluation.config import EvalData, check_output_dir
-from evaluation.report import png_bytes
 from evaluation.run import Subject, check_long_enough, default_labels, load_texts, provenance
 from evaluation.sampling import prompt_text
 
@@ -128,6 +126,9 @@ def run(cfg: MapsConfig) -> list[Path]:
         models = [(s.label, s.path, c.model) for s, c in zip(subjects, loaded, strict=True)]
         doc["lengths"] = long_context_stats(models, [t.tokens for t in texts], cfg.lengths, cfg.tokens,
                                             cfg.sink_tokens, cfg.progress)  # fmt: skip
+        from evaluation.attention_figures import stats_figures
+        from evaluation.report import png_bytes
+
         files.update({out / name: png_bytes(fig) for name, fig in stats_figures(doc["lengths"])})
     doc["files"] = sorted(path.relative_to(out).as_posix() for path in files)
     files[out / RESULTS] = json.dumps(doc, indent=1, allow_nan=False).encode()
@@ -255,7 +256,11 @@ def _prompt_ids(subject: Subject, ckpt: LoadedCheckpoint, prompt: str) -> list[i
 def _draw_prompt(
     subject: Subject, ckpt: LoadedCheckpoint, ids: list[int], cfg: MapsConfig, folder: Path, files: dict[Path, bytes]
 ) -> dict[str, Any]:
-    """The heatmaps of one checkpoint on the prompt, into `folder`; returns the plotted numbers."""
+    """The heatmaps of one checkpoint on the prompt, into `folder`; returns the plotted numbers (matplotlib is
+    imported here, to draw, not with the command's --help)."""
+    from evaluation.attention_figures import heads_figure, layers_figure, printable
+    from evaluation.report import png_bytes
+
     model = ckpt.model
     idx = torch.tensor([ids], device=model.wte.weight.device)
     weights = prompt_weights(model, idx)  # per layer (H, T, T)

@@ -374,8 +374,8 @@ COMMAND = Command(
     "posgpt check",
     CheckConfig,
     main,
-    "Check every attention kernel this device runs against the float32 reference, for every attention function, "
-    "position scheme, mask, score and option, and the KV cache against a full forward pass: run it first on a new "
-    "GPU or a new torch. Prints a table and a summary; exits 1 when a check fails.",
+    "Check every attention kernel this device runs against the float32 reference: run it first on a new GPU or a "
+    "new torch. Every attention function, position scheme, mask, score and option, and the KV cache against a full "
+    "forward pass. Prints a table and a summary; exits 1 when a check fails.",
     logs=False,
 )

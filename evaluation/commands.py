@@ -11,7 +11,6 @@ from core.errors import UserError
 from evaluation.attention_maps import MapsConfig
 from evaluation.attention_maps import run as draw
 from evaluation.config import EvaluateConfig, check_output_dir
-from evaluation.report import write_report
 from evaluation.run import Subject, default_labels, evaluate_checkpoints
 from evaluation.sampling import SampleConfig, sample
 
@@ -26,6 +25,8 @@ def sample_main(cfg: SampleConfig) -> None:
 
 def evaluate_main(cfg: EvaluateConfig) -> None:
     """Evaluate, write the report, print its table and where it is."""
+    from evaluation.report import write_report  # matplotlib: imported to draw, not for --help
+
     check_output_dir(cfg.out)
     labels = cfg.labels or default_labels(cfg.ckpt)
     subjects = [Subject(path, label) for path, label in zip(cfg.ckpt, labels, strict=True)]

@@ -1,6 +1,7 @@
 """The training curves of a run: train and validation loss against steps and tokens, and the learning
-rate, drawn from the run's CSV metrics into `<run dir>/training.png` (at the end of training, and on
-demand: `posgpt plot --run_dir runs/NAME` or `python -m evaluation.curves --run_dir runs/NAME`).
+rate, drawn from the run's CSV metrics (or its TensorBoard events) into `<run dir>/training.png` (at the
+end of training, and on demand: `posgpt plot --run_dir runs/NAME` or `python -m evaluation.curves
+--run_dir runs/NAME`).
 
 A run logs one `metrics.csv` across its launches; a run logged before that has one
 `logs/version_N/metrics.csv` per launch (and one upgraded mid-way has both: the per-launch files, then
@@ -30,6 +31,8 @@ from core.units import format_count
 PLOT_FILE = "training.png"
 METRICS_FILE = "metrics.csv"
 """A run's CSV metrics, one file across launches (training.logs writes it)."""
+TENSORBOARD_DIR = "tensorboard"
+"""A run's TensorBoard events, one directory across launches (training.logs writes it)."""
 SERIES = ("train/loss", "val/loss", "lr", "train/tokens")
 """The logged columns the plot reads (step is every row's)."""
 
@@ -85,14 +88,30 @@ def merge_launches(launches: list[dict[int, dict[str, float]]]) -> Metrics:
 
 
 def read_metrics(run_dir: Path) -> Metrics:
-    """The run's logged metrics as one series per column (see the module docstring)."""
+    """The run's logged metrics as one series per column (see the module docstring): its CSV metrics, else
+    its TensorBoard events."""
     files = metric_files(run_dir)
-    if not files:
-        raise UserError(
-            f"{run_dir} holds no metrics.csv: plots are drawn from the csv logger's metrics (train with "
-            "--train.logger csv, the default; TensorBoard and wandb draw their own)."
-        )
-    return merge_launches([read_launch(path) for path in files])
+    if files:
+        return merge_launches([read_launch(path) for path in files])
+    if (run_dir / TENSORBOARD_DIR).is_dir():
+        return read_tensorboard(run_dir / TENSORBOARD_DIR)
+    raise UserError(
+        f"{run_dir} holds neither a metrics.csv nor TensorBoard events: plots are drawn from the metrics of "
+        "--train.logger csv (the default) or tensorboard (wandb draws its own)."
+    )
+
+
+def read_tensorboard(directory: Path) -> Metrics:
+    """The scalars of a run's TensorBoard events (one directory across resumes: a resume purges the steps it
+    trains again, and the reader drops them)."""
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        raise UserError(f"Reading the TensorBoard events in {directory} needs the tensorboard package: "
+                        "pip install tensorboard.") from None  # fmt: skip
+    events = EventAccumulator(str(directory), size_guidance={"scalars": 0}).Reload()
+    tags = set(events.Tags()["scalars"])  # steps as the CSV's: Lightning logs step k at index k - 1
+    return {name: [(e.step + 1, e.value) for e in events.Scalars(name)] if name in tags else [] for name in SERIES}
 
 
 def training_figure(metrics: Metrics, title: str) -> Figure:

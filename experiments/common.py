@@ -35,7 +35,7 @@ from training.callbacks import TIME_LIMIT_EXIT, TrainingStopped
 from training.config import RunConfig
 from training.hardware import resolve_precision, uses_cuda
 from training.progress import progress_line
-from training.run import TrainingData, corpus_data, prepared_data, train
+from training.run import TrainingData, corpus_data, preflight, prepared_data, train
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +184,10 @@ def train_all(
     when it is up. Returns the runs and the training wall time of those trained now."""
     deadline = deadline or Deadline(max_minutes)
     plan = plan_runs(run, out_dir, models, seeds)
+    if data_for is None:  # tokenizer, weights, resume: checked before the corpus is prepared
+        for planned in plan:
+            if not planned.done:
+                preflight(planned.config)
     device = study_device(run)
     step_flops = {r.name: flops_per_step(r.config, vocab_size or corpus_vocab(r.config)) for r in plan}
     precision = resolve_precision(run.train.precision, run.train.accelerator)

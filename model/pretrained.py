@@ -27,6 +27,7 @@ from model.positions import SCHEMES
 GPT2_POSITIONS = "learned"
 """GPT-2's position scheme: a learned table of 1024 positions."""
 WEIGHTS = "model.safetensors"
+HUB_URL = "https://huggingface.co"
 TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 """GPT-2's Conv1D weights, stored (in, out) where a Linear keeps (out, in)."""
 NAMES = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj",
@@ -63,9 +64,31 @@ def weights_file(source: str) -> Path:
         if (snapshot / WEIGHTS).is_file():
             return snapshot / WEIGHTS
     raise PretrainedError(
-        f"--model.init_from {source}: no {WEIGHTS} in the Hugging Face cache ({repo}). Download it once with "
-        f"`huggingface-cli download {source} {WEIGHTS} config.json`, or pass a directory that holds it."
+        f"--model.init_from {source}: no {WEIGHTS} in the Hugging Face cache ({repo}). Put {WEIGHTS} and "
+        f"config.json from {HUB_URL}/openai-community/{source} (Files) in a directory and pass --model.init_from DIR, "
+        f"or fetch them into the cache with `pip install huggingface_hub` and `hf download {source} {WEIGHTS} "
+        "config.json`."
     )
+
+
+def check_pretrained(config: GPTConfig) -> Path:
+    """What `from_pretrained` would refuse, found before any data is prepared: no weights file, an unreadable
+    config.json, a model whose shape is not the weights' (read from the file's header: no tensor is loaded,
+    which for gpt2-xl is 6 GB). Returns the weights file."""
+    source = config.init_from or ""
+    path = weights_file(source)
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise PretrainedError("Reading GPT-2 weights needs the safetensors package: pip install safetensors.") from None
+    try:
+        with safe_open(str(path), "pt") as f:
+            shapes = {name: torch.empty(f.get_slice(name).get_shape(), device="meta") for name in f.keys()}
+    except Exception as error:  # safetensors raises its own SafetensorError for a damaged file
+        raise PretrainedError(f"Cannot read {path}: {error}") from None
+    weights = {name.removeprefix("transformer."): t for name, t in shapes.items()}
+    check_shape(config, weights, source, config_heads(path, source))
+    return path
 
 
 def read_weights(path: Path) -> dict[str, Tensor]:

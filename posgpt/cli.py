@@ -2,44 +2,71 @@
 
 Each command's logic lives in the package that owns it; the top-level scripts (train.py, sample.py,
 evaluate.py, attention_maps.py, bench.py) and `python -m data.prepare` / `python -m experiments.NAME`
-run the same commands.
+run the same commands. Each is imported when it runs, so `posgpt --help` imports no torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core.cli import Modes, run_modes
+from core.modes import Lazy, Modes, run_modes
 
 DESCRIPTION = (
     "A small decoder-only GPT trainer for positional-encoding research: train short, evaluate long, look inside."
 )
 
-
-def modes() -> Modes:
-    """The commands, by name (imported here, not at the module's import, so that importing posgpt is cheap)."""
-    from benchmarks.modes import MODES as BENCH
-    from data.prepare import COMMAND as PREPARE
-    from evaluation.check import COMMAND as CHECK
-    from evaluation.commands import ATTENTION, EVALUATE, SAMPLE
-    from evaluation.curves import COMMAND as PLOT
-    from experiments.extrapolation import COMMAND as EXTRAPOLATION
-    from experiments.synthetic import COMMAND as SYNTHETIC
-    from training.command import COMMAND as TRAIN
-
-    return {
-        "train": TRAIN,
-        "sample": SAMPLE,
-        "evaluate": EVALUATE,
-        "attention": ATTENTION,
-        "prepare": PREPARE,
-        "plot": PLOT,
-        "study": {"extrapolation": EXTRAPOLATION, "synthetic": SYNTHETIC},
-        "bench": BENCH,
-        "check": CHECK,
-    }
+MODES: Modes = {
+    "train": Lazy(
+        "training.command", "COMMAND", "Train a GPT on any text; the position scheme is --model.pos_encoding."
+    ),
+    "sample": Lazy(
+        "evaluation.commands",
+        "SAMPLE",
+        "Sample from a trained checkpoint: --ckpt runs/NAME/last.ckpt --prompt 'ROMEO:'.",
+    ),
+    "evaluate": Lazy(
+        "evaluation.commands",
+        "EVALUATE",
+        "Perplexity against context length: --ckpt A.ckpt [B.ckpt ...] --eval.lengths 128 4096.",
+    ),
+    "attention": Lazy(
+        "evaluation.commands", "ATTENTION", 'Look inside trained models: --ckpt A.ckpt --prompt "ROMEO:" --out maps.'
+    ),
+    "prepare": Lazy("data.prepare", "COMMAND", "Tokenize text into train.bin / val.bin / meta.json."),
+    "plot": Lazy(
+        "evaluation.curves",
+        "COMMAND",
+        "Draw a run's training curves (train and validation loss against steps and tokens, learning rate) into "
+        "<run dir>/training.png.",
+    ),
+    "study": {
+        "extrapolation": Lazy(
+            "experiments.extrapolation",
+            "COMMAND",
+            "Train one model per position scheme, evaluate them all at every length, write a report.",
+        ),
+        "synthetic": Lazy(
+            "experiments.synthetic",
+            "COMMAND",
+            "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
+        ),
+    },
+    "bench": Lazy(
+        "benchmarks.modes",
+        "MODES",
+        "train-step | plain-run | val-noise | decode | gpu | vs-nanogpt | precision | clip | attention-cost | variants",
+    ),
+    "check": Lazy(
+        "evaluation.check",
+        "COMMAND",
+        "Check every attention kernel this device runs against the float32 reference: run it first on a new GPU or "
+        "a new torch.",
+    ),
+}
+"""The commands: where each lives and its line in `posgpt --help` (tests/test_cli.py holds the lines to
+the commands' own descriptions)."""
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The console entry point."""
-    run_modes("posgpt", DESCRIPTION, modes(), argv)
+    run_modes("posgpt", DESCRIPTION, MODES, argv)

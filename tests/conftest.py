@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A signal that stopped an in-process run which its test did not expect (a SIGTERM or Ctrl+C sent to
+    pytest: training catches them, to save) stops the test session too, as it would without the run."""
+    try:
+        return (yield)
+    except SystemExit as error:
+        if error.code in (130, 128 + signal.SIGTERM):
+            pytest.exit(f"stopped: {item.nodeid} ended with exit status {error.code} (a signal)", returncode=error.code)
+        raise
+
+
+@pytest.fixture(autouse=True)
+def _one_test_state():
+    """Every test starts with no compiled code of another test (Dynamo's caches and recompile counts), and
+    leaves the signal handlers as it found them."""
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
+    yield
+    left = [f"{signal.Signals(n).name} ({now!r})" for n, h in handlers.items() if (now := signal.getsignal(n)) != h]
+    assert not left, f"the test left its own {' and '.join(left)} handler installed"
 
 
 @pytest.fixture(autouse=True)

@@ -10,13 +10,13 @@ import pytest
 
 import bench
 from benchmarks.common import DEFAULT_PEER
-from core import cli
+from core.modes import run_modes
 
 TINY = ["decode", "--shape", "tiny", "--batches", "1", "2", "--tokens", "8", "--modes", "eager"]
 
 
 def _decode(argv: list[str], capsys) -> list[str]:
-    cli.run_modes("bench.py", bench.__doc__, bench.MODES, argv)
+    run_modes("bench.py", bench.__doc__, bench.MODES, argv)
     return capsys.readouterr().out.splitlines()
 
 
@@ -63,14 +63,14 @@ def test_decode_times_nanogpts_generate_on_the_same_shape(tmp_path, capsys):
 )
 def test_decode_refuses_a_bad_option_in_one_line(argv, needle, capsys):
     with pytest.raises(SystemExit) as info:
-        cli.run_modes("bench.py", bench.__doc__, bench.MODES, ["decode", *argv])
+        run_modes("bench.py", bench.__doc__, bench.MODES, ["decode", *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1 and needle in err[0], err
 
 
 def test_train_step_times_the_trainer_and_the_loop_at_a_named_shape(text_file, capsys):
     argv = ["train-step", "--input", str(text_file), "--steps", "8", "--rounds", "1", "--shape", "cpu"]
-    cli.run_modes("bench.py", bench.__doc__, bench.MODES, argv)
+    run_modes("bench.py", bench.__doc__, bench.MODES, argv)
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines[:4]] == ["lightning", "plain", "plain", "lightning"]
     medians = [line for line in lines if line.startswith("median")]

@@ -12,13 +12,13 @@ import bench
 from benchmarks.common import DEFAULT_PEER
 from benchmarks.gpu import ratios
 from benchmarks.gpu_rows import GPU_SHAPES, Row
-from core import cli
+from core.modes import run_modes
 
 CPU_MODE = ["gpu", "--device", "cpu", "--compile", "false", "--steps", "2", "--warmup", "1"]
 
 
 def _bench(argv: list[str], capsys) -> list[str]:
-    cli.run_modes("bench.py", bench.__doc__, bench.MODES, argv)
+    run_modes("bench.py", bench.__doc__, bench.MODES, argv)
     return capsys.readouterr().out.splitlines()
 
 
@@ -114,7 +114,7 @@ def test_gpu_shapes_are_the_issues():
 )
 def test_gpu_bench_refuses_a_bad_option_in_one_line(argv, needle, capsys):
     with pytest.raises(SystemExit) as stop:
-        cli.run_modes("bench.py", bench.__doc__, bench.MODES, ["gpu", "--device", "cpu", "--peer", "none", *argv])
+        run_modes("bench.py", bench.__doc__, bench.MODES, ["gpu", "--device", "cpu", "--peer", "none", *argv])
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from core import cli
+from core.modes import loaded
 from evaluation import check
 from model import ATTENTIONS, SCHEMES
 from model.kernels import sdpa
@@ -78,7 +79,7 @@ def test_the_full_case_checks_gradients_and_the_cache(only, tmp_path):
 def test_the_command_is_posgpts(capsys):
     from posgpt import cli as posgpt
 
-    assert posgpt.modes()["check"] is check.COMMAND
+    assert loaded(posgpt.MODES)["check"] is check.COMMAND
     with pytest.raises(SystemExit):
         cli.run(check.COMMAND, ["--help"])
     assert "--quick" in capsys.readouterr().out

@@ -21,6 +21,7 @@ import sample
 import train
 from core import cli
 from core.errors import UserError
+from core.modes import run_modes
 from data import prepare
 from experiments import extrapolation, synthetic
 from training.callbacks import TrainingDiverged, TrainingStopped
@@ -42,7 +43,7 @@ SYNTHETIC = ["--config", str(ROOT / "configs" / "synthetic_copy.yaml")]
 
 def _invoke(name: str, argv: list[str]) -> None:
     if name == "bench.py":
-        cli.run_modes("bench.py", bench.__doc__, bench.MODES, argv)
+        run_modes("bench.py", bench.__doc__, bench.MODES, argv)
     else:
         cli.run(COMMANDS[name], argv)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from core.cli import Command
+from core.modes import Lazy, loaded, mode_summary
 from posgpt import cli as posgpt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,8 +49,27 @@ def test_a_modes_line_is_its_commands_first_sentence(capsys):
     assert gpu.endswith("; nanoGPT's step beside ours."), gpu
 
 
+def test_each_lazy_modes_line_is_what_its_command_would_print():
+    """posgpt's table of modes keeps each line without importing the command: held here to the command."""
+    lazies = [(name, mode) for name, mode in posgpt.MODES.items() if isinstance(mode, Lazy)]
+    lazies += [(name, mode) for name, mode in posgpt.MODES["study"].items()]
+    assert len(lazies) == len(COMMANDS) + 1  # study's two, not study itself
+    for name, lazy in lazies:
+        assert lazy.summary == mode_summary(lazy.load()), name
+
+
+def test_posgpt_help_imports_no_torch():
+    """`posgpt --help` is a table of lines: it imports no torch, Lightning or matplotlib (BENCHMARKS.md, issue 34)."""
+    code = (
+        "import sys\nfrom posgpt.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'lightning', 'matplotlib', 'numpy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]", out
+
+
 def test_every_commands_help_starts_its_options_within_25_lines(capsys):
-    commands = _commands(posgpt.modes())
+    commands = _commands(loaded(posgpt.MODES))
     assert ("train",) in commands and ("study", "synthetic") in commands and ("bench", "decode") in commands
     for words in commands:
         lines = _help(capsys, list(words)).splitlines()
@@ -109,7 +129,7 @@ def test_the_config_reference_lists_every_option_of_every_command():
     from core import cli
 
     page = (ROOT / "docs" / "config.md").read_text()
-    modes = posgpt.modes()
+    modes = loaded(posgpt.MODES)
     missing = []
     for words in _commands(modes):
         if words[0] == "bench":

@@ -91,9 +91,7 @@ def assert_matches_reference(config: GPTConfig, backend: str) -> None:
 
 
 TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32)  # conftest's tiny_config
-PARITY = [
-    pytest.param(case, name, id=label) for label, case, name, kernel in parity_cases(TINY)
-]
+PARITY = [pytest.param(case, name, id=label) for label, case, name, kernel in parity_cases(TINY)]
 
 
 def test_the_matrix_covers_every_kernel_scheme_mask_and_score():

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,6 +93,23 @@ def test_it_is_built_again_only_when_the_installation_changes(roots, tmp_path, m
     assert upgraded.path != first.path and upgraded.path.read_bytes() == first.path.read_bytes()
     first.path.write_bytes(first.path.read_bytes()[:-5])  # torn: its size no longer the manifest's
     assert library.library_corpus(roots, cache, ENVIRONMENT).path.stat().st_size == len(upgraded.path.read_bytes())
+
+
+def test_a_build_removes_what_a_killed_build_left_in_the_cache(roots, tmp_path, monkeypatch):
+    """A SIGTERM skips a build's clean-up and leaves its temporary file (88 MB for the real corpus): the
+    next build, holding the cache's lock, removes it; so does the next download into the cache."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    killed = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = [cache / f"python-library-3.11-0123456789ab.jsonl.tmp{killed.stdout.strip()}", cache / "x.txt.tmp7"]
+    for path in stale:
+        path.write_bytes(b"{}" * 1000)
+    library.library_corpus(roots, cache, ENVIRONMENT)
+    assert not any(path.exists() for path in stale)
+    stale[1].write_bytes(b"partial")
+    monkeypatch.setenv(corpora.CACHE_ENV, str(cache))
+    corpora._cached_text("made.txt", lambda: "made")
+    assert not stale[1].exists() and (cache / "made.txt").read_text() == "made"
 
 
 def test_the_environment_lists_the_distributions_of_the_roots(tmp_path):

@@ -124,12 +124,12 @@ def test_the_block_mask_built_in_chunks_is_create_block_masks(monkeypatch, mask,
     whole dense mask, whether the visibility is formed at once or a few query tiles at a time."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from model.kernels import flex
+    from model.kernels import block_mask
 
-    monkeypatch.setattr(flex, "DENSE_ELEMENTS", limit)
+    monkeypatch.setattr(block_mask, "DENSE_ELEMENTS", limit)
     k_len = q_start + q_len
     expected = create_block_mask(mask.mask_mod(q_start), None, None, q_len, k_len, device="cpu")
-    built = flex.block_mask_in_chunks(mask, q_start, q_len, k_len, torch.device("cpu"))
+    built = block_mask.block_mask_in_chunks(mask, q_start, q_len, k_len, torch.device("cpu"))
     for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
         assert torch.equal(getattr(built, name), getattr(expected, name)), name
     assert torch.equal(built.to_dense(), expected.to_dense()) and built.seq_lengths == (q_len, k_len)

@@ -11,6 +11,7 @@ from test_cli import COMMANDS
 
 import bench
 from core import cli
+from core.modes import loaded
 from posgpt import cli as posgpt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,7 @@ def named_options() -> dict[str, set[str]]:
 
 
 def test_every_option_a_message_names_is_an_option_of_a_command():
-    commands = [*COMMANDS.values(), *bench.MODES.values(), posgpt.modes()["plot"]]
+    commands = [*COMMANDS.values(), *bench.MODES.values(), loaded(posgpt.MODES)["plot"]]
     accepted = set().union(*(cli.accepted(command) for command in commands))
     found = named_options()
     assert len(found) > 50  # the scan sees the messages

@@ -108,11 +108,25 @@ def test_the_loss_is_gpt2s_the_padded_rows_take_no_probability(weights):
     assert model.config.padded_vocab_size > VOCAB and abs(loss.item() - expected.item()) < 1e-3
 
 
+def test_the_download_command_named_is_one_that_huggingface_hub_installs():
+    """The base install has no huggingface_hub; once installed it gives `hf` (its older command, whose name no
+    message or page may use, is gone from its current versions)."""
+    from importlib.metadata import entry_points
+
+    pytest.importorskip("huggingface_hub")
+    assert "hf" in {script.name for script in entry_points(group="console_scripts")}
+    root = Path(__file__).resolve().parents[1]
+    pages = [*root.glob("*.md"), *root.glob("docs/*.md"), *root.glob("configs/*.yaml"), *root.glob("*/*.py")]
+    assert not [str(p) for p in pages if "huggingface" + "-cli" in p.read_text(encoding="utf-8")]
+
+
 def test_the_hugging_face_cache_is_searched_and_missing_weights_say_where(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     assert hub_cache() == tmp_path / "hub"
-    with pytest.raises(PretrainedError, match="huggingface-cli download gpt2 model.safetensors"):
+    with pytest.raises(PretrainedError) as missing:
         weights_file("gpt2")
+    assert "https://huggingface.co/openai-community/gpt2" in str(missing.value)
+    assert "`pip install huggingface_hub` and `hf download gpt2 model.safetensors config.json`" in str(missing.value)
     snapshot = tmp_path / "hub" / "models--gpt2" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
     (snapshot / "model.safetensors").write_bytes(b"")
@@ -221,3 +235,46 @@ def test_a_config_json_cut_short_is_one_line_naming_it(weights, tmp_path, gpt2_r
     (directory / "config.json").write_text("[2]")
     with pytest.raises(PretrainedError, match=r"config.json is not a JSON object\. Fetch it again"):
         from_pretrained(tiny_config(directory))
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the corpus was prepared before the cheap checks")
+
+
+@pytest.mark.parametrize("missing", ["tokenizer", "weights", "shape"])
+def test_train_checks_tokenizer_and_weights_before_it_prepares_the_corpus(
+    missing, weights, tmp_path, gpt2_ranks, text_file, capsys, monkeypatch
+):
+    """Offline, `init_from gpt2` without GPT-2's ranks file or weights (or with weights of another shape)
+    stops before the text is tokenized, which for `python-library` takes minutes."""
+    from training import run
+
+    monkeypatch.setattr(run, "prepared_data", _never)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # empty
+    source = {"weights": "gpt2"}.get(missing, str(weights[0]))
+    ranks = tmp_path / "nowhere.tiktoken" if missing == "tokenizer" else gpt2_ranks
+    argv = ["--model.init_from", source, "--model.n_layer", str(LAYERS + (missing == "shape")),
+            "--model.n_head", str(HEADS), "--model.n_embd", str(WIDTH), "--model.block_size", "32",
+            "--model.bias", "true", "--model.gelu_approximate", "tanh", "--data.input", str(text_file),
+            "--data.tokenizer", "gpt2", "--data.tiktoken_ranks", str(ranks),
+            "--train.out_dir", str(tmp_path / "runs")]  # fmt: skip
+    if source == "gpt2":
+        argv += ["--model.n_layer", "12", "--model.n_head", "12", "--model.n_embd", "768"]
+    line = cli_error(capsys, TRAIN, argv)
+    expected = {"tokenizer": "GPT-2 ranks file not found", "weights": "no model.safetensors in the Hugging Face",
+                "shape": "--model.n_layer"}[missing]  # fmt: skip
+    assert expected in line, line
+
+
+def test_a_study_checks_the_weights_before_it_prepares_the_corpus(tmp_path, gpt2_ranks, capsys, monkeypatch):
+    """configs/finetune_gpt2.yaml offline: the weights are missing, said before python-library is built."""
+    from data import library
+    from experiments import common
+
+    monkeypatch.setattr(common, "prepared_data", _never)
+    monkeypatch.setattr(library, "build", _never)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    argv = ["--config", "configs/finetune_gpt2.yaml", "--out_dir", str(tmp_path / "report"),
+            "--run.data.tiktoken_ranks", str(gpt2_ranks)]  # fmt: skip
+    line = cli_error(capsys, extrapolation.COMMAND, argv)
+    assert "--run.model.init_from gpt2: no model.safetensors in the Hugging Face cache" in line, line

@@ -18,6 +18,8 @@ import yaml
 import train as train_script
 from core import cli
 from core.checkpoint import read_checkpoint
+from evaluation.curves import COMMAND as plot_command
+from evaluation.curves import read_metrics
 
 from helpers import cli_error, tiny_args
 
@@ -135,6 +137,12 @@ def test_tensorboard_logger_writes_the_runs_events(tmp_path, text_file):
     events = EventAccumulator(str(tmp_path / "runs" / "tiny" / "tensorboard")).Reload()
     assert [e.step for e in events.Scalars("train/loss")] == [4, 9]
     assert [e.step for e in events.Scalars("val/loss")] == [9]
+    plot = tmp_path / "runs" / "tiny" / "training.png"  # drawn from the events, at the end and on demand
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    assert read_metrics(plot.parent)["val/loss"] == [(10, events.Scalars("val/loss")[0].value)]
+    plot.unlink()
+    cli.run(plot_command, ["--run_dir", str(plot.parent)])
+    assert plot.is_file()
 
 
 def test_a_checkpoint_write_that_fills_the_disk_ends_in_one_line_naming_the_disk(

@@ -177,10 +177,15 @@ class LastCheckpoint(L.Callback):
             for old in sorted(self.path.parent.glob("step-*.ckpt"))[: -self.keep_last]:
                 old.unlink(missing_ok=True)
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # the handlers to restore: those from before Lightning's own SIGTERM handler, which it installs after
+        # this hook and removes before our teardown (restoring its handler would leave it in for good)
+        self._previous = {signum: signal.getsignal(signum) for signum in self.SIGNALS}
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # on every rank (a scheduler signals them all), though rank 0's signal decides: see `_stop_reason`
         for signum in self.SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._on_signal)
+            signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._signal == signal.SIGINT and signum == signal.SIGINT:
@@ -245,8 +250,17 @@ class LastCheckpoint(L.Callback):
         self._save(trainer, pl_module)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore_signals()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._restore_signals()  # Lightning calls no teardown hook when fit raises (our TrainingStopped, say)
+
+    def _restore_signals(self) -> None:
+        """The handlers from before training: a process that goes on after a stopped run (a test run, a
+        notebook) is stopped by its next signal again."""
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(signum, handler)
         self._previous = {}
 
 

@@ -16,12 +16,14 @@ and the random state. Of the new command's settings:
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
 from core.checkpoint import CheckpointError
 from model import GPTConfig
 from training.config import RunConfig
+from training.module import lr_factor
 
 CHANGEABLE_MODEL_FIELDS = frozenset(
     {"attn_backend", "linear_backend", "dropout", "rope_scaling", "rope_scaling_factor", "chunked_loss", "init_from"}
@@ -54,12 +56,23 @@ def check_resume(ckpt: dict[str, Any], path: str | Path, config: RunConfig, data
             "checkpoint's settings, or start a fresh run (another --train.run_name, or --train.overwrite true)."
         )
     now = dataclasses.asdict(config)
-    return [
+    changes = [
         f"{section}.{k}: {v!r} -> {now[section][k]!r}"
         for section in ("optim", "train")
         for k, v in saved[section].items()
         if k in now[section] and now[section][k] != v and k != "resume"
     ]
+    step = int(ckpt.get("global_step", 0))
+    before, after = learning_rate(saved["optim"], saved["train"], step), learning_rate(now["optim"], now["train"], step)
+    if not math.isclose(before, after, rel_tol=0.01):  # a shorter --train.max_steps ends the cosine sooner
+        changes.append(f"the learning rate at step {step}: {before:.3g} -> {after:.3g} at once (the new schedule's)")
+    return changes
+
+
+def learning_rate(optim: dict[str, Any], train: dict[str, Any], step: int) -> float:
+    """The learning rate at optimizer step `step` of the schedule that a config's optim and train sections give."""
+    decay_steps = optim.get("decay_steps") or train["max_steps"]
+    return optim["lr"] * lr_factor(step, optim["lr"], optim["min_lr"], optim["warmup_steps"], decay_steps)
 
 
 def same_run_differences(saved: dict[str, Any], config: RunConfig, what: str) -> list[str]:

@@ -7,14 +7,15 @@ import errno
 from configs import shipped
 from core.cli import Command
 from training.config import RunConfig
-from training.run import RunError, result_summary, train
 
 DEFAULT_CONFIG = shipped("shakespeare_char.yaml")
 """The run `python train.py` trains with no options (Tiny Shakespeare, char-level, 4 layers, RoPE)."""
 
 
 def main(cfg: RunConfig) -> None:
-    """Train, then print the sample and where the checkpoints are."""
+    """Train, then print the sample and where the checkpoints are (Lightning is imported here, not for --help)."""
+    from training.run import RunError, result_summary, train
+
     try:
         result = train(cfg)
     except OSError as error:  # disk full, a directory that cannot be written: a user can fix it

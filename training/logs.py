@@ -21,11 +21,9 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 from core.errors import UserError
-from evaluation.curves import METRICS_FILE, metric_files
+from evaluation.curves import METRICS_FILE, TENSORBOARD_DIR, metric_files
 
 log = logging.getLogger(__name__)
-
-TENSORBOARD_DIR = "tensorboard"
 
 
 def kept_rows(path: Path, start_step: int) -> tuple[list[str], list[dict[str, str]]]:

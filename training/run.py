@@ -25,11 +25,11 @@ from data.datamodule import TaskDataModule, TokenDataModule
 from data.dataset import PreparedData, prepare_dir
 from data.provenance import provenance
 from data.tasks import TaskConfig
-from data.tokenizer import Tokenizer
+from data.tokenizer import GPT2Tokenizer, Tokenizer
 from evaluation.curves import write_training_plot
 from model import GPT
 from model.kernels import AUTO
-from model.pretrained import from_pretrained, weights_file
+from model.pretrained import check_pretrained, from_pretrained, weights_file
 from training.callbacks import AtomicCheckpointIO, DivergenceGuard, LastCheckpoint, SpeedMonitor
 from training.checkpoint import check_resume
 from training.config import DataConfig, RunConfig, TrainConfig
@@ -60,6 +60,18 @@ class RunResult:
     sample: str | None
     plot: Path | None = None
     """training.png: the run's loss and learning-rate curves (csv logger)."""
+
+
+def preflight(cfg: RunConfig) -> None:
+    """What a run needs besides its text, checked before the text is prepared (for a large corpus that takes
+    minutes): a checkpoint to resume from, GPT-2's tokenizer (its ranks file, offline), the weights
+    `init_from` names and their shape."""
+    if cfg.train.resume not in (None, "auto"):
+        resume_path(cfg.train.resume, Path(cfg.train.out_dir))
+    if cfg.data.tokenizer == "gpt2":
+        vocab_size = GPT2Tokenizer(cfg.data.tiktoken_ranks).vocab_size
+        if cfg.model.init_from:
+            check_pretrained(dataclasses.replace(cfg.model, vocab_size=vocab_size))
 
 
 def prepared_data(cfg: DataConfig) -> PreparedData:
@@ -141,7 +153,9 @@ def _train(cfg: RunConfig, data: TrainingData | None) -> RunResult:
     check_writable(Path(t.out_dir), "--train.out_dir")
     L.seed_everything(t.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
-    data = data or corpus_data(cfg)
+    if data is None:
+        preflight(cfg)
+        data = corpus_data(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=data.tokenizer.vocab_size))
     run_dir = run_dir_of(cfg, data)
     make_run_dir(run_dir)
@@ -239,8 +253,8 @@ def _fit(
     if trainer.is_global_zero and t.sample_tokens > 0:
         sample = sample_text(module, data.tokenizer, t.sample_tokens)
     plot = None
-    if trainer.is_global_zero and t.logger == "csv":
-        trainer.logger.save()  # the rows still buffered
+    if trainer.is_global_zero and t.logger in ("csv", "tensorboard"):
+        trainer.logger.save()  # the rows still buffered (csv), the events flushed (tensorboard)
         try:
             plot = write_training_plot(run_dir)
         except UserError as error:  # no loss logged yet, or a disk that cannot take the figure: the run is done

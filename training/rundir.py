@@ -53,12 +53,18 @@ def claim_run_dir(run_dir: Path, resume: Path | None, overwrite: bool, used: Run
     holding the lock."""
     existing = checkpoints_in(run_dir)
     if resume is None and not overwrite:
+        other = other_run(run_dir / CONFIG_FILE, used)
+        held = ", ".join(p.name for p in existing[:3])
+        if existing and other:  # a resume would refuse it: not the same data, model or seed
+            raise RunError(
+                f"{run_dir} already holds {held} of another run ({other}): pass another --train.run_name, or "
+                "--train.overwrite true (deletes them)."
+            )
         if existing:
             raise RunError(
-                f"{run_dir} already holds {', '.join(p.name for p in existing[:3])} from an earlier run. Resume it "
-                "with --train.resume auto, or pass --train.overwrite true (deletes them) or another --train.run_name."
+                f"{run_dir} already holds {held} from an earlier run. Resume it with --train.resume auto, or pass "
+                "--train.overwrite true (deletes them) or another --train.run_name."
             )
-        other = other_run(run_dir / CONFIG_FILE, used)
         if other:
             raise RunError(
                 f"{run_dir} holds the {CONFIG_FILE} of another run ({other}) and no checkpoint: pass the options of "

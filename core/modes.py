@@ -1,0 +1,88 @@
+"""`prog MODE [options]`: a command line of modes (`posgpt train`, `posgpt study extrapolation`,
+`bench.py decode`), each mode a `Command` (core/cli.py) or modes of its own.
+
+A mode may be `Lazy`: its module is imported only when the mode runs, so that `posgpt --help` lists
+every command without importing torch, Lightning or matplotlib (the way pip keeps each command's
+module path and summary in one table). A test holds each `Lazy.summary` to its command's description.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Union
+
+from core.cli import Command, UsageError, run
+from core.errors import did_you_mean
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A mode whose `Command` (or modes) is `module.attribute`, imported when the mode runs."""
+
+    module: str
+    attribute: str
+    summary: str
+    """Its line in the modes' help: the command's `summary`, or its modes joined by ' | '."""
+
+    def load(self) -> Command | Modes:
+        return getattr(importlib.import_module(self.module), self.attribute)
+
+
+Modes = Mapping[str, Union[Command, Lazy, "Modes"]]
+"""A command line of modes: each a command, a lazy one, or modes of its own."""
+
+
+def run_modes(prog: str, description: str, modes: Modes, argv: Sequence[str] | None = None) -> None:
+    """`prog MODE [options]`: run the mode's command on the options (`run`), its usage line naming it
+    `prog MODE`; a mode that has modes of its own reads the next word the same way."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(modes_help(prog, description, modes))
+        sys.exit(0)
+    if not argv or argv[0] not in modes:
+        given = f"unknown mode {argv[0]!r}" if argv else "no mode given"
+        hint = did_you_mean(argv[0] if argv else "", list(modes), "")
+        error = UsageError(f"{prog} MODE", f"{given} (modes: {', '.join(modes)}){hint}")
+        print(error.line(), file=sys.stderr)
+        sys.exit(error.exit_code)
+    mode = modes[argv[0]]
+    mode = mode.load() if isinstance(mode, Lazy) else mode
+    if isinstance(mode, Command):
+        run(dataclasses.replace(mode, prog=f"{prog} {argv[0]}"), argv[1:])
+    else:
+        run_modes(f"{prog} {argv[0]}", "", mode, argv[1:])
+
+
+def loaded(modes: Modes) -> dict[str, Command | dict]:
+    """`modes` with every `Lazy` imported: the whole tree of commands (for the tests that walk them all)."""
+    out: dict[str, Command | dict] = {}
+    for name, mode in modes.items():
+        mode = mode.load() if isinstance(mode, Lazy) else mode
+        out[name] = mode if isinstance(mode, Command) else loaded(mode)
+    return out
+
+
+def mode_summary(mode: Command | Lazy | Modes) -> str:
+    """A mode's line in the help: its command's first sentence, or its modes."""
+    if isinstance(mode, Lazy):
+        return mode.summary
+    return summary(mode.description) if isinstance(mode, Command) else " | ".join(mode)
+
+
+def modes_help(prog: str, description: str, modes: Modes) -> str:
+    """The usage line, the description and a line per mode."""
+    lines = [f"  {name:16s} {mode_summary(mode)}" for name, mode in modes.items()]
+    head = f"{description.strip()}\n\n" if description.strip() else ""
+    return f"usage: {prog} MODE [options]\n\n{head}modes ({prog} MODE --help lists its options):\n" + "\n".join(lines)
+
+
+def summary(description: str) -> str:
+    """A command's description in one line: the first sentence of its first paragraph (a paragraph may
+    wrap over several lines)."""
+    paragraph = " ".join(description.strip().split("\n\n")[0].split())
+    return re.split(r"(?<=\.)\s+(?=[A-Z])", paragraph, maxsplit=1)[0]
