@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,11 +31,12 @@ from experiments.plan import (
     steps_done,
     sustained_flops,
 )
-from training.callbacks import TIME_LIMIT_EXIT, TrainingStopped
 from training.config import RunConfig
+from training.errors import TIME_LIMIT_EXIT, TrainingStopped
 from training.hardware import resolve_precision, uses_cuda
-from training.progress import progress_line
-from training.run import TrainingData, corpus_data, preflight, prepared_data, train
+
+if TYPE_CHECKING:
+    from training.run import TrainingData
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,9 @@ def train_all(
     run's corpus), `vocab_size` its vocabulary for the estimate (default: from the tokenizer). With
     `max_minutes`, every run gets what is left of `deadline`, and the study stops (exit status 75)
     when it is up. Returns the runs and the training wall time of those trained now."""
+    from training.progress import progress_line  # Lightning: imported to train, not for the command's --help
+    from training.run import corpus_data, preflight, prepared_data, train
+
     deadline = deadline or Deadline(max_minutes)
     plan = plan_runs(run, out_dir, models, seeds)
     if data_for is None:  # tokenizer, weights, resume: checked before the corpus is prepared

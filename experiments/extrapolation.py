@@ -28,7 +28,6 @@ import yaml
 
 from core.cli import run
 from evaluation.config import EvalData, EvalSettings
-from evaluation.report import write_report
 from evaluation.run import Subject, evaluate_checkpoints, merge_documents
 from experiments.common import (
     Variant,
@@ -83,6 +82,8 @@ class ExperimentConfig:
 def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     """Train what is not trained yet, evaluate everything, write the report and print its table;
     returns its document."""
+    from evaluation.report import write_report  # matplotlib: imported to draw, not for the command's --help
+
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))

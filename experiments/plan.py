@@ -109,6 +109,12 @@ class Progress:
             self._measured.append((seconds, flops))
 
 
+LONG_ON_CPU = 3600.0
+"""Seconds of estimated training past which a plan on a CPU names the quick study."""
+QUICK_CONFIG = "configs/extrapolation_quick.yaml"
+"""The study a newcomer can run on a laptop CPU (about 5 minutes)."""
+
+
 def describe(plan: list[PlannedRun], progress: Progress, device: str) -> str:
     """The plan, a line a run, and the estimate of the time the training takes."""
     lines = [f"Plan: {len(plan)} training run(s) on {device}"]
@@ -118,8 +124,12 @@ def describe(plan: list[PlannedRun], progress: Progress, device: str) -> str:
         lines.append(f"  {k:>3}. {run.name}: {t.max_steps} steps x {t.batch_size * t.grad_accum} x "
                      f"{run.config.model.block_size} = {run.tokens() / 1e6:.1f}M tokens ({state})")  # fmt: skip
     todo = [r for r in plan if not r.done]
-    lines.append(f"Estimated training time: {format_seconds(progress.estimate(todo))} for {len(todo)} run(s) "
+    seconds = progress.estimate(todo)
+    lines.append(f"Estimated training time: {format_seconds(seconds)} for {len(todo)} run(s) "
                  f"(rough: FLOPs at {UTILISATION:.0%} of the device's peak), then the evaluation")  # fmt: skip
+    if device == "cpu" and seconds > LONG_ON_CPU:
+        lines.append(f"That is {format_seconds(seconds)} on this CPU: --config {QUICK_CONFIG} is a first study in "
+                     "about 5 minutes; --max_minutes N trains this one in pieces that resume.")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -35,7 +35,6 @@ from core.device import pick_device
 from data.tasks import TaskConfig, eval_set, tokenizer_for
 from evaluation.checkpoint import load_checkpoint
 from evaluation.run import provenance
-from evaluation.task_report import write_task_report
 from evaluation.tasks import evaluate_task
 from experiments.common import (
     TrainedRun,
@@ -51,7 +50,6 @@ from experiments.common import (
 from experiments.plan import Deadline
 from model import POS_ENCODINGS
 from training.config import RunConfig
-from training.run import task_data
 
 FORMAT = "posgpt-synthetic/1"
 log = logging.getLogger(__name__)
@@ -101,6 +99,9 @@ class SyntheticConfig:
 def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
     """Train what is not trained yet, test every model at every length, write the report and print
     its table; returns its document."""
+    from evaluation.task_report import write_task_report  # matplotlib and Lightning: imported to run, not for
+    from training.run import task_data  # the command's --help
+
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))

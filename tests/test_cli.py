@@ -24,7 +24,7 @@ from core.errors import UserError
 from core.modes import run_modes
 from data import prepare
 from experiments import extrapolation, synthetic
-from training.callbacks import TrainingDiverged, TrainingStopped
+from training.errors import TrainingDiverged, TrainingStopped
 
 from helpers import cli_error
 

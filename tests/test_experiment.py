@@ -179,3 +179,36 @@ def test_a_variant_with_a_fraction_that_makes_no_whole_pairs_is_refused_before_t
     message = cli_error(capsys, experiment.COMMAND, bad)
     assert "p-rope-bad" in message and "rope_fraction 0.3" in message
     assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize(("config", "named"), [("extrapolation_shakespeare", True), ("extrapolation_quick", False)])
+def test_a_plan_of_hours_on_a_cpu_names_the_quick_study(config, named, tmp_path, text_file, monkeypatch, capsys):
+    """The README's full study on a CPU is many hours: its plan says so before anything is prepared, and names
+    the five-minute one (whose own plan does not)."""
+    from training import run
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "prepared_data", stop)
+    argv = ["--config", f"configs/{config}.yaml", "--out_dir", str(tmp_path), "--run.data.input", str(text_file),
+            "--run.train.accelerator", "cpu"]  # fmt: skip
+    with pytest.raises(SystemExit):
+        cli.run(experiment.COMMAND, argv)
+    plan = capsys.readouterr().out
+    quick = "on this CPU: --config configs/extrapolation_quick.yaml is a first study in about 5 minutes"
+    assert (quick in plan) is named
+
+
+def test_the_docs_count_the_models_of_the_cpu_study():
+    """docs/studies.md and the config's header give the number of models the config trains."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    config = root / "configs" / "extrapolation_shakespeare.yaml"
+    study = yaml.safe_load(config.read_text())
+    schemes, variants = len(study["schemes"]), len(study["variants"])
+    words = {5: "five", 8: "Eight", 13: "13"}
+    header, page = (" ".join(p.read_text().replace("#", " ").split()) for p in (config, root / "docs" / "studies.md"))
+    assert f"{words[schemes]} models identical but for the position scheme, and {words[variants]} variants" in header
+    assert f"its {words[schemes + variants]} models ({schemes} schemes, {variants} variants)" in page

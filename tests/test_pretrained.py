@@ -269,9 +269,9 @@ def test_train_checks_tokenizer_and_weights_before_it_prepares_the_corpus(
 def test_a_study_checks_the_weights_before_it_prepares_the_corpus(tmp_path, gpt2_ranks, capsys, monkeypatch):
     """configs/finetune_gpt2.yaml offline: the weights are missing, said before python-library is built."""
     from data import library
-    from experiments import common
+    from training import run
 
-    monkeypatch.setattr(common, "prepared_data", _never)
+    monkeypatch.setattr(run, "prepared_data", _never)
     monkeypatch.setattr(library, "build", _never)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     argv = ["--config", "configs/finetune_gpt2.yaml", "--out_dir", str(tmp_path / "report"),
