@@ -226,43 +226,6 @@ def test_a_second_run_into_a_directory_with_checkpoints_stops(tmp_path, text_fil
     assert read_checkpoint(trained / "last.ckpt")["global_step"] == 4
 
 
-def test_a_run_on_other_data_into_a_directory_with_checkpoints_is_told_to_name_another(
-    tmp_path, text_file, trained, capsys
-):
-    """A resume could not continue a run on other data: the refusal says what differs and what fits."""
-    other = tmp_path / "other.txt"
-    other.write_text(text_file.read_text(encoding="utf-8")[::-1], encoding="utf-8")
-    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, other, "--train.max_steps", "4"))
-    assert "of another run (data.input:" in message and "--train.run_name" in message
-    assert "--train.resume" not in message
-
-
-def test_documents_in_two_formats_get_two_run_directories(tmp_path):
-    """code.jsonl and code.parquet are two corpora: two prepared and two run directories, not one."""
-    from test_sources import DOCS
-
-    from training.run import corpus_data, run_dir_of
-
-    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
-    jsonl = tmp_path / "code.jsonl"
-    jsonl.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in DOCS * 40), encoding="utf-8")
-    pq.write_table(pa.table({"text": DOCS * 40}), tmp_path / "code.parquet")
-    dirs = []
-    for path in (jsonl, tmp_path / "code.parquet"):
-        cfg = cli.parse(train_script.COMMAND, tiny_args(tmp_path, path)[:-2])  # no --train.run_name: the default
-        dirs.append(run_dir_of(cfg, corpus_data(cfg)).name)
-    assert dirs == ["code-jsonl-char-rope", "code-parquet-char-rope"]
-
-
-def test_a_resume_that_moves_the_learning_rate_says_so(tmp_path, text_file, trained, caplog):
-    """The cosine ends at max_steps: resumed at step 6 with --train.max_steps 7 (the checkpoint's schedule
-    ended at 6, at min_lr) the rate jumps; one line says from what to what."""
-    with caplog.at_level("INFO", logger="training.run"):
-        _run(tmp_path, text_file, "--train.max_steps", "7", "--train.resume", "auto")
-    assert "Resuming with train.max_steps: 6 -> 7" in caplog.text
-    assert "Resuming with the learning rate at step 6: 0.0001 -> 0.00155 at once" in caplog.text
-
-
 def test_a_run_directory_in_use_is_refused(tmp_path, text_file, capsys):
     run_dir = tmp_path / "runs" / "tiny"
     with directory_lock(run_dir):

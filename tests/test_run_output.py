@@ -170,3 +170,13 @@ def test_a_checkpoint_write_that_fills_the_disk_ends_in_one_line_naming_the_disk
     assert "--train.resume auto" in message and "Traceback" not in capsys.readouterr().err
     assert read_checkpoint(run_dir / "last.ckpt")["global_step"] == 3
     assert not [p for p in run_dir.iterdir() if ".tmp" in p.name]
+
+
+def test_a_run_on_other_data_into_a_directory_with_checkpoints_is_told_to_name_another(tmp_path, text_file, capsys):
+    """A resume could not continue a run on other data: the refusal says what differs and what fits."""
+    cli.run(train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "2"))
+    other = tmp_path / "other.txt"
+    other.write_text(text_file.read_text(encoding="utf-8")[::-1], encoding="utf-8")
+    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, other, "--train.max_steps", "4"))
+    assert "of another run (data.input:" in message and "--train.run_name" in message
+    assert "--train.resume" not in message

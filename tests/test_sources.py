@@ -321,3 +321,22 @@ def test_progress_is_logged_every_tenth_where_there_is_no_terminal(monkeypatch, 
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 10 and lines[0].startswith("tokenizing: 10% (0.4 of 4.0 MB read, 100,000 tokens, ")
     assert lines[-1].startswith("tokenizing: 100% (4.0 of 4.0 MB read, 1,000,000 tokens, ") and "MB/s)" in lines[-1]
+
+
+def test_documents_in_two_formats_get_two_run_directories(tmp_path):
+    """code.jsonl and code.parquet are two corpora: two prepared and two run directories, not one."""
+    import train as train_script
+    from core import cli
+    from training.run import corpus_data, run_dir_of
+
+    from helpers import tiny_args
+
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    jsonl = tmp_path / "code.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in DOCS * 40), encoding="utf-8")
+    pq.write_table(pa.table({"text": DOCS * 40}), tmp_path / "code.parquet")
+    dirs = []
+    for path in (jsonl, tmp_path / "code.parquet"):
+        cfg = cli.parse(train_script.COMMAND, tiny_args(tmp_path, path)[:-2])  # no --train.run_name: the default
+        dirs.append(run_dir_of(cfg, corpus_data(cfg)).name)
+    assert dirs == ["code-jsonl-char-rope", "code-parquet-char-rope"]

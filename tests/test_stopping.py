@@ -1,5 +1,6 @@
 """Stopping early and going on: a SIGTERM during a validation, and `--train.max_minutes`; each ends
-with a checkpoint and one line, and the resumed run ends where an uninterrupted one does."""
+with a checkpoint and one line, and the resumed run ends where an uninterrupted one does; a resume that
+moves the learning rate says so."""
 
 from __future__ import annotations
 
@@ -65,3 +66,16 @@ def test_max_minutes_stops_with_a_checkpoint_and_status_75_and_resume_is_exact(t
     cli.run(train_script.COMMAND, tiny_args(killed, text_file, *common, "--train.resume", "auto"))
     cli.run(train_script.COMMAND, tiny_args(straight, text_file, *common))
     assert _same_weights(killed, straight)
+
+
+def test_a_resume_that_moves_the_learning_rate_says_so(tmp_path, text_file, caplog):
+    """The cosine ends at max_steps: resumed at step 6 with --train.max_steps 7 (the checkpoint's schedule
+    ended at 6, at min_lr) the rate jumps; one line says from what to what."""
+    cli.run(train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "6"))
+    with caplog.at_level("INFO", logger="training.run"):
+        argv = tiny_args(
+            tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "7", "--train.resume", "auto"
+        )
+        cli.run(train_script.COMMAND, argv)
+    assert "Resuming with train.max_steps: 6 -> 7" in caplog.text
+    assert "Resuming with the learning rate at step 6: 0.0001 -> 0.00155 at once" in caplog.text
