@@ -138,18 +138,19 @@ def test_the_block_mask_built_in_chunks_is_create_block_masks(monkeypatch, mask,
 def test_a_compiled_model_builds_its_block_mask_eagerly(monkeypatch, tiny_config):
     """Inside a compiled forward the block mask is built outside the graph (no sort traced into it,
     no guard on the memo): the compiled logits are the eager ones (dynamo's eager backend, flex
-    unfused on the CPU)."""
+    unfused on the CPU). The module that builds it is imported inside the first, compiled, forward."""
     import dataclasses
+    import sys
 
     from model import GPT
 
     uncompiled_flex(monkeypatch)
+    monkeypatch.delitem(sys.modules, "model.kernels.block_mask", raising=False)
     model = GPT(dataclasses.replace(tiny_config, pos_encoding="alibi", attn_backend="flex", attn_window=6)).eval()
     idx = torch.randint(0, tiny_config.vocab_size, (2, 40))
     with torch.no_grad():
-        expected, _ = model(idx)
+        compiled, _ = torch.compile(model, backend="eager")(idx)
+        assert "model.kernels.block_mask" in sys.modules
         torch._dynamo.reset()
-        model.compile(backend="eager")
-        compiled, _ = model(idx)
-    torch._dynamo.reset()
+        expected, _ = model(idx)
     torch.testing.assert_close(compiled, expected, atol=1e-5, rtol=1e-5)
