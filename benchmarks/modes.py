@@ -20,23 +20,37 @@ attention kinds and variants); `bench.py MODE --help` lists a mode's options and
 
 from __future__ import annotations
 
-from benchmarks.attention import ATTENTION_COST, VARIANT_STEP
-from benchmarks.decoding import DECODE
-from benchmarks.gpu import GPU
-from benchmarks.nanogpt import VS_NANOGPT
-from benchmarks.precision import CLIP, PRECISION
-from benchmarks.training import PLAIN_RUN, TRAIN_STEP, VAL_NOISE
+from core.modes import Lazy, Modes
 
 DESCRIPTION = __doc__
-MODES = {
-    "train-step": TRAIN_STEP,
-    "plain-run": PLAIN_RUN,
-    "val-noise": VAL_NOISE,
-    "decode": DECODE,
-    "gpu": GPU,
-    "vs-nanogpt": VS_NANOGPT,
-    "precision": PRECISION,
-    "clip": CLIP,
-    "attention-cost": ATTENTION_COST,
-    "variants": VARIANT_STEP,
+MODES: Modes = {
+    "train-step": Lazy(
+        "benchmarks.training", "TRAIN_STEP", "Lightning trainer vs a hand-written loop, tokens/s on CPU."
+    ),
+    "plain-run": Lazy("benchmarks.training", "PLAIN_RUN", "A whole run of the hand-written loop: val loss per seed."),
+    "val-noise": Lazy(
+        "benchmarks.training", "VAL_NOISE", "Spread of nanoGPT's 20-batch val estimate for a checkpoint."
+    ),
+    "decode": Lazy(
+        "benchmarks.decoding",
+        "DECODE",
+        "Decoding per scheme, eager and compiled, against nanoGPT's generate; CPU or GPU.",
+    ),
+    "gpu": Lazy(
+        "benchmarks.gpu",
+        "GPU",
+        "Training tokens/s, MFU, peak memory and compile time per scheme and shape; the Lightning trainer's overhead; "
+        "nanoGPT's step beside ours.",
+    ),
+    "vs-nanogpt": Lazy("benchmarks.nanogpt", "VS_NANOGPT", "Our train.py against nanoGPT's, per-step cost, CPU."),
+    "precision": Lazy("benchmarks.precision", "PRECISION", "float32 against bf16 autocast, ms per training step, CPU."),
+    "clip": Lazy("benchmarks.precision", "CLIP", "The optimizer phase with and without clipping, fused or not, CPU."),
+    "attention-cost": Lazy(
+        "benchmarks.attention", "ATTENTION_COST", "fwd+bwd time and peak memory of attention kinds against T, CPU."
+    ),
+    "variants": Lazy(
+        "benchmarks.attention", "VARIANT_STEP", "Training step of each attention variant, interleaved, CPU."
+    ),
 }
+"""Each mode's module and its line in `bench.py --help`, imported when it runs (tests/test_entry_points.py
+holds the lines to the commands' own descriptions)."""

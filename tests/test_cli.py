@@ -21,7 +21,7 @@ import sample
 import train
 from core import cli
 from core.errors import UserError
-from core.modes import run_modes
+from core.modes import loaded, run_modes
 from data import prepare
 from experiments import extrapolation, synthetic
 from training.errors import TrainingDiverged, TrainingStopped
@@ -29,6 +29,7 @@ from training.errors import TrainingDiverged, TrainingStopped
 from helpers import cli_error
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH = loaded(bench.MODES)
 COMMANDS = {
     "train.py": train.COMMAND,
     "sample.py": sample.COMMAND,
@@ -157,12 +158,12 @@ def test_a_bad_value_is_a_short_usage_too(capsys):
          [*SYNTHETIC, "--seeds", "[3]", "--task.eval_lengths", "[5,10]"], {"seeds": [3], "task.eval_lengths": [5, 10]}),
         (prepare.COMMAND, ["--inputs", "a", "b", "--out_dir", "o"], ["--inputs", "[a,b]", "--out_dir", "o"],
          {"inputs": ["a", "b"]}),
-        (bench.MODES["plain-run"], ["--input", "t", "--seeds", "1337", "1", "2"],
+        (BENCH["plain-run"], ["--input", "t", "--seeds", "1337", "1", "2"],
          ["--input", "t", "--seeds", "[1337,1,2]"], {"seeds": [1337, 1, 2]}),
-        (bench.MODES["precision"], ["--profile", "4", "128", "64", "12", "--grid", "4,128,64,12", "[6,384,256,8]"],
+        (BENCH["precision"], ["--profile", "4", "128", "64", "12", "--grid", "4,128,64,12", "[6,384,256,8]"],
          ["--profile", "[4,128,64,12]", "--grid", "[[4,128,64,12],[6,384,256,8]]"],
          {"profile": (4, 128, 64, 12), "grid": [(4, 128, 64, 12), (6, 384, 256, 8)]}),
-        (bench.MODES["vs-nanogpt"], ["--peer", "p", "--input", "t", "--steps", "25", "45", "--ours_args=--x=1"],
+        (BENCH["vs-nanogpt"], ["--peer", "p", "--input", "t", "--steps", "25", "45", "--ours_args=--x=1"],
          ["--peer", "p", "--input", "t", "--steps", "[25,45]", "--ours_args", "[--x=1]"],
          {"steps": (25, 45), "ours_args": ["--x=1"]}),
     ],
@@ -184,7 +185,7 @@ def test_sample_alone_has_no_list_option():
 
 def test_the_options_come_from_the_dataclass_and_are_the_parsers(capsys):
     """The names that suggestions and messages use (walked from the dataclass) are exactly what --help lists."""
-    for command in (*COMMANDS.values(), *bench.MODES.values()):
+    for command in (*COMMANDS.values(), *BENCH.values()):
         with pytest.raises(SystemExit) as info:
             cli.run(command, ["--help"])
         listed = set(re.findall(r"^\s+(?:-h, )?--([\w.]+)", capsys.readouterr().out, re.MULTILINE))
@@ -264,7 +265,7 @@ def test_options_named_in_error_messages_parse_in_the_command_that_prints_them(t
     for name, argv, expected in cases:
         (line,) = _stops(capsys, name, [*argv, *(["--progress", "false"] if name == "attention_maps.py" else [])])
         named = _named_options(line)
-        command = bench.MODES[argv[0]] if name == "bench.py" else COMMANDS[name]
+        command = BENCH[argv[0]] if name == "bench.py" else COMMANDS[name]
         assert expected[2:] in named and set(named) <= cli.accepted(command), (name, line)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import bench
 from core.cli import Command
 from core.modes import Lazy, loaded, mode_summary
 from posgpt import cli as posgpt
@@ -54,6 +55,7 @@ def test_each_lazy_modes_line_is_what_its_command_would_print():
     lazies = [(name, mode) for name, mode in posgpt.MODES.items() if isinstance(mode, Lazy)]
     lazies += [(name, mode) for name, mode in posgpt.MODES["study"].items()]
     assert len(lazies) == len(COMMANDS) + 1  # study's two, not study itself
+    lazies += list(bench.MODES.items())
     for name, lazy in lazies:
         assert lazy.summary == mode_summary(lazy.load()), name
 

@@ -15,6 +15,7 @@ from core.modes import loaded
 from posgpt import cli as posgpt
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH = loaded(bench.MODES)
 NOT_OURS = {"short"}  # git rev-parse --short, in core/repo.py
 EXAMPLES = {"x", "GROUP.OPTION"}  # core/cli.py's docstrings and usage line show the syntax on made-up names
 
@@ -33,7 +34,7 @@ def named_options() -> dict[str, set[str]]:
 
 
 def test_every_option_a_message_names_is_an_option_of_a_command():
-    commands = [*COMMANDS.values(), *bench.MODES.values(), loaded(posgpt.MODES)["plot"]]
+    commands = [*COMMANDS.values(), *BENCH.values(), loaded(posgpt.MODES)["plot"]]
     accepted = set().union(*(cli.accepted(command) for command in commands))
     found = named_options()
     assert len(found) > 50  # the scan sees the messages
