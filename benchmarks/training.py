@@ -31,9 +31,8 @@ from data.prepare import prepare
 from evaluation.checkpoint import load_checkpoint
 from evaluation.extrapolation import evaluate_length
 from model import GPT, GPTConfig
-from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
+from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig, lr_factor
 from training.logs import metrics_file
-from training.module import lr_factor
 from training.run import train
 
 SHAPE = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, bias=False, pos_encoding="learned")

@@ -13,10 +13,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+log = logging.getLogger(__name__)
 
 TMP_MARK = ".tmp"
 """Temporary files are named `<name>.tmp<pid>` (hidden ones `.<name>.tmp<pid>`)."""
@@ -152,3 +155,16 @@ def _tidy(lock: Path | None, created: list[Path]) -> None:
             path.rmdir()
         except OSError:  # not empty: something else is in it now
             return
+
+
+@contextlib.contextmanager
+def waiting_lock(directory: Path, tidy: bool = False) -> Iterator[None]:
+    """`directory_lock`: at once when free, else after one log line saying whose it is and that this process
+    waits for it (a prepare or a corpus build of minutes, say)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(directory_lock(directory, tidy=tidy))
+        except LockedError as error:
+            log.info("%s; waiting for it to finish", error)
+            stack.enter_context(directory_lock(directory, wait=True, tidy=tidy))
+        yield

@@ -30,7 +30,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from core.files import atomic_write_bytes, directory_lock, sha256_file
+from core.files import atomic_write_bytes, sha256_file, waiting_lock
 from data.errors import DataError
 from data.library import installed_environment, library_corpus, library_roots, tidy_cache
 from data.sources import Source
@@ -152,7 +152,7 @@ def _cached_text(name: str, make: Callable[[], str]) -> Path:
 
 def _write_to_cache(path: Path, payload: bytes) -> None:
     try:
-        with directory_lock(path.parent, wait=True):
+        with waiting_lock(path.parent):
             tidy_cache(path.parent)
             atomic_write_bytes(path, payload)
     except OSError as error:

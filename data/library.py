@@ -41,7 +41,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.files import atomic_file, atomic_write_bytes, directory_lock, remove_stale_tmp
+from core.files import atomic_file, atomic_write_bytes, remove_stale_tmp, waiting_lock
 from data.errors import DataError
 from data.sources import Source
 
@@ -104,7 +104,7 @@ def library_corpus(
     corpus, manifest_path = cache / f"{stem}.jsonl", cache / f"{stem}.manifest.json"
     manifest = _read_manifest(manifest_path, corpus)
     if manifest is None:
-        with directory_lock(cache, wait=True):  # one build at a time; what a killed one left goes first
+        with waiting_lock(cache):  # one build at a time; what a killed one left goes first
             tidy_cache(cache)
             manifest = _read_manifest(manifest_path, corpus)  # built by the holder we waited for
             if manifest is None:

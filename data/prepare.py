@@ -42,7 +42,7 @@ from typing import Any, Literal
 import numpy as np
 
 from core.cli import Command, run
-from core.files import LockedError, atomic_write_bytes, directory_lock, remove_stale_tmp, tmp_path
+from core.files import atomic_write_bytes, remove_stale_tmp, tmp_path, waiting_lock
 from data import hub
 from data.corpora import NAMED
 from data.encode import char_set, write_tokens
@@ -156,7 +156,7 @@ def prepare(
     settings = {"tokenizer": tokenizer, "val_fraction": val_fraction, "errors": errors}
     try:
         digests = [source.digest() for source in sources]  # hashes every file, once
-        with _prepare_lock(out):
+        with waiting_lock(out, tidy=True):  # a failed prepare into a new directory leaves nothing
             existing = _reusable(out, digests, settings, val_max_tokens)
             if existing is not None:
                 log.info("Reusing %s: sources and settings unchanged", out)
@@ -182,25 +182,10 @@ def _os_error(error: OSError, out: Path) -> DataError:
 
 
 @contextlib.contextmanager
-def _prepare_lock(out: Path) -> Iterator[None]:
-    """The output's lock: at once when free, else (another prepare of the same output is running)
-    after saying that this one waits for it. A prepare that fails removes the lock file and the
-    directories it created, so that a failed prepare into a new directory leaves nothing."""
-    try:
-        with directory_lock(out, tidy=True):
-            yield
-        return
-    except LockedError as error:
-        log.info("%s; waiting for it to finish", error)
-    with directory_lock(out, wait=True, tidy=True):
-        yield
-
-
-@contextlib.contextmanager
 def _untrusted(out: Path) -> Iterator[None]:
     """The block rewrites `out`'s token files: meta.json goes first (from here on the directory is not
     trusted), and on any failure the token files go too, since without meta.json they are never read
-    (nor, see `_prepare_lock`, the directory itself if it was new)."""
+    (nor, see `waiting_lock(tidy=True)`, the directory itself if it was new)."""
     remove_stale_tmp(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").unlink(missing_ok=True)

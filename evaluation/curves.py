@@ -167,7 +167,7 @@ class PlotConfig:
     """Options of `posgpt plot`."""
 
     run_dir: str
-    """A run directory (runs/NAME), whose metrics.csv is drawn into training.png beside it."""
+    """A run directory (runs/NAME), whose metrics.csv (or TensorBoard events) is drawn into training.png beside it."""
 
 
 def main(cfg: PlotConfig) -> None:

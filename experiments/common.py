@@ -177,12 +177,14 @@ def train_all(
     vocab_size: int | None = None,
     max_minutes: float = 0.0,
     deadline: Deadline | None = None,
+    shorter: str = "",
 ) -> tuple[list[TrainedRun], dict[str, float]]:
     """Train every model with every seed, reusing runs trained to max_steps and resuming interrupted
     ones, after printing the plan and its estimated time; `data_for` gives a run's data (default: the
     run's corpus), `vocab_size` its vocabulary for the estimate (default: from the tokenizer). With
     `max_minutes`, every run gets what is left of `deadline`, and the study stops (exit status 75)
-    when it is up. Returns the runs and the training wall time of those trained now."""
+    when it is up; a plan of hours on a CPU names `shorter` (a config of this study, if it has one). Returns
+    the runs and the training wall time of those trained now."""
     from training.progress import progress_line  # Lightning: imported to train, not for the command's --help
     from training.run import corpus_data, preflight, prepared_data, train
 
@@ -191,12 +193,12 @@ def train_all(
     if data_for is None:  # tokenizer, weights, resume: checked before the corpus is prepared
         for planned in plan:
             if not planned.done:
-                preflight(planned.config)
+                preflight(planned.config, resuming=planned.step > 0)
     device = study_device(run)
     step_flops = {r.name: flops_per_step(r.config, vocab_size or corpus_vocab(r.config)) for r in plan}
     precision = resolve_precision(run.train.precision, run.train.accelerator)
     progress = Progress(plan, 1 / sustained_flops(device, precision), step_flops)
-    print(describe(plan, progress, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
+    print(describe(plan, progress, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", shorter),
           flush=True)  # fmt: skip
     trained, wall, prepared = [], {}, None
     for k, planned in enumerate(plan, 1):

@@ -110,13 +110,12 @@ class Progress:
 
 
 LONG_ON_CPU = 3600.0
-"""Seconds of estimated training past which a plan on a CPU names the quick study."""
-QUICK_CONFIG = "configs/extrapolation_quick.yaml"
-"""The study a newcomer can run on a laptop CPU (about 5 minutes)."""
+"""Seconds of estimated training past which a plan on a CPU names a shorter config."""
 
 
-def describe(plan: list[PlannedRun], progress: Progress, device: str) -> str:
-    """The plan, a line a run, and the estimate of the time the training takes."""
+def describe(plan: list[PlannedRun], progress: Progress, device: str, shorter: str = "") -> str:
+    """The plan, a line a run, and the estimate of the time the training takes; on a CPU, past an hour, a
+    line naming `shorter` (a config, '': none)."""
     lines = [f"Plan: {len(plan)} training run(s) on {device}"]
     for k, run in enumerate(plan, 1):
         t = run.config.train
@@ -126,10 +125,11 @@ def describe(plan: list[PlannedRun], progress: Progress, device: str) -> str:
     todo = [r for r in plan if not r.done]
     seconds = progress.estimate(todo)
     lines.append(f"Estimated training time: {format_seconds(seconds)} for {len(todo)} run(s) "
-                 f"(rough: FLOPs at {UTILISATION:.0%} of the device's peak), then the evaluation")  # fmt: skip
-    if device == "cpu" and seconds > LONG_ON_CPU:
-        lines.append(f"That is {format_seconds(seconds)} on this CPU: --config {QUICK_CONFIG} is a first study in "
-                     "about 5 minutes; --max_minutes N trains this one in pieces that resume.")  # fmt: skip
+                 f"(rough: FLOPs at {UTILISATION:.0%} of the device's peak; small models on a CPU often run faster), "
+                 "then the evaluation")  # fmt: skip
+    if device == "cpu" and seconds > LONG_ON_CPU and shorter:
+        lines.append(f"That is long for a CPU: --config {shorter} is a first study in about 5 minutes; "
+                     "--max_minutes N trains this one in pieces that resume.")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -85,7 +85,7 @@ def check_pretrained(config: GPTConfig) -> Path:
         with safe_open(str(path), "pt") as f:
             shapes = {name: torch.empty(f.get_slice(name).get_shape(), device="meta") for name in f.keys()}
     except Exception as error:  # safetensors raises its own SafetensorError for a damaged file
-        raise PretrainedError(f"Cannot read {path}: {error}") from None
+        raise PretrainedError(f"Cannot read {path}: {error}. Download it again (a download cut short?).") from None
     weights = {name.removeprefix("transformer."): t for name, t in shapes.items()}
     check_shape(config, weights, source, config_heads(path, source))
     return path

@@ -23,15 +23,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item):
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """A signal that stopped an in-process run which its test did not expect (a SIGTERM or Ctrl+C sent to
-    pytest: training catches them, to save) stops the test session too, as it would without the run."""
-    try:
-        return (yield)
-    except SystemExit as error:
-        if error.code in (130, 128 + signal.SIGTERM):
-            pytest.exit(f"stopped: {item.nodeid} ended with exit status {error.code} (a signal)", returncode=error.code)
-        raise
+    pytest: training catches them, to save), in a test or in a fixture, stops the test session too, as it
+    would without the run: the command's exit status, or a stopped run's (`TrainingStopped.exit_code`)."""
+    report = yield
+    error = call.excinfo.value if call.excinfo is not None else None
+    code = error.code if isinstance(error, SystemExit) else getattr(error, "exit_code", None)
+    if code in (130, 128 + signal.SIGTERM):
+        pytest.exit(f"stopped: {item.nodeid} ({call.when}) ended with exit status {code}, a signal's", returncode=code)
+    return report
 
 
 @pytest.fixture(autouse=True)

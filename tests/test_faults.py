@@ -27,7 +27,7 @@ from data.dataset import prepare_dir
 from data.prepare import prepare
 from data.tokenizer import RANKS_ENV
 from evaluation.checkpoint import load_checkpoint
-from training.module import lr_factor
+from training.config import lr_factor
 
 from helpers import cli_error, exits_with, signal_during, tiny_args
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from model import GPTConfig
-from training.config import RunConfig, TrainConfig
-from training.module import GPTModule, clip_grad_norm, lr_factor
+from training.config import RunConfig, TrainConfig, lr_factor
+from training.module import GPTModule, clip_grad_norm
 
 
 def _module(scheme: str = "rope", **train: object) -> GPTModule:

@@ -280,3 +280,22 @@ def test_a_study_checks_the_weights_before_it_prepares_the_corpus(tmp_path, gpt2
             "--run.data.tiktoken_ranks", str(gpt2_ranks)]  # fmt: skip
     line = cli_error(capsys, extrapolation.COMMAND, argv)
     assert "--run.model.init_from gpt2: no model.safetensors in the Hugging Face cache" in line, line
+
+
+def test_a_fine_tune_resumes_when_its_starting_weights_are_gone(tmp_path, gpt2_ranks, text_file):
+    """A resume restores its own weights: the cheap checks before preparing ask for `init_from`'s weights only
+    for a run that starts afresh (the cache pruned, the run copied to another machine)."""
+    directory = tmp_path / "gpt2"
+    directory.mkdir()
+    save_file(gpt2_tensors(), str(directory / "model.safetensors"))
+    argv = ["--model.init_from", str(directory), "--model.n_layer", str(LAYERS), "--model.n_head", str(HEADS),
+            "--model.n_embd", str(WIDTH), "--model.block_size", "32", "--model.bias", "true",
+            "--model.gelu_approximate", "tanh", "--data.input", str(text_file), "--data.tokenizer", "gpt2",
+            "--data.tiktoken_ranks", str(gpt2_ranks), "--data.prepared_root", str(tmp_path / "prepared"),
+            "--train.out_dir", str(tmp_path / "runs"), "--train.run_name", "ft", "--train.batch_size", "2",
+            "--train.logger", "none", "--train.sample_tokens", "0", "--train.eval_tokens", "64",
+            "--train.progress_bar", "false"]  # fmt: skip
+    cli.run(TRAIN, [*argv, "--train.max_steps", "2"])
+    (directory / "model.safetensors").unlink()
+    cli.run(TRAIN, [*argv, "--train.max_steps", "4", "--train.resume", "auto"])
+    assert torch.load(tmp_path / "runs" / "ft" / "last.ckpt", weights_only=False)["global_step"] == 4

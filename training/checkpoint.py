@@ -22,8 +22,7 @@ from typing import Any
 
 from core.checkpoint import CheckpointError
 from model import GPTConfig
-from training.config import RunConfig
-from training.module import lr_factor
+from training.config import RunConfig, lr_factor
 
 CHANGEABLE_MODEL_FIELDS = frozenset(
     {"attn_backend", "linear_backend", "dropout", "rope_scaling", "rope_scaling_factor", "chunked_loss", "init_from"}

@@ -7,6 +7,7 @@ other files in `configs/` override it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -303,3 +304,17 @@ class RunConfig:
         if self.train.switch_step() == 0:
             raise ValueError(f"train.switch_at {self.train.switch_at} of {self.train.max_steps} steps is step 0: "
                              "switch later, or train the switched model from the start.")  # fmt: skip
+
+
+def lr_factor(step: int, base_lr: float, min_lr: float, warmup: int, decay_steps: int) -> float:
+    """Multiplier of `base_lr` at optimizer step `step`: linear warm-up, cosine to min_lr, then flat.
+
+    The same schedule as nanoGPT's `get_lr`, so runs compare step for step.
+    """
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if step > decay_steps:
+        return min_lr / base_lr
+    progress = (step - warmup) / max(1, decay_steps - warmup)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return (min_lr + coeff * (base_lr - min_lr)) / base_lr

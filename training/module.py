@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from typing import Any
 
@@ -15,23 +14,9 @@ from core.errors import ConfigError
 from data.dataset import Batch
 from model import GPT
 from model.positions import random_positions
-from training.config import OptimConfig, RunConfig
+from training.config import OptimConfig, RunConfig, lr_factor
 
 log = logging.getLogger(__name__)
-
-
-def lr_factor(step: int, base_lr: float, min_lr: float, warmup: int, decay_steps: int) -> float:
-    """Multiplier of `base_lr` at optimizer step `step`: linear warm-up, cosine to min_lr, then flat.
-
-    The same schedule as nanoGPT's `get_lr`, so runs compare step for step.
-    """
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    if step > decay_steps:
-        return min_lr / base_lr
-    progress = (step - warmup) / max(1, decay_steps - warmup)
-    coeff = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return (min_lr + coeff * (base_lr - min_lr)) / base_lr
 
 
 def adamw(model: torch.nn.Module, o: OptimConfig, device: torch.device) -> torch.optim.AdamW:

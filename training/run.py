@@ -62,15 +62,16 @@ class RunResult:
     """training.png: the run's loss and learning-rate curves (csv logger)."""
 
 
-def preflight(cfg: RunConfig) -> None:
+def preflight(cfg: RunConfig, resuming: bool) -> None:
     """What a run needs besides its text, checked before the text is prepared (for a large corpus that takes
-    minutes): a checkpoint to resume from, GPT-2's tokenizer (its ranks file, offline), the weights
-    `init_from` names and their shape."""
+    minutes): a checkpoint to resume from, GPT-2's tokenizer (its ranks file, offline), and, unless it may be
+    `resuming`, the weights `init_from` names and their shape (a resume restores its own weights: those of
+    `init_from` may be gone; a resume that finds no checkpoint has them checked when they are loaded)."""
     if cfg.train.resume not in (None, "auto"):
         resume_path(cfg.train.resume, Path(cfg.train.out_dir))
     if cfg.data.tokenizer == "gpt2":
         vocab_size = GPT2Tokenizer(cfg.data.tiktoken_ranks).vocab_size
-        if cfg.model.init_from:
+        if cfg.model.init_from and not resuming:
             check_pretrained(dataclasses.replace(cfg.model, vocab_size=vocab_size))
 
 
@@ -154,7 +155,7 @@ def _train(cfg: RunConfig, data: TrainingData | None) -> RunResult:
     L.seed_everything(t.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
     if data is None:
-        preflight(cfg)
+        preflight(cfg, resuming=t.resume is not None)
         data = corpus_data(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=data.tokenizer.vocab_size))
     run_dir = run_dir_of(cfg, data)

@@ -55,7 +55,7 @@ def claim_run_dir(run_dir: Path, resume: Path | None, overwrite: bool, used: Run
     if resume is None and not overwrite:
         other = other_run(run_dir / CONFIG_FILE, used)
         held = ", ".join(p.name for p in existing[:3])
-        if existing and other:  # a resume would refuse it: not the same data, model or seed
+        if existing and other:  # another data, model or seed than config.yaml's: a resume is not what fits
             raise RunError(
                 f"{run_dir} already holds {held} of another run ({other}): pass another --train.run_name, or "
                 "--train.overwrite true (deletes them)."
