@@ -28,7 +28,7 @@ from data.tokenizer import CharTokenizer
 from evaluation.attention import long_context_stats, prompt_weights, runs_at, visible_keys
 from evaluation.checkpoint import LoadedCheckpoint, load_checkpoint
 from evaluation.config import EvalData, check_output_dir
-from evaluation.run import Subject, check_long_enough, default_labels, load_texts, provenance
+from evaluation.run import Subject, check_long_enough, default_labels, load_texts, results_header
 from evaluation.sampling import prompt_text
 
 FORMAT = "posgpt-attention/1"
@@ -114,7 +114,7 @@ def run(cfg: MapsConfig) -> list[Path]:
             check_long_enough(subject, text, cfg.lengths[-1])
     out = Path(cfg.out)
     files: dict[Path, bytes] = {}
-    doc: dict[str, Any] = {"format": FORMAT, **provenance(device, torch.float32), "config": dataclasses.asdict(cfg)}
+    doc: dict[str, Any] = {"format": FORMAT, **results_header(device, torch.float32), "config": dataclasses.asdict(cfg)}
     doc["note"] = "weights recomputed on the eager reference kernel, in float32 (fused kernels never form them)"
     if cfg.prompt:
         folders = _folders([s.label for s in subjects])

@@ -100,7 +100,7 @@ def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: 
             runs.append(_evaluate_one(subject, ckpt, text, scaling, settings, device, autocast, bar))
     doc = {
         "format": FORMAT,
-        **provenance(device, autocast or torch.float32),
+        **results_header(device, autocast or torch.float32),
         "settings": dataclasses.asdict(settings),
         "data": dataclasses.asdict(data),
         "runs": runs,
@@ -125,7 +125,7 @@ def merge_documents(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return doc
 
 
-def provenance(device: torch.device, dtype: torch.dtype) -> dict[str, str]:
+def results_header(device: torch.device, dtype: torch.dtype) -> dict[str, str]:
     """When, from which code, with which torch, on what, in which dtype: the head of a results file."""
     return {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -23,7 +23,7 @@ from core.errors import ConfigError
 from data.tokenizer import Tokenizer
 from evaluation.checkpoint import load_checkpoint
 from evaluation.prompts import crop, prompt_text, read_prompts
-from model.generation import GPT, compile_for_decoding, pad_prompts, stream
+from model.generation import SampledModel, compile_for_decoding, pad_prompts, stream
 
 __all__ = ["SampleConfig", "prompt_text", "sample"]
 
@@ -185,7 +185,7 @@ class Live:
 
 
 def generate_rows(
-    model: GPT, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig, generator: torch.Generator,
+    model: SampledModel, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig, generator: torch.Generator,
     rows: Rows, live: Live | None,
 ) -> tuple[float, float]:  # fmt: skip
     """Generate into `rows` until every row has stopped or has --max_new_tokens; (seconds, seconds to
@@ -213,7 +213,7 @@ def generate_rows(
     return time.perf_counter() - start, first
 
 
-def compile_and_warm_up(model: GPT, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig) -> float:
+def compile_and_warm_up(model: SampledModel, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig) -> float:
     """Compile `model` for decoding; seconds to compile: the first tokens of a run of the same batch,
     prompts and length (so the same cache size) trace every graph the timed run uses (but the prefill
     of a learned model's sliding window, past block_size), so that its clock counts decoding only. The

@@ -34,7 +34,7 @@ from core.cli import run
 from core.device import pick_device
 from data.tasks import TaskConfig, eval_set, tokenizer_for
 from evaluation.checkpoint import load_checkpoint
-from evaluation.run import provenance
+from evaluation.run import results_header
 from evaluation.tasks import evaluate_task
 from experiments.common import (
     TrainedRun,
@@ -132,7 +132,7 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
         runs, eval_wall = evaluate_each(trained, "task", key, evaluate, deadline, cfg.max_minutes)
     doc = {
         "format": FORMAT,
-        **provenance(device, torch.float32),
+        **results_header(device, torch.float32),
         "task": dataclasses.asdict(cfg.task),
         "runs": runs,
         "experiment": experiment_record(cfg, trained, train_wall, eval_wall, started),

@@ -36,7 +36,7 @@ from model.masks import AttentionMask
 from model.positions import PositionEncoding
 
 
-class GPT(Protocol):
+class SampledModel(Protocol):
     """What sampling needs of a model: `model.gpt.GPT` (named here as a protocol, so that this module
     and `model.gpt`, whose `generate` calls `stream`, do not import each other)."""
 
@@ -57,7 +57,7 @@ DEFAULT_CONTEXT_MULTIPLE = 4
 """max_context defaults to this many block sizes for the schemes that extrapolate."""
 
 
-def context_window(model: GPT, max_context: int | None = None) -> int | None:
+def context_window(model: SampledModel, max_context: int | None = None) -> int | None:
     """How many of the last tokens the model sees when generating (see the module docstring);
     None: all of them (a sliding-window model whose scheme extrapolates)."""
     learned = model.pe.max_positions
@@ -120,7 +120,7 @@ def compile_for_decoding(model: nn.Module) -> None:
 
 
 def stream(
-    model: GPT,
+    model: SampledModel,
     idx: Tensor,
     max_new_tokens: int,
     temperature: float = 1.0,
@@ -155,7 +155,7 @@ def stream(
 
 
 def decode(
-    model: GPT,
+    model: SampledModel,
     idx: Tensor,
     max_new_tokens: int,
     pick: Callable[[Tensor], Tensor],
@@ -203,7 +203,7 @@ def _bucket(length: int, limit: int | None) -> int:
 
 
 def _prefill(
-    model: GPT, tokens: Tensor, count: Tensor, longest: int, window: int | None, cache: Cache | None
+    model: SampledModel, tokens: Tensor, count: Tensor, longest: int, window: int | None, cache: Cache | None
 ) -> Tensor:
     """Logits (B, vocab_size) after the last `window` tokens of each row of `tokens` (the first
     `count[b]` of row b), fed as one batch padded on the right to a bucketed width, so that the
@@ -215,7 +215,7 @@ def _prefill(
     return _forward_last(model, tokens.gather(1, index), cache, seen)
 
 
-def _forward_last(model: GPT, idx: Tensor, cache: Cache | None, lengths: Tensor | None = None) -> Tensor:
+def _forward_last(model: SampledModel, idx: Tensor, cache: Cache | None, lengths: Tensor | None = None) -> Tensor:
     """Logits (B, vocab_size) for the token after each row of `idx` (its first `lengths[b]` tokens),
     adding them to the cache if there is one. The padding rows of the output layer
     (`padded_vocab_size`) are cut off here, the one place, so that no sample ever holds an id the
