@@ -160,11 +160,14 @@ def _tidy(lock: Path | None, created: list[Path]) -> None:
 @contextlib.contextmanager
 def waiting_lock(directory: Path, tidy: bool = False) -> Iterator[None]:
     """`directory_lock`: at once when free, else after one log line saying whose it is and that this process
-    waits for it (a prepare or a corpus build of minutes, say)."""
+    waits for it (a prepare or a corpus build of minutes, say); then what killed writers left there goes (a
+    SIGTERM skips `atomic_file`'s clean-up: an 88 MB half-built corpus, say)."""
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(directory_lock(directory, tidy=tidy))
         except LockedError as error:
             log.info("%s; waiting for it to finish", error)
             stack.enter_context(directory_lock(directory, wait=True, tidy=tidy))
+        for path in remove_stale_tmp(directory):
+            log.info("Removed %s, left by a writer that was killed", path)
         yield

@@ -58,15 +58,6 @@ def run_modes(prog: str, description: str, modes: Modes, argv: Sequence[str] | N
         run_modes(f"{prog} {argv[0]}", "", mode, argv[1:])
 
 
-def loaded(modes: Modes) -> dict[str, Command | dict]:
-    """`modes` with every `Lazy` imported: the whole tree of commands (for the tests that walk them all)."""
-    out: dict[str, Command | dict] = {}
-    for name, mode in modes.items():
-        mode = mode.load() if isinstance(mode, Lazy) else mode
-        out[name] = mode if isinstance(mode, Command) else loaded(mode)
-    return out
-
-
 def mode_summary(mode: Command | Lazy | Modes) -> str:
     """A mode's line in the help: its command's first sentence, or its modes."""
     if isinstance(mode, Lazy):

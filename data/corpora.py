@@ -32,7 +32,7 @@ from pathlib import Path
 
 from core.files import atomic_write_bytes, sha256_file, waiting_lock
 from data.errors import DataError
-from data.library import installed_environment, library_corpus, library_roots, tidy_cache
+from data.library import installed_environment, library_corpus, library_roots
 from data.sources import Source
 
 log = logging.getLogger(__name__)
@@ -152,8 +152,7 @@ def _cached_text(name: str, make: Callable[[], str]) -> Path:
 
 def _write_to_cache(path: Path, payload: bytes) -> None:
     try:
-        with waiting_lock(path.parent):
-            tidy_cache(path.parent)
+        with waiting_lock(path.parent):  # what a killed download or build left goes first
             atomic_write_bytes(path, payload)
     except OSError as error:
         raise DataError(f"Cannot write {path} ({error}); set {CACHE_ENV} to a writable directory.") from None

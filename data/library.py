@@ -41,7 +41,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.files import atomic_file, atomic_write_bytes, remove_stale_tmp, waiting_lock
+from core.files import atomic_file, atomic_write_bytes, waiting_lock
 from data.errors import DataError
 from data.sources import Source
 
@@ -105,19 +105,11 @@ def library_corpus(
     manifest = _read_manifest(manifest_path, corpus)
     if manifest is None:
         with waiting_lock(cache):  # one build at a time; what a killed one left goes first
-            tidy_cache(cache)
             manifest = _read_manifest(manifest_path, corpus)  # built by the holder we waited for
             if manifest is None:
                 manifest = build(roots, corpus, environment, exclude=[cache, *exclude])
                 atomic_write_bytes(manifest_path, json.dumps(manifest, indent=1).encode())
     return Source(str(corpus.resolve()), "jsonl", "text", label=f"{NAME}-{version}", details={"manifest": manifest})
-
-
-def tidy_cache(cache: Path) -> None:
-    """Remove the temporary files of builds and downloads that were killed (a SIGTERM skips their clean-up:
-    an 88 MB half-built corpus, say). Call it holding the cache's lock."""
-    for path in remove_stale_tmp(cache):
-        log.info("Removed %s, left by a build or download that was killed", path)
 
 
 def build(

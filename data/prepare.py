@@ -42,7 +42,7 @@ from typing import Any, Literal
 import numpy as np
 
 from core.cli import Command, run
-from core.files import atomic_write_bytes, remove_stale_tmp, tmp_path, waiting_lock
+from core.files import atomic_write_bytes, tmp_path, waiting_lock
 from data import hub
 from data.corpora import NAMED
 from data.encode import char_set, write_tokens
@@ -186,7 +186,6 @@ def _untrusted(out: Path) -> Iterator[None]:
     """The block rewrites `out`'s token files: meta.json goes first (from here on the directory is not
     trusted), and on any failure the token files go too, since without meta.json they are never read
     (nor, see `waiting_lock(tidy=True)`, the directory itself if it was new)."""
-    remove_stale_tmp(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").unlink(missing_ok=True)
     try:

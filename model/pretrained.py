@@ -72,35 +72,30 @@ def weights_file(source: str) -> Path:
 
 
 def check_pretrained(config: GPTConfig) -> Path:
-    """What `from_pretrained` would refuse, found before any data is prepared: no weights file, an unreadable
-    config.json, a model whose shape is not the weights' (read from the file's header: no tensor is loaded,
-    which for gpt2-xl is 6 GB). Returns the weights file."""
+    """What `from_pretrained` would refuse, found before any data is prepared (a missing or unreadable file,
+    a model whose shape is not the weights', from the file's header alone); the weights file."""
     source = config.init_from or ""
     path = weights_file(source)
+    check_shape(config, read_weights(path, meta=True), source, config_heads(path, source))
+    return path
+
+
+def read_weights(path: Path, meta: bool = False) -> dict[str, Tensor]:
+    """GPT-2's tensors by their GPT-2 names (a `transformer.` prefix, as GPT2LMHeadModel saves them, dropped);
+    with `meta`, tensors on the meta device, of the shapes the file's header gives (nothing is read: gpt2-xl
+    is 6 GB)."""
     try:
         from safetensors import safe_open
     except ImportError:
         raise PretrainedError("Reading GPT-2 weights needs the safetensors package: pip install safetensors.") from None
     try:
         with safe_open(str(path), "pt") as f:
-            shapes = {name: torch.empty(f.get_slice(name).get_shape(), device="meta") for name in f.keys()}
+            tensors = {
+                name: torch.empty(f.get_slice(name).get_shape(), device="meta") if meta else f.get_tensor(name)
+                for name in f.keys()
+            }
     except Exception as error:  # safetensors raises its own SafetensorError for a damaged file
         raise PretrainedError(f"Cannot read {path}: {error}. Download it again (a download cut short?).") from None
-    weights = {name.removeprefix("transformer."): t for name, t in shapes.items()}
-    check_shape(config, weights, source, config_heads(path, source))
-    return path
-
-
-def read_weights(path: Path) -> dict[str, Tensor]:
-    """GPT-2's tensors by their GPT-2 names (a `transformer.` prefix, as GPT2LMHeadModel saves them, dropped)."""
-    try:
-        from safetensors.torch import load_file
-    except ImportError:
-        raise PretrainedError("Reading GPT-2 weights needs the safetensors package: pip install safetensors.") from None
-    try:
-        tensors = load_file(str(path))
-    except Exception as error:  # safetensors raises its own SafetensorError for a damaged file
-        raise PretrainedError(f"Cannot read {path}: {error}") from None
     return {name.removeprefix("transformer."): t for name, t in tensors.items()}
 
 
@@ -183,10 +178,7 @@ def load_gpt2(model: GPT, weights: dict[str, Tensor]) -> None:
 
 def from_pretrained(config: GPTConfig) -> GPT:
     """A GPT of `config` holding the weights `config.init_from` names (see the module docstring)."""
-    source = config.init_from or ""
-    path = weights_file(source)
-    weights = read_weights(path)
-    check_shape(config, weights, source, config_heads(path, source))
+    weights = read_weights(check_pretrained(config))
     as_gpt2 = dataclasses.replace(config, pos_encoding=GPT2_POSITIONS)
     model = GPT(as_gpt2)
     with torch.no_grad():

@@ -270,3 +270,15 @@ def comparable_report(report: Path, root: Path) -> dict:
         return value
 
     return strip(json.loads((report / "results.json").read_text().replace(str(root), "ROOT")))
+
+
+def loaded(modes):
+    """`modes` with every `Lazy` imported: the whole tree of commands (for the tests that walk them all)."""
+    from core.cli import Command
+    from core.modes import Lazy
+
+    out = {}
+    for name, mode in modes.items():
+        mode = mode.load() if isinstance(mode, Lazy) else mode
+        out[name] = mode if isinstance(mode, Command) else loaded(mode)
+    return out

@@ -10,13 +10,12 @@ import pytest
 import torch
 
 from core import cli
-from core.modes import loaded
 from evaluation import check
 from model import ATTENTIONS, SCHEMES
 from model.kernels import sdpa
 from model.scores import SCORES
 
-from helpers import exits_with
+from helpers import exits_with, loaded
 
 
 def test_quick_passes_on_this_cpu_within_20_seconds(capsys):

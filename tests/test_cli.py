@@ -21,12 +21,12 @@ import sample
 import train
 from core import cli
 from core.errors import UserError
-from core.modes import loaded, run_modes
+from core.modes import run_modes
 from data import prepare
 from experiments import extrapolation, synthetic
 from training.errors import TrainingDiverged, TrainingStopped
 
-from helpers import cli_error
+from helpers import cli_error, loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = loaded(bench.MODES)

@@ -14,8 +14,10 @@ import pytest
 
 import bench
 from core.cli import Command
-from core.modes import Lazy, loaded, mode_summary
+from core.modes import Lazy, mode_summary
 from posgpt import cli as posgpt
+
+from helpers import loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ["train", "sample", "evaluate", "attention", "prepare", "plot", "study", "bench", "check"]

@@ -11,8 +11,9 @@ from test_cli import COMMANDS
 
 import bench
 from core import cli
-from core.modes import loaded
 from posgpt import cli as posgpt
+
+from helpers import loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = loaded(bench.MODES)

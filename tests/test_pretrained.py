@@ -163,7 +163,7 @@ def test_weights_that_cannot_be_read_are_refused_in_one_line(weights, tmp_path, 
     (tmp_path / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(PretrainedError, match="Cannot read"):
         from_pretrained(tiny_config(tmp_path))
-    monkeypatch.setitem(sys.modules, "safetensors.torch", None)  # the package not installed
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # the package not installed
     with pytest.raises(PretrainedError, match="needs the safetensors package: pip install safetensors"):
         from_pretrained(tiny_config(directory))
 
