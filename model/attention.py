@@ -26,7 +26,7 @@ from model.kernels import KERNELS, Kernel, Needs, Plan, Step, WeightsHook, choos
 from model.linear import Linear
 from model.linear_attention import LINEAR_KERNELS, LayerStateCache, StateCache, feature_map
 from model.masks import AttentionMask
-from model.positions import PositionEncoding
+from model.positions import PositionEncoding, ScoreBias
 from model.scores import SCORES, LogLengthScale, Score, build_score
 from model.sigmoid_attention import SIGMOID_KERNELS, sigmoid_length
 
@@ -78,18 +78,22 @@ class Attention(nn.Module):
         """Raise `ConfigError` when the function cannot work with `config` (called at its validation)."""
 
     @classmethod
+    def kernel_head_size(cls, head_dim: int) -> int:
+        """The head size of the queries and keys its kernels see (a kernel may have a least one)."""
+        return head_dim
+
+    @classmethod
     def rotary_dim(cls, config: GPTConfig) -> int:
         """The width of the vectors the position scheme rotates as one (`rotate`): a head's."""
         return config.head_dim
 
     @classmethod
     def kernel_context(
-        cls, kernel: Kernel, config: GPTConfig, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict,
-        layer: int = 0,
-    ) -> Any:  # fmt: skip
+        cls, kernel: Kernel, config: GPTConfig, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict
+    ) -> Any:
         """What `kernel` needs for one forward pass of a model of `config` (`Kernel.context`); a function
         with settings of its own hands them to its kernels here."""
-        return kernel.context(pe, mask, step, memo, layer)
+        return kernel.context(bias, mask, step, memo)
 
     def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, step: Step) -> tuple[Tensor, Tensor]:
         """The scheme's rotation of queries and keys (B, H, T, D) at the step's positions."""
@@ -112,6 +116,7 @@ class Attention(nn.Module):
         dropout_active: bool = False,
         needs_grad: bool = False,
         decoding: bool = False,
+        head_size: int | None = None,
     ) -> Needs:
         """What a forward pass with scheme `pe`, `mask` and `score` asks of this function's kernels
         (with no device: what holds on every device, as a config's validation asks)."""
@@ -124,6 +129,7 @@ class Attention(nn.Module):
             sparse_mask=not mask.causal_only,
             decoding=decoding,
             dot_score=score.dot_product or not cls.scored,
+            head_size=head_size,
         )
 
     @classmethod
@@ -209,10 +215,9 @@ class SigmoidAttention(SoftmaxAttention):
 
     @classmethod
     def kernel_context(
-        cls, kernel: Kernel, config: GPTConfig, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict,
-        layer: int = 0,
-    ) -> Any:  # fmt: skip
-        return kernel.context(pe, mask, step, memo, layer, length=sigmoid_length(config))
+        cls, kernel: Kernel, config: GPTConfig, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict
+    ) -> Any:
+        return kernel.context(bias, mask, step, memo, length=sigmoid_length(config))
 
 
 class DifferentialAttention(SoftmaxAttention):
@@ -272,6 +277,10 @@ class DifferentialAttention(SoftmaxAttention):
                 "which rope_partial='neox' does not make: use diff_split='half_heads', rope_partial='p_rope', or "
                 "rope_fraction 1."
             )
+
+    @classmethod
+    def kernel_head_size(cls, head_dim: int) -> int:
+        return head_dim // 2
 
     @classmethod
     def rotary_dim(cls, config: GPTConfig) -> int:

@@ -294,13 +294,14 @@ class GPT(nn.Module):
         else:
             step = Step(0, T, self.config.n_head, idx.device, ids=positions)
         memo = self._kernel_memos[type(kernel)]
-        context = self.attention.kernel_context(kernel, self.config, self.pe, self.mask, step, memo)
+        bias = self.pe.bias if self.pe.score_bias else lambda layer: None  # from the parameters as they are now
+        context = self.attention.kernel_context(kernel, self.config, bias(0), self.mask, step, memo)
         plan = Plan(kernel, context, step, cache_step=cache_step)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, block in enumerate(self.blocks):
             layer_plan = dataclasses.replace(plan, on_weights=visit(i)) if visit else plan
             if self.pe.bias_layers > 1 and i > 0:  # a bias of its own: its own context (layer 0's is built)
-                context = self.attention.kernel_context(kernel, self.config, self.pe, self.mask, step, memo, i)
+                context = self.attention.kernel_context(kernel, self.config, bias(i), self.mask, step, memo)
                 layer_plan = dataclasses.replace(layer_plan, context=context)
             if recompute:
                 x = checkpoint(block, x, self.pe, layer_plan, use_reentrant=False)
@@ -319,6 +320,7 @@ class GPT(nn.Module):
         needs = self.attention.needs(
             self.pe, self.mask, SCORES[self.config.attn_score], device,
             dropout_active=dropout, needs_grad=needs_grad, decoding=decoding,
+            head_size=self.attention.kernel_head_size(self.config.head_dim),
         )  # fmt: skip
         if weights:
             return self.attention.weights_kernel(needs)

@@ -46,7 +46,7 @@ from model.kernels.flex import (
     score_mod_of,
 )
 from model.masks import AttentionMask
-from model.positions import PositionEncoding
+from model.positions import ScoreBias
 from model.scores import Score
 
 if TYPE_CHECKING:
@@ -80,10 +80,9 @@ class SigmoidEager(EagerKernel):
     """The reference: the eager kernel with sigmoid weights (any score, bias, mask and dropout)."""
 
     def context(  # type: ignore[override]  # the bias's n, from the layer (`SigmoidAttention.kernel_context`)
-        self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0, *,
-        length: int | None,
-    ) -> SigmoidDense:  # fmt: skip
-        return SigmoidDense(super().context(pe, mask, step, memo, layer), length)
+        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, *, length: int | None
+    ) -> SigmoidDense:
+        return SigmoidDense(super().context(bias, mask, step, memo), length)
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: SigmoidDense, score: Score, dropout_p: float,
@@ -93,17 +92,15 @@ class SigmoidEager(EagerKernel):
         return self.attend(q, k, v, context.dense, score, dropout_p, on_weights, weigh)
 
 
-def sigmoid_score_mod(
-    pe: PositionEncoding, mask: AttentionMask, step: Step, length: int | None, layer: int = 0
-) -> ScoreMod:
+def sigmoid_score_mod(bias: ScoreBias | None, mask: AttentionMask, step: Step, length: int | None) -> ScoreMod:
     """ln sigmoid(score + the scheme's bias - ln n), n = `length`, or with None the keys the query
     sees (`mask.seen_keys` of its place in the token order; when decoding, of its cache position)."""
-    bias = score_mod_of(pe, step, pe.head_offset(layer)) if pe.score_bias else None
+    biased = score_mod_of(bias, step) if bias is not None else None
     q_pos, q_start = step.q_pos, step.q_start
     log_length = math.log(length) if length is not None else None
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        z = bias(score, b, h, q_idx, kv_idx) if bias is not None else score
+        z = biased(score, b, h, q_idx, kv_idx) if biased is not None else score
         if log_length is not None:
             return F.logsigmoid(z - log_length)
         query = q_pos[b, q_idx] if q_pos is not None else q_idx + q_start
@@ -119,10 +116,9 @@ class SigmoidFlex(FlexKernel):
     devices = frozenset({"cuda"})
 
     def context(  # type: ignore[override]  # the bias's n, as SigmoidEager's
-        self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0, *,
-        length: int | None,
-    ) -> FlexContext:  # fmt: skip
-        return FlexContext(build_block_mask(mask, step, memo), sigmoid_score_mod(pe, mask, step, length, layer))
+        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, *, length: int | None
+    ) -> FlexContext:
+        return FlexContext(build_block_mask(mask, step, memo), sigmoid_score_mod(bias, mask, step, length))
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: FlexContext, score: Score, dropout_p: float,

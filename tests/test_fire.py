@@ -46,19 +46,19 @@ def test_the_bias_is_an_mlp_of_log_distance_over_log_position():
     pe = model.pe
     for i, j in [(0, 0), (3, 1), (3, 0), (10, 2), (10, 9), (40, 0)]:  # below and beyond L = 4
         query, distance = torch.tensor(i), torch.tensor(i - j)
-        got = [pe.relative_bias(torch.tensor(h), distance, query).item() for h in (0, 1)]
+        got = [pe.bias()(torch.tensor(h), distance, query).item() for h in (0, 1)]
         assert got == pytest.approx(by_hand(i, j, 0.5, 4.0), rel=1e-5, abs=1e-6), (i, j)
     # the input stays in [0, 1] at any length: the first key of a query far beyond training is at 1
-    far = pe.normalized(torch.tensor([0, 5000, 9999]), torch.tensor(9999))
+    far = 1 + pe.bias()(torch.tensor(1), torch.tensor([0, 5000, 9999]), torch.tensor(9999)) / 3  # head 1: -3 (1 - x)
     assert far.tolist() == pytest.approx([0.0, math.log(2501) / math.log(5000.5), 1.0], rel=1e-5)
 
 
 def test_c_and_l_are_used_positive_and_a_masked_key_stays_finite():
     model = GPT(CONFIG)
     _set(model, c=-0.5, threshold=-4.0)
-    bias = model.pe.relative_bias(torch.tensor(0), torch.tensor(7), torch.tensor(10))
+    bias = model.pe.bias()(torch.tensor(0), torch.tensor(7), torch.tensor(10))
     assert bias.item() == pytest.approx(by_hand(10, 3, 0.5, 4.0)[0], rel=1e-5)
-    assert model.pe.relative_bias(torch.tensor(1), torch.tensor(-3), torch.tensor(2)).isfinite()
+    assert model.pe.bias()(torch.tensor(1), torch.tensor(-3), torch.tensor(2)).isfinite()
 
 
 def test_the_attention_weights_are_the_softmax_of_scores_plus_the_bias_by_hand():
@@ -97,9 +97,10 @@ def test_the_flex_score_mod_is_the_dense_bias():
     model = GPT(CONFIG)
     pe, n_head, q_len, k_len = model.pe, CONFIG.n_head, 5, 30
     step = Step(k_len - q_len, q_len, n_head, torch.device("cpu"))
-    _, bias = KERNELS["eager"].context(pe, AttentionMask(), step, {}).block(slice(0, q_len))
+    _, bias = KERNELS["eager"].context(pe.bias(), AttentionMask(), step, {}).block(slice(0, q_len))
     h, q_idx, kv_idx = torch.arange(n_head)[:, None, None], torch.arange(q_len)[None, :, None], torch.arange(k_len)
-    modded = score_mod_of(pe, step)(torch.zeros(n_head, q_len, k_len), torch.tensor(0), h, q_idx, kv_idx[None, None])
+    score_mod = score_mod_of(pe.bias(), step)
+    modded = score_mod(torch.zeros(n_head, q_len, k_len), torch.tensor(0), h, q_idx, kv_idx[None, None])
     visible = bias[0] > float("-inf")
     with torch.no_grad():
         torch.testing.assert_close(modded[visible], bias[0][visible])
@@ -141,15 +142,14 @@ def test_per_layer_each_layer_has_its_own_c_l_and_mlp():
         pe.b1.copy_(torch.tensor([0.0, -1.0, 1.0, 0.1, 0.0, -0.5]))
         pe.w2.copy_(torch.tensor([[1.0, 0.0, 2.0, 0.0], [1.0, 0.0, 0.0, 1.0], [0.0, -3.0, 1.0, 1.0]]))
         pe.b2.copy_(torch.tensor([0.5, 0.0, -0.2, 0.3]))
-    assert pe.head_offset(0) == 0 and pe.head_offset(1) == 2  # layer 1's heads are the MLP's outputs 2 and 3
     relu = lambda v: max(v, 0.0)  # noqa: E731
     i, j = 10, 3
     x = math.log(0.2 * 7 + 1) / math.log(0.2 * 10 + 1)  # layer 1: c = 0.2, L = 2
     hidden = [relu(0.5 * x + 0.1), relu(0.0), relu(3 * x - 0.5)]
     expected = [2 * hidden[0] + hidden[2] - 0.2, hidden[1] + hidden[2] + 0.3]
-    got = [pe.relative_bias(torch.tensor(2 + h), torch.tensor(i - j), torch.tensor(i)).item() for h in (0, 1)]
+    got = [pe.bias(1)(torch.tensor(h), torch.tensor(i - j), torch.tensor(i)).item() for h in (0, 1)]  # outputs 2, 3
     assert got == pytest.approx(expected, rel=1e-5)
-    assert pe.relative_bias(torch.tensor(0), torch.tensor(7), torch.tensor(10)).item() == pytest.approx(
+    assert pe.bias(0)(torch.tensor(0), torch.tensor(7), torch.tensor(10)).item() == pytest.approx(
         by_hand(10, 3, 0.5, 4.0)[0], rel=1e-5
     )  # layer 0: the shared test's values
 
@@ -193,5 +193,5 @@ def test_per_layer_cached_decoding_gives_the_tokens_of_no_cache():
 
 def test_per_layer_with_one_layer_gives_scalar_biases_and_no_weight_decay_on_the_first_layer():
     pe = GPT(dataclasses.replace(CONFIG, n_layer=1, fire_per_layer=True)).pe
-    assert pe.relative_bias(torch.tensor(1), torch.tensor(3), torch.tensor(5)).shape == ()
+    assert pe.bias()(torch.tensor(1), torch.tensor(3), torch.tensor(5)).shape == ()
     assert pe.w1.dim() == pe.b1.dim() == 1  # 1-D as in the shared form: AdamW decays neither

@@ -63,6 +63,8 @@ def assert_bf16_matches_eager(gpu_config: GPTConfig, scheme: str, backend: str) 
         ref_flat = torch.cat([ref_grads[name].flatten() for name in grads])
         assert relative_error(flat, ref_flat) < 5e-2, f"all gradients, T={T}"
         for name, grad in grads.items():
+            if ref_grads[name].norm() <= 1e-4 * ref_flat.norm():  # 0 but for rounding: FIRE's b2, a per-head
+                continue  # constant that softmax cancels (a cosine of rounding noise failed on an H200)
             cosine = torch.nn.functional.cosine_similarity(grad.flatten(), ref_grads[name].flatten(), dim=0)
             assert cosine > 0.99, f"gradient of {name}, T={T}: cosine {cosine:.4f}"
 

@@ -41,7 +41,7 @@ def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two():
 
 @pytest.mark.parametrize(("q_len", "k_len"), [(7, 7), (3, 11), (1, 20)])
 def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
-    """The two derivations of one formula (`relative_bias`): eager/SDPA's dense (H, Tq, Tk) tensor
+    """The two derivations of one formula (`ScoreBias`): eager/SDPA's dense (H, Tq, Tk) tensor
     and FlexAttention's score_mod, for queries that are the last Tq of Tk positions."""
     from model.kernels import KERNELS, Step
     from model.kernels.flex import score_mod_of
@@ -50,12 +50,12 @@ def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
     pe = ALiBi(dataclasses.replace(tiny_config, pos_encoding="alibi"))
     n_head, start = tiny_config.n_head, k_len - q_len
     step = Step(start, q_len, n_head, torch.device("cpu"))
-    _, bias = KERNELS["eager"].context(pe, AttentionMask(), step, {}).block(slice(0, q_len))
+    _, bias = KERNELS["eager"].context(pe.bias(), AttentionMask(), step, {}).block(slice(0, q_len))
     bias = bias[0]  # (H, Tq, Tk): the same for every batch row
     h = torch.arange(n_head)[:, None, None]
     q_idx = torch.arange(q_len)[None, :, None]
     kv_idx = torch.arange(k_len)[None, None, :]
-    modded = score_mod_of(pe, step)(torch.zeros(n_head, q_len, k_len), torch.tensor(0), h, q_idx, kv_idx)
+    modded = score_mod_of(pe.bias(), step)(torch.zeros(n_head, q_len, k_len), torch.tensor(0), h, q_idx, kv_idx)
     visible = bias > float("-inf")
     assert visible.sum() == n_head * sum(start + i + 1 for i in range(q_len))  # the causal triangle
     torch.testing.assert_close(modded[visible], bias[visible])
@@ -75,15 +75,15 @@ def test_with_positions_per_row_the_dense_bias_and_the_score_mod_agree(tiny_conf
     ids = random_positions(3, 9, 40, torch.Generator().manual_seed(0))
     n_head = tiny_config.n_head
     step = Step(0, 9, n_head, torch.device("cpu"), ids=ids)
-    _, bias = KERNELS["eager"].context(pe, AttentionMask(), step, {}).block(slice(0, 9))
+    _, bias = KERNELS["eager"].context(pe.bias(), AttentionMask(), step, {}).block(slice(0, 9))
     assert bias.shape == (3, n_head, 9, 9)
-    score_mod = score_mod_of(pe, step)
+    score_mod = score_mod_of(pe.bias(), step)
     b, h = torch.arange(3)[:, None, None, None], torch.arange(n_head)[None, :, None, None]
     q_idx, kv_idx = torch.arange(9)[None, None, :, None], torch.arange(9)[None, None, None, :]
     modded = score_mod(torch.zeros(3, n_head, 9, 9), b, h, q_idx, kv_idx)
     visible = bias > float("-inf")
     torch.testing.assert_close(modded[visible], bias[visible])
-    expected = pe.relative_bias(h[0], (ids[2, 8] - ids[2, :9])[None, None, :], ids[2, 8])[:, 0]  # last query of row 2
+    expected = pe.bias()(h[0], (ids[2, 8] - ids[2, :9])[None, None, :], ids[2, 8])[:, 0]  # last query of row 2
     torch.testing.assert_close(bias[2, :, 8], expected)
 
 
@@ -230,7 +230,7 @@ def test_t5_bias_is_a_learned_table_lookup_that_saturates(tiny_config):
     pe = T5Bias(config)
     h = torch.arange(config.n_head)[:, None]
     for d, bucket in ((0, 0), (3, 3), (8, 5), (20, 7), (500, 7)):
-        torch.testing.assert_close(pe.relative_bias(h, torch.tensor([[d]]), torch.tensor(d)), pe.table[bucket][:, None])
+        torch.testing.assert_close(pe.bias()(h, torch.tensor([[d]]), torch.tensor(d)), pe.table[bucket][:, None])
     assert pe.lookup_parameters() == [pe.table]
 
 

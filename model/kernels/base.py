@@ -8,11 +8,11 @@ bias, attention dropout, the devices with a backward pass, masks beyond causal, 
 scaled dot product, forming the weights, the devices where `auto` may pick it) and its preference
 for `auto` (`rank`). It has two methods:
 
-- `context(pe, mask, step, memo, layer)`: what it needs for one forward pass, built once from the position
-  scheme, the `AttentionMask` and where the queries and keys sit (`Step`), and shared by every
-  layer (a dense mask and bias for eager and SDPA, a block mask and a score modification for
-  flex), or built for each layer where the scheme gives each layer a bias of its own; `memo` is a
-  dict the kernel keeps per model, for what it builds once per shape;
+- `context(bias, mask, step, memo)`: what it needs for one forward pass, built once from the position
+  scheme's `ScoreBias` (None: no bias), the `AttentionMask` and where the queries and keys sit
+  (`Step`), and shared by every layer (a dense mask and bias for eager and SDPA, a block mask and a
+  score modification for flex), or built for each layer where the scheme gives each layer a bias
+  of its own; `memo` is a dict the kernel keeps per model, for what it builds once per shape;
 - `run(q, k, v, context, score, dropout_p, on_weights)`: the attention output.
 
 Each attention function (`model.attention.ATTENTIONS`) has its own registry of kernels, and
@@ -34,7 +34,7 @@ from core.errors import UserError
 if TYPE_CHECKING:
     from model.cache import CacheStep
     from model.masks import AttentionMask
-    from model.positions import PositionEncoding
+    from model.positions import ScoreBias
     from model.scores import Score
 
 AUTO = "auto"
@@ -97,6 +97,8 @@ class Needs:
     decoding: bool = False
     dot_score: bool = True
     """The score is a scaled dot product (`Score.dot_product`)."""
+    head_size: int | None = None
+    """The model's head size (None: any, as a config's validation asks)."""
 
     def unmet(self, kernel: Kernel) -> list[Lack]:
         """What `kernel` cannot do of these needs."""
@@ -116,6 +118,10 @@ class Needs:
             missing.append(Lack("a score other than a scaled dot product", "attn_score"))
         if self.sparse_mask and not kernel.sparse_masks:
             missing.append(Lack("a mask beyond causal (attn_window, attn_sinks)", "attn_window"))
+        least = kernel.min_head_size.get(self.runs_on or "", 0)
+        if self.head_size is not None and self.head_size < least:
+            words = f"heads under {least} wide on {self.runs_on} (here {self.head_size}, from n_embd / n_head)"
+            missing.append(Lack(words, "n_embd"))
         return missing
 
 
@@ -131,6 +137,8 @@ class Kernel:
     """Why it does not run on a device where one might expect it to, by device type: said in the refusal."""
     backward_devices: frozenset[str] | None = None
     """Devices with a backward pass (None: every device)."""
+    min_head_size: Mapping[str, int] = {}
+    """The smallest head size it runs, by device type (absent: any)."""
     auto_devices: frozenset[str] | None = None
     """Devices where `auto` may pick it (None: every device)."""
     sparse_masks: bool = False
@@ -143,9 +151,9 @@ class Kernel:
         """Preference of `auto` among the kernels that can run `needs` on `device`: lowest first."""
         return 1.0
 
-    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0) -> Any:
-        """What every layer's call of this kernel needs for one forward pass (None: nothing); for a
-        scheme whose layers have biases of their own (`pe.bias_layers` > 1), what layer `layer`'s needs."""
+    def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict) -> Any:
+        """What a layer's call of this kernel needs for one forward pass (None: nothing): every layer's,
+        or one layer's where the scheme's layers have biases of their own."""
         return None
 
     def run(

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from model.kernels.base import Step
 from model.masks import AttentionMask
-from model.positions import PositionEncoding
+from model.positions import ScoreBias
 
 DENSE_ELEMENTS = 1 << 24
 """Largest mask or bias (elements, over every batch row and head) formed at once: 64 MiB in float32."""
@@ -31,7 +31,7 @@ class DenseContext:
     and bias when they are small (`whole`). `plain`: causal attention over keys 0..end-1 with no
     bias, which SDPA runs with its own causal path and no mask at all."""
 
-    pe: PositionEncoding
+    bias: ScoreBias | None
     mask: AttentionMask
     n_head: int
     q_pos: Tensor
@@ -39,15 +39,13 @@ class DenseContext:
     q_ids: Tensor
     k_ids: Tensor
     plain: bool
-    head_offset: Tensor | int = 0
-    """The number of this layer's first head among the scheme's (`PositionEncoding.head_offset`)."""
     whole: tuple[Tensor | None, Tensor | None] | None = None
 
     @property
     def rows_per_block(self) -> int:
         """Query rows whose mask and bias stay within `DENSE_ELEMENTS`."""
         batch = max(self.q_pos.size(0), self.k_pos.size(0), self.q_ids.size(0))
-        heads = self.pe.bias_elements(self.n_head) if self.pe.score_bias else 1
+        heads = self.bias.elements if self.bias is not None else 1
         return max(1, DENSE_ELEMENTS // (batch * heads * self.k_pos.size(-1)))
 
     def block(self, rows: slice) -> tuple[Tensor | None, Tensor | None]:
@@ -58,10 +56,10 @@ class DenseContext:
         visible = self.mask.visible(self.q_pos[:, None, rows, None], self.k_pos[:, None, None, :])
         visible = visible & (self.k_pos >= 0)[:, None, None, :]
         bias = None
-        if self.pe.score_bias:
-            heads = torch.arange(self.n_head, device=self.q_pos.device)[:, None, None] + self.head_offset
+        if self.bias is not None:
+            heads = torch.arange(self.n_head, device=self.q_pos.device)[:, None, None]
             query = self.q_ids[:, None, rows, None]
-            bias = self.pe.relative_bias(heads, query - self.k_ids[:, None, None, :], query)  # the formula, once
+            bias = self.bias(heads, query - self.k_ids[:, None, None, :], query)  # the formula, once
             bias = bias.masked_fill(~visible, float("-inf"))
         return (None if self.plain else visible), bias
 
@@ -71,11 +69,9 @@ class DenseContext:
         return [slice(c, min(c + step, q_len)) for c in range(0, q_len, step)]
 
 
-def dense_context(
-    pe: PositionEncoding, mask: AttentionMask, step: Step, shortcut: bool, layer: int = 0
-) -> DenseContext:
-    """The dense context of one forward pass (see `DenseContext`), of layer `layer` where the scheme's
-    layers have biases of their own; with `shortcut`, plain causal attention needs no mask."""
+def dense_context(bias: ScoreBias | None, mask: AttentionMask, step: Step, shortcut: bool) -> DenseContext:
+    """The dense context of one forward pass (see `DenseContext`); with `shortcut`, plain causal
+    attention needs no mask."""
     device = step.device
     if step.q_pos is not None:  # decoding through a cache: each row's own positions
         assert step.k_pos is not None
@@ -85,7 +81,7 @@ def dense_context(
         k_pos = torch.arange(step.k_len, device=device)[None]
         q_ids, k_ids = (step.ids, step.ids) if step.ids is not None else (q_pos, k_pos)
     plain = shortcut and mask.causal_only and step.q_pos is None
-    context = DenseContext(pe, mask, step.n_head, q_pos, k_pos, q_ids, k_ids, plain, pe.head_offset(layer))
+    context = DenseContext(bias, mask, step.n_head, q_pos, k_pos, q_ids, k_ids, plain)
     if context.rows_per_block < step.q_len:
         return context  # formed block by block
     return dataclasses.replace(context, whole=context.block(slice(0, step.q_len)))

@@ -12,7 +12,7 @@ from torch import Tensor
 from model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, Step, WeightsHook
 from model.kernels.dense import DenseContext, causal_mask, dense_context
 from model.masks import AttentionMask
-from model.positions import PositionEncoding
+from model.positions import ScoreBias
 from model.scores import ScaledDot, Score
 
 Weigh = Callable[[Tensor, Tensor], Tensor]
@@ -94,10 +94,8 @@ class EagerKernel(Kernel):
     def rank(self, needs: Needs, device: torch.device) -> float:
         return 2.0  # the reference: only when no fused kernel can
 
-    def context(
-        self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0
-    ) -> DenseContext:
-        return dense_context(pe, mask, step, shortcut=False, layer=layer)
+    def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict) -> DenseContext:
+        return dense_context(bias, mask, step, shortcut=False)
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,

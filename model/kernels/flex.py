@@ -37,7 +37,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from model.kernels.base import Kernel, Needs, Step, WeightsHook
 from model.masks import AttentionMask
-from model.positions import PositionEncoding
+from model.positions import ScoreBias
 from model.scores import Score
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -65,28 +65,27 @@ def flex_attention_fused(
     return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
 
-def score_mod_of(pe: PositionEncoding, step: Step, offset: Tensor | int = 0) -> ScoreMod:
-    """The scheme's bias as a FlexAttention score_mod: the same `relative_bias` as the dense path (of
-    the heads numbered from `offset`: a layer's own, `pe.head_offset`)."""
+def score_mod_of(bias: ScoreBias, step: Step) -> ScoreMod:
+    """The scheme's bias as a FlexAttention score_mod: the same formula as the dense path's."""
     q_start, k_pos, ids, q_pos = step.q_start, step.k_pos, step.ids, step.q_pos
     if q_pos is not None and k_pos is not None:  # decoding: each row at its own positions
 
         def score_mod_rows(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             query = q_pos[b, q_idx]
-            return score + pe.relative_bias(h + offset, query - k_pos[b, kv_idx], query)
+            return score + bias(h, query - k_pos[b, kv_idx], query)
 
         return score_mod_rows
     if ids is not None:
 
         def score_mod_ids(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             query = ids[b, q_idx]
-            return score + pe.relative_bias(h + offset, query - ids[b, kv_idx], query)
+            return score + bias(h, query - ids[b, kv_idx], query)
 
         return score_mod_ids
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         query = q_idx + q_start
-        return score + pe.relative_bias(h + offset, query - kv_idx, query)
+        return score + bias(h, query - kv_idx, query)
 
     return score_mod
 
@@ -114,6 +113,7 @@ class FlexKernel(Kernel):
     devices = frozenset({"cuda"})
     device_notes = {"cpu": "compiled FlexAttention returns wrong numbers on a CPU in torch 2.13"}
     backward_devices = frozenset({"cuda"})
+    min_head_size = {"cuda": 16}  # torch 2.11's Triton kernel: "embedding dimension ... must be at least 16"
     auto_devices = frozenset({"cuda"})
     sparse_masks = True
 
@@ -121,9 +121,9 @@ class FlexKernel(Kernel):
         # first for a bias or a window on CUDA when the lengths repeat; after SDPA otherwise
         return 0.0 if (needs.score_bias or needs.sparse_mask) and not needs.decoding else 1.5
 
-    def context(self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0) -> FlexContext:
+    def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict) -> FlexContext:
         block_mask = build_block_mask(mask, step, memo)
-        score_mod = score_mod_of(pe, step, pe.head_offset(layer)) if pe.score_bias else None
+        score_mod = score_mod_of(bias, step) if bias is not None else None
         return FlexContext(block_mask, score_mod)
 
     def run(

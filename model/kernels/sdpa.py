@@ -12,7 +12,7 @@ from torch import Tensor
 from model.kernels.base import Kernel, Step, WeightsHook
 from model.kernels.dense import DenseContext, causal_mask, dense_context
 from model.masks import AttentionMask
-from model.positions import PositionEncoding
+from model.positions import ScoreBias
 from model.scores import Score
 
 
@@ -66,16 +66,14 @@ class SdpaKernel(Kernel):
     dropout = True
     sparse_masks = True
 
-    def context(
-        self, pe: PositionEncoding, mask: AttentionMask, step: Step, memo: dict, layer: int = 0
-    ) -> DenseContext:
-        return dense_context(pe, mask, step, shortcut=True, layer=layer)
+    def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict) -> DenseContext:
+        return dense_context(bias, mask, step, shortcut=True)
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,
         on_weights: WeightsHook | None,
     ) -> Tensor:  # fmt: skip
-        if context.plain and not context.pe.score_bias:  # causal over every key: no mask at all
+        if context.plain and context.bias is None:  # causal over every key: no mask at all
             return sdpa_attention(q, k, v, None, dropout_p, scale=score.scale)
         outs = []
         for rows in context.blocks(q.size(-2)):  # one block unless the mask and bias would be large

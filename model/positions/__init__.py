@@ -4,10 +4,11 @@ Every scheme implements up to three hooks, each a no-op by default:
 
 - `embed(x, start, ids)`        adds something to the token embeddings (learned, sinusoidal);
 - `rotate(q, k, start, ids)`    rotates queries and keys per head (RoPE);
-- `relative_bias(h, d, i)` a bias on the attention score of head h for a query at position i, d
-  positions after its key (ALiBi, T5, Kerple read d; FIRE both). It is written once: the dense
-  (H, Tq, Tk) bias of eager and SDPA is this function on index grids, and FlexAttention's
-  `score_mod` calls it inside the fused kernel.
+- `bias(layer)`               a `ScoreBias` for one forward pass: the formula of a bias on the
+  attention score of head h for a query at position i, d positions after its key (ALiBi, T5,
+  Kerple read d; FIRE both), over tensors computed from the scheme's parameters. It is written
+  once: the dense (H, Tq, Tk) bias of eager and SDPA is the formula on index grids, and
+  FlexAttention's `score_mod` calls it inside the fused kernel.
 
 and declares what it is (capabilities that kernels, training and evaluation read, never the
 scheme's name): `longest(config)` (None: no limit; the instance's `max_positions`), `score_bias`
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from model.positions.base import NoPositions, PositionEncoding, random_positions, take
+from model.positions.base import NoPositions, PositionEncoding, ScoreBias, random_positions, separate, take
 from model.positions.biases import FIRE, ALiBi, Kerple, T5Bias, alibi_slopes, t5_bucket
 from model.positions.tables import LearnedPositions, RotaryPositions, SinusoidalPositions, sinusoid_table
 
@@ -64,6 +65,6 @@ def build_positions(config: GPTConfig) -> PositionEncoding:
 
 __all__ = [
     "FIRE", "SCHEMES", "ALiBi", "Kerple", "LearnedPositions", "NoPositions", "PositionEncoding", "RotaryPositions",
-    "SinusoidalPositions", "T5Bias", "alibi_slopes", "build_positions", "random_positions", "sinusoid_table",
-    "t5_bucket", "take",
+    "ScoreBias", "SinusoidalPositions", "T5Bias", "alibi_slopes", "build_positions", "random_positions", "separate",
+    "sinusoid_table", "t5_bucket", "take",
 ]  # fmt: skip

@@ -3,6 +3,8 @@ schemes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,11 +16,42 @@ if TYPE_CHECKING:
     from model.config import GPTConfig
 
 
+@dataclass(frozen=True)
+class ScoreBias:
+    """One layer's position bias on the attention scores, for one forward pass. `formula(h, distance,
+    query)` is the float32 bias of head(s) `h` (numbered within the layer) for keys `distance` = i - j
+    positions before a query at position `query` = i (broadcasting tensors; most schemes read the
+    distance only, FIRE both). It is written once: eager and SDPA call it on index grids for a dense
+    (H, Tq, Tk) bias, FlexAttention's score_mod inside the fused kernel; masking is the kernel's job.
+
+    The formula reads tensors that the scheme computed from its parameters when it built this bias
+    (`PositionEncoding.bias`), each stored on its own and read through one index by head. Compiled
+    FlexAttention carries a gradient into a tensor its score_mod reads only that way (torch 2.11 to
+    2.13): it refuses a tensor read twice or transformed inside the score_mod (`validate_joint_graph`
+    in torch/_inductor/kernel/flex/flex_attention.py; seen on an H200 for Kerple and FIRE), and a
+    view of a parameter gets no gradient at all, silently (`separate`; both reproduced on a CPU in
+    tests/test_positions.py)."""
+
+    formula: Callable[[Tensor, Tensor, Tensor], Tensor]
+    elements: int
+    """Float32 values the formula forms per query-key pair for all the layer's heads (the bias, and
+    anything larger on the way to it): how many query rows a dense kernel takes at once."""
+
+    def __call__(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
+        return self.formula(h, distance, query)
+
+
+def separate(rows: Tensor) -> list[Tensor]:
+    """The rows of `rows` (K, ...) as K tensors of their own (copies, not views), for a `ScoreBias`
+    formula to read each one once."""
+    return [row.clone() for row in rows.unbind(0)]
+
+
 class PositionEncoding(nn.Module):
     """Base class: no position information at all (this is also NoPE)."""
 
     score_bias: bool = False
-    """Whether the scheme biases attention scores (`relative_bias`)."""
+    """Whether the scheme biases attention scores (`bias`)."""
     learned_bias: bool = False
     """Whether that bias has parameters (a kernel must then carry gradients through it)."""
     uses_positions: bool = True
@@ -51,28 +84,18 @@ class PositionEncoding(nn.Module):
         """Queries and keys (B, H, T, D) at positions start..start+T-1 (or `ids`, (B, T)) -> rotated copies."""
         return q, k
 
-    def relative_bias(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
-        """Float32 bias for head(s) `h` on a key `distance` = q - k positions before a query at
-        position `query` (broadcasting tensors; most schemes read the distance only, FIRE both).
-        Only schemes that declare `score_bias` have one; masking is the kernel's job."""
+    def bias(self, layer: int = 0) -> ScoreBias:
+        """Layer `layer`'s score bias for one forward pass (the same for every layer unless
+        `bias_layers` > 1), computed from the parameters as they are now. Only schemes that declare
+        `score_bias` have one."""
         raise NotImplementedError(f"{type(self).__name__} has no score bias.")
 
     fields: tuple[str, ...] = ()
     """The `GPTConfig` fields the scheme reads beyond the model's shape (`GPT.switch` rebuilds it when
     one of them changes)."""
     bias_layers: int = 1
-    """Layers with a bias of their own (1: one bias shared by every layer). With more, layer l's
-    heads are numbered from `head_offset(l)` in `relative_bias`, and each layer's kernel context
-    is built with its own."""
-
-    def head_offset(self, layer: int) -> Tensor | int:
-        """The number of layer `layer`'s first head among the heads `relative_bias` knows."""
-        return 0
-
-    def bias_elements(self, n_head: int) -> int:
-        """Float32 values `relative_bias` forms per query-key pair for `n_head` heads (the bias, and
-        anything larger on the way to it): how many query rows a dense kernel takes at once."""
-        return n_head
+    """Layers with a bias of their own (1: one bias shared by every layer); each layer's kernel
+    context is then built with its own `bias(layer)`."""
 
     def reset_parameters(self) -> None:
         """Initialise the scheme's own parameters (called by `GPT.init_weights`)."""

@@ -1,4 +1,4 @@
-"""Schemes that bias the attention scores (`relative_bias`): ALiBi, T5, Kerple, FIRE."""
+"""Schemes that bias the attention scores (`bias`, a `ScoreBias`): ALiBi, T5, Kerple, FIRE."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from model.positions.base import PositionEncoding
+from model.positions.base import PositionEncoding, ScoreBias, separate
 
 if TYPE_CHECKING:
     from model.config import GPTConfig
@@ -30,8 +30,13 @@ class ALiBi(PositionEncoding):
             self.slopes = _alibi_slopes_tensor(self.n_head, device=self.slopes.device)
         return self.slopes
 
-    def relative_bias(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
-        return -self._fp32_slopes()[h] * distance
+    def bias(self, layer: int = 0) -> ScoreBias:
+        slopes = self._fp32_slopes()
+
+        def alibi(h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
+            return -slopes[h] * distance
+
+        return ScoreBias(alibi, self.n_head)
 
 
 class T5Bias(PositionEncoding):
@@ -49,8 +54,6 @@ class T5Bias(PositionEncoding):
         super().__init__(config)
         self.num_buckets, self.max_distance = config.t5_num_buckets, config.t5_max_distance
         self.table = nn.Parameter(torch.empty(config.t5_num_buckets, config.n_head))  # (buckets, H)
-        distances = torch.arange(config.t5_max_distance + 1)
-        self.register_buffer("buckets", t5_bucket(distances, self.num_buckets, self.max_distance), persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -59,9 +62,13 @@ class T5Bias(PositionEncoding):
     def lookup_parameters(self) -> list[nn.Parameter]:
         return [self.table]
 
-    def relative_bias(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
-        bucket = self.buckets[distance.clamp(0, self.max_distance)]  # saturates at max_distance
-        return self.table[bucket, h].float()
+    def bias(self, layer: int = 0) -> ScoreBias:
+        table, num_buckets, max_distance = self.table.float(), self.num_buckets, self.max_distance
+
+        def t5(h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
+            return table[t5_bucket(distance, num_buckets, max_distance), h]  # saturates at max_distance
+
+        return ScoreBias(t5, self.table.size(1))
 
 
 class Kerple(PositionEncoding):
@@ -88,10 +95,14 @@ class Kerple(PositionEncoding):
             self.r1.uniform_(0.0, 2.0)
             self.r2.uniform_(0.0, 1.0)
 
-    def relative_bias(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
+    def bias(self, layer: int = 0) -> ScoreBias:
         r1, r2 = (torch.where(r < self.EPS, self.EPS + (r - r.detach()), r) for r in (self.r1.float(), self.r2.float()))
-        # future keys (distance < 0) are masked by the kernel, but their bias must stay finite
-        return -r1[h] * torch.log1p(r2[h] * distance.clamp(min=0))
+
+        def kerple(h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
+            # future keys (distance < 0) are masked by the kernel, but their bias must stay finite
+            return -r1[h] * torch.log1p(r2[h] * distance.clamp(min=0))
+
+        return ScoreBias(kerple, self.r1.numel())
 
 
 def t5_bucket(distance: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
@@ -134,9 +145,8 @@ class FIRE(PositionEncoding):
     The input lies in [0, 1] at any length: beyond L the distances are divided by the log of the
     query's own position, so that a longer context is a finer grid of the interval the model saw
     in training, not distances it never saw. Shared by every layer (the paper's FIRE-S, as T5's
-    bias), or with `fire_per_layer` one c, L and MLP per layer (the paper's FIRE): the layers' heads
-    are then numbered on from each other (`bias_layers`, `head_offset`), head h of layer l being
-    l H + h of the MLP's L H outputs.
+    bias), or with `fire_per_layer` one c, L and MLP per layer (the paper's FIRE): head h of layer l
+    is then output l H + h of the MLP's L H outputs (`bias_layers`, `bias(layer)`).
 
     c starts at 0.1 and L at L0 = block_size / 4 (their code: 512 for 2048 training tokens, an
     assumption here), L learned as |m L0| with m from 1, as their code does; c is used as |c|. The
@@ -160,7 +170,6 @@ class FIRE(PositionEncoding):
         self.b1 = nn.Parameter(torch.empty(self.bias_layers * config.fire_width))
         self.w2 = nn.Parameter(torch.empty(config.fire_width, self.bias_layers * config.n_head))
         self.b2 = nn.Parameter(torch.empty(self.bias_layers * config.n_head))
-        self.register_buffer("offsets", torch.arange(self.bias_layers) * config.n_head, persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -172,38 +181,35 @@ class FIRE(PositionEncoding):
                 weight.uniform_(-bound, bound)
                 bias.uniform_(-bound, bound)
 
-    def head_offset(self, layer: int) -> Tensor | int:
-        # a tensor, not an int: a flex score_mod that captured an int would compile once per layer
-        return self.offsets[layer] if self.per_layer else 0
-
-    def bias_elements(self, n_head: int) -> int:
-        # the bias, a product, a hidden unit and the normalized distance: per head when per layer
-        return 4 * n_head + 4 if self.per_layer else 2 * n_head + 2
-
-    def threshold(self, layer: Tensor | None = None) -> Tensor:
-        """L = |m L0|, float32 (of layers `layer` with `fire_per_layer`)."""
+    def threshold(self, layer: int | None = None) -> Tensor:
+        """L = |m L0|, float32 (of layer `layer` with `fire_per_layer`)."""
         scale = self.threshold_scale.float()
         return (scale if layer is None else scale[layer]).abs() * self.initial_threshold.float()
 
-    def normalized(self, distance: Tensor, query: Tensor, layer: Tensor | None = None) -> Tensor:
-        """psi(i - j) / psi(max(L, i)), float32, for keys `distance` = i - j before a query at `query` = i
-        (of layers `layer` with `fire_per_layer`)."""
-        c = (self.c.float() if layer is None else self.c.float()[layer]).abs()
-        psi_distance = torch.log1p(c * distance.clamp(min=0).float())  # future keys: masked, but finite
-        # a literal: a float attribute read in a score_mod compiled for dynamic shapes becomes a
-        # tensor whose .item() flex cannot lower
-        psi_position = torch.log1p(c * torch.maximum(query.float(), self.threshold(layer))) + 1e-6
-        return psi_distance / psi_position
+    def bias(self, layer: int = 0) -> ScoreBias:
+        # every value the formula reads, per head and on its own (`ScoreBias`): |c| twice, L, each hidden
+        # unit's input weight and bias, each unit's output weights, the output bias
+        at = layer if self.per_layer else None
+        units = slice(layer * self.width, (layer + 1) * self.width) if self.per_layer else slice(None)
+        heads = slice(layer * self.n_head, (layer + 1) * self.n_head) if self.per_layer else slice(None)
+        c = (self.c.float() if at is None else self.c.float()[at]).abs()
+        scalars = torch.stack([c, c, self.threshold(at)])[:, None]
+        per_unit = torch.stack([self.w1.float()[units], self.b1.float()[units]])[..., None]
+        rows = torch.cat([scalars.expand(3, self.n_head), per_unit.expand(2, self.width, self.n_head).flatten(0, 1),
+                          self.w2.float()[:, heads], self.b2.float()[heads][None]])  # fmt: skip
+        c_distance, c_position, threshold, *rest = separate(rows)
+        w1, b1, w2, (b2,) = rest[: self.width], rest[self.width : 2 * self.width], rest[2 * self.width : -1], rest[-1:]
 
-    def relative_bias(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
-        # the MLP one hidden unit at a time: pointwise arithmetic, which FlexAttention fuses into its
-        # kernel (a matmul in a score_mod cannot be), and no (..., width) tensor on the dense path
-        layer = h // self.n_head if self.per_layer else None
-        x = self.normalized(distance, query, layer)
-        w1, b1 = self.w1.float(), self.b1.float()
-        w2 = self.w2.float().t()[h]  # (*h.shape, width): each head's output weights
-        bias = self.b2.float()[h]
-        for unit in range(self.width):
-            first = unit if layer is None else layer * self.width + unit
-            bias = bias + w2[..., unit] * torch.relu(w1[first] * x + b1[first])
-        return bias
+        def fire(h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
+            # psi(i - j) / psi(max(L, i)); future keys are masked, but their bias must stay finite
+            psi_distance = torch.log1p(c_distance[h] * distance.clamp(min=0).float())
+            x = psi_distance / (torch.log1p(c_position[h] * torch.maximum(query.float(), threshold[h])) + 1e-6)
+            # the MLP one hidden unit at a time: pointwise arithmetic, which FlexAttention fuses into its
+            # kernel (a matmul in a score_mod cannot be), and no (..., width) tensor on the dense path
+            bias = b2[h]
+            for unit in range(self.width):
+                bias = bias + w2[unit][h] * torch.relu(w1[unit][h] * x + b1[unit][h])
+            return bias
+
+        # the bias, a product, a hidden unit and the normalized distance, per head
+        return ScoreBias(fire, 4 * self.n_head + 4)
