@@ -23,7 +23,6 @@ from torch import Tensor, nn
 from core.errors import ConfigError
 from model.cache import KVCache, LayerCache
 from model.kernels import KERNELS, Kernel, Needs, Plan, Step, WeightsHook, choose_kernel, weights_kernel
-from model.linear import Linear
 from model.linear_attention import LINEAR_KERNELS, LayerStateCache, StateCache, feature_map
 from model.masks import AttentionMask
 from model.positions import PositionEncoding, ScoreBias
@@ -55,8 +54,8 @@ class Attention(nn.Module):
         self.layer = layer
         """This layer's index in the model, from 0."""
         self.n_head, self.head_dim = config.n_head, config.head_dim
-        self.qkv = Linear(config.n_embd, 3 * config.n_embd, config.bias, config.linear_backend)
-        self.proj = Linear(config.n_embd, config.n_embd, config.bias, config.linear_backend)
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, config.bias)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, config.bias)
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
         self.score = build_score(config)

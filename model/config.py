@@ -17,7 +17,6 @@ from typing import Any, Literal, get_args
 
 from core.errors import ConfigError
 from model.attention import ATTENTIONS
-from model.linear import LINEAR_BACKENDS, onednn_available
 from model.masks import RANDOM_DRAWS
 from model.validation import check_config
 
@@ -122,10 +121,6 @@ class GPTConfig:
     of flattening. fixed: s = attn_log_scale; learned: s per head and layer, starting there. Softmax only."""
     attn_log_scale: float | None = None
     """s of attn_log_scaling (default 1 / ln(block_size): at the training length the scale is 1)."""
-    linear_backend: str = "auto"
-    """Who multiplies the linear layers' float32 matrices on a CPU (model/linear.py): aten (PyTorch's MKL
-    sgemm) | onednn | auto (oneDNN on non-Intel x86 CPUs with AVX-512, where MKL runs AVX2 code; aten
-    elsewhere). GPUs, bf16 and compiled models always use F.linear."""
     chunked_loss: bool = False
     """Compute the loss through the output layer a chunk of rows at a time, never forming the (B, T, V)
     logits (model/loss.py): the same loss and gradients, less memory; forward then returns no logits."""
@@ -194,9 +189,6 @@ class GPTConfig:
                 "GPTConfig.attn_sinks keeps the first tokens visible beyond a window: set attn_window > 0."
             )
         self._check_random_blocks()
-        _check_choice("linear_backend", self.linear_backend, LINEAR_BACKENDS)
-        if self.linear_backend == "onednn" and not onednn_available():
-            raise ConfigError("GPTConfig.linear_backend='onednn': this PyTorch build has no oneDNN; use auto or aten.")
         check_config(self)  # the registries' half: names, each scheme's needs, a kernel for the combination
 
     def _check_gpt2_shape(self, source: str, layers: int, heads: int, width: int) -> None:
@@ -246,12 +238,17 @@ class GPTConfig:
         field existed: it takes the behaviour of that time (`BEFORE_FIELD`), so an old checkpoint goes on
         computing what it was trained with."""
         known = {f for f in cls.__dataclass_fields__}
+        values = {k: v for k, v in values.items() if k not in REMOVED_FIELDS}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"Unknown GPTConfig field(s) {unknown}; valid fields: {sorted(known)}.")
         before = {f: old for f, (old, applies) in BEFORE_FIELD.items() if f not in values and applies(values)}
         return cls(**values, **before)
 
+
+REMOVED_FIELDS = frozenset({"linear_backend"})
+"""Fields that older configs record and that no longer exist: read and dropped (linear_backend chose who
+multiplied float32 matrices on a CPU, which changed no result beyond rounding; removed in issue 35)."""
 
 BEFORE_FIELD: dict[str, tuple[Any, Any]] = {
     "attn_random_draw": ("earlier_with_replacement", lambda v: v.get("attn_random_blocks", 0) > 0),

@@ -17,7 +17,6 @@ from model.cache import LayerCache
 from model.config import GPTConfig
 from model.generation import stream
 from model.kernels import Kernel, Plan, Step, WeightsHook
-from model.linear import Linear
 from model.linear_attention import LayerStateCache
 from model.loss import linear_cross_entropy
 from model.masks import AttentionMask
@@ -63,9 +62,9 @@ class MLP(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.fc = Linear(config.n_embd, 4 * config.n_embd, config.bias, config.linear_backend)
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, config.bias)
         self.gelu = nn.GELU(approximate=config.gelu_approximate)  # exact (nanoGPT) or tanh (GPT-2)
-        self.proj = Linear(4 * config.n_embd, config.n_embd, config.bias, config.linear_backend)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -114,7 +113,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, self.attention, i) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.lm_head = Linear(config.n_embd, config.padded_vocab_size, False, config.linear_backend)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, False)
         self.lm_head.weight = self.wte.weight  # tied input/output embeddings (Press & Wolf 2017)
         self.activation_checkpointing = False
         """Keep only each block's input during a training forward pass and recompute the block in the

@@ -53,7 +53,7 @@ def model_curve(settings: dict[str, Any], steps: int = STEPS) -> list[float]:
     torch.manual_seed(1337)
     # PyTorch's own float32 matmuls, on every CPU: the file records them (oneDNN's are tested against them)
     model = GPT(
-        GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32, linear_backend="aten", **fields)
+        GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32, **fields)
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     data = torch.Generator().manual_seed(0)
@@ -83,7 +83,7 @@ def trainer_curve(tmp: Path, text_file: Path, steps: int = STEPS) -> list[float]
 
     cli.run(train_script.COMMAND, [
         "--model.n_layer", "2", "--model.n_head", "4", "--model.n_embd", "32", "--model.block_size", "32",
-        "--model.dropout", "0.1", "--model.linear_backend", "aten",
+        "--model.dropout", "0.1",
         "--train.batch_size", "4", "--train.grad_accum", "2",
         "--train.max_steps", str(steps), "--train.log_interval", "1", "--train.eval_interval", str(steps),
         "--train.progress_bar", "false", "--train.sample_tokens", "0", "--train.precision", "32-true",

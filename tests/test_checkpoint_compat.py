@@ -11,6 +11,7 @@ import torch
 
 from evaluation.checkpoint import gpt_from_checkpoint, load_checkpoint
 from model import GPT, GPTConfig
+from model.config import REMOVED_FIELDS
 
 BUNDLE = torch.load(Path(__file__).resolve().parent / "assets" / "pre-redesign.pt", weights_only=False)
 
@@ -43,7 +44,14 @@ def test_a_checkpoint_from_before_the_papers_defaults_computes_as_it_was_trained
         logits, _ = model(saved["idx"])
     torch.testing.assert_close(logits, saved["logits"], rtol=1e-5, atol=1e-6)
     # ... while a new model of the same shape takes the papers' defaults, which compute otherwise
-    fresh = GPT(GPTConfig(**{k: v for k, v in saved["config"].items()}))
+    fresh = GPT(GPTConfig(**{k: v for k, v in saved["config"].items() if k not in REMOVED_FIELDS}))
     fresh.load_state_dict(saved["state_dict"])
     with torch.no_grad():
         assert not torch.allclose(fresh.eval()(saved["idx"])[0], saved["logits"], atol=1e-3)
+
+
+def test_a_config_that_records_a_removed_field_loads_without_it():
+    """linear_backend (who multiplied float32 matrices on a CPU) was removed in issue 35; configs and
+    checkpoints written with it still load, as the same model."""
+    config = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    assert GPTConfig.from_dict({**config.to_dict(), "linear_backend": "onednn"}) == config

@@ -25,7 +25,7 @@ from model import GPTConfig
 from training.config import RunConfig, lr_factor
 
 CHANGEABLE_MODEL_FIELDS = frozenset(
-    {"attn_backend", "linear_backend", "dropout", "rope_scaling", "rope_scaling_factor", "chunked_loss", "init_from"}
+    {"attn_backend", "dropout", "rope_scaling", "rope_scaling_factor", "chunked_loss", "init_from"}
 )
 """Model fields that a resumed run may change: the weights keep their shapes and meaning (RoPE
 scaling is how position interpolation fine-tunes a trained model for longer contexts; the chunked
