@@ -38,6 +38,15 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def shown_path(path: Path | str) -> str:
+    """`path` relative to the working directory when it lies inside it, else as given: what a record
+    (results.json, a report) names, so that it stays true in another checkout."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def tmp_path(path: Path, hidden: bool = False) -> Path:
     """The temporary name this process writes `path` under."""
     return path.with_name(f"{'.' if hidden else ''}{path.name}{TMP_MARK}{os.getpid()}")

@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from core.device import pick_device_dtype
-from core.files import sha256_file
+from core.files import sha256_file, shown_path
 from core.repo import git_sha
 from data.dataset import load_prepared
 from data.errors import DataError
@@ -239,10 +239,10 @@ def _text_for(ckpt: LoadedCheckpoint, path: str, data: EvalData) -> EvalText:
                 "Pass the text itself with --eval_data.input FILE: each checkpoint then tokenizes it with "
                 "its own tokenizer."
             )
-        source = f"{data.dir} ({data.split} split)"
+        source = f"{shown_path(data.dir)} ({data.split} split)"
     else:
         prepared = recorded_data(path, ckpt.data, ckpt.config["data"], ckpt.tokenizer.meta(), data.tiktoken_ranks)
-        source = f"{prepared.path} ({data.split} split, the checkpoint's own data)"
+        source = f"{shown_path(prepared.path)} ({data.split} split, the checkpoint's own data)"
     tokens = np.asarray(prepared.tokens(data.split))
     return EvalText(tokens, {"source": source, "tokens": int(tokens.size), "sha256": _tokens_sha256(tokens)})
 

@@ -78,7 +78,7 @@ class Attention(nn.Module):
 
     @classmethod
     def kernel_head_size(cls, head_dim: int) -> int:
-        """The head size of the queries and keys its kernels see (a kernel may have a least one)."""
+        """The head size of the queries and keys its kernels see (some kernels need a minimum)."""
         return head_dim
 
     @classmethod
@@ -96,7 +96,7 @@ class Attention(nn.Module):
 
     def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, step: Step) -> tuple[Tensor, Tensor]:
         """The scheme's rotation of queries and keys (B, H, T, D) at the step's positions."""
-        return pe.rotate(q, k, step.q_start, step.ids)
+        return pe.rotate(q, k, step.positions)
 
     def reconfigure(self, old: GPTConfig, config: GPTConfig) -> None:
         """Take the mask and scaling of `config` (`GPT.switch`), keeping the weights."""
@@ -290,7 +290,7 @@ class DifferentialAttention(SoftmaxAttention):
             return super().rotate(pe, q, k, step)
         B, H, T, D = q.shape
         halves = [t.unflatten(-1, (2, D // 2)).transpose(2, 3).flatten(1, 2) for t in (q, k)]  # (B, 2H, T, d)
-        q2, k2 = pe.rotate(*halves, step.q_start, step.ids)
+        q2, k2 = pe.rotate(*halves, step.positions)
         return tuple(t.unflatten(1, (H, 2)).transpose(2, 3).flatten(-2) for t in (q2, k2))  # (B, H, T, D)
 
     def weight(self) -> Tensor:
@@ -333,10 +333,10 @@ def _log_scaling_changes(old: GPTConfig, new: GPTConfig) -> bool:
 
 def query_indices(step: Step) -> Tensor:
     """Where the step's queries stand among the keys: (B, Tq) when decoding (each row's cache
-    position), else (Tq,) from `q_start` (randomized positions are labels, not counts)."""
-    if step.q_pos is not None:
-        return step.q_pos
-    return torch.arange(step.q_start, step.q_start + step.q_len, device=step.device)
+    position), else 0..Tq-1 (randomized positions are labels, not counts)."""
+    if step.k_pos is not None:
+        return step.positions
+    return torch.arange(step.q_len, device=step.device)
 
 
 class LinearAttention(Attention):
@@ -352,7 +352,7 @@ class LinearAttention(Attention):
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerStateCache | None = None) -> Tensor:
         q, k, v = self.project(x)
         fq, fk = feature_map(q), feature_map(k)
-        rq, rk = pe.rotate(fq, fk, plan.step.q_start, plan.step.ids)
+        rq, rk = pe.rotate(fq, fk, plan.step.positions)
         q2, k2 = torch.cat([rq, fq], dim=-1), torch.cat([rk, fk], dim=-1)
         y = cache.attend(q2, k2, v, plan.cache_step) if cache is not None else plan.attend(q2, k2, v, self.score, 0.0)
         return self.output(y)

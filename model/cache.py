@@ -42,7 +42,7 @@ class CacheStep:
 
     prefill: bool
     """The cache was empty: the new tokens attend to each other only, at positions 0..T-1."""
-    q_pos: Tensor
+    positions: Tensor
     """(B, T) position of each new token (in prefill the padding's too: the column)."""
     real: Tensor | None
     """(B, T) which new tokens are real, not padding (None: all)."""
@@ -129,11 +129,11 @@ class KVCache(DecodingCache):
         if step.prefill:
             k_pos = None  # the new tokens attend to each other only
         elif self.rolling and new_tokens > 1:  # the buffer as it was, then the new keys
-            k_pos = torch.cat([held, step.q_pos], dim=1)
+            k_pos = torch.cat([held, step.positions], dim=1)
         else:  # written first: the buffer holds every key the new tokens see
             k_pos = slot_pos
         source = position - start[:, None]
-        return CacheStep(step.prefill, step.q_pos, step.real, step.end, k_pos, slot_pos, incoming, source)
+        return CacheStep(step.prefill, step.positions, step.real, step.end, k_pos, slot_pos, incoming, source)
 
     def _check_room(self, step: CacheStep, new_tokens: int) -> None:
         """Refuse positions past a full cache's capacity, which it would otherwise drop: checked from
@@ -198,7 +198,7 @@ class LayerCache:
             self._write(k, v, step)
             return k, v
         if T == 1:  # one new key per row, into its slot, in place (an index_put_ that Inductor keeps in place)
-            rows, slot = torch.arange(B, device=k.device), self.owner.slot_of(step.q_pos[:, 0])
+            rows, slot = torch.arange(B, device=k.device), self.owner.slot_of(step.positions[:, 0])
             self.k[rows, :, slot] = k[:, :, 0]
             self.v[rows, :, slot] = v[:, :, 0]
             return self.k, self.v

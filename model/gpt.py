@@ -284,14 +284,12 @@ class GPT(nn.Module):
         decoding = cache_step is not None and not cache_step.prefill
         if not decoding:  # positions 0..T-1 (decoding: the caller keeps to the cache's tables)
             self._check_length(T)
-        ids = cache_step.q_pos if decoding else positions  # decoding: each row at its own positions
-        x = self.drop(self.pe.embed(self.wte(idx), 0, ids))  # (B, T, C)
+        if decoding:  # each row at its own positions, over the keys the cache holds
+            positions = cache_step.positions
+        x = self.drop(self.pe.embed(self.wte(idx), positions))  # (B, T, C)
         dropout = self.training and self.config.dropout > 0
         kernel = self.kernel(idx.device, dropout, x.requires_grad, decoding, weights=visit is not None)
-        if decoding:
-            step = Step(0, T, self.config.n_head, idx.device, cache_step.k_pos, ids, q_pos=ids)
-        else:
-            step = Step(0, T, self.config.n_head, idx.device, ids=positions)
+        step = Step(T, self.config.n_head, idx.device, positions, cache_step.k_pos if decoding else None)
         memo = self._kernel_memos[type(kernel)]
         bias = self.pe.bias if self.pe.score_bias else lambda layer: None  # from the parameters as they are now
         context = self.attention.kernel_context(kernel, self.config, bias(0), self.mask, step, memo)

@@ -159,12 +159,11 @@ class AttentionMask:
             x = ((x ^ (x >> 16)) * 0x45D9F3B) % (1 << 32)
         return x ^ (x >> 16)
 
-    def mask_mod(self, offset: int = 0) -> MaskMod:
-        """The FlexAttention `mask_mod`, for queries whose indices start at absolute position `offset`
-        and keys at 0."""
+    def mask_mod(self) -> MaskMod:
+        """The FlexAttention `mask_mod` of tokens at positions 0.. attending to each other."""
 
         def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return self.visible(q_idx + offset, kv_idx)
+            return self.visible(q_idx, kv_idx)
 
         return mask_mod
 

@@ -96,14 +96,14 @@ def sigmoid_score_mod(bias: ScoreBias | None, mask: AttentionMask, step: Step, l
     """ln sigmoid(score + the scheme's bias - ln n), n = `length`, or with None the keys the query
     sees (`mask.seen_keys` of its place in the token order; when decoding, of its cache position)."""
     biased = score_mod_of(bias, step) if bias is not None else None
-    q_pos, q_start = step.q_pos, step.q_start
+    q_pos = step.positions if step.k_pos is not None else None  # decoding: the cache positions
     log_length = math.log(length) if length is not None else None
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         z = biased(score, b, h, q_idx, kv_idx) if biased is not None else score
         if log_length is not None:
             return F.logsigmoid(z - log_length)
-        query = q_pos[b, q_idx] if q_pos is not None else q_idx + q_start
+        query = q_pos[b, q_idx] if q_pos is not None else q_idx
         return F.logsigmoid(z - torch.log(mask.seen_keys(query).float()))
 
     return score_mod

@@ -52,9 +52,7 @@ def model_curve(settings: dict[str, Any], steps: int = STEPS) -> list[float]:
     fields = {k: v for k, v in settings.items() if k != "random_positions"}
     torch.manual_seed(1337)
     # PyTorch's own float32 matmuls, on every CPU: the file records them (oneDNN's are tested against them)
-    model = GPT(
-        GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32, **fields)
-    )
+    model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32, **fields))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     data = torch.Generator().manual_seed(0)
     text = torch.randint(0, 64, (256,), generator=data)  # windows of one short random text: learnable

@@ -64,7 +64,7 @@ def test_rope_in_the_numerator_depends_on_relative_positions_only(tiny_config):
     x = torch.randn(1, 9, tiny_config.n_embd)
     outs = []
     for start in (0, 7):  # the 9 tokens at positions 0..8, then at 7..15 (no earlier tokens either time)
-        step = Step(start, 9, tiny_config.n_head, x.device)
+        step = Step(9, tiny_config.n_head, x.device, torch.arange(start, start + 9)[None])
         with torch.no_grad():
             outs.append(attention(x, model.pe, Plan(LinearAttention.kernels["eager"], None, step)))
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)

@@ -78,7 +78,8 @@ def test_numbers_equal_a_direct_computation(runs, tmp_path, mode, stride):
             assert row["mode"] == ("nonoverlap" if s == row["length"] else "sliding") and row["stride"] == s
 
 
-def test_output_files_and_not_applicable_rows(runs, tmp_path):
+def test_output_files_and_not_applicable_rows(runs, tmp_path, monkeypatch):
+    monkeypatch.chdir(runs["tmp"])  # the checkpoints' data lies here: results.json names it from here
     lengths = [8, 16, 32, 64]
     doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["learned"]), "--eval.lengths", str(lengths),
                     "--eval.token_budget", "128")  # fmt: skip
@@ -93,6 +94,7 @@ def test_output_files_and_not_applicable_rows(runs, tmp_path):
         assert [row["length"] for row in run["results"]] == lengths
         assert run["config"]["model"]["pos_encoding"] == run["pos_encoding"] and run["train_length"] == BLOCK
         assert len(run["data"]["sha256"]) == 64 and run["data"]["tokens"] > 64
+        assert run["data"]["source"].startswith("prepared/corpus-") and "own data" in run["data"]["source"]
     learned = {row["length"]: row for row in doc["runs"][1]["results"]}
     assert learned[16]["applicable"] and learned[16]["ppl"] > 1
     assert not learned[32]["applicable"] and learned[32]["ppl"] is None and "block_size=16" in learned[32]["reason"]

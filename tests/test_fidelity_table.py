@@ -77,10 +77,11 @@ def test_learned_positions_add_their_row_and_nope_adds_nothing():
     and keys as they are, and no score bias."""
     learned = GPT(dataclasses.replace(BASE, pos_encoding="learned")).pe
     x = torch.randn(2, 5, 16)
-    torch.testing.assert_close(learned.embed(x, start=3), x + learned.table.weight[3:8], rtol=0, atol=0)
+    at_3 = learned.embed(x, torch.arange(3, 8)[None])
+    torch.testing.assert_close(at_3, x + learned.table.weight[3:8], rtol=0, atol=0)
     nope = GPT(dataclasses.replace(BASE, pos_encoding="none")).pe
     q, k = torch.randn(2, 1, 2, 5, 8).unbind(0)
-    assert nope.embed(x, 3) is x and all(a is b for a, b in zip(nope.rotate(q, k, 3), (q, k), strict=True))
+    assert nope.embed(x) is x and all(a is b for a, b in zip(nope.rotate(q, k), (q, k), strict=True))
     assert not nope.score_bias and not nope.uses_positions and not list(nope.parameters())
 
 
@@ -89,7 +90,7 @@ def test_rope_turns_pair_i_and_i_plus_half_by_position_times_base_to_the_minus_2
     pe = GPT(dataclasses.replace(BASE, pos_encoding="rope", rope_base=500.0)).pe
     D, start = 8, 6
     q = torch.randn(1, 2, 4, D, dtype=torch.float64)
-    got = pe.rotate(q.float(), q.float(), start)[0].double()
+    got = pe.rotate(q.float(), q.float(), torch.arange(start, start + 4)[None])[0].double()
     expected = q.clone()
     for i in range(D // 2):
         angle = torch.arange(start, start + 4, dtype=torch.float64) * 500.0 ** (-2 * i / D)

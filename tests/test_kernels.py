@@ -212,8 +212,9 @@ def test_flex_needs_a_head_size_of_16_on_cuda(function):
         size = layer.kernel_head_size(head_dim)
         needs = layer.needs(SCHEMES["alibi"], AttentionMask(), SCORES["scaled_dot"], cuda, head_size=size)
         assert layer.choose_kernel("auto", needs, cuda) is KERNELS[expected]
-    with pytest.raises(KernelError, match=rf"lacks heads under 16 wide on cuda \(here {size}, from n_embd"):
-        layer.choose_kernel("flex", needs, cuda)
+        if expected == "sdpa":
+            with pytest.raises(KernelError, match=rf"lacks heads under 16 wide on cuda \(here {size}, from n_embd"):
+                layer.choose_kernel("flex", needs, cuda)
 
 
 WITH_FLEX = [function for function, layer in ATTENTIONS.items() if any(map(is_flex, layer.kernels.values()))]
@@ -270,14 +271,15 @@ def test_sdpa_under_cpu_bf16_autocast_attends_in_float32_and_matches_the_referen
             assert cosine > 0.98, f"gradient of {name}, T={T}: cosine {cosine:.4f}"
 
 
-def _checked_backward(gm: torch.fx.GraphModule, inputs: list) -> torch.fx.GraphModule:
+def _checked_backward(gm: torch.fx.GraphModule, inputs: list) -> Any:
     """aot_autograd's backward compiler: the check a GPU's compiled flex makes of its score_mod's joint graph."""
+    from functorch.compile import make_boxed_func
     from torch._inductor.kernel.flex.flex_attention import validate_joint_graph
 
     for node in gm.graph.nodes:
         if node.target is torch.ops.higher_order.flex_attention_backward:
             validate_joint_graph(getattr(gm, node.args[8].target).graph)
-    return gm
+    return make_boxed_func(gm)
 
 
 LEARNED_BIASES = [{"pos_encoding": name} for name, scheme in SCHEMES.items() if scheme.learned_bias] + [
@@ -291,6 +293,7 @@ def test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, fields):
     twice or transforms it, and gives a view of a parameter no gradient (`ScoreBias`; Kerple and FIRE
     failed so on an H200). aot_eager runs the same joint graph on a CPU: torch's own check passes, and every
     parameter of the scheme gets the eager kernel's gradient (the last layer's bias where each has one)."""
+    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -302,15 +305,15 @@ def test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, fields):
     torch.manual_seed(0)
     T, H = 40, config.n_head
     q, k, v = (torch.randn(2, H, T, config.head_dim) for _ in range(3))  # no gradient: flex on a CPU has none
-    step, weights = Step(0, T, H, torch.device("cpu")), torch.randn(2, H, T, config.head_dim)
-    checked = aot_autograd(fw_compiler=lambda gm, inputs: gm, bw_compiler=_checked_backward)
+    step, weights = Step(T, H, torch.device("cpu")), torch.randn(2, H, T, config.head_dim)
+    checked = aot_autograd(fw_compiler=lambda gm, inputs: make_boxed_func(gm), bw_compiler=_checked_backward)
     flex = torch.compile(flex_attention, backend=checked, fullgraph=True)
     score_mod, block_mask = score_mod_of(pe.bias(layer), step), build_block_mask(AttentionMask(), step, {})
     (flex(q, k, v, score_mod=score_mod, block_mask=block_mask) * weights).sum().backward()
-    got = {name: p.grad.clone() for name, p in pe.named_parameters()}
+    got = {name: p.grad.clone() for name, p in pe.named_parameters() if p.grad is not None}
     pe.zero_grad(set_to_none=True)
     context = KERNELS["eager"].context(pe.bias(layer), AttentionMask(), step, {})
     (KERNELS["eager"].run(q, k, v, context, build_score(config), 0.0, None) * weights).sum().backward()
-    assert got.keys() == {name for name, _ in pe.named_parameters()}
+    assert got.keys() == {name for name, _ in pe.named_parameters()}  # a view would have none
     for name, p in pe.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)  # b2: 0 (softmax shift)

@@ -19,7 +19,7 @@ D = BASE.head_dim  # 16: 8 frequency pairs (i, i + 8)
 
 
 def _rotate(config: GPTConfig, x: torch.Tensor, start: int = 0) -> torch.Tensor:
-    return GPT(config).pe.rotate(x, x, start)[0]
+    return GPT(config).pe.rotate(x, x, torch.arange(start, start + x.size(-2))[None])[0]
 
 
 def _by_hand(x: torch.Tensor, dims: list[int], freqs: list[float], positions: torch.Tensor) -> torch.Tensor:
@@ -68,8 +68,8 @@ def test_scores_depend_on_the_distance_only(partial):
     q, k = torch.randn(2, 1, 1, 1, D).unbind(0)
     scores = []
     for shift in (0, 9):
-        rq, _ = pe.rotate(q, q, 5 + shift)
-        _, rk = pe.rotate(k, k, 2 + shift)
+        rq, _ = pe.rotate(q, q, torch.tensor([[5 + shift]]))
+        _, rk = pe.rotate(k, k, torch.tensor([[2 + shift]]))
         scores.append((rq * rk).sum())
     torch.testing.assert_close(scores[0], scores[1], rtol=1e-5, atol=1e-5)
 

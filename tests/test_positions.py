@@ -42,14 +42,14 @@ def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two():
 @pytest.mark.parametrize(("q_len", "k_len"), [(7, 7), (3, 11), (1, 20)])
 def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
     """The two derivations of one formula (`ScoreBias`): eager/SDPA's dense (H, Tq, Tk) tensor
-    and FlexAttention's score_mod, for queries that are the last Tq of Tk positions."""
+    and FlexAttention's score_mod, for queries that are the last Tq of Tk positions (as decoding puts them)."""
     from model.kernels import KERNELS, Step
     from model.kernels.flex import score_mod_of
     from model.masks import AttentionMask
 
     pe = ALiBi(dataclasses.replace(tiny_config, pos_encoding="alibi"))
     n_head, start = tiny_config.n_head, k_len - q_len
-    step = Step(start, q_len, n_head, torch.device("cpu"))
+    step = Step(q_len, n_head, torch.device("cpu"), torch.arange(start, k_len)[None], torch.arange(k_len)[None])
     _, bias = KERNELS["eager"].context(pe.bias(), AttentionMask(), step, {}).block(slice(0, q_len))
     bias = bias[0]  # (H, Tq, Tk): the same for every batch row
     h = torch.arange(n_head)[:, None, None]
@@ -74,7 +74,7 @@ def test_with_positions_per_row_the_dense_bias_and_the_score_mod_agree(tiny_conf
     pe = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).pe
     ids = random_positions(3, 9, 40, torch.Generator().manual_seed(0))
     n_head = tiny_config.n_head
-    step = Step(0, 9, n_head, torch.device("cpu"), ids=ids)
+    step = Step(9, n_head, torch.device("cpu"), ids)
     _, bias = KERNELS["eager"].context(pe.bias(), AttentionMask(), step, {}).block(slice(0, 9))
     assert bias.shape == (3, n_head, 9, 9)
     score_mod = score_mod_of(pe.bias(), step)
@@ -110,13 +110,13 @@ def test_rope_preserves_norms_and_rotates_in_float32(tiny_config):
     pe = RotaryPositions(dataclasses.replace(tiny_config, pos_encoding="rope"))
     q = torch.randn(2, 4, 40, 8)
     k = torch.randn(2, 4, 40, 8)
-    q_rot, k_rot = pe.rotate(q, k, start=3)  # positions 3..42: past the 16 cached at init
+    q_rot, k_rot = pe.rotate(q, k)  # positions 0..39: past the 16 cached at init
     torch.testing.assert_close(q_rot.norm(dim=-1), q.norm(dim=-1))
     torch.testing.assert_close(k_rot.norm(dim=-1), k.norm(dim=-1))
     assert not torch.allclose(q_rot, q)
-    assert pe.cos.size(0) >= 43 and pe.cos.dtype == torch.float32  # the cache grew, not cropped
-    cos, sin = rope_cos_sin(43, 8, 10000.0)
-    torch.testing.assert_close(q_rot, apply_rope(q, cos[3:], sin[3:]))
+    assert pe.cos.size(0) >= 40 and pe.cos.dtype == torch.float32  # the cache grew, not cropped
+    cos, sin = rope_cos_sin(40, 8, 10000.0)
+    torch.testing.assert_close(q_rot, apply_rope(q, cos, sin))
 
 
 def test_rope_cache_stays_float32_after_casting_the_model(tiny_config):
@@ -139,9 +139,9 @@ def test_sinusoid_table_matches_the_formula():
 def test_sinusoidal_embedding_grows_and_adds_the_table(tiny_config):
     config = dataclasses.replace(tiny_config, pos_encoding="sinusoidal")
     pe = SinusoidalPositions(config)
-    x = torch.randn(2, 50, config.n_embd)
-    out = pe.embed(x, start=10)
-    expected = x * math.sqrt(config.n_embd) + sinusoid_table(60, config.n_embd)[10:]
+    x = torch.randn(2, 60, config.n_embd)  # past the 16 positions at init
+    out = pe.embed(x)
+    expected = x * math.sqrt(config.n_embd) + sinusoid_table(60, config.n_embd)
     torch.testing.assert_close(out, expected)
     assert sum(p.numel() for p in pe.parameters()) == 0
 
@@ -232,6 +232,14 @@ def test_t5_bias_is_a_learned_table_lookup_that_saturates(tiny_config):
     for d, bucket in ((0, 0), (3, 3), (8, 5), (20, 7), (500, 7)):
         torch.testing.assert_close(pe.bias()(h, torch.tensor([[d]]), torch.tensor(d)), pe.table[bucket][:, None])
     assert pe.lookup_parameters() == [pe.table]
+    # the bias counts buckets from where each starts: `t5_bucket` at every distance, for other tables too
+    for n, most in ((32, 128), (32, 256), (10, 37), (128, 2048)):
+        pe = T5Bias(dataclasses.replace(config, t5_num_buckets=n, t5_max_distance=most))
+        with torch.no_grad():
+            pe.table.copy_(torch.arange(n, dtype=torch.float32)[:, None].expand(n, config.n_head))  # row = bucket
+        d = torch.arange(3 * most)
+        expected = t5_bucket(d.clamp(max=most), n, most).float()
+        assert torch.equal(pe.bias()(torch.tensor(0), d, d), expected), (n, most)
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
@@ -268,7 +276,7 @@ def test_contiguous_positions_give_exactly_todays_logits(tiny_config, scheme, ba
 @pytest.mark.parametrize("scheme", POS_ENCODINGS)
 def test_each_row_is_at_its_own_positions(tiny_config, scheme):
     """Shifting a row's positions changes nothing for a relative scheme and something for an
-    absolute one; a row at positions s.. is what the scheme computes from start s."""
+    absolute one; positions 0..T-1 given are what None computes."""
     model = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme, attn_backend="eager")).eval()
     idx = torch.randint(0, tiny_config.vocab_size, (2, 9))
     positions = torch.stack([torch.arange(9), torch.arange(9) + 5])  # row 1 shifted by 5
@@ -283,9 +291,9 @@ def test_each_row_is_at_its_own_positions(tiny_config, scheme):
         assert shifted > 1e-3
     pe = model.pe
     x = torch.randn(2, 9, tiny_config.n_embd)
-    torch.testing.assert_close(pe.embed(x, 0, positions)[1], pe.embed(x[1:], 5)[0], rtol=0, atol=0)
+    torch.testing.assert_close(pe.embed(x, positions)[0], pe.embed(x[:1])[0], rtol=0, atol=0)
     q = torch.randn(2, 2, 9, tiny_config.head_dim)
-    torch.testing.assert_close(pe.rotate(q, q, 0, positions)[0][1], pe.rotate(q[1:], q[1:], 5)[0][0], rtol=0, atol=0)
+    torch.testing.assert_close(pe.rotate(q, q, positions)[0][0], pe.rotate(q[:1], q[:1])[0][0], rtol=0, atol=0)
 
 
 def test_a_random_position_draw_is_sorted_in_range_and_seeded():

@@ -55,24 +55,22 @@ class KernelError(UserError, RuntimeError):
 
 @dataclass(frozen=True)
 class Step:
-    """Where the queries and keys of one forward pass sit. Without a cache: the Tq queries at
-    positions q_start.., the keys at 0..q_start + Tq - 1, or with `ids` each row at its own
-    increasing positions (randomized positions; the mask stays on token order). Decoding through a
-    cache: each row's queries at `q_pos` (B, Tq) and the keys it attends over at `k_pos` (B, Tk),
-    -1 for an empty slot; the scheme sees the same positions (`ids` is `q_pos`). `n_head` is the
-    pass's head count, which a bias is built for."""
+    """Where the queries and keys of one forward pass sit. Without a cache: Tq tokens attending to
+    each other, at positions 0..Tq-1, or with `positions` (B, Tq) each row at its own increasing
+    positions (randomized positions: the scheme sees them, the mask stays on token order). Decoding
+    through a cache (`k_pos` given): each row's queries at `positions` (B, Tq) and the keys it attends
+    over at `k_pos` (B, Tk), -1 for an empty slot; the mask and the scheme see the same positions.
+    `n_head` is the pass's head count, which a bias is built for."""
 
-    q_start: int
     q_len: int
     n_head: int
     device: torch.device
+    positions: Tensor | None = None
     k_pos: Tensor | None = None
-    ids: Tensor | None = None
-    q_pos: Tensor | None = None
 
     @property
     def k_len(self) -> int:
-        return self.k_pos.size(-1) if self.k_pos is not None else self.q_start + self.q_len
+        return self.k_pos.size(-1) if self.k_pos is not None else self.q_len
 
 
 class Lack(NamedTuple):
@@ -98,7 +96,7 @@ class Needs:
     dot_score: bool = True
     """The score is a scaled dot product (`Score.dot_product`)."""
     head_size: int | None = None
-    """The model's head size (None: any, as a config's validation asks)."""
+    """The head size the kernel sees (the model's; half of it for differential attention); None: any."""
 
     def unmet(self, kernel: Kernel) -> list[Lack]:
         """What `kernel` cannot do of these needs."""

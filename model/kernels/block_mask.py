@@ -24,19 +24,19 @@ def eager_block_mask(mask: AttentionMask, step: Step, cache: dict | None) -> Blo
     """The block mask of `mask` for a forward pass, built once per shape and reused (in `cache`) by
     later forwards. Decoding through a cache (each row at its own positions, which change every
     step) builds a small one per step, per row."""
-    q_start, q_len, device = step.q_start, step.q_len, step.device
-    if step.q_pos is not None and step.k_pos is not None:
-        q_pos, k_pos = step.q_pos, step.k_pos
+    q_len, device = step.q_len, step.device
+    if step.k_pos is not None:
+        q_pos, k_pos = step.positions, step.k_pos
 
         def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             k = k_pos[b, kv_idx]
             return mask.visible(q_pos[b, q_idx], k) & (k >= 0)
 
         return create_block_mask(mask_mod, q_pos.size(0), None, q_len, k_pos.size(-1), device=device)
-    key = (mask, q_start, q_len, str(device))
+    key = (mask, q_len, str(device))
     if cache is not None and key in cache:
         return cache[key]
-    block_mask = block_mask_in_chunks(mask, q_start, q_len, q_start + q_len, device)
+    block_mask = block_mask_in_chunks(mask, q_len, device)
     if cache is not None:
         if len(cache) > 8:  # a handful of shapes per model (training, evaluation lengths)
             cache.clear()
@@ -44,8 +44,8 @@ def eager_block_mask(mask: AttentionMask, step: Step, cache: dict | None) -> Blo
     return block_mask
 
 
-def block_mask_in_chunks(mask: AttentionMask, q_start: int, q_len: int, k_len: int, device: torch.device) -> BlockMask:
-    """The block mask of queries at q_start.. over keys 0..k_len-1, as `create_block_mask` makes it
+def block_mask_in_chunks(mask: AttentionMask, length: int, device: torch.device) -> BlockMask:
+    """The block mask of `length` tokens attending to each other, as `create_block_mask` makes it
     (a tile is full when every pair in it is visible, partial when some are, and a tile past the
     end is never full), with the visibility formed a chunk of query tiles at a time (at most
     `DENSE_ELEMENTS` at once) and the tiles ordered by an eager sort. `create_block_mask` itself
@@ -53,20 +53,20 @@ def block_mask_in_chunks(mask: AttentionMask, q_start: int, q_len: int, k_len: i
     and compiled hits a Triton sort that compiles for minutes at 128 key tiles and more, that is
     from 16384 tokens on (pytorch/pytorch#182060, fixed after torch 2.11): the T=16384 step that
     never finished."""
-    q_tiles, k_tiles = -(-q_len // BLOCK), -(-k_len // BLOCK)
-    keys = torch.arange(k_tiles * BLOCK, device=device)
-    chunk = max(1, DENSE_ELEMENTS // (BLOCK * BLOCK * k_tiles))  # query tiles at once
+    tiles = -(-length // BLOCK)
+    keys = torch.arange(tiles * BLOCK, device=device)
+    chunk = max(1, DENSE_ELEMENTS // (BLOCK * BLOCK * tiles))  # query tiles at once
     partial, full = [], []
-    for first in range(0, q_tiles, chunk):
-        rows = torch.arange(first * BLOCK, min(first + chunk, q_tiles) * BLOCK, device=device)
-        visible = mask.visible(rows[:, None] + q_start, keys[None, :])
-        visible = visible & (rows < q_len)[:, None] & (keys < k_len)[None, :]
-        seen = visible.view(-1, BLOCK, k_tiles, BLOCK).sum(dim=(1, 3))  # visible pairs per tile
+    for first in range(0, tiles, chunk):
+        rows = torch.arange(first * BLOCK, min(first + chunk, tiles) * BLOCK, device=device)
+        visible = mask.visible(rows[:, None], keys[None, :])
+        visible = visible & (rows < length)[:, None] & (keys < length)[None, :]
+        seen = visible.view(-1, BLOCK, tiles, BLOCK).sum(dim=(1, 3))  # visible pairs per tile
         partial.append((seen > 0) & (seen < BLOCK * BLOCK))
         full.append(seen == BLOCK * BLOCK)
     return BlockMask.from_kv_blocks(
         *_ordered(torch.cat(partial)), *_ordered(torch.cat(full)), BLOCK_SIZE=BLOCK,
-        mask_mod=mask.mask_mod(q_start), seq_lengths=(q_len, k_len),
+        mask_mod=mask.mask_mod(), seq_lengths=(length, length),
     )  # fmt: skip
 
 

@@ -73,14 +73,13 @@ def dense_context(bias: ScoreBias | None, mask: AttentionMask, step: Step, short
     """The dense context of one forward pass (see `DenseContext`); with `shortcut`, plain causal
     attention needs no mask."""
     device = step.device
-    if step.q_pos is not None:  # decoding through a cache: each row's own positions
-        assert step.k_pos is not None
-        q_pos, k_pos, q_ids, k_ids = step.q_pos, step.k_pos, step.q_pos, step.k_pos
+    if step.k_pos is not None:  # decoding through a cache: each row's own positions
+        assert step.positions is not None
+        q_pos, k_pos, q_ids, k_ids = step.positions, step.k_pos, step.positions, step.k_pos
     else:
-        q_pos = torch.arange(step.q_start, step.q_start + step.q_len, device=device)[None]
-        k_pos = torch.arange(step.k_len, device=device)[None]
-        q_ids, k_ids = (step.ids, step.ids) if step.ids is not None else (q_pos, k_pos)
-    plain = shortcut and mask.causal_only and step.q_pos is None
+        q_pos = k_pos = torch.arange(step.q_len, device=device)[None]
+        q_ids = k_ids = step.positions if step.positions is not None else q_pos
+    plain = shortcut and mask.causal_only and step.k_pos is None
     context = DenseContext(bias, mask, step.n_head, q_pos, k_pos, q_ids, k_ids, plain)
     if context.rows_per_block < step.q_len:
         return context  # formed block by block

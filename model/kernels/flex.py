@@ -67,25 +67,18 @@ def flex_attention_fused(
 
 def score_mod_of(bias: ScoreBias, step: Step) -> ScoreMod:
     """The scheme's bias as a FlexAttention score_mod: the same formula as the dense path's."""
-    q_start, k_pos, ids, q_pos = step.q_start, step.k_pos, step.ids, step.q_pos
-    if q_pos is not None and k_pos is not None:  # decoding: each row at its own positions
+    positions = step.positions
+    if positions is not None:  # each row at its own positions: its keys' in the cache, or its own
+        keys = step.k_pos if step.k_pos is not None else positions
 
         def score_mod_rows(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            query = q_pos[b, q_idx]
-            return score + bias(h, query - k_pos[b, kv_idx], query)
+            query = positions[b, q_idx]
+            return score + bias(h, query - keys[b, kv_idx], query)
 
         return score_mod_rows
-    if ids is not None:
-
-        def score_mod_ids(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            query = ids[b, q_idx]
-            return score + bias(h, query - ids[b, kv_idx], query)
-
-        return score_mod_ids
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        query = q_idx + q_start
-        return score + bias(h, query - kv_idx, query)
+        return score + bias(h, q_idx - kv_idx, q_idx)
 
     return score_mod
 

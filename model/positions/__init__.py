@@ -2,8 +2,8 @@
 
 Every scheme implements up to three hooks, each a no-op by default:
 
-- `embed(x, start, ids)`        adds something to the token embeddings (learned, sinusoidal);
-- `rotate(q, k, start, ids)`    rotates queries and keys per head (RoPE);
+- `embed(x, positions)`         adds something to the token embeddings (learned, sinusoidal);
+- `rotate(q, k, positions)`     rotates queries and keys per head (RoPE);
 - `bias(layer)`               a `ScoreBias` for one forward pass: the formula of a bias on the
   attention score of head h for a query at position i, d positions after its key (ALiBi, T5,
   Kerple read d; FIRE both), over tensors computed from the scheme's parameters. It is written
@@ -24,11 +24,11 @@ The schemes live by kind: `base` (the interface, NoPE), `tables` (learned, sinus
 per-position tables added to the embeddings or rotating q and k), `biases` (ALiBi, T5, Kerple,
 FIRE: score biases).
 
-Positions are contiguous unless given: the `T` tokens are at `start`..`start + T - 1` (`start` > 0
-when decoding with a KV cache), or, with `ids` (B, T), each row at its own increasing positions
-(randomized positions, Ruoss et al. 2023: training on a random ordered subset of [0, L_max) so that
-the positions of long inputs are not new at test time). With contiguous ids every scheme gives
-exactly what `start` gives (tested). Tables must cover the largest id beforehand (`reserve`).
+Positions are 0..T-1 unless given: `positions` (B, T) puts each row at its own increasing positions
+(decoding with a KV cache: each row's cache positions; randomized positions, Ruoss et al. 2023:
+training on a random ordered subset of [0, L_max) so that the positions of long inputs are not new
+at test time). With positions 0..T-1 given, every scheme gives exactly what None gives (tested).
+Tables must cover the largest position beforehand (`reserve`).
 
 Caches (the sinusoid table, RoPE's cos/sin) are non-persistent float32 buffers that grow on
 demand; nothing is cropped to `block_size`. Only `learned` has a hard limit (`max_positions`).

@@ -28,9 +28,9 @@ class ScoreBias:
     (`PositionEncoding.bias`), each stored on its own and read through one index by head. Compiled
     FlexAttention carries a gradient into a tensor its score_mod reads only that way (torch 2.11 to
     2.13): it refuses a tensor read twice or transformed inside the score_mod (`validate_joint_graph`
-    in torch/_inductor/kernel/flex/flex_attention.py; seen on an H200 for Kerple and FIRE), and a
-    view of a parameter gets no gradient at all, silently (`separate`; both reproduced on a CPU in
-    tests/test_positions.py)."""
+    in torch/_inductor/kernel/flex/flex_attention.py; seen on an H200 for Kerple and FIRE, and run
+    on a CPU by tests/test_kernels.py), and a view of a parameter gets no gradient at all, silently
+    (`separate`)."""
 
     formula: Callable[[Tensor, Tensor, Tensor], Tensor]
     elements: int
@@ -43,7 +43,9 @@ class ScoreBias:
 
 def separate(rows: Tensor) -> list[Tensor]:
     """The rows of `rows` (K, ...) as K tensors of their own (copies, not views), for a `ScoreBias`
-    formula to read each one once."""
+    formula to read each one once; views where no gradient is taken (decoding: no copies per step)."""
+    if not (torch.is_grad_enabled() and rows.requires_grad):
+        return list(rows.unbind(0))
     return [row.clone() for row in rows.unbind(0)]
 
 
@@ -75,13 +77,12 @@ class PositionEncoding(nn.Module):
     def check(cls, config: GPTConfig) -> None:
         """Raise `ConfigError` when the scheme cannot work with `config` (called at its validation)."""
 
-    def embed(self, x: Tensor, start: int, ids: Tensor | None = None) -> Tensor:
-        """Token embeddings `x` (B, T, C) at positions start..start+T-1 (or `ids`, (B, T)) -> input
-        of the first block."""
+    def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Token embeddings `x` (B, T, C) at `positions` (B or 1, T; None: 0..T-1) -> input of the first block."""
         return x
 
-    def rotate(self, q: Tensor, k: Tensor, start: int, ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Queries and keys (B, H, T, D) at positions start..start+T-1 (or `ids`, (B, T)) -> rotated copies."""
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Queries and keys (B, H, T, D) at `positions` (B or 1, T; None: 0..T-1) -> rotated copies."""
         return q, k
 
     def bias(self, layer: int = 0) -> ScoreBias:
@@ -120,10 +121,10 @@ def require_even(config: GPTConfig, value: int, why: str) -> None:
         raise ConfigError(f"GPTConfig.pos_encoding={config.pos_encoding!r} {why}; got {value}.")
 
 
-def take(table: Tensor, start: int, length: int, ids: Tensor | None) -> Tensor:
-    """The rows of a per-position table (N, ...) for `length` tokens: table[start:start+length], or
-    table[ids] for positions `ids` (B, T) -> (B, T, ...)."""
-    return table[start : start + length] if ids is None else table[ids]
+def take(table: Tensor, length: int, positions: Tensor | None) -> Tensor:
+    """The rows of a per-position table (N, ...) for `length` tokens: table[:length] (T, ...), or
+    table[positions] for `positions` (B, T) -> (B, T, ...)."""
+    return table[:length] if positions is None else table[positions]
 
 
 def random_positions(

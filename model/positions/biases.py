@@ -43,8 +43,11 @@ class T5Bias(PositionEncoding):
     """T5's relative position bias (Raffel et al. 2020), causal: a learned scalar per head for each
     bucket of the distance d = q - k >= 0. Buckets 0..N/2-1 hold one distance each; the other N/2
     are log-spaced up to `max_distance`, from which on every distance shares the last bucket (so
-    the scheme runs at any length). The table is looked up, once per forward for eager and SDPA
-    and inside the kernel for flex, and shared by every layer."""
+    the scheme runs at any length). The table is shared by every layer and looked up where the bias
+    is formed (for flex, inside the kernel): the bucket of d is counted there from the distances at
+    which each log-spaced bucket starts (`t5_bucket`'s, found once), in integers, so that the kernel
+    gathers from the table alone and the dense and fused paths agree exactly. (A gather of an int64
+    bucket table per score, then of the bias, ran out of shared memory in flex on an H200.)"""
 
     score_bias = True
     learned_bias = True
@@ -54,6 +57,11 @@ class T5Bias(PositionEncoding):
         super().__init__(config)
         self.num_buckets, self.max_distance = config.t5_num_buckets, config.t5_max_distance
         self.table = nn.Parameter(torch.empty(config.t5_num_buckets, config.n_head))  # (buckets, H)
+        # on the CPU, also where the model is built on the meta device (estimates): plain numbers
+        buckets = t5_bucket(torch.arange(self.max_distance + 1, device="cpu"), self.num_buckets, self.max_distance)
+        later = torch.arange(self.num_buckets // 2 + 1, int(buckets[-1]) + 1, device="cpu")  # log-spaced, not the first
+        self.starts = torch.searchsorted(buckets, later).tolist()
+        """The distance at which each of those buckets starts."""
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -63,12 +71,16 @@ class T5Bias(PositionEncoding):
         return [self.table]
 
     def bias(self, layer: int = 0) -> ScoreBias:
-        table, num_buckets, max_distance = self.table.float(), self.num_buckets, self.max_distance
+        table, exact, starts = self.table.float(), self.num_buckets // 2, self.starts
 
         def t5(h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
-            return table[t5_bucket(distance, num_buckets, max_distance), h]  # saturates at max_distance
+            d = distance.clamp(min=0)  # future keys: masked by the kernel
+            bucket = d.clamp(max=exact)
+            for start in starts:  # saturates at max_distance's bucket
+                bucket = bucket + (d >= start)
+            return table[bucket, h]
 
-        return ScoreBias(t5, self.table.size(1))
+        return ScoreBias(t5, self.table.size(1) + 2)  # the bias per head, the int64 bucket per pair
 
 
 class Kerple(PositionEncoding):

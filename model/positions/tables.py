@@ -34,15 +34,14 @@ class LearnedPositions(PositionEncoding):
     def lookup_parameters(self) -> list[nn.Parameter]:
         return [self.table.weight]
 
-    def embed(self, x: Tensor, start: int, ids: Tensor | None = None) -> Tensor:
-        end = start + x.size(1)
-        if ids is None and end > self.table.num_embeddings:
+    def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        if positions is None and x.size(1) > self.table.num_embeddings:
             # GPT.forward checks lengths first with a friendlier message; this guards direct use.
             raise ValueError(
                 f"pos_encoding='learned' has embeddings for {self.table.num_embeddings} positions "
-                f"(block_size) but position {end - 1} was asked for."
+                f"(block_size) but position {x.size(1) - 1} was asked for."
             )
-        return x + take(self.table.weight, start, x.size(1), ids)
+        return x + take(self.table.weight, x.size(1), positions)
 
 
 class SinusoidalPositions(PositionEncoding):
@@ -66,11 +65,11 @@ class SinusoidalPositions(PositionEncoding):
         if length > self.table.size(0):
             self.table = sinusoid_table(grown(length), self.n_embd, device=self.table.device)
 
-    def embed(self, x: Tensor, start: int, ids: Tensor | None = None) -> Tensor:
-        end = start + x.size(1)
-        if (ids is None and end > self.table.size(0)) or self.table.dtype != torch.float32:
+    def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        end = x.size(1)
+        if (positions is None and end > self.table.size(0)) or self.table.dtype != torch.float32:
             self.table = sinusoid_table(grown(max(end, self.table.size(0))), self.n_embd, device=x.device)
-        return x * math.sqrt(self.n_embd) + take(self.table, start, x.size(1), ids).to(x.dtype)
+        return x * math.sqrt(self.n_embd) + take(self.table, end, positions).to(x.dtype)
 
 
 class RotaryPositions(PositionEncoding):
@@ -114,13 +113,12 @@ class RotaryPositions(PositionEncoding):
         if length > self.cos.size(0):
             self.cos, self.sin = self._cos_sin(grown(length), device=self.cos.device)
 
-    def rotate(self, q: Tensor, k: Tensor, start: int, ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        end = start + q.size(-2)
-        if (ids is None and end > self.cos.size(0)) or self.cos.dtype != torch.float32:
-            self.cos, self.sin = self._cos_sin(grown(max(end, self.cos.size(0))), device=q.device)
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         T = q.size(-2)
-        cos, sin = take(self.cos, start, T, ids), take(self.sin, start, T, ids)  # (T, D/2), or (B, T, D/2)
-        if ids is not None:
+        if (positions is None and T > self.cos.size(0)) or self.cos.dtype != torch.float32:
+            self.cos, self.sin = self._cos_sin(grown(max(T, self.cos.size(0))), device=q.device)
+        cos, sin = take(self.cos, T, positions), take(self.sin, T, positions)  # (T, D/2), or (B, T, D/2)
+        if positions is not None:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D/2): the same positions for every head
         r = self.rotated_dims
         if r == self.head_dim:
