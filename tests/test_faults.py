@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from conftest import make_text
@@ -22,9 +21,8 @@ import sample as sample_script
 import train as train_script
 from core import cli
 from core.checkpoint import CheckpointError, read_checkpoint
-from core.files import LockedError, directory_lock
+from core.files import directory_lock
 from data.dataset import prepare_dir
-from data.prepare import prepare
 from data.tokenizer import RANKS_ENV
 from evaluation.checkpoint import load_checkpoint
 from training.config import lr_factor
@@ -178,42 +176,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path, text_file, monkeypatc
     assert read_checkpoint(tmp_path / "runs" / "tiny" / "last.ckpt")["global_step"] == 5
 
 
-# 4. concurrent prepares, locks and temporary files
-
-
-def test_concurrent_prepares_of_one_corpus_both_succeed_and_agree(tmp_path):
-    corpus = tmp_path / "big.txt"
-    corpus.write_text(make_text(300000))  # a few seconds to prepare: the two overlap
-    out = tmp_path / "prepared"
-    cmd = [sys.executable, "-m", "data.prepare", "--inputs", str(corpus), "--out_dir", str(out)]
-    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"]
-    results = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], results
-    assert sum("waiting for it to finish" in err for _, err in results) == 1  # one waited for the other
-    meta = json.loads((out / "meta.json").read_text())
-    assert (out / "train.bin").stat().st_size == meta["train_tokens"] * np.dtype(meta["dtype"]).itemsize
-    assert not [p for p in out.iterdir() if ".tmp" in p.name]
-
-
-def test_a_directory_lock_keeps_a_second_holder_out(tmp_path):
-    with directory_lock(tmp_path):
-        with pytest.raises(LockedError, match=f"pid {os.getpid()}"):
-            with directory_lock(tmp_path):
-                pass
-    with directory_lock(tmp_path):  # released
-        pass
-
-
-def test_a_prepare_removes_what_a_killed_one_left(tmp_path, text_file):
-    out = tmp_path / "prepared"
-    out.mkdir()
-    stale = out / "tokens.bin.tmp999999"
-    stale.write_bytes(b"\0" * 100)
-    prepare(str(text_file), str(out))
-    assert not stale.exists()
-
-
-# 5. run directories
+# 4. run directories
 
 
 def test_a_second_run_into_a_directory_with_checkpoints_stops(tmp_path, text_file, trained, capsys):
@@ -240,7 +203,7 @@ def test_a_resume_removes_temporary_checkpoints_that_killed_runs_left(tmp_path, 
     assert not stale.exists()
 
 
-# 6. resume with new settings
+# 5. resume with new settings
 
 
 def test_resume_applies_a_new_learning_rate_schedule(tmp_path, text_file, trained):
@@ -255,16 +218,7 @@ def test_resume_applies_a_new_learning_rate_schedule(tmp_path, text_file, traine
     assert ckpt["hyper_parameters"]["config"]["optim"]["lr"] == 1e-3
 
 
-def test_lr_factor_warms_up_decays_and_stays_at_min_lr():
-    assert lr_factor(0, 1.0, 0.1, 10, 110) == pytest.approx(1 / 11)
-    assert lr_factor(9, 1.0, 0.1, 10, 110) == pytest.approx(10 / 11)
-    assert lr_factor(10, 1.0, 0.1, 10, 110) == pytest.approx(1.0)
-    assert lr_factor(60, 1.0, 0.1, 10, 110) == pytest.approx(0.55)  # half way down the cosine
-    assert lr_factor(110, 1.0, 0.1, 10, 110) == pytest.approx(0.1)
-    assert lr_factor(500, 1.0, 0.1, 10, 110) == pytest.approx(0.1)
-
-
-# 7. truncated checkpoints
+# 6. truncated checkpoints
 
 
 def test_every_truncation_of_a_checkpoint_is_one_message(tmp_path, text_file, trained, capsys):
@@ -288,7 +242,7 @@ def test_every_truncation_of_a_checkpoint_is_one_message(tmp_path, text_file, tr
         assert "not a readable checkpoint" in cli_error(capsys, command, argv)
 
 
-# 8. the GPT-2 ranks file
+# 7. the GPT-2 ranks file
 
 
 def test_a_bpe_checkpoint_whose_ranks_file_moved(tmp_path, text_file, gpt2_ranks, monkeypatch, capsys):
@@ -306,7 +260,7 @@ def test_a_bpe_checkpoint_whose_ranks_file_moved(tmp_path, text_file, gpt2_ranks
     assert "3 tokens" in capsys.readouterr().err
 
 
-# 9. range checks
+# 8. range checks
 
 
 @pytest.mark.parametrize(
@@ -348,14 +302,7 @@ def test_sample_settings_out_of_range_are_one_message(tmp_path, capsys, args, ne
     assert needle in cli_error(capsys, sample_script.COMMAND, ["--ckpt", str(tmp_path / "any.ckpt"), *args])
 
 
-def test_top_p_keeps_the_most_likely_token():
-    from model.generation import filter_logits
-
-    logits = torch.tensor([[1.0, 3.0, 2.0]])
-    assert torch.isfinite(filter_logits(logits, top_p=1e-9)).tolist() == [[False, True, False]]
-
-
-# 10. the file system
+# 9. the file system
 
 
 def test_file_system_mistakes_are_one_message(tmp_path, text_file, trained, capsys):

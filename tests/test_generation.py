@@ -91,3 +91,8 @@ def test_the_sampler_never_draws_a_padding_row():
     out = model.generate(idx, 20, temperature=1.0, top_k=None)
     assert out.max() < 300
     assert model.generate(idx, 5, temperature=0).max() < 300
+
+
+def test_top_p_keeps_the_most_likely_token():
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    assert torch.isfinite(filter_logits(logits, top_p=1e-9)).tolist() == [[False, True, False]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import errno
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ import pytest
 from conftest import make_text
 
 from core import files as files_module
-from core.files import directory_lock
+from core.files import LockedError, directory_lock
 from data import encode as encode_module
 from data import prepare as prepare_module
 from data.dataset import load_prepared
@@ -287,3 +288,35 @@ def test_a_waiter_on_a_lock_its_failed_holder_removed_locks_afresh(tmp_path):
     waiter.join(10)
     assert waiter_done.is_set() and seen == {"exists": True, "third": "refused"}
     assert (out / ".lock").exists()  # the waiter succeeded: its lock stays, as a lock always did
+
+
+def test_concurrent_prepares_of_one_corpus_both_succeed_and_agree(tmp_path):
+    corpus = tmp_path / "big.txt"
+    corpus.write_text(make_text(300000))  # a few seconds to prepare: the two overlap
+    out = tmp_path / "prepared"
+    cmd = [sys.executable, "-m", "data.prepare", "--inputs", str(corpus), "--out_dir", str(out)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    assert sum("waiting for it to finish" in err for _, err in results) == 1  # one waited for the other
+    meta = json.loads((out / "meta.json").read_text())
+    assert (out / "train.bin").stat().st_size == meta["train_tokens"] * np.dtype(meta["dtype"]).itemsize
+    assert not [p for p in out.iterdir() if ".tmp" in p.name]
+
+
+def test_a_directory_lock_keeps_a_second_holder_out(tmp_path):
+    with directory_lock(tmp_path):
+        with pytest.raises(LockedError, match=f"pid {os.getpid()}"):
+            with directory_lock(tmp_path):
+                pass
+    with directory_lock(tmp_path):  # released
+        pass
+
+
+def test_a_prepare_removes_what_a_killed_one_left(tmp_path, text_file):
+    out = tmp_path / "prepared"
+    out.mkdir()
+    stale = out / "tokens.bin.tmp999999"
+    stale.write_bytes(b"\0" * 100)
+    prepare(str(text_file), str(out))
+    assert not stale.exists()

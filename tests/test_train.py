@@ -16,6 +16,7 @@ import train as train_script
 from core import cli
 from core.checkpoint import read_checkpoint
 from evaluation.checkpoint import load_checkpoint
+from training.config import lr_factor
 from training.logs import metrics_file
 
 from helpers import cli_error, tiny_args
@@ -210,3 +211,12 @@ def test_the_default_validation_of_a_large_corpus_is_bounded(tmp_path, caplog):
     validation = ckpt["TokenDataModule"]["validation"]
     assert validation == {"windows": 2400, "tokens": 200 * 12 * 64, "split_tokens": 2306868}
     assert "validation scores 153,600 of 2,306,868)" in caplog.text
+
+
+def test_lr_factor_warms_up_decays_and_stays_at_min_lr():
+    assert lr_factor(0, 1.0, 0.1, 10, 110) == pytest.approx(1 / 11)
+    assert lr_factor(9, 1.0, 0.1, 10, 110) == pytest.approx(10 / 11)
+    assert lr_factor(10, 1.0, 0.1, 10, 110) == pytest.approx(1.0)
+    assert lr_factor(60, 1.0, 0.1, 10, 110) == pytest.approx(0.55)  # half way down the cosine
+    assert lr_factor(110, 1.0, 0.1, 10, 110) == pytest.approx(0.1)
+    assert lr_factor(500, 1.0, 0.1, 10, 110) == pytest.approx(0.1)
