@@ -34,7 +34,7 @@ MODES: Modes = {
     ),
     "prepare": Lazy("data.prepare", "COMMAND", "Tokenize text into train.bin / val.bin / meta.json."),
     "plot": Lazy(
-        "evaluation.curves",
+        "training.curves",
         "COMMAND",
         "Draw a run's training curves (train and validation loss against steps and tokens, learning rate) into "
         "<run dir>/training.png.",

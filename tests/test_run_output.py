@@ -18,8 +18,8 @@ import yaml
 import train as train_script
 from core import cli
 from core.checkpoint import read_checkpoint
-from evaluation.curves import COMMAND as plot_command
-from evaluation.curves import read_metrics
+from training.curves import COMMAND as plot_command
+from training.curves import read_metrics
 
 from helpers import cli_error, tiny_args
 

@@ -21,7 +21,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 from core.errors import UserError
-from evaluation.curves import METRICS_FILE, TENSORBOARD_DIR, metric_files
+from training.curves import METRICS_FILE, TENSORBOARD_DIR, metric_files
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,6 @@ def _wandb_reachable(timeout: float = 3.0) -> bool:
 
 def metrics_file(run_dir: Path) -> Path:
     """The CSV metrics of a run's latest launch: `<run dir>/metrics.csv`, or, for a run logged before it was
-    one file, its last `logs/version_N/metrics.csv` (`evaluation.curves.metric_files` orders them)."""
+    one file, its last `logs/version_N/metrics.csv` (`training.curves.metric_files` orders them)."""
     files = metric_files(run_dir)
     return files[-1] if files else run_dir / METRICS_FILE

@@ -26,13 +26,13 @@ from data.dataset import PreparedData, prepare_dir
 from data.provenance import provenance
 from data.tasks import TaskConfig
 from data.tokenizer import GPT2Tokenizer, Tokenizer
-from evaluation.curves import write_training_plot
 from model import GPT
 from model.kernels import AUTO
 from model.pretrained import check_pretrained, from_pretrained, weights_file
 from training.callbacks import AtomicCheckpointIO, DivergenceGuard, LastCheckpoint, SpeedMonitor
 from training.checkpoint import check_resume
 from training.config import DataConfig, RunConfig, TrainConfig
+from training.curves import write_training_plot
 from training.fp8 import check_fp8, convert_to_fp8
 from training.hardware import check_accelerator, check_strategy, resolve_precision
 from training.logs import make_logger

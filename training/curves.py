@@ -1,6 +1,6 @@
 """The training curves of a run: train and validation loss against steps and tokens, and the learning
 rate, drawn from the run's CSV metrics (or its TensorBoard events) into `<run dir>/training.png` (at the
-end of training, and on demand: `posgpt plot --run_dir runs/NAME` or `python -m evaluation.curves
+end of training, and on demand: `posgpt plot --run_dir runs/NAME` or `python -m training.curves
 --run_dir runs/NAME`).
 
 A run logs one `metrics.csv` across its launches; a run logged before that has one
@@ -10,7 +10,7 @@ launches before it from its first step on: a resumed launch trains again the ste
 so what the abandoned launch logged there is no longer the run's.
 
 The figure is a plain `matplotlib.figure.Figure` (no pyplot): drawing it touches no global state, and
-importing this module (training does, to draw at the end of a run) imports no pyplot and picks no backend.
+importing this module (training.run does, to draw at the end of a run) imports no pyplot and picks no backend.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def main(cfg: PlotConfig) -> None:
 
 
 COMMAND = Command(
-    "python -m evaluation.curves",
+    "python -m training.curves",
     PlotConfig,
     main,
     "Draw a run's training curves (train and validation loss against steps and tokens, learning rate) into "
