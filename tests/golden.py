@@ -38,6 +38,19 @@ MODELS: dict[str, dict[str, Any]] = {
     "linear-rope-chunked": {"pos_encoding": "rope", "attention": "linear"},
     "linear-none-eager": {"pos_encoding": "none", "attention": "linear", "attn_backend": "eager"},
     "alibi-random-positions": {"pos_encoding": "alibi", "random_positions": 64},
+    "kerple-sdpa": {"pos_encoding": "kerple"},
+    "fire-eager": {"pos_encoding": "fire", "attn_backend": "eager"},
+    "fire-per-layer": {"pos_encoding": "fire", "fire_per_layer": True},
+    "sigmoid-alibi": {"pos_encoding": "alibi", "attention": "sigmoid"},
+    "differential-rope": {"pos_encoding": "rope", "attention": "differential"},
+    "bigbird-rope": {
+        "pos_encoding": "rope",
+        "attn_window": 8,
+        "attn_sinks": 2,
+        "attn_random_blocks": 2,
+        "attn_sparse_block": 8,
+    },
+    "partial-rope-log-n": {"pos_encoding": "rope", "rope_fraction": 0.5, "attn_log_scaling": "fixed"},
 }
 """Model settings of each curve (GPTConfig fields; `random_positions` N: each batch's rows at an
 increasing random subset of [0, N))."""
@@ -51,7 +64,6 @@ def model_curve(settings: dict[str, Any], steps: int = STEPS) -> list[float]:
 
     fields = {k: v for k, v in settings.items() if k != "random_positions"}
     torch.manual_seed(1337)
-    # PyTorch's own float32 matmuls, on every CPU: the file records them (oneDNN's are tested against them)
     model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32, **fields))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     data = torch.Generator().manual_seed(0)
