@@ -1,6 +1,7 @@
-"""docs/extending.md's worked examples, run: a new kernel and a new attention function, each one
-class and one registry line, are validated, chosen, trained and decoded; the new kernel goes
-through the whole parity matrix of test_kernels.py, the new function through its causality check."""
+"""docs/extending.md's worked examples, run: a new kernel, a new attention function and a new position
+scheme, each one class and one registry line, are validated, chosen, trained and decoded; the new
+kernel goes through the whole parity matrix of test_kernels.py, the new function through its causality
+check, the new scheme through both and through FlexAttention's gradient check."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from model.kernels import KERNELS
 from model.scores import SCORES
 
 import test_kernels
-from helpers import overfit
+from helpers import overfit, uncompiled_flex
 from test_kernels import TINY, assert_matches_reference, parity_cases, runnable
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+REGISTRIES = {"KERNELS": KERNELS, "ATTENTIONS": ATTENTIONS, "SCHEMES": SCHEMES}
 
 
 def _blocks() -> list[str]:
@@ -34,21 +36,21 @@ def registered(monkeypatch) -> dict[str, object]:
     registry_lines = {}
     for block in _blocks():
         head = block.split(":", 1)[0]
-        if head in ("KERNELS", "ATTENTIONS"):  # the doc's registry literal: its last entry is the new line
+        if head in REGISTRIES:  # the doc's registry literal: its last entry is the new line
             registry_lines[head] = re.findall(r'"(\w+)": (\w+)(\(\))?,', block)[-1]
         else:
             exec(compile(block, str(DOC), "exec"), namespace)  # noqa: S102 - the project's own documentation
-    for registry, target in (("KERNELS", KERNELS), ("ATTENTIONS", ATTENTIONS)):
+    for registry, target in REGISTRIES.items():
         name, cls, call = registry_lines[registry]
         monkeypatch.setitem(target, name, namespace[cls]() if call else namespace[cls])
     return namespace
 
 
 def test_the_doc_adds_exactly_one_registry_line_each():
-    blocks = [b for b in _blocks() if b.startswith(("KERNELS:", "ATTENTIONS:"))]
-    assert len(blocks) == 2
+    blocks = [b for b in _blocks() if b.split(":", 1)[0] in REGISTRIES]
+    assert len(blocks) == len(REGISTRIES)
     for block in blocks:  # the registry as it stands, plus the new line
-        registry = KERNELS if block.startswith("KERNELS") else ATTENTIONS
+        registry = REGISTRIES[block.split(":", 1)[0]]
         names = re.findall(r'"(\w+)":', block)
         assert names[:-1] == list(registry) and names[-1] not in registry
 
@@ -102,3 +104,24 @@ def test_the_causality_check_runs_on_the_new_function_with_every_scheme(register
     with pytest.raises(ConfigError, match="attn_backend='sdpa' is not a kernel of attention='relu'"):
         dataclasses.replace(TINY, attention="relu", attn_backend="sdpa")
     dataclasses.replace(TINY, attention="relu", dropout=0.1)  # the eager kernel's dropout, inherited
+
+
+def test_the_new_scheme_trains_decodes_matches_every_kernel_and_keeps_its_gradient_in_flex(
+    registered, tiny_config, monkeypatch
+):
+    config = dataclasses.replace(tiny_config, pos_encoding="learned_slopes")
+    model = GPT(config)
+    assert type(model.pe) is registered["LearnedSlopes"] and model.pe.score_bias
+    _, final = overfit(model, steps=120)
+    assert final < 0.5 and model.pe.slopes.grad is not None
+    model.eval()
+    prompt = torch.randint(0, config.vocab_size, (2, 3))
+    cached, uncached = (model.generate(prompt, 20, temperature=0, use_cache=c) for c in (True, False))
+    assert torch.equal(cached, uncached)
+    uncompiled_flex(monkeypatch)  # flex's exact uncompiled path, forward only, as test_kernels.py runs it here
+    cases = [(case, name) for _, case, name, _ in parity_cases(TINY) if case.pos_encoding == "learned_slopes"]
+    assert {name for _, name in cases} >= {"sdpa", "flex", "math"}
+    for case in cases:
+        assert_matches_reference(*case)
+    test_kernels.test_future_tokens_never_change_past_logits(tiny_config, "softmax", "sdpa", "learned_slopes")
+    test_kernels.test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, {"pos_encoding": "learned_slopes"})
