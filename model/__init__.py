@@ -1,14 +1,23 @@
 """The network: pure PyTorch, no training code and no Lightning import.
 
-Usage: `from model import GPT, GPTConfig`.
+Usage: `from model import GPT, GPTConfig`. Importing `GPTConfig` imports no attention kernel (nor
+torch's FlexAttention): the model and the registries are imported when first named here.
 """
 
-from model.attention import ATTENTIONS
-from model.config import GPTConfig
-from model.gpt import GPT
-from model.positions import SCHEMES
+from importlib import import_module
+from typing import Any
 
-POS_ENCODINGS: tuple[str, ...] = tuple(SCHEMES)
-"""The position schemes' names (`model.positions.SCHEMES`)."""
+from model.config import GPTConfig
+
+_WHERE = {"GPT": "model.gpt", "ATTENTIONS": "model.attention", "SCHEMES": "model.positions"}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "POS_ENCODINGS":  # the position schemes' names (`model.positions.SCHEMES`)
+        return tuple(import_module("model.positions").SCHEMES)
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'model' has no attribute {name!r}")
+
 
 __all__ = ["ATTENTIONS", "GPT", "GPTConfig", "POS_ENCODINGS", "SCHEMES"]

@@ -16,9 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
 from core.errors import ConfigError
-from model.attention import ATTENTIONS
 from model.masks import RANDOM_DRAWS
-from model.validation import check_config
 
 RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
@@ -189,6 +187,8 @@ class GPTConfig:
                 "GPTConfig.attn_sinks keeps the first tokens visible beyond a window: set attn_window > 0."
             )
         self._check_random_blocks()
+        from model.validation import check_config  # the registries, and their kernels: at the first config
+
         check_config(self)  # the registries' half: names, each scheme's needs, a kernel for the combination
 
     def _check_gpt2_shape(self, source: str, layers: int, heads: int, width: int) -> None:
@@ -225,6 +225,8 @@ class GPTConfig:
     def rotary_dim(self) -> int:
         """Width of the vectors RoPE rotates as one, as the attention function declares it
         (`Attention.rotary_dim`): the head, or differential attention's half-heads."""
+        from model.attention import ATTENTIONS
+
         return ATTENTIONS[self.attention].rotary_dim(self)
 
     def to_dict(self) -> dict[str, Any]:

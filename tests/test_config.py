@@ -69,9 +69,13 @@ def test_dict_round_trip_and_unknown_key():
 
 
 def test_import_boundaries():
-    """`model` never imports Lightning; evaluation and sampling import neither Lightning nor `training`."""
+    """Importing GPTConfig imports no kernel and no FlexAttention; `model` never imports Lightning;
+    evaluation and sampling import neither Lightning nor `training`."""
     code = (
-        "import sys, model; "
+        "import sys; from model import GPTConfig; "
+        "bad = [m for m in sys.modules if m.startswith(('model.kernels', 'torch.nn.attention.flex'))]; "
+        "assert not bad, ('GPTConfig', bad); "
+        "from model import GPT; GPTConfig(); "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')]; "
         "assert not bad, ('model', bad); "
         "import evaluate, sample, evaluation.run, evaluation.report; "
