@@ -22,10 +22,6 @@ RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
 RopePartial = Literal["p_rope", "neox"]
 ROPE_PARTIALS: tuple[str, ...] = get_args(RopePartial)
-GPT2_SHAPES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
-               "gpt2-xl": (48, 25, 1600)}  # fmt: skip
-"""OpenAI's GPT-2 models on the Hugging Face hub (`init_from`): (n_layer, n_head, n_embd). Here, not in
-model/pretrained.py, so that a wrong shape is refused when the config is built, before data is prepared."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,16 +149,12 @@ class GPTConfig:
         _check_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
         if self.rope_scaling_factor < 1.0:
             raise ConfigError(f"GPTConfig.rope_scaling_factor must be >= 1, got {self.rope_scaling_factor!r}.")
-        if self.rope_scaling == "ntk" and self.head_dim <= 2:
-            raise ConfigError("GPTConfig.rope_scaling='ntk' needs a head size above 2 (it scales by D / (D - 2)).")
         _check_choice("rope_partial", self.rope_partial, ROPE_PARTIALS)
         _check_choice("attn_log_scaling", self.attn_log_scaling, ("none", "fixed", "learned"))
         _check_choice("gelu_approximate", self.gelu_approximate, ("none", "tanh"))
         _check_choice("attn_random_draw", self.attn_random_draw, RANDOM_DRAWS)
         _check_choice("diff_split", self.diff_split, ("half_heads", "rope_pairs"))
         _check_choice("sigmoid_bias", self.sigmoid_bias, ("train_length", "seen_keys"))
-        if self.init_from in GPT2_SHAPES:
-            self._check_gpt2_shape(self.init_from, *GPT2_SHAPES[self.init_from])
         if self.attn_log_scale is not None and not self.attn_log_scale > 0:
             raise ConfigError(f"GPTConfig.attn_log_scale must be positive (or None), got {self.attn_log_scale!r}.")
         if self.attn_log_scaling != "none" and self.attn_log_scale is None and self.block_size < 2:
@@ -173,11 +165,6 @@ class GPTConfig:
             )
         if self.rope_base <= 0:
             raise ConfigError(f"GPTConfig.rope_base must be positive, got {self.rope_base!r}.")
-        if self.t5_num_buckets < 2 or self.t5_max_distance <= self.t5_num_buckets // 2:
-            raise ConfigError(
-                f"GPTConfig.t5_num_buckets must be >= 2 and t5_max_distance above half of it (the exact buckets), "
-                f"got {self.t5_num_buckets} and {self.t5_max_distance}."
-            )
         for name in ("attn_window", "attn_sinks", "attn_random_blocks", "attn_random_seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -190,15 +177,6 @@ class GPTConfig:
         from model.validation import check_config  # the registries, and their kernels: at the first config
 
         check_config(self)  # the registries' half: names, each scheme's needs, a kernel for the combination
-
-    def _check_gpt2_shape(self, source: str, layers: int, heads: int, width: int) -> None:
-        """Refuse, in one line naming every option to pass, a model that GPT-2's weights do not fit. The
-        shape is not taken from the weights silently: the config, and the config.yaml of the run, say
-        what the model is (`model.pretrained.check_shape` does the same for a directory of weights)."""
-        wanted = {"n_layer": layers, "n_head": heads, "n_embd": width, "bias": True, "gelu_approximate": "tanh"}
-        wrong = [k for k, v in wanted.items() if getattr(self, k) != v]
-        if wrong:
-            raise ConfigError(gpt2_shape_message(source, wanted, wrong))
 
     def _check_random_blocks(self) -> None:
         block = self.attn_sparse_block
@@ -260,16 +238,6 @@ BEFORE_FIELD: dict[str, tuple[Any, Any]] = {
 """Fields that changed what a model computes when they were added (issue 33: the papers' defaults): the value
 that keeps the earlier behaviour, and for which recorded configs it matters (elsewhere the default is kept, so
 that an unrelated old run resumes with today's config)."""
-
-
-def gpt2_shape_message(source: str, wanted: dict[str, Any], wrong: list[str]) -> str:
-    """The refusal of a model that the weights `source` do not fit: the options that make it fit."""
-    flags = " ".join(f"--model.{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in wanted.items())
-    return (
-        f"--model.init_from {source} holds a model of {wanted['n_layer']} layers, {wanted['n_head']} heads, "
-        f"{wanted['n_embd']} wide, with biases and tanh GELU; this one differs in {', '.join(wrong)}: pass {flags} "
-        "(and --data.tokenizer gpt2)."
-    )
 
 
 def _check_choice(field: str, value: object, choices: tuple[str, ...]) -> None:

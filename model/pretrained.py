@@ -15,15 +15,19 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from core.errors import UserError
-from model.config import GPT2_SHAPES, GPTConfig, gpt2_shape_message
+from core.errors import ConfigError, UserError
+from model.config import GPTConfig
 from model.gpt import GPT
 from model.positions import SCHEMES
 
+GPT2_SHAPES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
+               "gpt2-xl": (48, 25, 1600)}  # fmt: skip
+"""OpenAI's GPT-2 models on the Hugging Face hub (`init_from`): (n_layer, n_head, n_embd)."""
 GPT2_POSITIONS = "learned"
 """GPT-2's position scheme: a learned table of 1024 positions."""
 WEIGHTS = "model.safetensors"
@@ -186,3 +190,27 @@ def from_pretrained(config: GPTConfig) -> GPT:
     if config.pos_encoding != as_gpt2.pos_encoding:
         model.switch(config)
     return model
+
+
+def gpt2_shape_message(source: str, wanted: dict[str, Any], wrong: list[str]) -> str:
+    """The refusal of a model that the weights `source` do not fit: the options that make it fit."""
+    flags = " ".join(f"--model.{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in wanted.items())
+    return (
+        f"--model.init_from {source} holds a model of {wanted['n_layer']} layers, {wanted['n_head']} heads, "
+        f"{wanted['n_embd']} wide, with biases and tanh GELU; this one differs in {', '.join(wrong)}: pass {flags} "
+        "(and --data.tokenizer gpt2)."
+    )
+
+
+def check_gpt2_shape(config: GPTConfig) -> None:
+    """Refuse, in one line naming every option to pass, a model that the GPT-2 weights `config.init_from`
+    names do not fit, when the run's config is built (before data is prepared). The shape is not taken
+    from the weights silently: the config, and the config.yaml of the run, say what the model is
+    (`check_pretrained` does the same for a directory of weights)."""
+    if config.init_from not in GPT2_SHAPES:
+        return
+    layers, heads, width = GPT2_SHAPES[config.init_from]
+    wanted = {"n_layer": layers, "n_head": heads, "n_embd": width, "bias": True, "gelu_approximate": "tanh"}
+    wrong = [k for k, v in wanted.items() if getattr(config, k) != v]
+    if wrong:
+        raise ConfigError(gpt2_shape_message(config.init_from, wanted, wrong))

@@ -40,6 +40,8 @@ def test_choices_are_the_documented_ones():
         ({"vocab_size": 1.5}, ["vocab_size", "positive integer"]),
         ({"dropout": 1.0}, ["dropout", "[0, 1)"]),
         ({"rope_base": 0.0}, ["rope_base", "positive"]),
+        ({"pos_encoding": "t5", "t5_num_buckets": 32, "t5_max_distance": 16}, ["t5_max_distance above half"]),
+        ({"pos_encoding": "rope", "n_embd": 8, "n_head": 4, "rope_scaling": "ntk"}, ["'ntk'", "D / (D - 2)"]),
     ],
 )
 def test_invalid_values_fail_at_construction_naming_field_and_fix(overrides, needles):

@@ -150,9 +150,10 @@ def test_a_model_of_another_shape_or_vocabulary_is_refused_in_one_line(weights):
         from_pretrained(tiny_config(directory, block_size=128))
     with pytest.raises(ValueError, match="pass --data.tokenizer gpt2"):
         RunConfig(model=tiny_config(directory), data=DataConfig(tokenizer="char"))
+    medium = GPTConfig(init_from="gpt2-medium", n_layer=24, n_head=16, n_embd=1024)
     with pytest.raises(ConfigError, match="differs in gelu_approximate: pass --model.n_layer 24 --model.n_head 16 "):
-        GPTConfig(init_from="gpt2-medium", n_layer=24, n_head=16, n_embd=1024)  # when built: before any data
-    GPTConfig(init_from="gpt2", gelu_approximate="tanh")  # the defaults are GPT-2 small's shape
+        RunConfig(model=medium, data=DataConfig(tokenizer="gpt2"))  # when the run is built: before any data
+    RunConfig(model=GPTConfig(init_from="gpt2", gelu_approximate="tanh"), data=DataConfig(tokenizer="gpt2"))
 
 
 def test_weights_that_cannot_be_read_are_refused_in_one_line(weights, tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from core.errors import ConfigError
 from model import SCHEMES, GPTConfig
 from model.gpt import SWITCHABLE_FIELDS
+from model.pretrained import check_gpt2_shape
 
 EVAL_BATCHES = 200
 """Batches of the default validation budget (`TrainConfig.eval_tokens`), as nanoGPT's eval_iters."""
@@ -277,6 +278,7 @@ class RunConfig:
                 f"model.init_from {self.model.init_from} is a GPT-2 model, which reads GPT-2's tokens: pass "
                 "--data.tokenizer gpt2."
             )
+        check_gpt2_shape(self.model)
         n, block = self.train.random_positions, self.model.block_size
         if n and n < block:
             raise ValueError(f"train.random_positions {n} must be at least model.block_size {block} (0: off).")

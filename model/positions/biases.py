@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from core.errors import ConfigError
 from model.positions.base import PositionEncoding, ScoreBias, separate
 
 if TYPE_CHECKING:
@@ -63,6 +64,14 @@ class T5Bias(PositionEncoding):
         self.starts = torch.searchsorted(buckets, later).tolist()
         """The distance at which each of those buckets starts."""
         self.reset_parameters()
+
+    @classmethod
+    def check(cls, config: GPTConfig) -> None:
+        if config.t5_num_buckets < 2 or config.t5_max_distance <= config.t5_num_buckets // 2:
+            raise ConfigError(
+                f"GPTConfig.t5_num_buckets must be >= 2 and t5_max_distance above half of it (the exact buckets), "
+                f"got {config.t5_num_buckets} and {config.t5_max_distance}."
+            )
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.table, mean=0.0, std=0.02)  # the scale of GPT-2's other weights
