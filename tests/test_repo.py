@@ -138,3 +138,19 @@ def test_the_readme_is_short_and_its_links_lead_somewhere():
             if path and "://" not in path and not (page.parent / path).exists():
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
     assert not broken, broken
+
+
+def test_the_docs_name_every_config_field_and_every_module():
+    """docs/model.md lists GPTConfig's fields and docs/development.md's layout table names every module:
+    a new field or file that the docs miss fails here."""
+    import dataclasses
+
+    from model import GPTConfig
+
+    model_doc = (ROOT / "docs" / "model.md").read_text()
+    assert [f.name for f in dataclasses.fields(GPTConfig) if f"`{f.name}`" not in model_doc] == []
+    layout = (ROOT / "docs" / "development.md").read_text()
+    files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    files = files or [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")]
+    modules = [f for f in files if not f.startswith("tests/") and Path(f).name not in ("__init__.py", "__main__.py")]
+    assert modules and [f for f in modules if f"`{Path(f).name}`" not in layout] == []
