@@ -341,11 +341,11 @@ class GPT(nn.Module):
     def _check_length(self, length: int) -> None:
         limit = self.pe.max_positions
         if limit is not None and length > limit:
+            unlimited = [name for name, scheme in SCHEMES.items() if scheme.longest(self.config) is None]
             raise ValueError(
                 f"pos_encoding={self.config.pos_encoding!r} can encode at most {limit} positions "
                 f"(block_size={self.config.block_size}) but got a sequence of {length} tokens. Crop "
-                f"the input to its last {limit} tokens, or use a scheme that extrapolates "
-                "(sinusoidal, rope, alibi, t5, none)."
+                f"the input to its last {limit} tokens, or use a scheme without that limit ({', '.join(unlimited)})."
             )
 
     def num_params(self, exclude_embeddings: bool = True) -> int:

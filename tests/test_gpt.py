@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, POS_ENCODINGS, GPTConfig
+from model import GPT, POS_ENCODINGS, SCHEMES, GPTConfig
 
 from helpers import overfit, uncompiled_flex
 
@@ -157,3 +157,11 @@ def test_a_copied_or_unpickled_model_runs_as_the_original(monkeypatch, tiny_conf
         expected = model(idx)[0]
         for other in copies:
             torch.testing.assert_close(other(idx)[0], expected, rtol=0, atol=0)
+
+
+def test_a_sequence_past_learned_positions_names_every_scheme_without_that_limit(tiny_config):
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding="learned"))
+    with pytest.raises(ValueError, match="can encode at most") as info:
+        model(torch.zeros(1, tiny_config.block_size + 1, dtype=torch.long))
+    unlimited = [name for name in SCHEMES if name != "learned"]  # every other scheme runs at any length
+    assert str(info.value).endswith(f"({', '.join(unlimited)}).")
