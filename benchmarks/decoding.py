@@ -37,6 +37,7 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch._dynamo.utils import counters
 
 from benchmarks.common import DEFAULT_PEER, PeakMemory, append_json, device_name, load_peer
 from core.cli import Command
@@ -123,6 +124,9 @@ class Row:
     compile_s: float | None
     """The warm-up's wall time, compiled rows only."""
     peak_mib: float | None
+    graphs: int | None = None
+    """Graphs Dynamo compiled from the warm-up to the last timed token, compiled rows only: a prefill and a
+    decode step (a third with a learned window); more is a recompile."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,7 @@ def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
         torch._dynamo.reset()  # this row's compile is its own, and no earlier model counts towards recompile limits
         compile_for_decoding(model)
     idx = setup.prompt(batch)
+    graphs_before = counters["stats"]["unique_graphs"]
 
     def decode(n: int) -> Iterator[torch.Tensor]:
         generator = torch.Generator(device=setup.device).manual_seed(SEED)
@@ -203,8 +208,10 @@ def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
     warmup = time_tokens(setup, itertools.islice(decode(setup.tokens), WARMUP_TOKENS))[1]  # the run's cache size
     setup.memory.reset()
     first, total = time_tokens(setup, decode(setup.tokens))
+    compiled = mode == "compiled"
+    graphs = counters["stats"]["unique_graphs"] - graphs_before if compiled else None
     return Row("posgpt", scheme, mode, batch, batch * setup.tokens / total, 1000 * first,
-               warmup if mode == "compiled" else None, setup.memory.peak_mib())  # fmt: skip
+               warmup if compiled else None, setup.memory.peak_mib(), graphs)  # fmt: skip
 
 
 def run_nanogpt(setup: Setup, peer: ModuleType, batch: int) -> Row:
@@ -241,12 +248,13 @@ def _cell(value: float | None, digits: int) -> str:
 
 def row_line(row: Row) -> str:
     cells = [row.model, row.scheme, row.mode, str(row.batch), _cell(row.tokens_per_s, 1),
-             _cell(row.first_token_ms, 1), _cell(row.compile_s, 1), _cell(row.peak_mib, 0)]  # fmt: skip
+             _cell(row.first_token_ms, 1), _cell(row.compile_s, 1), _cell(row.peak_mib, 0),
+             "-" if row.graphs is None else str(row.graphs)]  # fmt: skip
     return "| " + " | ".join(cells) + " |"
 
 
 def header(memory: PeakMemory) -> list[str]:
-    head = ["model", "scheme", "mode", "batch", "tokens/s", "first token ms", "compile s", memory.label]
+    head = ["model", "scheme", "mode", "batch", "tokens/s", "first token ms", "compile s", memory.label, "graphs"]
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
 
@@ -255,7 +263,7 @@ def summary(rows: list[Row], batches: list[int]) -> list[str]:
     own column, the other figures per batch as `a / b`."""
     per = " / ".join(map(str, batches))
     head = ["model", "scheme", "mode", *(f"tokens/s b={b}" for b in batches), f"first token ms (b={per})",
-            f"compile s (b={per})", f"peak MiB (b={per})"]  # fmt: skip
+            f"compile s (b={per})", f"peak MiB (b={per})", f"graphs (b={per})"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     groups: dict[tuple[str, str, str], dict[int, Row]] = {}
     for row in rows:
@@ -265,7 +273,7 @@ def summary(rows: list[Row], batches: list[int]) -> list[str]:
         speeds = [_cell(r.tokens_per_s if r else None, 1) for r in got]
         joined = [
             " / ".join(_cell(getattr(r, name) if r else None, digits) for r in got)
-            for name, digits in (("first_token_ms", 1), ("compile_s", 1), ("peak_mib", 0))
+            for name, digits in (("first_token_ms", 1), ("compile_s", 1), ("peak_mib", 0), ("graphs", 0))
         ]
         lines.append("| " + " | ".join([*key, *speeds, *joined]) + " |")
     return lines

@@ -10,6 +10,7 @@
     bench.py clip [--steps 100]
     bench.py attention-cost [--lengths 1024 4096 16384]
     bench.py variants [--names rope learned alibi]
+    bench.py report [--part check train decode long] [--out bench-report.jsonl] [--render FILE]
 
 Each mode is a dataclass of options and a function in `benchmarks/` (training.py: the trainer against a
 hand-written loop; decoding.py: decode speed per scheme, eager and compiled, against nanoGPT's generate;
@@ -50,6 +51,12 @@ MODES: Modes = {
     ),
     "variants": Lazy(
         "benchmarks.attention", "VARIANT_STEP", "Training step of each attention variant, interleaved, CPU."
+    ),
+    "report": Lazy(
+        "benchmarks.report",
+        "REPORT",
+        "What this machine does with posgpt: kernel checks, training, decoding and long-context speed, one job "
+        "per process, each line of --out written as it finishes, and a markdown report of them.",
     ),
 }
 """Each mode's module and its line in `bench.py --help`, imported when it runs (tests/test_entry_points.py

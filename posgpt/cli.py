@@ -54,7 +54,8 @@ MODES: Modes = {
     "bench": Lazy(
         "benchmarks.modes",
         "MODES",
-        "train-step | plain-run | val-noise | decode | gpu | vs-nanogpt | precision | clip | attention-cost | variants",
+        "train-step | plain-run | val-noise | decode | gpu | vs-nanogpt | precision | clip | attention-cost | variants "
+        "| report",
     ),
     "check": Lazy(
         "evaluation.check",
