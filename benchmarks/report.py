@@ -28,6 +28,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,12 +100,14 @@ def plan(cfg: ReportConfig, gpu: bool, work: Path) -> list[Job]:
 
 
 def check_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
-    pytest = ["-q", "-m", "gpu", "-p", "no:cacheprovider", "-rf", str(ROOT / "tests" / "test_gpu.py")]
+    pytest = ["-v", "-m", "gpu", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_gpu.py")]
     if gpu and _has("xdist"):
         pytest += ["-n", str(min(12, os.cpu_count() or 1))]
+    if _has("pytest_timeout"):
+        pytest += ["--timeout", "240"]  # a test that hangs fails alone; the job goes on
     check = ["check", "--json", str(work / "check.json"), *([] if gpu else ["--quick", "true"])]
-    return [Job("check/kernels", "posgpt", check, 240 if gpu else 120, rows=check[2]),
-            Job("check/pytest-gpu", "pytest", pytest, 330 if gpu else 120)]  # fmt: skip
+    return [Job("check/pytest-gpu", "pytest", pytest, 360 if gpu else 120),
+            Job("check/kernels", "posgpt", check, 240 if gpu else 120, rows=check[2])]  # fmt: skip
 
 
 def bench_gpu(gpu: bool, work: Path, name: str, *argv: str) -> list[str]:
@@ -227,8 +230,20 @@ def run_job(job: Job, limit: float, work: Path) -> dict[str, Any] | None:
         entry["rows"] = [json.loads(text)] if job.rows.endswith(".json") else [json.loads(x) for x in text.splitlines()]
     if job.module == "pytest":
         entry["summary"] = next((line.strip("= ") for line in reversed(tail) if " in " in line), "")
-        entry["failures"] = [line[:300] for line in lines if line.startswith(("FAILED ", "ERROR "))]
+        entry["failures"] = failures(lines)
     return entry
+
+
+def failures(lines: list[str]) -> list[str]:
+    """Each failed test of a pytest log once, as 'FAILED test-id', whether pytest -v printed it before its
+    outcome (one process), after it (xdist's workers) or in the closing summary."""
+    found = []
+    for line in lines:
+        match = re.search(r"\b(FAILED|ERROR) (\S+::\S+)|(\S+::\S+) (FAILED|ERROR)\b", line)
+        if match:
+            outcome, test = (match[1], match[2]) if match[1] else (match[4], match[3])
+            found.append(f"{outcome} {test}")
+    return list(dict.fromkeys(found))
 
 
 def status(rc: int | None, tail: list[str]) -> str:
