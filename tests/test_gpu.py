@@ -345,20 +345,23 @@ DECODING = [{"pos_encoding": s} for s in POS_ENCODINGS] + [{"attn_window": 32, "
 @pytest.mark.parametrize("fields", DECODING)
 def test_compiled_decoding_runs_as_cuda_graphs_and_gives_eager_tokens(gpu_config, fields):
     """compile_for_decoding on CUDA: reduce-overhead (CUDA graphs over the static cache) with no graph
-    skipped for mutated inputs, and the greedy tokens of eager decoding, for a padded batch."""
+    skipped for mutated inputs, and the greedy tokens of eager decoding, for a padded batch. In float64:
+    random weights leave top-2 margins that float32's other summation orders (and TF32) can flip (the
+    H200 run of 2026-11-26 failed five schemes of eight in float32 with no message kept)."""
     from torch._dynamo.utils import counters
 
     from model.generation import compile_for_decoding, pad_prompts
 
-    model = GPT(dataclasses.replace(gpu_config, **fields)).to(CUDA).eval()
+    model = GPT(dataclasses.replace(gpu_config, **fields)).to(CUDA, torch.float64).eval()
     idx, lengths = pad_prompts([[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12]], CUDA)
     eager = torch.cat(list(model_stream(model, idx, lengths)), dim=1)
     torch._dynamo.reset()
     counters.clear()
     compile_for_decoding(model)
     compiled = torch.cat(list(model_stream(model, idx, lengths)), dim=1)
-    assert torch.equal(compiled, eager)
-    assert not counters["inductor"]["cudagraph_skips"]
+    differ = (compiled != eager).nonzero().tolist()
+    assert not differ, f"compiled tokens differ from eager's first at (row, step) {differ[0]} of {tuple(eager.shape)}"
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
     torch._dynamo.reset()
 
 
