@@ -118,7 +118,8 @@ class SigmoidFlex(FlexKernel):
     def context(  # type: ignore[override]  # the bias's n, as SigmoidEager's
         self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, *, length: int | None
     ) -> FlexContext:
-        return FlexContext(build_block_mask(mask, step, memo), sigmoid_score_mod(bias, mask, step, length))
+        options = bias.kernel_options if bias is not None else None
+        return FlexContext(build_block_mask(mask, step, memo), sigmoid_score_mod(bias, mask, step, length), options)
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: FlexContext, score: Score, dropout_p: float,
@@ -126,7 +127,7 @@ class SigmoidFlex(FlexKernel):
     ) -> Tensor:  # fmt: skip
         out, aux = compiled_flex_attention()(
             q, k, v, score_mod=context.score_mod, block_mask=context.block_mask, scale=score.scale,
-            return_aux=AuxRequest(lse=True),
+            return_aux=AuxRequest(lse=True), kernel_options=dict(context.kernel_options or {}) or None,
         )  # fmt: skip
         return (out.float() * aux.lse.exp()[..., None]).to(q.dtype)
 

@@ -317,3 +317,21 @@ def test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, fields):
     assert got.keys() == {name for name, _ in pe.named_parameters()}  # a view would have none
     for name, p in pe.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)  # b2: 0 (softmax shift)
+
+
+def test_flex_runs_t5_with_the_tiles_its_bias_declares(tiny_config, monkeypatch):
+    """T5's score_mod did not fit FlexAttention's default tiles on an H200 (model/positions/biases.py,
+    T5_TILES): its bias declares smaller ones, and the flex kernel passes them to the compiled call;
+    a bias that declares none passes none."""
+    import model.kernels.flex as flex
+    from model.kernels import Step
+    from model.positions.biases import T5_TILES
+
+    seen = []
+    monkeypatch.setattr(flex, "compiled_flex_attention", lambda: lambda q, k, v, **kw: seen.append(kw) or q)
+    step, q = Step(8, tiny_config.n_head, torch.device("cpu")), torch.zeros(1, tiny_config.n_head, 8, 16)
+    for scheme in ("t5", "alibi"):
+        pe = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).pe
+        context = KERNELS["flex"].context(pe.bias(0), AttentionMask(), step, {})
+        KERNELS["flex"].run(q, q, q, context, build_score(tiny_config), 0.0, None)
+    assert [kw["kernel_options"] for kw in seen] == [T5_TILES, None]

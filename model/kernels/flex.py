@@ -28,7 +28,7 @@ the tests run this kernel's block masks and score_mods through it there (`tests/
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -60,9 +60,12 @@ def flex_attention_fused(
     block_mask: BlockMask,
     score_mod: ScoreMod | None = None,
     scale: float | None = None,
+    kernel_options: Mapping[str, int] | None = None,
 ) -> Tensor:
     """FlexAttention: the block mask and an optional score_mod (a position bias), fused in one kernel."""
-    return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    options = dict(kernel_options) if kernel_options else None
+    return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                                     kernel_options=options)  # fmt: skip
 
 
 def score_mod_of(bias: ScoreBias, step: Step) -> ScoreMod:
@@ -96,6 +99,7 @@ def build_block_mask(mask: AttentionMask, step: Step, cache: dict | None) -> Blo
 class FlexContext:
     block_mask: BlockMask
     score_mod: ScoreMod | None
+    kernel_options: Mapping[str, int] | None = None
 
 
 class FlexKernel(Kernel):
@@ -116,11 +120,12 @@ class FlexKernel(Kernel):
 
     def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict) -> FlexContext:
         block_mask = build_block_mask(mask, step, memo)
-        score_mod = score_mod_of(bias, step) if bias is not None else None
-        return FlexContext(block_mask, score_mod)
+        if bias is None:
+            return FlexContext(block_mask, None)
+        return FlexContext(block_mask, score_mod_of(bias, step), bias.kernel_options)
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: FlexContext, score: Score, dropout_p: float,
         on_weights: WeightsHook | None,
     ) -> Tensor:  # fmt: skip
-        return flex_attention_fused(q, k, v, context.block_mask, context.score_mod, scale=score.scale)
+        return flex_attention_fused(q, k, v, context.block_mask, context.score_mod, score.scale, context.kernel_options)

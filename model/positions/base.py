@@ -3,8 +3,8 @@ schemes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,6 +36,9 @@ class ScoreBias:
     elements: int
     """Float32 values the formula forms per query-key pair for all the layer's heads (the bias, and
     anything larger on the way to it): how many query rows a dense kernel takes at once."""
+    kernel_options: Mapping[str, int] = field(default_factory=dict)
+    """FlexAttention's tile options on CUDA (`FlexKernelOptions`: BLOCK_M, BLOCK_N, num_stages) for a
+    formula whose intermediate tiles do not fit the default tiles' shared memory."""
 
     def __call__(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
         return self.formula(h, distance, query)

@@ -40,6 +40,12 @@ class ALiBi(PositionEncoding):
         return ScoreBias(alibi, self.n_head)
 
 
+T5_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
+"""FlexAttention's tiles for T5 on CUDA: the default tiles (128 wide, 3 stages) asked an H200 for
+245,760 bytes of shared memory with T5's score_mod in bf16 (232,448 there), and compiling failed
+("No valid triton configs"); half-width tiles in two stages need under half. Not yet run on a GPU."""
+
+
 class T5Bias(PositionEncoding):
     """T5's relative position bias (Raffel et al. 2020), causal: a learned scalar per head for each
     bucket of the distance d = q - k >= 0. Buckets 0..N/2-1 hold one distance each; the other N/2
@@ -89,7 +95,7 @@ class T5Bias(PositionEncoding):
                 bucket = bucket + (d >= start)
             return table[bucket, h]
 
-        return ScoreBias(t5, self.table.size(1) + 2)  # the bias per head, the int64 bucket per pair
+        return ScoreBias(t5, self.table.size(1) + 2, T5_TILES)  # the bias per head, the int64 bucket per pair
 
 
 class Kerple(PositionEncoding):
