@@ -5,9 +5,8 @@ The logic behind `attention_maps.py`; the numbers are in `evaluation.attention`,
 The weights are recomputed in float32 on the eager reference kernel from each checkpoint's own
 parameters, whichever kernel it was trained with: SDPA and FlexAttention never form them.
 
-A run replaces what the previous run of this command wrote into the same --out: the figures its
-results.json lists ("files") are removed first (and the folders they leave empty), results.json is
-written last, and it lists exactly this run's figures. Nothing else in --out is touched.
+Each figure is written whole (a temporary file renamed), results.json last: it lists ("files") the
+figures of the run that wrote it. Nothing else in --out is touched.
 """
 
 from __future__ import annotations
@@ -132,71 +131,10 @@ def run(cfg: MapsConfig) -> list[Path]:
         files.update({out / name: png_bytes(fig) for name, fig in stats_figures(doc["lengths"])})
     doc["files"] = sorted(path.relative_to(out).as_posix() for path in files)
     files[out / RESULTS] = json.dumps(doc, indent=1, allow_nan=False).encode()
-    replace_outputs(out, files)
+    for path, payload in files.items():  # results.json last: present, it lists figures that are
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, payload)
     return list(files)
-
-
-def replace_outputs(out: Path, files: dict[Path, bytes]) -> None:
-    """Write `files` (results.json last) into `out` in place of the figures of the previous run there, so
-    that results.json, whenever it is present, lists exactly the figures present. A write that fails
-    takes this run's other files with it (the error says what happened)."""
-    previous = previous_files(out)
-    if previous is not None:
-        (out / RESULTS).unlink(missing_ok=True)
-        _remove(out, previous)
-    written: list[str] = []
-    for path, payload in files.items():
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(path, payload)
-        except BaseException:  # what was written is removed; what was there under this name stays
-            _remove(out, written)
-            _prune(out, path.parent)
-            raise
-        written.append(path.relative_to(out).as_posix())
-
-
-def previous_files(out: Path) -> list[str] | None:
-    """The figures that the previous run of this command in `out` wrote, as its results.json lists them
-    (or, for one written before it listed them, as its contents name them); None when `out` holds no
-    results.json of this command."""
-    try:
-        doc = json.loads((out / RESULTS).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        return None
-    if isinstance(doc.get("files"), list):
-        return [name for name in doc["files"] if isinstance(name, str)]
-    try:  # an older results.json: the figures its prompts and lengths were drawn into
-        prompts = doc.get("prompts", [])
-        folders = _folders([prompt["label"] for prompt in prompts])
-        names = [f"{folder}/{name}" for prompt, folder in zip(prompts, folders, strict=True)
-                 for name in [*(f"layer{layer}.png" for layer in prompt["weights"]), "layers_mean.png"]]  # fmt: skip
-        return names + [f"attention_L{n}.png" for n in sorted({entry["length"] for entry in doc.get("lengths", [])})]
-    except (KeyError, TypeError):
-        return []
-
-
-def _remove(out: Path, names: list[str]) -> None:
-    """Remove the files `names` of this command (paths relative to `out`: figures, and results.json; any
-    other name, or a path out of `out`, is left alone) and the folders under `out` that this leaves empty."""
-    for name in names:
-        path = out / name
-        if Path(name).is_absolute() or ".." in Path(name).parts or (path.suffix != ".png" and name != RESULTS):
-            continue
-        path.unlink(missing_ok=True)
-        _prune(out, path.parent)
-
-
-def _prune(out: Path, folder: Path) -> None:
-    """Remove `folder` and its parents up to `out` (which stays) while they are empty."""
-    while folder != out and out in folder.parents:
-        try:
-            folder.rmdir()
-        except OSError:  # not empty (a file of the user's, say) or already gone
-            return
-        folder = folder.parent
 
 
 def _folders(labels: list[str]) -> list[str]:

@@ -181,47 +181,10 @@ def test_heatmaps_and_long_context_figures(runs, tmp_path):
     assert all(e["summary"]["windows"] == 64 // e["length"] for e in entries)
 
 
-def _files(out: Path) -> set[str]:
-    return {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-
-
-def _draw(out: Path, *args: str) -> dict:
-    cli.run(maps_script.COMMAND, [*args, "--tokens", "64", "--out", str(out), "--progress", "false"])
-    return json.loads((out / "results.json").read_text())
-
-
-def test_a_second_run_into_the_same_out_replaces_the_first_and_leaves_the_users_files(runs, tmp_path):
-    """Three runs into one --out, each with other checkpoints, labels, layers and lengths: after each, the
-    directory holds this run's figures (exactly those results.json lists), results.json, and the files the
-    user put there; the first run's results.json is one written before the list existed."""
-    out = tmp_path / "maps"
-    first = _draw(out, "--ckpt", str(runs["window"]), str(runs["learned"]), "--prompt", "The cat",
-                  "--layers", "0", "1", "--lengths", "8", "32")  # fmt: skip
-    assert _files(out) == {*first["files"], "results.json"}
-    assert {"window/layer0.png", "learned/layers_mean.png", "attention_L32.png"} <= set(first["files"])
-    del first["files"]  # as the command wrote it before it listed its figures
-    (out / "results.json").write_text(json.dumps(first))
-    (out / "notes.txt").write_text("mine")
-    (out / "window" / "mine.png").write_bytes(b"not ours")
-
-    second = _draw(out, "--ckpt", str(runs["learned"]), "--labels", "other", "--prompt", "A dog",
-                   "--layers", "1", "--lengths", "8")  # fmt: skip
-    assert set(second["files"]) == {"other/layer1.png", "other/layers_mean.png", "attention_L8.png"}
-    assert _files(out) == {*second["files"], "results.json", "notes.txt", "window/mine.png"}
-    assert not (out / "learned").exists()  # emptied: removed; window/ keeps the user's file
-
-    third = _draw(out, "--ckpt", str(runs["window"]), "--lengths", "32")
-    assert third["files"] == ["attention_L32.png"] and "prompts" not in third
-    assert _files(out) == {"attention_L32.png", "results.json", "notes.txt", "window/mine.png"}
-    assert not (out / "other").exists() and (out / "window" / "mine.png").read_bytes() == b"not ours"
-
-
-def test_a_failed_write_removes_this_runs_files_and_keeps_the_users(runs, tmp_path, monkeypatch, capsys):
+def test_a_failed_write_ends_in_one_line_and_leaves_no_results_json(runs, tmp_path, monkeypatch, capsys):
     from evaluation import attention_maps
 
     out = tmp_path / "maps"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
     real_write = attention_maps.atomic_write_bytes
 
     def full_disk(path, payload):
@@ -233,7 +196,7 @@ def test_a_failed_write_removes_this_runs_files_and_keeps_the_users(runs, tmp_pa
     line = cli_error(capsys, maps_script.COMMAND, ["--ckpt", str(runs["window"]), "--prompt", "The cat",
                                                    "--out", str(out), "--progress", "false"])  # fmt: skip
     assert "cannot write the figures" in line and "No space left on device" in line
-    assert _files(out) == {"notes.txt"} and not (out / "window").exists()
+    assert not (out / "results.json").exists()
 
 
 def _fails(capsys, *args: str) -> str:
