@@ -31,8 +31,8 @@ def attention_cost(kind: str, T: int, heads: int = 4, head_dim: int = 32, repeat
     this process: (median ms, peak resident MiB above what the imports took)."""
     import resource
 
+    from model.attention.linear import feature_map, linear_attention_chunked
     from model.kernels import causal_mask, eager_attention, sdpa_attention
-    from model.linear_attention import feature_map, linear_attention_chunked
     from model.masks import AttentionMask
 
     baseline_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # imports, before any tensor

@@ -13,11 +13,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from model.attention import ATTENTIONS, Attention, Cache
+from model.attention.linear import LayerStateCache
 from model.cache import LayerCache
 from model.config import GPTConfig
 from model.generation import stream
 from model.kernels import Kernel, Plan, Step, WeightsHook
-from model.linear_attention import LayerStateCache
 from model.loss import linear_cross_entropy
 from model.masks import AttentionMask
 from model.positions import SCHEMES, PositionEncoding, build_positions

@@ -73,8 +73,8 @@ def uncompiled_flex(monkeypatch) -> None:
     Forward only: FlexAttention has no backward pass on a CPU."""
     from torch.nn.attention.flex_attention import flex_attention
 
+    import model.attention.sigmoid as sigmoid
     import model.kernels.flex as flex
-    import model.sigmoid_attention as sigmoid
 
     for module in (flex, sigmoid):
         monkeypatch.setattr(module, "compiled_flex_attention", lambda: flex_attention)

@@ -13,9 +13,9 @@ import torch
 from core.errors import ConfigError
 from model import ATTENTIONS, GPT, GPTConfig
 from model.attention import LinearAttention, SoftmaxAttention
+from model.attention.linear import StateCache
 from model.cache import KVCache
 from model.kernels import Plan, Step
-from model.linear_attention import StateCache
 from model.masks import AttentionMask
 
 from helpers import overfit

@@ -18,7 +18,8 @@ import attention_maps as maps_script
 import evaluate as evaluate_script
 from core import cli
 from evaluation.attention import AttentionStats, bucket_means, log_edges, prompt_weights, visible_keys
-from model import GPT, GPTConfig, linear_attention
+from model import GPT, GPTConfig
+from model.attention import linear as linear_attention
 from model.kernels import eager
 
 from helpers import cli_error, train_tiny

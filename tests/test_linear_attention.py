@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.linear_attention import feature_map, linear_attention_chunked, linear_attention_quadratic
+from model.attention.linear import feature_map, linear_attention_chunked, linear_attention_quadratic
 from model.rope import apply_rope, rope_cos_sin
 
 

@@ -117,13 +117,6 @@ def test_the_check_above_can_fail():
     assert not _compares_a_name_to_a_literal(ast.parse('config.rope_scaling == "ntk"').body[0].value)
 
 
-def test_no_python_file_is_over_400_lines():
-    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    files = tracked or [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")]
-    long = {f: n for f in files if (n := len((ROOT / f).read_text().splitlines())) > 400}
-    assert not long, long
-
-
 def test_the_readme_is_short_and_its_links_lead_somewhere():
     """The README starts where users start (under 200 lines); the reference lives in docs/, and every
     relative link of the README and of docs/*.md names a file or directory that exists."""

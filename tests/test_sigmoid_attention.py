@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-import model.sigmoid_attention as sigmoid_module
+import model.attention.sigmoid as sigmoid_module
 from model import GPT, GPTConfig
 from model.kernels import KernelError
 

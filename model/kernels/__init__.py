@@ -1,6 +1,6 @@
 """Softmax attention's kernels and their registry: eager (the reference), SDPA and FlexAttention.
 What a kernel is, and how one is chosen, is in `model.kernels.base`; linear attention has kernels
-of its own (`model.linear_attention`).
+of its own (`model.attention.linear`).
 
 What `attn_backend="auto"` picks (each kernel's declared capabilities and `rank`):
 

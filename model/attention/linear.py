@@ -23,15 +23,23 @@ around them is `model.attention.LinearAttention`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from model.attention.base import Attention
 from model.cache import CacheStep, DecodingCache, static_buffer
 from model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, WeightsHook
 from model.scores import Score
+
+if TYPE_CHECKING:
+    from model.attention import Cache
+    from model.config import GPTConfig
+    from model.kernels import Plan
+    from model.masks import AttentionMask
+    from model.positions import PositionEncoding
 
 CHUNK = 64
 """Queries per chunk of the chunked form."""
@@ -184,3 +192,30 @@ class LayerStateCache:
             self.state.S.copy_(new.S)
             self.state.z.copy_(new.z)
         return out
+
+
+class LinearAttention(Attention):
+    """Causal linear attention (Katharopoulos et al. 2020; this module): features
+    phi(q), phi(k), the scheme's rotation on them for the numerator only (RoFormer); decoding keeps
+    the running sums, the same size after any number of tokens. No attention weights to drop and no
+    scoring function; its kernels take no score bias and no window."""
+
+    kernels = LINEAR_KERNELS
+    drops_weights = False
+    scored = False
+
+    def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerStateCache | None = None) -> Tensor:
+        q, k, v = self.project(x)
+        fq, fk = feature_map(q), feature_map(k)
+        rq, rk = pe.rotate(fq, fk, plan.step.positions)
+        q2, k2 = torch.cat([rq, fq], dim=-1), torch.cat([rk, fk], dim=-1)
+        y = cache.attend(q2, k2, v, plan.cache_step) if cache is not None else plan.attend(q2, k2, v, self.score, 0.0)
+        return self.output(y)
+
+    @classmethod
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
+        return StateCache(config.n_layer)
+
+    @classmethod
+    def constant_memory(cls, mask: AttentionMask) -> bool:
+        return True

@@ -27,13 +27,14 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest
 
+from model.attention.softmax import SoftmaxAttention
 from model.kernels.base import Kernel, Step, WeightsHook
 from model.kernels.dense import DenseContext
 from model.kernels.eager import EagerKernel
@@ -137,3 +138,17 @@ SIGMOID_KERNELS: dict[str, Kernel] = {
     "flex": SigmoidFlex(),
 }
 """Sigmoid attention's kernels by `attn_backend` name."""
+
+
+class SigmoidAttention(SoftmaxAttention):
+    """Sigmoid attention (Ramapuram et al. 2025; this module): softmax attention's layer
+    and KV cache, with weights sigmoid(score - ln n) that are not normalised over the keys; n the
+    training length, or the keys each query sees (`config.sigmoid_bias`)."""
+
+    kernels = SIGMOID_KERNELS
+
+    @classmethod
+    def kernel_context(
+        cls, kernel: Kernel, config: GPTConfig, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict
+    ) -> Any:
+        return kernel.context(bias, mask, step, memo, length=sigmoid_length(config))

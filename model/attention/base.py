@@ -1,0 +1,139 @@
+"""The base of the attention layers (`model.attention`): projections, dropout, the scoring function,
+and what a function declares of itself (its kernels, dropout, scoring, cache)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from model.kernels import Kernel, Needs, Step, choose_kernel, weights_kernel
+from model.masks import AttentionMask
+from model.positions import PositionEncoding, ScoreBias
+from model.scores import Score, build_score
+
+if TYPE_CHECKING:
+    from model.attention import Cache
+    from model.config import GPTConfig
+
+
+class Attention(nn.Module):
+    """Base of the attention layers: the fused q/k/v projection, the output projection (the residual
+    branch's last layer) and its dropout, the scoring function; and, as class-level declarations, what
+    the attention function is."""
+
+    kernels: ClassVar[Mapping[str, Kernel]]
+    """This function's kernels by `attn_backend` name."""
+    drops_weights: ClassVar[bool] = True
+    """Attention dropout (`config.dropout`) applies to its weights."""
+    scored: ClassVar[bool] = True
+    """It scores query-key pairs with `config.attn_score`."""
+    value_passes: ClassVar[int] = 1
+    """Weighted sums of the values per query (the FLOP count's): two for differential attention."""
+
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
+        super().__init__()
+        self.layer = layer
+        """This layer's index in the model, from 0."""
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, config.bias)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, config.bias)
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.score = build_score(config)
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, C) -> queries, keys, values, (B, H, T, D) each."""
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        return q, k, v
+
+    def output(self, y: Tensor) -> Tensor:
+        """(B, H, T, D) attention output -> (B, T, C) residual branch."""
+        B, _, T, _ = y.shape
+        y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * self.head_dim)
+        return self.resid_dropout(self.proj(y))
+
+    @classmethod
+    def check(cls, config: GPTConfig) -> None:
+        """Raise `ConfigError` when the function cannot work with `config` (called at its validation)."""
+
+    @classmethod
+    def kernel_head_size(cls, head_dim: int) -> int:
+        """The head size of the queries and keys its kernels see (some kernels need a minimum)."""
+        return head_dim
+
+    @classmethod
+    def rotary_dim(cls, config: GPTConfig) -> int:
+        """The width of the vectors the position scheme rotates as one (`rotate`): a head's."""
+        return config.head_dim
+
+    @classmethod
+    def kernel_context(
+        cls, kernel: Kernel, config: GPTConfig, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict
+    ) -> Any:
+        """What `kernel` needs for one forward pass of a model of `config` (`Kernel.context`); a function
+        with settings of its own hands them to its kernels here."""
+        return kernel.context(bias, mask, step, memo)
+
+    def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, step: Step) -> tuple[Tensor, Tensor]:
+        """The scheme's rotation of queries and keys (B, H, T, D) at the step's positions."""
+        return pe.rotate(q, k, step.positions)
+
+    def reconfigure(self, old: GPTConfig, config: GPTConfig) -> None:
+        """Take the mask and scaling of `config` (`GPT.switch`), keeping the weights."""
+
+    def reconfigure_replaces_parameters(self, old: GPTConfig, config: GPTConfig) -> bool:
+        """Whether `reconfigure(old, config)` would put new parameters in place of old ones."""
+        return False
+
+    @classmethod
+    def needs(
+        cls,
+        pe: PositionEncoding | type[PositionEncoding],
+        mask: AttentionMask,
+        score: type[Score],
+        device: torch.device | None = None,
+        dropout_active: bool = False,
+        needs_grad: bool = False,
+        decoding: bool = False,
+        head_size: int | None = None,
+    ) -> Needs:
+        """What a forward pass with scheme `pe`, `mask` and `score` asks of this function's kernels
+        (with no device: what holds on every device, as a config's validation asks)."""
+        return Needs(
+            score_bias=pe.score_bias,
+            bias_gradients=pe.learned_bias and needs_grad,
+            dropout=dropout_active and cls.drops_weights,
+            backward_on=device.type if needs_grad and device is not None else None,
+            runs_on=device.type if device is not None else None,
+            sparse_mask=not mask.causal_only,
+            decoding=decoding,
+            dot_score=score.dot_product or not cls.scored,
+            head_size=head_size,
+        )
+
+    @classmethod
+    def choose_kernel(cls, requested: str, needs: Needs, device: torch.device) -> Kernel:
+        return choose_kernel(cls.kernels, requested, needs, device)
+
+    @classmethod
+    def kernel_name(cls, kernel: Kernel) -> str:
+        """The `attn_backend` name of one of this function's kernels."""
+        return next(name for name, k in cls.kernels.items() if k is kernel)
+
+    @classmethod
+    def weights_kernel(cls, needs: Needs) -> Kernel:
+        return weights_kernel(cls.kernels, needs)
+
+    @classmethod
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
+        """What decoding keeps for a model of `config` (see `GPT.new_cache`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def constant_memory(cls, mask: AttentionMask) -> bool:
+        """Whether what decoding keeps stays the same size however long it runs."""
+        raise NotImplementedError

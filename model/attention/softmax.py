@@ -1,0 +1,81 @@
+"""Softmax attention's layer (Vaswani et al. 2017), on the kernels of `model.kernels`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from model.attention.base import Attention
+from model.cache import KVCache, LayerCache
+from model.kernels import KERNELS, Plan, Step
+from model.masks import AttentionMask
+from model.positions import PositionEncoding
+from model.scores import LogLengthScale
+
+if TYPE_CHECKING:
+    from model.attention import Cache
+    from model.config import GPTConfig
+
+
+class SoftmaxAttention(Attention):
+    """Multi-head causal softmax attention (Vaswani et al. 2017) over the scheme's rotated queries and
+    keys; decoding keeps a KV cache shaped by the mask (a rolling one with a window)."""
+
+    kernels = KERNELS
+
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
+        super().__init__(config, layer)
+        self.log_scale = LogLengthScale.of(config)
+        self.mask = AttentionMask.of(config)
+
+    def reconfigure(self, old: GPTConfig, config: GPTConfig) -> None:
+        self.mask = AttentionMask.of(config)
+        if _log_scaling_changes(old, config):
+            scale = LogLengthScale.of(config)
+            weight = self.qkv.weight
+            self.log_scale = scale.to(device=weight.device, dtype=weight.dtype) if scale is not None else None
+
+    def reconfigure_replaces_parameters(self, old: GPTConfig, config: GPTConfig) -> bool:
+        return _log_scaling_changes(old, config) and "learned" in (old.attn_log_scaling, config.attn_log_scaling)
+
+    def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None = None) -> Tensor:
+        q, k, v = self.attended(x, pe, plan, cache)
+        y = plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0)  # (B, H, T, D)
+        return self.output(y)
+
+    def attended(
+        self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The queries of the new tokens and the keys and values they attend over, as the kernels take
+        them: scored (q W for the general score), rotated at their absolute positions, the keys and
+        values the cache holds added, the queries log-length scaled."""
+        q, k, v = self.project(x)
+        q = self.score.queries(q)  # what the kernels score, rotated like q
+        q, k = self.rotate(pe, q, k, plan.step)
+        if cache is not None:
+            k, v = cache.update(k, v, plan.cache_step)  # the keys and values the plan describes
+        if self.log_scale is not None:
+            q = self.log_scale(q, self.mask.seen_keys(query_indices(plan.step)))
+        return q, k, v
+
+    @classmethod
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
+        return KVCache(config.n_layer, capacity, mask)
+
+    @classmethod
+    def constant_memory(cls, mask: AttentionMask) -> bool:
+        return mask.rolling  # a window's rolling cache
+
+
+def _log_scaling_changes(old: GPTConfig, new: GPTConfig) -> bool:
+    return (old.attn_log_scaling, old.attn_log_scale) != (new.attn_log_scaling, new.attn_log_scale)
+
+
+def query_indices(step: Step) -> Tensor:
+    """Where the step's queries stand among the keys: (B, Tq) when decoding (each row's cache
+    position), else 0..Tq-1 (randomized positions are labels, not counts)."""
+    if step.k_pos is not None:
+        return step.positions
+    return torch.arange(step.q_len, device=step.device)
