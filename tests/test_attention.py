@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from core.errors import ConfigError
-from model import ATTENTIONS, GPT, GPTConfig
+from model import ATTENTIONS, GPT, SCHEMES, GPTConfig
 from model.attention import LinearAttention, SoftmaxAttention
 from model.attention.linear import StateCache
 from model.cache import KVCache
@@ -21,7 +21,8 @@ from model.masks import AttentionMask
 from helpers import overfit
 
 ROOT = Path(__file__).resolve().parents[1]
-LINEAR_SCHEMES = ["learned", "sinusoidal", "rope", "none"]
+LINEAR_SCHEMES = [name for name, scheme in SCHEMES.items() if not scheme.score_bias]
+"""The schemes linear attention runs with (a score bias needs the scores it never forms): read from the registry."""
 
 
 def _linear(tiny_config: GPTConfig, scheme: str, **extra) -> GPTConfig:

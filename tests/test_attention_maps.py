@@ -18,13 +18,12 @@ import attention_maps as maps_script
 import evaluate as evaluate_script
 from core import cli
 from evaluation.attention import AttentionStats, bucket_means, log_edges, prompt_weights, visible_keys
-from model import GPT, GPTConfig
+from model import GPT, SCHEMES, GPTConfig
 from model.attention import linear as linear_attention
 from model.kernels import eager
 
 from helpers import cli_error, train_tiny
 
-SCHEMES = ["learned", "sinusoidal", "rope", "alibi", "t5", "kerple", "fire", "none"]
 MASKS = {"causal": {}, "window": {"attn_window": 5}, "window+sinks": {"attn_window": 5, "attn_sinks": 2}}
 
 
