@@ -27,13 +27,12 @@ import hashlib
 import json
 import random
 from dataclasses import asdict, dataclass, field
-from typing import Literal
 
 import numpy as np
 
+from core.errors import did_you_mean
 from data.tokenizer import CharTokenizer
 
-TaskName = Literal["copy", "reverse", "recall", "passkey"]
 BOS, SEP, QUERY = "^", "|", "?"
 SYMBOLS = "abcdefghijklmnopqrstuvwxyz"
 KEYS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "".join(chr(c) for c in range(0x3B1, 0x3CA))  # 26 Latin + 25 Greek
@@ -47,8 +46,8 @@ QUESTION = "What is the pass key? "
 class TaskConfig:
     """A synthetic task, its training lengths and its test sets."""
 
-    name: TaskName = "copy"
-    """copy, reverse, recall (associative recall) or passkey."""
+    name: str = "copy"
+    """A key of `TASKS`: copy, reverse, recall (associative recall) or passkey."""
     train_min: int = 4
     """Shortest training length n (symbols for copy/reverse, pairs for recall, characters for passkey)."""
     train_max: int = 20
@@ -72,17 +71,13 @@ class TaskConfig:
         if not self.eval_lengths or min(self.eval_lengths) < 1 or self.test_size < 1 or self.val_size < 1:
             raise ValueError("task.eval_lengths, task.test_size and task.val_size must be positive.")
         self.eval_lengths = sorted(set(self.eval_lengths))
-        limit = {"copy": len(SYMBOLS), "reverse": len(SYMBOLS), "recall": len(KEYS), "passkey": 10}[self.name]
+        if self.name not in TASKS:
+            hint = did_you_mean(self.name, list(TASKS), "") or "."
+            raise ValueError(f"task.name must be one of {', '.join(TASKS)}, got {self.name!r}{hint}")
+        limit = TASKS[self.name].alphabet
         if not 2 <= self.symbols <= limit:
             raise ValueError(f"task.symbols for {self.name} must be in 2..{limit}, got {self.symbols}.")
-        if self.name == "recall" and max(self.train_max, *self.eval_lengths) > self.symbols:
-            raise ValueError(
-                f"recall needs distinct keys: lengths up to {max(self.train_max, *self.eval_lengths)} pairs need "
-                f"task.symbols >= that (at most {len(KEYS)}); lower task.eval_lengths or raise task.symbols."
-            )
-        shortest = len(KEY_LINE.format("0" * 5)) + len(QUESTION) + 5 + 1
-        if self.name == "passkey" and self.train_min < shortest:
-            raise ValueError(f"passkey lengths count characters; task.train_min must be at least {shortest}.")
+        TASKS[self.name].check(self)
         if any(not 0.0 <= d <= 1.0 for d in self.depths) or not self.depths:
             raise ValueError(f"task.depths must lie in [0, 1], got {self.depths}.")
 
@@ -99,15 +94,99 @@ class Example:
     depth: float | None = None
 
 
+class Task:
+    """One synthetic task: the characters it writes and how it draws an example of length n; what it
+    is (what n counts, whether examples sit at a depth) is declared, never inferred from its name."""
+
+    alphabet: int
+    """The most symbols (`task.symbols`) it can draw from."""
+    unit = "items"
+    """What the length n counts (the x axis of the report)."""
+    depths = False
+    """Whether each test length is scored at every `task.depths` (the key's place in the text)."""
+
+    def vocabulary(self, task: TaskConfig) -> str:
+        raise NotImplementedError
+
+    def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
+        raise NotImplementedError
+
+    def check(self, task: TaskConfig) -> None:
+        """Raise ValueError where `task`'s lengths cannot be drawn."""
+
+
+class Copy(Task):
+    """`^` s_1 .. s_n `|` -> s_1 .. s_n (or reversed)."""
+
+    alphabet = len(SYMBOLS)
+
+    def __init__(self, reverse: bool = False) -> None:
+        self.reverse = reverse
+
+    def vocabulary(self, task: TaskConfig) -> str:
+        return BOS + SEP + SYMBOLS[: task.symbols]
+
+    def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
+        s = "".join(rng.choice(SYMBOLS[: task.symbols]) for _ in range(n))
+        return Example(BOS + s + SEP, s[::-1] if self.reverse else s, n)
+
+
+class Recall(Task):
+    """`^` k_1 v_1 .. k_n v_n `?` k_q -> v_q, the keys distinct."""
+
+    alphabet = len(KEYS)
+
+    def vocabulary(self, task: TaskConfig) -> str:
+        return BOS + QUERY + KEYS[: task.symbols] + DIGITS
+
+    def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
+        keys = rng.sample(KEYS[: task.symbols], n)
+        values = [rng.choice(DIGITS) for _ in keys]
+        q = rng.randrange(n)
+        pairs = "".join(k + v for k, v in zip(keys, values, strict=True))
+        return Example(BOS + pairs + QUERY + keys[q], values[q], n)
+
+    def check(self, task: TaskConfig) -> None:
+        longest = max(task.train_max, *task.eval_lengths)
+        if longest > task.symbols:
+            raise ValueError(
+                f"recall needs distinct keys: lengths up to {longest} pairs need task.symbols >= that (at most "
+                f"{len(KEYS)}); lower task.eval_lengths or raise task.symbols."
+            )
+
+
+class Passkey(Task):
+    """Filler, the key line at a depth, filler, the question -> the 5 digits; n counts every character."""
+
+    alphabet = len(DIGITS)
+    unit = "characters"
+    depths = True
+
+    def vocabulary(self, task: TaskConfig) -> str:
+        return FILLER + KEY_LINE.format("") + QUESTION + DIGITS
+
+    def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
+        depth = rng.random() if depth is None else depth
+        key = "".join(rng.choice(DIGITS[: task.symbols]) for _ in range(5))
+        line = KEY_LINE.format(key)
+        filler_len = n - len(line) - len(QUESTION) - len(key)  # n counts every character, the answer's too
+        filler = (FILLER * (filler_len // len(FILLER) + 1))[:filler_len]
+        cut = round(depth * filler_len)
+        return Example(filler[:cut] + line + filler[cut:] + QUESTION, key, n, depth)
+
+    def check(self, task: TaskConfig) -> None:
+        shortest = len(KEY_LINE.format("0" * 5)) + len(QUESTION) + 5 + 1
+        if task.train_min < shortest:
+            raise ValueError(f"passkey lengths count characters; task.train_min must be at least {shortest}.")
+
+
+TASKS: dict[str, Task] = {"copy": Copy(), "reverse": Copy(reverse=True), "recall": Recall(), "passkey": Passkey()}
+"""The synthetic tasks by `task.name`: a new one is a `Task` and a line here."""
+
+
 def vocabulary(task: TaskConfig) -> str:
     """Every character the task writes, in the tokenizer's (sorted) order."""
-    if task.name in ("copy", "reverse"):
-        chars = BOS + SEP + SYMBOLS[: task.symbols]
-    elif task.name == "recall":
-        chars = BOS + QUERY + KEYS[: task.symbols] + DIGITS
-    else:
-        chars = FILLER + KEY_LINE.format("") + QUESTION + DIGITS
-    return "".join(sorted(set(chars)))
+    return "".join(sorted(set(TASKS[task.name].vocabulary(task))))
 
 
 def tokenizer_for(task: TaskConfig) -> CharTokenizer:
@@ -115,23 +194,8 @@ def tokenizer_for(task: TaskConfig) -> CharTokenizer:
 
 
 def make_example(task: TaskConfig, rng: random.Random, n: int, depth: float | None = None) -> Example:
-    """One example of length `n` (and, for passkey, `depth`; drawn when None)."""
-    if task.name in ("copy", "reverse"):
-        s = "".join(rng.choice(SYMBOLS[: task.symbols]) for _ in range(n))
-        return Example(BOS + s + SEP, s if task.name == "copy" else s[::-1], n)
-    if task.name == "recall":
-        keys = rng.sample(KEYS[: task.symbols], n)
-        values = [rng.choice(DIGITS) for _ in keys]
-        q = rng.randrange(n)
-        pairs = "".join(k + v for k, v in zip(keys, values, strict=True))
-        return Example(BOS + pairs + QUERY + keys[q], values[q], n)
-    depth = rng.random() if depth is None else depth
-    key = "".join(rng.choice(DIGITS[: task.symbols]) for _ in range(5))
-    line = KEY_LINE.format(key)
-    filler_len = n - len(line) - len(QUESTION) - len(key)  # n counts every character, the answer's too
-    filler = (FILLER * (filler_len // len(FILLER) + 1))[:filler_len]
-    cut = round(depth * filler_len)
-    return Example(filler[:cut] + line + filler[cut:] + QUESTION, key, n, depth)
+    """One example of length `n` (and, for a task with depths, `depth`; drawn when None)."""
+    return TASKS[task.name].example(task, rng, n, depth)
 
 
 def training_batch(task: TaskConfig, rng: random.Random, batch_size: int) -> list[Example]:

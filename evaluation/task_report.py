@@ -1,6 +1,6 @@
 """The report of a synthetic-task experiment: `results.json`, `results.md` (rows = models, columns =
 test lengths, exact-match accuracy mean ± std over seeds), `accuracy_vs_length.png`, and for
-passkey `passkey_depth.png` (accuracy over length x depth, one panel per model)."""
+a task with depths (passkey) `<task>_depth.png` (accuracy over length x depth, one panel per model)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from core.files import atomic_write_bytes  # noqa: E402
+from data.tasks import TASKS  # noqa: E402
 from evaluation.report import line_style, png_bytes, study_lines  # noqa: E402
 
 
@@ -27,7 +28,7 @@ def _by_label(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def length_accuracy(run: dict[str, Any], length: int, key: str = "accuracy") -> float | None:
-    """A run's accuracy (or `token_accuracy`) at `length`, averaged over depths (passkey); None
+    """A run's accuracy (or `token_accuracy`) at `length`, averaged over depths (passkey's); None
     where not applicable."""
     rows = [r for r in run["results"] if r["length"] == length]
     if not all(r["applicable"] for r in rows):
@@ -45,7 +46,7 @@ def _cell(values: list[float | None]) -> str:
 def markdown_table(doc: dict[str, Any]) -> str:
     task, lengths = doc["task"], doc["task"]["eval_lengths"]
     lines = [f"# {task['name']}: exact-match accuracy (%) against length", ""]
-    per = " and depth (cells: mean over depths)" if task["name"] == "passkey" else ""
+    per = " and depth (cells: mean over depths)" if TASKS[task["name"]].depths else ""
     lines.append(f"- trained on lengths {task['train_min']}-{task['train_max']}; {task['test_size']} test "
                  f"examples per length{per}")  # fmt: skip
     lines.append("- greedy decoding with the KV cache; n/a: learned positions cannot reach that length")
@@ -80,7 +81,7 @@ def accuracy_figure(doc: dict[str, Any]) -> plt.Figure:
     ax.set_xticks(lengths, [str(n) for n in lengths], fontsize=8)
     ax.minorticks_off()
     ax.set_ylim(-3, 103)
-    ax.set_xlabel(f"test length ({'characters' if task['name'] == 'passkey' else 'items'})")
+    ax.set_xlabel(f"test length ({TASKS[task['name']].unit})")
     ax.set_ylabel("exact-match accuracy (%)")
     ax.set_title(f"{task['name']}: train short, test long", fontsize=10)
     ax.grid(True, alpha=0.3)
@@ -109,12 +110,12 @@ def depth_figure(doc: dict[str, Any]) -> plt.Figure:
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
         ax.set_title(label, fontsize=9)
-        ax.set_xlabel("length (characters)", fontsize=8)
+        ax.set_xlabel(f"length ({TASKS[doc['task']['name']].unit})", fontsize=8)
         ax.set_ylabel("depth", fontsize=8)
     for ax in list(axes.flat)[len(groups) :]:
         ax.axis("off")
     fig.colorbar(image, ax=axes, shrink=0.7, label="accuracy (%)")
-    fig.suptitle("passkey: accuracy by length and depth", fontsize=10)
+    fig.suptitle(f"{doc['task']['name']}: accuracy by length and depth", fontsize=10)
     return fig
 
 
@@ -126,8 +127,8 @@ def write_task_report(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
         "results.md": markdown_table(doc).encode(),
         "accuracy_vs_length.png": png_bytes(accuracy_figure(doc)),
     }
-    if doc["task"]["name"] == "passkey":
-        files["passkey_depth.png"] = png_bytes(depth_figure(doc))
+    if TASKS[doc["task"]["name"]].depths:
+        files[f"{doc['task']['name']}_depth.png"] = png_bytes(depth_figure(doc))
     for name, payload in files.items():
         atomic_write_bytes(out / name, payload)
     return [out / name for name in files]

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from data.tasks import Example, TaskConfig, eval_set
+from data.tasks import TASKS, Example, TaskConfig, eval_set
 from data.tokenizer import CharTokenizer
 from model.gpt import GPT
 
@@ -42,12 +42,12 @@ def evaluate_task(
     batch_size: int = 50,
     on_done: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Accuracy at every `task.eval_lengths` (and, for passkey, every depth): rows of {length, depth,
+    """Accuracy at every `task.eval_lengths` (and, for a task with depths, every depth): rows of {length, depth,
     accuracy (exact match), token_accuracy (answer tokens right), examples, applicable, reason}. A
     length that learned positions cannot reach is n/a."""
     model.eval()
     rows = []
-    depths: list[float | None] = list(task.depths) if task.name == "passkey" else [None]
+    depths: list[float | None] = list(task.depths) if TASKS[task.name].depths else [None]
     for n in task.eval_lengths:
         for depth in depths:
             examples = eval_set(task, n, depth)

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from core.cli import run
 from core.device import pick_device
-from data.tasks import TaskConfig, eval_set, tokenizer_for
+from data.tasks import TASKS, TaskConfig, eval_set, tokenizer_for
 from evaluation.checkpoint import load_checkpoint
 from evaluation.run import results_header
 from evaluation.tasks import evaluate_task
@@ -111,7 +111,7 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
                                     tokenizer.vocab_size, cfg.max_minutes, deadline)  # fmt: skip
     device = pick_device(cfg.device)
     key = {"task": dataclasses.asdict(cfg.task), "eval_batch": cfg.eval_batch, "device": str(device)}
-    depths = len(cfg.task.depths) if cfg.task.name == "passkey" else 1
+    depths = len(cfg.task.depths) if TASKS[cfg.task.name].depths else 1
     per_run = len(cfg.task.eval_lengths) * depths * cfg.task.test_size
     with tqdm(total=len(trained) * per_run, unit="example", dynamic_ncols=True, disable=not sys.stderr.isatty()) as bar:
 

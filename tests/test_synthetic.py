@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import evaluate as evaluate_script
 from core import cli
+from data import tasks as registry
 from data.datamodule import TaskStream
 from data.tasks import KEYS, TaskConfig, encode, eval_set, make_example, tokenizer_for, training_batch
 from evaluation.tasks import evaluate_task
@@ -32,6 +33,11 @@ TASKS = {
     "recall": TaskConfig(name="recall", train_min=2, train_max=8, eval_lengths=[4, 12], symbols=20),
     "passkey": TaskConfig(name="passkey", train_min=64, train_max=160, eval_lengths=[100, 300]),
 }
+
+
+def test_every_registered_task_has_a_test_config_here():
+    """A new entry of `data.tasks.TASKS` fails here until the tests below draw its examples."""
+    assert set(TASKS) == set(registry.TASKS)
 
 
 def expected_answer(name: str, prompt: str) -> str:
@@ -173,6 +179,8 @@ def test_config_mistakes_fail_clearly():
         TaskConfig(name="recall", train_max=8, eval_lengths=[40], symbols=20)
     with pytest.raises(ValueError, match="symbols"):
         TaskConfig(name="copy", symbols=27)
+    with pytest.raises(ValueError, match="got 'cpy'; did you mean copy"):
+        TaskConfig(name="cpy")
     with pytest.raises(ValueError, match="at least 64"):
         TaskConfig(name="passkey", train_min=20)
     args = ["--config", str(Path(__file__).parents[1] / "configs" / "synthetic_copy.yaml")]
