@@ -14,7 +14,7 @@ touching again; queries are rotated at their rows' own positions.
   position p < S lives in slot p, any other in slot S + (p - S) mod W, so memory stays constant
   however long decoding runs.
 
-A forward pass through the cache is one `CacheStep`, made by `begin` before the first layer and
+A forward pass through the cache is one `CacheWrite`, made by `begin` before the first layer and
 committed after the last:
 
 - prefill (the cache is empty): the T new tokens sit at positions 0..T-1 of every row, of which
@@ -37,7 +37,7 @@ from model.masks import AttentionMask
 
 
 @dataclass(frozen=True)
-class CacheStep:
+class CacheWrite:
     """One forward pass through a cache: where its T new tokens sit and what they attend over."""
 
     prefill: bool
@@ -75,25 +75,25 @@ class DecodingCache:
         same tensors from its first call on (on CUDA marked static, so that a CUDA graph keeps them)."""
         self.pos = static_buffer(torch.zeros(batch, dtype=torch.long, device=device))
 
-    def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheStep:
+    def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
         """The step of a forward pass of `new_tokens` tokens in each of `batch` rows (`lengths`: of
         which the first lengths[b] are real, the rest padding; only in a prefill)."""
         offsets = torch.arange(new_tokens, device=device)
         if self.empty:
             end = lengths if lengths is not None else torch.full((batch,), new_tokens, device=device)
             real = offsets[None, :] < lengths[:, None] if lengths is not None else None
-            return CacheStep(True, offsets[None, :].expand(batch, -1), real, end)
+            return CacheWrite(True, offsets[None, :].expand(batch, -1), real, end)
         if lengths is not None:
             raise ValueError("Padded prompts (lengths) go into an empty cache: reset it first.")
         assert self.pos is not None
-        return CacheStep(False, self.pos[:, None] + offsets, None, self.pos + new_tokens)
+        return CacheWrite(False, self.pos[:, None] + offsets, None, self.pos + new_tokens)
 
-    def commit(self, step: CacheStep) -> None:
+    def commit(self, write: CacheWrite) -> None:
         """After every layer took the step: the rows move on."""
-        if self.pos is None or self.pos.shape != step.end.shape:
-            self.pos = step.end.clone()
+        if self.pos is None or self.pos.shape != write.end.shape:
+            self.pos = write.end.clone()
         else:
-            self.pos.copy_(step.end)
+            self.pos.copy_(write.end)
         self.empty = False
 
 
@@ -116,40 +116,40 @@ class KVCache(DecodingCache):
         for layer in self.layers:
             layer.allocate((batch, n_head, self.capacity, head_dim), dtype, device)
 
-    def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheStep:
-        step = super().begin(batch, new_tokens, lengths, device)
+    def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
+        write = super().begin(batch, new_tokens, lengths, device)
         if not self.rolling:
-            self._check_room(step, new_tokens)
+            self._check_room(write, new_tokens)
         if self.slot_positions is None or self.slot_positions.size(0) != batch:
             self.slot_positions = torch.full((batch, self.capacity), -1, dtype=torch.long, device=device)
-        start = step.end - step.real.sum(-1) if step.real is not None else step.end - new_tokens
-        position, incoming = self._incoming(start, step.end)
-        held = self.slot_positions if not step.prefill else torch.full_like(self.slot_positions, -1)
+        start = write.end - write.real.sum(-1) if write.real is not None else write.end - new_tokens
+        position, incoming = self._incoming(start, write.end)
+        held = self.slot_positions if not write.prefill else torch.full_like(self.slot_positions, -1)
         slot_pos = torch.where(incoming, position, held)
-        if step.prefill:
+        if write.prefill:
             k_pos = None  # the new tokens attend to each other only
         elif self.rolling and new_tokens > 1:  # the buffer as it was, then the new keys
-            k_pos = torch.cat([held, step.positions], dim=1)
+            k_pos = torch.cat([held, write.positions], dim=1)
         else:  # written first: the buffer holds every key the new tokens see
             k_pos = slot_pos
         source = position - start[:, None]
-        return CacheStep(step.prefill, step.positions, step.real, step.end, k_pos, slot_pos, incoming, source)
+        return CacheWrite(write.prefill, write.positions, write.real, write.end, k_pos, slot_pos, incoming, source)
 
-    def _check_room(self, step: CacheStep, new_tokens: int) -> None:
+    def _check_room(self, write: CacheWrite, new_tokens: int) -> None:
         """Refuse positions past a full cache's capacity, which it would otherwise drop: checked from
         the shapes in a prefill, and by reading the positions (one wait for the device, never inside
         a compiled graph) for a chunk of several tokens. A one-token step is not checked: `generate`
         never asks for one past the capacity, and a check would cost every step a wait."""
-        end = new_tokens if step.prefill and step.real is None else None
-        if not step.prefill and new_tokens > 1 and not torch.compiler.is_compiling():
-            end = int(step.end.max())
+        end = new_tokens if write.prefill and write.real is None else None
+        if not write.prefill and new_tokens > 1 and not torch.compiler.is_compiling():
+            end = int(write.end.max())
         if end is not None and end > self.capacity:
             raise ValueError(f"The KV cache holds {self.capacity} positions; {end} do not fit (new_cache(capacity)).")
 
-    def commit(self, step: CacheStep) -> None:
-        assert self.slot_positions is not None and step.slot_pos is not None
-        self.slot_positions.copy_(step.slot_pos)
-        super().commit(step)
+    def commit(self, write: CacheWrite) -> None:
+        assert self.slot_positions is not None and write.slot_pos is not None
+        self.slot_positions.copy_(write.slot_pos)
+        super().commit(write)
 
     def _incoming(self, start: Tensor, end: Tensor) -> tuple[Tensor, Tensor]:
         """For positions start[b]..end[b]-1 written into row b: the position each slot takes (the
@@ -187,33 +187,33 @@ class LayerCache:
         self.k = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
         self.v = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
 
-    def update(self, k: Tensor, v: Tensor, step: CacheStep) -> tuple[Tensor, Tensor]:
+    def update(self, k: Tensor, v: Tensor, write: CacheWrite) -> tuple[Tensor, Tensor]:
         """Store the (B, H, T, D) new keys and values and return those the new tokens attend over
-        (the positions `step.k_pos` describes, or in prefill the new ones)."""
+        (the positions `write.k_pos` describes, or in prefill the new ones)."""
         B, H, T, D = k.shape
         if self.k is None or self.k.dtype != k.dtype or self.k.shape[0] != B:
             self.allocate((B, H, self.owner.capacity, D), k.dtype, k.device)
-        assert self.k is not None and self.v is not None and step.source is not None and step.incoming is not None
-        if step.prefill:
-            self._write(k, v, step)
+        assert self.k is not None and self.v is not None and write.source is not None and write.incoming is not None
+        if write.prefill:
+            self._write(k, v, write)
             return k, v
         if T == 1:  # one new key per row, into its slot, in place (an index_put_ that Inductor keeps in place)
-            rows, slot = torch.arange(B, device=k.device), self.owner.slot_of(step.positions[:, 0])
+            rows, slot = torch.arange(B, device=k.device), self.owner.slot_of(write.positions[:, 0])
             self.k[rows, :, slot] = k[:, :, 0]
             self.v[rows, :, slot] = v[:, :, 0]
             return self.k, self.v
         if self.owner.rolling:
             keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
-            self._write(k, v, step)
+            self._write(k, v, write)
             return keys, values
-        self._write(k, v, step)
+        self._write(k, v, write)
         return self.k, self.v
 
-    def _write(self, k: Tensor, v: Tensor, step: CacheStep) -> None:
-        assert self.k is not None and self.v is not None and step.source is not None and step.incoming is not None
+    def _write(self, k: Tensor, v: Tensor, write: CacheWrite) -> None:
+        assert self.k is not None and self.v is not None and write.source is not None and write.incoming is not None
         B, H, T, D = k.shape
-        index = step.source.clamp(0, T - 1)[:, None, :, None].expand(B, H, -1, D)
-        take = step.incoming[:, None, :, None]
+        index = write.source.clamp(0, T - 1)[:, None, :, None].expand(B, H, -1, D)
+        take = write.incoming[:, None, :, None]
         self.k.copy_(torch.where(take, k.gather(2, index), self.k))
         self.v.copy_(torch.where(take, v.gather(2, index), self.v))
 

@@ -280,20 +280,20 @@ class GPT(nn.Module):
             if lengths.shape != (B,) or shortest < 1 or longest > T:
                 raise ValueError(f"lengths must be (B,) = ({B},) counts in 1..{T}, got {tuple(lengths.shape)} in "
                                  f"{shortest}..{longest}.")  # fmt: skip
-        cache_step = cache.begin(B, T, lengths, idx.device) if cache is not None else None
-        decoding = cache_step is not None and not cache_step.prefill
+        cache_write = cache.begin(B, T, lengths, idx.device) if cache is not None else None
+        decoding = cache_write is not None and not cache_write.prefill
         if not decoding:  # positions 0..T-1 (decoding: the caller keeps to the cache's tables)
             self._check_length(T)
         if decoding:  # each row at its own positions, over the keys the cache holds
-            positions = cache_step.positions
+            positions = cache_write.positions
         x = self.drop(self.pe.embed(self.wte(idx), positions))  # (B, T, C)
         dropout = self.training and self.config.dropout > 0
         kernel = self.kernel(idx.device, dropout, x.requires_grad, decoding, weights=visit is not None)
-        step = Step(T, self.config.n_head, idx.device, positions, cache_step.k_pos if decoding else None)
+        step = Step(T, self.config.n_head, idx.device, positions, cache_write.k_pos if decoding else None)
         memo = self._kernel_memos[type(kernel)]
         bias = self.pe.bias if self.pe.score_bias else lambda layer: None  # from the parameters as they are now
         context = self.attention.kernel_context(kernel, self.config, bias(0), self.mask, step, memo)
-        plan = Plan(kernel, context, step, cache_step=cache_step)
+        plan = Plan(kernel, context, step, cache_write=cache_write)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, block in enumerate(self.blocks):
             layer_plan = dataclasses.replace(plan, on_weights=visit(i)) if visit else plan
@@ -305,7 +305,7 @@ class GPT(nn.Module):
             else:
                 x = block(x, self.pe, layer_plan, cache.layers[i] if cache is not None else None)
         if cache is not None:
-            cache.commit(cache_step)
+            cache.commit(cache_write)
         return self.ln_f(x)
 
     def kernel(

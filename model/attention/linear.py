@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from model.attention.base import Attention
-from model.cache import CacheStep, DecodingCache, static_buffer
+from model.cache import CacheWrite, DecodingCache, static_buffer
 from model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, WeightsHook
 from model.scores import Score
 
@@ -179,13 +179,13 @@ class LayerStateCache:
         S = torch.zeros(batch, n_head, head_dim, head_dim, device=device)
         self.state = LinearState(static_buffer(S), static_buffer(torch.zeros(batch, n_head, head_dim, device=device)))
 
-    def attend(self, q2: Tensor, k2: Tensor, v: Tensor, step: CacheStep) -> Tensor:
+    def attend(self, q2: Tensor, k2: Tensor, v: Tensor, write: CacheWrite) -> Tensor:
         """The new tokens' outputs, continuing from the state (from zero in a prefill, where padding
         gets zero features and values: it adds nothing to the sums), which they update."""
-        if step.real is not None:
-            k2 = k2 * step.real[:, None, :, None]
-            v = v * step.real[:, None, :, None]
-        out, new = linear_attention_chunked(q2, k2, v, None if step.prefill else self.state)
+        if write.real is not None:
+            k2 = k2 * write.real[:, None, :, None]
+            v = v * write.real[:, None, :, None]
+        out, new = linear_attention_chunked(q2, k2, v, None if write.prefill else self.state)
         if self.state is None or self.state.S.shape != new.S.shape or self.state.S.dtype != new.S.dtype:
             self.state = new
         else:
@@ -209,7 +209,7 @@ class LinearAttention(Attention):
         fq, fk = feature_map(q), feature_map(k)
         rq, rk = pe.rotate(fq, fk, plan.step.positions)
         q2, k2 = torch.cat([rq, fq], dim=-1), torch.cat([rk, fk], dim=-1)
-        y = cache.attend(q2, k2, v, plan.cache_step) if cache is not None else plan.attend(q2, k2, v, self.score, 0.0)
+        y = cache.attend(q2, k2, v, plan.cache_write) if cache is not None else plan.attend(q2, k2, v, self.score, 0.0)
         return self.output(y)
 
     @classmethod

@@ -55,7 +55,7 @@ class SoftmaxAttention(Attention):
         q = self.score.queries(q)  # what the kernels score, rotated like q
         q, k = self.rotate(pe, q, k, plan.step)
         if cache is not None:
-            k, v = cache.update(k, v, plan.cache_step)  # the keys and values the plan describes
+            k, v = cache.update(k, v, plan.cache_write)  # the keys and values the plan describes
         if self.log_scale is not None:
             q = self.log_scale(q, self.mask.seen_keys(query_indices(plan.step)))
         return q, k, v

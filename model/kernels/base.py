@@ -32,7 +32,7 @@ from torch import Tensor
 from core.errors import UserError
 
 if TYPE_CHECKING:
-    from model.cache import CacheStep
+    from model.cache import CacheWrite
     from model.masks import AttentionMask
     from model.positions import ScoreBias
     from model.scores import Score
@@ -175,7 +175,7 @@ class Plan:
     context: Any
     step: Step
     on_weights: WeightsHook | None = None
-    cache_step: CacheStep | None = None
+    cache_write: CacheWrite | None = None
     """Decoding: where the new tokens go in the cache (`model.cache`)."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, score: Score, dropout_p: float) -> Tensor:
