@@ -54,8 +54,7 @@ MODES: Modes = {
     "bench": Lazy(
         "benchmarks.modes",
         "MODES",
-        "train-step | plain-run | val-noise | decode | gpu | vs-nanogpt | precision | clip | attention-cost | variants "
-        "| report",
+        "decode | gpu | vs-nanogpt | variants | report",
     ),
     "check": Lazy(
         "evaluation.check",

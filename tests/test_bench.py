@@ -66,12 +66,3 @@ def test_decode_refuses_a_bad_option_in_one_line(argv, needle, capsys):
         run_modes("bench.py", bench.__doc__, bench.MODES, ["decode", *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1 and needle in err[0], err
-
-
-def test_train_step_times_the_trainer_and_the_loop_at_a_named_shape(text_file, capsys):
-    argv = ["train-step", "--input", str(text_file), "--steps", "8", "--rounds", "1", "--shape", "cpu"]
-    run_modes("bench.py", bench.__doc__, bench.MODES, argv)
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines[:4]] == ["lightning", "plain", "plain", "lightning"]
-    medians = [line for line in lines if line.startswith("median")]
-    assert len(medians) == 2 and all("over 2 runs of 8 steps" in line for line in medians)
