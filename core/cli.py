@@ -20,7 +20,6 @@ jsonargparse's `--x [a,b,c]`, in every command (`spread_lists`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import logging
 import re
@@ -97,7 +96,7 @@ def run(command: Command[C], argv: Sequence[str] | None = None) -> None:
         config = parse(command, argv)
         if command.logs:
             logging.basicConfig(level=logging.INFO, format="%(message)s")
-        with spelled_logs(command), quiet_libraries():
+        with quiet_libraries():
             command.main(config)
     except UsageError as error:  # its own options, as the user typed them
         print(error.line(), file=sys.stderr)
@@ -108,35 +107,6 @@ def run(command: Command[C], argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:  # nothing half-written is kept (files are written atomically)
         print("Interrupted.", file=sys.stderr)
         sys.exit(130)
-
-
-class _Spelling(logging.Filter):
-    """Spells the options that a log line names as the command takes them (see `spell`)."""
-
-    def __init__(self, command: Command) -> None:
-        super().__init__()
-        self.command = command
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        spelled_message = spell(message, self.command)
-        if spelled_message != message:
-            record.msg, record.args = spelled_message, None
-        return True
-
-
-@contextlib.contextmanager
-def spelled_logs(command: Command) -> Iterator[None]:
-    """While the command runs, its log lines name options as it takes them, as its errors do: shared
-    code's `--data.input` is `--run.data.input` in an experiment."""
-    handlers, spelling = list(logging.getLogger().handlers), _Spelling(command)
-    for handler in handlers:
-        handler.addFilter(spelling)
-    try:
-        yield
-    finally:
-        for handler in handlers:
-            handler.removeFilter(spelling)
 
 
 def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:

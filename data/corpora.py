@@ -99,8 +99,8 @@ def _default_corpus(cache: Path) -> Path:
         reason = str(error).split(";")[0]
         path = python_docs_path()
         log.warning(
-            "%s: training on Python's bundled documentation instead (%s, %d KB). Pass your own text with "
-            "--data.input FILE, or Tiny Shakespeare with --data.input /path/to/tinyshakespeare.txt.",
+            "%s: training on Python's bundled documentation instead (%s, %d KB). Pass your own text as the "
+            "data.input option (a file, or the path of tinyshakespeare.txt).",
             reason,
             path.name,
             path.stat().st_size // 1024,

@@ -293,24 +293,3 @@ def test_an_unknown_variant_field_a_refused_value_and_a_per_run_field_name_the_v
     argv = ["--variants", "{name: r, train: {random_positions: 8}}", "--run.model.block_size", "16"]
     message = cli_error(capsys, extrapolation.COMMAND, argv)
     assert message.startswith("error: r: ") and "random_positions" in message
-
-
-def test_log_lines_name_options_as_the_running_command_takes_them(capsys):
-    """The offline fallback line, written by shared code as --data.input, reads --run.data.input in a study
-    (and stays --data.input in train.py), as the commands' errors do."""
-    import io
-    import logging
-
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    logging.getLogger().addHandler(handler)
-    try:
-        for command in (extrapolation.COMMAND, train.COMMAND):
-            with cli.spelled_logs(command):
-                logging.getLogger("data.corpora").warning("Pass your own text with --data.input FILE.")
-    finally:
-        logging.getLogger().removeHandler(handler)
-    assert stream.getvalue().splitlines() == [
-        "Pass your own text with --run.data.input FILE.",
-        "Pass your own text with --data.input FILE.",
-    ]

@@ -51,7 +51,7 @@ def test_the_default_run_offline_trains_on_pythons_docs_and_says_so_once(tmp_pat
     assert len(text) > 300_000 and "assert" in text  # pydoc's topics, e.g. the assert statement
     notes = [r.getMessage() for r in caplog.records if "Python's bundled documentation" in r.getMessage()]
     assert len(notes) == 1
-    assert "Could not download Tiny Shakespeare" in notes[0] and "--data.input FILE" in notes[0]
+    assert "Could not download Tiny Shakespeare" in notes[0] and "data.input option" in notes[0]
 
 
 def test_an_explicit_shakespeare_offline_still_stops_with_the_fix(tmp_path, offline, capsys):
