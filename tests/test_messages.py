@@ -17,7 +17,7 @@ from helpers import loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = loaded(bench.MODES)
-NOT_OURS = {"short"}  # git rev-parse --short, in core/repo.py
+NOT_OURS = {"short", "timeout"}  # git rev-parse --short (core/repo.py), pytest-timeout's (benchmarks/report.py)
 EXAMPLES = {"x", "GROUP.OPTION"}  # core/cli.py's docstrings and usage line show the syntax on made-up names
 
 
@@ -35,7 +35,7 @@ def named_options() -> dict[str, set[str]]:
 
 
 def test_every_option_a_message_names_is_an_option_of_a_command():
-    commands = [*COMMANDS.values(), *BENCH.values(), loaded(posgpt.MODES)["plot"]]
+    commands = [*COMMANDS.values(), *BENCH.values(), *(loaded(posgpt.MODES)[m] for m in ("plot", "check"))]
     accepted = set().union(*(cli.accepted(command) for command in commands))
     found = named_options()
     assert len(found) > 50  # the scan sees the messages
