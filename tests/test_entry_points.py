@@ -95,8 +95,11 @@ def test_a_non_editable_install_trains_from_any_directory(tmp_path):
     work.mkdir()
     (work / "t.txt").write_text("the king and the queen said to all men of the land\n" * 200)
     exe = str(venv / "bin" / "posgpt")
-    where = run(str(venv / "bin" / "python"), "-c", "import training, configs; print(training.__file__)", cwd=work)
-    assert where.stdout.startswith(str(venv)), where  # the installed copy, not this tree
+    site = next(venv.glob("lib/python*/site-packages"))
+    assert not {"model", "data", "core", "training", "configs"} & {p.name for p in site.iterdir()}  # one name: posgpt
+    where = run(str(venv / "bin" / "python"), "-c", "import posgpt, training, configs; print(training.__file__)",
+                cwd=work)  # fmt: skip
+    assert where.stdout.startswith(str(site / "posgpt" / "_lib")), where  # the installed copy, not this tree
     shown = run(exe, "study", "extrapolation", "--config", "configs/extrapolation_shakespeare.yaml",
                 "--print_config", cwd=work)  # fmt: skip
     assert shown.returncode == 0 and "schemes:" in shown.stdout, shown.stderr
@@ -106,6 +109,17 @@ def test_a_non_editable_install_trains_from_any_directory(tmp_path):
     assert trained.returncode == 0, trained.stderr
     run_dir = work / "runs" / "t-char-rope"
     assert {"last.ckpt", "config.yaml", "metrics.csv", "training.png"} <= {p.name for p in run_dir.iterdir()}
+
+
+def test_the_wheel_installs_every_package_of_the_checkout_under_posgpt():
+    """pyproject.toml lists the packages (a wheel puts them under posgpt/_lib/): a new one must be added there."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    files = subprocess.run(["git", "ls-files", "*__init__.py"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not files:
+        pytest.skip("not a git checkout")
+    found = {Path(f).parent.as_posix().replace("/", ".") for f in files} - {"tests", "posgpt"}
+    assert listed == {"posgpt"} | {f"posgpt._lib.{name}" for name in found}
 
 
 def test_the_config_reference_lists_every_option_of_every_command():
