@@ -12,6 +12,7 @@ import bench
 from benchmarks.common import DEFAULT_PEER
 from benchmarks.gpu import ratios
 from benchmarks.gpu_rows import GPU_SHAPES, Row
+from benchmarks.report_render import render
 from core.modes import run_modes
 
 CPU_MODE = ["gpu", "--device", "cpu", "--compile", "false", "--steps", "2", "--warmup", "1"]
@@ -55,6 +56,11 @@ def test_cpu_mode_times_each_scheme_the_trainer_and_nanogpt_and_appends_json(tmp
         assert entry["date"] and entry["device"] and entry["command"] and entry["torch"]
     assert out[-1].startswith("4 x 64: alibi/rope ") and ", window/rope " in out[-1]
     assert ", trainer/bare (rope) " in out[-1]
+    job = {"job": "train/rope", "status": "ok", "wall_s": 1.0, "peak_mib": None, "rows": entries[1:],
+           **{k: entries[1][k] for k in ("date", "device", "torch")}, "cuda": None}  # fmt: skip
+    report = render([job])  # what `bench.py report` makes of these rows
+    assert report.startswith(f"# posgpt bench report: {entries[1]['device']}") and "| posgpt | alibi | sdpa |" in report
+    assert "- 4 x 64: alibi/rope " in report and "- schemes under 0.95 of RoPE's tokens/s:" in report
 
 
 def test_ratios_put_each_scheme_beside_rope_the_trainer_beside_the_bare_step_and_ours_beside_nanogpt():
