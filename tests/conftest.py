@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import sys
@@ -101,3 +102,7 @@ def text_file(tmp_path: Path) -> Path:
     path = tmp_path / "corpus.txt"
     path.write_text(make_text(), encoding="utf-8")
     return path
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker: the workers share the cores
+    torch.set_num_threads(1)

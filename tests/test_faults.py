@@ -146,7 +146,8 @@ def test_a_sigterm_saves_a_checkpoint_and_exits_143_and_resume_is_exact(tmp_path
     common = ["--train.logger", "none", "--optim.decay_steps", "200", "--train.ckpt_interval", "20"]
     killed = tmp_path / "killed"
     argv = tiny_args(killed, text_file, *common, "--train.max_steps", "100000", "--train.progress_bar", "true")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], cwd=tmp_path,
+    threads = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}  # this process's: the same sums
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], cwd=tmp_path, env=threads,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (killed / "runs" / "tiny" / "last.ckpt").exists():

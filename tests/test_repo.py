@@ -24,7 +24,7 @@ def test_ci_runs_the_readme_install_and_test_commands_in_a_fresh_environment():
     script = (ROOT / ".ci" / "run").read_text()
     commands = _commands(script)
     last = commands[-1]
-    assert "pip install -e" in last and "ruff check" in last and last.endswith("python -m pytest -q")
+    assert "pip install -e" in last and "ruff check" in last and last.endswith("python -m pytest -q -n auto")
     readme_lines = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()]
     assert last in readme_lines
     creates = [i for i, c in enumerate(commands) if c.startswith("python -m venv ")]

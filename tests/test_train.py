@@ -204,7 +204,8 @@ def test_the_default_validation_of_a_large_corpus_is_bounded(tmp_path, caplog):
     corpus.write_text(block * 22)
     argv = ["--data.input", str(corpus), "--data.prepared_root", str(tmp_path / "prepared"),
             "--train.out_dir", str(tmp_path / "runs"), "--train.max_steps", "3", "--train.progress_bar", "false",
-            "--train.sample_tokens", "0", "--train.logger", "none"]  # fmt: skip
+            "--train.sample_tokens", "0", "--train.logger", "none", "--model.n_layer", "1", "--model.n_head", "2",
+            "--model.n_embd", "32"]  # fmt: skip  # the default run's batches, a small model to score them
     with caplog.at_level(logging.INFO):
         cli.run(train_script.COMMAND, argv)
     ckpt = read_checkpoint(next((tmp_path / "runs").glob("*/last.ckpt")))
