@@ -238,13 +238,6 @@ def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path):
     assert sorted(p.name for p in out.glob("attention_L*.png")) == ["attention_L16.png"]  # no earlier length left
 
 
-def test_the_help_says_where_the_weights_come_from(capsys):
-    with pytest.raises(SystemExit):
-        cli.run(maps_script.COMMAND, ["--help"])
-    help_text = " ".join(capsys.readouterr().out.split())
-    assert "eager reference kernel" in help_text and "never form them" in help_text and "--lengths" in help_text
-
-
 def test_the_sink_rate_of_one_window_is_the_share_of_heads_whose_first_token_weight_passes_the_threshold():
     """Gu et al.'s sink rate by hand on one window (tests/test_sink_rate.py has several): layer 0 has
     one head of two on the first token (mean weight over queries 0.68 > 0.3) and one spread evenly

@@ -64,15 +64,6 @@ def test_posgpt_help_imports_no_torch():
     assert out.strip().splitlines()[-1] == "[]", out
 
 
-def test_train_help_states_the_default_runs_model(capsys):
-    """The model group's title is no longer GPTConfig's own defaults (GPT-2 small, learned positions)
-    above the default run's 4 layers, 128 wide, RoPE."""
-    text = _help(capsys, ["train"])
-    assert "GPT-2 small" not in text and "124M" not in text
-    assert re.search(r"--model.n_layer N_LAYER\s+Number of transformer blocks. \(type: int, default: 4\)", text)
-    assert "RoPE" in text.split("\noptions:\n")[0]
-
-
 @pytest.mark.slow
 def test_a_non_editable_install_trains_from_any_directory(tmp_path):
     """Build a wheel of this tree, install it into a fresh environment (its dependencies from this one),
