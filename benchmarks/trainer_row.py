@@ -67,10 +67,9 @@ class RandomVocabulary:
 
 
 def trainer_tokens_per_s(config: GPTConfig, batch: int, steps: int, options: dict[str, Any]) -> float:
-    """Train `config` at `batch` x block_size through the trainer for 2 + 2 x `steps` optimizer steps,
-    its tokens/s logged every `steps` steps after the first (which compiles); the last reading. The
-    step after it is the run's last, where the trainer writes its final checkpoint (1.5 GB at 124M:
-    in the reading, it took the H200's trainer row of 2026-11-26 to 0.25 of the bare step).
+    """Train `config` at `batch` x block_size through the trainer for 1 + 2 x `steps` optimizer steps,
+    its tokens/s logged every `steps` steps after the first (which compiles); the last reading (taken
+    before the run's final checkpoint is written: `SpeedMonitor`).
     `options`: TrainConfig fields (precision, compile, hardware, ...)."""
     data = TrainingData(
         RandomTokenData(config.vocab_size, config.block_size, batch, pin=options.get("accelerator") == "gpu"),
@@ -80,7 +79,7 @@ def trainer_tokens_per_s(config: GPTConfig, batch: int, steps: int, options: dic
     )
     with tempfile.TemporaryDirectory() as tmp:
         train_config = TrainConfig(
-            max_steps=2 + 2 * steps, batch_size=batch, eval_interval=10**9, log_interval=steps,
+            max_steps=1 + 2 * steps, batch_size=batch, eval_interval=10**9, log_interval=steps,
             ckpt_interval=10**9, out_dir=tmp, run_name="lightning", progress_bar=False, sample_tokens=0, **options,
         )  # fmt: skip
         run = RunConfig(model=config, data=DataConfig(input=None, dir=tmp), optim=OptimConfig(), train=train_config)

@@ -58,3 +58,27 @@ def test_optimizer_stepped_is_true_exactly_when_the_optimizer_stepped(tmp_path, 
         assert [batch_idx for batch_idx, _, _ in rows] == list(range(start, start + 3 * steps))
         assert [stepped for _, stepped, _ in rows] == [False, False, True] * steps
         assert all(stepped == advanced for _, stepped, advanced in rows), rows
+
+
+def test_a_steps_speed_reading_is_taken_before_its_checkpoint_is_written(tmp_path, text_file, monkeypatch):
+    """The tokens/s of an interval leave out the checkpoint written at its last step (the run's final
+    one put a 124M trainer at 0.25 of its bare step on an H200): SpeedMonitor reads the clock first."""
+    from training import callbacks
+
+    events: list[tuple[str, int]] = []
+    read, save = callbacks.SpeedMonitor.on_train_batch_end, callbacks.LastCheckpoint._save
+
+    def reading(self, trainer, *args):
+        events.append(("speed", trainer.global_step))
+        return read(self, trainer, *args)
+
+    def saving(self, trainer, *args):
+        events.append(("save", trainer.global_step))
+        return save(self, trainer, *args)
+
+    monkeypatch.setattr(callbacks.SpeedMonitor, "on_train_batch_end", reading)
+    monkeypatch.setattr(callbacks.LastCheckpoint, "_save", saving)
+    argv = tiny_args(tmp_path, text_file, "--train.max_steps", "4", "--train.ckpt_interval", "2")
+    cli.run(train_script.COMMAND, argv)
+    for step in (2, 4):
+        assert events.index(("speed", step)) < events.index(("save", step)), events

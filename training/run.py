@@ -210,12 +210,12 @@ def _fit(
     progress = progress_callback(t.progress_bar, t.print_interval or print_every(t.max_steps, t.log_interval),
                                  t.eval_interval)  # fmt: skip
     callbacks = [
+        SpeedMonitor(module.model.flops_per_token(cfg.model.block_size), t.log_interval),  # first: before a save
         DivergenceGuard(last, t.log_interval, t.ckpt_interval, t.eval_interval),
         last,
         L.pytorch.callbacks.ModelCheckpoint(
             dirpath=run_dir, filename="best", monitor="val/loss", mode="min", enable_version_counter=False
         ),
-        SpeedMonitor(module.model.flops_per_token(cfg.model.block_size), t.log_interval),
         progress,
     ]
     if t.model_summary:
