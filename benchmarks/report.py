@@ -10,7 +10,7 @@ hang, a crash or an exhausted GPU ends that job only), under its own time limit:
 - decode: `bench.py decode` for learned, RoPE and ALiBi, eager and compiled, at batch 1 and 64;
 - long: one compiled training step per scheme at 16384 and 32768 tokens (`bench.py gpu`), and
   `evaluate.py` at both lengths on RoPE and ALiBi checkpoints of the 124M shape trained for 2 steps on
-  the Python library's own source (nothing downloaded).
+  Python's own documentation (`data.corpora.python_docs_path`: nothing downloaded).
 
 Every job ends as one line of `--out` (JSON lines) when it finishes: its status (ok, failed, refused
 with the command's one-line reason, out of time), wall time, the process's peak CUDA memory and the
@@ -45,6 +45,7 @@ from benchmarks.report_render import render
 from core.cli import Command
 from core.errors import ConfigError
 from core.files import atomic_write_bytes
+from data.corpora import python_docs_path
 
 PARTS = ("check", "train", "decode", "long")
 DECODE_SCHEMES = ("learned", "rope", "alibi")
@@ -156,7 +157,7 @@ def long_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
     fields = dict(zip(["n_layer", "n_head", "n_embd", "block_size"], shape, strict=True))
     checkpoints = []
     for scheme in LONG_EVAL:
-        run = ["train", "--data.input", str(corpus(work)), "--data.prepared_root", str(work / "prepared"),
+        run = ["train", "--data.input", str(python_docs_path()), "--data.prepared_root", str(work / "prepared"),
                "--model.pos_encoding", scheme, *(a for k, v in fields.items() for a in (f"--model.{k}", v)),
                "--train.max_steps", "2", "--train.batch_size", "4", "--train.out_dir", str(work / "runs"),
                "--train.run_name", scheme, "--train.sample_tokens", "0",
@@ -169,23 +170,6 @@ def long_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
 
 
 PLANS = {"check": check_jobs, "train": train_jobs, "decode": decode_jobs, "long": long_jobs}
-
-
-def corpus(work: Path, chars: int = 3_000_000) -> Path:
-    """A text of the Python library's own source (every installation has it): the long part's
-    checkpoints train and evaluate on it, with no download. Written once, in sorted file order."""
-    path = work / "python-library.txt"
-    if not path.exists():
-        work.mkdir(parents=True, exist_ok=True)
-        parts, size = [], 0
-        for file in sorted(Path(os.__file__).parent.glob("*.py")):
-            text = file.read_text(encoding="utf-8", errors="replace")
-            parts.append(text)
-            size += len(text)
-            if size >= chars:
-                break
-        atomic_write_bytes(path, "".join(parts)[:chars].encode())
-    return path
 
 
 def _has(module: str) -> bool:

@@ -98,8 +98,9 @@ def long_lines(entries: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {r.scheme} | {r.kernel} | {r.batch} x {r.context} | {ms} | {peak} | {compile_s} | {r.note} |")
     if rows:
         longest = max(r.context for r in rows)
-        failed = [r.scheme for r in rows if r.context == longest and (r.note or r.ms_per_step is None)]
-        lines.append(f"\n- a compiled step at {longest} tokens: {len(rows) // 2 - len(failed)} schemes ran"
+        at_longest = [r for r in rows if r.context == longest]
+        failed = [r.scheme for r in at_longest if r.note or r.ms_per_step is None]
+        lines.append(f"\n- a compiled step at {longest} tokens: {len(at_longest) - len(failed)} schemes ran"
                      f"{'; not: ' + ', '.join(failed) if failed else ''}")  # fmt: skip
     for e in entries:
         if e["job"] == "long/evaluate":

@@ -128,7 +128,7 @@ class SigmoidFlex(FlexKernel):
     ) -> Tensor:  # fmt: skip
         out, aux = compiled_flex_attention()(
             q, k, v, score_mod=context.score_mod, block_mask=context.block_mask, scale=score.scale,
-            return_aux=AuxRequest(lse=True), kernel_options=dict(context.kernel_options or {}) or None,
+            return_aux=AuxRequest(lse=True), kernel_options=context.kernel_options,
         )  # fmt: skip
         return (out.float() * aux.lse.exp()[..., None]).to(q.dtype)
 

@@ -28,7 +28,7 @@ the tests run this kernel's block masks and score_mods through it there (`tests/
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -60,12 +60,11 @@ def flex_attention_fused(
     block_mask: BlockMask,
     score_mod: ScoreMod | None = None,
     scale: float | None = None,
-    kernel_options: Mapping[str, int] | None = None,
+    kernel_options: dict[str, int] | None = None,
 ) -> Tensor:
     """FlexAttention: the block mask and an optional score_mod (a position bias), fused in one kernel."""
-    options = dict(kernel_options) if kernel_options else None
     return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                                     kernel_options=options)  # fmt: skip
+                                     kernel_options=kernel_options)  # fmt: skip
 
 
 def score_mod_of(bias: ScoreBias, step: Step) -> ScoreMod:
@@ -99,7 +98,7 @@ def build_block_mask(mask: AttentionMask, step: Step, cache: dict | None) -> Blo
 class FlexContext:
     block_mask: BlockMask
     score_mod: ScoreMod | None
-    kernel_options: Mapping[str, int] | None = None
+    kernel_options: dict[str, int] | None = None
 
 
 class FlexKernel(Kernel):

@@ -3,8 +3,8 @@ schemes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,7 +36,7 @@ class ScoreBias:
     elements: int
     """Float32 values the formula forms per query-key pair for all the layer's heads (the bias, and
     anything larger on the way to it): how many query rows a dense kernel takes at once."""
-    kernel_options: Mapping[str, int] = field(default_factory=dict)
+    kernel_options: dict[str, int] | None = None
     """FlexAttention's tile options on CUDA (`FlexKernelOptions`: BLOCK_M, BLOCK_N, num_stages) for a
     formula whose intermediate tiles do not fit the default tiles' shared memory."""
 
