@@ -3,15 +3,15 @@
     bench.py gpu [--schemes rope alibi --shapes 16x1024 4x4096 --json rows.jsonl]
     bench.py decode [--schemes learned rope alibi --batches 1 64 --modes eager compiled --json rows.jsonl]
     bench.py vs-nanogpt --peer ../shared/peers/nanoGPT --input ../shared/data/tinyshakespeare.txt --shape cpu
-    bench.py variants [--names rope learned alibi]
     bench.py report [--part check train decode long] [--out bench-report.jsonl] [--render FILE]
 
 Each mode is a dataclass of options and a function in `benchmarks/` (decoding.py: decode speed per
 scheme, eager and compiled, against nanoGPT's generate; gpu.py: training speed per scheme and shape, bare
-step, trainer and nanoGPT's step; nanogpt.py: our train.py against nanoGPT's; attention.py: attention
-variants; report.py: all the GPU figures in resumable parts); `bench.py MODE --help` lists a mode's
+step, trainer and nanoGPT's step; nanogpt.py: our train.py against nanoGPT's;
+report.py: all the GPU figures in resumable parts); `bench.py MODE --help` lists a mode's
 options and what it measures. The one-off CPU investigations of earlier issues (train-step, plain-run,
-val-noise, precision, clip, attention-cost) were removed in issue 35: their figures stay in
+val-noise, precision, clip, attention-cost, variants: `bench.py gpu --device cpu` times every
+scheme's step) were removed in issue 35: their figures stay in
 BENCHMARKS.md, their code in the history (commit 1399160).
 """
 
@@ -33,9 +33,6 @@ MODES: Modes = {
         "nanoGPT's step beside ours.",
     ),
     "vs-nanogpt": Lazy("benchmarks.nanogpt", "VS_NANOGPT", "Our train.py against nanoGPT's, per-step cost, CPU."),
-    "variants": Lazy(
-        "benchmarks.attention", "VARIANT_STEP", "Training step of each attention variant, interleaved, CPU."
-    ),
     "report": Lazy(
         "benchmarks.report",
         "REPORT",

@@ -54,7 +54,7 @@ MODES: Modes = {
     "bench": Lazy(
         "benchmarks.modes",
         "MODES",
-        "decode | gpu | vs-nanogpt | variants | report",
+        "decode | gpu | vs-nanogpt | report",
     ),
     "check": Lazy(
         "evaluation.check",

@@ -254,12 +254,11 @@ def test_options_named_in_error_messages_parse_in_the_command_that_prints_them(t
         ("attention_maps.py", ["--ckpt", ckpt, "--text", str(odd), "--lengths", "8", "--out", out],
          "--data.drop_unknown"),
         ("attention_maps.py", ["--ckpt", ckpt, "--prompt", "The", "--layers", "3", "--out", out], "--layers"),
-        ("bench.py", ["variants", "--names", "rope", "ropee"], "--names"),
     ]  # fmt: skip
     for name, argv, expected in cases:
         (line,) = _stops(capsys, name, [*argv, *(["--progress", "false"] if name == "attention_maps.py" else [])])
         named = _named_options(line)
-        command = BENCH[argv[0]] if name == "bench.py" else COMMANDS[name]
+        command = COMMANDS[name]
         assert expected[2:] in named and set(named) <= cli.accepted(command), (name, line)
 
 
