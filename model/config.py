@@ -1,14 +1,6 @@
-"""The model's configuration: one frozen dataclass, saved inside every checkpoint, so a checkpoint
-alone rebuilds its model.
-
-The names of the position scheme, the attention function, its kernel and the scoring function are
-keys of their registries (`model.positions.SCHEMES`, `model.attention.ATTENTIONS` and each
-function's kernels, `model.scores.SCORES`): a new one is a class and a registry line, and no code
-here changes (the fields' documentation lists the built-in ones). Validation checks them against
-the registries and checks that the attention function has a kernel for the combination
-(`model.validation.check_config`), so that a config that cannot run is refused when it is built,
-before any data is prepared.
-"""
+"""The model's configuration: one frozen dataclass, saved in every checkpoint, which alone rebuilds the model.
+Scheme, attention, kernel and score names are registry keys, checked with their combination when a config is
+built (`model.validation.check_config`), before any data is prepared."""
 
 from __future__ import annotations
 
@@ -43,29 +35,19 @@ class GPTConfig:
     bias: bool = True
     """Biases in Linear and LayerNorm layers, as GPT-2 has; False is slightly faster and as good."""
     pos_encoding: str = "learned"
-    """Position scheme, a key of model.positions.SCHEMES: learned | sinusoidal | rope | alibi | t5 (relative bias) |
-    kerple (learned log-distance bias) |
-    fire (an MLP of log-normalized distances, Li et al. 2024) | none (NoPE: causal mask only)."""
+    """Position scheme (model.positions.SCHEMES): learned | sinusoidal | rope | alibi | t5 | kerple | fire | none."""
     attn_backend: str = "auto"
-    """Attention kernel, auto (fastest correct choice per device) or a key of the attention function's kernels:
-    eager (reference) | sdpa | flex (CUDA); for attention='linear': chunked | eager (the quadratic reference); for
-    attention='sigmoid': eager | flex (CUDA)."""
+    """Attention kernel: auto (fastest correct one) or one of the attention function's: eager | sdpa | flex (CUDA);
+    linear: chunked | eager; sigmoid: eager | flex."""
     attention: str = "softmax"
-    """Attention function, a key of model.attention.ATTENTIONS: softmax (Vaswani et al.) or linear: causal
-    kernelized attention with phi = elu + 1 (Katharopoulos et al. 2020), O(T) memory and a constant-size
-    decoding state; no score-bias schemes, no windows; sigmoid: sigmoid(score - ln n) per key, n the
-    training length (sigmoid_bias), not normalised (Ramapuram et al. 2025; kernels eager and flex); or differential:
-    the difference of two softmax maps over the halves of each head (Ye et al. 2025; softmax's kernels)."""
+    """Attention function (model.attention.ATTENTIONS): softmax | linear (elu + 1 features, O(T); no score bias or
+    window) | sigmoid (sigmoid(score - ln n), unnormalised) | differential (two softmax maps' difference)."""
     diff_split: Literal["half_heads", "rope_pairs"] = "half_heads"
-    """attention='differential': how each head's queries and keys split into the two maps. half_heads: two
-    half-heads of D / 2 dimensions, each rotated by RoPE built for D / 2, so both maps share one set of
-    frequencies (the official code, microsoft/unilm Diff-Transformer/multihead_diffattn.py); rope_pairs: the
-    whole head rotated, its even and odd RoPE pairs the two maps, whose frequencies interleave (checkpoints
-    before this option)."""
+    """attention='differential': half_heads (two half-heads, each with RoPE built for D / 2, the official code's) or
+    rope_pairs (the whole head rotated, its even and odd pairs the two maps; checkpoints before this option)."""
     sigmoid_bias: Literal["train_length", "seen_keys"] = "train_length"
-    """attention='sigmoid': the n of its bias b = -ln n. train_length: block_size, one constant for every query,
-    unchanged when evaluating longer (the paper's, Ramapuram et al. 2025, and apple/axlearn's); seen_keys: the
-    keys each query sees, per query (checkpoints before this option)."""
+    """attention='sigmoid': n of the bias -ln n: train_length (block_size, the paper's) or seen_keys (the keys each
+    query sees; checkpoints before this option)."""
     rope_base: float = 10000.0
     """RoPE frequency base (theta): pair i rotates by position * rope_base^(-2i/head_dim)."""
     rope_scaling: RopeScaling = "none"
@@ -73,12 +55,10 @@ class GPTConfig:
     rope_scaling_factor: float = 1.0
     """How many times block_size the scaled RoPE should cover (1 changes nothing)."""
     rope_fraction: float = 1.0
-    """Share of each head's dimensions RoPE rotates (1.0: all); the rest carry no position. How they are
-    chosen is `rope_partial`."""
+    """Share of each head's dimensions RoPE rotates (1.0: all); `rope_partial` says which."""
     rope_partial: RopePartial = "p_rope"
-    """With rope_fraction < 1: p_rope keeps the highest-frequency pairs and leaves the lowest-frequency ones
-    unrotated (Barbero et al. 2025, "Round and round we go"); neox rotates the first rope_fraction x head_dim
-    dimensions with frequencies spread over them, the rest pass through (GPT-NeoX's rotary_pct)."""
+    """With rope_fraction < 1: p_rope turns the fastest pairs only (Barbero et al. 2025); neox rotates the first
+    dimensions with frequencies spread over them (GPT-NeoX's rotary_pct)."""
     t5_num_buckets: int = 32
     """pos_encoding='t5': learned biases per head for this many buckets of distance, half of them exact."""
     t5_max_distance: int = 128
@@ -86,51 +66,38 @@ class GPTConfig:
     fire_width: int = 32
     """pos_encoding='fire': hidden ReLU units of the MLP that maps a normalized distance to each head's bias."""
     fire_per_layer: bool = False
-    """pos_encoding='fire': one c, L and MLP per layer (the paper's FIRE) instead of one shared by every layer
-    (its FIRE-S, as T5's bias is shared)."""
+    """pos_encoding='fire': one c, L and MLP per layer (the paper's FIRE), not one shared by all (its FIRE-S)."""
     attn_score: str = "scaled_dot"
-    """Scoring function, a key of model.scores.SCORES: scaled_dot (q.k / sqrt(D), Vaswani) | dot (q.k, Luong) |
-    general (q.W k, Luong; W learned per head, from I / sqrt(D)) | additive (v.tanh(Wq q + Wk k), Bahdanau; eager
-    kernel only, chunked over queries)."""
+    """Scoring function (model.scores.SCORES): scaled_dot (q.k / sqrt(D)) | dot | general (q.W k, W learned per head)
+    | additive (v.tanh(Wq q + Wk k); eager kernel only)."""
     attn_window: int = 0
-    """Sliding-window attention: each token sees itself and the W - 1 tokens before it (0: all earlier
-    tokens). Decoding then keeps only the last W keys (plus sinks)."""
+    """Sliding window: each token sees itself and the W - 1 tokens before it (0: all earlier tokens)."""
     attn_sinks: int = 0
     """With a window: the first S tokens stay visible to every token (StreamingLLM's attention sinks)."""
     attn_random_blocks: int = 0
-    """With a window: each block of attn_sparse_block queries also sees this many random earlier blocks of keys,
-    drawn by attn_random_seed. Window + sinks + random blocks is BigBird's sparse attention (Zaheer et al. 2020),
-    causal; decoding then keeps every key (random blocks reach any of them)."""
+    """With a window: how many random earlier key blocks each block of queries also sees (BigBird)."""
     attn_random_draw: Literal["bigbird", "earlier_with_replacement"] = "bigbird"
-    """attn_random_blocks: bigbird draws R distinct blocks among those with no sink token that end before the
-    window of the query block's first query (BigBird's rule, all of them when fewer); earlier_with_replacement
-    draws R times among all earlier blocks, window and sink blocks included (checkpoints before this option)."""
+    """attn_random_blocks: bigbird (distinct blocks clear of window and sinks) or earlier_with_replacement (any
+    earlier block; checkpoints before this option)."""
     attn_sparse_block: int = 64
     """attn_random_blocks: keys per random block; must divide block_size."""
     attn_random_seed: int = 0
     """attn_random_blocks: seed of the draws (fixed: the same blocks at every length, in training and evaluation)."""
     attn_log_scaling: Literal["none", "fixed", "learned"] = "none"
-    """Log-length attention scaling (SSMax, Nakanishi 2025; the log-length temperature of YaRN and DroPE):
-    each query times s * ln(n), n the number of keys it sees, so scores sharpen as the context grows instead
-    of flattening. fixed: s = attn_log_scale; learned: s per head and layer, starting there. Softmax only."""
+    """Log-length scaling (SSMax): each query times s * ln(n), n the keys it sees; s fixed or learned per head."""
     attn_log_scale: float | None = None
     """s of attn_log_scaling (default 1 / ln(block_size): at the training length the scale is 1)."""
     chunked_loss: bool = False
-    """Compute the loss through the output layer a chunk of rows at a time, never forming the (B, T, V)
-    logits (model/loss.py): the same loss and gradients, less memory; forward then returns no logits."""
+    """Loss through the output layer in chunks of rows, never forming the (B, T, V) logits (forward returns none)."""
     gelu_approximate: str = "none"
     """The MLP's GELU: none (exact, erf; nanoGPT's) or tanh (the approximation GPT-2 was trained with)."""
     init_from: str | None = None
-    """Start training from pretrained weights: gpt2 | gpt2-medium | gpt2-large | gpt2-xl (OpenAI's, from the
-    Hugging Face cache) or a directory holding a GPT-2-layout model.safetensors. The shape must be the
-    weights' (configs/finetune_gpt2.yaml has GPT-2 small's); another pos_encoding than learned replaces
-    GPT-2's position table (a scheme switch at step 0). Read only when a run starts afresh."""
+    """Start from GPT-2 weights: gpt2 | gpt2-medium | gpt2-large | gpt2-xl (Hugging Face cache) or a directory with
+    model.safetensors; another pos_encoding replaces the position table. Read only when a run starts afresh."""
 
     @property
     def padded_vocab_size(self) -> int:
-        """Rows of the embedding and the output layer: a small vocabulary as is, a large one rounded
-        up to a multiple of 64 (GPT-2's 50257 -> 50304, nanoGPT's trick for faster matmuls). The extra
-        rows are never targets, and the sampler never draws them."""
+        """Rows of the embedding and head: a large vocabulary rounded up to a multiple of 64 (nanoGPT's trick)."""
         n = self.vocab_size
         return n if n <= 256 else -(-n // 64) * 64
 
@@ -201,8 +168,7 @@ class GPTConfig:
 
     @property
     def rotary_dim(self) -> int:
-        """Width of the vectors RoPE rotates as one, as the attention function declares it
-        (`Attention.rotary_dim`): the head, or differential attention's half-heads."""
+        """Width of the vectors RoPE rotates as one (`Attention.rotary_dim`)."""
         from model.attention import ATTENTIONS
 
         return ATTENTIONS[self.attention].rotary_dim(self)
@@ -213,10 +179,7 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
-        """Rebuild a config from `to_dict` output (a checkpoint's, a run's config.yaml); unknown keys are
-        an error that names them. A field a model depends on that the dict lacks was written before the
-        field existed: it takes the behaviour of that time (`BEFORE_FIELD`), so an old checkpoint goes on
-        computing what it was trained with."""
+        """Rebuild a config from `to_dict` output; a model field the dict lacks takes its old value (`BEFORE_FIELD`)."""
         known = {f for f in cls.__dataclass_fields__}
         values = {k: v for k, v in values.items() if k not in REMOVED_FIELDS}
         unknown = sorted(set(values) - known)
@@ -227,17 +190,14 @@ class GPTConfig:
 
 
 REMOVED_FIELDS = frozenset({"linear_backend"})
-"""Fields that older configs record and that no longer exist: read and dropped (linear_backend chose who
-multiplied float32 matrices on a CPU, which changed no result beyond rounding; removed in issue 35)."""
+"""Fields older configs record that no longer exist (and changed no result): read and dropped."""
 
 BEFORE_FIELD: dict[str, tuple[Any, Any]] = {
     "attn_random_draw": ("earlier_with_replacement", lambda v: v.get("attn_random_blocks", 0) > 0),
     "diff_split": ("rope_pairs", lambda v: v.get("attention") == "differential"),
     "sigmoid_bias": ("seen_keys", lambda v: v.get("attention") == "sigmoid"),
 }
-"""Fields that changed what a model computes when they were added (issue 33: the papers' defaults): the value
-that keeps the earlier behaviour, and for which recorded configs it matters (elsewhere the default is kept, so
-that an unrelated old run resumes with today's config)."""
+"""Fields that changed what a model computes when added: the old value, and the recorded configs it applies to."""
 
 
 def _check_choice(field: str, value: object, choices: tuple[str, ...]) -> None:

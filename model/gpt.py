@@ -25,9 +25,7 @@ from model.scores import SCORES
 
 
 def training_flops_per_token(n_params: int, n_layer: int, n_embd: int, keys: int, value_passes: int = 1) -> int:
-    """Forward + backward FLOPs per token of a GPT with `n_params` non-lookup parameters whose
-    queries each attend to `keys` keys: 6N + 6 L C keys for the scores and 6 L C keys for each
-    weighted sum of the values (`GPT.flops_per_token`; C = H x D): 6N + 12 L C keys with one."""
+    """Forward + backward FLOPs per token: 6N, 6 L C keys for the scores and as much per weighted sum of the values."""
     return 6 * n_params + 6 * n_layer * n_embd * keys * (1 + value_passes)
 
 
@@ -51,8 +49,7 @@ SWITCHABLE_FIELDS = frozenset(
 
 
 def _rebuilds_scheme(old: GPTConfig, new: GPTConfig) -> bool:
-    """Whether switching from `old` to `new` builds a new position scheme: another one, or one of its
-    own fields changed (its learned parameters are kept otherwise)."""
+    """Whether switching from `old` to `new` builds a new position scheme (another one, or its fields changed)."""
     fields = SCHEMES[new.pos_encoding].fields
     return old.pos_encoding != new.pos_encoding or any(getattr(old, f) != getattr(new, f) for f in fields)
 
@@ -76,8 +73,7 @@ LayerCaches = LayerCache | LayerStateCache
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)); `attention` is the
-    layer class of the model's attention function."""
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
     def __init__(self, config: GPTConfig, attention: type[Attention], layer: int = 0) -> None:
         super().__init__()
@@ -106,9 +102,8 @@ class GPT(nn.Module):
         self.pe = build_positions(config)  # one instance, shared by every block
         self.mask = AttentionMask.of(config)  # one description, every kernel's mask
         self.attention = ATTENTIONS[config.attention]  # the attention function: its layer class and kernels
-        # what each kernel keeps across forwards (flex: block masks by shape), by kernel class (a copied
-        # or unpickled model has copies of the kernels); made now, so that a compiled forward never
-        # sees the dict change
+        # what each kernel keeps across forwards (flex: block masks), by kernel class (a copied model has copies
+        # of the kernels); made now, so that a compiled forward never sees the dict change
         self._kernel_memos: dict = {type(kernel): {} for kernel in self.attention.kernels.values()}
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, self.attention, i) for i in range(config.n_layer))
@@ -116,10 +111,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, False)
         self.lm_head.weight = self.wte.weight  # tied input/output embeddings (Press & Wolf 2017)
         self.activation_checkpointing = False
-        """Keep only each block's input during a training forward pass and recompute the block in the
-        backward pass: activation memory of one block instead of all, for about a third more compute
-        (`train.activation_checkpointing`). The same values and gradients (dropout draws the same
-        masks again). A switch of how to train, not of what the model computes: not in the config."""
+        """Recompute each block in the backward pass (`train.activation_checkpointing`): how to train, not config."""
         self.init_weights()
 
     @torch.no_grad()
@@ -134,9 +126,8 @@ class GPT(nn.Module):
         | Linear biases                                     | 0                             |
         | LayerNorm weight / bias                           | 1 / 0                         |
 
-        The residual projections are scaled down because each of the 2L residual branches adds to
-        the same stream; this keeps its variance from growing with depth. Modules are visited in
-        registration order, so a seed gives the same weights as before schemes owned their init.
+        The 2L residual branches add to one stream: scaled down, its variance does not grow with depth.
+        Modules are visited in registration order, which fixes the weights a seed gives.
         """
         for name, module in self.named_modules():
             if module is self.pe:
@@ -168,18 +159,13 @@ class GPT(nn.Module):
         Args:
             idx: (B, T) token ids. T may exceed `block_size` for every scheme but `learned`.
             targets: (B, T) next-token ids; positions holding -1 are left out of the loss.
-            cache: what decoding keeps (`new_cache`: a KV cache, or linear attention's running sums)
-                of the tokens before `idx`: each row's new tokens sit at its next positions
-                (`cache.pos`; 0.. in an empty cache) and are added to it (`model.cache`).
-            last_only: logits for the last position only, (B, 1, padded_vocab_size), as generation needs:
-                for a GPT-2 vocabulary and a long context the logits of every position would be the
-                largest tensor of the forward pass.
-            lengths: (B,) how many of each row's tokens are real, the rest padding on the right (a
-                batch of prompts of different lengths): no real token attends to padding, and
-                `last_only` gives each row's last real token. Into an empty cache or without one.
-            positions: (B, T) increasing positions of each row, for training with randomized
-                positions (Ruoss et al. 2023); default 0..T-1 (after the cache's). Not with a cache.
-                The scheme's tables must already cover them (`pe.reserve`; learned: < block_size).
+            cache: what decoding keeps of the tokens before `idx` (`new_cache`); the new tokens sit at
+                each row's next positions and are added to it.
+            last_only: logits for the last position only, (B, 1, padded_vocab_size), as generation needs.
+            lengths: (B,) how many of each row's tokens are real, the rest padding on the right: no real
+                token attends to padding. Into an empty cache or without one.
+            positions: (B, T) increasing positions of each row (randomized positions, Ruoss et al. 2023);
+                default 0..T-1. Not with a cache; the scheme's tables must cover them (`pe.reserve`).
 
         Returns:
             logits (B, T, padded_vocab_size) and the loss (a scalar) or None; with targets and
@@ -197,33 +183,21 @@ class GPT(nn.Module):
         return logits, loss
 
     def hidden_states(self, idx: Tensor) -> Tensor:
-        """The final-LayerNorm states (B, T, C); `lm_head` turns them into logits.
-
-        For evaluations at long contexts that need the logits of only some positions, or project
-        them in chunks: (B, T, padded_vocab_size) logits can outgrow the rest of the forward pass.
-        """
+        """The final-LayerNorm states (B, T, C), for evaluations that project only some of them, or in chunks."""
         return self._hidden(idx, None)
 
     @torch.no_grad()
     def attention_weights(self, idx: Tensor, visit: Callable[[int], WeightsHook | None]) -> Tensor:
-        """Logits (B, T, padded_vocab_size) of a forward pass on the reference kernel, which forms the
-        attention weights, handing each layer's weights to `visit(layer)` (a hook, or None to skip the
-        layer) in chunks of query rows: no (B, H, T, T) tensor is formed at long lengths.
-
-        The fused kernels (SDPA, flex) never form the weights, so they are recomputed here in float32
-        from the same parameters; the logits equal the model's normal forward (tested). Softmax
-        weights are the softmax over the visible keys; linear attention's are the normalised kernel
-        products. Dropout is off: call it on a model in eval mode.
+        """Logits (B, T, padded_vocab_size) of a forward pass on the kernel that forms the attention weights,
+        handing each layer's weights to `visit(layer)` (a hook, or None to skip the layer) in chunks of query
+        rows. Call it on a model in eval mode.
         """
         return self.lm_head(self._hidden(idx, None, visit))
 
     def switch(self, config: GPTConfig) -> None:
-        """Become a model of `config` in place, mid-training or for fine-tuning into another scheme
-        (DroPE: RoPE, then no positions with the log-length temperature; GPT-2's learned table to
-        RoPE or ALiBi). Only `SWITCHABLE_FIELDS` may differ: the blocks' weights keep their shapes
-        and meaning. The position scheme is rebuilt (its own parameters fresh) when a field it reads
-        changed, each layer's log-length scaling when its fields changed; every other parameter
-        stays the same object, so an optimizer keeps its state for them."""
+        """Become a model of `config` in place (DroPE; GPT-2 into another scheme). Only `SWITCHABLE_FIELDS` may
+        differ; a rebuilt scheme or log-length scaling has fresh parameters, every other parameter stays the same
+        object, so an optimizer keeps its state for them."""
         fixed = [f for f, v in config.to_dict().items() if f not in SWITCHABLE_FIELDS and getattr(self.config, f) != v]
         if fixed:
             raise ValueError(
@@ -250,10 +224,8 @@ class GPT(nn.Module):
         return any(block.attn.reconfigure_replaces_parameters(self.config, config) for block in self.blocks)
 
     def rescaled(self, scaling: str, factor: float) -> GPT:
-        """This model with its position scheme's angles stretched (`config.rope_scaling` and its
-        factor): position interpolation, NTK or YaRN at evaluation time, which change no weight. A
-        view that shares every parameter and buffer with this model, which stays as it was. Only a
-        scheme that declares itself `rescalable` (RoPE) has it."""
+        """A view of this model, sharing every parameter and buffer, with its scheme's angles stretched
+        (`rope_scaling`: PI, NTK or YaRN at evaluation); for a `rescalable` scheme only."""
         if not self.pe.rescalable:
             raise ValueError(f"pos_encoding={self.config.pos_encoding!r} has no scaling; RoPE has (PI, NTK, YaRN).")
         view = copy.copy(self)  # a shallow copy: the same modules, parameters and buffers
@@ -270,8 +242,7 @@ class GPT(nn.Module):
         positions: Tensor | None = None,
         lengths: Tensor | None = None,
     ) -> Tensor:
-        """The final-LayerNorm states (B, T, C) that the tied head turns into logits (with `visit`:
-        on the kernel that forms the weights, see `attention_weights`)."""
+        """The final-LayerNorm states (B, T, C) (with `visit`: see `attention_weights`)."""
         B, T = idx.shape
         if positions is not None and (cache is not None or positions.shape != idx.shape):
             raise ValueError(f"positions must be (B, T) = {tuple(idx.shape)} like idx, and cannot go with a cache.")
@@ -311,9 +282,8 @@ class GPT(nn.Module):
     def kernel(
         self, device: torch.device, dropout: bool, needs_grad: bool, decoding: bool = False, weights: bool = False
     ) -> Kernel:
-        """The attention kernel a forward pass on `device` runs: what `config.attn_backend` resolves
-        to for this model's scheme, mask and score, with attention dropout active or not, with a
-        backward pass or not, decoding or not; with `weights`, the kernel that forms the weights."""
+        """The kernel `config.attn_backend` resolves to for a forward pass on `device` with these needs (with
+        `weights`: the one that forms the weights)."""
         needs = self.attention.needs(
             self.pe, self.mask, SCORES[self.config.attn_score], device,
             dropout_active=dropout, needs_grad=needs_grad, decoding=decoding,
@@ -324,13 +294,9 @@ class GPT(nn.Module):
         return self.attention.choose_kernel(self.config.attn_backend, needs, device)
 
     def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> Cache:
-        """What decoding keeps, as the attention function says (`Attention.new_cache`): a KV cache
-        shaped by the attention mask (`capacity` positions, or a rolling S + W with a window) for
-        softmax attention, running sums of constant size for linear attention. A KV cache is
-        allocated now for `batch` sequences when given (a static cache: see `KVCache.allocate`).
-        Position tables are grown now to the `longest` position decoding will reach (default
-        `capacity`): a decode step reads them at positions held in tensors and never grows them (a
-        rolling cache decodes past its capacity: give it `longest`; `generate` does)."""
+        """What decoding keeps (`Attention.new_cache`), allocated now for `batch` rows when given. Position
+        tables grow now to the `longest` position decoding will reach (default `capacity`): a decode step
+        never grows them (a rolling cache decodes past its capacity: give it `longest`)."""
         self.pe.reserve(longest or capacity)
         cache = self.attention.new_cache(self.config, self.mask, capacity)
         if batch is not None:
@@ -349,26 +315,16 @@ class GPT(nn.Module):
             )
 
     def num_params(self, exclude_embeddings: bool = True) -> int:
-        """Number of parameters (tied weights counted once).
-
-        With `exclude_embeddings` the position scheme's lookup tables (`lookup_parameters`, such as
-        learned position embeddings) are left out: a lookup does no arithmetic. The token embedding
-        stays in, because tied to the output head it does a (C x V) matmul per token. This is
-        nanoGPT's convention, and the N of `flops_per_token`.
-        """
+        """Number of parameters (tied weights counted once); `exclude_embeddings` leaves out the scheme's
+        lookup tables, not the token embedding, which the tied head uses as a matmul (nanoGPT's N)."""
         total = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
             total -= sum(p.numel() for p in self.pe.lookup_parameters())
         return total
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token (forward + backward) at context `seq_len`: 6N + 12 L H Q T (18 with
-        differential attention's two weighted sums).
-
-        6N covers the weight matmuls (PaLM appendix B; Kaplan et al. 2020); 12 L H Q T the
-        attention scores and their weighted sum, counted over the full T x T square as nanoGPT's
-        MFU estimate does. Use it with a throughput to get model FLOPs utilisation.
-        """
+        """Training FLOPs per token at context `seq_len`: 6N + 12 L H Q T, T the keys a token sees (PaLM
+        appendix B; 18 with differential attention's two weighted sums), for MFU."""
         c = self.config
         keys = self.mask.attended_keys(seq_len)  # a window attends to at most W + S (+ R G) keys
         n_params = self.num_params(exclude_embeddings=True)
@@ -386,10 +342,6 @@ class GPT(nn.Module):
         max_context: int | None = None,
         generator: torch.Generator | None = None,
     ) -> Tensor:
-        """Extend each row of `idx` (B, T) by `max_new_tokens` tokens; returns (B, T + new).
-
-        See `model.generation.stream` for the arguments and for what happens past the training
-        length; this collects its tokens.
-        """
+        """Extend each row of `idx` (B, T) by `max_new_tokens` tokens (`model.generation.stream`); (B, T + new)."""
         steps = stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, max_context, generator)
         return torch.cat([idx, *steps], dim=1)

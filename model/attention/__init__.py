@@ -1,14 +1,7 @@
-"""The attention layers, one module per attention function (softmax, linear with its state cache,
-sigmoid, differential), and their registry `ATTENTIONS`.
+"""The attention layers, one module per attention function, and their registry `ATTENTIONS`.
 
-A layer projects its input to queries, keys and values, applies the position scheme, and hands
-them to the forward pass's `Plan` (a kernel and the context it built once for every layer); it
-never asks which kernel it has. The layer class also declares what the function is: its kernels
-(each function has its own registry of them), whether attention dropout and a scoring function
-apply to it, what decoding keeps (`new_cache`) and whether that stays the same size however long
-decoding runs (`constant_memory`). Adding an attention function is one layer class (usually with a
-kernel class of its own) and one line in `ATTENTIONS`: see docs/extending.md. What the registries
-allow together is checked in `model.validation`.
+A layer projects, applies the position scheme and hands q, k, v to the forward pass's `Plan`, never
+asking which kernel it has; its class declares what the function is (see docs/extending.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""The base of the attention layers (`model.attention`): projections, dropout, the scoring function,
-and what a function declares of itself (its kernels, dropout, scoring, cache)."""
+"""The base of the attention layers (`model.attention`)."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ if TYPE_CHECKING:
 
 
 class Attention(nn.Module):
-    """Base of the attention layers: the fused q/k/v projection, the output projection (the residual
-    branch's last layer) and its dropout, the scoring function; and, as class-level declarations, what
-    the attention function is."""
+    """Base of the attention layers: q/k/v and output projections, dropout, the scoring function, and, as class
+    attributes, what the attention function is."""
 
     kernels: ClassVar[Mapping[str, Kernel]]
     """This function's kernels by `attn_backend` name."""
@@ -74,8 +72,7 @@ class Attention(nn.Module):
     def kernel_context(
         cls, kernel: Kernel, config: GPTConfig, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict
     ) -> Any:
-        """What `kernel` needs for one forward pass of a model of `config` (`Kernel.context`); a function
-        with settings of its own hands them to its kernels here."""
+        """What `kernel` needs for one forward pass (`Kernel.context`), with the function's own settings."""
         return kernel.context(bias, mask, step, memo)
 
     def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, step: Step) -> tuple[Tensor, Tensor]:
@@ -101,8 +98,7 @@ class Attention(nn.Module):
         decoding: bool = False,
         head_size: int | None = None,
     ) -> Needs:
-        """What a forward pass with scheme `pe`, `mask` and `score` asks of this function's kernels
-        (with no device: what holds on every device, as a config's validation asks)."""
+        """What a forward pass with scheme `pe`, `mask` and `score` asks of the kernels (no device: any)."""
         return Needs(
             score_bias=pe.score_bias,
             bias_gradients=pe.learned_bias and needs_grad,

@@ -20,8 +20,7 @@ if TYPE_CHECKING:
 
 
 class SoftmaxAttention(Attention):
-    """Multi-head causal softmax attention (Vaswani et al. 2017) over the scheme's rotated queries and
-    keys; decoding keeps a KV cache shaped by the mask (a rolling one with a window)."""
+    """Multi-head causal softmax attention; decoding keeps a KV cache shaped by the mask."""
 
     kernels = KERNELS
 
@@ -48,9 +47,8 @@ class SoftmaxAttention(Attention):
     def attended(
         self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """The queries of the new tokens and the keys and values they attend over, as the kernels take
-        them: scored (q W for the general score), rotated at their absolute positions, the keys and
-        values the cache holds added, the queries log-length scaled."""
+        """The new tokens' queries (scored, rotated, log-length scaled) and the keys and values they attend
+        over (rotated, with the cache's)."""
         q, k, v = self.project(x)
         q = self.score.queries(q)  # what the kernels score, rotated like q
         q, k = self.rotate(pe, q, k, plan.step)
@@ -74,8 +72,7 @@ def _log_scaling_changes(old: GPTConfig, new: GPTConfig) -> bool:
 
 
 def query_indices(step: Step) -> Tensor:
-    """Where the step's queries stand among the keys: (B, Tq) when decoding (each row's cache
-    position), else 0..Tq-1 (randomized positions are labels, not counts)."""
+    """Where the step's queries stand among the keys: each row's cache positions when decoding, else 0..Tq-1."""
     if step.k_pos is not None:
         return step.positions
     return torch.arange(step.q_len, device=step.device)
