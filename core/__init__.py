@@ -1,2 +1,1 @@
-"""What every part of the project shares and none owns: files (atomic writes, locks, hashes),
-checkpoints read without Lightning, and the choice of device and precision."""
+"""What every part of the project shares and none owns: files, checkpoints, devices, the command line."""

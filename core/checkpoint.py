@@ -1,11 +1,5 @@
-"""Reading a checkpoint file and checking that it is one of ours, without Lightning, the model or the data.
-
-A checkpoint is Lightning's dictionary. `hyper_parameters` holds the resolved run config (as plain
-dicts), the tokenizer description and the provenance of the training data (the prepared directory
-and its fingerprint), and `state_dict` the `GPTModule`'s weights under `model.`. Rebuilding the
-model and tokenizer from it is `evaluation.checkpoint.load_checkpoint`; this module stays below
-`data/` and `model/` so that both may use its error.
-"""
+"""Reading a checkpoint file and checking that it is one of ours, without Lightning, the model or the data
+(rebuilding them is `evaluation.checkpoint.load_checkpoint`), so that `data/` and `model/` may use its error."""
 
 from __future__ import annotations
 
@@ -22,9 +16,8 @@ class CheckpointError(UserError, ValueError):
 
 
 def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
-    """The checkpoint dictionary, or one clear error when the file is missing or not a checkpoint. With
-    `mmap` its tensors are mapped, not read: reading a few fields of a GPT-2-sized checkpoint costs
-    milliseconds instead of gigabytes."""
+    """The checkpoint dictionary, or one clear error when the file is missing or not a checkpoint; `mmap` maps
+    its tensors instead of reading them (a few fields of a GPT-2-sized checkpoint in milliseconds)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"Checkpoint not found: {path}." + (" It is a directory." if path.is_dir() else ""))

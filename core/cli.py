@@ -1,21 +1,6 @@
-"""One way to run every command: parse its options into one dataclass, validate them, run it, and
-end a mistake the user can fix in one line.
-
-A command is a `Command`: its options as one dataclass (nested dataclasses become dotted groups,
-`--model.n_layer`; each field's docstring is its `--help` text), read by jsonargparse (`--config
-FILE.yaml`, `--print_config`, `--help`), and one typed function of that dataclass. `run(command)`
-parses, builds the dataclass (whose `__post_init__` checks are the validation), calls the function
-and ends with
-
-- exit status 2 and a short usage (at most 10 lines, with a "did you mean" for a misspelled
-  option) for an option or value the parser refuses;
-- the error's one line and `exit_code` for a `UserError` (2 unless the error says otherwise) and
-  for a `ValueError` of the config's own checks;
-- "Interrupted." and 130 for Ctrl+C.
-
-Anything else is a bug and keeps its traceback. List options take `--x a b c` as well as
-jsonargparse's `--x [a,b,c]`, in every command (`spread_lists`).
-"""
+"""One way to run every command: its options are one dataclass (nested ones become dotted groups, field
+docstrings the --help text) read by jsonargparse; a mistake the user can fix ends in one line and exit
+status 2 (a refused option: a short usage with "did you mean"), Ctrl+C in "Interrupted." and 130."""
 
 from __future__ import annotations
 
@@ -43,9 +28,7 @@ from core.quiet import quiet_libraries
 C = TypeVar("C")
 
 BUILTIN_OPTIONS = ("config", "print_config", "help")
-"""Options every command has besides its dataclass' fields."""
-MAX_ERROR_LINES = 8
-"""Lines of a parser's message shown under the usage line (with the hint: at most 10 in all)."""
+MAX_ERROR_LINES = 8  # of a parser's message under the usage line (with the hint: at most 10 in all)
 
 
 @dataclass(frozen=True)
@@ -67,13 +50,11 @@ class Command(Generic[C]):
     hidden: frozenset[str] = frozenset()
     """Dotted fields accepted but left out of --help, so that older config files that record them still load."""
     aliases: Mapping[str, str] = field(default_factory=dict)
-    """How this command spells options that shared code names in its messages: {prefix there: prefix here}
-    (say, {"eval_data.": "data."}); a name that is the unique suffix of an option needs none."""
+    """How this command spells options that shared code names in its messages: {prefix there: prefix here}."""
     logs: bool = True
     """Show the project's INFO logs on stderr."""
     hints: Mapping[str, str] = field(default_factory=dict)
-    """{text in the parser's message: a sentence to add}: how to fix a refusal the parser cannot
-    explain (say, a config file written in an older format)."""
+    """{text in the parser's message: a sentence to add}: the fix of a refusal the parser cannot explain."""
 
 
 class UsageError(UserError):
@@ -90,8 +71,7 @@ class UsageError(UserError):
 
 
 def run(command: Command[C], argv: Sequence[str] | None = None) -> None:
-    """Parse `argv` (default: the process' arguments), validate, run; end a user's mistake as the
-    module docstring says."""
+    """Parse `argv` (default: the process' arguments), validate, run; end a user's mistake in one line."""
     try:
         config = parse(command, argv)
         if command.logs:
@@ -110,8 +90,7 @@ def run(command: Command[C], argv: Sequence[str] | None = None) -> None:
 
 
 def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
-    """The command's validated options; a refused option raises `UsageError`, a setting the config's
-    own checks refuse `ConfigError`."""
+    """The command's validated options; raises `UsageError` or `ConfigError` (the config's own checks)."""
     argv = shipped_configs(list(sys.argv[1:] if argv is None else argv))
     check_config_files(argv, command)
     parser = build_parser(command)
@@ -132,25 +111,20 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
 
 
 def shipped_configs(argv: list[str]) -> list[str]:
-    """`argv` with every `--config configs/NAME.yaml` that is not a file here read from the configs the
-    package ships: the README's commands work from any directory and from a non-editable install."""
+    """`argv` with every `--config configs/NAME.yaml` that is not a file here read from the shipped configs."""
     out = []
-    for i, token in enumerate(argv):
-        name, eq, value = token.partition("=")
-        previous = argv[i - 1] if i else ""
-        if eq and name == "--config":
-            out.append(f"--config={_shipped(value)}")
-        elif previous == "--config":
-            out.append(_shipped(token))
-        else:
-            out.append(token)
+    for before, token in pairwise(["", *argv]):
+        if token.startswith("--config="):
+            token = f"--config={_shipped(token[9:])}"
+        elif before == "--config":
+            token = _shipped(token)
+        out.append(token)
     return out
 
 
 def check_config_files(argv: Sequence[str], command: Command) -> None:
-    """Refuse a `--config FILE` that is not a mapping (a list, a single value, nothing) in one line naming
-    the file and what it must hold (jsonargparse says 'Unexpected config: - model' over several lines).
-    What is not a file (jsonargparse also takes YAML text there) or not YAML is left to jsonargparse."""
+    """Refuse in one line a `--config FILE` that is not a mapping (jsonargparse says it over several lines);
+    what is not a file or not YAML is left to jsonargparse."""
     paths = [t.partition("=")[2] if t.startswith("--config=") else after for t, after in pairwise([*argv, ""])
              if t.startswith("--config=") or (t == "--config" and after)]  # fmt: skip
     for path in filter(lambda p: Path(p).is_file(), paths):
@@ -177,8 +151,7 @@ def _shipped(path: str) -> str:
 
 
 def build_parser(command: Command) -> ArgumentParser:
-    """jsonargparse over the command's dataclass, group by group (so that `skip` and `hidden` reach
-    nested fields), with the defaults of the dataclass as a whole."""
+    """jsonargparse over the command's dataclass, group by group (so that `skip` and `hidden` reach nested fields)."""
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # field docstrings become --help text
     parser = ArgumentParser(
         prog=command.prog,
@@ -199,8 +172,7 @@ def build_parser(command: Command) -> ArgumentParser:
 
 
 def _add_group(parser: ArgumentParser, cls: type, prefix: str, defaults: Any, command: Command) -> None:
-    """The fields of dataclass `cls` under `prefix`; `defaults` is its default instance when its parent
-    gives one (say, RunConfig's model, which is not GPTConfig())."""
+    """The fields of dataclass `cls` under `prefix`; `defaults`: the instance its parent gives (RunConfig's model)."""
     hints = typing.get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]
     nested = {f.name for f in fields if dataclasses.is_dataclass(hints[f.name])}
@@ -248,8 +220,7 @@ def _offered(command: Command) -> Iterator[tuple[str, Any, bool]]:
 
 
 def options(command: Command) -> list[str]:
-    """The options --help lists, dotted, without dashes: the dataclass' fields (groups too: they take a
-    YAML file) and the built-in ones. Read from the dataclass, not from the parser."""
+    """The options --help lists, dotted, without dashes: the built-in ones and the fields (groups too)."""
     return [*BUILTIN_OPTIONS, *(name for name, _, _ in _offered(command))]
 
 
@@ -276,8 +247,7 @@ def sequence_options(command: Command) -> dict[str, ListOption]:
 
 
 def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = frozenset()) -> str:
-    """jsonargparse's message in a few lines, with the closest option to one it does not know (none
-    for an option the command refuses on purpose, `refused`)."""
+    """jsonargparse's message in a few lines, with the closest option to an unknown one (not to one `refused`)."""
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].endswith(":"):  # 'Parser key "x":' + the problem
         lines[:2] = [f"{lines[0]} {lines[1]}"]
@@ -297,9 +267,7 @@ def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = 
 
 
 def _unknown_options(message: str) -> list[str]:
-    """The options a jsonargparse message says it does not know: on the command line
-    ('unrecognized arguments: --x 1') or in a config file ("Group 'model' does not accept option
-    'x'", "Option 'x' is not accepted")."""
+    """The options a jsonargparse message says it does not know, on the command line or in a config file."""
     found = re.findall(r"(?<![\w-])--([\w.]+)", message) if "unrecognized arguments" in message else []
     found += [
         f"{group}.{name}" for group, name in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
@@ -311,15 +279,13 @@ OPTION = re.compile(r"(?<![\w-])--([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 
 
 def spell(text: str, command: Command) -> str:
-    """`text` with every option that shared code names spelled as this command takes it: `--data.input`
-    is `--run.data.input` in an experiment, `--device` is `--eval.device` in evaluate.py."""
+    """`text` with every option spelled as this command takes it (`--device` is `--eval.device` in evaluate.py)."""
     known = accepted(command)
     return OPTION.sub(lambda m: "--" + spelled(m.group(1), known, command.aliases), text)
 
 
 def spelled(name: str, known: set[str], aliases: Mapping[str, str]) -> str:
-    """`name` if the command takes it; else as its `aliases` rename it; else the one option ending in
-    `.name`; else unchanged."""
+    """`name` if the command takes it, else as `aliases` rename it, else the one option ending in `.name`."""
     if name in known:
         return name
     for there, here in aliases.items():

@@ -1,9 +1,4 @@
-"""Where and in what precision a model runs, for training, sampling and evaluation alike.
-
-`auto_dtype` is the one rule; training turns its answer into a Lightning precision
-(`training.hardware.resolve_precision`), sampling and evaluation into an autocast dtype
-(`pick_device_dtype`).
-"""
+"""Where and in what precision a model runs, for training, sampling and evaluation alike (`auto_dtype`)."""
 
 from __future__ import annotations
 
@@ -20,26 +15,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def cpu_has_bf16_matmul() -> bool:
-    """Whether this CPU has bf16 dot-product instructions (x86 AVX512-BF16 or AMX-BF16, Arm BF16),
-    which oneDNN uses for bf16 matmuls. Without them `auto` keeps float32 (bf16 was not measured there)."""
+    """Whether this CPU has the bf16 dot-product instructions oneDNN's bf16 matmuls use (else `auto` keeps float32)."""
     caps = torch.cpu.get_capabilities()
     return bool(caps.get("avx512_bf16") or caps.get("amx_bf16") or caps.get("bf16") or caps.get("sve_bf16"))
 
 
 def auto_dtype(device_type: str, training: bool) -> torch.dtype:
-    """The precision `auto` means on a device of `device_type`:
-
-    | where                                 | training                  | sampling, evaluation |
-    |---------------------------------------|---------------------------|----------------------|
-    | CUDA GPU with bf16 (Ampere and later) | bfloat16                  | bfloat16             |
-    | older CUDA GPU                        | float16 (with loss scale) | float16              |
-    | CPU with bf16 instructions            | bfloat16 (1.3-2x float32) | float32              |
-    | any other CPU, MPS                    | float32                   | float32              |
-
-    On a CPU, bf16 pays in training, where large matmuls dominate (BENCHMARKS.md, "bf16 on the
-    CPU"); evaluation keeps float32 there, the reference precision of the numbers it reports, and
-    sampling too, whose one-token steps are too small to gain.
-    """
+    """The precision `auto` means on a device of `device_type`: bf16 on a CUDA GPU that has it, else float16;
+    on a CPU with bf16 instructions bf16 for training only (large matmuls gain, BENCHMARKS.md; evaluation keeps
+    its reference float32, sampling's one-token steps are too small to gain); float32 elsewhere."""
     if device_type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device_type == "cpu" and training and cpu_has_bf16_matmul():

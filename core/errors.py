@@ -1,10 +1,5 @@
-"""The one base class of the errors a user can cause and fix, and the "did you mean" they suggest.
-
-Every command ends a `UserError` with its message as one line on stderr and exit status
-`exit_code`, never with a traceback (`core.cli`): 2, but for a run stopped by a signal, which exits
-as the shell expects of a signalled process (128 + the signal's number; `TrainingStopped`). Anything
-else that escapes a command is a bug and keeps its traceback.
-"""
+"""The one base class of the errors a user can cause and fix (a command ends one in one line on stderr and
+exit status `exit_code`, never a traceback), and the "did you mean" they suggest."""
 
 from __future__ import annotations
 
@@ -23,13 +18,11 @@ class UserError(Exception):
 
 
 class ConfigError(UserError, ValueError):
-    """A setting, or a combination of settings, that cannot work; raised when a config is validated,
-    before any data is prepared or any model built. A ValueError too, as config checks always were."""
+    """A setting, or a combination of settings, that cannot work; raised when a config is validated."""
 
 
 def did_you_mean(name: str, names: Sequence[str], dashes: str) -> str:
-    """'; did you mean --x?' for the closest of `names` to `name` (a misspelling, or a field without
-    its group), or ''."""
+    """'; did you mean --x?' for the closest of `names` to `name` (a misspelling, or a field without its group)."""
     if not name:
         return ""
     tail = [n for n in names if n.endswith("." + name)]

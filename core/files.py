@@ -1,12 +1,6 @@
-"""File helpers shared by data preparation, training, evaluation and the corpora cache.
-
-Writes are atomic (a temporary file beside the target, fsynced, then renamed), temporary names
-carry the writer's pid so that two processes never write one file, and a directory lock keeps two
-live writers (two runs, two prepares) out of one directory. A lock is released by the kernel when
-its process dies, even under kill -9, so it never goes stale; the temporary files a killed writer
-left are removed by the next holder of the lock. A writer that fails can have its lock file and the
-directories it created removed (`directory_lock(..., tidy=True)`): a waiter then locks afresh.
-"""
+"""Atomic writes (a temporary file named with the writer's pid, fsynced, renamed) and directory locks, which
+the kernel releases when their process dies (even under kill -9); the next holder removes what a killed
+writer left."""
 
 from __future__ import annotations
 
@@ -21,8 +15,7 @@ from typing import BinaryIO
 
 log = logging.getLogger(__name__)
 
-TMP_MARK = ".tmp"
-"""Temporary files are named `<name>.tmp<pid>` (hidden ones `.<name>.tmp<pid>`)."""
+TMP_MARK = ".tmp"  # temporary files are `<name>.tmp<pid>` (hidden ones `.<name>.tmp<pid>`)
 
 
 class LockedError(OSError):
@@ -39,8 +32,7 @@ def sha256_file(path: Path) -> str:
 
 
 def shown_path(path: Path | str) -> str:
-    """`path` relative to the working directory when it lies inside it, else as given: what a record
-    (results.json, a report) names, so that it stays true in another checkout."""
+    """`path` relative to the working directory when it lies inside it (true in another checkout), else as given."""
     try:
         return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
@@ -54,8 +46,7 @@ def tmp_path(path: Path, hidden: bool = False) -> Path:
 
 @contextlib.contextmanager
 def atomic_file(path: Path, hidden: bool = False) -> Iterator[BinaryIO]:
-    """Open a temporary file for writing; on success it is fsynced and renamed to `path`, on any
-    error (or interruption) it is removed: readers see the old file or the new one, never a part."""
+    """A temporary file, fsynced and renamed to `path` on success, removed on any error: readers never see a part."""
     tmp = tmp_path(path, hidden)
     try:
         with open(tmp, "wb") as f:
@@ -68,14 +59,13 @@ def atomic_file(path: Path, hidden: bool = False) -> Iterator[BinaryIO]:
 
 
 def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Write `payload` to `path` atomically (see `atomic_file`)."""
+    """Write `payload` to `path` atomically."""
     with atomic_file(path) as f:
         f.write(payload)
 
 
 def remove_stale_tmp(directory: Path) -> list[Path]:
-    """Remove the temporary files that killed writers left in `directory`; call it only while holding
-    the directory's lock (no live writer can then be using them). Returns what was removed."""
+    """Remove (and return) the temporary files killed writers left in `directory`; only while holding its lock."""
     removed = []
     for path in directory.glob(f"*{TMP_MARK}*"):
         suffix = path.name.rsplit(TMP_MARK, 1)[1]
@@ -87,13 +77,9 @@ def remove_stale_tmp(directory: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def directory_lock(directory: Path, wait: bool = False, tidy: bool = False) -> Iterator[None]:
-    """Hold an exclusive lock on `directory` (its `.lock` file) for the duration of the block.
-
-    `wait=False` raises `LockedError` at once when another process holds it; `wait=True` blocks
-    until that process finishes (or dies). The `.lock` file holds the holder's pid, for messages.
-    `tidy=True`: when the block raises, the lock file and the directories this call created are
-    removed again (directories only while empty), so that a failed writer leaves nothing behind.
-    """
+    """Hold an exclusive lock on `directory` (its `.lock` file, holding the pid) for the block: at once, else
+    `LockedError`, or after waiting (`wait`). `tidy`: a block that raises leaves no lock file nor the (empty)
+    directories this call created, so that a waiter locks afresh."""
     while True:
         created = _missing_dirs(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -147,16 +133,13 @@ def _missing_dirs(directory: Path) -> list[Path]:
 def _same_file(fd: int, path: Path) -> bool:
     """Whether `path` is still the file open as `fd` (not removed, nor replaced by another)."""
     try:
-        now = os.stat(path)
+        return os.path.samestat(os.fstat(fd), os.stat(path))
     except FileNotFoundError:
         return False
-    held = os.fstat(fd)
-    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
 
 
 def _tidy(lock: Path | None, created: list[Path]) -> None:
-    """Remove the lock file (while it is held: a waiter then sees it gone and locks afresh) and the
-    directories in `created` (deepest first) that are empty."""
+    """Remove the lock file (while held: a waiter sees it gone) and the empty directories in `created`."""
     if lock is not None:
         lock.unlink(missing_ok=True)
     for path in created:
@@ -168,9 +151,8 @@ def _tidy(lock: Path | None, created: list[Path]) -> None:
 
 @contextlib.contextmanager
 def waiting_lock(directory: Path, tidy: bool = False) -> Iterator[None]:
-    """`directory_lock`: at once when free, else after one log line saying whose it is and that this process
-    waits for it (a prepare or a corpus build of minutes, say); then what killed writers left there goes (a
-    SIGTERM skips `atomic_file`'s clean-up: an 88 MB half-built corpus, say)."""
+    """`directory_lock`, waiting after a log line when it is held; then what killed writers left there goes (a
+    SIGTERM skips `atomic_file`'s clean-up)."""
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(directory_lock(directory, tidy=tidy))

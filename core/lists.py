@@ -19,10 +19,8 @@ class ListOption:
 
 
 def spread_lists(argv: Sequence[str], sequences: Mapping[str, ListOption]) -> list[str]:
-    """`argv` with every list option given as `--x a b c` rewritten to what jsonargparse reads: the
-    list emptied, then each value appended (`--x=[] --x+=a ...`), so that each value is parsed as it
-    would be on its own; a tuple becomes `--x=[a,b,c]`. `--x [a,b,c]` and a single value of a type
-    that takes one (`str | list[str]`) pass through."""
+    """`argv` with every `--x a b c` of a list option as jsonargparse reads it: `--x=[] --x+=a ...` (each value
+    parsed on its own), `--x=[a,b,c]` for a tuple; `--x [a,b,c]` and a single value that may be one pass through."""
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -33,15 +31,11 @@ def spread_lists(argv: Sequence[str], sequences: Mapping[str, ListOption]) -> li
             out.append(token)
             continue
         values = [inline] if eq else []
-        while i < len(argv) and not _is_option(argv[i]):
+        while i < len(argv) and not (argv[i].startswith("--") or (argv[i][:1] == "-" and argv[i][1:2].isalpha())):
             values.append(argv[i])
             i += 1
         out += _sequence_args(name, values, sequences[name])
     return out
-
-
-def _is_option(token: str) -> bool:
-    return token.startswith("--") or (token.startswith("-") and token[1:2].isalpha())
 
 
 def _sequence_args(name: str, values: list[str], sequence: ListOption) -> list[str]:

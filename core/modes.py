@@ -1,10 +1,5 @@
-"""`prog MODE [options]`: a command line of modes (`posgpt train`, `posgpt study extrapolation`,
-`bench.py decode`), each mode a `Command` (core/cli.py) or modes of its own.
-
-A mode may be `Lazy`: its module is imported only when the mode runs, so that `posgpt --help` lists
-every command without importing torch, Lightning or matplotlib (the way pip keeps each command's
-module path and summary in one table). A test holds each `Lazy.summary` to its command's description.
-"""
+"""`prog MODE [options]`: a command line of modes (`posgpt train`, `bench.py decode`), each a `Command` or modes
+of its own; a `Lazy` one is imported only when it runs, so that `posgpt --help` imports no torch."""
 
 from __future__ import annotations
 
@@ -38,8 +33,7 @@ Modes = Mapping[str, Union[Command, Lazy, "Modes"]]
 
 
 def run_modes(prog: str, description: str, modes: Modes, argv: Sequence[str] | None = None) -> None:
-    """`prog MODE [options]`: run the mode's command on the options (`run`), its usage line naming it
-    `prog MODE`; a mode that has modes of its own reads the next word the same way."""
+    """`prog MODE [options]`: run the mode's command (its usage line naming `prog MODE`), or read its next word."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]):
         print(modes_help(prog, description, modes))
@@ -73,7 +67,6 @@ def modes_help(prog: str, description: str, modes: Modes) -> str:
 
 
 def summary(description: str) -> str:
-    """A command's description in one line: the first sentence of its first paragraph (a paragraph may
-    wrap over several lines)."""
+    """A command's description in one line: the first sentence of its first paragraph."""
     paragraph = " ".join(description.strip().split("\n\n")[0].split())
     return re.split(r"(?<=\.)\s+(?=[A-Z])", paragraph, maxsplit=1)[0]

@@ -1,5 +1,4 @@
-"""Quiet libraries: what Lightning announces and what libraries warn each other about stays out of a
-command's output, which says what it does in its own lines."""
+"""Quiet libraries: Lightning's notices and the libraries' warnings about each other stay out of a command's output."""
 
 from __future__ import annotations
 
@@ -8,14 +7,12 @@ import logging
 import warnings
 from collections.abc import Iterator
 
-LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
-"""Loggers of Lightning's notices (devices available, AMP in use, a logging service's advertisement)."""
+LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")  # devices available, AMP in use, ...
 
 
 @contextlib.contextmanager
 def quiet_libraries() -> Iterator[None]:
-    """Leave out Lightning's notices (its warnings stay) and the deprecation warnings that libraries raise
-    about each other's APIs, which the user can do nothing about."""
+    """Leave out Lightning's notices (its warnings stay) and libraries' deprecation warnings about each other."""
     loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
