@@ -21,26 +21,11 @@ if TYPE_CHECKING:
 
 
 class DifferentialAttention(SoftmaxAttention):
-    """Differential attention (Ye et al., ICLR 2025): the difference of two softmax maps,
-
-        DiffAttn = (softmax(q1 k1^T / sqrt(d)) - lambda softmax(q2 k2^T / sqrt(d))) v,
-
-    each head's queries and keys split in two halves of d = D / 2 (so the head count and the
-    parameters are softmax attention's), lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init
-    learned per layer (four vectors of d, from N(0, 0.1^2)), lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1))
-    for layer l = 1..L, and each head's output RMS-normalised (a learned gain over D, shared by the
-    heads) and scaled by 1 - lambda_init, as the paper's code does. The difference cancels the
-    attention both maps give to irrelevant context (the "noise").
-
-    Both maps run on softmax attention's kernels, one call each. How a head splits is
-    `config.diff_split`. `half_heads` (the default) is the official code's (microsoft/unilm,
-    Diff-Transformer/multihead_diffattn.py: q and k viewed as 2H half-heads of d, the rotary
-    embedding built for head_dim d applied to each): the first d dimensions of the head are map 1's,
-    the last d map 2's, each rotated by RoPE of width d, so both maps have the same frequencies.
-    `rope_pairs` (checkpoints written before the option) rotates the whole head with RoPE of width D
-    and gives map 1 the even pairs and map 2 the odd ones (pair i = dimensions i and i + D/2): map 2's
-    frequencies fall between map 1's. Either way q1 . k1 and q2 . k2 depend on relative position only.
-    Attention maps show w1 - lambda w2. Decoding keeps softmax attention's KV cache."""
+    """Differential attention (Ye et al., ICLR 2025; microsoft/unilm Diff-Transformer/multihead_diffattn.py):
+    (softmax(q1 k1^T / sqrt(d)) - lambda softmax(q2 k2^T / sqrt(d))) v over the two halves (d = D / 2) of each
+    head, lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, each head's output RMS-normalised and scaled
+    by 1 - lambda_init. Both maps run on softmax attention's kernels; `diff_split` says how a head splits
+    (docs/model.md)."""
 
     value_passes = 2
 

@@ -1,23 +1,10 @@
-"""Causal linear attention (Katharopoulos et al. 2020, "Transformers are RNNs").
-
-With the feature map phi(x) = elu(x) + 1 (positive), the output of query i is
+"""Causal linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"), phi(x) = elu(x) + 1:
 
     out_i = phi(q_i)^T S_i / phi(q_i)^T z_i,   S_i = sum_{j<=i} phi(k_j) v_j^T,   z_i = sum_{j<=i} phi(k_j)
 
-a ratio of running sums instead of a softmax over a T x T matrix. With RoPE the rotation goes into
-the numerator only (RoFormer, Su et al. 2021, section 3.3): the numerator uses R phi(q) and
-R phi(k), the denominator the unrotated features, which keeps it positive. The attention layer
-passes both, concatenated on the last dimension: q2 = [R phi(q), phi(q)], k2 = [R phi(k), phi(k)].
-
-Three forms of the same function, tested against each other:
-- `linear_attention_quadratic`: the masked T x T form, the reference;
-- `linear_attention_chunked`: chunks of C queries, the quadratic form inside a chunk and the running
-  sums (S, z) across chunks: O(T C + D^2) memory, never a T x T matrix;
-- decoding: the chunked form with a chunk of one token and the state carried between calls, O(1)
-  per token whatever the length (`LinearState`, kept by `StateCache`).
-
-The first two are linear attention's kernels (`LINEAR_KERNELS`: eager and chunked); the layer
-around them is `model.attention.LinearAttention`.
+With RoPE the rotation goes into the numerator only (RoFormer section 3.3), so the kernels take
+q2 = [R phi(q), phi(q)] and k2 = [R phi(k), phi(k)]. The quadratic form is the reference; the chunked
+form (running sums across chunks) trains and, one token at a time with its state kept, decodes.
 """
 
 from __future__ import annotations
@@ -63,20 +50,11 @@ class LinearState:
     z: Tensor
 
 
-def _split(x2: Tensor) -> tuple[Tensor, Tensor]:
-    rotated, plain = _wide(x2).chunk(2, dim=-1)
-    return rotated, plain
-
-
 def linear_attention_quadratic(q2: Tensor, k2: Tensor, v: Tensor, on_weights: WeightsHook | None = None) -> Tensor:
-    """The reference: the masked (T, T) numerator and denominator written out, in (at least) float32.
-
-    With `on_weights`, the queries are taken in chunks and each chunk's weights, the normalised
-    kernel products phi(q_i) . phi(k_j) / phi(q_i) . z_i (with RoPE: rotated numerator, so not a
-    distribution), are handed to it as (query rows, (B, H, rows, T)).
-    """
-    rq, fq = _split(q2)
-    rk, fk = _split(k2)
+    """The reference: the masked (T, T) numerator and denominator written out, in (at least) float32;
+    with `on_weights`, in chunks of queries, each chunk's normalised kernel products handed to it."""
+    rq, fq = _wide(q2).chunk(2, dim=-1)  # rotated features, plain features
+    rk, fk = _wide(k2).chunk(2, dim=-1)
     B, H, T, _ = rq.shape
     step = T if on_weights is None else max(1, WEIGHTS_CHUNK_ELEMENTS // (B * H * T))
     k_pos = torch.arange(T, device=q2.device)
@@ -96,10 +74,9 @@ def linear_attention_quadratic(q2: Tensor, k2: Tensor, v: Tensor, on_weights: We
 def linear_attention_chunked(
     q2: Tensor, k2: Tensor, v: Tensor, state: LinearState | None = None, chunk: int = CHUNK
 ) -> tuple[Tensor, LinearState]:
-    """The chunked form, continuing from `state` (None: from the start); returns the output and the
-    state after the last token."""
-    rq, fq = _split(q2)
-    rk, fk = _split(k2)
+    """The chunked form, continuing from `state` (None: from the start); the output and the state after it."""
+    rq, fq = _wide(q2).chunk(2, dim=-1)
+    rk, fk = _wide(k2).chunk(2, dim=-1)
     vf = _wide(v)
     B, H, _, D = rq.shape
     if state is None:
@@ -151,13 +128,11 @@ LINEAR_KERNELS: dict[str, Kernel] = {
     "eager": LinearReference(),
     "chunked": LinearChunked(),
 }
-"""Linear attention's kernels by `attn_backend` name. Causal by construction, they take no context,
-no mask and no bias; their q and k are [R phi(x), phi(x)] (see the module docstring)."""
+"""Linear attention's kernels by `attn_backend` name: causal by construction, no context, mask or bias."""
 
 
 class StateCache(DecodingCache):
-    """What decoding keeps for linear attention: one `LinearState` per layer, the same size after
-    any number of tokens (with each row's next position, as every cache)."""
+    """What decoding keeps for linear attention: one `LinearState` per layer, of constant size."""
 
     def __init__(self, n_layer: int) -> None:
         super().__init__()
@@ -180,8 +155,7 @@ class LayerStateCache:
         self.state = LinearState(static_buffer(S), static_buffer(torch.zeros(batch, n_head, head_dim, device=device)))
 
     def attend(self, q2: Tensor, k2: Tensor, v: Tensor, write: CacheWrite) -> Tensor:
-        """The new tokens' outputs, continuing from the state (from zero in a prefill, where padding
-        gets zero features and values: it adds nothing to the sums), which they update."""
+        """The new tokens' outputs, continuing from the state (from zero in a prefill, padding zeroed out)."""
         if write.real is not None:
             k2 = k2 * write.real[:, None, :, None]
             v = v * write.real[:, None, :, None]
@@ -195,10 +169,7 @@ class LayerStateCache:
 
 
 class LinearAttention(Attention):
-    """Causal linear attention (Katharopoulos et al. 2020; this module): features
-    phi(q), phi(k), the scheme's rotation on them for the numerator only (RoFormer); decoding keeps
-    the running sums, the same size after any number of tokens. No attention weights to drop and no
-    scoring function; its kernels take no score bias and no window."""
+    """Causal linear attention (this module): no weights to drop, no scoring function, no score bias or window."""
 
     kernels = LINEAR_KERNELS
     drops_weights = False

@@ -1,25 +1,10 @@
-"""Sigmoid attention (Ramapuram et al., ICLR 2025): each visible key weighs
+"""Sigmoid attention (Ramapuram et al., ICLR 2025; apple/axlearn `SigmoidAttention`): each visible key
+weighs sigmoid(s_ij - ln n), s_ij the score with the scheme's bias, not normalised over the keys; n is
+`block_size` (`sigmoid_bias='train_length'`) or the keys query i sees (`seen_keys`).
 
-    w_ij = sigmoid(s_ij + b),    b = -ln(n),
-
-s_ij the score (with the scheme's bias), with no normalisation over the keys: the weights are
-independent of each other and need not sum to 1. By default (`sigmoid_bias='train_length'`) n is
-the training sequence length (`block_size`), one constant for every query and at every evaluation
-length, as the paper and its reference code (apple/axlearn, `SigmoidAttention`: bias -ln(seq_len)
-of the training sequences) have it; at the start of training the weights are then about 1/n, as a
-softmax's over the whole sequence would be. `sigmoid_bias='seen_keys'` (this project's form before
-issue 33, which checkpoints written before it keep) takes n_i, the number of keys query i sees:
-b_i = -ln(n_i), per query. Both keep the function causal and a cached decoding step equal to a full
-forward pass.
-
-Two kernels, tested against each other (`SIGMOID_KERNELS`):
-- `eager`: the formula written out in float32 on softmax attention's dense context (the eager
-  kernel with sigmoid weights): the reference, which forms the weights (attention maps);
-- `flex`: FlexAttention, exactly, through its log-sum-exp. With the score modified to
-  m_ij = ln sigmoid(s_ij + b_i), flex computes softmax(m) v = sum_j sigmoid(.) v_j / Z_i with
-  Z_i = sum_j sigmoid(.) = exp(lse_i), which it also returns: the output times exp(lse) is the
-  sigmoid attention output, block mask, score bias and all, in one fused kernel (on CUDA: compiled
-  flex returns no lse on a CPU).
+The flex kernel is exact through FlexAttention's log-sum-exp: with the score m_ij = ln sigmoid(.),
+flex returns sum_j sigmoid(.) v_j / Z_i and lse_i = ln Z_i, so the output times exp(lse) is sigmoid
+attention's (on CUDA: compiled flex returns no lse on a CPU).
 """
 
 from __future__ import annotations
@@ -55,18 +40,11 @@ if TYPE_CHECKING:
 
 
 def sigmoid_weights(scores: Tensor, visible: Tensor, length: int | None) -> Tensor:
-    """sigmoid(score - ln n) for each visible key, n = `length`, or with None the keys the query
-    sees; 0 for the others (their score is -inf)."""
+    """sigmoid(score - ln n), n = `length`, or with None the keys the query sees; 0 where the score is -inf."""
     if length is not None:
         return torch.sigmoid(scores - math.log(length))
     seen = visible.sum(dim=-1, keepdim=True).clamp(min=1)
     return torch.sigmoid(scores - torch.log(seen.to(scores.dtype)))
-
-
-def sigmoid_length(config: GPTConfig) -> int | None:
-    """The n of b = -ln n for a model of `config`: its training length, or None for the keys each query
-    sees (`GPTConfig.sigmoid_bias`)."""
-    return config.block_size if config.sigmoid_bias == "train_length" else None
 
 
 @dataclass(frozen=True)
@@ -94,8 +72,7 @@ class SigmoidEager(EagerKernel):
 
 
 def sigmoid_score_mod(bias: ScoreBias | None, mask: AttentionMask, step: Step, length: int | None) -> ScoreMod:
-    """ln sigmoid(score + the scheme's bias - ln n), n = `length`, or with None the keys the query
-    sees (`mask.seen_keys` of its place in the token order; when decoding, of its cache position)."""
+    """ln sigmoid(score + the scheme's bias - ln n), n = `length`, or with None the keys the query sees."""
     biased = score_mod_of(bias, step) if bias is not None else None
     q_pos = step.positions if step.k_pos is not None else None  # decoding: the cache positions
     log_length = math.log(length) if length is not None else None
@@ -111,8 +88,7 @@ def sigmoid_score_mod(bias: ScoreBias | None, mask: AttentionMask, step: Step, l
 
 
 class SigmoidFlex(FlexKernel):
-    """FlexAttention with the log-sigmoid score and the output rescaled by exp(lse) (module docstring).
-    CUDA only: compiled flex on a CPU returns no lse (torch 2.13)."""
+    """FlexAttention with the log-sigmoid score, the output rescaled by exp(lse); CUDA only (module docstring)."""
 
     devices = frozenset({"cuda"})
 
@@ -141,9 +117,7 @@ SIGMOID_KERNELS: dict[str, Kernel] = {
 
 
 class SigmoidAttention(SoftmaxAttention):
-    """Sigmoid attention (Ramapuram et al. 2025; this module): softmax attention's layer
-    and KV cache, with weights sigmoid(score - ln n) that are not normalised over the keys; n the
-    training length, or the keys each query sees (`config.sigmoid_bias`)."""
+    """Sigmoid attention (this module): softmax attention's layer and KV cache with sigmoid weights."""
 
     kernels = SIGMOID_KERNELS
 
@@ -151,4 +125,5 @@ class SigmoidAttention(SoftmaxAttention):
     def kernel_context(
         cls, kernel: Kernel, config: GPTConfig, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict
     ) -> Any:
-        return kernel.context(bias, mask, step, memo, length=sigmoid_length(config))
+        length = config.block_size if config.sigmoid_bias == "train_length" else None  # None: the keys seen
+        return kernel.context(bias, mask, step, memo, length=length)

@@ -1,6 +1,4 @@
 """Softmax attention's kernels and their registry: eager (the reference), SDPA and FlexAttention.
-What a kernel is, and how one is chosen, is in `model.kernels.base`; linear attention has kernels
-of its own (`model.attention.linear`).
 
 What `attn_backend="auto"` picks (each kernel's declared capabilities and `rank`):
 
@@ -10,9 +8,6 @@ What `attn_backend="auto"` picks (each kernel's declared capabilities and `rank`
 | a score bias (alibi, t5) or a window mask               | flex (bias, block sparsity in-kernel) | sdpa        |
 | the same, with attention dropout or when decoding       | sdpa (no dropout in flex; no per-length compile) | sdpa |
 | the additive score                                      | eager (chunked over queries)          | eager       |
-
-An explicit kernel that cannot run a configuration fails with a message naming what is missing and
-which kernels can.
 """
 
 from model.kernels.base import (

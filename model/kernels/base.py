@@ -1,23 +1,8 @@
-"""What an attention kernel is: a class that declares what it can run, builds its own context for a
-forward pass, and runs it; and how a kernel is chosen for what a forward pass needs.
+"""What an attention kernel is: a class that declares what it can run (class attributes, and `rank` for
+`auto`), builds its context for a forward pass once for every layer (`context`) and runs it (`run`); and
+how `choose_kernel` picks one for what a forward pass needs.
 
 Shapes: B batch, H heads, Tq / Tk query / key lengths, D head size.
-
-A kernel declares its capabilities as class attributes (a score bias, gradients through a learned
-bias, attention dropout, the devices with a backward pass, masks beyond causal, scores other than a
-scaled dot product, forming the weights, the devices where `auto` may pick it) and its preference
-for `auto` (`rank`). It has two methods:
-
-- `context(bias, mask, step, memo)`: what it needs for one forward pass, built once from the position
-  scheme's `ScoreBias` (None: no bias), the `AttentionMask` and where the queries and keys sit
-  (`Step`), and shared by every layer (a dense mask and bias for eager and SDPA, a block mask and a
-  score modification for flex), or built for each layer where the scheme gives each layer a bias
-  of its own; `memo` is a dict the kernel keeps per model, for what it builds once per shape;
-- `run(q, k, v, context, score, dropout_p, on_weights)`: the attention output.
-
-Each attention function (`model.attention.ATTENTIONS`) has its own registry of kernels, and
-`choose_kernel` picks among them: the kernel named by `attn_backend`, or for `auto` the able kernel
-of lowest `rank` on the device.
 """
 
 from __future__ import annotations
@@ -49,18 +34,14 @@ WEIGHTS_CHUNK_ELEMENTS = 1 << 24
 
 
 class KernelError(UserError, RuntimeError):
-    """A kernel asked for by name that cannot run what the model needs here (say, flex's backward pass
-    on a CPU), or no kernel at all that can."""
+    """A kernel asked for by name that cannot run what the model needs here, or no kernel at all that can."""
 
 
 @dataclass(frozen=True)
 class Step:
-    """Where the queries and keys of one forward pass sit. Without a cache: Tq tokens attending to
-    each other, at positions 0..Tq-1, or with `positions` (B, Tq) each row at its own increasing
-    positions (randomized positions: the scheme sees them, the mask stays on token order). Decoding
-    through a cache (`k_pos` given): each row's queries at `positions` (B, Tq) and the keys it attends
-    over at `k_pos` (B, Tk), -1 for an empty slot; the mask and the scheme see the same positions.
-    `n_head` is the pass's head count, which a bias is built for."""
+    """Where the queries and keys of one forward pass sit. Without a cache: Tq tokens attending to each
+    other at 0..Tq-1, or at `positions` (B, Tq) for the scheme only (the mask stays on token order).
+    Decoding (`k_pos` given): queries at `positions` (B, Tq), keys at `k_pos` (B, Tk), -1 an empty slot."""
 
     q_len: int
     n_head: int
@@ -74,8 +55,7 @@ class Step:
 
 
 class Lack(NamedTuple):
-    """One need a kernel cannot meet: in words, and the model setting that asks for it (None: the
-    device, not a setting)."""
+    """One need a kernel cannot meet: in words, and the model setting that asks for it (None: the device)."""
 
     words: str
     setting: str | None
@@ -150,8 +130,7 @@ class Kernel:
         return 1.0
 
     def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict) -> Any:
-        """What a layer's call of this kernel needs for one forward pass (None: nothing): every layer's,
-        or one layer's where the scheme's layers have biases of their own."""
+        """What a layer's call of this kernel needs for one forward pass (None: nothing)."""
         return None
 
     def run(
@@ -167,9 +146,8 @@ class Kernel:
 
 @dataclass(frozen=True)
 class Plan:
-    """One forward pass's attention, shared by every layer: the kernel, the context it built, where
-    the tokens sit, and (for attention maps: a copy per layer) who receives the weights. A copy per
-    layer holds that layer's context where the scheme's layers have biases of their own."""
+    """One forward pass's attention: the kernel, its context, where the tokens sit and who receives the
+    weights; shared by every layer, or a copy per layer (attention maps, a bias per layer)."""
 
     kernel: Kernel
     context: Any
@@ -183,8 +161,7 @@ class Plan:
 
 
 def choose_kernel(kernels: Mapping[str, Kernel], requested: str, needs: Needs, device: torch.device) -> Kernel:
-    """The kernel of `kernels` that `requested` names, or for 'auto' the one of lowest `rank` among
-    those that can run `needs` on `device`; a named kernel that cannot is an error."""
+    """The kernel `requested` names (an error if it cannot run `needs`), or for 'auto' the able one of lowest `rank`."""
     if requested != AUTO:
         if requested not in kernels:  # a validated config never asks for one
             raise KernelError(f"attn_backend={requested!r} is not one of this model's kernels: {', '.join(kernels)}.")

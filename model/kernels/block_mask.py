@@ -1,9 +1,5 @@
-"""FlexAttention's block masks, built eagerly (also inside a compiled model) a chunk of query tiles at a
-time: never the whole Tq x Tk mask (`block_mask_in_chunks`).
-
-Importing this module imports Dynamo (`torch.compiler.disable`); model/kernels/flex.py imports it at
-the first forward pass that needs a block mask, so that `import model` stays cheap.
-"""
+"""FlexAttention's block masks, built eagerly a chunk of query tiles at a time (`block_mask_in_chunks`).
+It imports Dynamo: flex.py imports it at the first forward pass that needs it, so `import model` stays cheap."""
 
 from __future__ import annotations
 
@@ -21,9 +17,7 @@ BLOCK = 128
 
 @torch.compiler.disable  # built eagerly, also inside a compiled model: see `block_mask_in_chunks`
 def eager_block_mask(mask: AttentionMask, step: Step, cache: dict | None) -> BlockMask:
-    """The block mask of `mask` for a forward pass, built once per shape and reused (in `cache`) by
-    later forwards. Decoding through a cache (each row at its own positions, which change every
-    step) builds a small one per step, per row."""
+    """The block mask of `mask` for a forward pass, kept per shape in `cache`; decoding builds one per step."""
     q_len, device = step.q_len, step.device
     if step.k_pos is not None:
         q_pos, k_pos = step.positions, step.k_pos
@@ -45,14 +39,10 @@ def eager_block_mask(mask: AttentionMask, step: Step, cache: dict | None) -> Blo
 
 
 def block_mask_in_chunks(mask: AttentionMask, length: int, device: torch.device) -> BlockMask:
-    """The block mask of `length` tokens attending to each other, as `create_block_mask` makes it
-    (a tile is full when every pair in it is visible, partial when some are, and a tile past the
-    end is never full), with the visibility formed a chunk of query tiles at a time (at most
-    `DENSE_ELEMENTS` at once) and the tiles ordered by an eager sort. `create_block_mask` itself
-    forms the whole Tq x Tk mask uncompiled (and int64 index grids with it: 8 GB at 32768 tokens)
-    and compiled hits a Triton sort that compiles for minutes at 128 key tiles and more, that is
-    from 16384 tokens on (pytorch/pytorch#182060, fixed after torch 2.11): the T=16384 step that
-    never finished."""
+    """The block mask of `length` tokens attending to each other, as `create_block_mask` makes it, with the
+    visibility formed a chunk of query tiles at a time and the tiles ordered by an eager sort:
+    `create_block_mask` forms the whole Tq x Tk mask uncompiled (8 GB at 32768 tokens), and compiled it hits
+    a Triton sort that compiles for minutes from 16384 tokens on (pytorch/pytorch#182060)."""
     tiles = -(-length // BLOCK)
     keys = torch.arange(tiles * BLOCK, device=device)
     chunk = max(1, DENSE_ELEMENTS // (BLOCK * BLOCK * tiles))  # query tiles at once
@@ -71,8 +61,7 @@ def block_mask_in_chunks(mask: AttentionMask, length: int, device: torch.device)
 
 
 def _ordered(tiles: Tensor) -> tuple[Tensor, Tensor]:
-    """(query tiles, key tiles) bool -> how many key tiles each query tile has, and their indices
-    first (the layout of `BlockMask.from_kv_blocks`), with batch and head dimensions of 1."""
+    """(query tiles, key tiles) bool -> key tiles per query tile and their indices (`BlockMask.from_kv_blocks`)."""
     count = tiles.sum(dim=-1, dtype=torch.int32)
     order = torch.argsort(tiles.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
     return count[None, None], order[None, None]

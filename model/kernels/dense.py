@@ -1,10 +1,6 @@
-"""The dense context of the eager and SDPA kernels: the visibility mask and the scheme's score bias
-written out as tensors, for blocks of query rows.
-
-A (H, Tq, Tk) float bias is the largest tensor of a long forward pass (12.9 GB in float32 for 12
-heads at 16384 tokens), so it is formed whole only while it is small (`DENSE_ELEMENTS`); past that
-the kernels take the queries in blocks of rows and the context forms each block's mask and bias
-as they come: memory that grows linearly with the length, not quadratically.
+"""The dense context of the eager and SDPA kernels: the visibility mask and the scheme's score bias as
+tensors. A (H, Tq, Tk) bias is formed whole only while small (`DENSE_ELEMENTS`); past that, for blocks of
+query rows as they come, so memory grows linearly with the length.
 """
 
 from __future__ import annotations
@@ -25,11 +21,9 @@ DENSE_ELEMENTS = 1 << 24
 
 @dataclass(frozen=True)
 class DenseContext:
-    """What eager and SDPA need of one forward pass: the positions of the queries and keys the mask
-    sees (`q_pos` (Bq, Tq) and `k_pos` (Bk, Tk) with Bq, Bk 1 or B; -1 for an empty slot), those
-    the scheme's bias sees (`q_ids`, `k_ids`: the same, or randomized positions), and the whole mask
-    and bias when they are small (`whole`). `plain`: causal attention over keys 0..end-1 with no
-    bias, which SDPA runs with its own causal path and no mask at all."""
+    """What eager and SDPA need of one forward pass: the positions the mask sees (`q_pos` (Bq, Tq), `k_pos`
+    (Bk, Tk), -1 an empty slot), those the bias sees (`q_ids`, `k_ids`), the whole mask and bias when small
+    (`whole`); `plain`: causal with no bias, which SDPA runs with no mask at all."""
 
     bias: ScoreBias | None
     mask: AttentionMask
@@ -49,8 +43,8 @@ class DenseContext:
         return max(1, DENSE_ELEMENTS // (batch * heads * self.k_pos.size(-1)))
 
     def block(self, rows: slice) -> tuple[Tensor | None, Tensor | None]:
-        """The visibility (Bq, 1, rows, Tk) bool, or None when `plain`, and the bias (B?, H, rows, Tk)
-        with -inf where a key is not visible, or None without one, of query rows `rows`."""
+        """Of query rows `rows`: the visibility (Bq, 1, rows, Tk) (None when `plain`) and the bias (B?, H,
+        rows, Tk) with -inf where not visible (None without one)."""
         if self.whole is not None and rows == slice(0, self.q_pos.size(-1)):
             return self.whole
         visible = self.mask.visible(self.q_pos[:, None, rows, None], self.k_pos[:, None, None, :])
@@ -70,8 +64,7 @@ class DenseContext:
 
 
 def dense_context(bias: ScoreBias | None, mask: AttentionMask, step: Step, shortcut: bool) -> DenseContext:
-    """The dense context of one forward pass (see `DenseContext`); with `shortcut`, plain causal
-    attention needs no mask."""
+    """The dense context of one forward pass; with `shortcut`, plain causal attention needs no mask."""
     device = step.device
     if step.k_pos is not None:  # decoding through a cache: each row's own positions
         assert step.positions is not None

@@ -36,23 +36,16 @@ def eager_attention(
     on_weights: WeightsHook | None = None,
     weigh: Weigh = softmax_weights,
 ) -> Tensor:
-    """softmax(score(q, k) + bias, over the visible keys) v, written out in (at least) float32 (with
-    `weigh`: its weights instead of the softmax). The score is q k^T / sqrt(D) unless `score` says
-    otherwise (`model.scores`); queries are taken in chunks when the score needs it (additive).
+    """softmax(score(q, k) + bias, over the visible keys) v, written out in (at least) float32, in chunks of
+    queries when the score or `on_weights` needs it; the (B, H, Tq, D) output in q's dtype.
 
     Args:
         q: (B, H, Tq, D) queries; k, v: (B, H, Tk, D) keys and values.
         bias: additive (H, Tq, Tk) or (B, H, Tq, Tk) score bias (-inf where not visible), or None.
-        dropout_p: dropout on the attention weights.
-        mask: (Tq, Tk) or (B, 1, Tq, Tk) bool visibility; None is plain causal (the queries are the
-            last Tq keys).
+        mask: (Tq, Tk) or (B, 1, Tq, Tk) bool visibility; None: causal, the queries the last Tq keys.
         score: the scoring function (default: scaled dot product).
-        on_weights: called with each chunk of weights (query rows, (B, H, rows, Tk), after dropout),
-            chunks then small enough that no (B, H, Tq, Tk) tensor is formed at long lengths.
-        weigh: the attention function's weights of the masked scores (default: the softmax).
-
-    Returns:
-        The (B, H, Tq, D) output in q's dtype.
+        on_weights: called with each chunk of weights (query rows, (B, H, rows, Tk), after dropout).
+        weigh: the weights of the masked scores (default: the softmax).
     """
     q_len, k_len = q.size(-2), k.size(-2)
     dtype = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 if given float64
@@ -77,10 +70,8 @@ def eager_attention(
 
 
 class EagerKernel(Kernel):
-    """Everything, slowly: any score, bias, mask and dropout, on every device, and the weights. An
-    attention function that differs from softmax attention only in how scores become weights
-    reuses it with its own `weigh` (or, where the weights need settings of the model, through
-    `attend`: sigmoid attention)."""
+    """Everything, slowly: any score, bias, mask and dropout, on every device, and the weights. Another
+    function of the scores reuses it with its own `weigh` (or through `attend`: sigmoid attention)."""
 
     weigh: Weigh = staticmethod(softmax_weights)
 

@@ -1,28 +1,17 @@
-"""The flex kernel: FlexAttention, with the mask as a block mask (blocks no query sees are skipped)
-and the scheme's bias as a score modification, both fused in one compiled kernel.
+"""The flex kernel: FlexAttention, the mask as a block mask (unseen tiles skipped) and the scheme's bias
+as a score_mod, fused in one compiled kernel. `auto` picks it on CUDA for a bias or a window, not for
+decoding (its mask changes every step).
 
-`auto` picks it on CUDA for a score bias or a window while training or scoring whole sequences; it
-is not picked for decoding (whose mask changes every step: SDPA with a one-row bias runs it). Block
-masks are built eagerly in chunks of query tiles (`block_mask_in_chunks`), never as a whole Tq x Tk
-mask.
-
-It runs on CUDA only: asked for by name on a CPU it is refused at the forward pass, in one line
-naming the kernels that can run (eager, sdpa), because compiled FlexAttention returns wrong numbers
-on a CPU in torch 2.13 (issue 33; plain torch, no code of ours: `torch.compile(flex_attention)` with
-a causal `create_block_mask`, against SDPA). What was measured there, over lengths 1-300:
-
-- forward: wrong when the number of keys is 8 mod 16 (8, 24, 40, ... 120 seen; 0.03 off in the
-  logits of a 2-layer model at 24 tokens, whole rows off by 1-3 in a bare call, NaN at times), and
-  not deterministic: the same call is right in one process and wrong in the next, the wrong rows
-  among the first queries of the tile, as if the kernel read memory it never wrote. Seen with head
-  sizes 8 and 16, not in the same sweeps with 32 and 64 (so not ruled out). It is not the partial
-  128-token tile: 13, 17, 100, 127, 129, 136 and 200 tokens are exact;
+CUDA only, because compiled FlexAttention returns wrong numbers on a CPU in torch 2.13 (plain torch:
+`torch.compile(flex_attention)` with a causal `create_block_mask`, against SDPA, lengths 1-300):
+- forward: wrong when the number of keys is 8 mod 16 (0.03 off in the logits of a 2-layer model at 24
+  tokens, whole rows off by 1-3 in a bare call, NaN at times), not deterministically (right in one
+  process, wrong in the next); seen with head sizes 8 and 16, not in the same sweeps with 32 and 64;
+  13, 17, 100, 127, 129, 136 and 200 tokens are exact;
 - decoding (one or five queries over the cache's keys): the same, at 8 keys;
-- backward: none on a CPU, compiled or not (FlexAttention raises NotImplementedError).
-
-Uncompiled `flex_attention` is exact on a CPU (its reference path forms the whole score matrix);
-the tests run this kernel's block masks and score_mods through it there (`tests/helpers.py`
-`uncompiled_flex`), and `posgpt check` runs the compiled kernel on a GPU.
+- backward: none on a CPU, compiled or not (NotImplementedError).
+Uncompiled flex is exact on a CPU: the tests run this kernel's block masks and score_mods through it
+(`tests/helpers.py` `uncompiled_flex`); `posgpt check` runs the compiled kernel on a GPU.
 """
 
 from __future__ import annotations
@@ -45,11 +34,7 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 @functools.cache
 def compiled_flex_attention() -> Callable[..., Tensor]:
-    """flex_attention compiled once per process and shared by every layer and model.
-
-    Compiling at first use (not at import) keeps `import model` cheap; without compilation
-    flex_attention falls back to an unfused path that materializes the full score matrix.
-    """
+    """flex_attention compiled once per process, at first use (uncompiled it forms the whole score matrix)."""
     return torch.compile(flex_attention)
 
 
@@ -86,9 +71,7 @@ def score_mod_of(bias: ScoreBias, step: Step) -> ScoreMod:
 
 
 def build_block_mask(mask: AttentionMask, step: Step, cache: dict | None) -> BlockMask:
-    """The block mask of `mask` for a forward pass, built eagerly and kept in `cache` (model/kernels/block_mask.py).
-    That module is imported at the first forward pass, not with this one: marking a function for Dynamo
-    to leave alone imports Dynamo (2 s of CPU that `import model`, and every command's --help, would spend)."""
+    """The block mask of `mask` for a forward pass (block_mask.py, imported here: it imports Dynamo, 2 s)."""
     from model.kernels.block_mask import eager_block_mask
 
     return eager_block_mask(mask, step, cache)

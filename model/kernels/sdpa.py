@@ -25,16 +25,9 @@ def sdpa_attention(
     mask: Tensor | None = None,
     scale: float | None = None,
 ) -> Tensor:
-    """PyTorch's fused scaled_dot_product_attention.
-
-    Plain causal attention (no bias, `mask` None) uses `is_causal=True` and no mask, which lets
-    PyTorch pick its FlashAttention kernel on GPU. A bias (ALiBi, T5) goes in as a float mask that
-    already holds -inf where keys are not visible, a window as a boolean mask; no flash kernel
-    accepts either, so those keep a (H, Tq, Tk) tensor in memory.
-
-    On a CPU, bf16 / fp16 inputs (under bf16 autocast) are attended in float32: the fused CPU
-    kernel's bf16 forward + backward measured 1.1-4x slower than its float32 one up to 512 tokens
-    (BENCHMARKS.md, "bf16 on the CPU"), while the matmuls around it run 2x faster in bf16.
+    """PyTorch's fused scaled_dot_product_attention: `is_causal=True` with no bias or mask (FlashAttention
+    on GPU), else the bias (-inf where not visible) or the boolean mask as `attn_mask`. On a CPU, bf16 / fp16
+    inputs are attended in float32: its bf16 kernel measured 1.1-4x slower (BENCHMARKS.md, "bf16 on the CPU").
     """
     if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
         with torch.autocast("cpu", enabled=False):
