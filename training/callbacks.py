@@ -1,5 +1,4 @@
-"""Callbacks and the checkpoint plugin: throughput and MFU, `last.ckpt` (also on SIGTERM and
-SIGINT), the divergence guard, atomic writes."""
+"""Callbacks and the checkpoint plugin: throughput and MFU, `last.ckpt` (also on a signal), the divergence guard."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ from training.hardware import peak_flops
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write each checkpoint to a temporary file in the same directory, fsync it, then rename it into
-    place: a run killed mid-write leaves the previous checkpoint intact, never a truncated one."""
+    """Write each checkpoint atomically: a run killed mid-write leaves the previous checkpoint intact."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)
@@ -44,13 +42,12 @@ class CheckpointWriteError(UserError):
     """A checkpoint could not be written, most often for a full disk; the previous one is intact."""
 
 
+# what torch.save's zip writer says when the file it writes cannot grow (a full disk, through a file object)
 TORCH_WRITE_ERRORS = ("unexpected pos", "PytorchStreamWriter failed", "file write failed")
-"""What torch.save's zip writer says when the file it writes cannot grow (a full disk, through a file object)."""
 
 
 def write_failure(path: Path, error: OSError | RuntimeError) -> CheckpointWriteError | None:
-    """The one-line error of a checkpoint write that failed for lack of space (or of a working disk), naming
-    the disk, its free space and the checkpoint that was kept; None for any other error (a bug)."""
+    """The one-line error of a checkpoint write that failed for lack of space (or of a working disk); else None."""
     full = isinstance(error, OSError) and error.errno == errno.ENOSPC
     if not full and not any(text in str(error) for text in TORCH_WRITE_ERRORS):
         return None
@@ -78,34 +75,19 @@ def parameters_finite(module: torch.nn.Module) -> bool:
 
 
 def optimizer_stepped(trainer: L.Trainer, batch_idx: int) -> bool:
-    """Whether the micro-batch `batch_idx` (as `on_train_batch_end` gets it) ended with an optimizer
-    step, i.e. completed a group of `accumulate_grad_batches`; callbacks that act once per step
-    return early on the others.
-
-    This is what Lightning's private `fit_loop._should_accumulate()` decides, on public API. Its other
-    case, a step on an epoch's last batch, never arises: the training stream is one endless epoch.
-    `batch_idx` counts micro-batches since the run began, across resumes too: checkpoints are written
-    at optimizer-step boundaries, and Lightning restores the count from them.
-    """
+    """Whether the micro-batch `batch_idx` ended with an optimizer step: Lightning's private
+    `fit_loop._should_accumulate()` on public API (the training stream is one endless epoch)."""
     return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
 
 
-DEADLINE = -1
-"""The stop reason of a run past its time limit (signals are their positive numbers)."""
+DEADLINE = -1  # the stop reason of a run past its time limit (signals are their positive numbers)
 
 
 class LastCheckpoint(L.Callback):
-    """Save `<dir>/last.ckpt` every `every_n_steps` optimizer steps, before every validation during
-    training (at multiples of `eval_every` and at the last step), when training ends, and at the
-    first optimizer step after a SIGTERM or SIGINT or past the time limit `deadline` (a
-    `time.monotonic()` value); training then stops with `TrainingStopped`. A signal or the deadline
-    during a validation stops it at its next batch: the step's checkpoint is written already, and
-    a resumed run goes on training (the interrupted validation is not repeated). A second Ctrl+C
-    stops at once, without saving. A model with non-finite weights is never saved: the previous
-    checkpoint stays.
-
-    The time limit keeps a reserve of twice the longest step and twice the longest save seen, so
-    that the last step and its save end before the deadline."""
+    """Save `<dir>/last.ckpt` every `every_n_steps` optimizer steps, before every validation, at the end, and
+    at the first step after a SIGTERM or SIGINT or past `deadline` (monotonic; with a reserve of twice the
+    longest step and save), then stop with `TrainingStopped`. A second Ctrl+C stops at once, without saving;
+    non-finite weights are never saved."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -121,14 +103,11 @@ class LastCheckpoint(L.Callback):
         self.path = Path(dirpath) / "last.ckpt"
         self.every_n_steps, self.eval_every, self.deadline = every_n_steps, eval_every, deadline
         self.keep_every, self.keep_last = keep_every, keep_last
-        self.saved_step = -1
-        """The step of the last checkpoint this run wrote (-1: none yet)."""
+        self.saved_step = -1  # the step of the last checkpoint this run wrote
         self._signal: int | None = None
         self._previous: dict[int, Any] = {}
         self._longest_step, self._longest_save = 0.0, 2.0  # a guess until the first save is timed
-        self._step_ended: float | None = None
-        """When the last optimizer step ended (None: at the start of a launch, whose first step
-        compiles and warms up, and is left out of the longest step)."""
+        self._step_ended: float | None = None  # None: a launch's first step (warm-up) is not timed
 
     def _save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_step == self.saved_step:
@@ -143,8 +122,7 @@ class LastCheckpoint(L.Callback):
             self._keep(self.saved_step)
 
     def _keep(self, step: int) -> None:
-        """last.ckpt as step-NNNNNNN.ckpt too (a hard link: no second copy on disk), and only the latest
-        `keep_last` of those."""
+        """last.ckpt as step-NNNNNNN.ckpt too (a hard link where it can), and only the latest `keep_last` of those."""
         kept = self.path.with_name(f"step-{step:07d}.ckpt")
         kept.unlink(missing_ok=True)
         try:
@@ -212,9 +190,7 @@ class LastCheckpoint(L.Callback):
         )
 
     def _stop_reason(self, trainer: L.Trainer, reserve: float) -> int:
-        """Why to stop now: a signal's number, `DEADLINE`, or 0 (go on). With several processes,
-        rank 0's, sent to all (one tiny broadcast, as Lightning's own SIGTERM handling does), so that
-        every rank takes part in the checkpoint and stops at the same step."""
+        """A signal's number, `DEADLINE`, or 0 (go on); rank 0's, broadcast, so that every rank stops together."""
         reason = self._signal or 0
         if not reason and self.deadline is not None and time.monotonic() + reserve >= self.deadline:
             reason = DEADLINE
@@ -234,8 +210,7 @@ class LastCheckpoint(L.Callback):
         self._restore_signals()  # Lightning calls no teardown hook when fit raises (our TrainingStopped, say)
 
     def _restore_signals(self) -> None:
-        """The handlers from before training: a process that goes on after a stopped run (a test run, a
-        notebook) is stopped by its next signal again."""
+        """The handlers from before training, for a process that goes on after the run (a test, a notebook)."""
         for signum, handler in self._previous.items():
             if handler is not None:  # None: a handler not set from Python, which cannot be put back
                 signal.signal(signum, handler)
@@ -256,19 +231,12 @@ def divergence_message(step: int, last: LastCheckpoint) -> str:
 
 
 class DivergenceGuard(L.Callback):
-    """Stop training when a loss is NaN or inf, before any checkpoint of the diverged model is
-    written. The module flags every step's loss on the device; the flag is read (one
-    synchronisation) on logging steps, before every checkpoint and evaluation, and at the end, so
-    that a GPU's queue is not stalled every step. Put it before the checkpoint callbacks."""
+    """Stop training when a loss is NaN or inf, before any checkpoint of it is written (put it before them). The
+    module's flag is read (a synchronisation) only on logging, checkpoint and evaluation steps and at the end."""
 
     def __init__(self, last: LastCheckpoint, log_every: int, ckpt_every: int, eval_every: int) -> None:
         self.last = last
         self.every = (log_every, ckpt_every, eval_every)
-
-    def _check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        flag = getattr(pl_module, "nonfinite", None)
-        if flag is not None and bool(flag):
-            raise TrainingDiverged(divergence_message(trainer.global_step, self.last))
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -276,8 +244,9 @@ class DivergenceGuard(L.Callback):
         step = trainer.global_step
         if not optimizer_stepped(trainer, batch_idx):
             return
-        if any(step % n == 0 for n in self.every) or step >= trainer.max_steps:
-            self._check(trainer, pl_module)
+        flag = getattr(pl_module, "nonfinite", None)
+        if (any(step % n == 0 for n in self.every) or step >= trainer.max_steps) and flag is not None and bool(flag):
+            raise TrainingDiverged(divergence_message(step, self.last))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -288,14 +257,9 @@ class DivergenceGuard(L.Callback):
 
 
 class SpeedMonitor(L.Callback):
-    """Tokens per second (progress bar and logs) and, on GPUs with a known peak, model FLOPs utilisation.
-
-    Time is measured from one optimizer step's end to the next, so data loading counts and
-    validation does not; it runs before the other callbacks, so a step's reading is taken before that
-    step's checkpoint is written (the run's last one, 1.5 GB at 124M, put the trainer at 0.25 of the bare
-    step on an H200 when it was inside). Tokens are the module's count of what it trained on (`tokens_seen`).
-    MFU = flops_per_token(block_size) x tokens/s per device / peak FLOP/s.
-    """
+    """Tokens per second and, on GPUs with a known peak, MFU (flops_per_token x tokens/s per device / peak), from
+    one step's end to the next: data loading counts, validation does not. Put it first, so that a step's
+    checkpoint is written after its reading."""
 
     def __init__(self, flops_per_token: int, log_every: int) -> None:
         self.flops_per_token, self.log_every = flops_per_token, log_every

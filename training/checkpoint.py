@@ -1,17 +1,6 @@
-"""What a resumed run may change, and the check that refuses the rest.
-
-A resume restores weights, optimizer moments, the LR scheduler's step, the data stream's position
-and the random state. Of the new command's settings:
-
-- model: only `CHANGEABLE_MODEL_FIELDS` may differ (the weights keep their shapes and meaning);
-- data: the prepared data must be the same (same fingerprint: same text, tokenizer and split),
-  and `train.seed` too (it defines the data stream being resumed);
-- optim: every field may change and is applied: the learning-rate schedule (lr, min_lr,
-  warmup_steps, decay_steps) to the scheduler from the resumed step on, betas and weight decay
-  to the optimizer's parameter groups, grad_clip to the clipping;
-- train: every other field may change (max_steps to train longer, intervals, precision, compile,
-  hardware, logging); batch_size and grad_accum apply from the resumed step on.
-"""
+"""What a resumed run may change, and the check that refuses the rest: the model but for
+`CHANGEABLE_MODEL_FIELDS`, the prepared data (its fingerprint) and `train.seed` stay; optim and train settings
+apply from the resumed step on."""
 
 from __future__ import annotations
 
@@ -27,15 +16,13 @@ from training.config import RunConfig, lr_factor
 CHANGEABLE_MODEL_FIELDS = frozenset(
     {"attn_backend", "dropout", "rope_scaling", "rope_scaling_factor", "chunked_loss", "init_from"}
 )
-"""Model fields that a resumed run may change: the weights keep their shapes and meaning (RoPE
-scaling is how position interpolation fine-tunes a trained model for longer contexts; the chunked
-loss computes the same loss; pretrained weights are only read by a fresh start)."""
+"""Model fields a resume may change: the weights keep their shapes and meaning (RoPE scaling is how position
+interpolation fine-tunes for longer contexts)."""
 
 
 def check_resume(ckpt: dict[str, Any], path: str | Path, config: RunConfig, data: dict[str, Any]) -> list[str]:
-    """Refuse to resume from the checkpoint `ckpt` (read from `path`, which messages name) with `config` on
-    `data` (the provenance record of the prepared data) when the model, the data or the seed differ; return
-    the optim and train settings that change, as "section.field: old -> new" lines, for the log."""
+    """Refuse to resume from `ckpt` (read from `path`) with `config` on `data` (its provenance record) when the model,
+    the data or the seed differ; return the optim and train changes as "section.field: old -> new" lines."""
     saved = ckpt["hyper_parameters"]["config"]
     diffs = same_run_differences(saved, config, "checkpoint")
     if ckpt.get("switched_at") is not None and saved["train"].get("switch_model") != config.train.switch_model:
@@ -69,14 +56,13 @@ def check_resume(ckpt: dict[str, Any], path: str | Path, config: RunConfig, data
 
 
 def learning_rate(optim: dict[str, Any], train: dict[str, Any], step: int) -> float:
-    """The learning rate at optimizer step `step` of the schedule that a config's optim and train sections give."""
+    """The learning rate at optimizer step `step` of a config's optim and train sections."""
     decay_steps = optim.get("decay_steps") or train["max_steps"]
     return optim["lr"] * lr_factor(step, optim["lr"], optim["min_lr"], optim["warmup_steps"], decay_steps)
 
 
 def same_run_differences(saved: dict[str, Any], config: RunConfig, what: str) -> list[str]:
-    """What makes `config` another run than the `saved` one (a checkpoint's or config.yaml's config, `what`):
-    the model's fields that a resume may not change, and the seed of the data stream."""
+    """What makes `config` another run than the `saved` one (`what`: a checkpoint or config.yaml): model and seed."""
     saved_model = GPTConfig.from_dict(saved["model"])
     diffs = [
         f"model.{k}: {what} {v!r} vs now {getattr(config.model, k)!r}"

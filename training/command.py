@@ -8,12 +8,11 @@ from configs import shipped
 from core.cli import Command
 from training.config import RunConfig
 
-DEFAULT_CONFIG = shipped("shakespeare_char.yaml")
-"""The run `python train.py` trains with no options (Tiny Shakespeare, char-level, 4 layers, RoPE)."""
+DEFAULT_CONFIG = shipped("shakespeare_char.yaml")  # `python train.py` with no options
 
 
 def main(cfg: RunConfig) -> None:
-    """Train, then print the sample and where the checkpoints are (Lightning is imported here, not for --help)."""
+    """Train, then print the sample and where the checkpoints are (Lightning imported here, not for --help)."""
     from training.run import RunError, result_summary, train
 
     try:

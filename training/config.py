@@ -1,8 +1,4 @@
-"""Run configuration: small typed dataclasses, composed into `RunConfig`, parsed by jsonargparse.
-
-Each field's docstring is its `--help` text. `configs/shakespeare_char.yaml` holds the default run;
-other files in `configs/` override it.
-"""
+"""Run configuration: small typed dataclasses composed into `RunConfig`; each field's docstring is its --help."""
 
 from __future__ import annotations
 
@@ -16,11 +12,8 @@ from model import SCHEMES, GPTConfig
 from model.gpt import SWITCHABLE_FIELDS
 from model.pretrained import check_gpt2_shape
 
-EVAL_BATCHES = 200
-"""Batches of the default validation budget (`TrainConfig.eval_tokens`), as nanoGPT's eval_iters."""
-
+EVAL_BATCHES = 200  # of the default validation budget, as nanoGPT's eval_iters
 PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "64")
-"""The values of --train.precision: auto (see `training.hardware.resolve_precision`), or Lightning's."""
 
 
 def _at_least(name: str, value: float, low: float) -> None:
@@ -28,23 +21,13 @@ def _at_least(name: str, value: float, low: float) -> None:
         raise ValueError(f"{name} must be at least {low}, got {value!r}.")
 
 
-def _positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be positive, got {value!r}.")
-
-
 @dataclass
 class DataConfig:
     """Where the tokens come from."""
 
     input: str | list[str] | None = "auto"
-    """Text file(s); JSON-lines (.jsonl, .jsonl.gz) or Parquet file(s) of documents in `text_column`; directory(ies)
-    (searched recursively with `glob`, each file read as its suffix says); a dataset saved with datasets'
-    save_to_disk (its directory); a Hugging Face Hub dataset, streamed: hf:NAME[:CONFIG]:SPLIT[@REVISION], e.g.
-    hf:Salesforce/wikitext:wikitext-103-raw-v1:train (pip install 'posgpt[hf]'); or a named corpus: shakespeare
-    (Tiny Shakespeare, cached or downloaded), python-docs (bundled with Python, no network), python-library (the
-    Python source and docs of this installation: tens of millions of GPT-2 tokens, no network), auto
-    (shakespeare where it can be had, else python-docs)."""
+    """Text, JSON-lines or Parquet file(s), directory(ies), a saved dataset, hf:NAME[:CONFIG]:SPLIT[@REVISION],
+    or a named corpus: shakespeare, python-docs, python-library, auto (docs/data.md)."""
     dir: str | None = None
     """A directory written by `python -m data.prepare`; used instead of `input` when given."""
     tokenizer: Literal["char", "gpt2"] = "char"
@@ -52,7 +35,7 @@ class DataConfig:
     glob: str = "*.txt"
     """File pattern used inside input directories."""
     val_fraction: float = 0.1
-    """Share of the tokens, from the end of the corpus, held out for validation (at most `val_max_tokens`)."""
+    """Share of the tokens, from the end of the corpus, held out for validation (at most val_max_tokens)."""
     errors: Literal["strict", "replace"] = "strict"
     """Invalid UTF-8: strict stops with an error, replace substitutes U+FFFD."""
     tiktoken_ranks: str | None = None
@@ -62,8 +45,7 @@ class DataConfig:
     text_column: str = "text"
     """The column (JSON field) holding each document's text in JSON-lines, Parquet and datasets sources."""
     val_max_tokens: int | None = 5_000_000
-    """Most tokens of the validation split: it is the last min(val_fraction of the tokens, this), so a large
-    corpus does not hold out 10% (data.prepare.VAL_MAX_TOKENS); null: no cap."""
+    """Most tokens of the validation split (the last min(val_fraction of the tokens, this)); null: no cap."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.val_fraction < 1.0:
@@ -101,7 +83,8 @@ class OptimConfig:
     """Clip the global gradient norm to this value (0 disables)."""
 
     def __post_init__(self) -> None:
-        _positive("optim.lr", self.lr)
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
+            raise ValueError(f"optim.lr must be positive, got {self.lr!r}.")
         if not 0.0 <= self.min_lr <= self.lr:
             raise ValueError(f"optim.min_lr must be in [0, optim.lr = {self.lr}], got {self.min_lr!r}.")
         _at_least("optim.warmup_steps", self.warmup_steps, 0)
@@ -127,22 +110,17 @@ class TrainConfig:
     eval_interval: int = 250
     """Evaluate on the validation split every this many optimizer steps (and at the end)."""
     eval_tokens: int | None = None
-    """Validation token budget: fixed windows from the start of the split. Default (None): EVAL_BATCHES (200)
-    batches' worth, batch_size x block_size tokens each (nanoGPT's eval_iters), or the whole split where it is
-    smaller; 0: the whole split, however large."""
+    """Validation tokens, from the start of the split (default: 200 batches' worth, as nanoGPT; 0: the whole split)."""
     log_interval: int = 10
     """Log training metrics every this many optimizer steps."""
     ckpt_interval: int = 250
     """Write last.ckpt every this many optimizer steps (and at the end)."""
     keep_every: int = 0
-    """Also keep the checkpoint of every this many optimizer steps as step-NNNNNNN.ckpt (0: none), for
-    evaluating a run along its training; a multiple of ckpt_interval or eval_interval."""
+    """Also keep every this many steps' checkpoint as step-NNNNNNN.ckpt (0: none); a multiple of ckpt/eval_interval."""
     keep_last: int = 0
     """How many step-numbered checkpoints to keep, the latest (0: all)."""
     max_minutes: float = 0.0
-    """Stop cleanly within this many minutes of wall time (0: no limit): last.ckpt is written and the run exits
-    with status 75; the same command with train.resume auto continues it (for job limits and preemptible
-    machines)."""
+    """Save last.ckpt and exit with status 75 within this many minutes (0: no limit); train.resume auto continues."""
     seed: int = 1337
     """Seed for initialisation, dropout and the training data stream."""
     out_dir: str = "runs"
@@ -152,20 +130,15 @@ class TrainConfig:
     resume: str | None = None
     """'auto' resumes from <run dir>/last.ckpt when it exists; or a checkpoint path."""
     precision: str = "auto"
-    """Lightning precision: auto (bf16-mixed on a GPU or CPU with bf16, 16-mixed on older GPUs, else 32-true),
-    32-true, bf16-mixed, 16-mixed, ..."""
+    """Lightning precision: auto (the fastest that trains correctly here), 32-true, bf16-mixed, 16-mixed, ..."""
     compile: bool = False
     """Compile the model with torch.compile."""
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
-    """torch.compile mode with --train.compile: default, max-autotune (searches matmul and Triton configs;
-    minutes of compilation), reduce-overhead (CUDA graphs), max-autotune-no-cudagraphs."""
+    """torch.compile mode with --train.compile (max-autotune: minutes of compilation; reduce-overhead: CUDA graphs)."""
     activation_checkpointing: bool = False
-    """Recompute each block in the backward pass instead of keeping its activations: memory of one
-    block's activations instead of all of them, for about a third more compute (long contexts)."""
+    """Recompute each block in the backward pass instead of keeping its activations (long contexts)."""
     fp8: bool = False
-    """Train the linear layers of the blocks in FP8 (torchao's float8 training, dynamic tensorwise
-    scaling; the output layer stays bf16). Needs an NVIDIA GPU with FP8 tensor cores (compute
-    capability 8.9+: H100, H200, L4, RTX 4090), bf16 precision, and `pip install torchao`."""
+    """Train the blocks' linear layers in FP8 (torchao; a GPU of compute capability 8.9+, bf16 precision)."""
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
     """Lightning accelerator: auto, cpu, gpu/cuda, mps."""
     devices: int | str = "auto"
@@ -175,36 +148,26 @@ class TrainConfig:
     num_nodes: int = 1
     """Number of machines."""
     logger: Literal["csv", "tensorboard", "wandb", "none"] = "csv"
-    """csv: <run dir>/metrics.csv, one file across resumes; tensorboard: <run dir>/tensorboard (pip install
-    tensorboard); wandb: offline (files in the run dir) when no API key is set."""
+    """csv: <run dir>/metrics.csv (one file across resumes); tensorboard; wandb (offline without an API key)."""
     wandb_project: str = "posgpt"
     """wandb project name."""
     sample_tokens: int = 300
     """Characters/tokens of text to sample and print when training ends (0: none)."""
     progress_bar: bool = True
-    """Lightning's progress bar when stdout is a terminal; where it is not (a log file, CI) or with false, one
-    plain line every print_interval steps instead."""
+    """Lightning's progress bar when stdout is a terminal; else, or with false, a plain line every print_interval."""
     print_interval: int = 0
     """Steps between the plain progress lines (0: about 20 lines a run, at a multiple of log_interval)."""
     model_summary: bool = False
     """Print Lightning's table of the model's modules at the start (the settings line gives the parameter count)."""
     overwrite: bool = False
-    """Start afresh in a run directory that holds checkpoints of an earlier run, deleting them (without
-    it, such a run stops and asks for --train.resume auto or another run name)."""
+    """Start afresh in a run directory that holds an earlier run's checkpoints, deleting them."""
     random_positions: int = 0
-    """Randomized positions (Ruoss et al. 2023): each training sequence gets an increasing random
-    subset of [0, N) as its positions instead of 0..T-1, so that the positions of longer inputs are
-    not new at test time (evaluation and sampling use 0..T-1 as always). N must cover the longest
-    input to be evaluated; for learned positions N <= block_size. 0: off. NoPE has none to randomize."""
+    """Randomized positions (Ruoss et al. 2023): training positions an increasing random subset of [0, N); 0: off."""
 
     switch_at: float = 0.0
-    """Switch the model to `switch_model` at this point of training, keeping its weights: a fraction of max_steps in
-    (0, 1) (of the max_steps of the command that reaches it), or an optimizer step (an integer >= 1); 0: never.
-    Dropping positions (DroPE, Gelberg et al. 2025): RoPE, then the last 15% with none and the log-length
-    temperature, is switch_at 0.85 with switch_model {pos_encoding: none, attn_log_scaling: fixed}."""
+    """Switch the model to switch_model, keeping its weights, at this fraction of max_steps or step (>= 1); 0: never."""
     switch_model: dict[str, Any] = field(default_factory=dict)
-    """The model fields that change at switch_at: the position scheme and its fields, the mask, the log-length
-    scaling, the kernel (the blocks' weights stay; a new scheme's own parameters start fresh)."""
+    """The model fields that change at switch_at: the position scheme, the mask, the log-length scaling, the kernel."""
 
     def validation_tokens(self, block_size: int) -> int:
         """The validation budget in tokens (0: the whole split); see `eval_tokens`."""
@@ -221,11 +184,8 @@ class TrainConfig:
             _at_least(f"train.{name}", getattr(self, name), 1)
         if self.eval_tokens is not None:
             _at_least("train.eval_tokens", self.eval_tokens, 0)
-        _at_least("train.max_minutes", self.max_minutes, 0)
-        _at_least("train.sample_tokens", self.sample_tokens, 0)
         _at_least("train.num_nodes", self.num_nodes, 1)
-        _at_least("train.random_positions", self.random_positions, 0)
-        for name in ("keep_every", "keep_last", "print_interval"):
+        for name in ("max_minutes", "sample_tokens", "random_positions", "keep_every", "keep_last", "print_interval"):
             _at_least(f"train.{name}", getattr(self, name), 0)
         if self.keep_every and self.keep_every % self.ckpt_interval and self.keep_every % self.eval_interval:
             raise ValueError(
@@ -251,15 +211,14 @@ class TrainConfig:
 
 
 def default_model() -> GPTConfig:
-    """The default run's network: nanoGPT's CPU shape (4 layers, 4 heads, 128 wide, block 64, no
-    biases) with RoPE; `vocab_size` is set from the tokenizer when training starts."""
+    """The default run's network: nanoGPT's CPU shape with RoPE (vocab_size is set from the tokenizer)."""
     return GPTConfig(block_size=64, n_layer=4, n_head=4, n_embd=128, bias=False, pos_encoding="rope")
 
 
 @dataclass
 class RunConfig:
-    """Everything one training run needs; saved, resolved, in the run directory and in each checkpoint.
-    `RunConfig()` is the default run, the same as `python train.py` with no options."""
+    """Everything one training run needs, saved in the run directory and in each checkpoint; `RunConfig()` is the
+    default run, `python train.py` with no options."""
 
     model: GPTConfig = field(default_factory=default_model)
     """The network (its vocab_size is the tokenizer's, set when training starts)."""
@@ -309,10 +268,7 @@ class RunConfig:
 
 
 def lr_factor(step: int, base_lr: float, min_lr: float, warmup: int, decay_steps: int) -> float:
-    """Multiplier of `base_lr` at optimizer step `step`: linear warm-up, cosine to min_lr, then flat.
-
-    The same schedule as nanoGPT's `get_lr`, so runs compare step for step.
-    """
+    """Multiplier of `base_lr` at optimizer step `step`: linear warm-up, cosine to min_lr, then flat (nanoGPT's)."""
     if step < warmup:
         return (step + 1) / (warmup + 1)
     if step > decay_steps:

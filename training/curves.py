@@ -1,17 +1,6 @@
-"""The training curves of a run: train and validation loss against steps and tokens, and the learning
-rate, drawn from the run's CSV metrics (or its TensorBoard events) into `<run dir>/training.png` (at the
-end of training, and on demand: `posgpt plot --run_dir runs/NAME` or `python -m training.curves
---run_dir runs/NAME`).
-
-A run logs one `metrics.csv` across its launches; a run logged before that has one
-`logs/version_N/metrics.csv` per launch (and one upgraded mid-way has both: the per-launch files, then
-`metrics.csv`). The files are read oldest launch first, and each launch's rows replace every row of the
-launches before it from its first step on: a resumed launch trains again the steps after its checkpoint,
-so what the abandoned launch logged there is no longer the run's.
-
-The figure is a plain `matplotlib.figure.Figure` (no pyplot): drawing it touches no global state, and
-importing this module (training.run does, to draw at the end of a run) imports no pyplot and picks no backend.
-"""
+"""A run's training curves (loss against steps and tokens, learning rate), drawn from its CSV metrics or
+TensorBoard events into `<run dir>/training.png` at the end of training and by `posgpt plot`. A plain
+`Figure`, no pyplot: drawing touches no global state and picks no backend."""
 
 from __future__ import annotations
 
@@ -29,20 +18,15 @@ from core.files import atomic_write_bytes
 from core.units import format_count
 
 PLOT_FILE = "training.png"
-METRICS_FILE = "metrics.csv"
-"""A run's CSV metrics, one file across launches (training.logs writes it)."""
+METRICS_FILE = "metrics.csv"  # one file across launches (training.logs writes it), as TENSORBOARD_DIR
 TENSORBOARD_DIR = "tensorboard"
-"""A run's TensorBoard events, one directory across launches (training.logs writes it)."""
-SERIES = ("train/loss", "val/loss", "lr", "train/tokens")
-"""The logged columns the plot reads (step is every row's)."""
+SERIES = ("train/loss", "val/loss", "lr", "train/tokens")  # the logged columns the plot reads
 
-Metrics = dict[str, list[tuple[int, float]]]
-"""{column: [(optimizer step, value), ...] in step order}."""
+Metrics = dict[str, list[tuple[int, float]]]  # {column: [(optimizer step, value), ...] in step order}
 
 
 def metric_files(run_dir: Path) -> list[Path]:
-    """The run's metrics files, oldest launch first: the per-launch files of older runs in numeric version
-    order, then the one file of the run."""
+    """The run's metrics files, oldest launch first: the `logs/version_N/` files of older runs, then the run's one."""
     versions = sorted((run_dir / "logs").glob("version_*/metrics.csv"), key=_version)
     single = run_dir / METRICS_FILE
     return versions + ([single] if single.is_file() else [])
@@ -54,9 +38,8 @@ def _version(path: Path) -> int:
 
 
 def read_launch(path: Path) -> dict[int, dict[str, float]]:
-    """{step: {column: value}} of one metrics file, the rows of one step merged (Lightning writes train and
-    validation metrics as separate rows). Empty cells are metrics not logged that step; a cell that is no
-    number (the half-written last line of a killed launch) is left out."""
+    """{step: {column: value}} of one metrics file, a step's rows merged; a cell that is no number (the half-written
+    last line of a killed launch) is left out."""
     rows: dict[int, dict[str, float]] = {}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
@@ -76,8 +59,7 @@ def _number(cell: str | None) -> float | None:
 
 
 def merge_launches(launches: list[dict[int, dict[str, float]]]) -> Metrics:
-    """One series per column from the launches' rows, oldest launch first: each launch replaces the rows
-    of the launches before it from its first step on."""
+    """One series per column, oldest launch first: a resumed launch replaces the rows before it from its first step."""
     merged: dict[int, dict[str, float]] = {}
     for rows in launches:
         if rows:
@@ -88,8 +70,7 @@ def merge_launches(launches: list[dict[int, dict[str, float]]]) -> Metrics:
 
 
 def read_metrics(run_dir: Path) -> Metrics:
-    """The run's logged metrics as one series per column (see the module docstring): its CSV metrics, else
-    its TensorBoard events."""
+    """The run's logged metrics as one series per column: its CSV metrics, else its TensorBoard events."""
     files = metric_files(run_dir)
     if files:
         return merge_launches([read_launch(path) for path in files])
@@ -102,8 +83,7 @@ def read_metrics(run_dir: Path) -> Metrics:
 
 
 def read_tensorboard(directory: Path) -> Metrics:
-    """The scalars of a run's TensorBoard events (one directory across resumes: a resume purges the steps it
-    trains again, and the reader drops them)."""
+    """The scalars of a run's TensorBoard events (a resume purges the steps it trains again)."""
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:
@@ -115,8 +95,7 @@ def read_tensorboard(directory: Path) -> Metrics:
 
 
 def training_figure(metrics: Metrics, title: str) -> Figure:
-    """Loss (train and validation) above, learning rate below, against optimizer steps; tokens seen on a
-    second x axis on top when they were logged."""
+    """Loss above, learning rate below, against optimizer steps; tokens seen on a second x axis when logged."""
     fig = Figure(figsize=(7, 6), dpi=100, layout="constrained")
     loss_ax, lr_ax = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
     for name, label, style in (("train/loss", "train", {"color": "C0", "lw": 1.0}),

@@ -1,14 +1,5 @@
-"""FP8 training of the blocks' linear layers (`train.fp8`), through torchao's float8 training.
-
-Each selected `nn.Linear` becomes torchao's `Float8Linear`: the weights stay in their own dtype
-(the optimizer and checkpoints see the same parameters under the same names), and each matmul casts
-its operands to FP8 with a dynamic per-tensor scale (e4m3 forward, e5m2 for the gradients).
-Only the blocks' linear layers are converted: the tied output layer stays bf16 (its weight is the
-token embedding, and a 50k vocabulary is where FP8's rounding would show most in the loss).
-
-FP8 matmuls need NVIDIA tensor cores of compute capability 8.9 or later (Ada: L4, RTX 4090;
-Hopper: H100, H200); everywhere else `check_fp8` refuses before any work is done.
-"""
+"""FP8 training of the blocks' linear layers (`train.fp8`) through torchao's `Float8Linear`: weights keep their
+dtype and names, each matmul casts to FP8 with a dynamic per-tensor scale; the tied output layer stays bf16."""
 
 from __future__ import annotations
 
@@ -17,14 +8,12 @@ from torch import nn
 
 from training.hardware import HardwareError, uses_cuda
 
-FP8_CAPABILITY = (8, 9)
-"""The first CUDA compute capability with FP8 tensor cores (Ada Lovelace)."""
+FP8_CAPABILITY = (8, 9)  # the first CUDA compute capability with FP8 tensor cores (Ada Lovelace)
 BF16_PRECISIONS = ("bf16-mixed", "bf16-true")
 
 
 def check_fp8(accelerator: str, precision: str, option: str = "--train.fp8") -> None:
-    """Refuse `train.fp8` where it cannot run, with the fix: no CUDA GPU, a GPU without FP8 tensor
-    cores, a precision other than bf16, or no torchao. `option` is how the command spells the flag."""
+    """Refuse `train.fp8` where it cannot run, with the fix; `option` is how the command spells the flag."""
     if not uses_cuda(accelerator):
         raise HardwareError(
             f"{option} true needs an NVIDIA GPU with FP8 tensor cores (compute capability 8.9+: H100, H200, "
@@ -50,8 +39,7 @@ def check_fp8(accelerator: str, precision: str, option: str = "--train.fp8") -> 
 
 
 def fp8_eligible(module: nn.Module, name: str) -> bool:
-    """Whether the layer `name` trains in FP8: a block's linear layer whose sizes FP8 matmuls take
-    (multiples of 16), never the output layer."""
+    """Whether the layer `name` trains in FP8: a block's linear layer with sizes multiples of 16."""
     return (
         isinstance(module, nn.Linear)
         and name.startswith("blocks.")
@@ -61,8 +49,7 @@ def fp8_eligible(module: nn.Module, name: str) -> bool:
 
 
 def convert_to_fp8(model: nn.Module) -> int:
-    """Swap the eligible linear layers of `model` (a GPT) for torchao's Float8Linear, in place,
-    before compiling; returns how many were converted."""
+    """Swap the eligible linear layers of `model` for Float8Linear in place, before compiling; returns how many."""
     from torchao.float8 import convert_to_float8_training
 
     names = [name for name, module in model.named_modules() if fp8_eligible(module, name)]

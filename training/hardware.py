@@ -1,5 +1,4 @@
-"""What the hardware decides: the precision `auto` picks, the peak FLOP/s behind MFU, and which
-strategies a device can run. Every rule here is a measured or documented one (BENCHMARKS.md)."""
+"""What the hardware decides: the precision `auto` picks, the peak FLOP/s behind MFU, the strategies it runs."""
 
 from __future__ import annotations
 
@@ -7,9 +6,7 @@ import torch
 
 from core.device import DeviceError, auto_dtype
 
-HardwareError = DeviceError
-"""A setting that this machine's devices cannot run."""
-
+HardwareError = DeviceError  # a setting that this machine's devices cannot run
 
 DENSE_BF16_PEAKS: tuple[tuple[str, float], ...] = (
     ("h200 nvl", 835.5e12),
@@ -19,9 +16,8 @@ DENSE_BF16_PEAKS: tuple[tuple[str, float], ...] = (
     ("h100", 989.4e12),  # "NVIDIA H100 80GB HBM3", the SXM part
     ("a100", 312.0e12),
 )
-"""Dense (no structured sparsity) bf16 / fp16 tensor-core peaks per GPU from NVIDIA's datasheets,
-first match of a lower-cased device name wins. TF32 is half of it. Lightning's table (the fallback
-for other GPUs) lists some of these with sparsity, or not at all for a plain "NVIDIA H200"."""
+"""Dense bf16 / fp16 peaks from NVIDIA's datasheets, first match of the lower-cased name (TF32: half); Lightning's
+table, the fallback, lists some with sparsity, or not at all."""
 
 
 def uses_cuda(accelerator: str) -> bool:
@@ -30,19 +26,8 @@ def uses_cuda(accelerator: str) -> bool:
 
 
 def resolve_precision(precision: str, accelerator: str) -> str:
-    """'auto' -> the fastest precision that trains correctly here; anything else as given.
-
-    | where                                 | auto                                          |
-    |---------------------------------------|-----------------------------------------------|
-    | CUDA GPU with bf16 (Ampere and later) | bf16-mixed                                    |
-    | older CUDA GPU                        | 16-mixed (fp16 with a loss scale, as nanoGPT) |
-    | CPU with bf16 instructions            | bf16-mixed (1.3-2x float32's speed)           |
-    | any other CPU                         | 32-true                                       |
-
-    The rule is `core.device.auto_dtype`'s. The CPU row is measured (BENCHMARKS.md, "bf16 on the
-    CPU") at widths 128-384 and contexts 64-256, with attention kept in float32 (see
-    `model.kernels.sdpa_attention`).
-    """
+    """'auto' -> the fastest precision that trains correctly here (`core.device.auto_dtype`'s rule, the table of
+    docs/training.md); anything else as given."""
     if precision != "auto":
         return precision
     if uses_cuda(accelerator):
@@ -56,8 +41,7 @@ def resolve_precision(precision: str, accelerator: str) -> str:
 
 
 def check_accelerator(accelerator: str) -> None:
-    """Refuse, with the fix, a GPU accelerator on a machine without one (Lightning's own error is
-    a traceback)."""
+    """Refuse, with the fix, a GPU accelerator on a machine without one (Lightning's error is a traceback)."""
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise HardwareError(
             f"--train.accelerator {accelerator}: no CUDA GPU is available here. Use --train.accelerator auto or cpu."

@@ -1,9 +1,5 @@
-"""Where a run's metrics go: one CSV file for the whole run (across resumes), TensorBoard, or wandb.
-
-A resumed run continues the run's metrics in place: the rows of the steps it trains again (those after
-the checkpoint it resumes from) are dropped first, so that `metrics.csv` holds each step once, whatever
-the number of launches.
-"""
+"""Where a run's metrics go: one CSV file for the whole run (a resume drops the rows of the steps it trains
+again), TensorBoard, or wandb."""
 
 from __future__ import annotations
 
@@ -27,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def kept_rows(path: Path, start_step: int) -> tuple[list[str], list[dict[str, str]]]:
-    """The header and the rows of the metrics file `path` logged before `start_step` (none if it is absent)."""
+    """The header and the rows of the metrics file `path` (if any) logged before `start_step`."""
     if not path.is_file():
         return [], []
     with open(path, newline="") as f:
@@ -37,7 +33,7 @@ def kept_rows(path: Path, start_step: int) -> tuple[list[str], list[dict[str, st
 
 
 def _step(row: dict[str, str | None]) -> float:
-    """A row's step; infinity for a row without one (the half-written last line of a killed launch)."""
+    """A row's step; infinity for a row without one (a killed launch's half-written last line)."""
     try:
         return float(row.get("step") or "inf")
     except ValueError:
@@ -120,7 +116,6 @@ def _wandb_reachable(timeout: float = 3.0) -> bool:
 
 
 def metrics_file(run_dir: Path) -> Path:
-    """The CSV metrics of a run's latest launch: `<run dir>/metrics.csv`, or, for a run logged before it was
-    one file, its last `logs/version_N/metrics.csv` (`training.curves.metric_files` orders them)."""
+    """The CSV metrics of a run's latest launch: `<run dir>/metrics.csv`, or an older run's last per-launch file."""
     files = metric_files(run_dir)
     return files[-1] if files else run_dir / METRICS_FILE

@@ -20,9 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def adamw(model: torch.nn.Module, o: OptimConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW over `model`'s trainable parameters, decoupled weight decay on matrices (2-D and up)
-    only, one fused kernel for all of them where the device has one: on a CPU too, where it cuts
-    the step of the default config by ~3 ms (BENCHMARKS.md)."""
+    """AdamW over `model`'s trainable parameters, weight decay on matrices only, fused (on a CPU too: ~3 ms a step)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     return torch.optim.AdamW(
@@ -34,30 +32,21 @@ def adamw(model: torch.nn.Module, o: OptimConfig, device: torch.device) -> torch
 
 
 class GPTModule(L.LightningModule):
-    """Trains a GPT. The resolved `config`, the tokenizer's description and the provenance of the
-    training data (`data`: the prepared directory and its fingerprint) are saved, as plain dicts, in
-    every checkpoint's hyper-parameters: a checkpoint alone rebuilds model and tokenizer, and an
-    evaluation can tell whether its data is still what the model was trained on."""
+    """Trains a GPT. Every checkpoint's hyper-parameters hold the resolved `config`, the tokenizer and the training
+    data's provenance (`data`), as plain dicts: a checkpoint alone rebuilds model and tokenizer."""
 
     def __init__(self, config: RunConfig, tokenizer: dict[str, Any], data: dict[str, Any]) -> None:
         super().__init__()
         self.save_hyperparameters({"config": dataclasses.asdict(config), "tokenizer": tokenizer, "data": data})
         self.config = config
         self.model = GPT(config.model)
+        # kept in checkpoints: training tokens over every device, wall time over every launch, the switch's step
         self.tokens_seen = 0
-        """Training tokens so far, over every device: counted from each batch's shape (a task's
-        batches are shorter than block_size), kept in checkpoints."""
         self.train_seconds = 0.0
-        """Wall time spent training so far, over every launch of the run (from the start of each
-        launch's training, compilation included), kept in checkpoints: what a study reports."""
-        self._launch_started: tuple[float, float] | None = None  # (monotonic clock, train_seconds) at the start
         self.switched_at: int | None = None
-        """The optimizer step at which the model switched to `train.switch_model` (None: not yet), kept
-        in checkpoints: a resumed run switches on loading, before the weights are restored."""
+        self._launch_started: tuple[float, float] | None = None  # (monotonic clock, train_seconds) at the start
         self._val_sum: torch.Tensor | None = None
-        self.nonfinite: torch.Tensor | None = None
-        """Whether any training loss since the start was NaN or inf: kept on the device, so that
-        checking every step costs no synchronisation; `training.callbacks.DivergenceGuard` reads it."""
+        self.nonfinite: torch.Tensor | None = None  # any loss NaN or inf, on the device (DivergenceGuard reads it)
 
     def on_train_start(self) -> None:
         self._launch_started = (time.monotonic(), self.train_seconds)
@@ -66,8 +55,7 @@ class GPTModule(L.LightningModule):
         self._reserve_positions()
 
     def _reserve_positions(self) -> None:
-        """Grow the scheme's tables to every position `train.random_positions` draws (before a
-        compiled step would grow them)."""
+        """Grow the scheme's tables to every position `train.random_positions` draws (before a compiled step)."""
         if self.config.train.random_positions:
             self.model.pe.reserve(self.config.train.random_positions)
 
@@ -78,8 +66,7 @@ class GPTModule(L.LightningModule):
             self.switch_model()
 
     def _check_switch(self) -> None:
-        """Refuse, before the first step, a switch that replaces parameters on several devices:
-        DDP and FSDP fix the parameters they synchronise when they wrap the model."""
+        """Refuse, before the first step, a switch that replaces parameters on several devices."""
         if not self.config.train.switch_model or self.switched_at is not None or self.trainer.world_size == 1:
             return
         if self.model.switch_replaces_parameters(self.config.switched_model()):
@@ -90,8 +77,7 @@ class GPTModule(L.LightningModule):
             )
 
     def switch_model(self) -> None:
-        """Switch the model to `train.switch_model` now, carrying the optimizer's state to every
-        parameter that stays (a new scheme's own parameters start with none)."""
+        """Switch the model to `train.switch_model` now, keeping the optimizer's state of every parameter that stays."""
         before = set(self.model.parameters())
         self.model.switch(self.config.switched_model())
         self.switched_at = self.global_step
@@ -101,8 +87,7 @@ class GPTModule(L.LightningModule):
             self._rebuild_optimizer()
 
     def _rebuild_optimizer(self) -> None:
-        """A new AdamW over the switched model's parameters with the old one's state and learning
-        rates, and the schedule carried on from the same step."""
+        """A new AdamW over the switched model's parameters with the old one's state, learning rates and schedule."""
         strategy = self.trainer.strategy
         old, scheduler = strategy.optimizers[0], strategy.lr_scheduler_configs[0].scheduler
         new = adamw(self.model, self.config.optim, self.device)
@@ -133,9 +118,8 @@ class GPTModule(L.LightningModule):
         return loss
 
     def _random_positions(self, x: torch.Tensor, batch_idx: int) -> torch.Tensor | None:
-        """With `train.random_positions` N: each row's positions, an increasing random subset of
-        [0, N), drawn from (seed, micro-batch number) alone, so that a resumed run draws what an
-        uninterrupted one would have. None (0..T-1) otherwise, and for NoPE, which has no positions."""
+        """With `train.random_positions` N: each row's increasing random positions in [0, N), drawn from (seed,
+        micro-batch) alone, so that a resumed run draws the same; else (and for NoPE) None: 0..T-1."""
         t = self.config.train
         if not t.random_positions or not self.model.pe.uses_positions:
             return None
@@ -144,15 +128,12 @@ class GPTModule(L.LightningModule):
         return random_positions(x.size(0), x.size(1), t.random_positions, generator, x.device)
 
     def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
-        # After the last optimizer step: asking Lightning to stop here makes it run the final
-        # validation (every run ends evaluated, as `train.eval_interval` promises), which it
-        # otherwise skips when max_steps is not a multiple of the interval.
+        # stopping here makes Lightning run the final validation, skipped when max_steps is no multiple of the interval
         if self.global_step >= self.trainer.max_steps:
             self.trainer.should_stop = True
 
     def _logging_step(self) -> bool:
-        """Log on the steps the logger writes. `self.log` costs a few hundred microseconds of
-        Python per call, which is measurable next to a small model's step on a CPU."""
+        """Log only on the steps the logger writes (`self.log` costs a few hundred microseconds a call)."""
         return (self.global_step + 1) % self.trainer.log_every_n_steps == 0
 
     def on_validation_epoch_start(self) -> None:
@@ -172,15 +153,8 @@ class GPTModule(L.LightningModule):
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
     ) -> None:
-        """Clip the global gradient norm to `optim.grad_clip` (the Trainer's own `gradient_clip_val`
-        stays unset).
-
-        Lightning's clipping refuses any optimizer that unscales inside its step, which the fused
-        AdamW does, even under bf16, where there is no loss scale at all; and its FSDP plugin cannot
-        clip by norm. Here: under fp16 the gradients are unscaled first (GradScaler then tells the
-        fused step they are), under FSDP the sharded module computes the norm over every rank's
-        shard, otherwise `clip_grad_norm_` runs on the gradients as they are.
-        """
+        """Clip the global gradient norm to `optim.grad_clip`: Lightning's clipping refuses the fused AdamW (even under
+        bf16) and cannot clip FSDP by norm (docs/training.md)."""
         max_norm = self.config.optim.grad_clip
         if not max_norm:
             return
@@ -212,10 +186,8 @@ class GPTModule(L.LightningModule):
             checkpoint["cuda_rng"] = torch.cuda.get_rng_state_all()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Restore the random state, and apply the current optim settings to the optimizer and
-        scheduler states about to be restored (Lightning would otherwise bring back the saved
-        learning rate, betas and weight decay, whatever the new command says). With unchanged
-        settings every value written here equals the saved one, so a resume stays bit-identical."""
+        """Restore the random state, and apply the current optim settings to the optimizer and scheduler states about
+        to be restored (unchanged settings write the saved values: a resume stays bit-identical)."""
         self._apply_optim_config(checkpoint)
         self.tokens_seen = checkpoint.get("tokens_seen", 0)
         self.train_seconds = checkpoint.get("train_seconds", 0.0)
@@ -246,8 +218,7 @@ class GPTModule(L.LightningModule):
 def clip_grad_norm(
     trainer: L.Trainer, module: L.LightningModule, optimizer: torch.optim.Optimizer, max_norm: float
 ) -> torch.Tensor:
-    """Scale the gradients of `module` so that their global L2 norm is at most `max_norm`; returns
-    the norm before clipping."""
+    """Scale the gradients of `module` to a global L2 norm of at most `max_norm`; returns the norm before."""
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
         # fp16 with a fused optimizer: Lightning leaves unscaling to the optimizer's step, but a norm

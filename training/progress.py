@@ -1,9 +1,5 @@
-"""What a run prints while it trains: a progress bar in a terminal, else one plain line every few steps.
-
-A log file or a CI console gets `step 500/2000 | loss 1.912 | 41.3 ms/step | 18.6k tok/s | ETA 1:02` lines
-(and a line with the validation loss when one is measured), never the carriage-return flood a bar
-writes where there is no terminal to redraw it.
-"""
+"""What a run prints while it trains: a progress bar in a terminal, else (a log file, CI) one plain line every
+few steps (`step 500/2000 | loss 1.912 | 41.3 ms/step | 18.6k tok/s | ETA 1:02`) and one per validation."""
 
 from __future__ import annotations
 
@@ -20,28 +16,23 @@ from training.callbacks import optimizer_stepped
 
 log = logging.getLogger(__name__)
 
-LINES_PER_RUN = 20
-"""About how many plain progress lines a run prints when `train.print_interval` is left to choose."""
+LINES_PER_RUN = 20  # about, when `train.print_interval` is left to choose
 
 
 def print_every(max_steps: int, log_interval: int) -> int:
-    """The default step interval of the plain lines: a multiple of `log_interval` (the steps whose
-    loss is logged) near `max_steps / LINES_PER_RUN`."""
+    """The default interval of the plain lines: a multiple of `log_interval` near `max_steps / LINES_PER_RUN`."""
     return max(1, round(max_steps / LINES_PER_RUN / log_interval)) * log_interval
 
 
 def progress_line(step: int, total: int, parts: list[str], eta: float | None, unit: str = "step") -> str:
-    """`step k/n | part | part | ETA m:ss`: the one format of every plain progress line (a run's steps,
-    `unit` "step", and a study's runs, "run")."""
+    """`step k/n | part | part | ETA m:ss`: every plain progress line (a run's steps, a study's runs: `unit` "run")."""
     eta_part = [f"ETA {format_seconds(eta)}"] if eta is not None else []
     return " | ".join([f"{unit} {step}/{total}", *parts, *eta_part])
 
 
 class ProgressLines(L.Callback):
-    """One plain log line every `every` optimizer steps (train loss, ms/step, tokens/s, MFU where the GPU's peak
-    is known, ETA) and one after each validation (its loss). Step time is measured from the end of a launch's
-    first step (which warms up) and leaves validations out; the ETA adds the validations still to come at the
-    last one's duration."""
+    """One log line every `every` optimizer steps and one after each validation. Step time leaves out a launch's
+    first step (warm-up) and validations; the ETA adds the validations to come at the last one's duration."""
 
     def __init__(self, every: int, eval_every: int) -> None:
         self.every, self.eval_every = every, eval_every
@@ -51,7 +42,7 @@ class ProgressLines(L.Callback):
         self._val_started, self._val_seconds = 0.0, 0.0
 
     def _clock(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Add the training since the mark to the interval, and start the clock again here."""
+        """Add the training since the mark to the interval, and start the clock again."""
         now = time.perf_counter()
         if self._mark is not None:
             since, step, tokens = self._mark
@@ -111,7 +102,7 @@ class ProgressLines(L.Callback):
 
 
 class ProgressBar(TQDMProgressBar):
-    """Lightning's bar without the logger's version number (`v_num`), which tells a reader nothing."""
+    """Lightning's bar without the logger's version number (`v_num`)."""
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)
@@ -120,7 +111,7 @@ class ProgressBar(TQDMProgressBar):
 
 
 def progress_callback(bar: bool, every: int, eval_every: int) -> L.Callback:
-    """The bar where it is wanted and stdout is a terminal to redraw it on, else the plain lines."""
+    """The bar where it is wanted and stdout is a terminal, else the plain lines."""
     if bar and sys.stdout.isatty():
         return ProgressBar()
     return ProgressLines(every, eval_every)

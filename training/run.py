@@ -59,14 +59,11 @@ class RunResult:
     best_val_loss: float | None
     sample: str | None
     plot: Path | None = None
-    """training.png: the run's loss and learning-rate curves (csv logger)."""
 
 
 def preflight(cfg: RunConfig, resuming: bool) -> None:
-    """What a run needs besides its text, checked before the text is prepared (for a large corpus that takes
-    minutes): a checkpoint to resume from, GPT-2's tokenizer (its ranks file, offline), and, unless it may be
-    `resuming`, the weights `init_from` names and their shape (a resume restores its own weights: those of
-    `init_from` may be gone; a resume that finds no checkpoint has them checked when they are loaded)."""
+    """Check what a run needs besides its text before preparing it (minutes for a large corpus): the checkpoint to
+    resume from, GPT-2's tokenizer, and, unless `resuming` (its own weights), the weights `init_from` names."""
     if cfg.train.resume not in (None, "auto"):
         resume_path(cfg.train.resume, Path(cfg.train.out_dir))
     if cfg.data.tokenizer == "gpt2":
@@ -93,22 +90,18 @@ def prepared_data(cfg: DataConfig) -> PreparedData:
 
 @dataclass
 class TrainingData:
-    """What a run trains on: batches, their tokenizer, the record of the data that checkpoints keep
-    (to resume only on the same data, and to evaluate on it later), and a name for run directories."""
+    """What a run trains on: batches, their tokenizer, the data's record for checkpoints, a name for run dirs."""
 
     datamodule: L.LightningDataModule
     tokenizer: Tokenizer
     record: dict[str, Any]
     name: str
-    about: str = ""
-    """What the settings line says of the data: the corpus, its size and what validation scores."""
-    prepared: Path | None = None
-    """The prepared directory of a corpus (None: a task)."""
+    about: str = ""  # what the settings line says of the data
+    prepared: Path | None = None  # the prepared directory of a corpus (None: a task)
 
 
 def corpus_data(cfg: RunConfig, prepared: PreparedData | None = None) -> TrainingData:
-    """A prepared corpus (`cfg.data`, or `prepared` when the caller has it: a study prepares its corpus
-    once for all its runs): random training windows, fixed validation windows."""
+    """A prepared corpus (`cfg.data`, or `prepared`: a study's, prepared once for its runs)."""
     data = prepared or prepared_data(cfg.data)
     t = cfg.train
     budget = t.validation_tokens(cfg.model.block_size)
@@ -136,9 +129,8 @@ def run_dir_of(cfg: RunConfig, data: TrainingData) -> Path:
 
 
 def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
-    """Prepare data (`cfg.data`, unless `data` is given: a task), build model and Trainer, fit, and
-    sample a little text at the end. The clock of `train.max_minutes` starts here. Lightning's notices
-    and the libraries' deprecation warnings are left out: the run says what it does in its own lines."""
+    """Prepare data (`cfg.data`, unless `data` is given: a task), build model and Trainer, fit, and sample a
+    little text at the end; the clock of `train.max_minutes` starts here."""
     with quiet_libraries():
         return _train(cfg, data)
 
@@ -185,8 +177,7 @@ def _fit(
     deadline: float | None,
     used: RunConfig | None = None,
 ) -> RunResult:
-    """Build the module and the Trainer and fit; `used` (rank 0 only) is written as config.yaml once the
-    resume is known to be allowed."""
+    """Build the module and the Trainer and fit; `used` (rank 0) is written once the resume is allowed."""
     t = cfg.train
     start_step = 0
     if ckpt_path is not None:
@@ -266,8 +257,7 @@ def _fit(
 def settings_line(
     cfg: RunConfig, model: GPT, data: TrainingData, trainer: L.Trainer, run_dir: Path, ckpt_path: Path | None
 ) -> str:
-    """The one line that says what this run is: model, data, precision and device, where it writes, and the
-    code's version (a resume says from where)."""
+    """The one line that says what this run is: model, data, precision, device, run dir and code version."""
     m = cfg.model
     device = trainer.strategy.root_device
     where = f"{trainer.world_size} x {device.type}" if trainer.world_size > 1 else str(device.type)
@@ -281,9 +271,7 @@ def settings_line(
 
 
 def dropout_fallback(model: GPT, device: torch.device) -> str | None:
-    """One line when attention dropout moves training off its fused kernel on `device`
-    (FlexAttention has no dropout: a bias or a window then runs through SDPA with a float mask
-    formed in memory), else None."""
+    """One line when attention dropout moves training off its fused kernel on `device` (FlexAttention has none)."""
     c = model.config
     if c.dropout == 0 or c.attn_backend != AUTO:  # a named kernel is what runs, or a refusal at the forward
         return None
@@ -300,8 +288,7 @@ def dropout_fallback(model: GPT, device: torch.device) -> str | None:
 
 
 def _trainer(t: TrainConfig, **kwargs: Any) -> L.Trainer:
-    """A Trainer on the hardware `t` names; what Lightning refuses there (an unknown strategy, a device
-    list that does not exist, a missing accelerator package) becomes one message."""
+    """A Trainer on the hardware `t` names; what Lightning refuses there becomes one message."""
     try:
         return L.Trainer(
             accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, **kwargs

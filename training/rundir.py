@@ -1,5 +1,4 @@
-"""The run directory: where a run may start or resume, what it holds of earlier runs, and the
-configuration files it keeps (config.yaml: what the run used; requested.yaml: what was asked)."""
+"""The run directory: where a run may start or resume, and its config.yaml (what the run used) and requested.yaml."""
 
 from __future__ import annotations
 
@@ -36,22 +35,14 @@ def resume_path(resume: str | None, run_dir: Path) -> Path | None:
     return path
 
 
-CHECKPOINT_NAMES = ("last.ckpt", "best.ckpt")
-STEP_CHECKPOINTS = "step-*.ckpt"
 CONFIG_FILE, REQUESTED_FILE = "config.yaml", "requested.yaml"
 
 
-def checkpoints_in(run_dir: Path) -> list[Path]:
-    """The checkpoints a run wrote into `run_dir`: last, best and the step-numbered ones."""
-    named = [run_dir / name for name in CHECKPOINT_NAMES if (run_dir / name).is_file()]
-    return named + sorted(run_dir.glob(STEP_CHECKPOINTS))
-
-
 def claim_run_dir(run_dir: Path, resume: Path | None, overwrite: bool, used: RunConfig) -> None:
-    """Refuse to start a fresh run in a directory that holds checkpoints, or the config.yaml of another run
-    (unless `overwrite`, which removes them first), and remove what killed writers left there. Call it
-    holding the lock."""
-    existing = checkpoints_in(run_dir)
+    """Refuse to start a fresh run in a directory that holds checkpoints or another run's config.yaml (unless
+    `overwrite`: they go), and remove what killed writers left there. Call it holding the lock."""
+    named = [run_dir / name for name in ("last.ckpt", "best.ckpt") if (run_dir / name).is_file()]
+    existing = named + sorted(run_dir.glob("step-*.ckpt"))
     if resume is None and not overwrite:
         other = other_run(run_dir / CONFIG_FILE, used)
         held = ", ".join(p.name for p in existing[:3])
@@ -78,14 +69,11 @@ def claim_run_dir(run_dir: Path, resume: Path | None, overwrite: bool, used: Run
         log.info("Removed %s, left by a run that was killed while writing it", path)
 
 
-COMPARED_DATA_FIELDS = ("input", "dir", "tokenizer", "glob", "text_column", "val_fraction")
-"""What config.yaml records of the data that makes another run (where it is kept and how errors are
-handled do not)."""
+COMPARED_DATA_FIELDS = ("input", "dir", "tokenizer", "glob", "text_column", "val_fraction")  # another run's data
 
 
 def other_run(path: Path, used: RunConfig) -> str:
-    """How the run whose config is `path` (absent: none) differs from `used` in data, model or seed; '' if
-    it is the same run (a config.yaml of an older version, which kept `auto`, matches what auto chose)."""
+    """How the run whose config is `path` differs from `used` in data, model or seed; '' for the same run (or none)."""
     try:
         saved = yaml.safe_load(path.read_text()) if path.is_file() else None
     except (OSError, yaml.YAMLError):
@@ -99,8 +87,7 @@ def other_run(path: Path, used: RunConfig) -> str:
 
 
 def used_config(cfg: RunConfig, sources: list[str], precision: str) -> RunConfig:
-    """`cfg` as the run uses it: the corpus `auto` chose (of the prepared data's `sources`) and the
-    precision `auto` resolved to."""
+    """`cfg` with the corpus `auto` chose (of the prepared data's `sources`) and the precision `auto` resolved to."""
     chosen = str(sources[0]) if cfg.data.input == AUTO_CORPUS and len(sources) == 1 else cfg.data.input
     return dataclasses.replace(
         cfg,
@@ -110,8 +97,7 @@ def used_config(cfg: RunConfig, sources: list[str], precision: str) -> RunConfig
 
 
 def check_writable(path: Path, option: str) -> None:
-    """Stop, before any work is done, when `path` cannot be created or written (a file is in the
-    way, or a parent is read-only); creates nothing."""
+    """Stop, before any work is done, when `path` cannot be created or written; creates nothing."""
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -132,7 +118,6 @@ def make_run_dir(run_dir: Path) -> None:
 
 
 def write_configs(run_dir: Path, requested: RunConfig, used: RunConfig) -> None:
-    """config.yaml: the configuration the run used (what `auto` chose), which `--config` reads back;
-    requested.yaml beside it: the options as they were given."""
+    """config.yaml: what the run used (what `auto` chose); requested.yaml: the options as given."""
     for name, cfg in ((CONFIG_FILE, used), (REQUESTED_FILE, requested)):
         atomic_write_bytes(run_dir / name, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False).encode())
