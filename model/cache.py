@@ -1,29 +1,15 @@
 """What decoding keeps, in tensors of fixed shape: a KV cache shaped by the model's attention mask.
 
-Everything a decoding step reads or changes is a tensor allocated once for the whole generation:
-each row's next position (`pos`, (B,)), the position each slot of the buffers holds
-(`slot_positions`, (B, C), -1 for an empty slot) and the keys and values (B, H, C, D) per layer.
-No Python number changes from one step to the next, so every decode step has the same shapes and
-the same Python path: one compiled graph (one CUDA graph) serves them all, as in gpt-fast.
+Every tensor a decode step reads or changes (each row's next position `pos`, each slot's position
+`slot_positions`, -1 when empty, the keys and values (B, H, C, D) per layer) is allocated once, so
+every step has the same shapes and Python path: one compiled graph (one CUDA graph), as in gpt-fast.
+Keys are stored rotated. Full causal attention puts position p in slot p; a window of W keys with S
+sinks rolls over C = S + W slots (p < S in slot p, any other in slot S + (p - S) mod W).
 
-Keys are stored after the position scheme has rotated them (RoPE), so a cached key never needs
-touching again; queries are rotated at their rows' own positions.
-
-- Full causal attention: C slots, position p in slot p.
-- A sliding window of W keys with S sinks (`AttentionMask`): a rolling buffer of C = S + W slots;
-  position p < S lives in slot p, any other in slot S + (p - S) mod W, so memory stays constant
-  however long decoding runs.
-
-A forward pass through the cache is one `CacheWrite`, made by `begin` before the first layer and
-committed after the last:
-
-- prefill (the cache is empty): the T new tokens sit at positions 0..T-1 of every row, of which
-  the first `lengths[b]` are row b's prompt and the rest padding on the right, which no real token
-  attends to (they come after it). They attend to each other as in a forward pass without a cache;
-  each slot then takes the prompt position that belongs in it (a gather: no two writes collide).
-- a step after it: the new tokens sit at each row's `pos`..; one new token is written to its slot
-  and attends to the whole buffer, masked by the slot positions; several new tokens (a chunked
-  prompt) attend to the buffer as it was plus themselves, then are written.
+A forward pass through the cache is one `CacheWrite` (`begin`, then `commit` after the last layer):
+a prefill into an empty cache (prompts padded on the right, attending to each other), or a step
+whose new tokens attend to the buffer (one token: written first; several: the buffer as it was plus
+themselves).
 """
 
 from __future__ import annotations
@@ -71,13 +57,11 @@ class DecodingCache:
         self.empty = True
 
     def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Allocate every tensor decoding changes now, for `batch` rows: a compiled step then sees the
-        same tensors from its first call on (on CUDA marked static, so that a CUDA graph keeps them)."""
+        """Allocate every tensor decoding changes now, for `batch` rows (static for a CUDA graph)."""
         self.pos = static_buffer(torch.zeros(batch, dtype=torch.long, device=device))
 
     def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
-        """The step of a forward pass of `new_tokens` tokens in each of `batch` rows (`lengths`: of
-        which the first lengths[b] are real, the rest padding; only in a prefill)."""
+        """The step of a forward pass of `new_tokens` tokens per row (`lengths`: the real ones, in a prefill)."""
         offsets = torch.arange(new_tokens, device=device)
         if self.empty:
             end = lengths if lengths is not None else torch.full((batch,), new_tokens, device=device)
@@ -136,10 +120,8 @@ class KVCache(DecodingCache):
         return CacheWrite(write.prefill, write.positions, write.real, write.end, k_pos, slot_pos, incoming, source)
 
     def _check_room(self, write: CacheWrite, new_tokens: int) -> None:
-        """Refuse positions past a full cache's capacity, which it would otherwise drop: checked from
-        the shapes in a prefill, and by reading the positions (one wait for the device, never inside
-        a compiled graph) for a chunk of several tokens. A one-token step is not checked: `generate`
-        never asks for one past the capacity, and a check would cost every step a wait."""
+        """Refuse positions past a full cache's capacity, which it would otherwise drop. A one-token step is
+        not checked: `generate` never asks for one past it, and a check would cost every step a device wait."""
         end = new_tokens if write.prefill and write.real is None else None
         if not write.prefill and new_tokens > 1 and not torch.compiler.is_compiling():
             end = int(write.end.max())
@@ -152,9 +134,8 @@ class KVCache(DecodingCache):
         super().commit(write)
 
     def _incoming(self, start: Tensor, end: Tensor) -> tuple[Tensor, Tensor]:
-        """For positions start[b]..end[b]-1 written into row b: the position each slot takes (the
-        latest one that belongs in it) and whether it takes one, (B, C) each. A gather's indices:
-        where several positions belong in one slot, only the newest is written."""
+        """For positions start[b]..end[b]-1 written into row b: the newest position each slot takes and
+        whether it takes one, (B, C) each."""
         slots = torch.arange(self.capacity, device=start.device)[None, :]
         position = slots.expand(start.size(0), -1)
         if self.rolling:  # slot s >= S holds the positions p >= S with p = s mod W: the newest is
@@ -175,8 +156,7 @@ class KVCache(DecodingCache):
 
 
 class LayerCache:
-    """One layer's keys and values, (B, H, C, D) each, allocated up front (`KVCache.allocate`) or at
-    first use."""
+    """One layer's keys and values, (B, H, C, D) each, allocated up front or at first use."""
 
     def __init__(self, owner: KVCache) -> None:
         self.owner = owner
@@ -188,8 +168,7 @@ class LayerCache:
         self.v = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
 
     def update(self, k: Tensor, v: Tensor, write: CacheWrite) -> tuple[Tensor, Tensor]:
-        """Store the (B, H, T, D) new keys and values and return those the new tokens attend over
-        (the positions `write.k_pos` describes, or in prefill the new ones)."""
+        """Store the (B, H, T, D) new keys and values; those the new tokens attend over."""
         B, H, T, D = k.shape
         if self.k is None or self.k.dtype != k.dtype or self.k.shape[0] != B:
             self.allocate((B, H, self.owner.capacity, D), k.dtype, k.device)
@@ -219,8 +198,7 @@ class LayerCache:
 
 
 def static_buffer(tensor: Tensor) -> Tensor:
-    """Mark a buffer that decoding changes in place as static for CUDA graphs (its address never
-    changes); elsewhere nothing to do."""
+    """Mark a buffer that decoding changes in place as static for CUDA graphs."""
     if tensor.device.type == "cuda":
         torch._dynamo.mark_static_address(tensor)
     return tensor

@@ -1,25 +1,13 @@
 """Autoregressive sampling with a static KV cache, for every position scheme, in batches of prompts
-of any lengths.
+of any lengths: a prefill of every row's prompt (padded on the right to a power of two, so few
+widths), then a decode step of one token per row at its own position, each with fixed shapes (one
+compiled graph each; on a GPU the decode step is a CUDA graph).
 
-Decoding has two steps, each with the same shapes every time it runs, so a compiled model traces
-each once (and on a GPU the decode step is one CUDA graph; see `compile_for_decoding`):
-
-- prefill: every row's prompt at once, padded on the right to a power of two (a handful of widths
-  whatever the prompts), into an empty cache (`model.cache`): positions 0.. of each row;
-- decode: one new token per row, at that row's own position (a tensor), attending over the whole
-  preallocated cache with a mask of the valid slots.
-
-The context window: a model sees at most `window` tokens, the last ones. `window` is `block_size`
-for `learned` positions (they have no embedding beyond it, so the window slides, as nanoGPT does),
-and `max_context` for the schemes that extrapolate (default 4 x block_size), past which they slide
-too. The uncached path feeds every row's last `window` tokens for every new token. The cached path
-prefills the prompts once and then decodes one token at a time; once the longest row fills the
-window, every step is a prefill of each row's last `window` tokens (a third graph, of width
-`window`), which is exactly what the uncached path sees, so both produce the same tokens.
-
-A sliding-window model (`attn_window`) with a scheme that extrapolates has no such limit: its
-rolling cache holds only the last W keys (plus sinks) whatever the length, so it decodes at a
-constant cost per token without ever refilling (unless `max_context` asks for a limit).
+A model sees at most its last `window` tokens: `block_size` for `learned` positions, `max_context`
+(default 4 x block_size) for the schemes that extrapolate. Once the longest row fills the window,
+every step is a prefill of each row's last `window` tokens, exactly what the uncached path sees, so
+both give the same tokens. A sliding-window model whose scheme extrapolates has no such limit (its
+rolling cache stays constant) unless `max_context` asks for one.
 """
 
 from __future__ import annotations
@@ -37,8 +25,7 @@ from model.positions import PositionEncoding
 
 
 class SampledModel(Protocol):
-    """What sampling needs of a model: `model.gpt.GPT` (named here as a protocol, so that this module
-    and `model.gpt`, whose `generate` calls `stream`, do not import each other)."""
+    """What sampling needs of `model.gpt.GPT` (a protocol, so that the two modules do not import each other)."""
 
     config: GPTConfig
     pe: PositionEncoding
@@ -69,12 +56,8 @@ def context_window(model: SampledModel, max_context: int | None = None) -> int |
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
-    """Logits (B, V) with every token outside the allowed set set to -inf.
-
-    top_k keeps the k most likely tokens; top_p keeps the smallest set of most likely tokens whose
-    probabilities sum to at least p (nucleus sampling, Holtzman et al. 2020); the most likely token
-    is always kept. With both, a token must pass both.
-    """
+    """Logits (B, V) with every token outside the top_k most likely, or outside the smallest set whose
+    probabilities sum to at least top_p (nucleus sampling), set to -inf; the most likely token is kept."""
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -113,8 +96,7 @@ def pad_prompts(prompts: list[list[int]], device: torch.device | str | None = No
 
 
 def compile_for_decoding(model: nn.Module) -> None:
-    """Compile `model` in place for `stream`: static shapes (one graph for the decode step, one per
-    prompt bucket), and on CUDA the decode step captured as a CUDA graph (mode reduce-overhead)."""
+    """Compile `model` in place for `stream`: static shapes, and on CUDA CUDA graphs (reduce-overhead)."""
     cuda = next(model.parameters()).device.type == "cuda"
     model.compile(dynamic=False, mode="reduce-overhead" if cuda else None)
 
@@ -163,9 +145,7 @@ def decode(
     max_context: int | None = None,
     lengths: Tensor | None = None,
 ) -> Iterator[tuple[Tensor, Tensor]]:
-    """`stream`'s loop: yield each step's logits (B, vocab_size) and the tokens (B, 1) that `pick`
-    chose from them. A prefill of every row's prompt, then one static decode step per token; past
-    the window (see the module docstring) a prefill of every row's last `window` tokens."""
+    """`stream`'s loop: yield each step's logits (B, vocab_size) and the tokens (B, 1) `pick` chose."""
     B, T = idx.shape
     counts = lengths.tolist() if lengths is not None else [T] * B  # read once, then kept on the host
     if T == 0 or min(counts) < 1:
@@ -196,8 +176,7 @@ def decode(
 
 
 def _bucket(length: int, limit: int | None) -> int:
-    """`length` rounded up to a power of two, at most `limit`: the widths a compiled prefill sees
-    (and a full cache's capacity), a handful whatever the prompts."""
+    """`length` rounded up to a power of two, at most `limit`: few widths for a compiled prefill."""
     width = 1 << (length - 1).bit_length()
     return width if limit is None else min(width, limit)
 
@@ -205,9 +184,8 @@ def _bucket(length: int, limit: int | None) -> int:
 def _prefill(
     model: SampledModel, tokens: Tensor, count: Tensor, longest: int, window: int | None, cache: Cache | None
 ) -> Tensor:
-    """Logits (B, vocab_size) after the last `window` tokens of each row of `tokens` (the first
-    `count[b]` of row b), fed as one batch padded on the right to a bucketed width, so that the
-    forwards of a compiled model, with a cache or without, are few."""
+    """Logits (B, vocab_size) after the last `window` of the first `count[b]` tokens of each row, fed as
+    one batch padded on the right to a bucketed width."""
     seen = torch.clamp(count, max=window) if window is not None else count
     width = _bucket(min(longest, window) if window is not None else longest, window)  # few widths: few compiles
     first = count - seen
@@ -216,10 +194,8 @@ def _prefill(
 
 
 def _forward_last(model: SampledModel, idx: Tensor, cache: Cache | None, lengths: Tensor | None = None) -> Tensor:
-    """Logits (B, vocab_size) for the token after each row of `idx` (its first `lengths[b]` tokens),
-    adding them to the cache if there is one. The padding rows of the output layer
-    (`padded_vocab_size`) are cut off here, the one place, so that no sample ever holds an id the
-    tokenizer cannot decode."""
+    """Logits (B, vocab_size) for the token after each row of `idx` (its first `lengths[b]`), added to the
+    cache if any; the padded vocabulary cut off here, so no sample holds an id the tokenizer lacks."""
     logits, _ = model(idx, cache=cache, last_only=True, lengths=lengths)  # __call__: a compiled model stays so
     # a copy: a CUDA graph overwrites its own output at the next step
     return logits[:, -1, : model.config.vocab_size].to(torch.float32, copy=True)

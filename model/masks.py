@@ -12,26 +12,12 @@ query) and k (the key):
     visible(q, k) = causal and (window or sink or random)      with W > 0
     visible(q, k) = causal                                     with W = 0 (full causal attention)
 
-Window, sinks and random blocks together are BigBird's sparse attention (Zaheer et al. 2020), causal:
-local, global (the first S tokens) and random attention. The R blocks of query block i are drawn as
-BigBird's `get_single_block_row_attention` (google-research/bigbird, bigbird/core/attention.py)
-draws them: R *distinct* blocks from outside the window and the global blocks. Here the window is
-token-level and the sinks are tokens, so a key block j is eligible for query block i when it holds no
-sink token (j G >= S) and lies wholly before the first key that the block's first query sees through
-the window ((j + 1) G <= i G - W + 1): a range lo <= j < hi_i of blocks. When fewer than R are
-eligible, all of them are taken. The draw is sequential sampling without replacement from that range,
-each draw an integer hash of (seed, i, draw) and the earlier picks skipped over in sorted order: fixed
-by the seed, the same at every length, and pointwise (no table), so that FlexAttention evaluates it
-inside its kernel. No random block then overlaps the window or the sinks of any query of the block.
-`random_draw='earlier_with_replacement'` is this project's draw before issue 33 (R draws with
-replacement from all earlier blocks, window and sink blocks included), which checkpoints written
-before it keep.
-
-From this one description come: the flex `mask_mod` (a block mask, built once per forward and
-shared by every layer), the dense boolean mask of eager and SDPA (`dense`), and what a KV cache
-must keep (`kept_keys`): the sinks and the last W keys, which `model.cache` holds in S + W slots, so
-that its memory stays constant however long decoding runs (`rolling`); random blocks reach any
-earlier key, so with them the cache keeps every key.
+Window, sinks and random blocks are BigBird's sparse attention (Zaheer et al. 2020), causal. As
+BigBird's `get_single_block_row_attention` (google-research/bigbird), query block i draws R distinct
+key blocks j that hold no sink token (j G >= S) and end before its first query's window
+((j + 1) G <= i G - W + 1), all of them when fewer: sampling without replacement, each draw an integer
+hash of (seed, i, draw), so fixed by the seed, the same at every length and pointwise (FlexAttention
+evaluates it inside its kernel).
 """
 
 from __future__ import annotations
@@ -66,8 +52,7 @@ class AttentionMask:
     random_seed: int = 0
     """Seed of the random blocks' draws."""
     random_draw: str = "bigbird"
-    """How the random blocks are drawn: bigbird (R distinct eligible blocks, BigBird's) or
-    earlier_with_replacement (R draws among all earlier blocks, the draw of checkpoints before issue 33)."""
+    """How the random blocks are drawn (`GPTConfig.attn_random_draw`)."""
 
     def __post_init__(self) -> None:
         if self.window < 0 or self.sinks < 0 or self.random_blocks < 0 or self.sparse_block < 1:
@@ -147,8 +132,7 @@ class AttentionMask:
         return picks
 
     def _earlier_with_replacement(self, query_block: Tensor, draw: int) -> Tensor:
-        """The draw of checkpoints written before issue 33: hash(seed, i, draw) mod i, in 0..i-1 (-1 for
-        block 0), with replacement, window and sink blocks included."""
+        """The older draw: hash(seed, i, draw) mod i, in 0..i-1 (-1 for block 0), with replacement."""
         return torch.where(query_block > 0, self._hash(query_block, draw) % query_block.clamp(min=1), -1)
 
     def _hash(self, query_block: Tensor, draw: int) -> Tensor:
@@ -172,9 +156,8 @@ class AttentionMask:
         return self.visible(q_pos[:, None], k_pos[None, :])
 
     def seen_keys(self, q: Tensor) -> Tensor:
-        """How many keys a query at position `q` sees (a tensor of positions, keys from 0): q + 1
-        under causal attention; with a window its W keys plus the sinks before them, plus the keys of
-        each distinct random block that neither holds. Pointwise (a flex score_mod calls it)."""
+        """How many keys a query at position `q` sees (a tensor of positions): the window, the sinks before
+        it and each distinct random block's keys that neither holds. Pointwise (a flex score_mod calls it)."""
         n = q + 1
         if not self.window:
             return n

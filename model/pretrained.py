@@ -1,11 +1,6 @@
-"""OpenAI's GPT-2 weights in this model: found in the Hugging Face cache or a directory, read with the
-safetensors package (no transformers import), mapped onto this GPT's parameters.
-
-GPT-2 is this architecture with learned positions, biases, a tied head and the tanh approximation of
-GELU (`gelu_approximate: tanh`); its attention and MLP matrices are stored transposed (Conv1D, (in, out)).
-A model of another position scheme is built as GPT-2 (learned positions), loaded, then switched to its
-scheme (`GPT.switch`): the blocks keep GPT-2's weights, the position table goes, a scheme's own
-parameters start fresh, as a switch mid-training does.
+"""OpenAI's GPT-2 weights in this model: found in the Hugging Face cache or a directory, read with
+safetensors (no transformers import), mapped onto this GPT's parameters. A model of another position
+scheme is built as GPT-2, loaded, then switched to its scheme (`GPT.switch`).
 """
 
 from __future__ import annotations
@@ -76,8 +71,7 @@ def weights_file(source: str) -> Path:
 
 
 def check_pretrained(config: GPTConfig) -> Path:
-    """What `from_pretrained` would refuse, found before any data is prepared (a missing or unreadable file,
-    a model whose shape is not the weights', from the file's header alone); the weights file."""
+    """What `from_pretrained` would refuse, found from the file's header before any data is prepared; the file."""
     source = config.init_from or ""
     path = weights_file(source)
     check_shape(config, read_weights(path, meta=True), source, config_heads(path, source))
@@ -85,9 +79,7 @@ def check_pretrained(config: GPTConfig) -> Path:
 
 
 def read_weights(path: Path, meta: bool = False) -> dict[str, Tensor]:
-    """GPT-2's tensors by their GPT-2 names (a `transformer.` prefix, as GPT2LMHeadModel saves them, dropped);
-    with `meta`, tensors on the meta device, of the shapes the file's header gives (nothing is read: gpt2-xl
-    is 6 GB)."""
+    """GPT-2's tensors by their GPT-2 names (without `transformer.`); with `meta`, on the meta device (nothing read)."""
     try:
         from safetensors import safe_open
     except ImportError:
@@ -104,9 +96,8 @@ def read_weights(path: Path, meta: bool = False) -> dict[str, Tensor]:
 
 
 def config_heads(path: Path, source: str) -> int | None:
-    """n_head from the config.json beside the weights, when there is one. One that cannot be read (a
-    download cut short) is refused, not passed over: the weights do not record the head count, and a
-    wrong one gives a model that runs but is not GPT-2."""
+    """n_head from the config.json beside the weights, if any; an unreadable one is refused, not passed over
+    (the weights do not record the head count)."""
     config = path.parent / "config.json"
     if not config.is_file():
         return None
@@ -157,13 +148,9 @@ def check_shape(config: GPTConfig, weights: dict[str, Tensor], source: str, head
 
 
 def load_gpt2(model: GPT, weights: dict[str, Tensor]) -> None:
-    """Copy GPT-2's tensors into `model` (of GPT-2's scheme) in place: no second copy of the model is
-    made, which matters for gpt2-xl's 6 GB. The position table is cut to block_size. Rows of the padded
-    vocabulary (50257 -> 50304) get the mean of the real rows: a zero row would give a logit of 0, far
-    above GPT-2's, which are mostly strongly negative, so the 47 padded tokens would take most of the
-    probability of the (padded) softmax of the loss; a mean row's logit is the mean of the real logits,
-    so by Jensen's inequality the 47 add at most 47/50257 to its normaliser (< 0.001 nats). Parameters
-    GPT-2 has none of (a learned score matrix, a learned log-length scale) keep their initialisation."""
+    """Copy GPT-2's tensors into `model` (of GPT-2's scheme) in place, the position table cut to block_size.
+    Padded vocabulary rows get the mean row: a zero row's logit 0 would be far above GPT-2's mostly negative
+    logits, while a mean row adds at most 47/50257 to the softmax's normaliser (Jensen)."""
     state = model.state_dict()  # views of the parameters
     vocab = weights["wte.weight"].shape[0]
     state["wte.weight"][:vocab] = weights["wte.weight"]
@@ -204,9 +191,7 @@ def gpt2_shape_message(source: str, wanted: dict[str, Any], wrong: list[str]) ->
 
 def check_gpt2_shape(config: GPTConfig) -> None:
     """Refuse, in one line naming every option to pass, a model that the GPT-2 weights `config.init_from`
-    names do not fit, when the run's config is built (before data is prepared). The shape is not taken
-    from the weights silently: the config, and the config.yaml of the run, say what the model is
-    (`check_pretrained` does the same for a directory of weights)."""
+    names do not fit, when the run's config is built (the config says what the model is, not the weights)."""
     if config.init_from not in GPT2_SHAPES:
         return
     layers, heads, width = GPT2_SHAPES[config.init_from]

@@ -1,9 +1,5 @@
-"""RoPE's angles, how each scaling method stretches them past the training length, and the rotation.
-
-`model.positions.RotaryPositions` is the scheme; this is its arithmetic, kept apart because the
-scalings (position interpolation, NTK, YaRN) are formulas of their own, each checked by hand in
-tests/test_positions.py.
-"""
+"""RoPE's arithmetic for `model.positions.RotaryPositions`: the angles, how each scaling method (PI, NTK,
+YaRN; docs/model.md has the formulas) stretches them past the training length, and the rotation."""
 
 from __future__ import annotations
 
@@ -29,20 +25,9 @@ def rope_cos_sin(
     trained_length: int = 0,
     pairs: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """cos and sin of the RoPE angles, each (length, head_dim / 2) in float32, optionally scaled to
-    cover `factor` times the `trained_length`. With D = head_dim, b = base, s = factor and
-    theta_i = b^(-2i/D) the frequency of pair i:
-
-    - linear: position interpolation (Chen et al. 2023): theta_i / s for every pair;
-    - ntk: the static NTK-aware base (bloc97, 2023): b' = b * s^(D / (D - 2)), so the slowest pair
-      is slowed by exactly s and the fastest is untouched;
-    - yarn: "NTK-by-parts" with an attention temperature, as the YaRN reference implementation
-      (Peng et al. 2023, and Hugging Face's `_compute_yarn_parameters`) computes it: see
-      `yarn_inv_freq`; cos and sin are multiplied by 0.1 ln(s) + 1, so every attention score is
-      scaled by its square (the paper's sqrt(1/t) on both q and k).
-    With factor 1 every method gives the unscaled angles. With `pairs` k, only the k fastest pairs
-    turn (p-RoPE: theta_i = 0 for i >= k, so cos 1 and sin 0 leave the rest as they are).
-    """
+    """cos and sin of the RoPE angles, each (length, head_dim / 2) in float32, scaled (linear, ntk, yarn)
+    to cover `factor` times the `trained_length`; yarn's cos and sin are multiplied by 0.1 ln(s) + 1, the
+    paper's sqrt(1/t) on both q and k. With `pairs` k, only the k fastest pairs turn (p-RoPE)."""
     dims = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
     if scaling == "ntk":
         base = base * factor ** (head_dim / (head_dim - 2))
@@ -62,14 +47,9 @@ def rope_cos_sin(
 def yarn_correction_range(
     head_dim: int, base: float, trained_length: int, beta_fast: float = 32.0, beta_slow: float = 1.0
 ) -> tuple[int, int]:
-    """The pairs between which YaRN ramps from keeping a frequency to interpolating it.
-
-    Pair i turns trained_length * theta_i / (2 pi) times within the trained length, so it turns
-    exactly r times at i(r) = D ln(trained_length / (2 pi r)) / (2 ln b). Pairs up to
-    floor(i(beta_fast)) turn at least beta_fast = 32 times and keep their frequency; pairs from
-    ceil(i(beta_slow)) on turn at most beta_slow = 1 time and are interpolated by the factor
-    (`find_correction_range` of the YaRN code, with its truncation and its clamp to [0, D - 1]).
-    """
+    """The pairs between which YaRN ramps from keeping a frequency to interpolating it: floor(i(beta_fast))
+    and ceil(i(beta_slow)), i(r) = D ln(trained_length / (2 pi r)) / (2 ln b) the pair that turns r times
+    within the trained length, clamped to [0, D - 1] (the YaRN code's `find_correction_range`)."""
     if trained_length < 1:
         raise ValueError(f"YaRN needs the trained length (block_size), got {trained_length}.")
 
@@ -80,9 +60,8 @@ def yarn_correction_range(
 
 
 def yarn_inv_freq(inv_freq: Tensor, head_dim: int, base: float, factor: float, trained_length: int) -> Tensor:
-    """YaRN's frequencies: theta_i kept below the correction range, theta_i / factor above it, and a
-    blend in between whose weight is linear in the pair index i (the reference code's
-    `linear_ramp`), not in the number of rotations."""
+    """YaRN's frequencies: theta_i below the correction range, theta_i / factor above it, blended in between
+    linearly in the pair index (the reference code's `linear_ramp`)."""
     low, high = yarn_correction_range(head_dim, base, trained_length)
     span = max(high - low, 1e-3)  # the reference's guard for low == high
     pairs = torch.arange(inv_freq.numel(), dtype=torch.float32, device=inv_freq.device)
@@ -98,11 +77,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def rotated_part(config: GPTConfig) -> tuple[int, int | None]:
-    """(dimensions the rotation spans, frequency pairs that turn: None for all) of RoPE with
-    `config.rope_fraction` of each rotated vector (a head, or what the attention function rotates as
-    one: `GPTConfig.rotary_dim`): p_rope spans the whole vector and turns the highest-frequency
-    fraction of its D / 2 pairs; neox spans the first fraction x D dimensions and turns all their
-    pairs. Refuses, naming the fix, a fraction that makes no whole number of pairs."""
+    """(dimensions the rotation spans, frequency pairs that turn: None for all) for `config.rope_fraction`
+    and `rope_partial`; refuses a fraction that makes no whole number of pairs."""
     fraction, D = config.rope_fraction, config.rotary_dim
     if fraction == 1.0:
         return D, None

@@ -7,18 +7,9 @@
 | `general`    | q . W k (Luong et al. 2015)               | D^2                 | D multiply-adds      |
 | `additive`   | v . tanh(W_q q + W_k k) (Bahdanau et al.) | 2 D^2 + D           | D tanh + D mult-adds |
 
-The additive score also forms a (Tq, Tk, D) tensor of tanh inputs. The general score is a dot
-product of transformed queries: q . W k = (q W) . k, so the layer hands the fused kernels q W
-(`Score.queries`, before the scheme's rotation, so that with RoPE the score still depends on
-relative positions only) and they compute a plain dot product; W starts at
-I / sqrt(D), where the score is the scaled dot product, and is learned per head.
-
-Why the sqrt(D): with q and k of independent unit-variance components, q . k has variance D, so
-unscaled scores grow with the head size and push the softmax into saturation, where its gradients
-vanish; dividing by sqrt(D) keeps the variance at 1 (Vaswani et al., section 3.2.1). The additive
-score is bounded by |v|_1 through the tanh and needs no scale, but forms a (Tq, Tk, D) tensor: the
-eager kernel computes it in chunks of queries so that memory stays bounded, and no fused kernel
-can run it.
+The general score is (q W) . k: the layer hands the fused kernels q W (`Score.queries`, before the
+scheme's rotation, so that with RoPE it still depends on relative positions only). The additive score
+forms a (Tq, Tk, D) tensor: only the eager kernel runs it, in chunks of queries.
 """
 
 from __future__ import annotations
@@ -37,15 +28,12 @@ ADDITIVE_CHUNK_ELEMENTS = 1 << 24
 
 
 class Score(nn.Module):
-    """A scoring function, built from the head count and size (`SCORES`). `scale` is the factor of a
-    dot-product score, which the fused kernels take; a score that is not a scaled dot product
-    declares `dot_product = False` and runs on the kernels that declare `any_score`."""
+    """A scoring function, built from the head count and size (`SCORES`); `scale`: a dot-product score's factor."""
 
     dot_product: bool = True
     """Whether the score is q . k times `scale` (what SDPA and FlexAttention compute)."""
     standard: bool = False
-    """Whether it is the standard q . k / sqrt(D): what an attention function that scores no pairs
-    (linear attention) is taken to have, the one score it accepts."""
+    """Whether it is q . k / sqrt(D), the one score a function that scores no pairs (linear) accepts."""
     scale: float | None = None
 
     @classmethod
@@ -54,18 +42,15 @@ class Score(nn.Module):
         return cls()
 
     def queries(self, q: Tensor) -> Tensor:
-        """The queries (B, H, Tq, D) that the kernels score against the keys, before the scheme
-        rotates them (as they are, unless the score transforms them)."""
+        """The queries (B, H, Tq, D) that the kernels score against the keys, before the scheme rotates them."""
         return q
 
     def scoring(self, dims: int) -> Score:
-        """This score for queries and keys of `dims` dimensions, where the attention function scores
-        parts of a head (differential attention's halves): itself, unless its scale follows the size."""
+        """This score for queries and keys of `dims` dimensions (differential attention's halves)."""
         return self
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        """Scores (B, H, Tq, Tk) of queries (B, H, Tq, D), as `queries` returned them, on keys
-        (B, H, Tk, D), in q's dtype."""
+        """Scores (B, H, Tq, Tk) of queries (B, H, Tq, D), as `queries` returned them, on keys (B, H, Tk, D)."""
         return (q @ k.transpose(-2, -1)) * self.scale
 
     def query_chunk(self, q: Tensor, k: Tensor) -> int:
@@ -157,10 +142,8 @@ class Additive(HeadParameters):
 
 
 class LogLengthScale(nn.Module):
-    """Log-length attention scaling (`attn_log_scaling`): each query times s_h ln(n), n the number of
-    keys it sees (SSMax, Nakanishi 2025). With n keys of comparable scores the softmax's largest
-    weight falls like 1/n; growing the scores by ln(n) keeps a query able to single out one key at
-    any length. s per head, learned or fixed; ln(1) = 0 leaves a first token's one key as it is."""
+    """Log-length attention scaling (SSMax, Nakanishi 2025): each query times s_h ln(n), n the keys it sees,
+    so that a query can still single out one key at any length (the softmax's largest weight falls as 1/n)."""
 
     def __init__(self, n_head: int, s: float, learned: bool) -> None:
         super().__init__()

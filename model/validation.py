@@ -1,8 +1,5 @@
-"""The registry half of `GPTConfig`'s validation (`check_config`): every name is in its registry,
-the scheme and the attention function accept the model's shape, and the attention function has a
-kernel for the scheme, the mask, the score and the dropout, so that a refused combination is refused
-when the config is built, in one line naming the settings and what would work.
-"""
+"""The registry half of `GPTConfig`'s validation (`check_config`): names, each scheme's and function's
+needs, and a kernel for the combination, refused in one line naming the settings and what would work."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ if TYPE_CHECKING:
 
 
 def kernel_names() -> list[str]:
-    """Every kernel name of every attention function, in registry order (the valid `attn_backend`s
-    besides auto)."""
+    """Every kernel name of every attention function, in registry order (the `attn_backend`s besides auto)."""
     return list(dict.fromkeys(name for layer in ATTENTIONS.values() for name in layer.kernels))
 
 
@@ -69,9 +65,8 @@ def _check_name(field: str, value: Any, names: list[str]) -> None:
 
 
 def _unmet(settings: dict[str, Any]) -> list[Lack]:
-    """What the kernels that `settings` allow lack of what they ask, on any device (empty: runnable):
-    the fewest such needs of any of those kernels; and, for a function that scores no query-key
-    pairs, a score other than the standard one (it would be ignored)."""
+    """The fewest needs of `settings` that a kernel they allow lacks, on any device (empty: runnable); for a
+    function that scores no pairs, a score other than the standard one (it would be ignored)."""
     layer = ATTENTIONS[settings["attention"]]
     if not layer.scored and not SCORES[settings["attn_score"]].standard:
         return [Lack("a scoring function (it scores no query-key pairs)", "attn_score")]
@@ -84,8 +79,7 @@ def _unmet(settings: dict[str, Any]) -> list[Lack]:
 
 
 def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
-    """Whether `config` with `field` set to `value` would run (a window dropped with its sinks, an
-    attention function with its own kernels)."""
+    """Whether `config` with `field` set to `value` would run."""
     settings = {**config.to_dict(), field: value}
     if field == "attn_window":
         settings["attn_sinks"] = settings["attn_random_blocks"] = 0

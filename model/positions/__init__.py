@@ -1,37 +1,9 @@
-"""Position schemes behind one small interface, and the registry that builds them from a config.
-
-Every scheme implements up to three hooks, each a no-op by default:
-
-- `embed(x, positions)`         adds something to the token embeddings (learned, sinusoidal);
-- `rotate(q, k, positions)`     rotates queries and keys per head (RoPE);
-- `bias(layer)`               a `ScoreBias` for one forward pass: the formula of a bias on the
-  attention score of head h for a query at position i, d positions after its key (ALiBi, T5,
-  Kerple read d; FIRE both), over tensors computed from the scheme's parameters. It is written
-  once: the dense (H, Tq, Tk) bias of eager and SDPA is the formula on index grids, and
-  FlexAttention's `score_mod` calls it inside the fused kernel.
-
-and declares what it is (capabilities that kernels, training and evaluation read, never the
-scheme's name): `longest(config)` (None: no limit; the instance's `max_positions`), `score_bias`
-and `learned_bias` (a bias on the scores, and whether it has parameters whose gradients a kernel
-must carry), `uses_positions` (False for NoPE: nothing to randomize), `rescalable` (its angles can
-be stretched past the training length at evaluation: RoPE's PI / NTK / YaRN), and `check(config)`
-(what the scheme needs of the model's shape, run when a `GPTConfig` is validated). A scheme
-initialises its own parameters in `reset_parameters` (which `GPT.init_weights` calls) and names
-those that are table lookups, with no per-token arithmetic, in `lookup_parameters` (left out of
-the FLOP count). A new scheme is one class and one line in `SCHEMES`.
-
-The schemes live by kind: `base` (the interface, NoPE), `tables` (learned, sinusoidal, RoPE:
-per-position tables added to the embeddings or rotating q and k), `biases` (ALiBi, T5, Kerple,
-FIRE: score biases).
+"""Position schemes behind one small interface (`base`: hooks `embed`, `rotate`, `bias`, each a no-op by
+default, and declared capabilities, read instead of names), by kind: `tables` (learned, sinusoidal,
+RoPE) and `biases` (ALiBi, T5, Kerple, FIRE); and `SCHEMES`, the registry. See docs/model.md.
 
 Positions are 0..T-1 unless given: `positions` (B, T) puts each row at its own increasing positions
-(decoding with a KV cache: each row's cache positions; randomized positions, Ruoss et al. 2023:
-training on a random ordered subset of [0, L_max) so that the positions of long inputs are not new
-at test time). With positions 0..T-1 given, every scheme gives exactly what None gives (tested).
-Tables must cover the largest position beforehand (`reserve`).
-
-Caches (the sinusoid table, RoPE's cos/sin) are non-persistent float32 buffers that grow on
-demand; nothing is cropped to `block_size`. Only `learned` has a hard limit (`max_positions`).
+(a KV cache's, or randomized positions, Ruoss et al. 2023); tables must cover them (`reserve`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""The interface every position scheme implements (see `model.positions`), and helpers shared by
-schemes."""
+"""The interface every position scheme implements (see `model.positions`), and helpers shared by schemes."""
 
 from __future__ import annotations
 
@@ -18,35 +17,26 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ScoreBias:
-    """One layer's position bias on the attention scores, for one forward pass. `formula(h, distance,
-    query)` is the float32 bias of head(s) `h` (numbered within the layer) for keys `distance` = i - j
-    positions before a query at position `query` = i (broadcasting tensors; most schemes read the
-    distance only, FIRE both). It is written once: eager and SDPA call it on index grids for a dense
-    (H, Tq, Tk) bias, FlexAttention's score_mod inside the fused kernel; masking is the kernel's job.
+    """One layer's position bias on the scores, for one forward pass: `formula(h, distance, query)`, the
+    float32 bias of head(s) `h` for a key `distance` = i - j before a query at position i (broadcasting
+    tensors), called on index grids by eager and SDPA and inside FlexAttention's score_mod.
 
-    The formula reads tensors that the scheme computed from its parameters when it built this bias
-    (`PositionEncoding.bias`), each stored on its own and read through one index by head. Compiled
-    FlexAttention carries a gradient into a tensor its score_mod reads only that way (torch 2.11 to
-    2.13): it refuses a tensor read twice or transformed inside the score_mod (`validate_joint_graph`
-    in torch/_inductor/kernel/flex/flex_attention.py; seen on an H200 for Kerple and FIRE, and run
-    on a CPU by tests/test_kernels.py), and a view of a parameter gets no gradient at all, silently
-    (`separate`)."""
+    The formula reads tensors computed beforehand, each on its own and through one index by head:
+    compiled FlexAttention refuses a gradient tensor read twice or transformed inside a score_mod
+    (`validate_joint_graph`, torch 2.11 to 2.13), and gives a view of a parameter no gradient (`separate`)."""
 
     formula: Callable[[Tensor, Tensor, Tensor], Tensor]
     elements: int
-    """Float32 values the formula forms per query-key pair for all the layer's heads (the bias, and
-    anything larger on the way to it): how many query rows a dense kernel takes at once."""
+    """Float32 values the formula forms per query-key pair for all heads: sizes a dense kernel's row blocks."""
     kernel_options: dict[str, int] | None = None
-    """FlexAttention's tile options on CUDA (`FlexKernelOptions`: BLOCK_M, BLOCK_N, num_stages) for a
-    formula whose intermediate tiles do not fit the default tiles' shared memory."""
+    """FlexAttention's tile options on CUDA, for a formula that does not fit the default tiles' shared memory."""
 
     def __call__(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
         return self.formula(h, distance, query)
 
 
 def separate(rows: Tensor) -> list[Tensor]:
-    """The rows of `rows` (K, ...) as K tensors of their own (copies, not views), for a `ScoreBias`
-    formula to read each one once; views where no gradient is taken (decoding: no copies per step)."""
+    """The rows of `rows` (K, ...) as K tensors of their own: copies, or views where no gradient is taken."""
     if not (torch.is_grad_enabled() and rows.requires_grad):
         return list(rows.unbind(0))
     return [row.clone() for row in rows.unbind(0)]
@@ -89,24 +79,19 @@ class PositionEncoding(nn.Module):
         return q, k
 
     def bias(self, layer: int = 0) -> ScoreBias:
-        """Layer `layer`'s score bias for one forward pass (the same for every layer unless
-        `bias_layers` > 1), computed from the parameters as they are now. Only schemes that declare
-        `score_bias` have one."""
+        """Layer `layer`'s score bias for one forward pass, from the parameters as they are now."""
         raise NotImplementedError(f"{type(self).__name__} has no score bias.")
 
     fields: tuple[str, ...] = ()
-    """The `GPTConfig` fields the scheme reads beyond the model's shape (`GPT.switch` rebuilds it when
-    one of them changes)."""
+    """The `GPTConfig` fields the scheme reads beyond the model's shape (`GPT.switch` rebuilds it on a change)."""
     bias_layers: int = 1
-    """Layers with a bias of their own (1: one bias shared by every layer); each layer's kernel
-    context is then built with its own `bias(layer)`."""
+    """Layers with a bias of their own (1: one bias shared by every layer)."""
 
     def reset_parameters(self) -> None:
         """Initialise the scheme's own parameters (called by `GPT.init_weights`)."""
 
     def reserve(self, length: int) -> None:
-        """Grow any position table to cover `length` positions now, before decoding: a compiled step
-        would otherwise be recompiled each time a table grows."""
+        """Grow any position table to cover `length` positions now, before a compiled decode step needs them."""
 
     def lookup_parameters(self) -> list[nn.Parameter]:
         """Parameters read by lookup, with no per-token multiply-adds: left out of `flops_per_token`."""
@@ -133,9 +118,8 @@ def take(table: Tensor, length: int, positions: Tensor | None) -> Tensor:
 def random_positions(
     batch: int, length: int, bound: int, generator: torch.Generator | None = None, device: torch.device | None = None
 ) -> Tensor:
-    """(batch, length) int64 positions, each row an increasing random subset of [0, bound), all
-    subsets equally likely (randomized positions, Ruoss et al. 2023); drawn on the CPU from
-    `generator`, so a seed gives the same positions on every device."""
+    """(batch, length) int64 positions, each row a uniformly drawn increasing subset of [0, bound), drawn
+    on the CPU from `generator`, so a seed gives the same positions on every device."""
     if not 0 < length <= bound:
         raise ValueError(f"Cannot draw {length} distinct positions from [0, {bound}).")
     keys = torch.rand(batch, bound, generator=generator)
@@ -143,6 +127,5 @@ def random_positions(
 
 
 def grown(needed: int) -> int:
-    """Cache size for `needed` positions: the next power of two, so that token-by-token growth
-    (generation past the training length) rebuilds a cache only log2(n) times."""
+    """Cache size for `needed` positions: the next power of two (token-by-token growth rebuilds log2(n) times)."""
     return 1 << (needed - 1).bit_length()

@@ -16,8 +16,7 @@ if TYPE_CHECKING:
 
 
 class ALiBi(PositionEncoding):
-    """ALiBi (Press et al. 2022): no position vectors; head h adds -m_h * (i - j) to the score of
-    query i on key j, with the paper's head-specific slopes m_h (see `alibi_slopes`)."""
+    """ALiBi (Press et al. 2022): head h adds -m_h * (i - j) to the score of query i on key j."""
 
     score_bias = True
 
@@ -26,13 +25,10 @@ class ALiBi(PositionEncoding):
         self.n_head = config.n_head
         self.register_buffer("slopes", _alibi_slopes_tensor(config.n_head), persistent=False)
 
-    def _fp32_slopes(self) -> Tensor:
+    def bias(self, layer: int = 0) -> ScoreBias:
         if self.slopes.dtype != torch.float32:  # e.g. after model.to(torch.bfloat16)
             self.slopes = _alibi_slopes_tensor(self.n_head, device=self.slopes.device)
-        return self.slopes
-
-    def bias(self, layer: int = 0) -> ScoreBias:
-        slopes = self._fp32_slopes()
+        slopes = self.slopes
 
         def alibi(h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
             return -slopes[h] * distance
@@ -41,20 +37,16 @@ class ALiBi(PositionEncoding):
 
 
 T5_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
-"""FlexAttention's tiles for T5 on CUDA: the default tiles (128 wide, 3 stages) asked an H200 for
-245,760 bytes of shared memory with T5's score_mod in bf16 (232,448 there), and compiling failed
-("No valid triton configs"); half-width tiles in two stages need under half. Not yet run on a GPU."""
+"""FlexAttention's tiles for T5 on CUDA: with the default ones (128 wide, 3 stages) T5's score_mod in bf16
+asked an H200 for more shared memory than it has ("No valid triton configs"); these need under half
+(not yet run on a GPU)."""
 
 
 class T5Bias(PositionEncoding):
-    """T5's relative position bias (Raffel et al. 2020), causal: a learned scalar per head for each
-    bucket of the distance d = q - k >= 0. Buckets 0..N/2-1 hold one distance each; the other N/2
-    are log-spaced up to `max_distance`, from which on every distance shares the last bucket (so
-    the scheme runs at any length). The table is shared by every layer and looked up where the bias
-    is formed (for flex, inside the kernel): the bucket of d is counted there from the distances at
-    which each log-spaced bucket starts (`t5_bucket`'s, found once), in integers, so that the kernel
-    gathers from the table alone and the dense and fused paths agree exactly. (A gather of an int64
-    bucket table per score, then of the bias, ran out of shared memory in flex on an H200.)"""
+    """T5's relative position bias (Raffel et al. 2020), causal: a learned scalar per head for each bucket
+    of the distance (`t5_bucket`), one table for every layer. The bucket is counted in the formula from the
+    distances where the log-spaced buckets start, so the kernel gathers from the table alone (a gather of an
+    int64 bucket table per score ran out of shared memory in flex on an H200)."""
 
     score_bias = True
     learned_bias = True
@@ -99,12 +91,9 @@ class T5Bias(PositionEncoding):
 
 
 class Kerple(PositionEncoding):
-    """KERPLE's logarithmic kernel (Chi et al. 2022), causal: head h adds
-    -r1_h * log(1 + r2_h * (i - j)) to the score of query i on key j, with r1_h, r2_h > 0 learned.
-    A log-shaped ALiBi whose slope and curvature each head learns; like ALiBi it runs at any length.
-    Both are used at least `EPS` (the paper's code clamps the parameters there after each step; here
-    the forward pass clamps their values and lets the gradient through unchanged, so that a
-    parameter pushed below EPS can come back, and the optimizer and compile see plain parameters)."""
+    """KERPLE's logarithmic kernel (Chi et al. 2022), causal: head h adds -r1_h * log(1 + r2_h * (i - j)).
+    r1, r2 are used at least `EPS` with a straight-through gradient (their code clamps the parameters
+    in place), so a parameter pushed below EPS can come back."""
 
     score_bias = True
     learned_bias = True
@@ -133,9 +122,8 @@ class Kerple(PositionEncoding):
 
 
 def t5_bucket(distance: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
-    """T5's causal (unidirectional) bucket of each distance q - k: the distance itself below
-    N/2 = num_buckets // 2, else N/2 + floor(ln(d / (N/2)) / ln(max_distance / (N/2)) * (N - N/2)),
-    at most N - 1 (`_relative_position_bucket` of the T5 code with bidirectional=False)."""
+    """T5's causal bucket of each distance q - k (`_relative_position_bucket`, bidirectional=False): d below
+    N/2, else N/2 + floor(ln(d / (N/2)) / ln(max_distance / (N/2)) * (N - N/2)), at most N - 1."""
     exact = num_buckets // 2
     d = distance.clamp(min=0)
     log_ratio = torch.log(d.float().clamp(min=1) / exact) / math.log(max_distance / exact)
@@ -144,9 +132,8 @@ def t5_bucket(distance: Tensor, num_buckets: int = 32, max_distance: int = 128) 
 
 
 def alibi_slopes(n_head: int) -> list[float]:
-    """The ALiBi paper's slopes. For n a power of two, the geometric sequence that starts at and has
-    ratio 2^(-8/n). Otherwise take the slopes of the closest smaller power of two n' and add every
-    other slope of the sequence for 2n' until there are n (Press et al. 2022, appendix; their code)."""
+    """The ALiBi paper's slopes: 2^(-8/n) to the powers 1..n for n a power of two, else those of the closest
+    smaller power of two plus every other slope of twice it (their code's `get_slopes`)."""
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-8.0 / n)
@@ -163,21 +150,10 @@ def _alibi_slopes_tensor(n_head: int, device: torch.device | None = None) -> Ten
 
 
 class FIRE(PositionEncoding):
-    """FIRE, functional interpolation for relative positions (Li et al. 2024), causal: head h adds
-
-        b_h(i, j) = f(psi(i - j) / psi(max(L, i)))_h,    psi(x) = ln(c x + 1),
-
-    to the score of the query at position i (0-based) on the key at j, f a small MLP from one
-    input to one output per head (`fire_width` hidden ReLU units), c and L learned and positive.
-    The input lies in [0, 1] at any length: beyond L the distances are divided by the log of the
-    query's own position, so that a longer context is a finer grid of the interval the model saw
-    in training, not distances it never saw. Shared by every layer (the paper's FIRE-S, as T5's
-    bias), or with `fire_per_layer` one c, L and MLP per layer (the paper's FIRE): head h of layer l
-    is then output l H + h of the MLP's L H outputs (`bias_layers`, `bias(layer)`).
-
-    c starts at 0.1 and L at L0 = block_size / 4 (their code: 512 for 2048 training tokens, an
-    assumption here), L learned as |m L0| with m from 1, as their code does; c is used as |c|. The
-    MLP starts as `nn.Linear`'s default, the normalizer has 1e-6 added so that c -> 0 stays finite."""
+    """FIRE (Li et al. 2024), causal: head h adds f(psi(i - j) / psi(max(L, i)))_h, psi(x) = ln(|c| x + 1),
+    f an MLP from one input to one output per head, so the input stays in [0, 1] at any length. c from 0.1,
+    L = |m L0| with m learned from 1 and L0 = block_size / 4 (their code: 512 for 2048 tokens, an assumption
+    here); 1e-6 added to the normalizer keeps c -> 0 finite. Shared by every layer (FIRE-S), or per layer."""
 
     score_bias = True
     learned_bias = True

@@ -45,12 +45,8 @@ class LearnedPositions(PositionEncoding):
 
 
 class SinusoidalPositions(PositionEncoding):
-    """The fixed sin/cos table of "Attention Is All You Need" (Vaswani et al. 2017, section 3.5).
-
-    PE[pos, 2i] = sin(pos / 10000^(2i/C)) and PE[pos, 2i+1] = cos(pos / 10000^(2i/C)). As in the
-    paper (section 3.4), token embeddings are multiplied by sqrt(C) before the table is added:
-    with GPT-2's 0.02 init the tokens would otherwise be drowned by the unit-amplitude table.
-    """
+    """The fixed sin/cos table of Vaswani et al. 2017 (section 3.5). Token embeddings are multiplied by
+    sqrt(C) first (section 3.4): with GPT-2's 0.02 init the unit-amplitude table would drown them."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
@@ -73,14 +69,8 @@ class SinusoidalPositions(PositionEncoding):
 
 
 class RotaryPositions(PositionEncoding):
-    """RoPE (Su et al. 2021): rotate each (q, k) dimension pair by an angle proportional to position,
-    so that q_m . k_n depends on positions only through m - n.
-
-    Pairs are the two halves of the head (dimension i with i + D/2), as in GPT-NeoX and litgpt.
-    Angles and the rotation are computed in float32 whatever the activations' dtype. D is the width
-    the attention function rotates as one vector (`GPTConfig.rotary_dim`): the head, or each
-    half-head of differential attention, whose official code builds its rotary tables for D / 2.
-    """
+    """RoPE (Su et al. 2021): each (q, k) dimension pair rotated by an angle proportional to position, in
+    float32. Pairs are dimensions i and i + D/2 (GPT-NeoX, litgpt), D = `GPTConfig.rotary_dim`."""
 
     rescalable = True
     partial_rotation = True
