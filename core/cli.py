@@ -35,14 +35,10 @@ MAX_ERROR_LINES = 8  # of a parser's message under the usage line (with the hint
 class Command(Generic[C]):
     """A command line: its options (one dataclass) and what it does with them."""
 
-    prog: str
-    """Name in the usage line, e.g. train.py."""
-    config: type[C]
-    """The options: a dataclass; nested dataclass fields become dotted groups."""
+    prog: str  # the name in the usage line
+    config: type[C]  # the options
     main: Callable[[C], object]
-    """What the command does with its validated options."""
-    description: str = ""
-    """The text at the top of --help."""
+    description: str = ""  # the text at the top of --help
     default_config: str | None = None
     """A YAML file read before the command line (train.py's default run)."""
     skip: frozenset[str] = frozenset()
@@ -65,9 +61,7 @@ class UsageError(UserError):
         self.prog = prog
 
     def line(self) -> str:
-        return "\n".join(
-            [f"usage: {self.prog} [options]", f"error: {self}", f"Run '{self.prog} --help' for the options."]
-        )
+        return f"usage: {self.prog} [options]\nerror: {self}\nRun '{self.prog} --help' for the options."
 
 
 def run(command: Command[C], argv: Sequence[str] | None = None) -> None:

@@ -110,10 +110,8 @@ def directory_lock(directory: Path, wait: bool = False, tidy: bool = False) -> I
 
 def _open_lock(lock: Path) -> tuple[int | None, bool]:
     """(descriptor of `lock`, whether this call created it); None when it vanished meanwhile."""
-    try:
+    with contextlib.suppress(FileExistsError):
         return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
-    except FileExistsError:
-        pass
     try:
         return os.open(lock, os.O_RDWR), False
     except FileNotFoundError:

@@ -10,12 +10,9 @@ from dataclasses import dataclass
 class ListOption:
     """How a list or tuple option is written."""
 
-    kind: type
-    """list or tuple."""
-    single_ok: bool
-    """A single plain value is accepted too (`str | list[str]`)."""
-    nested: bool
-    """Its items are lists or tuples themselves (`list[tuple[int, int]]`): `[1,2]` is one item."""
+    kind: type  # list or tuple
+    single_ok: bool  # a single plain value is accepted too (`str | list[str]`)
+    nested: bool  # its items are lists or tuples themselves (`list[tuple[int, int]]`): `[1,2]` is one item
 
 
 def spread_lists(argv: Sequence[str], sequences: Mapping[str, ListOption]) -> list[str]:

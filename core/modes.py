@@ -35,8 +35,10 @@ Modes = Mapping[str, Union[Command, Lazy, "Modes"]]
 def run_modes(prog: str, description: str, modes: Modes, argv: Sequence[str] | None = None) -> None:
     """`prog MODE [options]`: run the mode's command (its usage line naming `prog MODE`), or read its next word."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["-h"], ["--help"]):
-        print(modes_help(prog, description, modes))
+    if argv[:1] in (["-h"], ["--help"]):  # the usage line, the description and a line per mode
+        head = f"{description.strip()}\n\n" if description.strip() else ""
+        print(f"usage: {prog} MODE [options]\n\n{head}modes ({prog} MODE --help lists its options):")
+        print("\n".join(f"  {name:16s} {mode_summary(mode)}" for name, mode in modes.items()))
         sys.exit(0)
     if not argv or argv[0] not in modes:
         given = f"unknown mode {argv[0]!r}" if argv else "no mode given"
@@ -57,13 +59,6 @@ def mode_summary(mode: Command | Lazy | Modes) -> str:
     if isinstance(mode, Lazy):
         return mode.summary
     return summary(mode.description) if isinstance(mode, Command) else " | ".join(mode)
-
-
-def modes_help(prog: str, description: str, modes: Modes) -> str:
-    """The usage line, the description and a line per mode."""
-    lines = [f"  {name:16s} {mode_summary(mode)}" for name, mode in modes.items()]
-    head = f"{description.strip()}\n\n" if description.strip() else ""
-    return f"usage: {prog} MODE [options]\n\n{head}modes ({prog} MODE --help lists its options):\n" + "\n".join(lines)
 
 
 def summary(description: str) -> str:

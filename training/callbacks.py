@@ -18,12 +18,21 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from core.errors import UserError
 from core.files import atomic_file
+from training.config import TrainConfig
 from training.errors import TIME_LIMIT_EXIT, TrainingDiverged, TrainingStopped
 from training.hardware import peak_flops
 
+# what torch.save's zip writer says when the file it writes cannot grow (a full disk, through a file object)
+TORCH_WRITE_ERRORS = ("unexpected pos", "PytorchStreamWriter failed", "file write failed")
+
+
+class CheckpointWriteError(UserError):
+    """A checkpoint could not be written, most often for a full disk; the previous one is intact."""
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write each checkpoint atomically: a run killed mid-write leaves the previous checkpoint intact."""
+    """Write each checkpoint atomically: a run killed mid-write leaves the previous checkpoint intact. A write that
+    fails for lack of space (or of a working disk) ends in one line naming the disk and what was kept."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)
@@ -32,32 +41,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             with atomic_file(path, hidden=True) as f:
                 torch.save(checkpoint, f)
         except (OSError, RuntimeError) as error:
-            failure = write_failure(path, error)
-            if failure is None:
-                raise
-            raise failure from None
-
-
-class CheckpointWriteError(UserError):
-    """A checkpoint could not be written, most often for a full disk; the previous one is intact."""
-
-
-# what torch.save's zip writer says when the file it writes cannot grow (a full disk, through a file object)
-TORCH_WRITE_ERRORS = ("unexpected pos", "PytorchStreamWriter failed", "file write failed")
-
-
-def write_failure(path: Path, error: OSError | RuntimeError) -> CheckpointWriteError | None:
-    """The one-line error of a checkpoint write that failed for lack of space (or of a working disk); else None."""
-    full = isinstance(error, OSError) and error.errno == errno.ENOSPC
-    if not full and not any(text in str(error) for text in TORCH_WRITE_ERRORS):
-        return None
-    free = shutil.disk_usage(path.parent).free
-    what = "no space left" if full or free < (64 << 20) else f"the write failed ({str(error).splitlines()[0][:120]})"
-    kept = f"the previous {path} is intact" if path.is_file() else f"no earlier {path.name} was there"
-    return CheckpointWriteError(
-        f"Could not write {path}: {what} on the disk mounted at {mount_point(path.parent)} ({free / 2**20:.0f} MB "
-        f"free); {kept}. Free some space and continue with the same command and --train.resume auto."
-    )
+            full = isinstance(error, OSError) and error.errno == errno.ENOSPC
+            if not full and not any(text in str(error) for text in TORCH_WRITE_ERRORS):
+                raise  # a bug
+            free = shutil.disk_usage(path.parent).free
+            failed = f"the write failed ({str(error).splitlines()[0][:120]})"
+            what = "no space left" if full or free < (64 << 20) else failed
+            kept = f"the previous {path} is intact" if path.is_file() else f"no earlier {path.name} was there"
+            raise CheckpointWriteError(
+                f"Could not write {path}: {what} on the disk mounted at {mount_point(path.parent)} "
+                f"({free / 2**20:.0f} MB free); {kept}. Free some space and continue with the same command and "
+                "--train.resume auto."
+            ) from None
 
 
 def mount_point(path: Path) -> Path:
@@ -66,12 +61,6 @@ def mount_point(path: Path) -> Path:
     while not os.path.ismount(path) and path != path.parent:
         path = path.parent
     return path
-
-
-def parameters_finite(module: torch.nn.Module) -> bool:
-    """Whether every parameter is finite (one synchronisation; run it only before a save)."""
-    flags = [torch.isfinite(p).all() for p in module.parameters()]
-    return bool(torch.stack(flags).all()) if flags else True
 
 
 def optimizer_stepped(trainer: L.Trainer, batch_idx: int) -> bool:
@@ -84,25 +73,15 @@ DEADLINE = -1  # the stop reason of a run past its time limit (signals are their
 
 
 class LastCheckpoint(L.Callback):
-    """Save `<dir>/last.ckpt` every `every_n_steps` optimizer steps, before every validation, at the end, and
+    """Save `<run dir>/last.ckpt` every `t.ckpt_interval` optimizer steps, before every validation, at the end, and
     at the first step after a SIGTERM or SIGINT or past `deadline` (monotonic; with a reserve of twice the
     longest step and save), then stop with `TrainingStopped`. A second Ctrl+C stops at once, without saving;
     non-finite weights are never saved."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(
-        self,
-        dirpath: Path,
-        every_n_steps: int,
-        eval_every: int = 0,
-        deadline: float | None = None,
-        keep_every: int = 0,
-        keep_last: int = 0,
-    ) -> None:
-        self.path = Path(dirpath) / "last.ckpt"
-        self.every_n_steps, self.eval_every, self.deadline = every_n_steps, eval_every, deadline
-        self.keep_every, self.keep_last = keep_every, keep_last
+    def __init__(self, run_dir: Path, t: TrainConfig, deadline: float | None) -> None:
+        self.path, self.t, self.deadline = run_dir / "last.ckpt", t, deadline
         self.saved_step = -1  # the step of the last checkpoint this run wrote
         self._signal: int | None = None
         self._previous: dict[int, Any] = {}
@@ -112,25 +91,25 @@ class LastCheckpoint(L.Callback):
     def _save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_step == self.saved_step:
             return
-        if not parameters_finite(pl_module):
+        if not bool(torch.stack([torch.isfinite(p).all() for p in pl_module.parameters()]).all()):  # one sync
             raise TrainingDiverged(divergence_message(trainer.global_step, self))
         started = time.monotonic()
         trainer.save_checkpoint(self.path, weights_only=False)
         self._longest_save = max(self._longest_save, time.monotonic() - started)
         self.saved_step = trainer.global_step
-        if self.keep_every and self.saved_step % self.keep_every == 0 and trainer.is_global_zero:
+        if self.t.keep_every and self.saved_step % self.t.keep_every == 0 and trainer.is_global_zero:
             self._keep(self.saved_step)
 
     def _keep(self, step: int) -> None:
-        """last.ckpt as step-NNNNNNN.ckpt too (a hard link where it can), and only the latest `keep_last` of those."""
+        """last.ckpt as step-NNNNNNN.ckpt too (a hard link where it can), and only the latest `t.keep_last` of those."""
         kept = self.path.with_name(f"step-{step:07d}.ckpt")
         kept.unlink(missing_ok=True)
         try:
             os.link(self.path, kept)
         except OSError:  # a file system without hard links
             shutil.copyfile(self.path, kept)
-        if self.keep_last:
-            for old in sorted(self.path.parent.glob("step-*.ckpt"))[: -self.keep_last]:
+        if self.t.keep_last:
+            for old in sorted(self.path.parent.glob("step-*.ckpt"))[: -self.t.keep_last]:
                 old.unlink(missing_ok=True)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -161,8 +140,8 @@ class LastCheckpoint(L.Callback):
         if reason:
             self._save(trainer, pl_module)
             self._stop(reason, step)
-        validation_next = step >= trainer.max_steps or (self.eval_every and step % self.eval_every == 0)
-        if step > 0 and (step % self.every_n_steps == 0 or validation_next):
+        validation_next = step >= trainer.max_steps or step % self.t.eval_interval == 0
+        if step > 0 and (step % self.t.ckpt_interval == 0 or validation_next):
             self._save(trainer, pl_module)
         self._step_ended = time.monotonic()
 
@@ -234,9 +213,9 @@ class DivergenceGuard(L.Callback):
     """Stop training when a loss is NaN or inf, before any checkpoint of it is written (put it before them). The
     module's flag is read (a synchronisation) only on logging, checkpoint and evaluation steps and at the end."""
 
-    def __init__(self, last: LastCheckpoint, log_every: int, ckpt_every: int, eval_every: int) -> None:
+    def __init__(self, last: LastCheckpoint) -> None:
         self.last = last
-        self.every = (log_every, ckpt_every, eval_every)
+        self.every = (last.t.log_interval, last.t.ckpt_interval, last.t.eval_interval)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int

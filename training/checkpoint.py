@@ -1,6 +1,8 @@
-"""What a resumed run may change, and the check that refuses the rest: the model but for
-`CHANGEABLE_MODEL_FIELDS`, the prepared data (its fingerprint) and `train.seed` stay; optim and train settings
-apply from the resumed step on."""
+"""What a resumed run may change, and the check that refuses the rest. A resume restores weights, optimizer
+moments, the LR schedule's step, the data stream's position and the random state. Of the new settings, the model
+may change only `CHANGEABLE_MODEL_FIELDS`; the prepared data (its fingerprint) and `train.seed` must stay; every
+optim field applies from the resumed step on (the LR schedule to the scheduler, betas and weight decay to the
+optimizer, grad_clip to the clipping), and so does every other train field (batch_size and grad_accum too)."""
 
 from __future__ import annotations
 

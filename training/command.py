@@ -18,21 +18,18 @@ def main(cfg: RunConfig) -> None:
     try:
         result = train(cfg)
     except OSError as error:  # disk full, a directory that cannot be written: a user can fix it
-        raise RunError(os_error_message(error)) from error
+        where = f" ({error.filename})" if error.filename else ""
+        if error.errno == errno.ENOSPC:
+            raise RunError(
+                f"no space left on the device{where}. Checkpoints are written atomically, so the previous last.ckpt "
+                "is intact: free some space and continue with the same command and --train.resume auto."
+            ) from error
+        raise RunError(
+            f"{error.strerror or error}{where}. Check that the run and data directories can be written."
+        ) from error
     if result.sample is not None:
         print(f"\n--- sample ---\n{result.sample}\n--------------")
     print(result_summary(result))
-
-
-def os_error_message(error: OSError) -> str:
-    """A file-system error during training as one line with the fix."""
-    where = f" ({error.filename})" if error.filename else ""
-    if error.errno == errno.ENOSPC:
-        return (
-            f"no space left on the device{where}. Checkpoints are written atomically, so the previous last.ckpt "
-            "is intact: free some space and continue with the same command and --train.resume auto."
-        )
-    return f"{error.strerror or error}{where}. Check that the run and data directories can be written."
 
 
 COMMAND = Command(

@@ -43,15 +43,15 @@ def read_launch(path: Path) -> dict[int, dict[str, float]]:
     rows: dict[int, dict[str, float]] = {}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            step = _number(row.get("step"))
+            step = cell_number(row.get("step"))
             if step is None:
                 continue
-            values = {name: value for name in SERIES if (value := _number(row.get(name))) is not None}
+            values = {name: value for name in SERIES if (value := cell_number(row.get(name))) is not None}
             rows.setdefault(int(step) + 1, {}).update(values)  # Lightning logs step k at index k - 1
     return rows
 
 
-def _number(cell: str | None) -> float | None:
+def cell_number(cell: str | None) -> float | None:
     try:
         return float(cell) if cell else None
     except ValueError:

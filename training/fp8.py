@@ -9,7 +9,6 @@ from torch import nn
 from training.hardware import HardwareError, uses_cuda
 
 FP8_CAPABILITY = (8, 9)  # the first CUDA compute capability with FP8 tensor cores (Ada Lovelace)
-BF16_PRECISIONS = ("bf16-mixed", "bf16-true")
 
 
 def check_fp8(accelerator: str, precision: str, option: str = "--train.fp8") -> None:
@@ -26,7 +25,7 @@ def check_fp8(accelerator: str, precision: str, option: str = "--train.fp8") -> 
             f"{option} true needs FP8 tensor cores (compute capability 8.9+: H100, H200, L4, RTX 4090); "
             f"{name} has {capability[0]}.{capability[1]}. Leave {option} false (bf16 is this GPU's fastest)."
         )
-    if precision not in BF16_PRECISIONS:
+    if precision not in ("bf16-mixed", "bf16-true"):
         raise HardwareError(
             f"{option} true trains with bf16 around the FP8 matmuls, not --train.precision {precision}. "
             "Use --train.precision bf16-mixed (or auto)."

@@ -30,28 +30,21 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     docs/training.md); anything else as given."""
     if precision != "auto":
         return precision
-    if uses_cuda(accelerator):
-        device_type = "cuda"
-    elif accelerator in ("auto", "cpu"):
-        device_type = "cpu"
-    else:
+    if not uses_cuda(accelerator) and accelerator not in ("auto", "cpu"):
         return "32-true"
-    dtype = auto_dtype(device_type, training=True)
+    dtype = auto_dtype("cuda" if uses_cuda(accelerator) else "cpu", training=True)
     return {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed"}.get(dtype, "32-true")
 
 
-def check_accelerator(accelerator: str) -> None:
-    """Refuse, with the fix, a GPU accelerator on a machine without one (Lightning's error is a traceback)."""
+def check_hardware(accelerator: str, strategy: str) -> None:
+    """Refuse, with the fix, an accelerator this machine lacks or a strategy Lightning cannot run on its devices
+    (Lightning's own errors are tracebacks)."""
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise HardwareError(
             f"--train.accelerator {accelerator}: no CUDA GPU is available here. Use --train.accelerator auto or cpu."
         )
     if accelerator == "mps" and not torch.backends.mps.is_available():
         raise HardwareError("--train.accelerator mps: MPS is not available here. Use --train.accelerator auto or cpu.")
-
-
-def check_strategy(strategy: str, accelerator: str) -> None:
-    """Refuse, with the fix, a strategy that Lightning cannot run on this machine's devices."""
     if strategy.startswith("fsdp") and not uses_cuda(accelerator):
         raise HardwareError(
             f"--train.strategy {strategy} needs CUDA GPUs (Lightning runs FSDP only there) and none is used here. "

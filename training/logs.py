@@ -17,42 +17,31 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 from core.errors import UserError
-from training.curves import METRICS_FILE, TENSORBOARD_DIR, metric_files
+from training.curves import METRICS_FILE, TENSORBOARD_DIR, cell_number, metric_files
 
 log = logging.getLogger(__name__)
 
 
-def kept_rows(path: Path, start_step: int) -> tuple[list[str], list[dict[str, str]]]:
-    """The header and the rows of the metrics file `path` (if any) logged before `start_step`."""
-    if not path.is_file():
-        return [], []
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        rows = [row for row in reader if _step(row) < start_step]
-        return list(reader.fieldnames or []), rows
-
-
-def _step(row: dict[str, str | None]) -> float:
-    """A row's step; infinity for a row without one (a killed launch's half-written last line)."""
-    try:
-        return float(row.get("step") or "inf")
-    except ValueError:
-        return float("inf")
-
-
 class _ContinuedWriter(ExperimentWriter):
-    """Lightning's CSV writer, which deletes an existing metrics file, made to continue it from `start_step`."""
+    """Lightning's CSV writer, which deletes an existing metrics file, made to keep its rows before `start_step`
+    (not those without a step: a killed launch's half-written last line)."""
 
     def __init__(self, log_dir: str, start_step: int) -> None:
         self.start_step = start_step
         super().__init__(log_dir)
 
     def _check_log_dir_exists(self) -> None:
-        header, rows = kept_rows(Path(self.metrics_file_path), self.start_step)
-        self.metrics_keys = header
-        if header:
+        if not Path(self.metrics_file_path).is_file():
+            return
+        with open(self.metrics_file_path, newline="") as f:
+            reader = csv.DictReader(f)
+            rows = [
+                row for row in reader if (step := cell_number(row.get("step"))) is not None and step < self.start_step
+            ]
+            self.metrics_keys = list(reader.fieldnames or [])
+        if self.metrics_keys:
             with open(self.metrics_file_path, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=header)
+                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
                 writer.writeheader()
                 writer.writerows(rows)
 

@@ -13,15 +13,11 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 
 from core.units import format_count, format_seconds
 from training.callbacks import optimizer_stepped
+from training.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
 LINES_PER_RUN = 20  # about, when `train.print_interval` is left to choose
-
-
-def print_every(max_steps: int, log_interval: int) -> int:
-    """The default interval of the plain lines: a multiple of `log_interval` near `max_steps / LINES_PER_RUN`."""
-    return max(1, round(max_steps / LINES_PER_RUN / log_interval)) * log_interval
 
 
 def progress_line(step: int, total: int, parts: list[str], eta: float | None, unit: str = "step") -> str:
@@ -76,13 +72,11 @@ class ProgressLines(L.Callback):
         mfu = trainer.callback_metrics.get("perf/mfu")
         if mfu is not None:
             parts.append(f"MFU {100 * float(mfu):.1f}%")
-        log.info(progress_line(step, trainer.max_steps, parts, self._eta(step, trainer.max_steps)))
-
-    def _eta(self, step: int, total: int) -> float | None:
-        if step >= total or not self._train_steps:
-            return None
-        validations = total // self.eval_every - step // self.eval_every if self.eval_every else 0
-        return (total - step) * self._train_seconds / self._train_steps + validations * self._val_seconds
+        total, eta = trainer.max_steps, None
+        if step < total:  # the validations to come at the last one's duration
+            validations = total // self.eval_every - step // self.eval_every
+            eta = (total - step) * self._train_seconds / self._train_steps + validations * self._val_seconds
+        log.info(progress_line(step, total, parts, eta))
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and self._mark is not None:
@@ -110,8 +104,10 @@ class ProgressBar(TQDMProgressBar):
         return items
 
 
-def progress_callback(bar: bool, every: int, eval_every: int) -> L.Callback:
-    """The bar where it is wanted and stdout is a terminal, else the plain lines."""
-    if bar and sys.stdout.isatty():
+def progress_callback(t: TrainConfig) -> L.Callback:
+    """The bar where it is wanted and stdout is a terminal, else the plain lines: every `print_interval` steps, or
+    a multiple of `log_interval` near `max_steps / LINES_PER_RUN`."""
+    if t.progress_bar and sys.stdout.isatty():
         return ProgressBar()
-    return ProgressLines(every, eval_every)
+    every = t.print_interval or max(1, round(t.max_steps / LINES_PER_RUN / t.log_interval)) * t.log_interval
+    return ProgressLines(every, t.eval_interval)

@@ -34,19 +34,11 @@ from training.checkpoint import check_resume
 from training.config import DataConfig, RunConfig, TrainConfig
 from training.curves import write_training_plot
 from training.fp8 import check_fp8, convert_to_fp8
-from training.hardware import check_accelerator, check_strategy, resolve_precision
+from training.hardware import check_hardware, resolve_precision
 from training.logs import make_logger
 from training.module import GPTModule
-from training.progress import ProgressBar, print_every, progress_callback
-from training.rundir import (
-    RunError,
-    check_writable,
-    claim_run_dir,
-    make_run_dir,
-    resume_path,
-    used_config,
-    write_configs,
-)
+from training.progress import ProgressBar, progress_callback
+from training.rundir import RunError, check_writable, claim_run_dir, resume_path, used_config, write_configs
 
 log = logging.getLogger(__name__)
 
@@ -73,19 +65,10 @@ def preflight(cfg: RunConfig, resuming: bool) -> None:
 
 
 def prepared_data(cfg: DataConfig) -> PreparedData:
-    """The prepared directory `cfg` names, preparing (or reusing) one under `prepared_root`."""
-    return prepare_dir(
-        cfg.input,
-        cfg.dir,
-        cfg.prepared_root,
-        cfg.tokenizer,
-        cfg.glob,
-        cfg.val_fraction,
-        cfg.errors,
-        cfg.tiktoken_ranks,
-        text_column=cfg.text_column,
-        val_max_tokens=cfg.val_max_tokens,
-    )
+    """The prepared directory `cfg` names, preparing (or reusing) one under `prepared_root`: `cfg`'s other
+    fields are `prepare_dir`'s arguments of the same names."""
+    fields = dataclasses.asdict(cfg)
+    return prepare_dir(fields.pop("input"), fields.pop("dir"), **fields)
 
 
 @dataclass
@@ -128,18 +111,13 @@ def run_dir_of(cfg: RunConfig, data: TrainingData) -> Path:
     return Path(cfg.train.out_dir) / name
 
 
+@quiet_libraries()
 def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
     """Prepare data (`cfg.data`, unless `data` is given: a task), build model and Trainer, fit, and sample a
     little text at the end; the clock of `train.max_minutes` starts here."""
-    with quiet_libraries():
-        return _train(cfg, data)
-
-
-def _train(cfg: RunConfig, data: TrainingData | None) -> RunResult:
     t = cfg.train
     deadline = time.monotonic() + 60 * t.max_minutes if t.max_minutes else None
-    check_accelerator(t.accelerator)
-    check_strategy(t.strategy, t.accelerator)
+    check_hardware(t.accelerator, t.strategy)
     precision = resolve_precision(t.precision, t.accelerator)
     if t.fp8:
         check_fp8(t.accelerator, precision)
@@ -151,9 +129,15 @@ def _train(cfg: RunConfig, data: TrainingData | None) -> RunResult:
         data = corpus_data(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=data.tokenizer.vocab_size))
     run_dir = run_dir_of(cfg, data)
-    make_run_dir(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise RunError(
+            f"Cannot create the run directory {run_dir} ({error.strerror or error}). Pass --train.out_dir DIR "
+            "that you can write, or another --train.run_name."
+        ) from None
     used = used_config(cfg, data.record.get("sources") or [], precision)
-    if not rank_zero_only.rank == 0:  # DDP/FSDP workers: rank 0 holds the directory and has checked it
+    if rank_zero_only.rank != 0:  # DDP/FSDP workers: rank 0 holds the directory and has checked it
         return _fit(cfg, data, run_dir, precision, resume_path(t.resume, run_dir), deadline)
     try:
         with directory_lock(run_dir):
@@ -197,12 +181,11 @@ def _fit(
     if t.compile:
         module.model.compile(mode=t.compile_mode)  # in place: state_dict keys keep their names
 
-    last = LastCheckpoint(run_dir, t.ckpt_interval, t.eval_interval, deadline, t.keep_every, t.keep_last)
-    progress = progress_callback(t.progress_bar, t.print_interval or print_every(t.max_steps, t.log_interval),
-                                 t.eval_interval)  # fmt: skip
+    last = LastCheckpoint(run_dir, t, deadline)
+    progress = progress_callback(t)
     callbacks = [
         SpeedMonitor(module.model.flops_per_token(cfg.model.block_size), t.log_interval),  # first: before a save
-        DivergenceGuard(last, t.log_interval, t.ckpt_interval, t.eval_interval),
+        DivergenceGuard(last),
         last,
         L.pytorch.callbacks.ModelCheckpoint(
             dirpath=run_dir, filename="best", monitor="val/loss", mode="min", enable_version_counter=False
@@ -227,10 +210,9 @@ def _fit(
         enable_model_summary=t.model_summary,
         default_root_dir=str(run_dir),
     )
-    note = dropout_fallback(module.model, trainer.strategy.root_device)
-    if note and trainer.is_global_zero:
-        log.info(note)
     if trainer.is_global_zero:
+        if note := dropout_fallback(module.model, trainer.strategy.root_device):
+            log.info(note)
         log.info(settings_line(cfg, module.model, data, trainer, run_dir, ckpt_path))
     with warnings.catch_warnings():
         # config.yaml (and, on resume, the checkpoints) are meant to be in the run directory
@@ -241,9 +223,9 @@ def _fit(
     best = trainer.checkpoint_callback
     best_path = run_dir / Path(best.best_model_path).name if best and best.best_model_path else None
     best_loss = float(best.best_model_score) if best and best.best_model_score is not None else None
-    sample = None
-    if trainer.is_global_zero and t.sample_tokens > 0:
-        sample = sample_text(module, data.tokenizer, t.sample_tokens)
+    sample = (
+        sample_text(module, data.tokenizer, t.sample_tokens) if trainer.is_global_zero and t.sample_tokens else None
+    )
     plot = None
     if trainer.is_global_zero and t.logger in ("csv", "tensorboard"):
         trainer.logger.save()  # the rows still buffered (csv), the events flushed (tensorboard)
@@ -312,12 +294,7 @@ def sample_text(module: GPTModule, tokenizer: Tokenizer, n_tokens: int) -> str:
 
 
 def result_summary(result: RunResult) -> str:
-    return json.dumps(
-        {
-            "run_dir": str(result.run_dir),
-            "last_ckpt": str(result.last_ckpt),
-            "best_ckpt": str(result.best_ckpt) if result.best_ckpt else None,
-            "best_val_loss": result.best_val_loss,
-            "plot": str(result.plot) if result.plot else None,
-        }
-    )
+    """The result as a JSON line, without the sample."""
+    fields = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(result).items()}
+    del fields["sample"]
+    return json.dumps(fields)

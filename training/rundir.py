@@ -107,16 +107,6 @@ def check_writable(path: Path, option: str) -> None:
         raise RunError(f"Cannot write to {path}: {existing} is read-only. Pass {option} DIR that you can write.")
 
 
-def make_run_dir(run_dir: Path) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise RunError(
-            f"Cannot create the run directory {run_dir} ({error.strerror or error}). Pass --train.out_dir DIR "
-            "that you can write, or another --train.run_name."
-        ) from None
-
-
 def write_configs(run_dir: Path, requested: RunConfig, used: RunConfig) -> None:
     """config.yaml: what the run used (what `auto` chose); requested.yaml: the options as given."""
     for name, cfg in ((CONFIG_FILE, used), (REQUESTED_FILE, requested)):
