@@ -117,8 +117,7 @@ def shipped_configs(argv: list[str]) -> list[str]:
 
 
 def check_config_files(argv: Sequence[str], command: Command) -> None:
-    """Refuse in one line a `--config FILE` that is not a mapping (jsonargparse says it over several lines);
-    what is not a file or not YAML is left to jsonargparse."""
+    """Refuse in one line a `--config FILE` that is not a mapping; what is not a YAML file is left to jsonargparse."""
     paths = [t.partition("=")[2] if t.startswith("--config=") else after for t, after in pairwise([*argv, ""])
              if t.startswith("--config=") or (t == "--config" and after)]  # fmt: skip
     for path in filter(lambda p: Path(p).is_file(), paths):
@@ -197,9 +196,7 @@ def _field_default(f: dataclasses.Field) -> Any:
 def _walk(cls: type, prefix: str = "") -> Iterator[tuple[str, Any, bool]]:
     """(dotted name, type, is a group) of every field of dataclass `cls`, groups before their fields."""
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
+    for f in (f for f in dataclasses.fields(cls) if f.init):
         kind = hints[f.name]
         group = dataclasses.is_dataclass(kind)
         yield prefix + f.name, kind, group
@@ -219,24 +216,21 @@ def options(command: Command) -> list[str]:
 
 
 def accepted(command: Command) -> set[str]:
-    """Every option the command parses: those it lists and the hidden ones."""
     return {*options(command), *command.hidden}
 
 
 def sequence_options(command: Command) -> dict[str, ListOption]:
-    """Options whose type is a list or a tuple, by name."""
     found = {}
     for name, kind, group in _offered(command):
         members = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
         sequences = [m for m in members if (typing.get_origin(m) or m) in (list, tuple)]
         if group or not sequences:
             continue
-        items = typing.get_args(sequences[0])
-        nested = (
-            typing.get_origin(sequences[0]) is list and bool(items) and typing.get_origin(items[0]) in (list, tuple)
-        )
+        first = sequences[0]
+        items = typing.get_args(first)
+        nested = typing.get_origin(first) is list and bool(items) and typing.get_origin(items[0]) in (list, tuple)
         single_ok = any(m is not type(None) and m not in sequences for m in members)
-        found[name] = ListOption(typing.get_origin(sequences[0]) or sequences[0], single_ok, nested)
+        found[name] = ListOption(typing.get_origin(first) or first, single_ok, nested)
     return found
 
 
@@ -263,9 +257,7 @@ def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = 
 def _unknown_options(message: str) -> list[str]:
     """The options a jsonargparse message says it does not know, on the command line or in a config file."""
     found = re.findall(r"(?<![\w-])--([\w.]+)", message) if "unrecognized arguments" in message else []
-    found += [
-        f"{group}.{name}" for group, name in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
-    ]
+    found += [".".join(pair) for pair in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)]
     return found + re.findall(r"^Option '([\w.]+)' is not accepted", message)
 
 

@@ -23,7 +23,6 @@ class LockedError(OSError):
 
 
 def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 4 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 22):
@@ -40,7 +39,6 @@ def shown_path(path: Path | str) -> str:
 
 
 def tmp_path(path: Path, hidden: bool = False) -> Path:
-    """The temporary name this process writes `path` under."""
     return path.with_name(f"{'.' if hidden else ''}{path.name}{TMP_MARK}{os.getpid()}")
 
 
@@ -59,7 +57,6 @@ def atomic_file(path: Path, hidden: bool = False) -> Iterator[BinaryIO]:
 
 
 def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Write `payload` to `path` atomically."""
     with atomic_file(path) as f:
         f.write(payload)
 
@@ -149,8 +146,7 @@ def _tidy(lock: Path | None, created: list[Path]) -> None:
 
 @contextlib.contextmanager
 def waiting_lock(directory: Path, tidy: bool = False) -> Iterator[None]:
-    """`directory_lock`, waiting after a log line when it is held; then what killed writers left there goes (a
-    SIGTERM skips `atomic_file`'s clean-up)."""
+    """`directory_lock`, waiting after a log line when it is held; then what killed writers left there goes."""
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(directory_lock(directory, tidy=tidy))

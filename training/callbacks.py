@@ -223,8 +223,7 @@ class DivergenceGuard(L.Callback):
         step = trainer.global_step
         if not optimizer_stepped(trainer, batch_idx):
             return
-        flag = getattr(pl_module, "nonfinite", None)
-        if (any(step % n == 0 for n in self.every) or step >= trainer.max_steps) and flag is not None and bool(flag):
+        if (any(step % n == 0 for n in self.every) or step >= trainer.max_steps) and bool(pl_module.nonfinite):
             raise TrainingDiverged(divergence_message(step, self.last))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -242,9 +241,8 @@ class SpeedMonitor(L.Callback):
 
     def __init__(self, flops_per_token: int, log_every: int) -> None:
         self.flops_per_token, self.log_every = flops_per_token, log_every
-        self._t0: float | None = None
-        self._steps = 0
-        self._tokens0 = 0
+        self._t0: float | None = None  # the clock's start, with the step count and tokens since
+        self._steps, self._tokens0 = 0, 0
         self._peak: float | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

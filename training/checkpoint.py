@@ -18,8 +18,7 @@ from training.config import RunConfig, lr_factor
 CHANGEABLE_MODEL_FIELDS = frozenset(
     {"attn_backend", "dropout", "rope_scaling", "rope_scaling_factor", "chunked_loss", "init_from"}
 )
-"""Model fields a resume may change: the weights keep their shapes and meaning (RoPE scaling is how position
-interpolation fine-tunes for longer contexts)."""
+"""Model fields a resume may change: the weights keep their shapes and meaning (RoPE scaling: fine-tuning longer)."""
 
 
 def check_resume(ckpt: dict[str, Any], path: str | Path, config: RunConfig, data: dict[str, Any]) -> list[str]:

@@ -231,7 +231,20 @@ class RunConfig:
         return dataclasses.replace(self.model, **self.train.switch_model)
 
     def __post_init__(self) -> None:
-        self._check_switch()
+        if changes := self.train.switch_model:
+            fixed = sorted(set(changes) - SWITCHABLE_FIELDS)
+            if fixed:
+                raise ValueError(
+                    f"train.switch_model cannot change {', '.join(fixed)}: a switch keeps the blocks' weights, so it "
+                    f"changes only {', '.join(sorted(SWITCHABLE_FIELDS))}."
+                )
+            try:
+                self.switched_model()
+            except (ConfigError, TypeError) as error:
+                raise ValueError(f"train.switch_model: {error}") from None
+            if self.train.switch_step() == 0:
+                raise ValueError(f"train.switch_at {self.train.switch_at} of {self.train.max_steps} steps is step 0: "
+                                 "switch later, or train the switched model from the start.")  # fmt: skip
         if self.model.init_from and self.data.tokenizer != "gpt2":
             raise ValueError(
                 f"model.init_from {self.model.init_from} is a GPT-2 model, which reads GPT-2's tokens: pass "
@@ -247,24 +260,6 @@ class RunConfig:
                 f"train.random_positions {n}: {self.model.pos_encoding} positions exist up to {limit} "
                 f"(model.block_size); raise model.block_size to {n} (the table then covers every position drawn)."
             )
-
-    def _check_switch(self) -> None:
-        changes = self.train.switch_model
-        if not changes:
-            return
-        fixed = sorted(set(changes) - SWITCHABLE_FIELDS)
-        if fixed:
-            raise ValueError(
-                f"train.switch_model cannot change {', '.join(fixed)}: a switch keeps the blocks' weights, so it "
-                f"changes only {', '.join(sorted(SWITCHABLE_FIELDS))}."
-            )
-        try:
-            self.switched_model()
-        except (ConfigError, TypeError) as error:
-            raise ValueError(f"train.switch_model: {error}") from None
-        if self.train.switch_step() == 0:
-            raise ValueError(f"train.switch_at {self.train.switch_at} of {self.train.max_steps} steps is step 0: "
-                             "switch later, or train the switched model from the start.")  # fmt: skip
 
 
 def lr_factor(step: int, base_lr: float, min_lr: float, warmup: int, decay_steps: int) -> float:

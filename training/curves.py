@@ -18,7 +18,7 @@ from core.files import atomic_write_bytes
 from core.units import format_count
 
 PLOT_FILE = "training.png"
-METRICS_FILE = "metrics.csv"  # one file across launches (training.logs writes it), as TENSORBOARD_DIR
+METRICS_FILE = "metrics.csv"  # a file, and a directory, for all the launches (training.logs writes them)
 TENSORBOARD_DIR = "tensorboard"
 SERIES = ("train/loss", "val/loss", "lr", "train/tokens")  # the logged columns the plot reads
 
@@ -58,22 +58,16 @@ def cell_number(cell: str | None) -> float | None:
         return None
 
 
-def merge_launches(launches: list[dict[int, dict[str, float]]]) -> Metrics:
-    """One series per column, oldest launch first: a resumed launch replaces the rows before it from its first step."""
-    merged: dict[int, dict[str, float]] = {}
-    for rows in launches:
-        if rows:
-            first = min(rows)
-            merged = {step: values for step, values in merged.items() if step < first}
-            merged.update(rows)
-    return {name: [(step, merged[step][name]) for step in sorted(merged) if name in merged[step]] for name in SERIES}
-
-
 def read_metrics(run_dir: Path) -> Metrics:
     """The run's logged metrics as one series per column: its CSV metrics, else its TensorBoard events."""
     files = metric_files(run_dir)
-    if files:
-        return merge_launches([read_launch(path) for path in files])
+    if files:  # oldest launch first: a resumed launch replaces the rows from its first step on
+        merged: dict[int, dict[str, float]] = {}
+        for rows in filter(None, map(read_launch, files)):
+            first = min(rows)
+            merged = {step: values for step, values in merged.items() if step < first}
+            merged.update(rows)
+        return {name: [(s, merged[s][name]) for s in sorted(merged) if name in merged[s]] for name in SERIES}
     if (run_dir / TENSORBOARD_DIR).is_dir():
         return read_tensorboard(run_dir / TENSORBOARD_DIR)
     raise UserError(

@@ -37,8 +37,7 @@ def resolve_precision(precision: str, accelerator: str) -> str:
 
 
 def check_hardware(accelerator: str, strategy: str) -> None:
-    """Refuse, with the fix, an accelerator this machine lacks or a strategy Lightning cannot run on its devices
-    (Lightning's own errors are tracebacks)."""
+    """Refuse, with the fix, an accelerator this machine lacks or a strategy Lightning cannot run on its devices."""
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise HardwareError(
             f"--train.accelerator {accelerator}: no CUDA GPU is available here. Use --train.accelerator auto or cpu."

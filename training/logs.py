@@ -74,34 +74,25 @@ def make_logger(kind: str, run_dir: Path, start_step: int, wandb_project: str, c
         return False
     if kind == "csv":
         return RunCSVLogger(run_dir, start_step)
-    if kind == "tensorboard":
-        return tensorboard_logger(run_dir, start_step)
-    online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline" and _wandb_reachable()
+    if kind == "tensorboard":  # one directory for the run: a resume purges the steps it trains again
+        try:
+            import tensorboard  # noqa: F401
+        except ImportError:
+            raise UserError("--train.logger tensorboard needs the tensorboard package: pip install tensorboard "
+                            "(or pip install 'posgpt[tensorboard]'), or use --train.logger csv.") from None  # fmt: skip
+        return TensorBoardLogger(save_dir=str(run_dir), name=TENSORBOARD_DIR, version="", default_hp_metric=False,
+                                 purge_step=start_step or None)  # fmt: skip
+    online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
+    if online:  # and the server answers a TCP connection
+        host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+        try:
+            socket.create_connection((host, 443), timeout=3.0).close()
+        except OSError:
+            online = False
     if not online:
         log.info("wandb: no API key or no network; logging offline to %s/wandb (upload later: wandb sync)", run_dir)
     return WandbLogger(project=wandb_project, name=run_dir.name, save_dir=str(run_dir), offline=not online,
                        config=config)  # fmt: skip
-
-
-def tensorboard_logger(run_dir: Path, start_step: int) -> TensorBoardLogger:
-    """`<run dir>/tensorboard`, one directory for the run: a resume purges the steps it trains again."""
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        raise UserError("--train.logger tensorboard needs the tensorboard package: pip install tensorboard "
-                        "(or pip install 'posgpt[tensorboard]'), or use --train.logger csv.") from None  # fmt: skip
-    return TensorBoardLogger(save_dir=str(run_dir), name=TENSORBOARD_DIR, version="", default_hp_metric=False,
-                             purge_step=start_step or None)  # fmt: skip
-
-
-def _wandb_reachable(timeout: float = 3.0) -> bool:
-    """Whether the wandb server answers a TCP connection (checked only when an API key is set)."""
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
-    try:
-        socket.create_connection((host, 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
 
 
 def metrics_file(run_dir: Path) -> Path:

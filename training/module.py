@@ -203,16 +203,12 @@ class GPTModule(L.LightningModule):
         o = self.config.optim
         schedulers = checkpoint.get("lr_schedulers") or []
         step = schedulers[0]["last_epoch"] if schedulers else 0
+        lr = o.lr * self.lr_factor(step)  # what LambdaLR sets after step `step`
         for scheduler in schedulers:
             scheduler["base_lrs"] = [o.lr] * len(scheduler["base_lrs"])
         for state in checkpoint.get("optimizer_states") or []:
             for group, weight_decay in zip(state["param_groups"], (o.weight_decay, 0.0), strict=True):
-                group.update(
-                    initial_lr=o.lr,
-                    lr=o.lr * self.lr_factor(step),  # what LambdaLR sets after step `step`
-                    betas=(o.beta1, o.beta2),
-                    weight_decay=weight_decay,
-                )
+                group.update(initial_lr=o.lr, lr=lr, betas=(o.beta1, o.beta2), weight_decay=weight_decay)
 
 
 def clip_grad_norm(

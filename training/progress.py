@@ -105,8 +105,7 @@ class ProgressBar(TQDMProgressBar):
 
 
 def progress_callback(t: TrainConfig) -> L.Callback:
-    """The bar where it is wanted and stdout is a terminal, else the plain lines: every `print_interval` steps, or
-    a multiple of `log_interval` near `max_steps / LINES_PER_RUN`."""
+    """The bar where it is wanted and stdout is a terminal, else the plain lines (every `print_interval` steps)."""
     if t.progress_bar and sys.stdout.isatty():
         return ProgressBar()
     every = t.print_interval or max(1, round(t.max_steps / LINES_PER_RUN / t.log_interval)) * t.log_interval

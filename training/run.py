@@ -65,8 +65,7 @@ def preflight(cfg: RunConfig, resuming: bool) -> None:
 
 
 def prepared_data(cfg: DataConfig) -> PreparedData:
-    """The prepared directory `cfg` names, preparing (or reusing) one under `prepared_root`: `cfg`'s other
-    fields are `prepare_dir`'s arguments of the same names."""
+    """The prepared directory `cfg` names, prepared (or reused) under `prepared_root`; fields as `prepare_dir`'s."""
     fields = dataclasses.asdict(cfg)
     return prepare_dir(fields.pop("input"), fields.pop("dir"), **fields)
 
@@ -86,9 +85,8 @@ class TrainingData:
 def corpus_data(cfg: RunConfig, prepared: PreparedData | None = None) -> TrainingData:
     """A prepared corpus (`cfg.data`, or `prepared`: a study's, prepared once for its runs)."""
     data = prepared or prepared_data(cfg.data)
-    t = cfg.train
-    budget = t.validation_tokens(cfg.model.block_size)
-    datamodule = TokenDataModule(data, cfg.model.block_size, t.batch_size, t.seed, budget)  # checks the splits
+    t, block = cfg.train, cfg.model.block_size
+    datamodule = TokenDataModule(data, block, t.batch_size, t.seed, t.validation_tokens(block))  # checks the splits
     v = datamodule.validation_record()
     source = data.meta.get("name") or (
         Path(data.meta["sources"][0]).stem if data.meta.get("sources") else data.path.name
@@ -107,14 +105,12 @@ def task_data(task: TaskConfig, cfg: RunConfig) -> TrainingData:
 
 
 def run_dir_of(cfg: RunConfig, data: TrainingData) -> Path:
-    name = cfg.train.run_name or f"{data.name}-{cfg.model.pos_encoding}"
-    return Path(cfg.train.out_dir) / name
+    return Path(cfg.train.out_dir) / (cfg.train.run_name or f"{data.name}-{cfg.model.pos_encoding}")
 
 
 @quiet_libraries()
 def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
-    """Prepare data (`cfg.data`, unless `data` is given: a task), build model and Trainer, fit, and sample a
-    little text at the end; the clock of `train.max_minutes` starts here."""
+    """Prepare data (unless `data` is given: a task), build model and Trainer, fit, sample; the clock starts here."""
     t = cfg.train
     deadline = time.monotonic() + 60 * t.max_minutes if t.max_minutes else None
     check_hardware(t.accelerator, t.strategy)
@@ -294,7 +290,6 @@ def sample_text(module: GPTModule, tokenizer: Tokenizer, n_tokens: int) -> str:
 
 
 def result_summary(result: RunResult) -> str:
-    """The result as a JSON line, without the sample."""
     fields = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(result).items()}
     del fields["sample"]
     return json.dumps(fields)

@@ -98,9 +98,7 @@ def used_config(cfg: RunConfig, sources: list[str], precision: str) -> RunConfig
 
 def check_writable(path: Path, option: str) -> None:
     """Stop, before any work is done, when `path` cannot be created or written; creates nothing."""
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():
         raise RunError(f"Cannot create {path}: {existing} is a file. Pass {option} DIR, a directory.")
     if not os.access(existing, os.W_OK | os.X_OK):
