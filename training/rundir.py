@@ -89,11 +89,8 @@ def other_run(path: Path, used: RunConfig) -> str:
 def used_config(cfg: RunConfig, sources: list[str], precision: str) -> RunConfig:
     """`cfg` with the corpus `auto` chose (of the prepared data's `sources`) and the precision `auto` resolved to."""
     chosen = str(sources[0]) if cfg.data.input == AUTO_CORPUS and len(sources) == 1 else cfg.data.input
-    return dataclasses.replace(
-        cfg,
-        data=dataclasses.replace(cfg.data, input=chosen),
-        train=dataclasses.replace(cfg.train, precision=precision),
-    )
+    data = dataclasses.replace(cfg.data, input=chosen)
+    return dataclasses.replace(cfg, data=data, train=dataclasses.replace(cfg.train, precision=precision))
 
 
 def check_writable(path: Path, option: str) -> None:
