@@ -1,13 +1,8 @@
 """Look inside trained models: `python attention_maps.py --ckpt A.ckpt --prompt "ROMEO:" --out maps`
 (or `posgpt attention`). The logic is in evaluation/commands.py and evaluation/attention_maps.py."""
 
-from __future__ import annotations
-
 from core.cli import run
 from evaluation.commands import ATTENTION as COMMAND
-from evaluation.commands import attention_main as main
-
-__all__ = ["COMMAND", "main"]
 
 if __name__ == "__main__":
     run(COMMAND)

@@ -1,13 +1,8 @@
 """Perplexity against context length: `python evaluate.py --ckpt A.ckpt [B.ckpt ...] --eval.lengths 128 4096`
 (or `posgpt evaluate`). The logic is in evaluation/commands.py and evaluation/run.py."""
 
-from __future__ import annotations
-
 from core.cli import run
 from evaluation.commands import EVALUATE as COMMAND
-from evaluation.commands import evaluate_main as main
-
-__all__ = ["COMMAND", "main"]
 
 if __name__ == "__main__":
     run(COMMAND)

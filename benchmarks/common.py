@@ -1,5 +1,5 @@
 """What the benchmark modes share: the device's name, peak memory of one row, nanoGPT's model
-imported from the peer directory, and rows appended to a JSON-lines file."""
+imported from the peer directory, table lines, and rows appended to a JSON-lines file."""
 
 from __future__ import annotations
 
@@ -20,14 +20,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PEER = ROOT.parent / "shared" / "peers" / "nanoGPT"
-"""Where the nanoGPT checkout for side-by-side rows lives (`../shared/peers/nanoGPT`)."""
 
 
 class PeakMemory:
     """Peak memory of one row: `start` before the model is built, `reset` after the warm-up,
     `peak_mib` after the timed run. CUDA's max allocated bytes on a GPU; on a CPU the process's
-    peak resident set (Python and torch included; the high-water mark is reset through
-    /proc/self/clear_refs, so each row's peak is its own; None where that file is missing)."""
+    peak resident set, its high-water mark reset through /proc/self/clear_refs (None without it)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -61,13 +59,15 @@ class PeakMemory:
     def peak_mib(self) -> float | None:
         if self.cuda:
             return torch.cuda.max_memory_allocated(self.device) / 2**20
-        return _status_mib("VmHWM") if self.proc.exists() else None  # a difference of RSS can go negative
+        if not self.proc.exists():
+            return None
+        match = re.search(r"^VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+        return int(match.group(1)) / 1024 if match else 0.0  # the peak itself: a difference of RSS can go negative
 
 
-def _status_mib(key: str) -> float:
-    """A figure of /proc/self/status (in kB there) in MiB."""
-    match = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
-    return int(match.group(1)) / 1024 if match else 0.0
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def device_name(device: torch.device) -> str:
@@ -80,10 +80,13 @@ def device_name(device: torch.device) -> str:
     return f"{os.cpu_count()}-core CPU ({name}), {threads} thread{'s' if threads > 1 else ''}"
 
 
-def load_peer(directory: Path) -> ModuleType | None:
-    """nanoGPT's model.py as module `nanogpt_peer_model` (not `model`, which is ours), or None."""
+def load_peer(option: str | None) -> ModuleType | None:
+    """nanoGPT's model.py in the --peer directory (default: DEFAULT_PEER) as module `nanogpt_peer_model` (not
+    `model`, which is ours), or None with a note."""
+    directory = DEFAULT_PEER if option is None else Path(option)
     file = directory / "model.py"
     if not file.is_file():
+        print(f"note: no nanoGPT model.py in {directory}: its rows are skipped (--peer DIR to give it)")
         return None
     spec = importlib.util.spec_from_file_location("nanogpt_peer_model", file)
     assert spec is not None and spec.loader is not None
@@ -91,6 +94,14 @@ def load_peer(directory: Path) -> ModuleType | None:
     sys.modules[spec.name] = module  # its @dataclass looks the module up there
     spec.loader.exec_module(module)
     return module
+
+
+def table_line(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def table_head(head: list[str]) -> list[str]:
+    return [table_line(head), "|" + "---|" * len(head)]
 
 
 def append_json(path: str | None, entry: dict[str, Any]) -> None:

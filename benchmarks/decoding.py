@@ -1,26 +1,9 @@
 """Decode speed per position scheme, eager and compiled, against nanoGPT (`python bench.py decode`).
 
-Each row is one (scheme, mode, batch): a freshly built GPT with seeded random weights (speed does
-not depend on them), a random prompt of `--prompt_tokens`, then `--tokens` new tokens through
-`model.generation.stream`, the path `sample.py` takes (KV cache). Compiled rows first run
-`compile_for_decoding` and a short warm-up whose wall time is the row's compile time (with
-Inductor's on-disk cache as it is found: a second run compiles faster). nanoGPT's `generate` (no KV
-cache: every token is a forward over the whole context) runs on the same shape with learned
-positions, its `model.py` imported from the peer directory, never copied.
-
-What a row reports, and why each figure is measured where it is:
-- tokens/s: batch x new tokens / wall time from the call to the last token (CUDA synchronized),
-  compile and warm-up left out: what a user waits for once the model is ready.
-- first token: from the call to the first token (for nanoGPT, a `generate` of one token), the
-  latency of a prompt.
-- peak memory during the timed run, weights included: CUDA's max allocated bytes, or on a CPU the
-  process's peak resident set (Python and torch included; the high-water mark is reset through
-  /proc/self/clear_refs after the warm-up, so each row's peak is its own; `-` where that file is
-  missing).
-
-`--json FILE` appends each row as one JSON object when it finishes, so a GPU table can be gathered
-in several commands of at most 10 minutes (say, one scheme or one batch size each, `--peer none`
-after the first).
+Each row is one (scheme, mode, batch): seeded random weights, a random prompt, then `--tokens` new tokens
+through `model.generation.stream` (sample.py's KV-cached path), compile and warm-up left out of the timed
+run. nanoGPT's `generate` (no KV cache) runs on the same shape, its model.py imported from the peer directory.
+`--json FILE` appends each row as it finishes, so a GPU table can be gathered over several commands.
 """
 
 from __future__ import annotations
@@ -29,9 +12,8 @@ import contextlib
 import io
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Literal
 
@@ -39,7 +21,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from benchmarks.common import DEFAULT_PEER, PeakMemory, append_json, device_name, load_peer
+from benchmarks.common import PeakMemory, append_json, device_name, load_peer, sync, table_head, table_line
 from core.cli import Command
 from core.device import pick_device_dtype
 from core.errors import ConfigError, did_you_mean
@@ -53,8 +35,7 @@ SHAPES: dict[str, dict[str, int]] = {
 }
 SEED = 1337
 WARMUP_TOKENS = 4
-"""Tokens of the warm-up before each timed run: compiles a compiled model, and in both modes takes
-first-call costs (CUDA handles, oneDNN primitives) out of the timed run."""
+"""Tokens decoded before each timed run: compilation and first-call costs (CUDA handles, oneDNN primitives)."""
 
 
 @dataclass
@@ -115,7 +96,6 @@ class Row:
     """One timed decode: what the table shows and the JSON file keeps."""
 
     model: str
-    """posgpt (ours) or nanoGPT."""
     scheme: str
     mode: str
     batch: int
@@ -125,8 +105,7 @@ class Row:
     """The warm-up's wall time, compiled rows only."""
     peak_mib: float | None
     graphs: int | None = None
-    """Graphs Dynamo compiled from the warm-up to the last timed token, compiled rows only: a prefill and a
-    decode step (a third with a learned window); more is a recompile."""
+    """Graphs Dynamo compiled for a compiled row: a prefill and a decode step (a third with a learned window)."""
 
 
 @dataclass(frozen=True)
@@ -139,10 +118,6 @@ class Setup:
     shape: str
     tokens: int
     memory: PeakMemory
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def prompt(self, batch: int) -> torch.Tensor:
         """Seeded random prompt ids (batch, prompt_tokens)."""
@@ -159,42 +134,27 @@ def resolve(args: DecodeBenchConfig) -> Setup:
     return Setup(args, device, dtype, shape, tokens, PeakMemory(device))
 
 
-def build_ours(setup: Setup, scheme: str) -> GPT:
-    """Seeded random weights, built on the device (GPT-2's 124M would take seconds to init on a CPU)."""
-    torch.manual_seed(SEED)
-    config = GPTConfig(**SHAPES[setup.shape], pos_encoding=scheme, bias=False, dropout=0.0)
-    with setup.device:
-        model = GPT(config)
-    return model.to(dtype=setup.dtype).eval()
-
-
 def time_tokens(setup: Setup, tokens: Iterator[torch.Tensor]) -> tuple[float, float]:
     """(seconds to the first token, seconds to the last) of a token iterator, timed from before its
     first step (a generator does nothing until asked)."""
-    setup.sync()
+    sync(setup.device)
     start = time.perf_counter()
     first = None
     for _ in tokens:
         if first is None:
-            setup.sync()
+            sync(setup.device)
             first = time.perf_counter() - start
-    setup.sync()
+    sync(setup.device)
     return first or 0.0, time.perf_counter() - start
-
-
-def timed(setup: Setup, call: Callable[[], object]) -> float:
-    """Seconds `call` takes, the device synchronized before and after."""
-    setup.sync()
-    start = time.perf_counter()
-    call()
-    setup.sync()
-    return time.perf_counter() - start
 
 
 def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
     args = setup.args
     setup.memory.start()
-    model = build_ours(setup, scheme)
+    torch.manual_seed(SEED)
+    config = GPTConfig(**SHAPES[setup.shape], pos_encoding=scheme, bias=False, dropout=0.0)
+    with setup.device:  # built there: GPT-2's 124M would take seconds to init on a CPU
+        model = GPT(config).to(dtype=setup.dtype).eval()
     if mode == "compiled":
         torch._dynamo.reset()  # this row's compile is its own, and no earlier model counts towards recompile limits
         compile_for_decoding(model)
@@ -231,13 +191,13 @@ def run_nanogpt(setup: Setup, peer: ModuleType, batch: int) -> Row:
     temperature, top_k = (1.0, 1) if greedy else (args.temperature, args.top_k or None)
 
     @torch.no_grad()
-    def generate(n: int) -> None:
-        model.generate(idx, n, temperature=temperature, top_k=top_k)
+    def generate(n: int) -> Iterator[torch.Tensor]:  # its generate yields nothing before the end
+        yield model.generate(idx, n, temperature=temperature, top_k=top_k)
 
-    timed(setup, lambda: generate(WARMUP_TOKENS))
+    time_tokens(setup, generate(WARMUP_TOKENS))
     setup.memory.reset()
-    first = timed(setup, lambda: generate(1))  # its generate yields nothing before the end
-    total = timed(setup, lambda: generate(setup.tokens))
+    first = time_tokens(setup, generate(1))[1]
+    total = time_tokens(setup, generate(setup.tokens))[1]
     return Row("nanoGPT", "learned", "eager", batch, batch * setup.tokens / total, 1000 * first, None,
                setup.memory.peak_mib())  # fmt: skip
 
@@ -250,12 +210,7 @@ def row_line(row: Row) -> str:
     cells = [row.model, row.scheme, row.mode, str(row.batch), _cell(row.tokens_per_s, 1),
              _cell(row.first_token_ms, 1), _cell(row.compile_s, 1), _cell(row.peak_mib, 0),
              "-" if row.graphs is None else str(row.graphs)]  # fmt: skip
-    return "| " + " | ".join(cells) + " |"
-
-
-def header(memory: PeakMemory) -> list[str]:
-    head = ["model", "scheme", "mode", "batch", "tokens/s", "first token ms", "compile s", memory.label, "graphs"]
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return table_line(cells)
 
 
 def summary(rows: list[Row], batches: list[int]) -> list[str]:
@@ -264,7 +219,7 @@ def summary(rows: list[Row], batches: list[int]) -> list[str]:
     per = " / ".join(map(str, batches))
     head = ["model", "scheme", "mode", *(f"tokens/s b={b}" for b in batches), f"first token ms (b={per})",
             f"compile s (b={per})", f"peak MiB (b={per})", f"graphs (b={per})"]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     groups: dict[tuple[str, str, str], dict[int, Row]] = {}
     for row in rows:
         groups.setdefault((row.model, row.scheme, row.mode), {})[row.batch] = row
@@ -275,7 +230,7 @@ def summary(rows: list[Row], batches: list[int]) -> list[str]:
             " / ".join(_cell(getattr(r, name) if r else None, digits) for r in got)
             for name, digits in (("first_token_ms", 1), ("compile_s", 1), ("peak_mib", 0), ("graphs", 0))
         ]
-        lines.append("| " + " | ".join([*key, *speeds, *joined]) + " |")
+        lines.append(table_line([*key, *speeds, *joined]))
     return lines
 
 
@@ -290,15 +245,13 @@ def record(setup: Setup, row: Row) -> None:
 
 def bench_decode(args: DecodeBenchConfig) -> None:
     setup = resolve(args)
-    peer_dir = Path(args.peer) if args.peer is not None else DEFAULT_PEER
-    peer = load_peer(peer_dir)
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_k {args.top_k or 'all'}"
     print(f"{device_name(setup.device)}, {str(setup.dtype).removeprefix('torch.')}, torch {torch.__version__}; "
           f"shape {setup.shape} {SHAPES[setup.shape]}, no biases; prompt {args.prompt_tokens} tokens, "
           f"{setup.tokens} new tokens, {sampling}")  # fmt: skip
-    if peer is None:
-        print(f"note: no nanoGPT model.py in {peer_dir}: its rows are skipped (--peer DIR to give it)")
-    print("\n".join(header(setup.memory)), flush=True)
+    peer = load_peer(args.peer)
+    head = ["model", "scheme", "mode", "batch", "tokens/s", "first token ms", "compile s", setup.memory.label, "graphs"]
+    print("\n".join(table_head(head)), flush=True)
     rows = []
     for scheme in args.schemes:
         for mode in args.modes:

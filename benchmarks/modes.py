@@ -40,5 +40,4 @@ MODES: Modes = {
         "per process, each line of --out written as it finishes, and a markdown report of them.",
     ),
 }
-"""Each mode's module and its line in `bench.py --help`, imported when it runs (tests/test_entry_points.py
-holds the lines to the commands' own descriptions)."""
+"""Each mode's module, imported when it runs, and its line in `bench.py --help` (tests/test_entry_points.py)."""

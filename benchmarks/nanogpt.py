@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from benchmarks.common import ROOT
+from benchmarks.gpu import logged_tokens_per_s
 from core.cli import Command
 from data.prepare import prepare
-from training.logs import metrics_file
 
 SHAPES = {
     # nanoGPT's README laptop command
@@ -28,7 +29,6 @@ SHAPES = {
     # its shakespeare_char recipe's model, at a CPU batch
     "6x384": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "batch_size": 8},
 }
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def nanogpt_command(peer: Path, shape: dict[str, int], steps: int, out: Path) -> list[str]:
@@ -68,11 +68,8 @@ def logged_step_ms(kind: str, stdout: str, run_dir: Path) -> float:
     if kind == "nanoGPT":
         times = [float(line.split("time ")[1].split("ms")[0]) for line in stdout.splitlines() if "time " in line]
         return statistics.median(times[5:])
-    rows = metrics_file(run_dir).read_text().splitlines()
-    col = rows[0].split(",").index("perf/tokens_per_s")
-    speeds = [float(r.split(",")[col]) for r in rows[1:] if r.split(",")[col]]
     tokens = int(run_dir.name.split("-")[1])  # bench-<tokens per step>-<steps>
-    return 1000 * tokens / statistics.median(speeds)
+    return 1000 * tokens / statistics.median(logged_tokens_per_s(run_dir))
 
 
 @dataclass

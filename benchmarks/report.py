@@ -1,30 +1,14 @@
 """What a machine does with posgpt, in parts of about 8 minutes: `python bench.py report` (`posgpt bench
-report`), one front door over the commands that measure it.
+report`), one front door over the commands that measure it (the parts: BENCHMARKS.md).
 
-Each part is a list of jobs, and each job one run of an existing command in a process of its own (a
-hang, a crash or an exhausted GPU ends that job only), under its own time limit:
-- check: `posgpt check` (every kernel against the float32 reference) and `pytest -m gpu`;
-- train: `bench.py gpu` at 16 x 1024, one job per row of its scheme set (RoPE's job also runs the
-  Lightning trainer's row and nanoGPT's, in the same process, for their ratios), FP8, and FSDP at world
-  size 1 with its exact resume (tests/test_gpu.py);
-- decode: `bench.py decode` for learned, RoPE and ALiBi, eager and compiled, at batch 1 and 64;
-- long: one compiled training step per scheme at 16384 and 32768 tokens (`bench.py gpu`), and
-  `evaluate.py` at both lengths on RoPE and ALiBi checkpoints of the 124M shape trained for 2 steps on
-  Python's own documentation (`data.corpora.python_docs_path`: nothing downloaded).
-
-Every job ends as one line of `--out` (JSON lines) when it finishes: its status (ok, failed, refused
-with the command's one-line reason, out of time), wall time, the process's peak CUDA memory and the
-rows its command measured. Running a part again skips the jobs already in the file, so a part cut off
-by `--budget` (a machine's limit per command) loses nothing: run the same command again. At the end,
-and with `--render FILE` alone, the file becomes a markdown report (device, torch, CUDA, each table,
-each measured ratio beside its target) ready for BENCHMARKS.md.
-
-It runs from a checkout with `PYTHONPATH=.` and needs no network. On a CPU the same jobs run shrunk (the
-tiny model, eager), which is what the test suite runs.
+Each job is one run of an existing command in a process of its own, under its own time limit, and ends
+as one line of `--out`; running a part again skips the jobs already there, so a part cut off by `--budget`
+loses nothing. The lines render to a markdown report. On a CPU the same jobs run shrunk (the tests').
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import os
@@ -33,15 +17,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from benchmarks.common import DEFAULT_PEER, ROOT, device_name
-from benchmarks.gpu_rows import SCHEMES
-from benchmarks.report_render import render
+from benchmarks import decoding
+from benchmarks.common import DEFAULT_PEER, ROOT, device_name, table_head
+from benchmarks.gpu import HEAD, SCHEMES, ratios, row_line
+from benchmarks.gpu import Row as TrainRow
 from core.cli import Command
 from core.errors import ConfigError
 from core.files import atomic_write_bytes
@@ -102,9 +89,9 @@ def plan(cfg: ReportConfig, gpu: bool, work: Path) -> list[Job]:
 
 def check_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
     pytest = ["-v", "-m", "gpu", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_gpu.py")]
-    if gpu and _has("xdist"):
+    if gpu and find_spec("xdist"):
         pytest += ["-n", str(min(12, os.cpu_count() or 1))]
-    if _has("pytest_timeout"):
+    if find_spec("pytest_timeout"):
         pytest += ["--timeout", "240"]  # a test that hangs fails alone; the job goes on
     check = ["check", "--json", str(work / "check.json"), *([] if gpu else ["--quick", "true"])]
     return [Job("check/pytest-gpu", "pytest", pytest, 360 if gpu else 120),
@@ -170,12 +157,6 @@ def long_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
 
 
 PLANS = {"check": check_jobs, "train": train_jobs, "decode": decode_jobs, "long": long_jobs}
-
-
-def _has(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
 
 
 def run_job(job: Job, limit: float, work: Path) -> dict[str, Any] | None:
@@ -244,23 +225,127 @@ def status(rc: int | None, tail: list[str]) -> str:
     return f"failed (exit {rc})"
 
 
-def environment() -> dict[str, Any]:
-    """What every line records of the machine."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return {"date": time.strftime("%Y-%m-%d"), "device": device_name(device), "torch": torch.__version__,
-            "cuda": torch.version.cuda}  # fmt: skip
+TARGETS = {"mfu": 0.45, "vs_nanogpt": 1.15, "vs_rope": 0.95, "decode_b1_compiled": 2000, "decode_b1_eager": 200,
+           "decode_b64_compiled": 30000}  # fmt: skip
+"""What a 124M model should do on an H100: MFU of RoPE's compiled bf16 step at 16 x 1024 (dense bf16
+peak), its tokens/s over nanoGPT's, each scheme's over RoPE's, decoding tokens/s at batch 1 and 64."""
 
 
-def done_jobs(path: Path) -> set[str]:
-    if not path.is_file():
-        return set()
-    return {json.loads(line)["job"] for line in path.read_text().splitlines() if line.strip()}
+def _rows(entries: list[dict[str, Any]], prefix: str) -> Iterable[tuple[str, dict[str, Any]]]:
+    for entry in entries:
+        if entry["job"].startswith(prefix):
+            yield from ((entry["job"], row) for row in entry.get("rows", []))
+
+
+def _build(kind: type, row: dict[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(kind)}
+    return kind(**{k: v for k, v in row.items() if k in names})
+
+
+def _judge(value: float, target: float) -> str:
+    return f"{value:,.2f} (target >= {target:,.2f}: {'met' if value >= target else 'missed'})"
+
+
+def jobs_table(entries: list[dict[str, Any]]) -> list[str]:
+    lines = ["| job | status | wall s | peak GiB (process) |", "|---|---|---:|---:|"]
+    for e in entries:
+        peak = "-" if e.get("peak_mib") is None else f"{e['peak_mib'] / 1024:.2f}"
+        lines.append(f"| {e['job']} | {e['status']} | {e['wall_s']:.0f} | {peak} |")
+    return lines
+
+
+def check_lines(entries: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for e in entries:
+        if e["job"] == "check/kernels" and e.get("rows"):
+            payload = e["rows"][0]
+            lines.append(f"- posgpt check: {payload['summary']}")
+            lines += [f"  - failed: {c['case']} {c['check']} (error {c['error']:.3g}, tolerance {c['tolerance']:.3g})"
+                      for c in payload["cases"] if c.get("passed") is False]  # fmt: skip
+        elif e["job"] == "check/pytest-gpu":
+            lines.append(f"- pytest -m gpu: {e.get('summary') or e['status']}")
+            lines += [f"  - {line}" for line in e.get("failures", [])]
+    return lines
+
+
+def train_lines(entries: list[dict[str, Any]]) -> list[str]:
+    rows = [(job, _build(TrainRow, row)) for job, row in _rows(entries, "train/")]
+    if not rows:
+        return []
+    plain = [row for job, row in rows if job != "train/fp8"]
+    lines = table_head(HEAD)
+    lines += [row_line(dataclasses.replace(row, model="posgpt fp8") if job == "train/fp8" else row)
+              for job, row in rows]  # fmt: skip
+    lines += ["", *(f"- {line}" for line in ratios(plain))]
+    speed = {(r.model, r.scheme): r for r in plain if r.tokens_per_s}
+    rope, nano = speed.get(("posgpt", "rope")), speed.get(("nanoGPT", "learned"))
+    if rope and rope.mfu is not None:
+        lines.append(f"- RoPE MFU: {_judge(rope.mfu, TARGETS['mfu'])}")
+    if rope and nano:
+        ratio = rope.tokens_per_s / nano.tokens_per_s
+        lines.append(f"- RoPE / nanoGPT tokens/s: {_judge(ratio, TARGETS['vs_nanogpt'])}")
+    if rope:
+        share = {s: r.tokens_per_s / rope.tokens_per_s for (m, s), r in speed.items() if m == "posgpt" and s != "rope"}
+        slow = [f"{s} {x:.2f}" for s, x in share.items() if x < TARGETS["vs_rope"]]
+        lines.append(f"- schemes under {TARGETS['vs_rope']} of RoPE's tokens/s: {', '.join(slow) or 'none'}")
+    return lines
+
+
+def decode_lines(entries: list[dict[str, Any]]) -> list[str]:
+    rows = [_build(decoding.Row, row) for _, row in _rows(entries, "decode/")]
+    if not rows:
+        return []
+    lines = [*decoding.summary(rows, sorted({r.batch for r in rows})), ""]
+    for r in rows:
+        key = f"decode_b{r.batch}_{r.mode}"
+        if key in TARGETS:
+            lines.append(f"- {r.scheme} {r.mode} batch {r.batch}: {_judge(r.tokens_per_s, TARGETS[key])} tokens/s")
+    return lines
+
+
+def long_lines(entries: list[dict[str, Any]]) -> list[str]:
+    rows = [_build(TrainRow, row) for _, row in _rows(entries, "long/")]
+    lines = ["| scheme | kernel | B x T | ms/step | peak GiB | compile s | note |", "|---|---|---|---:|---:|---:|---|"]
+    for r in rows:
+        ms = "-" if r.ms_per_step is None else f"{r.ms_per_step:,.0f}"
+        peak = "-" if r.peak_mib is None else f"{r.peak_mib / 1024:.2f}"
+        compile_s = "-" if r.compile_s is None else f"{r.compile_s:.0f}"
+        lines.append(f"| {r.scheme} | {r.kernel} | {r.batch} x {r.context} | {ms} | {peak} | {compile_s} | {r.note} |")
+    if rows:
+        longest = max(r.context for r in rows)
+        at_longest = [r for r in rows if r.context == longest]
+        failed = [r.scheme for r in at_longest if r.note or r.ms_per_step is None]
+        lines.append(f"\n- a compiled step at {longest} tokens: {len(at_longest) - len(failed)} schemes ran"
+                     f"{'; not: ' + ', '.join(failed) if failed else ''}")  # fmt: skip
+    for e in entries:
+        if e["job"] == "long/evaluate":
+            peak = "-" if e.get("peak_mib") is None else f"{e['peak_mib'] / 1024:.2f} GiB"
+            lines.append(f"- evaluate.py (RoPE, ALiBi): {e['status']}, {e['wall_s']:.0f} s, peak {peak}")
+    return lines if len(lines) > 2 else []
+
+
+def render(entries: list[dict[str, Any]]) -> str:
+    """The report: machine, jobs, then each part that has lines."""
+    if not entries:
+        return "# posgpt bench report\n\nNo job has finished yet.\n"
+    first = entries[0]
+    dates = sorted({e["date"] for e in entries})
+    head = [f"# posgpt bench report: {first['device']}", "",
+            f"torch {first['torch']}, CUDA {first['cuda'] or '-'}; {dates[0]}"
+            f"{' to ' + dates[-1] if len(dates) > 1 else ''}; {len(entries)} jobs.", ""]  # fmt: skip
+    parts = [("Checks", check_lines(entries)), ("Training (bench.py gpu)", train_lines(entries)),
+             ("Decoding (bench.py decode)", decode_lines(entries)), ("Long context", long_lines(entries))]  # fmt: skip
+    body = [line for title, lines in parts if lines for line in (f"## {title}", "", *lines, "")]
+    return "\n".join([*head, "## Jobs", "", *jobs_table(entries), "", *body])
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
 def write_report(path: Path) -> None:
     """Render `path` to `path`.md and print it."""
-    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    text = render(entries)
+    text = render(read_lines(path))
     atomic_write_bytes(path.with_suffix(".md"), text.encode())
     print(text)
     print(f"wrote {path.with_suffix('.md')}")
@@ -275,10 +360,12 @@ def report(cfg: ReportConfig) -> None:
     work = out.resolve().with_name(out.stem + "-work")
     gpu = torch.cuda.is_available()
     jobs = plan(cfg, gpu, work)
-    done = done_jobs(out)
+    done = {entry["job"] for entry in read_lines(out)}
     todo = [job for job in jobs if job.name not in done]
     print(f"{len(jobs)} jobs, {len(jobs) - len(todo)} already in {out}; logs in {work}", flush=True)
-    machine = environment()
+    device = torch.device("cuda" if gpu else "cpu")  # what every line records of the machine
+    machine = {"date": time.strftime("%Y-%m-%d"), "device": device_name(device), "torch": torch.__version__,
+               "cuda": torch.version.cuda}  # fmt: skip
     for index, job in enumerate(todo):
         left = cfg.budget - (time.perf_counter() - started)
         entry = run_job(job, min(job.limit, left), work) if left > 0 else None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import yaml
 
 from core.checkpoint import CheckpointError, read_checkpoint
 from core.cli import Command
@@ -25,7 +26,6 @@ from experiments.plan import (
     Deadline,
     PlannedRun,
     Progress,
-    corpus_vocab,
     describe,
     flops_per_step,
     steps_done,
@@ -40,8 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HIDDEN = frozenset({"run.model.vocab_size"})
-"""Accepted but not offered: the tokenizer's, set from the data (older experiment.yaml files record it)."""
+HIDDEN = frozenset({"run.model.vocab_size"})  # set from the data; older experiment.yaml files record it
 
 VARIANT_FORMAT = (
     "A variant is a name and what it changes in the shared run: {name: rope-w64, model: {pos_encoding: rope, "
@@ -55,8 +54,7 @@ def experiment_command(prog: str, config: type, main: Callable[[Any], object], d
     return Command(prog, config, main, description, hidden=HIDDEN, hints={'Parser key "variants"': VARIANT_FORMAT})
 
 
-PER_RUN = ("seed", "out_dir", "run_name", "resume")
-"""train fields that the experiment sets for every run (from `seeds` and `out_dir`), never a variant."""
+PER_RUN = ("seed", "out_dir", "run_name", "resume")  # train fields the experiment sets for every run
 
 
 @dataclass
@@ -73,15 +71,27 @@ class Variant:
     """Fields of the shared run's training (run.train) that this model sets otherwise (say, random_positions)."""
 
 
-def models_of(schemes: list[str], variants: list[Variant]) -> list[Variant]:
-    """Every model: each scheme as it is (a variant that sets only model.pos_encoding), then the variants."""
-    return [Variant(s, {"pos_encoding": s}) for s in schemes] + list(variants)
+class Study:
+    """What the study configs share: their models (`schemes`, `variants`), checked before any training."""
+
+    def __post_init__(self) -> None:
+        check_models(self.models(), self.seeds, self.run)
+
+    def models(self) -> list[Variant]:
+        """Every model: each scheme as it is (a variant that sets only model.pos_encoding), then the variants."""
+        return [Variant(s, {"pos_encoding": s}) for s in self.schemes] + list(self.variants)
+
+    def start(self) -> tuple[Path, float, Deadline]:
+        """The report directory with experiment.yaml written, the start time and the deadline."""
+        out = Path(self.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(self), sort_keys=False))
+        return out, time.perf_counter(), Deadline(self.max_minutes)
 
 
 def check_models(models: list[Variant], seeds: list[int], run: RunConfig) -> None:
-    """Refuse, before any training, an empty or repeating experiment and a model whose overrides the
-    config classes refuse (an unknown field, an invalid value, learned positions with randomized
-    positions beyond block_size), in one line that names the model."""
+    """Refuse an empty or repeating experiment and a model whose overrides the config classes refuse, in one
+    line that names the model."""
     if not models or not seeds:
         raise ConfigError("An experiment needs at least one scheme or variant, and one seed.")
     names = [m.name for m in models]
@@ -130,8 +140,7 @@ class TrainedRun:
 
 
 STARTUP_RESERVE_S = 60.0
-"""Most seconds of a study's time limit kept for starting a run or an evaluation (building the
-model, compiling it): a new one is not begun with less left (but at most a tenth of the limit)."""
+"""Seconds of the time limit (at most a tenth of it) below which no run or evaluation is begun."""
 
 
 def plan_runs(run: RunConfig, out_dir: str, models: list[Variant], seeds: list[int]) -> list[PlannedRun]:
@@ -145,11 +154,6 @@ def plan_runs(run: RunConfig, out_dir: str, models: list[Variant], seeds: list[i
     return plan
 
 
-def study_device(run: RunConfig) -> torch.device:
-    """The device the study's runs train on (for the estimate)."""
-    return torch.device("cuda" if uses_cuda(run.train.accelerator) else "cpu")
-
-
 def stopped_study(stop: TrainingStopped, what: str) -> TrainingStopped:
     """A run's (or the evaluation's) stop, told as the study's: the same command continues it."""
     reason = str(stop).split(";")[0]
@@ -160,44 +164,37 @@ def stopped_study(stop: TrainingStopped, what: str) -> TrainingStopped:
     )
 
 
-def time_is_up(deadline: Deadline, max_minutes: float, what: str, takes: float = 0.0) -> TrainingStopped | None:
+def time_is_up(deadline: Deadline, what: str, takes: float = 0.0) -> TrainingStopped | None:
     """The stop to raise when too little of the study's time is left to begin `what` (which may take
     `takes` seconds, as measured on its likes), else None."""
-    if not deadline.passed(max(min(STARTUP_RESERVE_S, 6 * max_minutes), takes)):
+    if not deadline.passed(max(min(STARTUP_RESERVE_S, 6 * deadline.max_minutes), takes)):
         return None
     return stopped_study(TrainingStopped("Time limit (--max_minutes) reached;", TIME_LIMIT_EXIT), f"before {what}")
 
 
 def train_all(
-    run: RunConfig,
-    out_dir: str,
-    models: list[Variant],
-    seeds: list[int],
+    study: Any,
+    deadline: Deadline,
     data_for: Callable[[RunConfig], TrainingData] | None = None,
     vocab_size: int | None = None,
-    max_minutes: float = 0.0,
-    deadline: Deadline | None = None,
     shorter: str = "",
 ) -> tuple[list[TrainedRun], dict[str, float]]:
-    """Train every model with every seed, reusing runs trained to max_steps and resuming interrupted
-    ones, after printing the plan and its estimated time; `data_for` gives a run's data (default: the
-    run's corpus), `vocab_size` its vocabulary for the estimate (default: from the tokenizer). With
-    `max_minutes`, every run gets what is left of `deadline`, and the study stops (exit status 75)
-    when it is up; a plan of hours on a CPU names `shorter` (a config of this study, if it has one). Returns
-    the runs and the training wall time of those trained now."""
+    """Train every model of `study` (a `Study`) with every seed after printing the plan and its estimate, reusing
+    finished runs and resuming interrupted ones; `data_for` gives a run's data (default: its corpus). Every run
+    gets what is left of `deadline`. Returns the runs and the training wall time of those trained now."""
     from training.progress import progress_line  # Lightning: imported to train, not for the command's --help
     from training.run import corpus_data, preflight, prepared_data, train
 
-    deadline = deadline or Deadline(max_minutes)
-    plan = plan_runs(run, out_dir, models, seeds)
+    run, out_dir = study.run, study.out_dir
+    plan = plan_runs(run, out_dir, study.models(), study.seeds)
     if data_for is None:  # tokenizer, weights, resume: checked before the corpus is prepared
         for planned in plan:
             if not planned.done:
                 preflight(planned.config, resuming=planned.step > 0)
-    device = study_device(run)
-    step_flops = {r.name: flops_per_step(r.config, vocab_size or corpus_vocab(r.config)) for r in plan}
+    device = torch.device("cuda" if uses_cuda(run.train.accelerator) else "cpu")
+    step_flops = {r.name: flops_per_step(r.config, vocab_size) for r in plan}
     precision = resolve_precision(run.train.precision, run.train.accelerator)
-    progress = Progress(plan, 1 / sustained_flops(device, precision), step_flops)
+    progress = Progress(1 / sustained_flops(device, precision), step_flops)
     print(describe(plan, progress, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", shorter),
           flush=True)  # fmt: skip
     trained, wall, prepared = [], {}, None
@@ -206,7 +203,7 @@ def train_all(
         if planned.done:
             log.info(progress_line(k, len(plan), [f"{name} trained already, reused ({planned.ckpt})"], None, "run"))
         else:
-            stop = time_is_up(deadline, max_minutes, f"run {k} of {len(plan)}, {name}")
+            stop = time_is_up(deadline, f"run {k} of {len(plan)}, {name}")
             if stop:
                 raise stop
             start = f" from step {planned.step}" if planned.step else ""
@@ -226,7 +223,7 @@ def train_all(
                                       "out_dir to start afresh)") from None  # fmt: skip
             wall[name] = round(time.perf_counter() - t0, 1)
             planned.step = cfg.train.max_steps
-            progress.finished(planned, wall[name], flops)
+            progress.finished(wall[name], flops)
             todo = [r for r in plan[k:] if not r.done]
             parts = [f"{name} trained in {format_seconds(wall[name])}"] + ([f"{len(todo)} left"] if todo else [])
             log.info(progress_line(k, len(plan), parts, progress.estimate(todo) if todo else None, "run"))
@@ -264,53 +261,37 @@ def experiment_record(
     }
 
 
-def cached(run_dir: Path, kind: str, key: dict[str, Any], compute: Callable[[], Any]) -> tuple[Any, float]:
-    """`compute()`'s result, kept in <run_dir>/<kind>-<hash of key>.json, and the seconds it took when it
-    was computed: a study interrupted during its evaluation keeps what it evaluated. `key` must name
-    everything the result depends on (settings, the checkpoint's identity, the code)."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = run_dir / f"{kind}-{digest}.json"
-    if path.is_file():
-        stored = json.loads(path.read_text())
-        return stored["result"], stored["seconds"]
-    started = time.perf_counter()
-    result = compute()
-    seconds = round(time.perf_counter() - started, 1)
-    atomic_write_bytes(path, json.dumps({"key": key, "seconds": seconds, "result": result}, indent=1).encode())
-    return result, seconds
-
-
-def checkpoint_identity(ckpt: str) -> dict[str, Any]:
-    """What tells a checkpoint file from another written at the same path, without reading it whole."""
-    stat = Path(ckpt).stat()
-    return {"path": str(Path(ckpt).resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "git": git_sha()}
-
-
 def evaluate_each(
     trained: list[TrainedRun],
     kind: str,
     key: dict[str, Any],
     evaluate: Callable[[TrainedRun], Any],
     deadline: Deadline,
-    max_minutes: float,
 ) -> tuple[list[Any], float]:
-    """`evaluate(run)` for every run, each kept beside its checkpoint (`cached`), so that an
-    interrupted study evaluates only what is left; stops (exit 75) when the time limit leaves too
-    little for the next one (a minute, or 1.25 times the longest evaluation so far, kept ones included:
-    an evaluation cannot stop halfway). Returns the results and the seconds they took, over every launch."""
+    """`evaluate(run)` for every run, each kept in <run dir>/<kind>-<hash of key and checkpoint>.json, so that an
+    interrupted study keeps what it evaluated; stops (exit 75) when too little time is left for the next (1.25
+    times the longest so far: one cannot stop halfway). Returns the results and their seconds, over every launch."""
     results, seconds, longest = [], 0.0, 0.0
     for k, run in enumerate(trained, 1):
-        run_key = {**key, "checkpoint": checkpoint_identity(run.ckpt)}
-
-        def compute(run: TrainedRun = run, k: int = k, longest: float = longest) -> Any:
+        ckpt = Path(run.ckpt)
+        stat = ckpt.stat()  # tells the checkpoint from another written at the same path, without reading it
+        identity = {"path": str(ckpt.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "git": git_sha()}
+        run_key = {**key, "checkpoint": identity}
+        digest = hashlib.sha256(json.dumps(run_key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        path = ckpt.parent / f"{kind}-{digest}.json"
+        if path.is_file():
+            stored = json.loads(path.read_text())
+            result, took = stored["result"], stored["seconds"]
+        else:
+            started = time.perf_counter()
             what = f"evaluating {k} of {len(trained)}, {run.label} seed {run.seed}"
-            stop = time_is_up(deadline, max_minutes, what, 1.25 * longest)
+            stop = time_is_up(deadline, what, 1.25 * longest)
             if stop:
                 raise stop
             log.info("evaluating %d of %d: %s seed %d", k, len(trained), run.label, run.seed)
-            return evaluate(run)
-
-        result, took = cached(Path(run.ckpt).parent, kind, run_key, compute)
+            result = evaluate(run)
+            took = round(time.perf_counter() - started, 1)
+            atomic_write_bytes(path, json.dumps({"key": run_key, "seconds": took, "result": result}, indent=1).encode())
         results.append(result)
         seconds, longest = seconds + took, max(longest, took)
     return results, seconds

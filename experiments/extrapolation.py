@@ -1,45 +1,30 @@
-"""Train short, test long, in one command: one model per position scheme, then the evaluation.
+"""Train short, test long, in one command: `python -m experiments.extrapolation --config configs/X.yaml`.
 
-    python -m experiments.extrapolation --config configs/extrapolation_shakespeare.yaml
-
-Trains one model per scheme in `schemes` (and per named variant in `variants`: a name and overrides
-of the shared run's `model:` and `train:` sections, such as RoPE with a sliding window) and per seed
-in `seeds`, identical otherwise (same data, steps, batch, size, seed), then evaluates every final
-checkpoint with `evaluation` at every length and writes one report directory:
-
-    <out_dir>/results.md, results.json, ppl_vs_length.png, loss_by_position.png
-    <out_dir>/experiment.yaml     the resolved experiment config
-    <out_dir>/runs/<scheme or variant>-seed<S>/  each run's checkpoints, config.yaml and logs
-
-Runs already trained to `max_steps` are reused, and an interrupted one resumes from its last.ckpt,
-so re-running the command after a crash (or with new evaluation settings) only does what is left.
+One model per scheme in `schemes`, per variant in `variants` and per seed, identical otherwise; every final
+checkpoint is evaluated at every length into one report directory (<out_dir>/results.md, results.json, the
+plots, experiment.yaml, runs/). Finished runs are reused and interrupted ones resume, so running the command
+again only does what is left.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from core.cli import run
 from evaluation.config import EvalData, EvalSettings
 from evaluation.run import Subject, evaluate_checkpoints, merge_documents
 from experiments.common import (
+    Study,
     Variant,
-    check_models,
     evaluate_each,
     experiment_command,
     experiment_record,
-    models_of,
     print_report,
     train_all,
 )
-from experiments.plan import Deadline
 from model import POS_ENCODINGS
 from training.config import RunConfig
 
@@ -50,7 +35,7 @@ QUICK_CONFIG = "configs/extrapolation_quick.yaml"
 
 
 @dataclass
-class ExperimentConfig:
+class ExperimentConfig(Study):
     """A length-extrapolation experiment: the runs to train and how to evaluate them."""
 
     out_dir: str = "reports/extrapolation"
@@ -74,25 +59,14 @@ class ExperimentConfig:
     """End this command cleanly within this many minutes (0: no limit): the run in progress saves its last.ckpt,
     evaluations done are kept, and the command exits with status 75; the same command continues the study."""
 
-    def __post_init__(self) -> None:
-        check_models(self.models(), self.seeds, self.run)
-
-    def models(self) -> list[Variant]:
-        """Every model: each scheme as it is, then the variants."""
-        return models_of(self.schemes, self.variants)
-
 
 def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     """Train what is not trained yet, evaluate everything, write the report and print its table;
     returns its document."""
     from evaluation.report import write_report  # matplotlib: imported to draw, not for the command's --help
 
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-    started, deadline = time.perf_counter(), Deadline(cfg.max_minutes)
-    trained, train_wall = train_all(cfg.run, cfg.out_dir, cfg.models(), cfg.seeds, max_minutes=cfg.max_minutes,
-                                    deadline=deadline, shorter=QUICK_CONFIG)  # fmt: skip
+    out, started, deadline = cfg.start()
+    trained, train_wall = train_all(cfg, deadline, shorter=QUICK_CONFIG)
     key = {"eval": dataclasses.asdict(cfg.eval), "eval_data": dataclasses.asdict(cfg.eval_data)}
     docs, eval_wall = evaluate_each(
         trained,
@@ -100,7 +74,6 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
         key,
         lambda r: evaluate_checkpoints([Subject(r.ckpt, r.label)], cfg.eval, cfg.eval_data),
         deadline,
-        cfg.max_minutes,
     )
     doc = merge_documents(docs)
     doc["experiment"] = experiment_record(cfg, trained, train_wall, eval_wall, started)

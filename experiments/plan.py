@@ -1,15 +1,8 @@
 """A study's plan before it starts, its progress while it runs, and its time limit.
 
-A study prints what it will do (every run: trained already, half-trained or to train, with its steps
-and tokens) and a rough estimate of the time it takes, then `run k of n` and an ETA after every
-run. The estimate is the training FLOPs of each run that is left (`GPT.flops_per_token`) over what
-the device sustains: a GPU's datasheet peak times a typical utilisation, a CPU's measured matmul
-rate times the same; once runs have finished, their measured times recalibrate it. It is an
-estimate, and says so.
-
-`Deadline` is a study's `--max_minutes`: each training run gets what is left of it
-(`train.max_minutes`), and the study stops between evaluations when too little is left, so that a
-whole study runs as a sequence of commands that each end within the limit.
+The estimate is the training FLOPs left (`GPT.flops_per_token`) over what the device sustains (a GPU's
+peak or a CPU's measured matmul rate, times a typical utilisation), recalibrated by the runs that finish.
+`Deadline` is a study's `--max_minutes`: each run gets what is left of it, and the study stops in time.
 """
 
 from __future__ import annotations
@@ -28,8 +21,7 @@ from training.config import RunConfig
 from training.hardware import peak_flops
 
 UTILISATION = 0.35
-"""Share of the peak that a training step sustains, for the estimate (an H100 trains GPT-2 124M at
-~38% MFU, BENCHMARKS.md; small models less)."""
+"""Share of the peak a training step sustains (an H100 trains GPT-2 124M at ~38% MFU, BENCHMARKS.md)."""
 CHAR_VOCAB = 256
 """The vocabulary assumed for a character-level model in the estimate (it is the corpus' own)."""
 
@@ -39,7 +31,7 @@ class PlannedRun:
     """One training run of a study, and how far it got."""
 
     label: str
-    """The model's name (a scheme or a variant): the runs of its seeds share it."""
+    """The model's name (a scheme or a variant)."""
     name: str
     """The run's directory name, <label>-seed<S>."""
     config: RunConfig
@@ -62,8 +54,10 @@ def steps_done(ckpt: Path) -> int:
     return int(read_checkpoint(ckpt, mmap=True).get("global_step", 0)) if ckpt.is_file() else 0
 
 
-def flops_per_step(config: RunConfig, vocab_size: int) -> float:
-    """Training FLOPs of one optimizer step of `config`'s model, built on the meta device (no memory)."""
+def flops_per_step(config: RunConfig, vocab_size: int | None) -> float:
+    """Training FLOPs of one optimizer step of `config`'s model, built on the meta device (no memory); without
+    `vocab_size`, GPT-2's for BPE and `CHAR_VOCAB` for characters."""
+    vocab_size = vocab_size or (GPTConfig.vocab_size if config.data.tokenizer == "gpt2" else CHAR_VOCAB)
     model_config = dataclasses.replace(config.model, vocab_size=vocab_size)
     with torch.device("meta"):
         model = GPT(model_config)
@@ -72,8 +66,8 @@ def flops_per_step(config: RunConfig, vocab_size: int) -> float:
 
 
 def sustained_flops(device: torch.device, precision: str = "bf16-mixed") -> float:
-    """FLOP/s a training step sustains on `device`, roughly: a GPU's peak, or a CPU's float32 matmul
-    rate measured now (a few tens of milliseconds), times `UTILISATION`."""
+    """FLOP/s a training step sustains on `device`, roughly: a GPU's peak, or a CPU's float32 matmul rate
+    measured now, times `UTILISATION`."""
     peak = peak_flops(device, precision)
     if peak is None:
         a = torch.randn(512, 512)
@@ -88,10 +82,9 @@ def sustained_flops(device: torch.device, precision: str = "bf16-mixed") -> floa
 class Progress:
     """Run k of n, and the ETA of what is left, recalibrated by the runs that finished."""
 
-    def __init__(self, plan: list[PlannedRun], seconds_per_flop: float, step_flops: dict[str, float]) -> None:
-        self.plan, self.step_flops = plan, step_flops
-        self.seconds_per_flop = seconds_per_flop
-        self._measured: list[tuple[float, float]] = []  # (seconds, flops) of runs trained here
+    def __init__(self, seconds_per_flop: float, step_flops: dict[str, float]) -> None:
+        self.seconds_per_flop, self.step_flops = seconds_per_flop, step_flops
+        self.measured = [0.0, 0.0]  # seconds and FLOPs of the runs trained here
 
     def left(self, run: PlannedRun) -> float:
         """The FLOPs left of `run`."""
@@ -99,14 +92,12 @@ class Progress:
 
     def estimate(self, runs: list[PlannedRun]) -> float:
         """Seconds the training of `runs` takes, as estimated now."""
-        rate = self.seconds_per_flop
-        if self._measured:
-            rate = sum(s for s, _ in self._measured) / max(1.0, sum(f for _, f in self._measured))
-        return sum(self.left(r) for r in runs) * rate
+        return sum(self.left(r) for r in runs) * self.seconds_per_flop
 
-    def finished(self, run: PlannedRun, seconds: float, flops: float) -> None:
+    def finished(self, seconds: float, flops: float) -> None:
         if flops > 0:
-            self._measured.append((seconds, flops))
+            self.measured = [self.measured[0] + seconds, self.measured[1] + flops]
+            self.seconds_per_flop = self.measured[0] / max(1.0, self.measured[1])
 
 
 LONG_ON_CPU = 3600.0
@@ -114,8 +105,7 @@ LONG_ON_CPU = 3600.0
 
 
 def describe(plan: list[PlannedRun], progress: Progress, device: str, shorter: str = "") -> str:
-    """The plan, a line a run, and the estimate of the time the training takes; on a CPU, past an hour, a
-    line naming `shorter` (a config, '': none)."""
+    """The plan, a line a run, and the estimate of its training time; on a CPU past an hour, `shorter` (a config)."""
     lines = [f"Plan: {len(plan)} training run(s) on {device}"]
     for k, run in enumerate(plan, 1):
         t = run.config.train
@@ -137,11 +127,12 @@ class Deadline:
     """The end of a study command's time (`max_minutes`; 0: none), on the monotonic clock."""
 
     def __init__(self, max_minutes: float) -> None:
+        self.max_minutes = max_minutes
         self.end = time.monotonic() + 60 * max_minutes if max_minutes else None
 
     def minutes_left(self) -> float:
-        """What is left, in minutes (0: no limit, as `train.max_minutes` reads it; a tiny positive
-        number once it has passed, so that a run started then stops at its first step)."""
+        """What is left, in minutes: 0 for no limit (as `train.max_minutes` reads it), a tiny positive number
+        once it has passed (a run started then stops at its first step)."""
         if self.end is None:
             return 0.0
         return max(1e-3, (self.end - time.monotonic()) / 60)
@@ -149,8 +140,3 @@ class Deadline:
     def passed(self, reserve: float = 0.0) -> bool:
         """Whether fewer than `reserve` seconds are left."""
         return self.end is not None and time.monotonic() + reserve >= self.end
-
-
-def corpus_vocab(config: RunConfig) -> int:
-    """The vocabulary size to estimate a corpus run with: GPT-2's for BPE, `CHAR_VOCAB` otherwise."""
-    return GPTConfig.vocab_size if config.data.tokenizer == "gpt2" else CHAR_VOCAB

@@ -1,19 +1,11 @@
 """Length generalisation on a synthetic task, in one command: one model per position scheme (and
 variant) and seed, trained on short inputs, tested for exact-match accuracy on long ones.
 
-    python -m experiments.synthetic --config configs/synthetic_copy.yaml
     python -m experiments.synthetic --config configs/synthetic_copy.yaml --schemes rope alibi --seeds 1 2
 
-The task (`data.tasks`: copy, reverse, recall, passkey) and its lengths are the `task:` section
-(`--task.name`, `--task.train_max`, `--task.eval_lengths`, ...). Every model is the shared `run:`
-with its scheme or its variant's overrides; a variant may also train on randomized positions
-(`{name: rope-randpos, model: {pos_encoding: rope}, train: {random_positions: 1024}}`, Ruoss et al.
-2023). Writes
-
-    <out_dir>/results.md, results.json, accuracy_vs_length.png (and passkey_depth.png)
-    <out_dir>/experiment.yaml, <out_dir>/runs/<model>-seed<S>/
-
-Runs already trained are reused and interrupted ones resume, as in `experiments.extrapolation`.
+The task (`data.tasks`) and its lengths are the `task:` section. Writes <out_dir>/results.md, results.json,
+accuracy_vs_length.png (and passkey_depth.png), experiment.yaml and runs/; reuses and resumes runs as
+`experiments.extrapolation` does.
 """
 
 from __future__ import annotations
@@ -21,13 +13,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from tqdm import tqdm
 
 from core.cli import run
@@ -37,17 +26,15 @@ from evaluation.checkpoint import load_checkpoint
 from evaluation.run import results_header
 from evaluation.tasks import evaluate_task
 from experiments.common import (
+    Study,
     TrainedRun,
     Variant,
-    check_models,
     evaluate_each,
     experiment_command,
     experiment_record,
-    models_of,
     print_report,
     train_all,
 )
-from experiments.plan import Deadline
 from model import POS_ENCODINGS
 from training.config import RunConfig
 
@@ -56,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class SyntheticConfig:
+class SyntheticConfig(Study):
     """A length-generalisation experiment on one synthetic task."""
 
     out_dir: str = "reports/synthetic"
@@ -83,17 +70,13 @@ class SyntheticConfig:
     evaluations done are kept, and the command exits with status 75; the same command continues the study."""
 
     def __post_init__(self) -> None:
-        check_models(self.models(), self.seeds, self.run)
+        super().__post_init__()
         longest = max(len(e.prompt) + len(e.answer) - 1 for e in eval_set(self.task, self.task.train_max, size=8))
         if longest > self.run.model.block_size:
             raise ValueError(
                 f"Training examples of {self.task.name} reach {longest} tokens at task.train_max "
                 f"{self.task.train_max}; raise run.model.block_size to at least {longest}."
             )
-
-    def models(self) -> list[Variant]:
-        """Every model: each scheme as it is, then the variants."""
-        return models_of(self.schemes, self.variants)
 
 
 def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
@@ -102,13 +85,9 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
     from evaluation.task_report import write_task_report  # matplotlib and Lightning: imported to run, not for
     from training.run import task_data  # the command's --help
 
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-    started, deadline = time.perf_counter(), Deadline(cfg.max_minutes)
+    out, started, deadline = cfg.start()
     tokenizer = tokenizer_for(cfg.task)
-    trained, train_wall = train_all(cfg.run, cfg.out_dir, cfg.models(), cfg.seeds, lambda r: task_data(cfg.task, r),
-                                    tokenizer.vocab_size, cfg.max_minutes, deadline)  # fmt: skip
+    trained, train_wall = train_all(cfg, deadline, lambda r: task_data(cfg.task, r), tokenizer.vocab_size)
     device = pick_device(cfg.device)
     key = {"task": dataclasses.asdict(cfg.task), "eval_batch": cfg.eval_batch, "device": str(device)}
     depths = len(cfg.task.depths) if TASKS[cfg.task.name].depths else 1
@@ -129,7 +108,7 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
                 "results": evaluate_task(model, tokenizer, cfg.task, cfg.eval_batch, bar.update),
             }
 
-        runs, eval_wall = evaluate_each(trained, "task", key, evaluate, deadline, cfg.max_minutes)
+        runs, eval_wall = evaluate_each(trained, "task", key, evaluate, deadline)
     doc = {
         "format": FORMAT,
         **results_header(device, torch.float32),

@@ -1,9 +1,5 @@
 """`posgpt MODE [options]`: every command of the project under one name (installed by `pip install .`).
-
-Each command's logic lives in the package that owns it; the top-level scripts (train.py, sample.py,
-evaluate.py, attention_maps.py, bench.py) and `python -m data.prepare` / `python -m experiments.NAME`
-run the same commands. Each is imported when it runs, so `posgpt --help` imports no torch.
-"""
+Each is imported when it runs, so `posgpt --help` imports no torch."""
 
 from __future__ import annotations
 
@@ -63,8 +59,7 @@ MODES: Modes = {
         "a new torch.",
     ),
 }
-"""The commands: where each lives and its line in `posgpt --help` (tests/test_cli.py holds the lines to
-the commands' own descriptions)."""
+"""Where each command lives and its line in `posgpt --help` (tests/test_cli.py holds them to the commands')."""
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -10,9 +10,8 @@ import pytest
 
 import bench
 from benchmarks.common import DEFAULT_PEER
-from benchmarks.gpu import ratios
-from benchmarks.gpu_rows import GPU_SHAPES, Row
-from benchmarks.report_render import render
+from benchmarks.gpu import GPU_SHAPES, Row, ratios
+from benchmarks.report import render
 from core.modes import run_modes
 
 CPU_MODE = ["gpu", "--device", "cpu", "--compile", "false", "--steps", "2", "--warmup", "1"]

@@ -11,9 +11,8 @@ import json
 import pytest
 
 import benchmarks.report as report
-from benchmarks.gpu_rows import SCHEMES, Row
-from benchmarks.report import Job, ReportConfig, plan, run_job
-from benchmarks.report_render import render
+from benchmarks.gpu import SCHEMES, Row
+from benchmarks.report import Job, ReportConfig, plan, render, run_job
 from core.modes import run_modes
 
 QUICK = Job("quick/platform", "platform", [], 60)  # `python -m platform`: prints this machine, exits 0
