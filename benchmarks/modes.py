@@ -5,14 +5,7 @@
     bench.py vs-nanogpt --peer ../shared/peers/nanoGPT --input ../shared/data/tinyshakespeare.txt --shape cpu
     bench.py report [--part check train decode long] [--out bench-report.jsonl] [--render FILE]
 
-Each mode is a dataclass of options and a function in `benchmarks/` (decoding.py: decode speed per
-scheme, eager and compiled, against nanoGPT's generate; gpu.py: training speed per scheme and shape, bare
-step, trainer and nanoGPT's step; nanogpt.py: our train.py against nanoGPT's;
-report.py: all the GPU figures in resumable parts); `bench.py MODE --help` lists a mode's
-options and what it measures. The one-off CPU investigations of earlier issues (train-step, plain-run,
-val-noise, precision, clip, attention-cost, variants: `bench.py gpu --device cpu` times every
-scheme's step) were removed in issue 35: their figures stay in
-BENCHMARKS.md, their code in the history (commit 1399160).
+`bench.py MODE --help` lists a mode's options and what it measures.
 """
 
 from __future__ import annotations
