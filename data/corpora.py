@@ -1,20 +1,6 @@
-"""Named corpora: text a run can use without the user providing any.
-
-| name          | what                                                                             |
-|---------------|----------------------------------------------------------------------------------|
-| `shakespeare` | Tiny Shakespeare (1.1 MB), from the cache or downloaded once; offline, an error   |
-|               | that says how to pass a local copy                                               |
-| `python-docs` | the English documentation bundled with CPython (`pydoc_data`, ~465 KB), or, where |
-|               | an installation lacks it, the standard library's own source: no network needed    |
-| `python-library` | the Python source and docs of the standard library and of every installed      |
-|               | distribution, one document per file, deduplicated (`data.library`): tens of millions |
-|               | of GPT-2 tokens with no network, built once per installation                      |
-| `auto`        | the default of `python train.py`: `shakespeare` where it can be had, else         |
-|               | `python-docs`, saying so in one line                                              |
-
-Every corpus becomes a file in the cache directory ($POSGPT_CACHE, else ~/.cache/posgpt), so the
-rest of the pipeline (hashing, preparing, naming the run after the file) treats it like any file
-(`python-library` a JSON-lines file of documents, with its manifest).
+"""Named corpora, text a run can use without the user providing any: `shakespeare`, `python-docs`,
+`python-library` and `auto` (docs/data.md). Each becomes a file in the cache directory ($POSGPT_CACHE, else
+~/.cache/posgpt), so the rest of the pipeline treats it like any file.
 """
 
 from __future__ import annotations
@@ -44,12 +30,10 @@ AUTO = "auto"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 CACHE_ENV = "POSGPT_CACHE"
-STDLIB_SOURCE_CHARS = 1 << 20
-"""How much of the standard library's source stands in for the documentation where it is missing."""
+STDLIB_SOURCE_CHARS = 1 << 20  # how much of the standard library's source stands in for missing docs
 
 
 def cache_dir() -> Path:
-    """Where downloads and extracted corpora are kept: $POSGPT_CACHE, else ~/.cache/posgpt."""
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "posgpt")
 
 
@@ -74,8 +58,7 @@ def shakespeare_path() -> Path:
 
 
 def python_docs_path() -> Path:
-    """A text every Python installation carries, written once into the cache: the documentation
-    topics that `help()` shows (pydoc_data), else the standard library's source."""
+    """The topics that `help()` shows (pydoc_data), else the standard library's source, cached once."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     try:
         from pydoc_data.topics import topics
@@ -85,13 +68,11 @@ def python_docs_path() -> Path:
 
 
 def default_corpus() -> Path:
-    """`auto`: Tiny Shakespeare where it can be had; otherwise Python's documentation, with one
-    line that says what is used, why, and how to pass a file instead. Within a process the choice is
-    made once per cache directory, so that a study of many runs tries the download and says so once."""
+    """`auto`: Tiny Shakespeare where it can be had, else Python's documentation, saying so in one line."""
     return _default_corpus(cache_dir())
 
 
-@functools.cache
+@functools.cache  # once per cache directory: a study of many runs tries the download and says so once
 def _default_corpus(cache: Path) -> Path:
     try:
         return shakespeare_path()
@@ -109,10 +90,8 @@ def _default_corpus(cache: Path) -> Path:
 
 
 def python_library() -> Source:
-    """`python-library` of this installation: built into the cache the first time (about 10 s for 300 MB),
-    then found by the installation's versions without walking anything (see `data.library`)."""
-    roots = library_roots()
-    cache = cache_dir()
+    """`python-library` of this installation, built into the cache the first time (`data.library`)."""
+    roots, cache = library_roots(), cache_dir()
     try:
         cache.mkdir(parents=True, exist_ok=True)
         return library_corpus(roots, cache, installed_environment(roots), exclude=[Path("prepared"), Path("runs")])
@@ -126,11 +105,9 @@ NAMED: dict[str, Callable[[], Path | Source]] = {
     PYTHON_LIBRARY: python_library,
     AUTO: default_corpus,
 }
-"""Names that `--data.input` accepts besides files and directories."""
 
 
 def _stdlib_source() -> str:
-    """The first STDLIB_SOURCE_CHARS characters of the standard library's top-level modules."""
     parts, size = [], 0
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
         text = path.read_text(encoding="utf-8", errors="replace")

@@ -1,5 +1,4 @@
-"""LightningDataModules: over prepared token files (random training windows, fixed validation
-windows), and over a synthetic task (`data.tasks`)."""
+"""LightningDataModules over prepared token files and over a synthetic task (`data.tasks`)."""
 
 from __future__ import annotations
 
@@ -17,19 +16,36 @@ from data.tasks import TaskConfig, encode, tokenizer_for, training_batch, valida
 from data.tokenizer import CharTokenizer
 
 
-class TokenDataModule(L.LightningDataModule):
-    """Batches of (x, y) windows of `block_size` tokens from a prepared directory.
+class _ResumableDataModule(L.LightningDataModule):
+    """The training stream's position (micro-batches done) is saved in every checkpoint with the seed and
+    restored before the training loader iterates: a resumed run continues the exact stream."""
 
-    The position of the training stream is `global_step * grad_accum` micro-batches. It is saved in
-    every checkpoint (with the seed) and restored before the training loader starts iterating, so a
-    resumed run continues the exact stream an uninterrupted run would have seen.
-    """
+    def __init__(self, batch_size: int, seed: int) -> None:
+        super().__init__()
+        self.batch_size, self.seed = batch_size, seed
+        self._start = 0
+
+    def _stream_args(self) -> tuple[int, int, int, Callable[[], int]]:
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        return self.batch_size, self.seed, rank, lambda: self._start
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self.trainer
+        done = 0 if trainer is None else trainer.global_step * trainer.accumulate_grad_batches
+        return {"seed": self.seed, "micro_batches": done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["seed"] != self.seed:
+            raise DataError(f"The checkpoint's data stream used seed {state['seed']}, this run {self.seed}.")
+        self._start = state["micro_batches"]
+
+
+class TokenDataModule(_ResumableDataModule):
+    """Batches of (x, y) windows of `block_size` tokens from a prepared directory."""
 
     def __init__(self, data: PreparedData, block_size: int, batch_size: int, seed: int, eval_tokens: int = 0) -> None:
-        super().__init__()
-        self.data, self.block_size, self.batch_size = data, block_size, batch_size
-        self.seed = seed
-        self._start = 0
+        super().__init__(batch_size, seed)
+        self.data, self.block_size = data, block_size
         for split in ("train", "val"):
             n = data.meta[f"{split}_tokens"]
             if n < block_size + 1:
@@ -45,13 +61,8 @@ class TokenDataModule(L.LightningDataModule):
         windows = len(self.validation.offsets)
         return {"windows": windows, "tokens": windows * self.block_size, "split_tokens": self.data.meta["val_tokens"]}
 
-    def _micro_batches_done(self) -> int:
-        trainer = self.trainer
-        return 0 if trainer is None else trainer.global_step * trainer.accumulate_grad_batches
-
     def train_dataloader(self) -> DataLoader:
-        rank = self.trainer.global_rank if self.trainer is not None else 0
-        stream = RandomWindows(self.data, self.block_size, self.batch_size, self.seed, rank, lambda: self._start)
+        stream = RandomWindows(self.data, self.block_size, *self._stream_args())
         return DataLoader(stream, batch_size=None, pin_memory=self._pin(), generator=_private_generator())
 
     def val_dataloader(self) -> DataLoader:
@@ -61,12 +72,7 @@ class TokenDataModule(L.LightningDataModule):
         return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "micro_batches": self._micro_batches_done(), "validation": self.validation_record()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["seed"] != self.seed:
-            raise DataError(f"The checkpoint's data stream used seed {state['seed']}, this run {self.seed}.")
-        self._start = state["micro_batches"]
+        return {**super().state_dict(), "validation": self.validation_record()}
 
 
 def _private_generator() -> torch.Generator:
@@ -76,21 +82,17 @@ def _private_generator() -> torch.Generator:
     return torch.Generator().manual_seed(0)
 
 
-class TaskDataModule(L.LightningDataModule):
-    """Batches of a synthetic task (`data.tasks`): an endless seeded stream of training examples,
-    padded per batch, and a fixed validation set at training lengths; (x, y) with targets -1 off
-    the answers. The stream resumes exactly, as `TokenDataModule`'s does."""
+class TaskDataModule(_ResumableDataModule):
+    """Batches of a synthetic task: a seeded stream of training examples and a fixed validation set."""
 
     def __init__(self, task: TaskConfig, batch_size: int, seed: int) -> None:
-        super().__init__()
-        self.task, self.batch_size, self.seed = task, batch_size, seed
+        super().__init__(batch_size, seed)
+        self.task = task
         self.tokenizer = tokenizer_for(task)
-        self._start = 0
         self._val: list[tuple[torch.Tensor, ...]] | None = None
 
     def train_dataloader(self) -> DataLoader:
-        rank = self.trainer.global_rank if self.trainer is not None else 0
-        stream = TaskStream(self.task, self.tokenizer, self.batch_size, self.seed, rank, lambda: self._start)
+        stream = TaskStream(self.task, self.tokenizer, *self._stream_args())
         return DataLoader(stream, batch_size=None, generator=_private_generator())
 
     def val_dataloader(self) -> DataLoader:
@@ -101,16 +103,6 @@ class TaskDataModule(L.LightningDataModule):
                 for i in range(0, len(examples), self.batch_size)
             ]
         return DataLoader(self._val, batch_size=None, generator=_private_generator())
-
-    def state_dict(self) -> dict[str, Any]:
-        trainer = self.trainer
-        done = 0 if trainer is None else trainer.global_step * trainer.accumulate_grad_batches
-        return {"seed": self.seed, "micro_batches": done}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["seed"] != self.seed:
-            raise DataError(f"The checkpoint's data stream used seed {state['seed']}, this run {self.seed}.")
-        self._start = state["micro_batches"]
 
 
 class TaskStream(SeededStream):

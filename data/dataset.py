@@ -1,11 +1,6 @@
-"""Prepared token files -> training and evaluation windows.
-
-Training draws `batch_size` random windows of `block_size + 1` tokens per batch. Batch number i of
-rank r comes from a generator seeded with (seed, r, i), so the stream is a pure function of its
-position: resuming at batch i reproduces exactly what an uninterrupted run would have drawn.
-Evaluation uses fixed, non-overlapping windows from the start of the split, so a val loss is
-comparable across runs, schemes and checkpoints.
-"""
+"""Prepared token files -> training windows (random; batch i of rank r drawn from the seed (seed, r, i), so
+a resumed run draws exactly what an uninterrupted one would) and evaluation windows (fixed, non-overlapping,
+from the start of the split, so a val loss is comparable across runs)."""
 
 from __future__ import annotations
 
@@ -94,10 +89,8 @@ def prepare_dir(
     text_column: str = "text",
     val_max_tokens: int | None = VAL_MAX_TOKENS,
 ) -> PreparedData:
-    """The prepared directory `prepared`, or one prepared (or reused) from `inputs` under
-    `prepared_root`, named after the text and keyed by the sources and settings. The key takes the text
-    column and the validation cap only where they differ from their defaults, so that directories prepared
-    before those settings existed keep their names."""
+    """The prepared directory `prepared`, or one prepared (or reused) from `inputs` under `prepared_root`,
+    named after the text and keyed by the sources and settings (those added later only where not default)."""
     if prepared:
         return load_prepared(prepared)
     if not inputs:
@@ -124,9 +117,8 @@ def _window_batch(tokens: np.ndarray, offsets: np.ndarray, block_size: int) -> B
 
 
 class SeededStream(IterableDataset):
-    """An endless stream of training batches, starting at batch `start()` (read when iteration
-    starts, i.e. after a checkpoint was restored), where batch i of a rank is a function of (seed,
-    rank, i) alone: a resumed run continues the exact stream of an uninterrupted one."""
+    """An endless stream of training batches from batch `start()` (read when iteration starts, after a
+    checkpoint was restored), where batch i of a rank is a function of (seed, rank, i) alone."""
 
     def __init__(self, batch_size: int, seed: int, rank: int, start: Callable[[], int]) -> None:
         super().__init__()

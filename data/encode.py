@@ -1,15 +1,7 @@
-"""Sources -> one flat file of token ids, streamed, on every core, with progress.
-
-GPT-2 BPE encodes a batch of pieces at once (about CHUNK_CHARS characters per thread) on a pool of threads,
-one per core, each encoding a contiguous group of pieces in one call of tiktoken, outside the GIL
-(`GPT2Tokenizer.encode_pieces`: one call per document would leave short documents on one core), while the
-next batch is read; <|endoftext|> follows every document. On the 2-core development machine the 322 MB of
-`python-library` encode at 11.3 MB/s, against 6.6 on one thread. The char tokenizer encodes the same
-stream, a newline ending each document of JSON lines, Parquet and datasets. Either way memory holds a few
-batches, whatever the corpus size.
-
-Progress: a tqdm bar on a terminal; elsewhere (logs of batch jobs) an INFO line at every tenth of the input
-read, or every minute where the size is unknown (Hub datasets): MB read, tokens, MB/s.
+"""Sources -> one flat file of token ids, streamed, with progress. GPT-2 BPE encodes batches of about
+CHUNK_CHARS characters per thread on every core while the next batch is read (`GPT2Tokenizer.encode_pieces`);
+<|endoftext|> follows every document. The char tokenizer encodes the same stream, a newline ending each
+document of JSON lines, Parquet and datasets. Memory holds a few batches, whatever the corpus size.
 """
 
 from __future__ import annotations
@@ -20,7 +12,6 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,21 +23,19 @@ from data.tokenizer import GPT2Tokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH_PIECES = 65536
-"""Most pieces (documents, for short ones) encoded in one call."""
-LOG_SECONDS = 60.0
-"""Interval of progress lines where the input's size is unknown."""
-QUIET_SECONDS = 5.0
-"""No progress lines before this: a small corpus is done by then, and the summary line says it all."""
+MAX_BATCH_PIECES = 65536  # most pieces (documents, for short ones) encoded in one call
+LOG_SECONDS = 60.0  # interval of progress lines where the input's size is unknown (a Hub dataset)
+QUIET_SECONDS = 5.0  # no progress lines before this: a small corpus is done by then
 
 
 class Progress:
-    """How far a pass over the sources is: a bar on a terminal, else a log line every tenth (or minute)."""
+    """How far a pass over the sources is: a tqdm bar on a terminal, else an INFO line every tenth (or minute)."""
 
     def __init__(self, what: str, total: int | None, interactive: bool | None = None) -> None:
         self.what, self.total = what, total or None
         self.read, self.tokens = 0, 0
         self.start = self._last_log = time.perf_counter()
+        self.end: float | None = None
         self._tenth = 0
         interactive = sys.stderr.isatty() if interactive is None else interactive
         self.bar = tqdm(total=self.total, unit="B", unit_scale=True, desc=what, leave=False) if interactive else None
@@ -79,12 +68,16 @@ class Progress:
         log.info("%s: %s%s, %.1f MB/s)", self.what, where, tokens, self.mb_per_s())
 
     def seconds(self) -> float:
-        return time.perf_counter() - self.start
+        return (self.end or time.perf_counter()) - self.start
 
     def mb_per_s(self) -> float:
         return self.read / 1e6 / max(self.seconds(), 1e-9)
 
+    def record(self) -> dict[str, float]:
+        return {"bytes": self.read, "seconds": round(self.seconds(), 2), "MB/s": round(self.mb_per_s(), 1)}
+
     def close(self) -> None:
+        self.end = time.perf_counter()
         if self.bar is not None:
             self.bar.close()
 
@@ -92,25 +85,7 @@ class Progress:
 def total_size(sources: list[Source]) -> int | None:
     """Bytes of all the sources, or None where one's size is unknown (a Hub dataset)."""
     sizes = [source.size() for source in sources]
-    return None if any(size is None for size in sizes) else sum(size or 0 for size in sizes)
-
-
-@dataclass
-class Written:
-    """What `write_tokens` wrote."""
-
-    tokens: int
-    chars: int
-    """Characters of text read (separators and <|endoftext|> not counted)."""
-    bytes_read: int
-    seconds: float
-
-    def mb_per_s(self) -> float:
-        return self.bytes_read / 1e6 / max(self.seconds, 1e-9)
-
-    def record(self) -> dict[str, float]:
-        """For meta.json: how much was read, how fast."""
-        return {"bytes": self.bytes_read, "seconds": round(self.seconds, 2), "MB/s": round(self.mb_per_s(), 1)}
+    return None if None in sizes else sum(sizes)
 
 
 def char_set(sources: list[Source], errors: str) -> set[str]:
@@ -128,8 +103,9 @@ def char_set(sources: list[Source], errors: str) -> set[str]:
 
 def write_tokens(
     path: Path, sources: list[Source], tok: Tokenizer, dtype: np.dtype, errors: str, workers: int
-) -> Written:
-    """Encode every source into one flat token file at `path`."""
+) -> tuple[int, int, Progress]:
+    """Encode every source into one flat token file at `path`: the tokens, the characters of text read
+    (separators and <|endoftext|> not counted) and the finished progress."""
     progress = Progress("tokenizing", total_size(sources))
     tokens, chars = 0, 0
     pool = ThreadPoolExecutor(workers) if isinstance(tok, GPT2Tokenizer) and workers > 1 else None
@@ -148,7 +124,7 @@ def write_tokens(
         progress.close()
         if pool is not None:
             pool.shutdown()
-    return Written(tokens, chars, progress.read, progress.seconds())
+    return tokens, chars, progress
 
 
 def _bpe_batches(
@@ -171,8 +147,7 @@ def _bpe_batches(
 def _piece_batches(
     sources: list[Source], errors: str, workers: int
 ) -> Iterator[tuple[list[str], list[bool], int, int]]:
-    """(texts, ends, bytes read so far, characters): the pieces of the sources, about CHUNK_CHARS characters
-    per worker at a time."""
+    """(texts, ends, bytes read so far, characters): about CHUNK_CHARS characters per worker at a time."""
     texts: list[str] = []
     ends: list[bool] = []
     size, base, read = 0, 0, 0
@@ -205,11 +180,10 @@ def _char_batches(sources: list[Source], tok: Tokenizer, errors: str) -> Iterato
 
 
 def _char_stream(sources: list[Source], errors: str) -> Iterator[tuple[str, int, int]]:
-    """The char tokenizer's text: (text, bytes read so far, characters of the sources' own text in it), a
-    newline after each document of the formats of documents."""
+    """The char tokenizer's text: (text, bytes read so far, characters of the sources' own text in it)."""
     base, read = 0, 0
     for source in sources:
-        separator = "\n" if source.documents else ""
+        separator = "" if source.format == "text" else "\n"
         for piece in source.pieces(errors):
             read = base + piece.read
             text = piece.text + separator if piece.end else piece.text

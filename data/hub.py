@@ -1,19 +1,8 @@
 """Hugging Face Hub datasets as a corpus source, streamed: `--data.input hf:NAME[:CONFIG]:SPLIT[@REVISION]`.
 
-    hf:roneneldan/TinyStories:train                       NAME:SPLIT (the default config)
-    hf:Salesforce/wikitext:wikitext-103-raw-v1:train      NAME:CONFIG:SPLIT
-    hf:Salesforce/wikitext:wikitext-103-raw-v1:train@main and a branch, tag or commit
-
-Names hold '/' but never ':' or '@', so the spec splits on them without ambiguity. The revision (default
-`main`) is resolved to its commit when the source is resolved (one request to the Hub), and the source is
-pinned to that commit from then on: the data are read at that commit, the prepared data's fingerprint is
-name + config + split + commit (a new commit on the branch is new data), and the pinned spec is what
-meta.json and checkpoints record, so that finding the data again needs no network (an unpinned spec does:
-offline, pass the pinned one to reuse what was prepared). Rows are streamed
-(`load_dataset(..., streaming=True)`): nothing is downloaded whole, memory stays bounded.
-
-`datasets` (and its `huggingface_hub`) are an optional extra, `pip install 'posgpt[hf]'`, imported only here
-and only when such a source is used.
+The revision (default `main`) is resolved to its commit once, and the source is pinned to it from then on:
+the rows are read at that commit, and the pinned spec is what the fingerprint, meta.json and checkpoints take,
+so finding the data again needs no network. Needs the optional `datasets`, `pip install 'posgpt[hf]'`.
 """
 
 from __future__ import annotations
@@ -38,12 +27,10 @@ class HubSpec:
     name: str
     config: str | None
     split: str
-    revision: str | None = None
-    """A branch, tag or commit; None: the default branch."""
+    revision: str | None = None  # a branch, tag or commit; None: the default branch
 
     @classmethod
     def parse(cls, text: str) -> HubSpec:
-        """The spec `text` names; a malformed one is a DataError that shows the syntax."""
         body = text[len(PREFIX) :] if text.startswith(PREFIX) else text
         body, at, revision = body.partition("@")
         parts = body.split(":")
@@ -52,8 +39,7 @@ class HubSpec:
                 f"Cannot read the Hub dataset {text!r}: write {SYNTAX}, e.g. hf:Salesforce/wikitext:"
                 "wikitext-103-raw-v1:train (the split is required)."
             )
-        name, split = parts[0], parts[-1]
-        return cls(name, parts[1] if len(parts) == 3 else None, split, revision or None)
+        return cls(parts[0], parts[1] if len(parts) == 3 else None, parts[-1], revision or None)
 
     def __str__(self) -> str:
         config = f":{self.config}" if self.config else ""
@@ -62,7 +48,7 @@ class HubSpec:
 
     @property
     def pinned(self) -> bool:
-        """Whether the revision is a full commit hash (then nothing needs resolving)."""
+        """Whether the revision is a full commit hash."""
         return bool(self.revision and _COMMIT.fullmatch(self.revision))
 
 
@@ -71,7 +57,7 @@ def pin(spec: HubSpec) -> HubSpec:
     if spec.pinned:
         return spec
     hub = optional_import("huggingface_hub", f"Reading {spec}", "hf")
-    optional_import("datasets", f"Reading {spec}", "hf")  # fail now, before anything is prepared, if it is missing
+    optional_import("datasets", f"Reading {spec}", "hf")  # fail before anything is prepared
     try:
         commit = hub.HfApi().dataset_info(spec.name, revision=spec.revision).sha
     except Exception as error:  # offline, unknown dataset or revision: huggingface_hub raises many types

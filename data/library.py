@@ -1,26 +1,8 @@
-"""`python-library`: a corpus of tens of millions of GPT-2 tokens that every machine with the project installed
-already holds, so that BPE models can be trained and compared at a real scale with no network.
-
-It is the Python source and documentation (`SUFFIXES`) of the standard library and of every installed
-distribution (site-packages), one document per file (<|endoftext|> after each in BPE):
-
-- deduplicated by content (sha256), so vendored copies and repeated boilerplate count once;
-- with each line's leading groups of four spaces written as tabs (`tabbed`): GPT-2's BPE spends a token
-  per space of indentation, which made half the tokens of Python source single spaces; a tab is one token
-  per level (argparse.py: 45k -> 29k tokens, single spaces 49% -> 0.1%);
-- ordered by content hash, a deterministic order that scatters packages, so the validation split (the last
-  tokens) is a sample of files rather than the last package;
-- without binary (NUL bytes) or non-UTF-8 files, nor files over MAX_FILE_BYTES (generated tables and data);
-  package metadata (`*.dist-info`, `*.egg-info`), caches (`__pycache__`, hidden directories) and the
-  posgpt cache itself are not walked.
-
-It is built once into the cache directory as JSON lines (`{"text": ..., "path": ...}`), under a name keyed by
-the Python version, the installed distributions and their versions and the roots: a new or upgraded package
-gives a new corpus, while an unchanged installation reuses the file without walking anything. A manifest
-beside it (`<name>.manifest.json`) records the Python version, the distributions, the roots, the counts of
-files kept, duplicates dropped and files skipped (and why), the bytes of text and the sha256 of the corpus
-file; prepared data (meta.json) and checkpoints carry it. Two installations differ, so two machines build two
-corpora: compare runs by the recorded manifest.
+"""`python-library`: tens of millions of GPT-2 tokens that every machine with the project installed already
+holds, so BPE models can be trained at a real scale with no network (docs/data.md). It is the Python source
+and docs (`SUFFIXES`) of the standard library and every installed distribution, one document per file,
+deduplicated by content and ordered by content hash (so the validation split samples every package), built
+once into the cache as JSON lines under a name keyed by the installation, with a manifest beside it.
 """
 
 from __future__ import annotations
@@ -48,17 +30,15 @@ from data.sources import Source
 log = logging.getLogger(__name__)
 
 NAME = "python-library"
-BUILDER_VERSION = 2
-"""Changes whenever the rules below change what the corpus holds, so that a cached one is built again."""
+BUILDER_VERSION = 2  # changes whenever the rules below change what the corpus holds
 SUFFIXES = (".py", ".pyi", ".rst", ".md", ".txt")
-MAX_FILE_BYTES = 1 << 20
-"""Larger files are generated data (tables, vendored bundles), not text people wrote."""
+MAX_FILE_BYTES = 1 << 20  # larger files are generated data (tables, vendored bundles)
 SKIPPED_DIRECTORY_SUFFIXES = (".dist-info", ".egg-info")
 INDENTATION = re.compile(r"^(?: {4})+", re.MULTILINE)
 
 
 def tabbed(text: str) -> str:
-    """`text` with each line's leading groups of four spaces as tabs (other spaces stay)."""
+    """`text` with each line's leading groups of four spaces as tabs: GPT-2's BPE spends a token per space."""
     return INDENTATION.sub(lambda match: "\t" * (len(match.group(0)) // 4), text)
 
 
@@ -68,17 +48,12 @@ def library_roots() -> list[Path]:
     candidates = [paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"], *site.getsitepackages()]
     if site.ENABLE_USER_SITE:
         candidates.append(site.getusersitepackages())
-    roots: list[Path] = []
-    for candidate in candidates:
-        path = Path(candidate).resolve()
-        if path.is_dir() and path not in roots:
-            roots.append(path)
-    return roots
+    resolved = (Path(candidate).resolve() for candidate in candidates)
+    return list(dict.fromkeys(path for path in resolved if path.is_dir()))  # without repeats, in order
 
 
 def installed_environment(roots: Sequence[Path]) -> dict[str, Any]:
-    """What the corpus depends on besides its roots: the Python version and the distributions installed in
-    the roots, with their versions (sorted, one entry per name)."""
+    """What the corpus depends on besides its roots: the Python version and the distributions in the roots."""
     distributions: dict[str, str] = {}
     for dist in importlib.metadata.distributions(path=[str(root) for root in roots]):
         name = dist.metadata["Name"]
@@ -94,8 +69,7 @@ def installed_environment(roots: Sequence[Path]) -> dict[str, Any]:
 def library_corpus(
     roots: Sequence[Path], cache: Path, environment: dict[str, Any], exclude: Iterable[Path] = ()
 ) -> Source:
-    """The corpus of `roots` as a source of documents, built into `cache` unless a corpus of the same
-    roots and `environment` (`installed_environment`) is there already."""
+    """The corpus of `roots`, built into `cache` unless one of the same roots and `environment` is there."""
     roots = [Path(root).resolve() for root in roots]
     key_text = json.dumps({"builder": BUILDER_VERSION, "roots": [str(r) for r in roots], **environment}, sort_keys=True)
     key = hashlib.sha256(key_text.encode()).hexdigest()[:12]
@@ -112,12 +86,9 @@ def library_corpus(
     return Source(str(corpus.resolve()), "jsonl", "text", label=f"{NAME}-{version}", details={"manifest": manifest})
 
 
-def build(
-    roots: Sequence[Path], out: Path, environment: dict[str, Any], exclude: Iterable[Path] = ()
-) -> dict[str, Any]:
-    """Write the corpus of `roots` to `out` (JSON lines, atomically) and return its manifest."""
+def build(roots: list[Path], out: Path, environment: dict[str, Any], exclude: Iterable[Path] = ()) -> dict[str, Any]:
+    """Write the corpus of the (resolved) `roots` to `out` (JSON lines, atomically) and return its manifest."""
     start = time.perf_counter()
-    roots = [Path(root).resolve() for root in roots]
     log.info("Building the %s corpus from %d directories into %s (once per installation)", NAME, len(roots), out)
     skipped: Counter[str] = Counter()
     kept: dict[str, Path] = {}  # content sha256 -> the first path holding it
@@ -165,8 +136,7 @@ def build(
 
 
 def _candidates(roots: list[Path], exclude: set[Path], skipped: Counter[str]) -> Iterator[Path]:
-    """Files with a corpus suffix under each root, not descending into other roots (walked on their own),
-    excluded directories, metadata or caches."""
+    """Files with a corpus suffix under each root, not under other roots, excluded directories or caches."""
     for root in roots:
         others = {r for r in roots if r != root} | exclude
         for directory, subdirectories, files in os.walk(root):
@@ -191,8 +161,7 @@ def _candidates(roots: list[Path], exclude: set[Path], skipped: Counter[str]) ->
 def _checked_bytes(path: Path, skipped: Counter[str]) -> bytes | None:
     """The file's bytes if it belongs in the corpus, else None (counting why not)."""
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
+        if path.stat().st_size > MAX_FILE_BYTES:
             skipped["too_large"] += 1
             return None
         data = path.read_bytes()
@@ -214,7 +183,7 @@ def _checked_bytes(path: Path, skipped: Counter[str]) -> bytes | None:
 
 
 def _read_again(path: Path, digest: str) -> bytes:
-    """A kept file's bytes, once more (the first pass keeps only hashes, so memory stays small)."""
+    """A kept file's bytes, once more (the first pass keeps only hashes)."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -225,13 +194,9 @@ def _read_again(path: Path, digest: str) -> bytes:
 
 
 def _label(path: Path, roots: list[Path]) -> str:
-    """The file's path below its root (the innermost: site-packages sits inside the standard library),
-    prefixed with the root's name: python3.11/json/decoder.py, site-packages/numpy/linalg/linalg.py."""
-    holding = [root for root in roots if path.is_relative_to(root)]
-    if not holding:
-        return path.as_posix()
-    root = max(holding, key=lambda r: len(r.parts))
-    return f"{root.name}/{path.relative_to(root).as_posix()}"
+    """The file's path below its innermost root, prefixed with the root's name: python3.11/json/decoder.py."""
+    root = max((r for r in roots if path.is_relative_to(r)), key=lambda r: len(r.parts), default=None)
+    return path.as_posix() if root is None else f"{root.name}/{path.relative_to(root).as_posix()}"
 
 
 def _read_manifest(path: Path, corpus: Path) -> dict[str, Any] | None:
@@ -240,7 +205,7 @@ def _read_manifest(path: Path, corpus: Path) -> dict[str, Any] | None:
         manifest = json.loads(path.read_text())
         size = corpus.stat().st_size
     except (OSError, ValueError):
-        return None  # absent, or torn by a build that was killed
+        return None
     if not isinstance(manifest, dict) or manifest.get("corpus") != NAME or manifest.get("file_bytes") != size:
         return None
     return manifest

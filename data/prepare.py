@@ -1,40 +1,21 @@
-"""Turn text into memory-mapped token files: `train.bin`, `val.bin` and `meta.json`.
+"""Turn text into memory-mapped token files: `train.bin`, `val.bin` and `meta.json` (docs/data.md).
 
     python -m data.prepare --inputs corpus/ --out_dir prepared/mycorpus --tokenizer gpt2
-    python -m data.prepare --inputs shards/ --glob '*.jsonl' --text_column text --out_dir prepared/x --tokenizer gpt2
-    python -m data.prepare --inputs hf:Salesforce/wikitext:wikitext-103-raw-v1:train --out_dir prepared/wt103 ...
-    python -m data.prepare --inputs python-library --out_dir prepared/pylib --tokenizer gpt2
 
-Inputs (`data.sources`): text files, JSON-lines (`.jsonl`, `.jsonl.gz`) and Parquet files whose documents are
-a text column, directories (recursive, `*.txt` by default), a dataset saved with `datasets`' save_to_disk, a
-Hugging Face Hub dataset streamed with `hf:NAME[:CONFIG]:SPLIT[@REVISION]` (`data.hub`), or a named corpus
-(`shakespeare`, `python-docs`, `python-library`, `auto`: see `data.corpora`). Everything is streamed, so memory
-stays bounded whatever the corpus size; GPT-2 BPE encodes batches on every core, with progress
-(`data.encode`). In BPE each document (a text file, a JSON line, a row) ends with <|endoftext|>.
-
-The validation split is the last min(`val_fraction` of the tokens, `val_max_tokens`) tokens (nanoGPT
-takes the last 10%; the cap keeps a 10B-token corpus from holding out a billion): deterministic, and
-contiguous, so no window straddles the two splits. The fingerprint covers the cap only where it binds, so
-data prepared before the cap existed keep their fingerprints wherever it does not.
-
-Writes are atomic: `meta.json` is removed first and written last, after both token files are in
-place, and the data loader trusts a directory only when `meta.json` is there and agrees with the
-files. Re-running on unchanged sources and settings reuses the output. A directory lock serialises
-concurrent prepares of one output (the second waits, then reuses what the first wrote), and
-temporary files carry the writer's pid; those a killed prepare left are removed by the next one. A prepare
-that fails (a full disk, a bad input, Ctrl+C) leaves no token file, no temporary file and no lock file, and
-removes the directories it created.
+The validation split is the last min(`val_fraction` of the tokens, `val_max_tokens`) tokens: deterministic
+and contiguous, so no window straddles the two splits. `meta.json` is removed first and written last, so a
+directory is trusted only when it is there; a directory lock serialises concurrent prepares of one output,
+and a failed prepare leaves no token file, temporary file or lock file behind.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -54,7 +35,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 VAL_MAX_TOKENS = 5_000_000
-"""The default cap of the validation split, in tokens (`val_max_tokens`)."""
+NAMES = ", ".join(NAMED)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -66,15 +47,14 @@ Inputs = str | os.PathLike | Source | Sequence[str | os.PathLike | Source]
 
 
 def resolve_sources(inputs: Inputs, glob: str = "*.txt", text_column: str = "text") -> list[Source]:
-    """The sources to read, in a fixed order: inputs as given, directories searched recursively (see
-    `data.sources` for the syntax); `text_column` is the text of JSON lines, Parquet and datasets."""
+    """The sources to read, in a fixed order, without repeats (see `data.sources` for the syntax)."""
     items = [inputs] if isinstance(inputs, (str, os.PathLike, Source)) else list(inputs)
     if not items:
-        raise DataError(f"No input given: pass --data.input FILE|DIR|{hub.SYNTAX} or a named corpus ({_named()}).")
+        raise DataError(f"No input given: pass --data.input FILE|DIR|{hub.SYNTAX} or a named corpus ({NAMES}).")
     found: dict[str, Source] = {}
     for item in items:
         for source in _sources_of(item, glob, text_column):
-            found.setdefault(source.location, source)  # drop repeats, keep order
+            found.setdefault(source.location, source)
     return list(found.values())
 
 
@@ -91,13 +71,9 @@ def _sources_of(item: str | os.PathLike | Source, glob: str, text_column: str) -
     if not path.exists():
         raise DataError(
             f"Input not found: {path}. Pass an existing file or directory, a Hub dataset ({hub.SYNTAX}) or a named "
-            f"corpus ({_named()})."
+            f"corpus ({NAMES})."
         )
     return path_sources(path, glob, text_column)
-
-
-def _named() -> str:
-    return ", ".join(NAMED)
 
 
 @dataclass
@@ -141,8 +117,7 @@ def prepare(
     text_column: str = "text",
     val_max_tokens: int | None = VAL_MAX_TOKENS,
 ) -> dict[str, Any]:
-    """Tokenize `inputs` into `out_dir` (see the module docstring) and return its metadata; the
-    arguments are the fields of `PrepareConfig` (`inputs` may also be resolved `Source`s)."""
+    """Tokenize `inputs` (`PrepareConfig`'s fields; or resolved `Source`s) into `out_dir`; its metadata."""
     if not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}.")
     if tokenizer not in ("char", "gpt2"):
@@ -155,14 +130,20 @@ def prepare(
     out = Path(out_dir)
     settings = {"tokenizer": tokenizer, "val_fraction": val_fraction, "errors": errors}
     try:
-        digests = [source.digest() for source in sources]  # hashes every file, once
+        digests = [source.digest() for source in sources]
         with waiting_lock(out, tidy=True):  # a failed prepare into a new directory leaves nothing
             existing = _reusable(out, digests, settings, val_max_tokens)
             if existing is not None:
                 log.info("Reusing %s: sources and settings unchanged", out)
                 return existing
-            with _untrusted(out):
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "meta.json").unlink(missing_ok=True)  # from here on the directory is not trusted
+            try:
                 return _write(sources, out, settings, digests, val_max_tokens, tiktoken_ranks, workers)
+            except BaseException:  # without meta.json the token files are never read: give their space back
+                for split in ("train", "val"):
+                    (out / f"{split}.bin").unlink(missing_ok=True)
+                raise
     except OSError as error:
         raise _os_error(error, out) from None
 
@@ -181,21 +162,6 @@ def _os_error(error: OSError, out: Path) -> DataError:
     return DataError(f"Cannot read {name}: {reason}. Check the path and its permissions.")
 
 
-@contextlib.contextmanager
-def _untrusted(out: Path) -> Iterator[None]:
-    """The block rewrites `out`'s token files: meta.json goes first (from here on the directory is not
-    trusted), and on any failure the token files go too, since without meta.json they are never read
-    (nor, see `waiting_lock(tidy=True)`, the directory itself if it was new)."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "meta.json").unlink(missing_ok=True)
-    try:
-        yield
-    except BaseException:  # give their space back
-        for split in ("train", "val"):
-            (out / f"{split}.bin").unlink(missing_ok=True)
-        raise
-
-
 def _write(
     sources: list[Source],
     out: Path,
@@ -205,8 +171,7 @@ def _write(
     tiktoken_ranks: str | None,
     workers: int | None,
 ) -> dict[str, Any]:
-    """Tokenize, split and write `meta.json` last, once the output's lock is held; `digests` are the
-    sources' (`Source.digest`)."""
+    """Tokenize, split and write `meta.json` last, once the output's lock is held."""
     tokenizer, val_fraction, errors = settings["tokenizer"], settings["val_fraction"], settings["errors"]
     chars = char_set(sources, errors) if tokenizer == "char" else set()
     if tokenizer == "char" and not chars:
@@ -215,9 +180,8 @@ def _write(
     dtype = token_dtype(tok.vocab_size)
     tmp = tmp_path(out / "tokens.bin")
     try:
-        written = write_tokens(tmp, sources, tok, dtype, errors, workers or os.cpu_count() or 1)
-        total = written.tokens
-        if written.chars == 0:
+        total, chars, progress = write_tokens(tmp, sources, tok, dtype, errors, workers or os.cpu_count() or 1)
+        if chars == 0:
             raise DataError(f"The input has no text: {_names(sources)} (empty).")
         n_train, n_val, capped = split_sizes(total, val_fraction, cap)
         if n_train < 1 or (val_fraction > 0 and n_val < 1):
@@ -244,20 +208,19 @@ def _write(
         "name": corpus_name(sources),
         "sources": [source.location for source in sources],
         "source_details": [source.record() for source in sources],
-        "fingerprint": _combine(digests, settings, cap if capped else None),
-        "read": written.record(),
+        "fingerprint": _combine(digests, {**settings, "val_max_tokens": cap} if capped else settings),
+        "read": progress.record(),
     }
     atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode())
     log.info(
         "Wrote %s: %d train and %d val tokens (%s), %.1f MB read in %.1f s (%.1f MB/s)",
-        out, n_train, n_val, dtype.name, written.bytes_read / 1e6, written.seconds, written.mb_per_s(),
+        out, n_train, n_val, dtype.name, progress.read / 1e6, progress.seconds(), progress.mb_per_s(),
     )  # fmt: skip
     return meta
 
 
 def split_sizes(total: int, val_fraction: float, cap: int | None) -> tuple[int, int, bool]:
-    """(train tokens, val tokens, whether the cap bound): the last `val_fraction` of `total` (nanoGPT's
-    data[: int(n * 0.9)]), or the last `cap` tokens where that is fewer."""
+    """(train tokens, val tokens, whether the cap bound): the last `val_fraction`, or `cap` where fewer."""
     n_train = int(total * (1.0 - val_fraction))
     if cap is not None and total - n_train > cap:
         return total - cap, cap, True
@@ -290,16 +253,12 @@ def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
 
 
 def fingerprint(sources: list[Source], settings: dict[str, Any]) -> str:
-    """What identifies a prepared dataset: the sources' locations and contents and the settings
-    (`tokenizer`, `val_fraction`, `errors`, and `val_max_tokens` where the cap bound); checkpoints record it."""
+    """What identifies a prepared dataset: the sources' locations and contents and the settings (`tokenizer`,
+    `val_fraction`, `errors`, and `val_max_tokens` only where the cap bound, so older data keep theirs)."""
     return _combine([source.digest() for source in sources], settings)
 
 
-def _combine(digests: list[bytes], settings: dict[str, Any], cap: int | None = None) -> str:
-    """The fingerprint of sources with these digests; a binding `cap` joins the settings (and only then, so
-    that data prepared before the cap existed keep their fingerprints wherever it does not bind)."""
-    if cap is not None:
-        settings = {**settings, "val_max_tokens": cap}
+def _combine(digests: list[bytes], settings: dict[str, Any]) -> str:
     digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True).encode())
     for source_digest in digests:
         digest.update(source_digest)
@@ -307,9 +266,7 @@ def _combine(digests: list[bytes], settings: dict[str, Any], cap: int | None = N
 
 
 def _reusable(out: Path, digests: list[bytes], settings: dict[str, Any], cap: int | None) -> dict[str, Any] | None:
-    """The existing metadata when `out` holds complete output for these sources and settings: the same
-    fingerprint, recomputed with the cap where the directory's split was capped, and a split that the cap
-    asked for now would not cut differently."""
+    """The metadata of `out` when it holds complete output for these sources, settings and cap."""
     try:
         meta = json.loads((out / "meta.json").read_text())
     except (OSError, ValueError):
@@ -317,7 +274,7 @@ def _reusable(out: Path, digests: list[bytes], settings: dict[str, Any], cap: in
     if meta.get("val_capped"):
         if meta.get("val_max_tokens") != cap:
             return None
-        key = _combine(digests, settings, cap)
+        key = _combine(digests, {**settings, "val_max_tokens": cap})
     else:
         if cap is not None and meta.get("val_tokens", 0) > cap:
             return None  # prepared without a cap (or a larger one) that would bind now
@@ -333,7 +290,6 @@ def _reusable(out: Path, digests: list[bytes], settings: dict[str, Any], cap: in
 
 
 def main(cfg: PrepareConfig) -> None:
-    """Prepare, then print the token counts."""
     meta = prepare(**asdict(cfg))
     print(json.dumps({k: meta[k] for k in ("train_tokens", "val_tokens", "val_capped", "dtype")}))
 

@@ -1,13 +1,6 @@
-"""What a checkpoint records of its training data, and finding that data again.
-
-Training writes `provenance(data)` into every checkpoint: the prepared directory, its fingerprint
-(which covers the sources' contents and the settings), the sources (with their format, text column, a Hub
-dataset's name, config, split, revision and commit, a named corpus' manifest) and the validation cap where it
-bound (the fingerprint then covers it, so finding the data again needs it). Evaluation reads it back
-through `recorded_data` to score a checkpoint on its own validation split, and only while that
-split is still the one it was trained beside; `checkpoint_tokenizer` rebuilds the recorded
-tokenizer. Everything here takes plain values (the recorded dicts, the checkpoint's path for
-messages), so it knows nothing of how checkpoints are loaded or evaluated.
+"""What a checkpoint records of its training data (`provenance`), and finding that data again
+(`recorded_data`) while it is still the data it was trained beside. Plain values in, so this knows nothing of
+how checkpoints are loaded or evaluated.
 """
 
 from __future__ import annotations
@@ -28,8 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def provenance(data: PreparedData) -> dict[str, Any]:
-    """What a checkpoint records of its training data: enough to find it again and to tell whether
-    it is still the same (the fingerprint covers the sources' contents and the settings)."""
+    """What a checkpoint records of its training data: enough to find it again and tell whether it changed."""
     meta = data.meta
     record = {
         "prepared": str(data.path.resolve()),
@@ -47,16 +39,14 @@ def provenance(data: PreparedData) -> dict[str, Any]:
 
 
 def tiktoken_ranks(explicit: str | None, recorded: str | None) -> str | None:
-    """The GPT-2 ranks file to use: the one passed now, else $POSGPT_TIKTOKEN_RANKS, else the one the
-    checkpoint recorded (which may have moved since)."""
+    """The GPT-2 ranks file: the one passed now, else $POSGPT_TIKTOKEN_RANKS, else the one recorded."""
     return explicit or os.environ.get(RANKS_ENV) or recorded
 
 
 def checkpoint_tokenizer(
     meta: dict[str, Any], recorded_ranks: str | None, ranks_path: str | None, checkpoint: str | Path
 ) -> Tokenizer:
-    """The tokenizer a checkpoint recorded (`meta`), with the ranks file `tiktoken_ranks` picks; a
-    tokenizer that cannot be rebuilt is a `CheckpointError` on `checkpoint` that says how to fix it."""
+    """The tokenizer a checkpoint recorded (`meta`); one that cannot be rebuilt is a `CheckpointError`."""
     try:
         return tokenizer_from_meta(meta, tiktoken_ranks(ranks_path, recorded_ranks))
     except DataError as error:
@@ -73,18 +63,10 @@ def recorded_data(
     tokenizer_meta: dict[str, Any],
     ranks: str | None = None,
 ) -> PreparedData:
-    """The prepared data a checkpoint was trained on, as it records it, and only if it is still that
-    data: the recorded prepared directory when its fingerprint is the recorded one, else a fresh
-    prepare of the recorded sources when they still hold what they held (same fingerprint). A
-    changed text is refused: its split would be tokenized or cut differently from training.
-
-    Args:
-        checkpoint: the checkpoint's path, for messages.
-        record: the checkpoint's `provenance` record; None in checkpoints written before it was recorded.
-        data_config: the checkpoint's resolved data settings (`config["data"]`).
-        tokenizer_meta: the description of the checkpoint's tokenizer.
-        ranks: the GPT-2 ranks file to prepare with, if any.
-    """
+    """The prepared data a checkpoint was trained on, only if it is still that data: the recorded directory
+    when its fingerprint is the recorded one, else a fresh prepare of the recorded sources when they still
+    hold what they held. `record` is the checkpoint's `provenance` (None in checkpoints older than it),
+    `data_config` its `config["data"]`; `checkpoint` names it in messages."""
     settings = {key: data_config[key] for key in ("tokenizer", "val_fraction", "errors")}
     glob = data_config["glob"]
     column = data_config.get("text_column", "text")  # absent from checkpoints written before it existed
@@ -95,18 +77,22 @@ def recorded_data(
             "test it with python -m experiments.synthetic, or pass a text with --eval_data.input FILE."
         )
     if record is None:
-        # written before checkpoints recorded their data, so before the cap: the whole last val_fraction
-        uncapped = {**settings, "text_column": column, "val_max_tokens": data_config.get("val_max_tokens")}
-        return _unrecorded_data(checkpoint, data_config, uncapped, tokenizer_meta, ranks)
+        # written before checkpoints recorded their data (so before the cap: the whole last val_fraction), and
+        # without a fingerprint to compare: the tokenizers must agree at least
+        c = data_config
+        uncapped = {**settings, "text_column": column, "val_max_tokens": c.get("val_max_tokens")}
+        prepared = prepare_dir(c["input"], c["dir"], c["prepared_root"], **uncapped, glob=glob, tiktoken_ranks=ranks)
+        if prepared.meta["tokenizer"] != tokenizer_meta:
+            raise DataError(_changed_data(checkpoint, f"{prepared.path} now has another vocabulary"))
+        return prepared
     try:
         prepared: PreparedData | None = load_prepared(record["prepared"])
     except DataError:
         prepared = None  # gone or incomplete
     if prepared is not None and prepared.meta.get("fingerprint") == record["fingerprint"]:
-        edited = _edited_since(record["sources"], prepared.path / "meta.json")
-        if edited and _unchanged_sources(record, glob, column, settings) is not None:
-            edited = []  # touched (copied, checked out) but holding what they held
-        if edited:
+        stamp = (prepared.path / "meta.json").stat().st_mtime
+        edited = [source for source in record["sources"] if modified_after(source, stamp)]
+        if edited and _unchanged_sources(record, glob, column, settings) is None:  # not merely touched
             log.warning(
                 "%s changed since training; %s evaluates on the split prepared from it at training time (%s)",
                 ", ".join(edited),
@@ -114,8 +100,7 @@ def recorded_data(
                 prepared.path,
             )
         return prepared
-    # gone, or prepared again from other text: prepare it anew only from sources that still hold
-    # what they held (hashing them, which only this path needs)
+    # gone, or prepared again from other text: prepare it anew from sources still holding what they held
     sources = _unchanged_sources(record, glob, column, settings)
     if sources is None:
         raise DataError(_changed_data(checkpoint, f"{', '.join(record['sources'])} changed or moved since"))
@@ -129,25 +114,8 @@ def recorded_data(
     )
 
 
-def _unrecorded_data(
-    checkpoint: str,
-    data_config: dict[str, Any],
-    settings: dict[str, Any],
-    tokenizer_meta: dict[str, Any],
-    ranks: str | None,
-) -> PreparedData:
-    """The data of a checkpoint written before checkpoints recorded their data, prepared from its data
-    settings: without a fingerprint to compare, the tokenizers must agree at least."""
-    c = data_config
-    prepared = prepare_dir(c["input"], c["dir"], c["prepared_root"], **settings, glob=c["glob"], tiktoken_ranks=ranks)
-    if prepared.meta["tokenizer"] != tokenizer_meta:
-        raise DataError(_changed_data(checkpoint, f"{prepared.path} now has another vocabulary"))
-    return prepared
-
-
 def _unchanged_sources(record: dict[str, Any], glob: str, column: str, settings: dict[str, Any]) -> list[Source] | None:
-    """The recorded sources, if they still hold what they held at training (hashing them); else None. They
-    are read as recorded (format, column) where the record says, else resolved from their paths again."""
+    """The recorded sources if they still hold what they held at training (hashing them); else None."""
     if record.get("val_capped"):
         settings = {**settings, "val_max_tokens": record["val_max_tokens"]}
     try:
@@ -159,12 +127,6 @@ def _unchanged_sources(record: dict[str, Any], glob: str, column: str, settings:
         return sources if fingerprint(sources, settings) == record["fingerprint"] else None
     except (DataError, OSError):
         return None
-
-
-def _edited_since(sources: list[str], reference: Path) -> list[str]:
-    """The sources modified (or gone) since `reference` was written: a stat each, no hashing."""
-    stamp = reference.stat().st_mtime
-    return [s for s in sources if modified_after(s, stamp)]
 
 
 def _changed_data(checkpoint: str, what: str) -> str:

@@ -1,14 +1,6 @@
-"""Readers of the local source formats: each turns one file (or saved dataset) into a stream of `Piece`s, in
-order, in bounded memory whatever its size.
-
-- text: pieces of about CHUNK_CHARS characters that end on line boundaries; the file is one document.
-- JSON lines (`.jsonl`, `.jsonl.gz`): one JSON object a line, its text column one document.
-- Parquet: the text column, a batch of rows at a time (pyarrow reads one row group at a time).
-- a dataset saved by `datasets`' `save_to_disk`: the text column, memory-mapped, a batch of rows at a time.
-
-Empty and null texts are skipped; a file of documents that yields none is an error, since it is far more
-often a wrong column or an empty export than an intended part of a corpus. Every problem a user can cause is
-one `DataError` that names the file (and line) and the fix. pyarrow and datasets are optional packages,
+"""Readers of the local source formats (text, JSON lines, Parquet, saved datasets): each turns one file into
+a stream of `Piece`s, in order, in bounded memory. Empty and null texts are skipped, but a file of documents
+that yields none is an error (far more often a wrong column than intended). pyarrow and datasets are
 imported only when such a source is read.
 """
 
@@ -25,10 +17,8 @@ from typing import Any, NamedTuple
 
 from data.errors import DataError
 
-CHUNK_CHARS = 1 << 20
-"""Characters per piece of a text file (more where a line is longer)."""
+CHUNK_CHARS = 1 << 20  # characters per piece of a text file (more where a line is longer)
 ROWS_PER_BATCH = 1024
-"""Rows read at a time from Parquet files and saved datasets."""
 COLUMN_HINT = "pass --data.text_column NAME"
 
 
@@ -37,14 +27,13 @@ class Piece(NamedTuple):
 
     text: str
     end: bool
-    """A document ends after this text: <|endoftext|> follows in GPT-2 BPE (a newline in char mode for documents
-    of JSON lines, Parquet and datasets; nothing for text files, as before documents existed)."""
+    """A document ends after this text (<|endoftext|> follows in BPE)."""
     read: int
-    """Bytes of the source read so far, on disk (for a Hub dataset: characters of text), for progress."""
+    """Bytes of the source read so far (for a Hub dataset: characters of text), for progress."""
 
 
 def optional_import(module: str, purpose: str, extra: str) -> ModuleType:
-    """`module`, or one DataError that names the pip command installing it (the `extra` of posgpt)."""
+    """`module`, or one DataError that names the pip command installing it."""
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -81,8 +70,7 @@ def jsonl_pieces(path: Path, column: str, errors: str) -> Iterator[Piece]:
             raise DataError(f"{path} looks like a binary file (it contains NUL bytes); pass JSON-lines text.")
         raw.seek(0)
         lines: Iterable[bytes] = raw if plain else gzip.GzipFile(fileobj=raw, mode="rb")
-        documents = 0
-        read = 0
+        documents, read = 0, 0
         try:
             for number, line in enumerate(lines, 1):
                 read = read + len(line) if plain else raw.tell()
@@ -98,9 +86,9 @@ def jsonl_pieces(path: Path, column: str, errors: str) -> Iterator[Piece]:
 
 def _json_text(path: Path, number: int, line: bytes, column: str, errors: str) -> str | None:
     """The text of one JSON line (None: a blank line, or a null text)."""
-    where = f"{path}:{number}"
     if not line.strip():
         return None
+    where = f"{path}:{number}"
     if b"\x00" in line:
         raise DataError(f"{where} holds NUL bytes: {path} looks like a binary file, not JSON lines.")
     try:
@@ -140,20 +128,11 @@ def parquet_pieces(path: Path, column: str) -> Iterator[Piece]:
     schema = parquet.schema_arrow
     strings = {name: _is_string(pa, schema.field(name).type) for name in schema.names}
     _check_column(path, column, strings, str(schema.field(column).type) if column in strings else "")
-    rows, total, size, documents = 0, max(parquet.metadata.num_rows, 1), path.stat().st_size, 0
+    batches = (b.column(0).to_pylist() for b in parquet.iter_batches(batch_size=ROWS_PER_BATCH, columns=[column]))
     try:
-        for batch in parquet.iter_batches(batch_size=ROWS_PER_BATCH, columns=[column]):
-            values = batch.column(0).to_pylist()
-            rows += len(values)
-            read = size * rows // total
-            for value in values:
-                if value:
-                    documents += 1
-                    yield Piece(value, True, read)
+        yield from _row_pieces(path, column, batches, path.stat().st_size, parquet.metadata.num_rows)
     except (pa.ArrowException, OSError) as error:
         raise DataError(f"Cannot read {path}: {first_line(error)} (a damaged Parquet file?).") from None
-    if not documents:
-        raise _no_documents(path, column)
 
 
 def saved_dataset_pieces(path: Path, column: str, size: int) -> Iterator[Piece]:
@@ -164,13 +143,21 @@ def saved_dataset_pieces(path: Path, column: str, size: int) -> Iterator[Piece]:
     except Exception as error:  # datasets raises FileNotFoundError, ValueError, ArrowInvalid, ...
         raise DataError(f"Cannot load the dataset saved in {path} ({first_line(error)}); save it again.") from None
     features = dataset.features
-    strings = {name: _is_string_feature(datasets, feature) for name, feature in features.items()}
+    strings = {
+        name: isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+        for name, feature in features.items()
+    }
     _check_column(path, column, strings, str(features.get(column, "")))
-    rows, total, documents = 0, max(len(dataset), 1), 0
-    for batch in dataset.select_columns([column]).iter(batch_size=ROWS_PER_BATCH):
-        values = batch[column]
-        rows += len(values)
-        read = size * rows // total
+    batches = (batch[column] for batch in dataset.select_columns([column]).iter(batch_size=ROWS_PER_BATCH))
+    yield from _row_pieces(path, column, batches, size, len(dataset))
+
+
+def _row_pieces(path: Path, column: str, batches: Iterable[list], size: int, rows: int) -> Iterator[Piece]:
+    """Each non-empty value of the batches of a column of `rows` rows a document; `read` in proportion."""
+    done, documents = 0, 0
+    for values in batches:
+        done += len(values)
+        read = size * done // max(rows, 1)
         for value in values:
             if value:
                 documents += 1
@@ -197,10 +184,6 @@ def _is_string(pa: Any, kind: Any) -> bool:
         kind = kind.value_type
     view = getattr(pa.types, "is_string_view", lambda _: False)
     return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind) or view(kind))
-
-
-def _is_string_feature(datasets: Any, feature: Any) -> bool:
-    return isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
 
 
 def _no_documents(where: Path | str, column: str) -> DataError:

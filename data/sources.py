@@ -1,23 +1,6 @@
-"""The sources of a corpus: what `--data.input` (`python -m data.prepare --inputs`) names, resolved into
-`Source`s that say where the text is, in which format, and which column holds it.
-
-| input                                   | source                                                                |
-|-----------------------------------------|-----------------------------------------------------------------------|
-| `FILE` (any suffix but those below)     | a UTF-8 text file: one document                                       |
-| `FILE.jsonl`, `FILE.jsonl.gz`           | JSON lines: each line an object whose `text_column` is a document     |
-| `FILE.parquet`                          | Parquet: each row's `text_column` a document (needs pyarrow)          |
-| `DIR` with `state.json` and             | a dataset saved by `datasets`' `save_to_disk`: each row's             |
-| `dataset_info.json`                     | `text_column` a document (needs datasets)                             |
-| `DIR` otherwise                         | the files under it matching `glob`, recursively, sorted, each read as |
-|                                         | its suffix says                                                       |
-| `hf:NAME[:CONFIG]:SPLIT[@REVISION]`     | a Hugging Face Hub dataset's split, streamed (`data.hub`; needs       |
-|                                         | datasets)                                                             |
-| `shakespeare`, `python-docs`,           | a named corpus (`data.corpora`)                                       |
-| `python-library`, `auto`                |                                                                       |
-
-Files are recognised by suffix. Documents keep the order of the files and of the rows within them. In GPT-2
-BPE every document ends with <|endoftext|>; in char mode the documents of JSON lines, Parquet and datasets end
-with a newline (text files are concatenated as they are, as they always were).
+"""What `--data.input` names, resolved into `Source`s: where the text is, in which format, which column
+holds it (the table of inputs is in docs/data.md). Files are recognised by suffix; documents keep the order of
+the files and of the rows within them.
 """
 
 from __future__ import annotations
@@ -36,9 +19,7 @@ from data.readers import Piece, jsonl_pieces, parquet_pieces, saved_dataset_piec
 
 Format = Literal["text", "jsonl", "parquet", "saved-dataset", "hub"]
 DOCUMENT_SUFFIXES: dict[str, Format] = {".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".parquet": "parquet"}
-"""Files read as documents with a text column, by suffix; every other file is text."""
-SAVED_DATASET_FILES = ("state.json", "dataset_info.json")
-"""What `Dataset.save_to_disk` writes beside its Arrow files."""
+SAVED_DATASET_FILES = ("state.json", "dataset_info.json")  # what `Dataset.save_to_disk` writes beside its Arrow files
 
 
 @dataclass(frozen=True)
@@ -51,23 +32,17 @@ class Source:
     column: str | None = None
     """The text column of the formats of documents; None for text files."""
     label: str | None = None
-    """The name given to directories and runs prepared from it (default: from the location)."""
+    """The name of directories and runs prepared from it (default: from the location)."""
     details: dict[str, Any] = field(default_factory=dict, compare=False)
-    """What the records say of it besides: a Hub dataset's revision and commit, a named corpus' manifest."""
+    """What records say of it besides: a Hub dataset's revision and commit, a named corpus' manifest."""
 
     @property
     def path(self) -> Path:
         return Path(self.location)
 
     @property
-    def documents(self) -> bool:
-        """Whether it is made of documents (rows) rather than one text."""
-        return self.format != "text"
-
-    @property
     def name(self) -> str:
-        """A short name: a text file's without its suffix, a document file's with its format (code.jsonl and
-        code.parquet are other corpora: code-jsonl, code-parquet), the directory's, the Hub dataset's."""
+        """A short name: a text file's stem, a document file's with its format (code.jsonl: code-jsonl)."""
         if self.label:
             return self.label
         if self.format == "hub":
@@ -79,19 +54,19 @@ class Source:
         return self.path.stem if self.format == "text" else name
 
     def digest(self) -> bytes:
-        """What the fingerprint of prepared data takes from this source: its location and content hash (for a
-        Hub dataset the pinned spec, commit included), with format and column where it has documents. A text
-        file's is what it was before other formats existed, so text corpora keep their fingerprints."""
+        """What the fingerprint of prepared data takes from this source: its location and content hash (a Hub
+        dataset: the pinned spec), with format and column except for text files (as before formats existed)."""
         if self.format == "text":
             return self.location.encode() + b"\0" + sha256_file(self.path).encode()
         tag = f"{self.format}:{self.column}:{self.location}".encode()
         if self.format == "hub":
             return tag
-        if self.format == "saved-dataset":
-            content = _files_sha256(self.path, saved_dataset_files(self.path))
-        else:
-            content = sha256_file(self.path)
-        return tag + b"\0" + content.encode()
+        if self.format != "saved-dataset":
+            return tag + b"\0" + sha256_file(self.path).encode()
+        digest = hashlib.sha256()  # the files' relative paths and contents
+        for path in saved_dataset_files(self.path):
+            digest.update(str(path.relative_to(self.path)).encode() + b"\0" + sha256_file(path).encode() + b"\n")
+        return tag + b"\0" + digest.hexdigest().encode()
 
     def size(self) -> int | None:
         """Bytes on disk (None for a Hub dataset), for progress."""
@@ -115,7 +90,7 @@ class Source:
         return hub.hub_pieces(hub.HubSpec.parse(self.location), column)
 
     def record(self) -> dict[str, Any]:
-        """What meta.json and checkpoints record of it; `Source.from_record` reads it back."""
+        """What meta.json and checkpoints record of it; `from_record` reads it back."""
         record: dict[str, Any] = {"source": self.location, "format": self.format}
         if self.column is not None:
             record["column"] = self.column
@@ -126,8 +101,7 @@ class Source:
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Source:
         """The source `record` describes (no network: a Hub source is recorded pinned)."""
-        known = {"source", "format", "column", "label"}
-        extra = {k: v for k, v in record.items() if k not in known}
+        extra = {k: v for k, v in record.items() if k not in ("source", "format", "column", "label")}
         return cls(record["source"], record["format"], record.get("column"), record.get("label"), extra)
 
 
@@ -152,18 +126,17 @@ def is_saved_dataset(path: Path) -> bool:
 
 
 def saved_dataset_files(path: Path) -> list[Path]:
-    """The files that make a saved dataset: its state, its info and the Arrow files its state lists (not the
-    cache files that processing it may have left beside them); every file, where the state is unreadable."""
+    """Its state, info and the Arrow files its state lists (not cache files); all, where the state is unreadable."""
     try:
         state = json.loads((path / "state.json").read_text())
         data = [path / entry["filename"] for entry in state["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError):
-        return _files_under(path)
+        return sorted(p for p in path.rglob("*") if p.is_file())
     return [path / name for name in SAVED_DATASET_FILES] + data
 
 
 def path_sources(path: Path, glob: str, column: str) -> list[Source]:
-    """The sources of an existing file or directory: a saved dataset, or the files matching `glob` under it."""
+    """The sources of an existing file or directory: a saved dataset, or the files matching `glob` in it."""
     if path.is_file():
         return [file_source(path, column)]
     if is_saved_dataset(path):
@@ -176,16 +149,10 @@ def path_sources(path: Path, glob: str, column: str) -> list[Source]:
         )
     found = sorted(p for p in path.rglob(glob) if p.is_file())
     if not found:
-        raise DataError(f"Directory {path} has no files matching {glob!r}; pass --data.glob PATTERN{_hint(path)}.")
+        hint = next((s for s in DOCUMENT_SUFFIXES if next(path.rglob(f"*{s}"), None) is not None), None)
+        hint = f" (it has {hint} files: --data.glob '*{hint}')" if hint else ""
+        raise DataError(f"Directory {path} has no files matching {glob!r}; pass --data.glob PATTERN{hint}.")
     return [file_source(p, column) for p in found]
-
-
-def _hint(path: Path) -> str:
-    """Where a directory holds files of documents: the glob that would find them."""
-    for suffix in DOCUMENT_SUFFIXES:
-        if next(iter(path.rglob(f"*{suffix}")), None) is not None:
-            return f" (it has {suffix} files: --data.glob '*{suffix}')"
-    return ""
 
 
 def corpus_name(sources: list[Source]) -> str:
@@ -197,23 +164,10 @@ def corpus_name(sources: list[Source]) -> str:
 
 
 def modified_after(location: str, stamp: float) -> bool:
-    """Whether a recorded source changed (or vanished) after `stamp`: a stat of each file, no hashing; a
-    pinned Hub dataset never changes."""
+    """Whether a recorded source changed (or vanished) after `stamp`: a stat of each file, no hashing."""
     if location.startswith(hub.PREFIX):
-        return False
+        return False  # pinned: never changes
     path = Path(location)
     if path.is_dir():
         return any(not p.is_file() or p.stat().st_mtime > stamp for p in saved_dataset_files(path))
     return not path.is_file() or path.stat().st_mtime > stamp
-
-
-def _files_under(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file())
-
-
-def _files_sha256(directory: Path, files: list[Path]) -> str:
-    """One hash of `files` under `directory`: their relative paths and contents."""
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(str(path.relative_to(directory)).encode() + b"\0" + sha256_file(path).encode() + b"\n")
-    return digest.hexdigest()

@@ -1,24 +1,8 @@
-"""Synthetic length-generalisation tasks: train on short inputs, test on long ones.
+"""Synthetic length-generalisation tasks: train on short inputs, test on long ones (docs/synthetic.md).
 
-Each task writes examples as text over its own small character vocabulary (a `CharTokenizer`, so
-checkpoints, `sample.py` and the attention maps work on task models as on any other), seeded and
-reproducible, with no file to download. An example is a prompt and an answer; the loss is taken on
-the answer tokens only (targets -1 elsewhere), and a model is scored by exact match of its greedy
-answer.
-
-| task      | length n counts   | prompt                                        | answer      |
-|-----------|-------------------|-----------------------------------------------|-------------|
-| `copy`    | symbols           | `^` s_1 .. s_n `|`                             | s_1 .. s_n  |
-| `reverse` | symbols           | `^` s_1 .. s_n `|`                             | s_n .. s_1  |
-| `recall`  | key-value pairs   | `^` k_1 v_1 .. k_n v_n `?` k_q                  | v_q         |
-| `passkey` | characters in all | filler, key line at a depth, filler, question | the 5 digits |
-
-(passkey's key line is `The pass key is 12345. Remember it. `, its question `What is the pass key? `.)
-
-Copy and reverse follow Kazemnejad et al. 2023 and Ruoss et al. 2023 (random strings; train on
-lengths up to ~20 or 40, test far beyond), associative recall the multi-key recall of the Zoology
-line of work (distinct keys; one query), and passkey the retrieval probe used for RoPE scaling (a
-number at a chosen depth of repeated filler, asked for at the end).
+Each task writes seeded examples, a prompt and an answer, over its own small character vocabulary (a
+`CharTokenizer`, so checkpoints and sampling work on task models as on any other). The loss is taken on the
+answer tokens only (targets -1 elsewhere), and a model is scored by exact match of its greedy answer.
 """
 
 from __future__ import annotations
@@ -95,15 +79,11 @@ class Example:
 
 
 class Task:
-    """One synthetic task: the characters it writes and how it draws an example of length n; what it
-    is (what n counts, whether examples sit at a depth) is declared, never inferred from its name."""
+    """One synthetic task: the characters it writes and how it draws an example of length n."""
 
-    alphabet: int
-    """The most symbols (`task.symbols`) it can draw from."""
-    unit = "items"
-    """What the length n counts (the x axis of the report)."""
-    depths = False
-    """Whether each test length is scored at every `task.depths` (the key's place in the text)."""
+    alphabet: int  # the most symbols (`task.symbols`) it can draw from
+    unit = "items"  # what the length n counts (the x axis of the report)
+    depths = False  # whether each test length is scored at every `task.depths` (the key's place in the text)
 
     def vocabulary(self, task: TaskConfig) -> str:
         raise NotImplementedError
@@ -181,20 +161,14 @@ class Passkey(Task):
 
 
 TASKS: dict[str, Task] = {"copy": Copy(), "reverse": Copy(reverse=True), "recall": Recall(), "passkey": Passkey()}
-"""The synthetic tasks by `task.name`: a new one is a `Task` and a line here."""
-
-
-def vocabulary(task: TaskConfig) -> str:
-    """Every character the task writes, in the tokenizer's (sorted) order."""
-    return "".join(sorted(set(TASKS[task.name].vocabulary(task))))
 
 
 def tokenizer_for(task: TaskConfig) -> CharTokenizer:
-    return CharTokenizer(vocabulary(task))
+    return CharTokenizer(TASKS[task.name].vocabulary(task))
 
 
 def make_example(task: TaskConfig, rng: random.Random, n: int, depth: float | None = None) -> Example:
-    """One example of length `n` (and, for a task with depths, `depth`; drawn when None)."""
+    """One example of length `n` (and, for a task with depths, `depth`; drawn where None)."""
     return TASKS[task.name].example(task, rng, n, depth)
 
 
@@ -215,8 +189,7 @@ def validation_set(task: TaskConfig) -> list[Example]:
 
 
 def encode(tokenizer: CharTokenizer, examples: list[Example], pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Inputs and targets (B, T) of whole examples (prompt + answer), right-padded to the longest:
-    targets are the next token on the answer positions and -1 everywhere else (prompt, padding)."""
+    """Inputs and targets (B, T) of whole examples, right-padded: targets -1 off the answer positions."""
     rows = [(tokenizer.encode(e.prompt), tokenizer.encode(e.answer)) for e in examples]
     T = max(len(p) + len(a) for p, a in rows) - 1
     x = np.full((len(rows), T), pad, dtype=np.int64)

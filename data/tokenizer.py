@@ -1,14 +1,14 @@
-"""Tokenizers: `char` (vocabulary built from the corpus) and `gpt2` (tiktoken's GPT-2 BPE).
-
-A tokenizer is rebuilt from the `tokenizer` block of a prepared dataset's `meta.json`, and the same
-block is saved in every checkpoint, so a checkpoint alone can encode prompts and decode samples.
+"""Tokenizers: `char` (vocabulary built from the corpus) and `gpt2` (tiktoken's GPT-2 BPE), rebuilt from the
+`tokenizer` block of `meta.json` that every checkpoint saves too.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from itertools import groupby
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,8 +16,7 @@ import numpy as np
 
 from data.errors import DataError
 
-RANKS_ENV = "POSGPT_TIKTOKEN_RANKS"
-"""Environment variable naming a local GPT-2 ranks file (`r50k_base.tiktoken`), for offline BPE."""
+RANKS_ENV = "POSGPT_TIKTOKEN_RANKS"  # a local GPT-2 ranks file (`r50k_base.tiktoken`), for offline BPE
 R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 GPT2_VOCAB = 50257
 EOT = "<|endoftext|>"
@@ -28,31 +27,25 @@ class Tokenizer(Protocol):
 
     vocab_size: int
     end_id: int | None
-    """The token that ends a document in its training data (GPT-2's <|endoftext|>), after which a
-    sample says nothing more of its prompt; None where there is none (char level)."""
+    """The token that ends a document (GPT-2's <|endoftext|>); None at char level."""
 
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Iterable[int]) -> str: ...
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        """UTF-8 bytes of the tokens; a BPE token can hold part of a character, so streams decode
-        these incrementally rather than token by token."""
+        """UTF-8 bytes (a BPE token can hold part of a character: streams decode these incrementally)."""
         ...
 
-    def start_ids(self) -> list[int]:
-        """What an empty prompt starts from."""
-        ...
+    def start_ids(self) -> list[int]: ...  # what an empty prompt starts from
 
-    def meta(self) -> dict[str, Any]:
-        """JSON-able description from which `tokenizer_from_meta` rebuilds this tokenizer."""
-        ...
+    def meta(self) -> dict[str, Any]: ...  # what `tokenizer_from_meta` rebuilds it from
 
 
 class CharTokenizer:
     """One id per distinct character of the corpus, in sorted order (as nanoGPT's shakespeare_char)."""
 
-    end_id: int | None = None  # no end-of-text character
+    end_id: int | None = None
 
     def __init__(self, chars: Iterable[str]) -> None:
         self.chars = sorted(set(chars))
@@ -62,8 +55,7 @@ class CharTokenizer:
         self._ids = {c: i for i, c in enumerate(self.chars)}
 
     def encode(self, text: str, drop_unknown: bool = False) -> list[int]:
-        """Ids of `text`; characters outside the vocabulary are an error naming them, or, with
-        `drop_unknown`, left out."""
+        """Ids of `text`; characters outside the vocabulary are an error naming them, or left out."""
         unknown = sorted(set(text) - self._ids.keys())
         if unknown and drop_unknown:
             text = "".join(c for c in text if c in self._ids)
@@ -90,12 +82,8 @@ class CharTokenizer:
 
 
 class GPT2Tokenizer:
-    """GPT-2's byte-level BPE (tiktoken's `gpt2` encoding: the `r50k_base` ranks plus <|endoftext|>).
-
-    Offline, pass the ranks file (`r50k_base.tiktoken`) as `ranks_path` or through the
-    POSGPT_TIKTOKEN_RANKS environment variable; its sha256 is checked. Without one, tiktoken loads
-    `gpt2` itself, from its cache or the internet.
-    """
+    """GPT-2's byte-level BPE (tiktoken's `gpt2`), from a local ranks file where one is given (its sha256
+    checked), else from tiktoken's cache or the internet."""
 
     def __init__(self, ranks_path: str | os.PathLike | None = None) -> None:
         import tiktoken
@@ -122,42 +110,30 @@ class GPT2Tokenizer:
         self, texts: list[str], ends: list[bool], num_threads: int = 1, pool: ThreadPoolExecutor | None = None
     ) -> np.ndarray:
         """The ids of `texts` in order, each encoded on its own, with <|endoftext|> after those that end a
-        document (`ends`): a batch of a corpus, encoded on `num_threads` threads of `pool` (else a new one).
+        document (`ends`), on `num_threads` threads of `pool` (else a new one).
 
-        Why not one call per text (tiktoken's `encode_ordinary_batch`): tiktoken releases the GIL inside each
-        call, but a call on a short document is so brief that the threads spend their time handing the GIL
-        over (2 cores, 100-byte documents: 3 MB/s on 2 threads, 7-8 on one; grouped as here, 9-13). So each
-        thread takes a contiguous group of texts and encodes it in a single call, the texts joined by
-        <|endoftext|> with that token allowed: tiktoken splits at special tokens first and encodes the text
-        between them alone, so each text's ids are exactly `encode(text)`, and the separators are the end
-        tokens (those after texts that do not end a document are removed). A text that itself holds the
-        string <|endoftext|> is encoded on its own, as the plain text it is."""
+        One call per short text would spend the threads' time handing the GIL over, so each thread encodes a
+        contiguous group of texts in one call, joined by <|endoftext|> with that token allowed: tiktoken
+        encodes the text between special tokens alone, so each text's ids are exactly `encode(text)`. A text
+        that itself holds the string <|endoftext|> is encoded on its own, as the plain text it is."""
         groups = _contiguous_groups([len(text) for text in texts], max(num_threads, 1))
         if len(groups) <= 1:
             return self._encode_group(texts, ends)
         jobs = [(texts[lo:hi], ends[lo:hi]) for lo, hi in groups]
-        if pool is None:
-            with ThreadPoolExecutor(num_threads) as own:
-                return np.concatenate(list(own.map(lambda job: self._encode_group(*job), jobs)))
-        return np.concatenate(list(pool.map(lambda job: self._encode_group(*job), jobs)))
+        with nullcontext(pool) if pool is not None else ThreadPoolExecutor(num_threads) as executor:
+            return np.concatenate(list(executor.map(lambda job: self._encode_group(*job), jobs)))
 
     def _encode_group(self, texts: list[str], ends: list[bool]) -> np.ndarray:
         """`encode_pieces` of one thread: runs of texts in one call each, a text holding <|endoftext|> alone."""
         parts: list[np.ndarray] = []
-        run: list[int] = []  # a run of texts without the end token's string
-        for i, text in enumerate(texts):
-            if EOT not in text:
-                run.append(i)
-                continue
-            if run:
-                parts.append(self._encode_joined([texts[j] for j in run], [ends[j] for j in run]))
-                run = []
-            parts.append(np.asarray(self.encode(text) + [self.eot_id] * ends[i], dtype=np.int64))
-        if run:
-            parts.append(self._encode_joined([texts[j] for j in run], [ends[j] for j in run]))
+        for special, run in groupby(zip(texts, ends, strict=True), key=lambda item: EOT in item[0]):
+            if special:
+                parts += [np.asarray(self.encode(text) + [self.eot_id] * end, dtype=np.int64) for text, end in run]
+            else:
+                parts.append(self._encode_joined(*zip(*run, strict=True)))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-    def _encode_joined(self, texts: list[str], ends: list[bool]) -> np.ndarray:
+    def _encode_joined(self, texts: Sequence[str], ends: Sequence[bool]) -> np.ndarray:
         ids = np.asarray(self._enc.encode(EOT.join(texts) + EOT, allowed_special={EOT}), dtype=np.int64)
         if all(ends):
             return ids
@@ -171,7 +147,7 @@ class GPT2Tokenizer:
         return self._enc.decode_bytes(list(ids))
 
     def start_ids(self) -> list[int]:
-        """<|endoftext|>, which separates documents in GPT-2 style training data."""
+        """<|endoftext|>, which separates documents in GPT-2's training data."""
         return [self.eot_id]
 
     def meta(self) -> dict[str, Any]:
@@ -180,17 +156,9 @@ class GPT2Tokenizer:
 
 def _contiguous_groups(lengths: list[int], n: int) -> list[tuple[int, int]]:
     """(start, end) of at most `n` contiguous groups of items of about equal total length."""
-    bound = sum(lengths) / n
-    groups: list[tuple[int, int]] = []
-    start, size = 0, 0
-    for i, length in enumerate(lengths):
-        size += length
-        if size >= bound * (len(groups) + 1) and len(groups) < n - 1:
-            groups.append((start, i + 1))
-            start = i + 1
-    if start < len(lengths):
-        groups.append((start, len(lengths)))
-    return groups
+    cuts = np.searchsorted(np.cumsum(lengths), np.arange(1, n) * sum(lengths) / n) + 1
+    bounds = sorted({0, len(lengths), *np.minimum(cuts, len(lengths)).tolist()})
+    return list(zip(bounds, bounds[1:], strict=False))
 
 
 def _encoding_from_ranks(path: Path):  # -> tiktoken.Encoding
@@ -226,8 +194,6 @@ def build_tokenizer(kind: str, text_chars: Iterable[str] = (), ranks_path: str |
 
 def tokenizer_from_meta(meta: dict[str, Any], ranks_path: str | None = None) -> Tokenizer:
     """Rebuild the tokenizer that `Tokenizer.meta()` described."""
-    if meta.get("kind") == "char":
-        return CharTokenizer(meta["chars"])
-    if meta.get("kind") == "gpt2":
-        return GPT2Tokenizer(ranks_path)
+    if meta.get("kind") in ("char", "gpt2"):
+        return build_tokenizer(meta["kind"], meta.get("chars", ""), ranks_path)
     raise ValueError(f"Unknown tokenizer description {meta!r}; expected kind 'char' or 'gpt2'.")
