@@ -81,18 +81,13 @@ def _shrunk(tmp_path: Path, text_file: Path, config: str, *extra: str) -> list[s
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["shakespeare_char_gpu.yaml", "gpt2_124m.yaml"])
-def test_shipped_gpu_training_configs_train_two_steps_in_bf16(tmp_path, text_file, request, name):
-    extra = ["--train.compile", "false", "--train.sample_tokens", "20"]
-    if name == "gpt2_124m.yaml":  # BPE: the shared ranks file (skips where absent)
-        ranks = str(request.getfixturevalue("gpt2_ranks"))
-        extra += ["--data.tiktoken_ranks", ranks, "--data.val_fraction", "0.1", "--train.grad_accum", "4"]
-    cli.run(train_script.COMMAND, _shrunk(tmp_path, text_file, name, *extra))
-    ckpt = read_checkpoint(tmp_path / "runs" / "gpu-config" / "last.ckpt")
-    config = ckpt["hyper_parameters"]["config"]
-    assert ckpt["global_step"] == 2 and config["optim"]["grad_clip"] == 1.0
-    assert config["train"]["grad_accum"] == (4 if name == "gpt2_124m.yaml" else 1)
-    assert all(torch.isfinite(t).all() for t in ckpt["state_dict"].values())
+@pytest.mark.parametrize(
+    "name", ["shakespeare_char.yaml", "shakespeare_char_gpu.yaml", "gpt2_124m.yaml", "nanogpt_cpu.yaml"]
+)
+def test_every_shipped_training_config_is_a_valid_run(name, text_file):
+    """Parsed and validated as train.py reads it, with the corpus it asks for (one trains below, compiled, bf16)."""
+    config = cli.parse(train_script.COMMAND, ["--config", str(ROOT / "configs" / name), "--data.input", str(text_file)])
+    assert config.optim.grad_clip == 1.0 and config.model.block_size >= 64
 
 
 def test_the_gpu_recipe_compiles_and_trains_in_bf16_on_cpu(tmp_path, text_file, capsys):
@@ -105,27 +100,6 @@ def test_the_gpu_recipe_compiles_and_trains_in_bf16_on_cpu(tmp_path, text_file, 
     assert config["train"]["compile"] and config["model"]["dropout"] == 0.2
     out = capsys.readouterr().out
     assert "--- sample ---" in out
-
-
-def test_shipped_gpu_experiment_config_trains_and_evaluates_in_bf16(tmp_path, text_file, gpt2_ranks):
-    from experiments import extrapolation as experiment
-
-    cli.run(experiment.COMMAND, [
-        "--config", str(ROOT / "configs" / "extrapolation_gpu.yaml"), "--out_dir", str(tmp_path / "report"),
-        "--schemes", "[rope, alibi]",
-        "--variants", "[{name: rope-window128, model: {pos_encoding: rope, attn_window: 128}}]",
-        "--run.model.n_layer", "1", "--run.model.n_head", "2", "--run.model.n_embd", "32",
-        "--run.model.block_size", "32", "--run.train.batch_size", "2", "--run.train.max_steps", "2",
-        "--run.train.eval_interval", "2", "--run.train.compile", "false", "--run.train.precision", "bf16-mixed",
-        "--run.data.input", str(text_file), "--run.data.prepared_root", str(tmp_path / "prepared"),
-        "--run.data.tiktoken_ranks", str(gpt2_ranks), "--eval_data.tiktoken_ranks", str(gpt2_ranks),
-        "--eval.lengths", "[32, 64]", "--eval.token_budget", "64", "--eval.dtype", "bfloat16",
-        "--eval.progress", "false",
-    ])  # fmt: skip
-    report = tmp_path / "report"
-    assert (report / "results.md").is_file()
-    runs = {p.name for p in (report / "runs").iterdir()}
-    assert runs == {"rope-seed1337", "alibi-seed1337", "rope-window128-seed1337"}
 
 
 def test_fsdp_without_gpus_is_one_clear_message(tmp_path, text_file, capsys):
