@@ -1,8 +1,6 @@
 """Hugging Face Hub datasets as a corpus source, streamed: `--data.input hf:NAME[:CONFIG]:SPLIT[@REVISION]`.
-
-The revision (default `main`) is resolved to its commit once, and the source is pinned to it from then on:
-the rows are read at that commit, and the pinned spec is what the fingerprint, meta.json and checkpoints take,
-so finding the data again needs no network. Needs the optional `datasets`, `pip install 'posgpt[hf]'`.
+The revision is resolved to its commit once and the source pinned to it: the rows are read at that commit, and
+the fingerprint, meta.json and checkpoints take the pinned spec, so finding the data again needs no network.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """Turn text into memory-mapped token files: `train.bin`, `val.bin` and `meta.json` (docs/data.md).
 
-    python -m data.prepare --inputs corpus/ --out_dir prepared/mycorpus --tokenizer gpt2
-
 The validation split is the last min(`val_fraction` of the tokens, `val_max_tokens`) tokens: deterministic
 and contiguous, so no window straddles the two splits. `meta.json` is removed first and written last, so a
 directory is trusted only when it is there; a directory lock serialises concurrent prepares of one output,

@@ -1,5 +1,4 @@
 """Synthetic length-generalisation tasks: train on short inputs, test on long ones (docs/synthetic.md).
-
 Each task writes seeded examples, a prompt and an answer, over its own small character vocabulary (a
 `CharTokenizer`, so checkpoints and sampling work on task models as on any other). The loss is taken on the
 answer tokens only (targets -1 elsewhere), and a model is scored by exact match of its greedy answer.

@@ -33,9 +33,7 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Iterable[int]) -> str: ...
 
-    def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        """UTF-8 bytes (a BPE token can hold part of a character: streams decode these incrementally)."""
-        ...
+    def decode_bytes(self, ids: Iterable[int]) -> bytes: ...  # a BPE token can hold part of a character
 
     def start_ids(self) -> list[int]: ...  # what an empty prompt starts from
 
