@@ -192,6 +192,8 @@ def build_tokenizer(kind: str, text_chars: Iterable[str] = (), ranks_path: str |
 
 def tokenizer_from_meta(meta: dict[str, Any], ranks_path: str | None = None) -> Tokenizer:
     """Rebuild the tokenizer that `Tokenizer.meta()` described."""
-    if meta.get("kind") in ("char", "gpt2"):
-        return build_tokenizer(meta["kind"], meta.get("chars", ""), ranks_path)
+    if meta.get("kind") == "char":
+        return CharTokenizer(meta["chars"])
+    if meta.get("kind") == "gpt2":
+        return GPT2Tokenizer(ranks_path)
     raise ValueError(f"Unknown tokenizer description {meta!r}; expected kind 'char' or 'gpt2'.")
