@@ -3,6 +3,7 @@ distance, entropy and sink mass against position (`evaluation.attention` compute
 
 from __future__ import annotations
 
+import itertools
 import math
 import textwrap
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from evaluation.attention import bucket_means  # noqa: E402
 
 SPECIAL = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
 LEGEND_WRAP = 40
-"""Characters per line of a legend label; longer labels wrap (a legend must fit its figure)."""
+"""Characters per line of a legend label; longer labels wrap."""
 
 
 def printable(piece: str) -> str:
@@ -31,8 +32,7 @@ def printable(piece: str) -> str:
 
 
 def _norm(values: torch.Tensor) -> Normalize:
-    """One colour scale for a figure: square-root from 0 (faint weights stay visible), or centred on
-    0 when weights are negative (linear attention with RoPE)."""
+    """Square-root from 0 (faint weights stay visible), or centred on 0 for negative weights (linear + RoPE)."""
     finite = values[torch.isfinite(values)]
     low, high = float(finite.min()), float(finite.max())
     if low < 0:
@@ -41,54 +41,24 @@ def _norm(values: torch.Tensor) -> Normalize:
     return PowerNorm(gamma=0.5, vmin=0.0, vmax=max(high, 1e-9))
 
 
-def _heatmap(ax: plt.Axes, matrix: torch.Tensor, tokens: list[str], norm: Normalize, cmap: Any) -> Any:
-    T = len(tokens)
-    image = ax.imshow(matrix.numpy(), norm=norm, cmap=cmap, interpolation="nearest")
-    size = max(5.0, min(9.0, 450 / T))
-    ax.set_xticks(range(T), tokens, rotation=90, fontsize=size, fontfamily="monospace")
-    ax.set_yticks(range(T), tokens, fontsize=size, fontfamily="monospace")
-    ax.tick_params(length=0, pad=1)
-    ax.set_xlabel("key", fontsize=8)
-    ax.set_ylabel("query", fontsize=8)
-    return image
-
-
-def _blank(weights: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    return weights.masked_fill(~visible, float("nan"))  # keys a query cannot see: left blank
-
-
-def _colormap(norm: Normalize) -> Any:
-    return plt.get_cmap("RdBu_r" if isinstance(norm, TwoSlopeNorm) else "viridis").with_extremes(bad="white")
-
-
-def heads_figure(
-    weights: torch.Tensor, visible: torch.Tensor, tokens: list[str], heads: list[int], title: str
-) -> plt.Figure:
-    """A grid of query x key heatmaps, one per head in `heads`, of one layer's weights (H, T, T)."""
-    panels = [(f"head {head}", weights[head]) for head in heads]
-    return _grid(panels, visible, tokens, title, math.ceil(math.sqrt(len(heads))))
-
-
-def layers_figure(
-    means: list[tuple[int, torch.Tensor]], visible: torch.Tensor, tokens: list[str], title: str
-) -> plt.Figure:
-    """One heatmap per layer of the weights averaged over heads: [(layer, (T, T))]."""
-    panels = [(f"layer {layer}, mean over heads", matrix) for layer, matrix in means]
-    return _grid(panels, visible, tokens, title, min(len(means), 4))
-
-
-def _grid(
+def heatmaps_figure(
     panels: list[tuple[str, torch.Tensor]], visible: torch.Tensor, tokens: list[str], title: str, cols: int
 ) -> plt.Figure:
-    """Heatmaps of (T, T) matrices on one colour scale, keys a query cannot see blank."""
-    shown = [(name, _blank(matrix, visible)) for name, matrix in panels]
+    """Query x key heatmaps of (name, (T, T) weights) on one colour scale, keys a query cannot see blank."""
+    shown = [(name, matrix.masked_fill(~visible, float("nan"))) for name, matrix in panels]  # unseen keys blank
     norm = _norm(torch.stack([m for _, m in shown]))
-    rows = math.ceil(len(shown) / cols)
-    side = 1.0 + 0.12 * len(tokens)
+    cmap = plt.get_cmap("RdBu_r" if isinstance(norm, TwoSlopeNorm) else "viridis").with_extremes(bad="white")
+    rows, T = math.ceil(len(shown) / cols), len(tokens)
+    side, size = 1.0 + 0.12 * T, max(5.0, min(9.0, 450 / T))
     fig, axes = plt.subplots(rows, cols, figsize=(side * cols + 1.2, side * rows + 0.6), dpi=90, squeeze=False,
                              layout="constrained")  # fmt: skip
     for ax, (name, matrix) in zip(axes.flat, shown, strict=False):
-        image = _heatmap(ax, matrix, tokens, norm, _colormap(norm))
+        image = ax.imshow(matrix.numpy(), norm=norm, cmap=cmap, interpolation="nearest")
+        ax.set_xticks(range(T), tokens, rotation=90, fontsize=size, fontfamily="monospace")
+        ax.set_yticks(range(T), tokens, fontsize=size, fontfamily="monospace")
+        ax.tick_params(length=0, pad=1)
+        ax.set_xlabel("key", fontsize=8)
+        ax.set_ylabel("query", fontsize=8)
         ax.set_title(name, fontsize=9)
     for ax in list(axes.flat)[len(shown) :]:
         ax.axis("off")
@@ -102,17 +72,6 @@ def _centres(edges: list[int]) -> np.ndarray:
     return np.array([(lo + hi - 1) / 2 + 1 for lo, hi in zip(edges[:-1], edges[1:], strict=True)])
 
 
-def _label_means(entries: list[dict[str, Any]], key: str, field: str) -> dict[str, tuple[np.ndarray, int]]:
-    """Per label: the [layer][head][bucket] values averaged over its seeds, and its training length."""
-    grouped: dict[str, list[dict[str, Any]]] = {}
-    for entry in entries:
-        grouped.setdefault(entry["label"], []).append(entry)
-    return {
-        label: (np.mean([np.array(e["summary"][key][field]) for e in group], axis=0), group[0]["train_length"])
-        for label, group in grouped.items()
-    }
-
-
 PANELS = (
     ("distance", "mean_weight", "mean weight at distance", "1 + distance i - j (keys back)"),
     ("position", "entropy", "entropy (nats)", "1 + query position i"),
@@ -121,10 +80,9 @@ PANELS = (
 
 
 def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | None = None) -> plt.Figure:
-    """Rows = layers; columns = mass by distance (log-log), entropy and sink mass by query position;
-    one colour per label (mean over heads and seeds, thick; each head thin when two labels or fewer);
-    training lengths dashed. `entries`: {"label", "train_length", "summary"} at this length; `order`:
-    every label of the report, so that a label keeps its colour in every figure."""
+    """Rows = layers; columns = mass by distance, entropy and sink mass by query position; one colour
+    per label (mean over heads and seeds; each head thin for up to two labels). `order`: every label
+    of the report, so that a label keeps its colour in every figure."""
     n_layer = max(len(e["summary"]["distance"]["mean_weight"]) for e in entries)
     labels = list(dict.fromkeys(e["label"] for e in entries))
     colour = {label: f"C{i % 10}" for i, label in enumerate(order or labels)}
@@ -132,10 +90,10 @@ def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | 
     fig, axes = plt.subplots(n_layer, 3, figsize=(12, 2.4 * n_layer + 0.9), dpi=72, squeeze=False,
                              layout="constrained")  # fmt: skip
     for col, (key, field, ylabel, xlabel) in enumerate(PANELS):
-        means = _label_means(entries, key, field)
         for label in labels:
-            values, train_length = means[label]
-            x = _centres(entries[labels.index(label)]["summary"][key]["edges"])
+            seeds = [e for e in entries if e["label"] == label]
+            values = np.mean([np.array(e["summary"][key][field]) for e in seeds], axis=0)  # [layer][head][bucket]
+            train_length, x = seeds[0]["train_length"], _centres(seeds[0]["summary"][key]["edges"])
             for layer, per_head in enumerate(values):
                 ax = axes[layer, col]
                 if len(labels) <= 2:
@@ -166,25 +124,19 @@ def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | 
 
 
 def legend_below(fig: plt.Figure, handles: Sequence[Any], labels: Sequence[str], max_cols: int = 6) -> Any:
-    """A legend under the panels of `fig` (a constrained-layout figure, which makes room for it) that lies
-    inside the figure: in as many columns (up to `max_cols`) as its width takes, labels wrapped at
-    LEGEND_WRAP characters where even one column is too wide, the figure widened where that is still too
-    wide; the figure grows by the legend's height, so the panels keep theirs. None when nothing is listed."""
+    """A legend under the panels of constrained-layout `fig`, inside it: as many columns as fit, labels
+    wrapped where one column is too wide, the figure widened where that still does not fit, and taller
+    by the legend's height so the panels keep theirs."""
     if not handles:
         return None
     renderer = fig.canvas.get_renderer()
     wrapped = [textwrap.fill(label, LEGEND_WRAP) for label in labels]
-    legend = None
-    for names in (list(labels), wrapped):
-        for ncol in range(min(len(names), max_cols), 0, -1):
-            legend = fig.legend(handles, names, loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
-            if legend.get_window_extent(renderer).width <= 0.96 * fig.bbox.width:
-                break
-            legend.remove()
-            legend = None
-        if legend is not None:
+    for names, ncol in itertools.product((list(labels), wrapped), range(min(len(labels), max_cols), 0, -1)):
+        legend = fig.legend(handles, names, loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
+        if legend.get_window_extent(renderer).width <= 0.96 * fig.bbox.width:
             break
-    if legend is None:  # a label with a word too long for the figure
+        legend.remove()
+    else:  # a label with a word too long for the figure
         legend = fig.legend(handles, wrapped, loc="outside lower center", ncol=1, fontsize=8, frameon=False)
         fig.set_figwidth(legend.get_window_extent(renderer).width / fig.dpi / 0.96)
     fig.set_figheight(fig.get_figheight() + legend.get_window_extent(renderer).height / fig.dpi)

@@ -1,12 +1,6 @@
-"""Look inside: attention heatmaps for a short prompt, and where attention goes at long contexts.
-The logic behind `attention_maps.py`; the numbers are in `evaluation.attention`, the figures in
-`evaluation.attention_figures`.
-
-The weights are recomputed in float32 on the eager reference kernel from each checkpoint's own
-parameters, whichever kernel it was trained with: SDPA and FlexAttention never form them.
-
-Each figure is written whole (a temporary file renamed), results.json last: it lists ("files") the
-figures of the run that wrote it. Nothing else in --out is touched.
+"""The logic behind `attention_maps.py`: heatmaps for a short prompt and where attention goes at long
+contexts (numbers in `evaluation.attention`, figures in `evaluation.attention_figures`). Each file is
+written whole, results.json last (it lists the figures of the run that wrote it).
 """
 
 from __future__ import annotations
@@ -14,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,18 +18,17 @@ import torch
 from core.device import pick_device
 from core.errors import ConfigError
 from core.files import atomic_write_bytes
-from data.tokenizer import CharTokenizer
 from evaluation.attention import long_context_stats, prompt_weights, runs_at, visible_keys
 from evaluation.checkpoint import LoadedCheckpoint, load_checkpoint
 from evaluation.config import EvalData, check_output_dir
+from evaluation.prompts import prompt_text
 from evaluation.run import Subject, check_long_enough, default_labels, load_texts, results_header
-from evaluation.sampling import prompt_text
 
 FORMAT = "posgpt-attention/1"
 RESULTS = "results.json"
 log = logging.getLogger(__name__)
 MAX_PROMPT_TOKENS = 64
-"""Longest prompt drawn as a heatmap: past it the token labels cannot be read (use --lengths)."""
+"""Longest prompt drawn as a heatmap: past it the token labels cannot be read."""
 
 
 @dataclass
@@ -44,28 +38,23 @@ class MapsConfig:
     ckpt: list[str]
     """Checkpoints written by train.py (several: their figures share axes, one colour each)."""
     labels: list[str] | None = None
-    """A name per checkpoint (default: its run directory); checkpoints sharing a name are seeds of
-    one model, averaged in the long-context figures."""
+    """A name per checkpoint (default: its run directory); a shared name marks seeds of one model, averaged."""
     out: str = "attention_maps"
     """Directory for the figures and results.json (created if needed)."""
     prompt: str | None = None
-    """A short text (up to 64 tokens), or @FILE: one heatmap grid of heads per layer and one figure
-    of the head-averaged attention of every layer, per checkpoint."""
+    """A short text (up to 64 tokens), or @FILE: per checkpoint, heatmaps of every head and of the head means."""
     layers: list[int] | None = None
     """Layers to draw heatmaps of (default: all), counted from 0."""
     heads: list[int] | None = None
     """Heads to draw in each heatmap grid (default: all), counted from 0."""
     lengths: list[int] | None = None
-    """Context lengths for the long-context statistics: mass by distance, entropy and sink mass by
-    position, per layer and head, one figure per length (e.g. [256, 1024, 4096])."""
+    """Context lengths of the long-context statistics (mass by distance, entropy, sink mass), e.g. [256, 4096]."""
     text: str | None = None
-    """A text file for the long-context statistics, tokenized by each checkpoint (default: each
-    checkpoint's own validation split; or --data.dir PREPARED)."""
+    """Text file of the long-context statistics (default: each checkpoint's validation split; or --data.dir)."""
     data: EvalData = field(default_factory=EvalData)
     """The text of the long-context statistics, as evaluate.py's --eval_data (input = --text)."""
     tokens: int = 8192
-    """Tokens averaged over at each length: max(1, tokens // length) non-overlapping windows from the
-    start of the text."""
+    """Tokens averaged over at each length: max(1, tokens // length) windows from the start of the text."""
     sink_tokens: int = 4
     """The first tokens whose attention mass is reported (attention sinks)."""
     device: str = "auto"
@@ -94,13 +83,11 @@ class MapsConfig:
 
 
 def run(cfg: MapsConfig) -> list[Path]:
-    """Everything `cfg` asks for, written under `cfg.out`; returns the files written. Every input is
-    checked before the first forward pass."""
+    """Everything `cfg` asks for, written under `cfg.out` (every input checked first); the files written."""
     check_output_dir(cfg.out)
     device = pick_device(cfg.device)
     loaded = [load_checkpoint(path, cfg.data.tiktoken_ranks) for path in cfg.ckpt]
-    labels = cfg.labels or default_labels(cfg.ckpt)
-    subjects = [Subject(path, label) for path, label in zip(cfg.ckpt, labels, strict=True)]
+    subjects = [Subject(p, label) for p, label in zip(cfg.ckpt, cfg.labels or default_labels(cfg.ckpt), strict=True)]
     for subject, ckpt in zip(subjects, loaded, strict=True):
         _check_indices(subject, ckpt, cfg)
         ckpt.model.to(device).eval()
@@ -139,12 +126,12 @@ def run(cfg: MapsConfig) -> list[Path]:
 
 def _folders(labels: list[str]) -> list[str]:
     """The folder of each checkpoint's heatmaps: its label made a file name, seeds told apart (name#2)."""
-    return default_labels([str(Path(_safe(label)) / "last.ckpt") for label in labels])
+    safe = ["".join(c if c.isalnum() or c in "-_.+" else "_" for c in label) or "model" for label in labels]
+    return default_labels([str(Path(name) / "last.ckpt") for name in safe])
 
 
 def _check_lengths(subjects: list[Subject], loaded: list[LoadedCheckpoint], lengths: list[int]) -> None:
-    """A length no checkpoint reaches is an error; one that only some reach leaves the others out
-    there (learned positions stop at block_size), which a line says."""
+    """A length no checkpoint reaches is an error; one that only some reach leaves the others out, with a line."""
     for length in lengths:
         able = [runs_at(c.model, length) for c in loaded]
         if not any(able):
@@ -156,7 +143,6 @@ def _check_lengths(subjects: list[Subject], loaded: list[LoadedCheckpoint], leng
 
 
 def _check_length(subject: Subject, ckpt: LoadedCheckpoint, length: int, what: str) -> None:
-    """Only learned positions stop at a length: a single checkpoint that cannot reach `length` is an error."""
     if not runs_at(ckpt.model, length):
         limit = ckpt.model.pe.max_positions
         raise ConfigError(
@@ -177,9 +163,7 @@ def _check_indices(subject: Subject, ckpt: LoadedCheckpoint, cfg: MapsConfig) ->
 
 
 def _prompt_ids(subject: Subject, ckpt: LoadedCheckpoint, prompt: str) -> list[int]:
-    text = prompt_text(prompt)
-    tokenizer = ckpt.tokenizer
-    ids = tokenizer.encode(text, drop_unknown=False) if isinstance(tokenizer, CharTokenizer) else tokenizer.encode(text)
+    ids = ckpt.tokenizer.encode(prompt_text(prompt))
     if not ids:
         raise ConfigError("The prompt is empty: pass --prompt TEXT with at least one token.")
     if len(ids) > MAX_PROMPT_TOKENS:
@@ -194,9 +178,9 @@ def _prompt_ids(subject: Subject, ckpt: LoadedCheckpoint, prompt: str) -> list[i
 def _draw_prompt(
     subject: Subject, ckpt: LoadedCheckpoint, ids: list[int], cfg: MapsConfig, folder: Path, files: dict[Path, bytes]
 ) -> dict[str, Any]:
-    """The heatmaps of one checkpoint on the prompt, into `folder`; returns the plotted numbers (matplotlib is
-    imported here, to draw, not with the command's --help)."""
-    from evaluation.attention_figures import heads_figure, layers_figure, printable
+    """The heatmaps of one checkpoint on the prompt, into `folder`; the plotted numbers (matplotlib imported to
+    draw, not for --help)."""
+    from evaluation.attention_figures import heatmaps_figure, printable
     from evaluation.report import png_bytes
 
     model = ckpt.model
@@ -207,11 +191,14 @@ def _draw_prompt(
     layers = cfg.layers if cfg.layers is not None else list(range(model.config.n_layer))
     heads = cfg.heads if cfg.heads is not None else list(range(model.config.n_head))
     name = f"{subject.label} ({model.config.pos_encoding})"
+    cols = math.ceil(math.sqrt(len(heads)))
     for layer in layers:
-        figure = heads_figure(weights[layer], visible, tokens, heads, f"{name}: layer {layer}, weights per head")
+        panels = [(f"head {head}", weights[layer][head]) for head in heads]
+        figure = heatmaps_figure(panels, visible, tokens, f"{name}: layer {layer}, weights per head", cols)
         files[folder / f"layer{layer}.png"] = png_bytes(figure)
-    means = [(layer, weights[layer][heads].mean(0)) for layer in layers]
-    files[folder / "layers_mean.png"] = png_bytes(layers_figure(means, visible, tokens, f"{name}: mean over heads"))
+    means = [(f"layer {layer}, mean over heads", weights[layer][heads].mean(0)) for layer in layers]
+    figure = heatmaps_figure(means, visible, tokens, f"{name}: mean over heads", min(len(means), 4))
+    files[folder / "layers_mean.png"] = png_bytes(figure)
     return {
         "label": subject.label,
         "ckpt": subject.path,
@@ -224,7 +211,3 @@ def _draw_prompt(
 
 def _rounded(weights: torch.Tensor) -> list:
     return [[[float(f"{w:.5g}") for w in row] for row in head] for head in weights.tolist()]
-
-
-def _safe(label: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_.+" else "_" for c in label) or "model"

@@ -1,37 +1,20 @@
-"""`posgpt check`: every attention kernel this device runs, against the float32 reference path, for every
-attention function, position scheme, mask, score and option that changes the attention math, read from
-the registries and from `GPTConfig`'s fields (a new registry entry or option is checked without a line
-here); the KV cache against a full forward pass; the compiled model on request. What to run first on
-a new GPU or a new torch.
+"""`posgpt check`: every attention kernel this device runs against the float32 reference path, for every
+attention function, scheme, mask, score and option read from the registries and `GPTConfig`'s fields
+(a new entry is checked without a line here); the KV cache against a full forward pass; the compiled
+model on request (docs/model.md). Each case is a tiny model from one seed whose reference kernel and
+candidate kernel share every weight and input.
 
-Each case is a tiny model (`BASE`: 2 layers, 4 heads of 8, block 128) built from one seed, whose
-reference kernel (the function's kernel that forms the weights: eager, float32) and candidate kernel
-share every weight and input:
-
-- forward: the logits, at lengths 1, 24, 40, 127, 129 (tiles of 16, 64 and 128 and their edges, past
-  block_size; a scheme limited to block_size stops there);
-- backward: the gradient of every parameter, where the kernel has a backward pass on this device;
-- cache: a prompt, single tokens and a chunk through the KV cache (a window's rolling one, linear
-  attention's state) against one full forward pass, for every kernel, the reference included;
-- compiled (`compile` option): the model under `torch.compile` against the reference.
-
-The error of a case is max |candidate - reference| / max |reference| over the compared tensors (for
-gradients, per parameter, the largest), so that it means the same for logits and for small gradients.
-Tolerances (`TOLERANCE`): float32 1e-4, where kernels differ only in the order of their sums (measured
-at about 1e-6 on a CPU; 1e-4 leaves room for a GPU's reductions and for the softmax's amplification
-of score differences, and a kernel off by 1e-2 still fails 100-fold); bfloat16 (on a GPU with bf16,
-the candidate under autocast against the float32 reference) 5e-2: bf16 keeps 8 bits of mantissa
-(a relative rounding of 2^-9 per operation), and a 2-layer model rounds its activations some ten times
-over, so the whole model's bf16 error, not the kernel's, sets the floor.
-
-A combination the config's validation refuses, a kernel that cannot run on this device (flex on a CPU),
-or an option that changes nothing for a function and scheme (rope_scaling without RoPE) is listed as
-skipped, with the reason.
+The error is max |candidate - reference| / max |reference| (for gradients, per parameter, the largest).
+Tolerances: float32 1e-4, where kernels differ only in the order of their sums (about 1e-6 measured on
+a CPU; room for a GPU's reductions and the softmax's amplification, while a kernel off by 1e-2 fails
+100-fold); bfloat16 5e-2: 8 bits of mantissa (2^-9 per operation) rounded some ten times through a
+2-layer model, so the whole model's bf16 error, not the kernel's, sets the floor.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 import typing
@@ -53,11 +36,12 @@ from model.scores import SCORES
 BASE: dict[str, Any] = {"vocab_size": 64, "block_size": 128, "n_layer": 2, "n_head": 2, "n_embd": 64}
 """Heads of 32: FlexAttention on CUDA needs 16 or more, and differential attention halves them."""
 LENGTHS = (1, 24, 40, 127, 129)
+"""Tiles of 16, 64 and 128 and their edges, and past block_size."""
 QUICK_LENGTH = 24
 CACHE_LENGTH = 40
+"""Past a window's 20 + 3 slots, so the rolling cache wraps."""
 COMPILED_LENGTH = 40
-"""The compiled model's length: past a 16-key tile's edge and 8 mod 16 (where compiled flex failed on a CPU)."""
-"""Tokens of the cache case: past a window's 20 + 3 slots, so the rolling cache wraps."""
+"""Past a 16-key tile's edge and 8 mod 16 (where compiled flex failed on a CPU)."""
 MASKS: dict[str, dict[str, int]] = {
     "causal": {},
     "window": {"attn_window": 20},
@@ -74,11 +58,11 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "rope_partial": {"rope_fraction": 0.5},
     "attn_random_draw": MASKS["bigbird"],
 }
-"""What an option needs beside it to change anything (a scaling factor above 1, a fraction below 1, random blocks)."""
+"""What an option needs beside it to change anything."""
 NUMERIC: dict[str, dict[str, Any]] = {"rope_fraction=0.5": {"rope_fraction": 0.5}}
 """Numeric options that change the attention math, at one value each."""
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
-"""Largest error that passes, by the candidate's dtype (module docstring)."""
+"""Largest error that passes, by the candidate's dtype."""
 
 
 @dataclass
@@ -92,28 +76,27 @@ class CheckConfig:
     compile: bool = False
     """Also check the model under torch.compile, for every kernel, scheme and mask (on a CPU, seconds per case)."""
     json: str | None = None
-    """Write every case (name, check, error, tolerance, passed, seconds, why skipped) and the summary to this file."""
+    """Write every case and the summary to this JSON file."""
     only: str | None = None
     """Run only the cases whose name contains this text (say softmax/alibi or sdpa)."""
 
 
 @dataclass
 class Result:
-    """One row of the table."""
+    """One row of the table; `passed` None: skipped."""
 
     case: str
     check: str
     error: float | None = None
     tolerance: float | None = None
     passed: bool | None = None
-    """None: skipped."""
     seconds: float = 0.0
     skipped: str | None = None
 
 
 def option_variants() -> Iterator[tuple[str, dict[str, Any]]]:
-    """(label, fields) for each value but the default of every choice field of `GPTConfig` (a Literal or
-    a bool) that is not an axis of the grid, with its companions, and the numeric ones (`NUMERIC`)."""
+    """(label, fields) for each non-default value of every choice field (Literal or bool) of `GPTConfig`
+    that is not an axis of the grid, with its companions; then `NUMERIC`."""
     hints = typing.get_type_hints(GPTConfig)
     for f in dataclasses.fields(GPTConfig):
         if f.name in AXES | NOT_ATTENTION:
@@ -129,19 +112,14 @@ def option_variants() -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def grid() -> Iterator[tuple[str, dict[str, Any], dict[str, Any] | None]]:
-    """(name, fields, the option variant's own fields or None) of every case: each function x scheme x
-    mask x score, then each option variant with each function and scheme (causal, the default score)."""
-    for function in ATTENTIONS:
-        for scheme in SCHEMES:
-            for mask, fields in MASKS.items():
-                for score in SCORES:
-                    name = f"{function}/{scheme}/{mask}/{score}"
-                    yield name, {"attention": function, "pos_encoding": scheme, "attn_score": score, **fields}, None
-    for label, extra in option_variants():
-        for function in ATTENTIONS:
-            for scheme in SCHEMES:
-                fields = {"attention": function, "pos_encoding": scheme, "attn_score": GPTConfig.attn_score, **extra}
-                yield f"{function}/{scheme}/{label}", fields, extra
+    """(name, fields, the option variant's fields or None): each function x scheme x mask x score, then
+    each option variant with each function and scheme."""
+    for function, scheme, (mask, fields), score in itertools.product(ATTENTIONS, SCHEMES, MASKS.items(), SCORES):
+        name = f"{function}/{scheme}/{mask}/{score}"
+        yield name, {"attention": function, "pos_encoding": scheme, "attn_score": score, **fields}, None
+    for (label, extra), function, scheme in itertools.product(option_variants(), ATTENTIONS, SCHEMES):
+        fields = {"attention": function, "pos_encoding": scheme, "attn_score": GPTConfig.attn_score, **extra}
+        yield f"{function}/{scheme}/{label}", fields, extra
 
 
 def build(fields: dict[str, Any], backend: str, device: torch.device) -> GPT:
@@ -162,9 +140,8 @@ def error_of(actual: torch.Tensor, expected: torch.Tensor, floor: float = 0.0) -
 
 
 GRADIENT_FLOOR = 1e-3
-"""A parameter's gradient is measured against at least this share of the largest gradient of the model: a
-gradient that is zero in exact arithmetic (FIRE's output bias, a constant added to every score of a row,
-which the softmax ignores) is float noise of 1e-10 in both paths, not a scale to divide by."""
+"""A gradient's scale is at least this share of the model's largest: a gradient zero in exact arithmetic
+(FIRE's output bias, which the softmax ignores) is float noise, not a scale to divide by."""
 
 
 def run_model(model: GPT, idx: torch.Tensor, dtype: torch.dtype, grad: bool) -> tuple[torch.Tensor, dict | None]:
@@ -177,11 +154,6 @@ def run_model(model: GPT, idx: torch.Tensor, dtype: torch.dtype, grad: bool) -> 
         return logits.float(), None
     loss.backward()
     return logits.float(), {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def lengths_for(model: GPT, quick: bool) -> list[int]:
-    longest = model.pe.max_positions
-    return [n for n in ((QUICK_LENGTH,) if quick else LENGTHS) if longest is None or n <= longest]
 
 
 def cache_error(model: GPT, length: int) -> float:
@@ -200,20 +172,9 @@ def cache_error(model: GPT, length: int) -> float:
     return error_of(steps.float(), full.float())
 
 
-def dtypes_for(device: torch.device) -> list[torch.dtype]:
-    """float32 everywhere; bfloat16 too on a GPU that has it (what training runs there)."""
-    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    return [torch.float32, torch.bfloat16] if bf16 else [torch.float32]
-
-
-def timed(result: Result, started: float) -> Result:
-    result.seconds = time.perf_counter() - started
-    return result
-
-
 def judge(case: str, check: str, error: float, dtype: torch.dtype, started: float) -> Result:
     tolerance = TOLERANCE[dtype]
-    return timed(Result(case, check, error, tolerance, passed=error <= tolerance), started)
+    return Result(case, check, error, tolerance, error <= tolerance, time.perf_counter() - started)
 
 
 def inputs(lengths: list[int], device: torch.device) -> list[torch.Tensor]:
@@ -223,9 +184,7 @@ def inputs(lengths: list[int], device: torch.device) -> list[torch.Tensor]:
 
 
 def changes_nothing(model: GPT, fields: dict[str, Any], variant: dict[str, Any], device: torch.device) -> bool:
-    """Whether the variant's options leave the reference's logits as they are without them (same weights)
-    for this function and scheme: rope_scaling does nothing without RoPE, diff_split without differential
-    attention."""
+    """Whether the variant's options leave the reference's logits as they are (rope_scaling without RoPE)."""
     plain = build({k: v for k, v in fields.items() if k not in variant}, reference_name(fields["attention"]), device)
     theirs, mine = plain.state_dict(), model.state_dict()
     if theirs.keys() != mine.keys() or any(theirs[k].shape != mine[k].shape for k in mine):
@@ -238,15 +197,17 @@ def changes_nothing(model: GPT, fields: dict[str, Any], variant: dict[str, Any],
 
 def check_case(case: str, fields: dict[str, Any], names: list[str], variant: dict[str, Any] | None,
                cfg: CheckConfig, device: torch.device) -> list[Result]:  # fmt: skip
-    """The rows of one case: for each kernel of `names`, forward (and backward) against the reference per
-    dtype, the cache, the compiled model. One model: each kernel runs its weights (`GPT.switch`)."""
+    """The rows of one case: for each kernel of `names` (one model, `GPT.switch`), forward (and backward)
+    against the reference per dtype, the cache, the compiled model."""
     config = GPTConfig(**BASE, **fields)
     reference = reference_name(fields["attention"])
     model = build(fields, reference, device)
     if variant is not None and changes_nothing(model, fields, variant, device):
         return [Result(case, "all", skipped="changes nothing for this function and scheme")]
-    idxs = inputs(lengths_for(model, cfg.quick), device)
+    longest = model.pe.max_positions
+    idxs = inputs([n for n in ((QUICK_LENGTH,) if cfg.quick else LENGTHS) if longest is None or n <= longest], device)
     grad = not cfg.quick
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()  # what training runs on such a GPU
     expected = [run_model(model.train(grad), idx, torch.float32, grad) for idx in idxs]
     results = []
     for name in names:
@@ -257,7 +218,7 @@ def check_case(case: str, fields: dict[str, Any], names: list[str], variant: dic
             results.append(Result(row, "all", skipped=f"refused: {error}"))
             continue
         if name != reference:
-            for dtype in dtypes_for(device):
+            for dtype in (torch.float32, torch.bfloat16) if bf16 else (torch.float32,):
                 results += compare(row, model, idxs, expected, dtype, grad)
         if cfg.quick:
             continue
@@ -277,30 +238,29 @@ def check_case(case: str, fields: dict[str, Any], names: list[str], variant: dic
 
 def compare(row: str, model: Any, idxs: list[torch.Tensor], expected: list, dtype: torch.dtype, grad: bool,
             check: str = "forward") -> list[Result]:  # fmt: skip
-    """The forward (and with `grad` the backward) rows of `model` against the `expected` logits and
-    gradients, the largest error over the lengths; what the kernel cannot run here is skipped."""
+    """The forward (and with `grad` the backward) rows of `model` against `expected`, the largest error over
+    the lengths; what the kernel cannot run here is skipped."""
     tag = "" if dtype == torch.float32 else f" [{str(dtype).removeprefix('torch.')}]"
     rows = []
     for with_grad in (False, True) if grad else (False,):
-        started, worst = time.perf_counter(), 0.0
+        started, worst, name = time.perf_counter(), 0.0, ("backward" if with_grad else check) + tag
         try:
             for idx, (ref_logits, ref_grads) in zip(idxs, expected, strict=True):
                 logits, grads = run_model(model.train(with_grad), idx, dtype, with_grad)
-                errors = []
                 if with_grad:
                     floor = GRADIENT_FLOOR * max(g.abs().max().item() for g in ref_grads.values())
-                    errors = [error_of(g, ref_grads[n], floor) for n, g in grads.items()]
-                worst = max(worst, *errors) if with_grad else max(worst, error_of(logits, ref_logits))
+                    worst = max(worst, *(error_of(g, ref_grads[n], floor) for n, g in grads.items()))
+                else:
+                    worst = max(worst, error_of(logits, ref_logits))
         except KernelError as error:
-            rows.append(Result(row, ("backward" if with_grad else check) + tag, skipped=str(error)))
+            rows.append(Result(row, name, skipped=str(error)))
             break
-        rows.append(judge(row, ("backward" if with_grad else check) + tag, worst, dtype, started))
+        rows.append(judge(row, name, worst, dtype, started))
     return rows
 
 
 def run_checks(cfg: CheckConfig, device: torch.device, report: Any = print) -> list[Result]:
-    """Every case of the grid on `device` (those whose name holds `cfg.only`), each row handed to `report`
-    as it is done."""
+    """Every case of the grid whose name holds `cfg.only`, each row handed to `report` as it is done."""
     results: list[Result] = []
     for case, fields, variant in grid():
         names = [n for n in ATTENTIONS[fields["attention"]].kernels if not cfg.only or cfg.only in f"{case}/{n}"]
@@ -319,7 +279,6 @@ def run_checks(cfg: CheckConfig, device: torch.device, report: Any = print) -> l
 
 
 def row_line(row: Result) -> str:
-    """One line of the table: case, check, max error, tolerance, pass, time (or why it was skipped)."""
     if row.passed is None:
         return f"{row.case:58s} {row.check:17s} {'':>9s} {'':>7s} skip  {row.seconds:6.2f}s  {row.skipped}"
     verdict = "pass" if row.passed else "FAIL"
@@ -345,8 +304,7 @@ class CheckFailed(UserError):
 
 def main(cfg: CheckConfig) -> list[Result]:
     device = pick_device(cfg.device)
-    header = f"{'case':58s} {'check':17s} {'max error':>9s} {'tol':>7s} pass  {'time':>7s}"
-    print(header)
+    print(f"{'case':58s} {'check':17s} {'max error':>9s} {'tol':>7s} pass  {'time':>7s}")
     started, threads = time.perf_counter(), torch.get_num_threads()
     if device.type == "cpu":  # tiny shapes: threads only wait on each other (100x slower on a busy CPU)
         torch.set_num_threads(1)

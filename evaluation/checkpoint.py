@@ -1,9 +1,5 @@
-"""A checkpoint alone rebuilds its model and tokenizer: what sampling, evaluation, attention maps, the
-experiments and the benchmarks load, without a Trainer.
-
-Reading the file is `core.checkpoint`, the tokenizer `data.provenance`; this module builds the GPT
-from the recorded config and weights and puts the pieces together. It imports neither Lightning nor
-`training/`, so every script that only reads checkpoints stays light.
+"""A checkpoint alone rebuilds its model and tokenizer, without a Trainer: what sampling, evaluation and
+the studies load. Imports neither Lightning nor `training/`, so scripts that only read checkpoints stay light.
 """
 
 from __future__ import annotations
@@ -30,22 +26,20 @@ class LoadedCheckpoint:
     model: GPT
     tokenizer: Tokenizer
     config: dict[str, Any]
-    """The resolved run config: {"model": ..., "data": ..., "optim": ..., "train": ...}."""
+    """The resolved run config."""
     step: int
     data: dict[str, Any] | None
-    """The training data's provenance ({"prepared", "fingerprint", "tokenizer", ...}); None in
-    checkpoints written before it was recorded."""
+    """The training data's provenance (None in checkpoints written before it was recorded)."""
 
 
 def model_config_of(ckpt: dict[str, Any]) -> GPTConfig:
-    """The config of the model the checkpoint holds: the run's, or after a switch mid-training
-    (`train.switch_at`) the one it switched to."""
+    """The config of the model the checkpoint holds (after `train.switch_at`, the one it switched to)."""
     return GPTConfig.from_dict(ckpt.get("model_config") or ckpt["hyper_parameters"]["config"]["model"])
 
 
 def gpt_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> GPT:
-    """The GPT that the checkpoint dictionary `ckpt` (read from `path`) holds, on CPU in eval mode;
-    refuse weights that do not fit its config or are not finite (written by a diverged run)."""
+    """The GPT that `ckpt` (read from `path`) holds, on CPU in eval mode; weights that do not fit its
+    config or are not finite are refused."""
     model = GPT(model_config_of(ckpt))
     state = {k[len(PREFIX) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(PREFIX)}
     try:
@@ -66,9 +60,8 @@ def gpt_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> GPT:
 
 
 def weights_misfit(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> str:
-    """Why `state` does not load into a model whose state dict is `expected`, in one clause ('' if it
-    does): the first tensor whose shape differs, else the missing and unexpected names. PyTorch's own
-    message lists every mismatch, one per line, where a user needs the first one to see what is wrong."""
+    """Why `state` does not load into a model whose state dict is `expected`, in one clause ('' if it does);
+    PyTorch's own message lists every mismatch where a user needs the first."""
     wrong = [name for name, tensor in expected.items() if name in state and state[name].shape != tensor.shape]
     if wrong:
         more = f"; {len(wrong) - 1} more tensor(s) differ" if len(wrong) > 1 else ""
@@ -81,8 +74,8 @@ def weights_misfit(expected: dict[str, torch.Tensor], state: dict[str, torch.Ten
 
 
 def load_checkpoint(path: str | Path, ranks_path: str | None = None) -> LoadedCheckpoint:
-    """Rebuild the model (on CPU, eval mode) and tokenizer that a checkpoint holds; `ranks_path` is
-    the GPT-2 ranks file to use instead of the recorded one."""
+    """The model (on CPU, eval mode) and tokenizer a checkpoint holds; `ranks_path` overrides the recorded
+    GPT-2 ranks file."""
     ckpt = read_checkpoint(path)
     hparams = ckpt["hyper_parameters"]
     model = gpt_from_checkpoint(ckpt, path)

@@ -28,8 +28,7 @@ def evaluate_main(cfg: EvaluateConfig) -> None:
     from evaluation.report import write_report  # matplotlib: imported to draw, not for --help
 
     check_output_dir(cfg.out)
-    labels = cfg.labels or default_labels(cfg.ckpt)
-    subjects = [Subject(path, label) for path, label in zip(cfg.ckpt, labels, strict=True)]
+    subjects = [Subject(p, label) for p, label in zip(cfg.ckpt, cfg.labels or default_labels(cfg.ckpt), strict=True)]
     doc = evaluate_checkpoints(subjects, cfg.eval, cfg.eval_data)
     try:
         paths = write_report(doc, cfg.out)

@@ -1,5 +1,4 @@
-"""What an extrapolation evaluation runs: typed dataclasses shared by `evaluate.py` (`EvaluateConfig`)
-and the experiment runner (whose YAML has an `eval:` section of `EvalSettings`)."""
+"""The options of an extrapolation evaluation, shared by `evaluate.py` and the studies' `eval:` section."""
 
 from __future__ import annotations
 
@@ -20,23 +19,19 @@ class EvalSettings:
     lengths: list[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048, 4096])
     """Context lengths L to evaluate at, in tokens."""
     mode: Literal["nonoverlap", "sliding"] = "nonoverlap"
-    """nonoverlap: windows of L, every token scored; sliding: windows advance by `stride`, the last
-    `stride` tokens of each scored (each sees at least L - stride tokens of context)."""
+    """nonoverlap: windows of L, every token scored; sliding: windows advance by `stride`, their last S scored."""
     stride: int | None = None
     """Stride S of the sliding mode, at most the smallest length."""
     token_budget: int = 65536
     """Tokens scored at every length, from the start of the text, so lengths compare on equal footing."""
     rope_scaling: list[RopeScaling] = field(default_factory=lambda: ["none"])
-    """For RoPE checkpoints: evaluate once per entry. none = as trained; linear (position
-    interpolation), ntk (NTK-aware base), yarn. Other schemes are evaluated once."""
+    """RoPE checkpoints are evaluated once per entry: none (as trained), linear (position interpolation), ntk, yarn."""
     rope_scaling_factor: float | Literal["dynamic"] = "dynamic"
-    """A fixed factor (>= 1) for the scaled RoPE variants, or 'dynamic': L / block_size at each
-    length L beyond the training length (1 within it, where scaling changes nothing)."""
+    """A fixed factor (>= 1) for the scaled RoPE variants, or 'dynamic': max(1, L / block_size) at each length L."""
     buckets: int = 16
     """Position buckets for the loss-by-position curves."""
     batch_tokens: int = 32768
-    """Tokens per forward pass: batch_tokens // L windows (at least 1; on CPU capped so that L x L
-    attention scores stay under 512 MiB; halved on a CUDA out-of-memory error)."""
+    """Tokens per forward pass (fewer on CPU to bound the L x L scores; halved on a CUDA out-of-memory error)."""
     device: str = "auto"
     """auto (cuda if available, else cpu), cpu, cuda, cuda:1, ..."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -44,10 +39,7 @@ class EvalSettings:
     progress: bool = True
     """Show a progress bar (on a terminal only: a log file gets none)."""
     attention_stats: bool = False
-    """Also explain the curve: for every checkpoint as trained, attention mass by distance, entropy
-    and sink mass by position, per layer and head, at every length (attention_L<length>.png, numbers
-    in results.json), recomputed in float32 on the eager reference path over the first
-    min(token_budget, 8192) tokens (at least one window). As `attention_maps.py --lengths`."""
+    """Also the attention statistics at every length (entropy, sink mass, sink rate), as attention_maps.py --lengths."""
 
     def __post_init__(self) -> None:
         if not self.lengths or any(not isinstance(n, int) or n < 1 for n in self.lengths):
@@ -91,14 +83,12 @@ class EvalData:
 
 @dataclass
 class EvaluateConfig:
-    """evaluate.py's options: which checkpoints, their labels, where the report goes, how and on what
-    text they are evaluated (the `eval:` and `eval_data:` sections of an experiment config)."""
+    """evaluate.py's options: which checkpoints, their labels, where the report goes, how and on what text."""
 
     ckpt: list[str]
     """Checkpoints written by train.py."""
     labels: list[str] | None = None
-    """A name per checkpoint (default: its run directory); checkpoints sharing a name are seeds of
-    one model: mean ± std."""
+    """A name per checkpoint (default: its run directory); a shared name marks seeds of one model: mean ± std."""
     out: str = "eval"
     """Directory for the results (created if needed)."""
     eval: EvalSettings = field(default_factory=EvalSettings)

@@ -1,18 +1,8 @@
-"""Loss at a given context length, in the two modes that the ALiBi paper contrasts.
-
-- `nonoverlap`: the text cut into consecutive windows of L tokens; every token is scored, so a
-  token at position i of its window sees i tokens of context (Press et al. 2022, section 4).
-- `sliding` with stride S: windows of L advancing by S; only the last S tokens of each window are
-  scored, so every scored token sees at least L - S tokens of context. S = L is `nonoverlap`.
-
-Every length scores the same number of tokens (`token_budget`), taken from the start of the text,
-so lengths are compared on equal footing. Loss is also reported by position inside the window,
-in equal buckets, which shows where a scheme breaks down.
-
-Memory stays bounded at any L: a batch holds about `batch_tokens` tokens (fewer windows as L
-grows, fewer still on CPU where a biased attention forms L x L scores, halved again on a CUDA
-out-of-memory error), and logits are formed for the scored positions only, a chunk at a time,
-never as one (B, L, vocab) tensor.
+"""Loss at a given context length, in the two modes that the ALiBi paper contrasts (Press et al. 2022,
+section 4): `nonoverlap`, consecutive windows of L with every token scored, and `sliding` with stride S,
+where only the last S tokens of each window are scored (each sees at least L - S tokens of context).
+Every length scores the same `token_budget` tokens from the start of the text. Memory stays bounded at
+any L: batches of about `batch_tokens` tokens, and logits formed a chunk of scored positions at a time.
 """
 
 from __future__ import annotations
@@ -29,10 +19,9 @@ from data.dataset import window_starts
 from model import GPT
 
 LOGIT_ELEMENTS = 1 << 25
-"""Most logits formed at once (128 MiB in float32), whatever the vocabulary and batch."""
+"""Most logits formed at once (128 MiB in float32)."""
 CPU_SCORE_ELEMENTS = 1 << 27
-"""On CPU, attention with a bias (ALiBi's float mask) forms the (B, H, L, L) scores: batches are cut
-so that these stay under 512 MiB in float32. GPU kernels (Flash, Flex) never form them."""
+"""On CPU a biased attention forms the (B, H, L, L) scores: batches keep them under 512 MiB in float32."""
 
 
 @dataclass
@@ -44,22 +33,16 @@ class LengthResult:
     stride: int
     applicable: bool = True
     reason: str | None = None
-    """Why the model cannot run at this length (when not applicable)."""
     scored_tokens: int = 0
     loss: float = math.nan
     by_position: list[float] = field(default_factory=list)
-    """Mean loss in `len(by_position)` equal buckets of the scored positions, first to last."""
+    """Mean loss in equal buckets of the scored positions, first to last."""
     bucket_starts: list[int] = field(default_factory=list)
-    """Position in the window (0 = first) where each bucket of `by_position` begins."""
+    """Position in the window where each bucket of `by_position` begins."""
 
     @property
     def ppl(self) -> float:
         return math.exp(self.loss) if self.applicable else math.nan
-
-
-def count_windows(n_tokens: int, length: int, stride: int | None, token_budget: int) -> int:
-    """How many windows `evaluate_length` runs (for a progress bar)."""
-    return int(window_starts(n_tokens, length, stride or length, token_budget).size)
 
 
 @torch.no_grad()
@@ -75,21 +58,9 @@ def evaluate_length(
     autocast_dtype: torch.dtype | None = None,
     on_windows: Callable[[int], None] | None = None,
 ) -> LengthResult:
-    """Loss of `model` on `tokens` at context `length` (see the module docstring).
-
-    Args:
-        model: the GPT, on the device to run on.
-        tokens: the evaluation text as token ids.
-        length: context length L.
-        stride: S for sliding windows; None (or L) means non-overlapping windows.
-        token_budget: tokens to score (fewer if the text runs out).
-        batch_size: windows per forward pass; None picks batch_tokens // L (at least 1).
-        buckets: number of position buckets in `by_position`.
-        batch_tokens: tokens per forward pass when batch_size is None.
-        autocast_dtype: run the model under autocast to this dtype (bfloat16 on a GPU); the loss
-            is always computed in float32.
-        on_windows: called with the number of windows after each batch (a progress bar).
-    """
+    """Loss of `model` (on its device) on `tokens` at context `length`: non-overlapping windows, or sliding
+    ones with `stride`; `batch_size` None picks about `batch_tokens` per pass; the model runs under autocast
+    to `autocast_dtype`, the loss in float32; `on_windows` gets the windows done after each batch."""
     stride = length if stride is None else stride
     mode = "nonoverlap" if stride == length else "sliding"
     if not 0 < stride <= length:
@@ -101,7 +72,10 @@ def evaluate_length(
     starts = window_starts(len(tokens), length, stride, token_budget)
     if starts.size == 0:
         raise ValueError(f"The evaluation text has {len(tokens)} tokens, too few for one window of {length} + 1.")
-    batch_size = batch_size or _adaptive_batch(model, length, batch_tokens)
+    if batch_size is None:  # about `batch_tokens` tokens, and on CPU few enough for CPU_SCORE_ELEMENTS
+        batch_size = max(1, batch_tokens // length)
+        if model.wte.weight.device.type == "cpu":
+            batch_size = min(batch_size, max(1, CPU_SCORE_ELEMENTS // (model.config.n_head * length * length)))
     was_training = model.training
     model.eval()
     position_loss = torch.zeros(stride, dtype=torch.float64)  # summed over windows, scored positions only
@@ -133,15 +107,6 @@ def evaluate_length(
         by_position=[chunk.mean().item() for chunk in chunks],
         bucket_starts=[int(length - stride + o) for o in offsets],
     )
-
-
-def _adaptive_batch(model: GPT, length: int, batch_tokens: int) -> int:
-    """Windows per batch: about `batch_tokens` tokens, and on CPU few enough that a full score
-    matrix per head would fit in CPU_SCORE_ELEMENTS."""
-    batch = max(1, batch_tokens // length)
-    if model.wte.weight.device.type == "cpu":
-        batch = min(batch, max(1, CPU_SCORE_ELEMENTS // (model.config.n_head * length * length)))
-    return batch
 
 
 def _window_losses(model: GPT, rows: torch.Tensor, stride: int, autocast_dtype: torch.dtype | None) -> torch.Tensor:

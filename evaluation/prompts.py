@@ -1,9 +1,5 @@
-"""The prompts of `sample.py`: read, encoded, and cropped to what the model can see.
-
-A run has one prompt (`--prompt TEXT`, `--prompt @FILE`, `--prompt_file FILE`: a whole file is one
-prompt) or many (`--prompts_file FILE`: one per line). Each mistake stops with one message that names
-the prompt it is about (`Prompt.where`), since in a file of a hundred prompts "the prompt" says
-nothing.
+"""The prompts of `sample.py`: read, encoded, and cropped to what the model can see. Each mistake stops
+with one message that names its prompt (`Prompt.where`): in a file of a hundred, "the prompt" says nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ class Prompt:
     """How messages name it: `--prompt`, `line 3 of --prompts_file p.txt`."""
     text: str
     ids: list[int]
-    """Its tokens, uncropped: the output shows the whole prompt even where the model sees its end only."""
+    """Uncropped: the output shows the whole prompt even where the model sees its end only."""
 
 
 def prompt_text(prompt: str, prompt_file: str | None = None) -> str:
@@ -42,8 +38,8 @@ def prompt_text(prompt: str, prompt_file: str | None = None) -> str:
 
 
 def prompts_file_lines(path: str) -> list[tuple[str, str]]:
-    """(where, text) of each line of a `--prompts_file`. An empty file or an empty line is refused,
-    not skipped: either would otherwise silently change which output row belongs to which line."""
+    """(where, text) of each line of a `--prompts_file`. An empty line is refused, not skipped: that would
+    silently change which output row belongs to which line."""
     option = f"--prompts_file {path}"
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -60,18 +56,9 @@ def prompts_file_lines(path: str) -> list[tuple[str, str]]:
     return [(f"line {n} of {option}", line) for n, line in enumerate(lines, 1)]
 
 
-def prompt_sources(prompt: str, prompt_file: str | None, prompts_file: str | None) -> list[tuple[str, str]]:
-    """(where, text) of every prompt of the run, in order."""
-    if prompts_file is not None:
-        return prompts_file_lines(prompts_file)
-    where = f"--prompt_file {prompt_file}" if prompt_file else "--prompt"
-    return [(where, prompt_text(prompt, prompt_file))]
-
-
 def encode_prompt(tokenizer: Tokenizer, text: str, drop_unknown: bool, where: str = "--prompt") -> list[int]:
-    """The tokens of `text`; an empty text is the tokenizer's start token. A text of which
-    `--drop_unknown` leaves nothing is refused rather than replaced by the start token: the model
-    would continue something the user did not write."""
+    """The tokens of `text`; an empty text is the tokenizer's start token, but one of which `--drop_unknown`
+    leaves nothing is refused (the model would continue something the user did not write)."""
     if not text:
         return tokenizer.start_ids()
     try:
@@ -90,14 +77,16 @@ def read_prompts(
     tokenizer: Tokenizer, prompt: str, prompt_file: str | None, prompts_file: str | None, drop_unknown: bool
 ) -> list[Prompt]:
     """Every prompt of the run, read and encoded, in order."""
-    sources = prompt_sources(prompt, prompt_file, prompts_file)
+    if prompts_file is not None:
+        sources = prompts_file_lines(prompts_file)
+    else:
+        sources = [(f"--prompt_file {prompt_file}" if prompt_file else "--prompt", prompt_text(prompt, prompt_file))]
     return [Prompt(where, text, encode_prompt(tokenizer, text, drop_unknown, where)) for where, text in sources]
 
 
 def crop(prompts: list[Prompt], max_positions: int | None) -> list[list[int]]:
-    """The tokens the model reads of each prompt: the last `max_positions` of a longer one (a model
-    with learned positions has no embedding past them; nanoGPT crops the same way), with one line on
-    stderr; all of them where the model has no limit (`max_positions` None)."""
+    """The tokens the model reads of each prompt: the last `max_positions` of a longer one (learned positions
+    end there; nanoGPT crops the same way), said in one line on stderr."""
     if max_positions is None:
         return [p.ids for p in prompts]
     long = [p for p in prompts if len(p.ids) > max_positions]

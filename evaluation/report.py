@@ -1,9 +1,6 @@
-"""Write an evaluation's results: `results.json`, `results.md`, `ppl_vs_length.png` and
-`loss_by_position.png` (and `attention_L<length>.png` when the attention statistics were asked for).
-
-Runs that share a label are seeds of one model: the table and plots show their mean, and the
-standard deviation across seeds where there are several. Each file is written to a temporary name
-and renamed, so a report directory never holds a half-written file.
+"""Write an evaluation's results: `results.json`, `results.md`, `ppl_vs_length.png`, `loss_by_position.png`
+(and `attention_L<length>.png` with the attention statistics), each file whole. Runs that share a label are
+seeds of one model: the table and plots show their mean and standard deviation.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from evaluation.attention import SINK_RATE_DEFINITION  # noqa: E402
 from evaluation.attention_figures import legend_below, stats_figures  # noqa: E402
 
 MAX_PANELS = 6
-"""Lengths shown in loss_by_position.png (evenly chosen, the longest always among them)."""
+"""Lengths shown in loss_by_position.png (evenly chosen, the longest among them)."""
 
 
 @dataclass
@@ -79,8 +76,7 @@ def write_report(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
 
 
 STATS_FIGURES = "attention_L*.png"
-"""The attention-statistics figures a report writes, one per length: those of an earlier report into the same
-directory go, so that the figures beside results.json are this report's."""
+"""The attention-statistics figures: an earlier report's in the same directory go."""
 
 
 def fmt(value: float) -> str:
@@ -94,20 +90,14 @@ def fmt(value: float) -> str:
 
 def markdown_table(doc: dict[str, Any], groups: list[Group]) -> str:
     """Rows = models, columns = lengths, cells = perplexity (mean ± std over seeds)."""
-    s = doc["settings"]
-    lengths = s["lengths"]
+    lengths = doc["settings"]["lengths"]
     lines = ["# Perplexity against context length", ""]
     lines += [f"- {line}" for line in _settings_lines(doc, groups)]
     lines += ["", "| model | positions | train length | tokenizer | seeds | " + " | ".join(map(str, lengths)) + " |"]
     lines.append("|---|---|---:|---|---:|" + "---:|" * len(lengths))
     for g in groups:
-        cells = []
-        for length in lengths:
-            stat = g.ppl_at(length)
-            if stat is None:
-                cells.append("n/a")
-            else:
-                cells.append(fmt(stat[0]) + (f" ± {fmt(stat[1])}" if len(g.runs) > 1 else ""))
+        spread = len(g.runs) > 1
+        cells = [fmt(st[0]) + (f" ± {fmt(st[1])}" if spread else "") if (st := g.ppl_at(n)) else "n/a" for n in lengths]
         train = _one_or_list(g.column("train_length"))
         tokenizer = _one_or_list(g.column("tokenizer"))
         pos = g.runs[0]["pos_encoding"]
@@ -117,11 +107,8 @@ def markdown_table(doc: dict[str, Any], groups: list[Group]) -> str:
 
 
 def sink_rate_table(entries: list[dict[str, Any]], lengths: list[int]) -> list[str]:
-    """With the attention statistics: each model's sink rate (Gu et al. 2025) at each length, the
-    share of (window, layer, head) triples whose first-token weight alpha_0, averaged over the
-    window's queries, exceeds the threshold; seeds averaged. Statistics written before issue 33
-    (cached evaluations, old results.json) thresholded alpha_0 averaged over windows, another number:
-    they get a table of their own under that name, never the sink rate's."""
+    """Each model's sink rate (Gu et al. 2025) at each length, seeds averaged. Statistics from before issue 33
+    (another number: alpha_0 averaged over windows, then thresholded) get a table of their own."""
     tables: dict[bool, dict[str, dict[int, list[float]]]] = {True: {}, False: {}}
     threshold: dict[bool, float] = {}
     for entry in entries:
@@ -178,9 +165,8 @@ def _settings_lines(doc: dict[str, Any], groups: list[Group]) -> list[str]:
 
 
 def scored_line(doc: dict[str, Any]) -> str:
-    """The tokens each length actually scored (the runs' `scored_tokens`), not the budget, which is only a
-    cap: a validation split shorter than it (46,505 tokens under 65,536) scores fewer. Lengths that scored
-    the same share a clause; checkpoints with their own tokenizers may differ at one length (a range)."""
+    """The tokens each length actually scored, not the budget (a shorter text scores fewer); lengths that
+    scored the same share a clause, checkpoints with their own tokenizers give a range."""
     budget = doc["settings"]["token_budget"]
     counts: dict[int, list[int]] = {}
     short: set[int] = set()  # lengths with fewer windows than the budget allows: the text ended first
@@ -202,8 +188,7 @@ def scored_line(doc: dict[str, Any]) -> str:
 
 
 def study_lines(doc: dict[str, Any]) -> list[str]:
-    """What a study's report says of its training (from `doc["experiment"]`, absent in a plain
-    evaluation): the corpus, the tokens and steps of the runs, and where the time went."""
+    """What a study's report says of its training (`doc["experiment"]`): corpus, tokens, steps and time."""
     study = doc.get("experiment")
     if not study or not study.get("runs"):
         return []
@@ -228,24 +213,26 @@ def _one_or_list(values: list[Any]) -> str:
 
 
 def ppl_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
-    """Perplexity against length, log-log, one line per model, the training length(s) marked, the legend
-    below the axes."""
+    """Perplexity against length, log-log, one line per model, the training length(s) marked."""
     lengths = doc["settings"]["lengths"]
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100, layout="constrained")
     for i, g in enumerate(groups):
         points = [(n, stat) for n in lengths if (stat := g.ppl_at(n)) is not None]
         if not points:
             continue
-        xs = [n for n, _ in points]
-        ax.errorbar(xs, [m for _, (m, _) in points], yerr=[sd for _, (_, sd) in points], marker="o", ms=3.5,
-                    capsize=2, label=g.label, **line_style(i))  # fmt: skip
+        ax.errorbar([n for n, _ in points], [m for _, (m, _) in points], yerr=[sd for _, (_, sd) in points],
+                    marker="o", ms=3.5, capsize=2, label=g.label, **line_style(i))  # fmt: skip
     _mark_train_lengths(ax, groups)
     ax.set_xscale("log", base=2)
-    _length_ticks(ax, lengths)
+    ax.xaxis.set_major_locator(FixedLocator(lengths))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(n) for n in lengths], fontsize=8)
     low, high = ax.get_ylim()
     if low > 0 and high / low > 4:  # a scheme that breaks down spans decades: log scale, plain labels
         ax.set_yscale("log")
-        ax.yaxis.set_major_locator(FixedLocator(_nice_ticks(low, high)))
+        ticks = [m * 10.0**e for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+                 for m in (1, 1.5, 2, 3, 5, 7)]  # fmt: skip
+        ax.yaxis.set_major_locator(FixedLocator([t for t in ticks if low <= t <= high]))
         ax.yaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_ylim(low, high)
@@ -260,7 +247,10 @@ def ppl_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
 
 def position_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
     """Loss by position inside the window, one panel per length, one line per model."""
-    shown = _panel_lengths(doc["settings"]["lengths"])
+    shown = lengths = doc["settings"]["lengths"]
+    if len(lengths) > MAX_PANELS:
+        picks = {round(i * (len(lengths) - 1) / (MAX_PANELS - 1)) for i in range(MAX_PANELS)}
+        shown = [lengths[i] for i in sorted(picks)]
     cols = min(3, len(shown))
     rows = math.ceil(len(shown) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows + 0.6), dpi=72, squeeze=False,
@@ -294,15 +284,8 @@ def position_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
     return fig
 
 
-def _panel_lengths(lengths: list[int]) -> list[int]:
-    if len(lengths) <= MAX_PANELS:
-        return lengths
-    picks = {round(i * (len(lengths) - 1) / (MAX_PANELS - 1)) for i in range(MAX_PANELS)}
-    return [lengths[i] for i in sorted(picks)]
-
-
 TRAIN_LENGTH_LINE = {"color": "black", "linestyle": "-.", "linewidth": 0.9}
-"""The training length's marker: black dash-dots, which no model's curve uses (`line_style`)."""
+"""The training length's marker: black dash-dots, which no model's curve uses."""
 
 
 def _mark_train_lengths(ax: plt.Axes, groups: list[Group], below: float = math.inf) -> None:
@@ -313,27 +296,13 @@ def _mark_train_lengths(ax: plt.Axes, groups: list[Group], below: float = math.i
                         textcoords="offset points", fontsize=7, color=TRAIN_LENGTH_LINE["color"])  # fmt: skip
 
 
-def _nice_ticks(low: float, high: float) -> list[float]:
-    """Tick values 1, 1.5, 2, 3, 5, 7 x 10^k between low and high: a log axis with readable labels."""
-    ticks = [m * 10.0**e for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
-             for m in (1, 1.5, 2, 3, 5, 7)]  # fmt: skip
-    return [t for t in ticks if low <= t <= high]
-
-
-def _length_ticks(ax: plt.Axes, lengths: list[int]) -> None:
-    ax.xaxis.set_major_locator(FixedLocator(lengths))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticklabels([str(n) for n in lengths], fontsize=8)
-
-
 def line_style(i: int) -> dict[str, str]:
-    """The i-th curve's colour and line style: ten colours, then again dashed, then dotted, so that
-    no two of up to 30 curves look alike."""
+    """The i-th curve's colour and line style: ten colours, solid, dashed, then dotted (30 distinct curves)."""
     return {"color": f"C{i % 10}", "linestyle": ("-", "--", ":")[(i // 10) % 3]}
 
 
 def png_bytes(fig: plt.Figure) -> bytes:
-    """The figure as PNG bytes (written atomically by the caller); the figure is closed."""
+    """The figure as PNG bytes; the figure is closed."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)

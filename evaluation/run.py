@@ -1,10 +1,6 @@
-"""Evaluate checkpoints at several context lengths: the logic behind `evaluate.py`.
-
-Each checkpoint is scored on the same text at every length (`evaluation.extrapolation`), once per
-RoPE scaling asked for when it is a RoPE model. The text is each checkpoint's own validation split,
-a prepared directory, or a text file tokenized with each checkpoint's own tokenizer. Everything is
-checked before the first forward pass (files, tokenizers, text long enough), so a bad input fails
-in seconds, not after an hour of evaluation.
+"""Evaluate checkpoints at several context lengths (once per RoPE scaling for a RoPE model): the logic
+behind `evaluate.py`. Every input is checked before the first forward pass, so a bad one fails in
+seconds, not after an hour of evaluation.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from tqdm import tqdm
 from core.device import pick_device_dtype
 from core.files import sha256_file, shown_path
 from core.repo import git_sha
-from data.dataset import load_prepared
+from data.dataset import load_prepared, window_starts
 from data.errors import DataError
 from data.prepare import token_dtype
 from data.provenance import recorded_data
@@ -34,19 +30,17 @@ from data.tokenizer import CharTokenizer
 from evaluation.attention import long_context_stats
 from evaluation.checkpoint import LoadedCheckpoint, load_checkpoint
 from evaluation.config import EvalData, EvalSettings
-from evaluation.extrapolation import count_windows, evaluate_length
+from evaluation.extrapolation import evaluate_length
 
 FORMAT = "posgpt-extrapolation/1"
 ATTENTION_TOKENS = 8192
 """Most tokens the attention statistics of `--eval.attention_stats` average over at each length."""
 SINK_TOKENS = 4
-"""The first tokens whose attention mass those statistics report."""
 
 
 @dataclass
 class Subject:
-    """A checkpoint to evaluate, and the label its rows get (checkpoints sharing a label are
-    seeds of one model: the table shows their mean and spread)."""
+    """A checkpoint to evaluate, and the label its rows get (a shared label marks seeds of one model)."""
 
     path: str
     label: str
@@ -88,7 +82,7 @@ def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: 
         for scaling in (settings.rope_scaling if ckpt.model.pe.rescalable else ["none"])
     ]
     total = sum(
-        count_windows(len(text.tokens), n, settings.stride, settings.token_budget)
+        int(window_starts(len(text.tokens), n, settings.stride or n, settings.token_budget).size)
         for _, ckpt, text, _ in plan
         for n in settings.lengths
         if ckpt.model.pe.max_positions is None or n <= ckpt.model.pe.max_positions
@@ -115,9 +109,8 @@ def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: 
 
 
 def merge_documents(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One results document from documents of the same settings that each evaluated some of the
-    checkpoints (a study evaluates them one at a time, to keep each): the runs in order, and the
-    attention statistics as `evaluate_checkpoints` orders them (by length, then checkpoint)."""
+    """One results document from documents of the same settings that each evaluated some checkpoints (a
+    study evaluates them one at a time), the attention statistics ordered by length, then checkpoint."""
     doc = {**docs[0], "created": max(d["created"] for d in docs), "runs": [r for d in docs for r in d["runs"]]}
     if any("attention" in d for d in docs):
         entries = [(e["length"], i, e) for i, d in enumerate(docs) for e in d.get("attention", [])]
@@ -126,7 +119,7 @@ def merge_documents(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def results_header(device: torch.device, dtype: torch.dtype) -> dict[str, str]:
-    """When, from which code, with which torch, on what, in which dtype: the head of a results file."""
+    """The head of a results file: when, from which code, with which torch, on what, in which dtype."""
     return {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git": git_sha(),
@@ -149,12 +142,15 @@ def _evaluate_one(
     """One checkpoint under one RoPE scaling ('none': as trained) at every length."""
     trained = ckpt.model.to(device)
     config, rescalable = trained.config, trained.pe.rescalable
+    label = subject.label if scaling == "none" else f"{subject.label} + {scaling}"
     rows = []
     for length in settings.lengths:
         model = trained  # as trained, or a view of it with the scaling for this length
-        if scaling != "none":
-            model = trained.rescaled(scaling, _scaling_factor(settings.rope_scaling_factor, length, config.block_size))
-        bar.set_description(f"{_run_label(subject.label, scaling)} L={length}")
+        if scaling != "none":  # a fixed factor, or (dynamic) how far past the training length it is
+            factor = settings.rope_scaling_factor
+            factor = max(1.0, length / config.block_size) if factor == "dynamic" else float(factor)
+            model = trained.rescaled(scaling, factor)
+        bar.set_description(f"{label} L={length}")
         result = evaluate_length(
             model,
             text.tokens,
@@ -176,7 +172,7 @@ def _evaluate_one(
         rows.append(row)
     trained.to("cpu")
     return {
-        "label": _run_label(subject.label, scaling),
+        "label": label,
         "model": subject.label,
         "checkpoint": str(subject.path),
         "step": ckpt.step,
@@ -190,17 +186,6 @@ def _evaluate_one(
         "config": ckpt.config,
         "results": rows,
     }
-
-
-def _run_label(label: str, scaling: str) -> str:
-    return label if scaling == "none" else f"{label} + {scaling}"
-
-
-def _scaling_factor(setting: float | str, length: int, train_length: int) -> float:
-    """The RoPE scaling factor at `length`: fixed, or (dynamic) how far past the training length it is."""
-    if setting == "dynamic":
-        return max(1.0, length / train_length)
-    return float(setting)
 
 
 def _finite(value: float) -> float | None:
@@ -226,8 +211,8 @@ def load_texts(loaded: list[LoadedCheckpoint], subjects: list[Subject], data: Ev
 
 
 def _text_for(ckpt: LoadedCheckpoint, path: str, data: EvalData) -> EvalText:
-    """The tokens `ckpt` is evaluated on: a text file in its own tokenizer, a prepared split whose
-    tokenizer must be its own, or (default) the split of the data it was trained on."""
+    """The tokens `ckpt` is evaluated on: a text file in its own tokenizer, a prepared split in its
+    tokenizer, or (default) the split of the data it was trained on."""
     if data.input:
         return _tokenize_file(ckpt, path, Path(data.input), data.drop_unknown)
     if data.dir:

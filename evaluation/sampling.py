@@ -1,9 +1,6 @@
-"""Sampling from a trained checkpoint: the logic behind `sample.py`.
-
-The checkpoint alone rebuilds model and tokenizer. Every prompt (`--prompts_file`: one per line),
-`--num_samples` times each, is one row of one batch; each row stops at its own end-of-text token or
-`--stop` string, and generation ends when every row has. Text goes to stdout (streamed token by
-token for one sample in a terminal); speed goes to stderr, so stdout can be piped.
+"""Sampling from a trained checkpoint: the logic behind `sample.py`. Every prompt, `--num_samples` times,
+is one row of one batch; each row stops at its own end-of-text token or `--stop` string. Text goes to
+stdout, speed to stderr, so stdout can be piped.
 """
 
 from __future__ import annotations
@@ -22,16 +19,13 @@ from core.device import pick_device_dtype
 from core.errors import ConfigError
 from data.tokenizer import Tokenizer
 from evaluation.checkpoint import load_checkpoint
-from evaluation.prompts import crop, prompt_text, read_prompts
+from evaluation.prompts import crop, read_prompts
 from model.generation import SampledModel, compile_for_decoding, pad_prompts, stream
 
-__all__ = ["SampleConfig", "prompt_text", "sample"]
-
 SEPARATOR = "\n---------------\n"
-"""Between two samples on stdout."""
 WARM_UP_TOKENS = 3
-"""Tokens of the untimed run that compiles: the prompt's graph, then the one-token step twice (a CUDA
-graph is recorded on its second call)."""
+"""Tokens of the untimed compiling run: the prompt's graph, then the one-token step twice (a CUDA graph
+is recorded on its second call)."""
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
 
 
@@ -52,15 +46,13 @@ class SampleConfig:
     max_new_tokens: int = 500
     """Tokens to generate per sample, at most."""
     stop: str | None = None
-    """End a sample at this text, which is left out (\\n, \\t, \\r and \\\\ as in Python: --stop "\\n\\n" ends at a
-    blank line). A sample also ends at the tokenizer's end-of-text token (GPT-2's <|endoftext|>)."""
+    """End a sample at this text, left out (\\n, \\t, \\r and \\\\ as in Python), or at the end-of-text token."""
     temperature: float = 0.8
     """Softmax temperature: 0 is greedy, higher flattens the distribution."""
     top_k: int = 200
     """Sample among the k most likely tokens (0: all)."""
     top_p: float | None = None
-    """Nucleus sampling: the most likely tokens up to probability mass p, in (0, 1]; the most likely
-    token is always kept."""
+    """Nucleus sampling: the most likely tokens up to probability mass p, in (0, 1] (at least one)."""
     seed: int = 1337
     """Same seed, same output."""
     device: str = "auto"
@@ -91,11 +83,6 @@ class SampleConfig:
             raise ValueError(f"--top_p must be in (0, 1], got {self.top_p}.")
         if self.max_context is not None and self.max_context < 1:
             raise ValueError(f"--max_context must be at least 1, got {self.max_context}.")
-        self._check_prompts()
-        pick_device_dtype(self.device, self.dtype)  # a device this machine has
-
-    def _check_prompts(self) -> None:
-        """Combinations that would leave it unclear what is continued, or where it stops."""
         if self.prompt_file and self.prompt:
             raise ValueError("Pass either --prompt or --prompt_file, not both.")
         if self.prompts_file is not None and (self.prompt or self.prompt_file):
@@ -104,31 +91,25 @@ class SampleConfig:
             raise ValueError("--stop must not be empty; leave it out to stop at the end of text only.")
         if self.stream and self.num_samples > 1:
             raise ValueError("--stream true prints one sample as it comes; leave it out with --num_samples > 1.")
+        pick_device_dtype(self.device, self.dtype)  # a device this machine has
 
 
 def stop_text(stop: str | None) -> str | None:
-    """`--stop` with \\n, \\t, \\r and \\\\ read as in Python: a shell passes `--stop "\\n\\n"` as
-    backslashes, and a stop at a blank line is the common case."""
+    """`--stop` with \\n, \\t, \\r and \\\\ read as in Python (a shell passes `--stop "\\n\\n"` as backslashes)."""
     return None if stop is None else re.sub(r"\\([ntr\\])", lambda m: ESCAPES[m.group(1)], stop)
 
 
 class Rows:
-    """Each row's continuation as text, cut where the row stops: before its end-of-text token or its
-    first `stop` string. Fed one step of tokens at a time, so a stopped row is known at once."""
+    """Each row's continuation as text, cut before its end-of-text token or its first `stop` string; fed one
+    step of tokens at a time, so a stopped row is known at once."""
 
     def __init__(self, count: int, tokenizer: Tokenizer, stop: str | None, end: int | None) -> None:
         self.tokenizer, self.stop, self.end = tokenizer, stop, end
         self.texts = [""] * count
         self.done = [False] * count
-        self.tokens = 0
-        """New tokens of rows still running when they were drawn (what tokens/s counts)."""
+        self.tokens = 0  # new tokens of rows still running when drawn (what tokens/s counts)
         # a BPE token can hold part of a character: decode each row's bytes incrementally
         self._decoders = [codecs.getincrementaldecoder("utf-8")(errors="replace") for _ in range(count)]
-
-    @property
-    def can_stop(self) -> bool:
-        """Whether a row can end before --max_new_tokens, so each step is read as it comes."""
-        return self.stop is not None or self.end is not None
 
     def all_done(self) -> bool:
         return all(self.done)
@@ -188,15 +169,14 @@ def generate_rows(
     model: SampledModel, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig, generator: torch.Generator,
     rows: Rows, live: Live | None,
 ) -> tuple[float, float]:  # fmt: skip
-    """Generate into `rows` until every row has stopped or has --max_new_tokens; (seconds, seconds to
-    the first token). Steps are read as they come only where a row can stop or one is shown live (a
-    copy to the host, which waits for the device); otherwise once, at the end."""
+    """Generate into `rows` until every row has stopped; (seconds, seconds to the first token). Steps are
+    read as they come (a copy that waits for the device) only where a row can stop or is shown live."""
     start, first = time.perf_counter(), 0.0
     kept: list[torch.Tensor] = []
     steps = stream(model, batch, args.max_new_tokens, args.temperature, args.top_k or None, args.top_p,
                    not args.no_cache, args.max_context, generator, lengths=lengths)  # fmt: skip
     for i, token in enumerate(steps):
-        if rows.can_stop or live is not None:
+        if rows.stop is not None or rows.end is not None or live is not None:
             rows.add(token[:, 0].tolist())
             if live is not None:
                 live.update()
@@ -214,10 +194,9 @@ def generate_rows(
 
 
 def compile_and_warm_up(model: SampledModel, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig) -> float:
-    """Compile `model` for decoding; seconds to compile: the first tokens of a run of the same batch,
-    prompts and length (so the same cache size) trace every graph the timed run uses (but the prefill
-    of a learned model's sliding window, past block_size), so that its clock counts decoding only. The
-    warm-up's own generator leaves the run's draws as they are without it."""
+    """Compile `model` for decoding; seconds to compile. The first tokens of a run of the same batch and
+    length trace the graphs the timed run uses, so its clock counts decoding only; the warm-up's own
+    generator leaves the run's draws as they are."""
     compile_for_decoding(model)
     start = time.perf_counter()
     generator = torch.Generator(device=batch.device).manual_seed(args.seed)
@@ -225,24 +204,6 @@ def compile_and_warm_up(model: SampledModel, batch: torch.Tensor, lengths: torch
                    not args.no_cache, args.max_context, generator, lengths=lengths)  # fmt: skip
     list(itertools.islice(steps, WARM_UP_TOKENS))[-1].cpu()  # the run's own cache size; wait for the device
     return time.perf_counter() - start
-
-
-def speed(tokens: int, seconds: float, first: float, args: SampleConfig, where: str, compiled: float | None) -> str:
-    """The line on stderr: tokens/s (of rows still running) and time to the first token."""
-    cache = "no cache" if args.no_cache else "kv cache"
-    compile_time = f"; compile {compiled:.1f} s" if compiled is not None else ""
-    rate = tokens / max(seconds, 1e-9)
-    return (f"{tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s, first token {first * 1000:.0f} ms "
-            f"({cache}, {where}{compile_time})")  # fmt: skip
-
-
-def write_rows(heads: list[str], rows: Rows, live: Live | None) -> None:
-    """Each row's prompt and continuation on stdout, in order, between separator lines (or the end
-    of the one row streamed)."""
-    if live is not None:
-        live.close()
-    else:
-        sys.stdout.write(SEPARATOR.join(head + text for head, text in zip(heads, rows.texts, strict=True)) + "\n")
 
 
 def sample(args: SampleConfig) -> None:
@@ -263,5 +224,12 @@ def sample(args: SampleConfig) -> None:
     generator = torch.Generator(device=device).manual_seed(args.seed)
     seconds, first = generate_rows(model, batch, lengths, args, generator, rows, live)
     rows.finish()
-    write_rows(heads, rows, live)
-    print(speed(rows.tokens, seconds, first, args, f"{device}, {dtype}", compiled), file=sys.stderr)
+    if live is not None:
+        live.close()
+    else:  # each row's prompt and continuation, between separator lines
+        sys.stdout.write(SEPARATOR.join(head + text for head, text in zip(heads, rows.texts, strict=True)) + "\n")
+    cache = "no cache" if args.no_cache else "kv cache"
+    compile_time = f"; compile {compiled:.1f} s" if compiled is not None else ""
+    rate = rows.tokens / max(seconds, 1e-9)  # tokens of rows still running
+    print(f"{rows.tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s, first token {first * 1000:.0f} ms "
+          f"({cache}, {device}, {dtype}{compile_time})", file=sys.stderr)  # fmt: skip

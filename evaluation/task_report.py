@@ -1,6 +1,5 @@
-"""The report of a synthetic-task experiment: `results.json`, `results.md` (rows = models, columns =
-test lengths, exact-match accuracy mean ± std over seeds), `accuracy_vs_length.png`, and for
-a task with depths (passkey) `<task>_depth.png` (accuracy over length x depth, one panel per model)."""
+"""The report of a synthetic-task experiment: `results.json`, `results.md` (accuracy, mean ± std over seeds,
+by model and test length), `accuracy_vs_length.png`, and for a task with depths `<task>_depth.png`."""
 
 from __future__ import annotations
 
@@ -17,19 +16,15 @@ import numpy as np  # noqa: E402
 
 from core.files import atomic_write_bytes  # noqa: E402
 from data.tasks import TASKS  # noqa: E402
-from evaluation.report import line_style, png_bytes, study_lines  # noqa: E402
+from evaluation.report import group_runs, line_style, png_bytes, study_lines  # noqa: E402
 
 
 def _by_label(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for run in doc["runs"]:
-        groups.setdefault(run["label"], []).append(run)
-    return groups
+    return {group.label: group.runs for group in group_runs(doc)}
 
 
 def length_accuracy(run: dict[str, Any], length: int, key: str = "accuracy") -> float | None:
-    """A run's accuracy (or `token_accuracy`) at `length`, averaged over depths (passkey's); None
-    where not applicable."""
+    """A run's accuracy (or `token_accuracy`) at `length`, averaged over depths; None where not applicable."""
     rows = [r for r in run["results"] if r["length"] == length]
     if not all(r["applicable"] for r in rows):
         return None
@@ -63,8 +58,7 @@ def markdown_table(doc: dict[str, Any]) -> str:
 
 
 def accuracy_figure(doc: dict[str, Any]) -> plt.Figure:
-    """Accuracy against length (log x), one line per model with its spread over seeds, the training
-    range shaded."""
+    """Accuracy against length, one line per model with its spread over seeds, the training range shaded."""
     task, lengths = doc["task"], doc["task"]["eval_lengths"]
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     ax.axvspan(task["train_min"], task["train_max"], color="0.9", label="training lengths")

@@ -14,13 +14,6 @@ from model.gpt import GPT
 
 
 @torch.no_grad()
-def greedy_answers(model: GPT, prompts: torch.Tensor, answer_len: int) -> torch.Tensor:
-    """(B, answer_len) greedy continuations of prompts (B, P), decoded with the cache and never cropped."""
-    total = prompts.size(1) + answer_len
-    out = model.generate(prompts, answer_len, temperature=0.0, max_context=total)
-    return out[:, prompts.size(1) :]
-
-
 def correct(model: GPT, tokenizer: CharTokenizer, examples: list[Example], batch_size: int) -> list[list[bool]]:
     """Which answer tokens the model gets right, per example (examples of one length share a prompt
     length): exact match is all of them."""
@@ -30,7 +23,8 @@ def correct(model: GPT, tokenizer: CharTokenizer, examples: list[Example], batch
         chunk = examples[i : i + batch_size]
         prompts = torch.tensor([tokenizer.encode(e.prompt) for e in chunk], device=device)
         answers = torch.tensor([tokenizer.encode(e.answer) for e in chunk], device=device)
-        got = greedy_answers(model, prompts, answers.size(1))
+        n = answers.size(1)  # greedy, with the cache, never cropped
+        got = model.generate(prompts, n, temperature=0.0, max_context=prompts.size(1) + n)[:, prompts.size(1) :]
         results += (got == answers).tolist()
     return results
 
@@ -42,9 +36,8 @@ def evaluate_task(
     batch_size: int = 50,
     on_done: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Accuracy at every `task.eval_lengths` (and, for a task with depths, every depth): rows of {length, depth,
-    accuracy (exact match), token_accuracy (answer tokens right), examples, applicable, reason}. A
-    length that learned positions cannot reach is n/a."""
+    """Rows of exact-match and per-token accuracy at every `task.eval_lengths` (and depth, for a task with
+    depths); a length that learned positions cannot reach is n/a."""
     model.eval()
     rows = []
     depths: list[float | None] = list(task.depths) if TASKS[task.name].depths else [None]
