@@ -149,8 +149,8 @@ def path_sources(path: Path, glob: str, column: str) -> list[Source]:
         )
     found = sorted(p for p in path.rglob(glob) if p.is_file())
     if not found:
-        hint = next((s for s in DOCUMENT_SUFFIXES if next(path.rglob(f"*{s}"), None) is not None), None)
-        hint = f" (it has {hint} files: --data.glob '*{hint}')" if hint else ""
+        suffix = next((s for s in DOCUMENT_SUFFIXES if next(path.rglob(f"*{s}"), None) is not None), None)
+        hint = f" (it has {suffix} files: --data.glob '*{suffix}')" if suffix else ""
         raise DataError(f"Directory {path} has no files matching {glob!r}; pass --data.glob PATTERN{hint}.")
     return [file_source(p, column) for p in found]
 
