@@ -39,7 +39,7 @@ class EvalSettings:
     progress: bool = True
     """Show a progress bar (on a terminal only: a log file gets none)."""
     attention_stats: bool = False
-    """Also the attention statistics at every length (entropy, sink mass, sink rate), as attention_maps.py --lengths."""
+    """Also the attention statistics of attention_maps.py at every length: entropy, sink mass, sink rate and figures."""
 
     def __post_init__(self) -> None:
         if not self.lengths or any(not isinstance(n, int) or n < 1 for n in self.lengths):
