@@ -14,20 +14,16 @@ class DeviceError(UserError, ValueError):
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def cpu_has_bf16_matmul() -> bool:
-    """Whether this CPU has the bf16 dot-product instructions oneDNN's bf16 matmuls use (else `auto` keeps float32)."""
-    caps = torch.cpu.get_capabilities()
-    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16") or caps.get("bf16") or caps.get("sve_bf16"))
-
-
 def auto_dtype(device_type: str, training: bool) -> torch.dtype:
     """The precision `auto` means on a device of `device_type`: bf16 on a CUDA GPU that has it, else float16;
     on a CPU with bf16 instructions bf16 for training only (large matmuls gain, BENCHMARKS.md; evaluation keeps
     its reference float32, sampling's one-token steps are too small to gain); float32 elsewhere."""
     if device_type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device_type == "cpu" and training and cpu_has_bf16_matmul():
-        return torch.bfloat16
+    if device_type == "cpu" and training:  # with the bf16 dot-product instructions oneDNN's bf16 matmuls use
+        caps = torch.cpu.get_capabilities()
+        if caps.get("avx512_bf16") or caps.get("amx_bf16") or caps.get("bf16") or caps.get("sve_bf16"):
+            return torch.bfloat16
     return torch.float32
 
 

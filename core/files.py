@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import logging
 import os
 from collections.abc import Iterator
@@ -63,12 +64,9 @@ def atomic_write_bytes(path: Path, payload: bytes) -> None:
 
 def remove_stale_tmp(directory: Path) -> list[Path]:
     """Remove (and return) the temporary files killed writers left in `directory`; only while holding its lock."""
-    removed = []
-    for path in directory.glob(f"*{TMP_MARK}*"):
-        suffix = path.name.rsplit(TMP_MARK, 1)[1]
-        if path.is_file() and suffix.isdigit():
-            path.unlink(missing_ok=True)
-            removed.append(path)
+    removed = [p for p in directory.glob(f"*{TMP_MARK}*") if p.is_file() and p.name.rsplit(TMP_MARK, 1)[1].isdigit()]
+    for path in removed:
+        path.unlink(missing_ok=True)
     return removed
 
 
@@ -117,12 +115,8 @@ def _open_lock(lock: Path) -> tuple[int | None, bool]:
 
 def _missing_dirs(directory: Path) -> list[Path]:
     """`directory` and those of its parents that do not exist yet, deepest first."""
-    missing = []
     path = directory.absolute()
-    while not path.exists() and path != path.parent:
-        missing.append(path)
-        path = path.parent
-    return missing
+    return list(itertools.takewhile(lambda p: not p.exists(), (path, *path.parents)))
 
 
 def _same_file(fd: int, path: Path) -> bool:
