@@ -102,8 +102,9 @@ def run(cfg: MapsConfig) -> list[Path]:
     files: dict[Path, bytes] = {}
     doc: dict[str, Any] = {"format": FORMAT, **results_header(device, torch.float32), "config": dataclasses.asdict(cfg)}
     doc["note"] = "weights recomputed on the eager reference kernel, in float32 (fused kernels never form them)"
-    if cfg.prompt:
-        folders = _folders([s.label for s in subjects])
+    if cfg.prompt:  # a folder per checkpoint: its label made a file name, seeds told apart (name#2)
+        safe = ["".join(c if c.isalnum() or c in "-_.+" else "_" for c in s.label) or "model" for s in subjects]
+        folders = default_labels([str(Path(name) / "last.ckpt") for name in safe])
         doc["prompts"] = [
             _draw_prompt(s, c, ids, cfg, out / folder, files)
             for s, c, ids, folder in zip(subjects, loaded, prompts, folders, strict=True)
@@ -122,12 +123,6 @@ def run(cfg: MapsConfig) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, payload)
     return list(files)
-
-
-def _folders(labels: list[str]) -> list[str]:
-    """The folder of each checkpoint's heatmaps: its label made a file name, seeds told apart (name#2)."""
-    safe = ["".join(c if c.isalnum() or c in "-_.+" else "_" for c in label) or "model" for label in labels]
-    return default_labels([str(Path(name) / "last.ckpt") for name in safe])
 
 
 def _check_lengths(subjects: list[Subject], loaded: list[LoadedCheckpoint], lengths: list[int]) -> None:

@@ -285,17 +285,6 @@ def row_line(row: Result) -> str:
     return f"{row.case:58s} {row.check:17s} {row.error:9.2e} {row.tolerance:7.0e} {verdict:5s} {row.seconds:6.2f}s"
 
 
-def summary(results: list[Result], seconds: float, device: torch.device) -> str:
-    ran = [r for r in results if r.passed is not None]
-    failed = [r for r in ran if not r.passed]
-    skipped = len(results) - len(ran)
-    worst = max((r.error / r.tolerance for r in ran if r.error is not None), default=0.0)
-    return (
-        f"{len(ran) - len(failed)} of {len(ran)} checks passed, {len(failed)} failed, {skipped} skipped, on "
-        f"{device.type} with torch {torch.__version__} in {seconds:.0f} s (largest error {worst:.2g} of its tolerance)"
-    )
-
-
 class CheckFailed(UserError):
     """Some kernel disagrees with the reference beyond its tolerance."""
 
@@ -312,7 +301,14 @@ def main(cfg: CheckConfig) -> list[Result]:
         results = run_checks(cfg, device, lambda row: print(row_line(row), flush=True))
     finally:
         torch.set_num_threads(threads)
-    line = summary(results, time.perf_counter() - started, device)
+    ran = [r for r in results if r.passed is not None]
+    failed = [r for r in ran if not r.passed]
+    worst = max((r.error / r.tolerance for r in ran if r.error is not None), default=0.0)
+    line = (
+        f"{len(ran) - len(failed)} of {len(ran)} checks passed, {len(failed)} failed, {len(results) - len(ran)} "
+        f"skipped, on {device.type} with torch {torch.__version__} in {time.perf_counter() - started:.0f} s "
+        f"(largest error {worst:.2g} of its tolerance)"
+    )
     print(line)
     if cfg.json:
         payload = {"device": str(device), "torch": torch.__version__, "quick": cfg.quick, "compile": cfg.compile,
@@ -322,7 +318,6 @@ def main(cfg: CheckConfig) -> list[Result]:
         except OSError as error:
             raise UserError(f"cannot write {cfg.json}: {error.strerror or error}.") from None
         print(f"wrote {cfg.json}")
-    failed = [r for r in results if r.passed is False]
     if failed:
         names = ", ".join(f"{r.case} {r.check}" for r in failed[:3]) + (", ..." if len(failed) > 3 else "")
         raise CheckFailed(f"{len(failed)} checks failed ({names}): a kernel disagrees with the float32 reference.")
