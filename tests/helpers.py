@@ -70,12 +70,16 @@ def uncompiled_flex(monkeypatch) -> None:
     """Let every flex kernel run on the CPU, through FlexAttention's uncompiled path: compiled flex is
     refused there (it returns wrong numbers in torch 2.13: model/kernels/flex.py), the uncompiled one is
     exact, so the kernels' block masks and score_mods are checked against the dense path this way.
-    Forward only: FlexAttention has no backward pass on a CPU."""
-    from torch.nn.attention.flex_attention import flex_attention
+    Forward only: FlexAttention has no backward pass on a CPU. Its eager path, which calls the score_mod under
+    vmap, runs directly rather than traced by Dynamo first (the flag torch offers to debug a score_mod): the
+    same computation, without seconds of tracing for every new model and length."""
+    import torch.nn.attention.flex_attention as torch_flex
 
     import model.attention.sigmoid as sigmoid
     import model.kernels.flex as flex
 
+    monkeypatch.setattr(torch_flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
+    flex_attention = torch_flex.flex_attention
     for module in (flex, sigmoid):
         monkeypatch.setattr(module, "compiled_flex_attention", lambda: flex_attention)
     for layer in ATTENTIONS.values():
