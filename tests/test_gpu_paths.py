@@ -61,6 +61,8 @@ def test_bf16_mixed_clips_before_every_fused_step_with_accumulation(tmp_path, te
 
 
 def test_resume_under_bf16_is_exact(tmp_path, text_file):
+    """Weights, optimizer, LR schedule, data position and the random stream (dropout on) restored: the same
+    weights to the bit as an uninterrupted run (the one resume test of train.py; signals and studies have theirs)."""
     common = ["--train.precision", "bf16-mixed", "--model.dropout", "0.1", "--train.eval_interval", "5",
               "--train.ckpt_interval", "5", "--optim.decay_steps", "10"]  # fmt: skip
     a, b = straight_and_resumed(tmp_path, text_file, 10, *common)
