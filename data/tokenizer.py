@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -161,20 +160,12 @@ def _contiguous_groups(lengths: list[int], n: int) -> list[tuple[int, int]]:
 
 
 def _encoding_from_ranks(path: Path):  # -> tiktoken.Encoding
-    """The encoding of a local ranks file, read once per process while the file is unchanged (a study loads it
-    for every run and checkpoint: a quarter of a second each)."""
-    if not path.is_file():
-        raise DataError(f"GPT-2 ranks file not found: {path} (expected r50k_base.tiktoken).")
-    stat = path.stat()
-    return _read_ranks(path.resolve(), stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=4)
-def _read_ranks(path: Path, mtime_ns: int, size: int):  # -> tiktoken.Encoding
     import tiktoken
     from tiktoken.load import load_tiktoken_bpe
     from tiktoken_ext.openai_public import r50k_pat_str
 
+    if not path.is_file():
+        raise DataError(f"GPT-2 ranks file not found: {path} (expected r50k_base.tiktoken).")
     try:
         ranks = load_tiktoken_bpe(str(path), expected_hash=R50K_SHA256)
     except ValueError as error:

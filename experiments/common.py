@@ -173,13 +173,13 @@ def time_is_up(deadline: Deadline, what: str, takes: float = 0.0) -> TrainingSto
 
 
 def train_all(
-    study: Any,
+    study: Study,
     deadline: Deadline,
     data_for: Callable[[RunConfig], TrainingData] | None = None,
     vocab_size: int | None = None,
     shorter: str = "",
 ) -> tuple[list[TrainedRun], dict[str, float]]:
-    """Train every model of `study` (a `Study`) with every seed after printing the plan and its estimate, reusing
+    """Train every model of `study` with every seed after printing the plan and its estimate, reusing
     finished runs and resuming interrupted ones; `data_for` gives a run's data (default: its corpus). Every run
     gets what is left of `deadline`. Returns the runs and the training wall time of those trained now."""
     from training.progress import progress_line  # Lightning: imported to train, not for the command's --help
