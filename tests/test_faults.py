@@ -39,8 +39,19 @@ def _run(tmp_path: Path, text_file: Path, *extra: str) -> Path:
 
 @pytest.fixture
 def trained(tmp_path, text_file) -> Path:
-    """A tiny run of 6 steps with a checkpoint every 3."""
+    """A tiny run of 6 steps with a checkpoint every 3, for a test that changes it."""
     return _run(tmp_path, text_file, "--train.max_steps", "6", "--train.ckpt_interval", "3")
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """The same run, trained once per module and worker for the tests that only read it (a refused resume writes
+    nothing): its root, its text and its run directory."""
+    root = tmp_path_factory.mktemp("shared-run")
+    text = root / "corpus.txt"
+    text.write_text(make_text(), encoding="utf-8")
+    torch.manual_seed(0)
+    return root, text, _run(root, text, "--train.max_steps", "6", "--train.ckpt_interval", "3")
 
 
 # 1. data provenance
@@ -69,21 +80,29 @@ def test_evaluation_refuses_a_changed_corpus(tmp_path, text_file, trained, capsy
     assert not (tmp_path / "changed").exists()
 
 
-def test_resume_refuses_other_data_and_another_seed(tmp_path, text_file, trained, capsys):
+def test_resume_refuses_other_data_another_seed_and_another_model_shape(tmp_path, shared, capsys):
+    root, text_file, trained = shared
+    before = (trained / "last.ckpt").read_bytes()
     other = tmp_path / "other.txt"
     other.write_text(make_text(400, seed=3))
-    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, other, "--train.max_steps", "8",
+    message = cli_error(capsys, train_script.COMMAND, tiny_args(root, other, "--train.max_steps", "8",
                                                              "--train.resume", "auto"))  # fmt: skip
     assert "Cannot resume" in message and "data: checkpoint trained on" in message
-    argv = tiny_args(tmp_path, text_file, "--train.max_steps", "8", "--train.resume", "auto", "--train.seed", "7")
+    argv = tiny_args(root, text_file, "--train.max_steps", "8", "--train.resume", "auto", "--train.seed", "7")
     message = cli_error(capsys, train_script.COMMAND, argv)
     assert "train.seed: checkpoint 1337 vs now 7" in message
+    argv = tiny_args(root, text_file, "--train.max_steps", "8", "--model.n_layer", "3", "--train.resume", "auto")
+    message = cli_error(capsys, train_script.COMMAND, argv)
+    assert "Cannot resume" in message and "model.n_layer: checkpoint 2 vs now 3" in message
+    assert (trained / "last.ckpt").read_bytes() == before
 
 
 # 2. NaN and inf
 
 
-def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, text_file, trained, capsys):
+def test_a_diverging_run_keeps_the_last_good_checkpoint_and_a_second_run_there_stops(
+    tmp_path, text_file, trained, capsys
+):
     good = read_checkpoint(trained / "last.ckpt")
     assert (trained / "best.ckpt").is_file()
     argv = tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "40",
@@ -96,6 +115,14 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, text
     assert all(torch.isfinite(t).all() for t in after["state_dict"].values())
     best = read_checkpoint(trained / "best.ckpt")  # from the good run's final evaluation, kept
     assert best["global_step"] == 6 and all(torch.isfinite(t).all() for t in best["state_dict"].values())
+
+    # 4. run directories: a second run (no --train.resume) into the directory stops, until --train.overwrite true
+    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "4"))
+    assert "already holds" in message and "--train.resume auto" in message and "--train.overwrite true" in message
+    assert torch.equal(read_checkpoint(trained / "last.ckpt")["state_dict"]["model.wte.weight"],
+                       good["state_dict"]["model.wte.weight"])  # fmt: skip
+    _run(tmp_path, text_file, "--train.max_steps", "4", "--train.overwrite", "true")
+    assert read_checkpoint(trained / "last.ckpt")["global_step"] == 4
 
 
 def test_a_fresh_diverging_run_writes_no_checkpoint(tmp_path, text_file, capsys):
@@ -123,10 +150,10 @@ def _wider(state: dict) -> None:
     ],
     ids=["nan", "a-wider-tensor", "a-missing-tensor"],
 )
-def test_sampling_and_evaluating_a_spoiled_checkpoint_is_one_message(tmp_path, trained, capsys, spoil, needle):
+def test_sampling_and_evaluating_a_spoiled_checkpoint_is_one_message(tmp_path, shared, capsys, spoil, needle):
     """Non-finite weights, and weights that do not fit the checkpoint's own config: one line naming the
     first tensor that does not fit, not PyTorch's size-mismatch dump of every one."""
-    ckpt = torch.load(trained / "last.ckpt", weights_only=False)
+    ckpt = torch.load(shared[2] / "last.ckpt", weights_only=False)
     spoil(ckpt["state_dict"])
     bad = tmp_path / "spoiled.ckpt"
     torch.save(ckpt, bad)
@@ -143,7 +170,7 @@ def test_sampling_and_evaluating_a_spoiled_checkpoint_is_one_message(tmp_path, t
 def test_a_sigterm_saves_a_checkpoint_and_exits_143_and_resume_is_exact(tmp_path, text_file):
     """A real process, a real signal from outside."""
     signum = signal.SIGTERM
-    common = ["--train.logger", "none", "--optim.decay_steps", "200", "--train.ckpt_interval", "20"]
+    common = ["--train.logger", "none", "--optim.decay_steps", "200", "--train.ckpt_interval", "5"]
     killed = tmp_path / "killed"
     argv = tiny_args(killed, text_file, *common, "--train.max_steps", "100000", "--train.progress_bar", "true")
     threads = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}  # this process's: the same sums
@@ -159,7 +186,7 @@ def test_a_sigterm_saves_a_checkpoint_and_exits_143_and_resume_is_exact(tmp_path
     assert "Traceback" not in err
     stopped = read_checkpoint(killed / "runs" / "tiny" / "last.ckpt")
     step = stopped["global_step"]
-    assert step > 20  # saved at the signal, after the first periodic checkpoint
+    assert step > 5  # saved at the signal, after the first periodic checkpoint
     end = str(step + 3)
     argv = tiny_args(killed, text_file, *common, "--train.max_steps", end, "--train.resume", "auto")
     cli.run(train_script.COMMAND, argv)
@@ -180,16 +207,6 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path, text_file, monkeypatc
 # 4. run directories
 
 
-def test_a_second_run_into_a_directory_with_checkpoints_stops(tmp_path, text_file, trained, capsys):
-    before = read_checkpoint(trained / "last.ckpt")
-    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "4"))
-    assert "already holds" in message and "--train.resume auto" in message and "--train.overwrite true" in message
-    assert torch.equal(read_checkpoint(trained / "last.ckpt")["state_dict"]["model.wte.weight"],
-                       before["state_dict"]["model.wte.weight"])  # fmt: skip
-    _run(tmp_path, text_file, "--train.max_steps", "4", "--train.overwrite", "true")
-    assert read_checkpoint(trained / "last.ckpt")["global_step"] == 4
-
-
 def test_a_run_directory_in_use_is_refused(tmp_path, text_file, capsys):
     run_dir = tmp_path / "runs" / "tiny"
     with directory_lock(run_dir):
@@ -197,19 +214,22 @@ def test_a_run_directory_in_use_is_refused(tmp_path, text_file, capsys):
     assert "in use by another process" in message and "--train.run_name" in message
 
 
-def test_a_resume_removes_temporary_checkpoints_that_killed_runs_left(tmp_path, text_file, trained):
-    stale = trained / ".last.ckpt.tmp999999"
-    stale.write_bytes(b"partial")
-    _run(tmp_path, text_file, "--train.max_steps", "7", "--train.resume", "auto")
-    assert not stale.exists()
-
-
 # 5. resume with new settings
 
 
-def test_resume_applies_a_new_learning_rate_schedule(tmp_path, text_file, trained):
-    _run(tmp_path, text_file, "--train.max_steps", "8", "--train.resume", "auto", "--optim.lr", "1e-3",
-         "--optim.min_lr", "1e-5", "--optim.beta2", "0.9")  # fmt: skip
+def test_resume_applies_a_new_learning_rate_schedule_says_so_and_removes_temporary_files(
+    tmp_path, text_file, trained, caplog
+):
+    """The new settings are logged, and the jump of the rate (the checkpoint's cosine ended at step 6, at
+    min_lr) in one line; the temporary checkpoint a killed run left is removed."""
+    stale = trained / ".last.ckpt.tmp999999"
+    stale.write_bytes(b"partial")
+    with caplog.at_level("INFO", logger="training.run"):
+        _run(tmp_path, text_file, "--train.max_steps", "8", "--train.resume", "auto", "--optim.lr", "1e-3",
+             "--optim.min_lr", "1e-5", "--optim.beta2", "0.9")  # fmt: skip
+    assert not stale.exists()
+    assert "Resuming with train.max_steps: 6 -> 8" in caplog.text
+    assert "Resuming with the learning rate at step 6: 0.0001 -> 0.000753 at once" in caplog.text
     ckpt = read_checkpoint(trained / "last.ckpt")
     assert ckpt["lr_schedulers"][0]["base_lrs"] == [1e-3, 1e-3]
     decay, no_decay = ckpt["optimizer_states"][0]["param_groups"]
@@ -222,8 +242,8 @@ def test_resume_applies_a_new_learning_rate_schedule(tmp_path, text_file, traine
 # 6. truncated checkpoints
 
 
-def test_every_truncation_of_a_checkpoint_is_one_message(tmp_path, text_file, trained, capsys):
-    data = (trained / "last.ckpt").read_bytes()
+def test_every_truncation_of_a_checkpoint_is_one_message(tmp_path, text_file, shared, capsys):
+    data = (shared[2] / "last.ckpt").read_bytes()
     cuts = sorted(
         {1, 10, 100, 1000, len(data) // 2, len(data) - 100, len(data) - 1} | {len(data) * i // 40 for i in range(1, 40)}
     )
@@ -306,7 +326,8 @@ def test_sample_settings_out_of_range_are_one_message(tmp_path, capsys, args, ne
 # 9. the file system
 
 
-def test_file_system_mistakes_are_one_message(tmp_path, text_file, trained, capsys):
+def test_file_system_mistakes_are_one_message(tmp_path, text_file, shared, capsys):
+    trained = shared[2]
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     cases = [
@@ -329,6 +350,8 @@ def test_file_system_mistakes_are_one_message(tmp_path, text_file, trained, caps
 
 
 def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(tmp_path, text_file, trained, capsys, monkeypatch):
+    """ENOSPC, and what torch.save into a file object on a full disk raises instead: a RuntimeError from its zip
+    writer. Each ends in one line naming the disk, the intact previous checkpoint and the resume."""
     import training.callbacks as callbacks
 
     before = (trained / "last.ckpt").read_bytes()
@@ -337,10 +360,23 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(tmp_path, text_fi
         f.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device", str(trained / ".last.ckpt.tmp"))
 
-    monkeypatch.setattr(callbacks.torch, "save", no_space)
+    def zip_writer_fails(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 5184 vs 5078")
+
     argv = tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "9", "--train.ckpt_interval",
                      "3", "--train.resume", "auto")  # fmt: skip
+    monkeypatch.setattr(callbacks.torch, "save", no_space)
     message = cli_error(capsys, train_script.COMMAND, argv)
     assert "no space left" in message and "--train.resume auto" in message
     assert (trained / "last.ckpt").read_bytes() == before
+    assert not [p for p in trained.iterdir() if ".tmp" in p.name]
+
+    monkeypatch.setattr(callbacks.torch, "save", zip_writer_fails)
+    message = cli_error(capsys, train_script.COMMAND, argv)
+    assert message.startswith(f"error: Could not write {trained / 'last.ckpt'}: ")
+    assert f"the previous {trained / 'last.ckpt'} is intact" in message and "disk mounted at /" in message
+    assert "--train.resume auto" in message and "Traceback" not in capsys.readouterr().err
+    assert (trained / "last.ckpt").read_bytes() == before
+    assert read_checkpoint(trained / "last.ckpt")["global_step"] == 6
     assert not [p for p in trained.iterdir() if ".tmp" in p.name]
