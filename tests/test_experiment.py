@@ -33,33 +33,48 @@ def _tiny(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def test_a_tiny_experiment_end_to_end_and_reuse(tmp_path, text_file, capsys, caplog):
+VARIANTS = ("[{name: rope-w8, model: {pos_encoding: rope, attn_window: 8, attn_sinks: 2}}, "
+            "{name: drope, model: {pos_encoding: rope}, train: {switch_at: 0.75, "
+            "switch_model: {pos_encoding: none, attn_log_scaling: fixed}}}]")  # fmt: skip
+
+
+def test_a_tiny_experiment_end_to_end_with_variants_beside_the_schemes_and_reuse(tmp_path, text_file, capsys, caplog):
+    """Named variants (RoPE with a window and sinks; dropped positions: RoPE, then none with the log-length
+    temperature from step 6 of 8) train and are evaluated like the schemes, over two seeds; a second launch
+    reuses every run and only evaluates."""
     with caplog.at_level(logging.INFO):
-        cli.run(experiment.COMMAND, _tiny(tmp_path, text_file))
+        cli.run(experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[learned]", "--variants", VARIANTS))
     lines = caplog.messages  # a study's progress: the plain lines of a run's steps, one per run and step
-    assert "run 1/4 | training rope-seed1" in lines and sum(m.startswith("Reusing prepared/") for m in lines) <= 1
-    done = r"run 3/4 \| rope-seed2 trained in \d+:\d\d \| 1 left \| ETA \d+:\d\d"
+    assert "run 1/6 | training learned-seed1" in lines and sum(m.startswith("Reusing prepared/") for m in lines) <= 1
+    done = r"run 5/6 \| rope-w8-seed2 trained in \d+:\d\d \| 1 left \| ETA \d+:\d\d"
     assert any(re.fullmatch(done, m) for m in lines)
     assert not any("no checkpoint in" in m for m in lines)  # a study's fresh run is no news
     report = tmp_path / "report"
     for name in ("results.json", "results.md", "ppl_vs_length.png", "loss_by_position.png", "experiment.yaml"):
         assert (report / name).stat().st_size > 0
-    for run in ("rope-seed1", "rope-seed2", "learned-seed1", "learned-seed2"):
+    for run in ("learned-seed1", "learned-seed2", "rope-w8-seed1", "rope-w8-seed2", "drope-seed1", "drope-seed2"):
         assert (report / "runs" / run / "last.ckpt").is_file()
     doc = json.loads((report / "results.json").read_text())
     labels = [run["label"] for run in doc["runs"]]
-    assert labels.count("rope") == 2 and labels.count("rope + yarn") == 2 and labels.count("learned") == 2
+    assert labels.count("learned") == 2 and labels.count("rope-w8") == 2 and labels.count("rope-w8 + yarn") == 2
+    assert labels.count("drope") == 2 and "drope + yarn" not in labels  # no RoPE left to scale
     assert {run["seed"] for run in doc["runs"]} == {1, 2}
-    assert len(doc["experiment"]["train_wall_s"]) == 4
+    assert len(doc["experiment"]["train_wall_s"]) == 6
     table = capsys.readouterr().out
     learned = next(line for line in table.splitlines() if line.startswith("| learned |"))
     assert learned.endswith("| n/a |") and "±" in learned  # two seeds: mean ± std; 32 > block_size 16
-    models = {json.dumps(run["config"]["model"], sort_keys=True) for run in doc["runs"] if run["label"] == "rope"}
-    assert len(models) == 1  # the seeds share one model config
+    windowed = [run["config"]["model"] for run in doc["runs"] if run["label"] == "rope-w8"]
+    assert len({json.dumps(model, sort_keys=True) for model in windowed}) == 1  # the seeds share one model config
+    assert (windowed[0]["attn_window"], windowed[0]["attn_sinks"], windowed[0]["pos_encoding"]) == (8, 2, "rope")
+    drope = [run for run in doc["runs"] if run["label"] == "drope"]
+    assert all(row["ppl"] for run in drope for row in run["results"])  # past block_size too
 
-    cli.run(experiment.COMMAND, _tiny(tmp_path, text_file, "--eval.lengths", "[16, 32]"))  # evaluation only
+    cli.run(experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[learned]", "--variants", VARIANTS,
+                                      "--eval.lengths", "[16, 32]"))  # fmt: skip  # evaluation only
     again = json.loads((report / "results.json").read_text())
     assert again["experiment"]["train_wall_s"] == {} and again["settings"]["lengths"] == [16, 32]
+    argv = _tiny(tmp_path, text_file, "--schemes", "[rope]", "--variants", "[{name: rope}]")
+    assert "must not repeat" in cli_error(capsys, experiment.COMMAND, argv)
 
 
 def _recipe(root: Path, text_file: Path) -> list[str]:
@@ -72,16 +87,14 @@ def _recipe(root: Path, text_file: Path) -> list[str]:
         "--run.model.block_size", "16", "--run.model.n_layer", "1", "--run.model.n_head", "2",
         "--run.model.n_embd", "32", "--run.train.compile", "false", "--run.train.batch_size", "8",
         "--run.train.max_steps", "8", "--run.train.eval_interval", "4", "--run.train.ckpt_interval", "100",
-        "--run.optim.warmup_steps", "2", "--eval.lengths", "[8, 16, 32]", "--eval.token_budget", "64",
-        "--eval.progress", "false",
+        "--run.optim.warmup_steps", "2", "--run.train.logger", "none", "--eval.lengths", "[8, 16, 32]",
+        "--eval.token_budget", "64", "--eval.progress", "false",
     ]  # fmt: skip
 
 
-def test_a_study_killed_in_training_and_in_validation_resumes_to_the_same_report(
-    tmp_path, text_file, monkeypatch, capsys
-):
-    """Killed (a real SIGTERM) while its second run trains, then while that run validates, the same
-    command continues it each time, to the report of an uninterrupted study (wall times aside)."""
+def test_a_study_killed_in_training_resumes_to_the_same_report(tmp_path, text_file, monkeypatch, capsys):
+    """Killed (a real SIGTERM) while its second run trains, the same command continues it, to the report of an
+    uninterrupted study (wall times aside). (Killed during a validation: test_synthetic.py's study.)"""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     cli.run(experiment.COMMAND, _recipe(straight, text_file))
     plan = capsys.readouterr().out
@@ -90,13 +103,9 @@ def test_a_study_killed_in_training_and_in_validation_resumes_to_the_same_report
         signal_during(patch, "training_step", "learned-seed1337", step=2)
         err = exits_with(capsys, experiment.COMMAND, _recipe(killed, text_file), 143)
     assert "Stopped by SIGTERM at step 3 (run 2 of 2, learned-seed1337). Run the same command again" in err
-    with monkeypatch.context() as patch:
-        signal_during(patch, "validation_step", "learned-seed1337", step=4)
-        err = exits_with(capsys, experiment.COMMAND, _recipe(killed, text_file), 143)
-    assert "Stopped by SIGTERM at step 4 during validation (run 2 of 2" in err
     cli.run(experiment.COMMAND, _recipe(killed, text_file))
     out = capsys.readouterr().out
-    assert "1. rope-seed1337" in out and "(trained, reused)" in out and "(resumes at step 4)" in out
+    assert "1. rope-seed1337" in out and "(trained, reused)" in out and "(resumes at step 3)" in out
     assert comparable_report(killed / "report", killed) == comparable_report(straight / "report", straight)
     table = (killed / "report" / "results.md").read_text()
     assert "each run: 8 steps" in table and "training wall time" in table
@@ -136,28 +145,9 @@ def test_experiment_config_mistakes_fail_clearly(tmp_path, text_file, capsys):
     assert not (tmp_path / "report").exists()
 
 
-def test_variants_beside_the_schemes(tmp_path, text_file, capsys):
-    """Named variants (RoPE with a window; dropped positions: RoPE, then none with the log-length
-    temperature from step 6 of 8) train and are evaluated like the schemes (FIRE)."""
-    variants = ("[{name: rope-w8, model: {pos_encoding: rope, attn_window: 8, attn_sinks: 2}}, "
-                "{name: drope, model: {pos_encoding: rope}, train: {switch_at: 0.75, "
-                "switch_model: {pos_encoding: none, attn_log_scaling: fixed}}}]")  # fmt: skip
-    cli.run(
-        experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[fire]", "--seeds", "[1]", "--variants", variants)
-    )
-    doc = json.loads((tmp_path / "report" / "results.json").read_text())
-    runs = {run["label"]: run for run in doc["runs"]}
-    assert {"fire", "rope-w8", "rope-w8 + yarn", "drope"} <= set(runs) and "drope + yarn" not in runs
-    model = runs["rope-w8"]["config"]["model"]
-    assert (model["attn_window"], model["attn_sinks"], model["pos_encoding"]) == (8, 2, "rope")
-    assert all(row["ppl"] for name in ("fire", "drope") for row in runs[name]["results"])  # past block_size
-    argv = _tiny(tmp_path, text_file, "--schemes", "[rope]", "--variants", "[{name: rope}]")
-    assert "must not repeat" in cli_error(capsys, experiment.COMMAND, argv)
-
-
 def test_the_new_schemes_and_switches_are_taken_by_name_and_as_variants(tmp_path, text_file):
     """Kerple and FIRE by name; partial RoPE, log-n scaling, the general score, sigmoid and differential
-    attention and BigBird's mask as variants (issue 23); DroPE in test_variants_beside_the_schemes."""
+    attention and BigBird's mask as variants (issue 23); DroPE trains in the end-to-end test above."""
     variants = (
         "[{name: p-rope, model: {pos_encoding: rope, rope_fraction: 0.5}}, "
         "{name: nope-logn, model: {pos_encoding: none, attn_log_scaling: learned}}, "

@@ -1,4 +1,4 @@
-"""What a GPU run exercises, run on the CPU: bf16-mixed training through the Trainer with the fused
+"""What a GPU run exercises, run on the CPU: bf16-mixed training through the Trainer (compiled) with the fused
 optimizer, clipping and accumulation; the shipped GPU configs; FSDP's
 message; the precision `auto` picks; and the CUDA-only branches (MFU peaks, synchronisation,
 pinned memory), driven with a stand-in CUDA device. What can only fail on a GPU is in test_gpu.py."""
@@ -32,39 +32,13 @@ def _global_norm(optimizer: torch.optim.Optimizer) -> float:
     return torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
 
 
-def test_bf16_mixed_clips_before_every_fused_step_with_accumulation(tmp_path, text_file, monkeypatch):
-    """The default GPU run (bf16-mixed, fused AdamW, clipping) used to stop at its first step."""
-    norms_at_step: list[float] = []
-    real_step = torch.optim.AdamW.step
-
-    def recording_step(self, closure=None):
-        def after_backward_and_clipping():
-            loss = closure()  # Lightning's closure: forward, backward, then the clipping hook
-            norms_at_step.append(_global_norm(self))
-            return loss
-
-        assert self.defaults["fused"]
-        return real_step(self, after_backward_and_clipping)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
-    args = tiny_args(tmp_path, text_file, "--train.precision", "bf16-mixed", "--optim.grad_clip", "0.05",
-                     "--train.grad_accum", "2", "--train.max_steps", "6", "--train.log_interval", "2",
-                     "--train.eval_interval", "6")  # fmt: skip
-    cli.run(train_script.COMMAND, args)
-    run_dir = tmp_path / "runs" / "tiny"
-    assert read_checkpoint(run_dir / "last.ckpt")["global_step"] == 6
-    assert len(norms_at_step) == 6  # one clipped step per two micro-batches
-    assert norms_at_step == pytest.approx([0.05] * 6, rel=1e-3)
-    with open(metrics_file(run_dir)) as f:
-        logged = [float(row["train/grad_norm"]) for row in csv.DictReader(f) if row.get("train/grad_norm")]
-    assert len(logged) == 3 and all(norm > 0.05 for norm in logged)  # the norm before clipping
-
-
 def test_resume_under_bf16_is_exact(tmp_path, text_file):
-    """Weights, optimizer, LR schedule, data position and the random stream (dropout on) restored: the same
-    weights to the bit as an uninterrupted run (the one resume test of train.py; signals and studies have theirs)."""
+    """Weights, optimizer, LR schedule, data position and the random streams (dropout on; the positions
+    `--train.random_positions` draws from (seed, step)) restored: the same weights to the bit as an uninterrupted
+    run (the one resume test of train.py; signals and studies have theirs)."""
     common = ["--train.precision", "bf16-mixed", "--model.dropout", "0.1", "--train.eval_interval", "5",
-              "--train.ckpt_interval", "5", "--optim.decay_steps", "10"]  # fmt: skip
+              "--train.ckpt_interval", "5", "--optim.decay_steps", "10", "--train.random_positions", "96",
+              "--train.logger", "none"]  # fmt: skip
     a, b = straight_and_resumed(tmp_path, text_file, 10, *common)
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
@@ -92,14 +66,39 @@ def test_every_shipped_training_config_is_a_valid_run(name, text_file):
     assert config.optim.grad_clip == 1.0 and config.model.block_size >= 64
 
 
-def test_the_gpu_recipe_compiles_and_trains_in_bf16_on_cpu(tmp_path, text_file, capsys):
+def test_the_gpu_recipe_compiles_and_trains_in_bf16_on_cpu_clipping_before_every_fused_step(
+    tmp_path, text_file, capsys, monkeypatch
+):
     """torch.compile (inductor) with bf16 autocast, dropout, clipping and a validation pass, as
-    configs/shakespeare_char_gpu.yaml runs it on a GPU; the sample at the end runs eagerly."""
-    cli.run(
-        train_script.COMMAND, _shrunk(tmp_path, text_file, "shakespeare_char_gpu.yaml", "--train.sample_tokens", "20")
-    )
-    config = read_checkpoint(tmp_path / "runs" / "gpu-config" / "last.ckpt")["hyper_parameters"]["config"]
-    assert config["train"]["compile"] and config["model"]["dropout"] == 0.2
+    configs/shakespeare_char_gpu.yaml runs it on a GPU; the sample at the end runs eagerly. The default GPU run
+    (bf16-mixed, fused AdamW, clipping) used to stop at its first step: here with accumulation, every optimizer
+    step is fused and follows the clipping."""
+    norms_at_step: list[float] = []
+    real_step = torch.optim.AdamW.step
+
+    def recording_step(self, closure=None):
+        def after_backward_and_clipping():
+            loss = closure()  # Lightning's closure: forward, backward, then the clipping hook
+            norms_at_step.append(_global_norm(self))
+            return loss
+
+        assert self.defaults["fused"]
+        return real_step(self, after_backward_and_clipping)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    args = _shrunk(tmp_path, text_file, "shakespeare_char_gpu.yaml", "--train.sample_tokens", "20",
+                   "--optim.grad_clip", "0.05", "--train.grad_accum", "2", "--train.max_steps", "6",
+                   "--train.log_interval", "2", "--train.eval_interval", "6")  # fmt: skip
+    cli.run(train_script.COMMAND, args)
+    run_dir = tmp_path / "runs" / "gpu-config"
+    ckpt = read_checkpoint(run_dir / "last.ckpt")
+    config = ckpt["hyper_parameters"]["config"]
+    assert ckpt["global_step"] == 6 and config["train"]["compile"] and config["model"]["dropout"] == 0.2
+    assert len(norms_at_step) == 6  # one clipped step per two micro-batches
+    assert norms_at_step == pytest.approx([0.05] * 6, rel=1e-3)
+    with open(metrics_file(run_dir)) as f:
+        logged = [float(row["train/grad_norm"]) for row in csv.DictReader(f) if row.get("train/grad_norm")]
+    assert len(logged) == 3 and all(norm > 0.05 for norm in logged)  # the norm before clipping
     out = capsys.readouterr().out
     assert "--- sample ---" in out
 

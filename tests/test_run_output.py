@@ -1,6 +1,6 @@
 """What a run prints and keeps, as a newcomer meets it: the lines of `python train.py` in a log file,
 config.yaml as used, resume auto that finds nothing, one metrics file across resumes, TensorBoard,
-step-numbered checkpoints, a checkpoint write that fails for a full disk."""
+step-numbered checkpoints (a checkpoint write that fails for a full disk: test_faults.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 import train as train_script
@@ -76,9 +75,12 @@ def test_python_train_in_a_log_file_prints_only_its_own_plain_lines(tmp_path):
     assert used["train"]["precision"] in ("bf16-mixed", "32-true")
 
 
-def test_resume_auto_with_nothing_to_resume_says_so_and_refuses_another_runs_directory(
+def test_resume_auto_with_nothing_to_resume_says_so_and_another_runs_directory_is_refused(
     tmp_path, text_file, capsys, caplog
 ):
+    """A run on other data into a directory with checkpoints is told to name another (a resume could not continue
+    it: the refusal says what differs and what fits); into one that holds only another run's config.yaml (as a
+    run killed before its first checkpoint leaves it), it may overwrite."""
     import logging
 
     argv = tiny_args(tmp_path, text_file, "--train.max_steps", "2", "--train.eval_interval", "2",
@@ -87,10 +89,13 @@ def test_resume_auto_with_nothing_to_resume_says_so_and_refuses_another_runs_dir
         cli.run(train_script.COMMAND, argv)
     assert "--train.resume auto: no checkpoint in" in caplog.text and "so this is a fresh run" in caplog.text
     run_dir = tmp_path / "runs" / "tiny"
+    other = tmp_path / "other.txt"
+    other.write_text(text_file.read_text(encoding="utf-8")[::-1], encoding="utf-8")
+    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, other, "--train.max_steps", "4"))
+    assert "of another run (data.input:" in message and "--train.run_name" in message
+    assert "--train.resume" not in message
     for path in run_dir.glob("*.ckpt"):  # as a run killed before its first checkpoint leaves it
         path.unlink()
-    other = tmp_path / "other.txt"
-    other.write_text(text_file.read_text()[::-1])
     argv[argv.index(str(text_file))] = str(other)
     message = cli_error(capsys, train_script.COMMAND, argv)
     assert f"{run_dir} holds the config.yaml of another run (data.input:" in message
@@ -143,40 +148,3 @@ def test_tensorboard_logger_writes_the_runs_events(tmp_path, text_file):
     plot.unlink()
     cli.run(plot_command, ["--run_dir", str(plot.parent)])
     assert plot.is_file()
-
-
-def test_a_checkpoint_write_that_fills_the_disk_ends_in_one_line_naming_the_disk(
-    tmp_path, text_file, capsys, monkeypatch
-):
-    """torch.save into a file object on a full disk raises a RuntimeError from its zip writer, not ENOSPC."""
-    import training.callbacks as callbacks
-
-    real_save, calls = torch.save, []
-
-    def full_disk(obj, f, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 1:
-            return real_save(obj, f, *args, **kwargs)
-        f.write(b"partial")
-        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 5184 vs 5078")
-
-    monkeypatch.setattr(callbacks.torch, "save", full_disk)
-    argv = tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "6", "--train.ckpt_interval",
-                     "3", "--train.eval_interval", "6")  # fmt: skip
-    message = cli_error(capsys, train_script.COMMAND, argv)
-    run_dir = tmp_path / "runs" / "tiny"
-    assert message.startswith(f"error: Could not write {run_dir / 'last.ckpt'}: ")
-    assert f"the previous {run_dir / 'last.ckpt'} is intact" in message and "disk mounted at /" in message
-    assert "--train.resume auto" in message and "Traceback" not in capsys.readouterr().err
-    assert read_checkpoint(run_dir / "last.ckpt")["global_step"] == 3
-    assert not [p for p in run_dir.iterdir() if ".tmp" in p.name]
-
-
-def test_a_run_on_other_data_into_a_directory_with_checkpoints_is_told_to_name_another(tmp_path, text_file, capsys):
-    """A resume could not continue a run on other data: the refusal says what differs and what fits."""
-    cli.run(train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.logger", "none", "--train.max_steps", "2"))
-    other = tmp_path / "other.txt"
-    other.write_text(text_file.read_text(encoding="utf-8")[::-1], encoding="utf-8")
-    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, other, "--train.max_steps", "4"))
-    assert "of another run (data.input:" in message and "--train.run_name" in message
-    assert "--train.resume" not in message
