@@ -48,10 +48,10 @@ def test_python_train_in_a_log_file_prints_only_its_own_plain_lines(tmp_path):
     """The default command offline, stdout and stderr into a file: the offline line once, the prepare
     line, the settings line, plain progress lines, the sample and the summary; nothing else (no
     Lightning notices, model table, deprecation warnings, carriage returns or ANSI codes)."""
-    env = {**os.environ, "POSGPT_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "POSGPT_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     args = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.block_size", "32",
             "--train.batch_size", "4", "--train.max_steps", "40", "--train.eval_interval", "20",
-            "--train.sample_tokens", "20", "--train.out_dir", str(tmp_path / "runs"),
+            "--train.eval_tokens", "1024", "--train.sample_tokens", "20", "--train.out_dir", str(tmp_path / "runs"),
             "--data.prepared_root", "prepared"]  # fmt: skip
     with open(tmp_path / "log.txt", "w") as log:
         done = subprocess.run([sys.executable, "-c", OFFLINE_TRAIN, *args], cwd=ROOT, env=env, stdout=log,
