@@ -72,7 +72,7 @@ def test_rope_in_the_numerator_depends_on_relative_positions_only(tiny_config):
 
 
 def test_a_linear_attention_model_overfits_a_batch(tiny_config):
-    _, final = overfit(GPT(_linear(tiny_config, "rope")))
+    _, final = overfit(GPT(_linear(tiny_config, "rope")), steps=60, lr=1e-2)
     assert final < 0.3
 
 

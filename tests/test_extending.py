@@ -78,7 +78,7 @@ def test_the_new_attention_function_trains_decodes_and_draws_its_weights(registe
     config = dataclasses.replace(tiny_config, attention="relu", pos_encoding="alibi")
     model = GPT(config)
     assert all(type(block.attn) is registered["ReluAttention"] for block in model.blocks)
-    _, final = overfit(model, steps=120)
+    _, final = overfit(model, steps=60, lr=1e-2)
     assert final < 0.5
     model.eval()
     prompt = torch.randint(0, config.vocab_size, (2, 3))
@@ -112,7 +112,7 @@ def test_the_new_scheme_trains_decodes_matches_every_kernel_and_keeps_its_gradie
     config = dataclasses.replace(tiny_config, pos_encoding="learned_slopes")
     model = GPT(config)
     assert type(model.pe) is registered["LearnedSlopes"] and model.pe.score_bias
-    _, final = overfit(model, steps=120)
+    _, final = overfit(model, steps=60, lr=1e-2)
     assert final < 0.5 and model.pe.slopes.grad is not None
     model.eval()
     prompt = torch.randint(0, config.vocab_size, (2, 3))

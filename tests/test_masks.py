@@ -103,7 +103,7 @@ def test_a_window_as_long_as_the_sequence_is_full_causal_attention(tiny_config, 
 
 
 def test_a_window_model_overfits_a_batch(tiny_config):
-    _, final = overfit(GPT(_config(tiny_config, "rope", "window+sinks")))
+    _, final = overfit(GPT(_config(tiny_config, "rope", "window+sinks")), steps=60, lr=1e-2)
     assert final < 0.2
 
 
