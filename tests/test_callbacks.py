@@ -78,7 +78,9 @@ def test_a_steps_speed_reading_is_taken_before_its_checkpoint_is_written(tmp_pat
 
     monkeypatch.setattr(callbacks.SpeedMonitor, "on_train_batch_end", reading)
     monkeypatch.setattr(callbacks.LastCheckpoint, "_save", saving)
-    argv = tiny_args(tmp_path, text_file, "--train.max_steps", "4", "--train.ckpt_interval", "2")
+    argv = tiny_args(
+        tmp_path, text_file, "--train.max_steps", "4", "--train.ckpt_interval", "2", "--train.logger", "none"
+    )
     cli.run(train_script.COMMAND, argv)
     for step in (2, 4):
         assert events.index(("speed", step)) < events.index(("save", step)), events

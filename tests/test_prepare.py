@@ -156,17 +156,6 @@ def test_char_tokenizer_names_unknown_characters():
         tok.encode("abxcz")
 
 
-def test_command_line_error_is_one_line_and_nonzero(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "data.prepare", "--inputs", str(tmp_path / "nope.txt"), "--out_dir", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode != 0
-    assert "Input not found" in result.stderr and "Traceback" not in result.stderr
-
-
 def test_named_corpus_comes_from_the_cache_without_network(tmp_path, monkeypatch, shakespeare_path):
     cache = tmp_path / "cache"
     cache.mkdir()
