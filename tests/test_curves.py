@@ -1,5 +1,5 @@
-"""Figures people look at: a run's training curves (one series across launches), and the
-loss-by-position figure's legend and training-length marker."""
+"""Figures people look at: a run's training curves (one series across launches), and the perplexity
+figure's legend (the loss-by-position figure's legend and training-length marker: test_evaluate.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from core import cli
 from core.errors import UserError
-from evaluation.report import TRAIN_LENGTH_LINE, Group, line_style, position_figure
+from evaluation.report import Group
 from training import curves
 
 HEADER = "epoch,lr,step,train/loss,train/tokens,val/loss\n"
@@ -103,31 +103,6 @@ def test_the_tokens_axis_is_drawn_from_the_logged_counts_and_only_then():
     assert [text.get_text() for text in loss_ax.get_legend().get_texts()] == [
         "train (last 2.000)", "validation (last 2.100)"]  # fmt: skip
     assert not curves.training_figure({**metrics, "train/tokens": []}, "run").axes[0].child_axes
-
-
-def _doc(labels: list[str], length: int = 64) -> tuple[dict, list[Group]]:
-    starts = [0, 16, 32, 48]
-    runs = [{"label": label, "train_length": 32, "results": [{"length": length, "applicable": True,
-             "bucket_starts": starts, "by_position": [3.0 - 0.1 * i, 2.5, 2.4, 2.6]}]}
-            for i, label in enumerate(labels)]  # fmt: skip
-    return {"settings": {"lengths": [length]}}, [Group(r["label"], [r]) for r in runs]
-
-
-def test_the_loss_by_position_legend_fits_and_the_training_length_is_no_models_colour():
-    labels = [f"rope + yarn, attn_window 64, seed average {i}" for i in range(12)]
-    doc, groups = _doc(labels)
-    fig = position_figure(doc, groups)
-    fig.canvas.draw()
-    legend = fig.legends[0].get_window_extent()
-    figure = fig.bbox
-    assert figure.x0 <= legend.x0 and legend.x1 <= figure.x1 and figure.y0 <= legend.y0
-    for ax in fig.axes:  # the panels sit above the legend
-        if ax.lines:
-            assert ax.get_window_extent().y0 >= legend.y1 - 1
-    marker = [line for line in fig.axes[0].lines if line.get_linestyle() == TRAIN_LENGTH_LINE["linestyle"]]
-    assert marker and marker[0].get_color() == TRAIN_LENGTH_LINE["color"]
-    styles = {(line_style(i)["color"], line_style(i)["linestyle"]) for i in range(30)}
-    assert (TRAIN_LENGTH_LINE["color"], TRAIN_LENGTH_LINE["linestyle"]) not in styles
 
 
 def test_the_perplexity_figures_legend_lies_below_the_axes_inside_the_figure():

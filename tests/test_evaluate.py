@@ -50,6 +50,23 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return ckpts
 
 
+@pytest.fixture
+def unrendered(monkeypatch) -> None:
+    """The report's figures built (every curve and marker drawn on its axes, the legend laid out) but not
+    rendered to PNG, for the tests of the numbers and the table: rendering is most of an evaluation's
+    time here. test_output_files_and_not_applicable_rows and test_checkpoints_sharing_a_label_are_seeds
+    render theirs, the legend tests below draw theirs."""
+    import matplotlib.pyplot as plt
+
+    from evaluation import report
+
+    def built_only(fig) -> bytes:
+        plt.close(fig)
+        return b"\x89PNG\r\n\x1a\n"
+
+    monkeypatch.setattr(report, "png_bytes", built_only)
+
+
 def _evaluate(tmp: Path, *args: str) -> dict:
     out = tmp / "out"
     cli.run(evaluate_script.COMMAND, [*args, "--out", str(out), "--eval.progress", "false"])
@@ -63,6 +80,7 @@ def _val_tokens(ckpt: Path) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("mode", "stride"), [("nonoverlap", None), ("sliding", 8), ("sliding", 16)])
+@pytest.mark.usefixtures("unrendered")
 def test_numbers_equal_a_direct_computation(runs, tmp_path, mode, stride):
     args = ["--ckpt", str(runs["rope"]), str(runs["alibi"]), "--eval.lengths", "[16,48]", "--eval.token_budget", "240",
             "--eval.mode", mode]  # fmt: skip
@@ -103,6 +121,7 @@ def test_output_files_and_not_applicable_rows(runs, tmp_path, monkeypatch):
     assert "| rope | rope | 16 | char" in table and "| n/a | n/a |" in table
 
 
+@pytest.mark.usefixtures("unrendered")
 def test_rope_scaling_with_factor_one_changes_nothing(runs, tmp_path):
     doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["alibi"]), "--eval.lengths", "[16,64]",
                     "--eval.token_budget", "128", "--eval.rope_scaling", "[none,linear,ntk,yarn]",
@@ -114,6 +133,7 @@ def test_rope_scaling_with_factor_one_changes_nothing(runs, tmp_path):
     assert all(row["rope_scaling_factor"] == 1.0 for run in doc["runs"][1:4] for row in run["results"])
 
 
+@pytest.mark.usefixtures("unrendered")
 def test_dynamic_rope_scaling_acts_beyond_the_training_length_only(runs, tmp_path):
     doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), "--eval.lengths", "[16,64]", "--eval.token_budget", "128",
                     "--eval.rope_scaling", "[none,yarn]")  # fmt: skip
@@ -138,6 +158,7 @@ def _scored_line(tmp: Path) -> str:
     return next(line for line in report.splitlines() if "scored" in line and "budget" in line)
 
 
+@pytest.mark.usefixtures("unrendered")
 def test_the_report_states_the_tokens_scored_not_the_budget(runs, tmp_path):
     """A budget past the validation split scores what the split holds, per length: the report says so
     (it used to say "100,000 tokens scored at every length"); a budget that is not a multiple of a
@@ -154,6 +175,7 @@ def test_the_report_states_the_tokens_scored_not_the_budget(runs, tmp_path):
     assert _scored_line(tmp_path) == "- tokens scored, from the start of the text: 96 at every length (budget 100)"
 
 
+@pytest.mark.usefixtures("unrendered")
 def test_each_checkpoint_tokenizes_a_given_text_with_its_own_tokenizer(runs, tmp_path):
     text = tmp_path / "eval.txt"
     text.write_text(make_text(300, seed=5))  # characters both vocabularies have
@@ -197,6 +219,7 @@ def test_bad_input_fails_with_one_clear_message(runs, tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # nothing written by a run that failed its checks
 
 
+@pytest.mark.usefixtures("unrendered")
 def test_drop_unknown_leaves_out_unknown_characters(runs, tmp_path):
     other = str(runs["tmp"] / "other.txt")
     doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), "--eval_data.input", other, "--eval_data.drop_unknown",
@@ -233,6 +256,7 @@ def test_memory_is_bounded_by_batch_tokens(runs, monkeypatch):
     assert small["runs"][0]["results"][0]["loss"] == pytest.approx(big["runs"][0]["results"][0]["loss"], rel=1e-5)
 
 
+@pytest.mark.usefixtures("unrendered")
 def test_a_char_and_a_bpe_checkpoint_on_one_text(runs, tmp_path, gpt2_ranks):
     """Different kinds of tokenizer: each encodes the text itself; the table says so."""
     cfg = RunConfig(
@@ -253,6 +277,7 @@ def test_a_char_and_a_bpe_checkpoint_on_one_text(runs, tmp_path, gpt2_ranks):
     assert "tokenizers differ (char" in (tmp_path / "out" / "results.md").read_text()
 
 
+@pytest.mark.usefixtures("unrendered")
 def test_bfloat16_autocast_on_cpu_stays_close_to_float32(runs, tmp_path):
     """The GPU default (bf16 autocast, float32 losses), run on the CPU's autocast."""
     args = ["--ckpt", str(runs["rope"]), str(runs["alibi"]), "--eval.lengths", "[16,48]", "--eval.token_budget", "240",
@@ -295,9 +320,15 @@ def _position_doc(labels: list[str], lengths=(64, 128)) -> tuple[dict, list[Grou
     return {"settings": {"lengths": list(lengths)}}, [Group(r["label"], [r]) for r in runs]
 
 
-@pytest.mark.parametrize("labels", LONG_LABELS)
-@pytest.mark.parametrize("lengths", [(64,), (64, 128, 256, 512)])
+@pytest.mark.parametrize(
+    ("labels", "lengths"),
+    [("wide", (64,)), ("one_word", (64,)), ("many", (64,)), ("many", (64, 128, 256, 512))],
+    ids=["wide", "one_word", "many", "many-four-panels"],
+)
 def test_the_loss_by_position_legend_lies_inside_the_figure(labels, lengths):
+    """In one panel each kind of label takes its own way through `legend_below`: the figure widened to
+    fit (wide), the labels wrapped (one_word), several columns (many); in four panels (a wider figure)
+    every kind fits unwrapped, the many labels (the tallest legend) lie below every panel."""
     _assert_legend_fits(position_figure(*_position_doc(LONG_LABELS[labels], lengths)), LONG_LABELS[labels])
 
 
@@ -310,9 +341,10 @@ def _stats_entries(labels: list[str], length: int = 64) -> list[dict]:
     return [{"label": label, "train_length": 32, "length": length, "summary": summary} for label in labels]
 
 
-@pytest.mark.parametrize("labels", LONG_LABELS)
-def test_the_attention_figure_legend_lies_inside_the_figure(labels):
-    _assert_legend_fits(stats_figure(_stats_entries(LONG_LABELS[labels]), 64), LONG_LABELS[labels])
+def test_the_attention_figure_legend_lies_inside_the_figure():
+    """Every kind of label at once: the figure is wide enough for each kind unwrapped."""
+    labels = [label for kind in LONG_LABELS.values() for label in kind]
+    _assert_legend_fits(stats_figure(_stats_entries(labels), 64), labels)
 
 
 def test_the_training_length_is_marked_in_a_colour_and_style_no_model_has():
@@ -323,6 +355,8 @@ def test_the_training_length_is_marked_in_a_colour_and_style_no_model_has():
     marks = [line for line in ax.lines if line.get_label().startswith("_") and len(set(line.get_xdata())) == 1]
     curves = [line for line in ax.lines if not line.get_label().startswith("_")]
     assert len(marks) == 1 and len(curves) == 30 and list(marks[0].get_xdata()) == [32, 32]
+    (mark,) = marks
+    assert mark.get_color() == TRAIN_LENGTH_LINE["color"] and mark.get_linestyle() == TRAIN_LENGTH_LINE["linestyle"]
     mark_rgb = np.array(matplotlib.colors.to_rgb(marks[0].get_color()))
     for curve in curves:
         assert np.linalg.norm(mark_rgb - matplotlib.colors.to_rgb(curve.get_color())) > 0.5
