@@ -23,8 +23,10 @@ def test_a_job_runs_in_its_own_process_and_its_status_is_recorded(tmp_path):
     entry = run_job(QUICK, 60, tmp_path)
     assert entry is not None and entry["status"] == "ok" and entry["peak_mib"] is None
     assert (tmp_path / entry["log"]).read_text().strip()  # the command's output, kept
-    refused = run_job(Job("refused", "posgpt", ["check", "--device", "tpu"], 60), 60, tmp_path)
-    assert refused is not None and refused["status"].startswith("refused: "), refused
+    missing = tmp_path / "no-run"  # `posgpt plot` refuses it before it imports torch
+    refused = run_job(Job("refused", "posgpt", ["plot", "--run_dir", str(missing)], 60), 60, tmp_path)
+    reason = f"--run_dir {missing}: no such directory. Pass a run directory such as runs/NAME."
+    assert refused is not None and refused["status"] == f"refused: {reason}", refused
     assert "\n" not in refused["status"]
 
 
