@@ -155,6 +155,19 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+def _unrendered(monkeypatch) -> None:
+    """Figures built but not rendered to PNG, where a test looks at what is written around them."""
+    import matplotlib.pyplot as plt
+
+    from evaluation import report
+
+    def built_only(fig) -> bytes:
+        plt.close(fig)
+        return b"\x89PNG\r\n\x1a\n"
+
+    monkeypatch.setattr(report, "png_bytes", built_only)
+
+
 def _png_ok(path: Path) -> None:
     image = matplotlib.image.imread(path)  # decodes the file: a valid PNG
     assert image.ndim == 3 and min(image.shape[:2]) > 100
@@ -163,7 +176,7 @@ def _png_ok(path: Path) -> None:
 def test_heatmaps_and_long_context_figures(runs, tmp_path):
     out = tmp_path / "maps"
     cli.run(maps_script.COMMAND, ["--ckpt", str(runs["window"]), str(runs["learned"]), "--prompt", "The cat sat.",
-                      "--layers", "1", "--lengths", "8", "32", "--tokens", "64", "--out", str(out),
+                      "--layers", "1", "--heads", "0", "2", "--lengths", "8", "32", "--tokens", "64", "--out", str(out),
                       "--progress", "false"])  # fmt: skip
     for name in ("window/layer1.png", "window/layers_mean.png", "learned/layer1.png", "attention_L8.png",
                  "attention_L32.png"):  # fmt: skip
@@ -171,8 +184,8 @@ def test_heatmaps_and_long_context_figures(runs, tmp_path):
     assert not (out / "window" / "layer0.png").exists()  # --layers 1 only
     doc = json.loads((out / "results.json").read_text())
     prompt = doc["prompts"][0]
-    weights = np.array(prompt["weights"]["1"])  # (heads, T, T) as plotted
-    assert prompt["tokens"][3] == "␣" and weights.shape == (4, 12, 12)
+    weights = np.array(prompt["weights"]["1"])  # (heads, T, T) as plotted: heads 0 and 2 of 4
+    assert prompt["tokens"][3] == "␣" and weights.shape == (2, 12, 12) and prompt["heads"] == [0, 2]
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-4)
     assert weights[0, 11, 2] == 0 and weights[0, 11, 0] > 0  # outside the window of 6; the sink
     entries = doc["lengths"]
@@ -193,6 +206,7 @@ def test_a_failed_write_ends_in_one_line_and_leaves_no_results_json(runs, tmp_pa
         real_write(path, payload)
 
     monkeypatch.setattr(attention_maps, "atomic_write_bytes", full_disk)
+    _unrendered(monkeypatch)  # the heatmaps written before results.json: test_heatmaps_and_long_context_figures
     line = cli_error(capsys, maps_script.COMMAND, ["--ckpt", str(runs["window"]), "--prompt", "The cat",
                                                    "--out", str(out), "--progress", "false"])  # fmt: skip
     assert "cannot write the figures" in line and "No space left on device" in line
@@ -215,7 +229,7 @@ def test_mistakes_end_in_one_clear_message(runs, tmp_path, capsys):
     assert not (tmp_path / "x").exists()  # nothing written
 
 
-def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path):
+def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path, monkeypatch):
     out = tmp_path / "eval"
     cli.run(evaluate_script.COMMAND, ["--ckpt", str(runs["window"]), str(runs["learned"]), "--eval.lengths", "[8,32]",
                           "--eval.token_budget", "64", "--eval.attention_stats", "true", "--eval.progress", "false",
@@ -232,6 +246,7 @@ def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path):
     assert rows["learned"].rstrip(" |").endswith("n/a")  # learned positions stop at block_size
     rate = next(e for e in doc["attention"] if e["label"] == "window")["summary"]["sink_rate"]
     assert len(rate["per_layer"]) == 2 and 0 <= rate["model"] <= 1
+    _unrendered(monkeypatch)  # which files, not what they show
     cli.run(evaluate_script.COMMAND, ["--ckpt", str(runs["window"]), "--eval.lengths", "[16]", "--eval.token_budget",
                                       "64", "--eval.attention_stats", "true", "--eval.progress", "false", "--out",
                                       str(out)])  # fmt: skip

@@ -144,7 +144,8 @@ def test_a_compiled_model_builds_its_block_mask_eagerly(monkeypatch, tiny_config
 
     uncompiled_flex(monkeypatch)
     monkeypatch.delitem(sys.modules, "model.kernels.block_mask", raising=False)
-    model = GPT(dataclasses.replace(tiny_config, pos_encoding="alibi", attn_backend="flex", attn_window=6)).eval()
+    config = dataclasses.replace(tiny_config, pos_encoding="alibi", attn_backend="flex", attn_window=6, n_layer=1)
+    model = GPT(config).eval()
     idx = torch.randint(0, tiny_config.vocab_size, (2, 40))
     with torch.no_grad():
         compiled, _ = torch.compile(model, backend="eager")(idx)
