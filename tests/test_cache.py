@@ -65,13 +65,13 @@ def run(model: GPT, idx: torch.Tensor, new: int, use_cache: bool, lengths: torch
 
 @pytest.mark.parametrize("config", CASES)
 def test_cached_decoding_gives_the_logits_and_tokens_of_no_cache(config):
-    """Prompt 9 (longer than a window's 5 + 2 slots: a rolling prefill), then 20 tokens: the
-    rolling buffer wraps several times, and every scheme but learned (window 16) passes block_size;
-    learned slides past its window (a prefill of the last 16 each step)."""
+    """Prompt 9 (longer than a window's 5 + 2 slots: a rolling prefill), then 12 tokens: the
+    rolling buffer wraps, and every scheme but learned (window 16) passes block_size; learned slides
+    past its window (a prefill of the last 16 each step)."""
     model = GPT(config).eval()
     prompt = torch.randint(0, config.vocab_size, (2, 9))
-    cached_logits, cached = run(model, prompt, 20, use_cache=True)
-    logits, tokens = run(model, prompt, 20, use_cache=False)
+    cached_logits, cached = run(model, prompt, 12, use_cache=True)
+    logits, tokens = run(model, prompt, 12, use_cache=False)
     assert torch.equal(cached, tokens)
     torch.testing.assert_close(cached_logits, logits, atol=1e-5, rtol=1e-5)
 
@@ -146,16 +146,17 @@ pytest 9.2 monkeypatch's undo deletes a setting of torch's config modules instea
 and the next test that reads it fails with AttributeError."""
 
 
-COMPILE_CASES = [  # every scheme, mask and attention function once, and a score that is not a dot product
+COMPILE_CASES = [  # each decoding path once: a full cache, a rolling one (window and sinks), linear attention's
+    # state, BigBird's full cache with a sparse mask; each kind of position code in the graph (a table, a rotation
+    # with scaling, biases: T5's buckets, FIRE's MLP per layer, none); each attention function; a score that is
+    # not a dot product
     {"pos_encoding": "learned"},
-    {"pos_encoding": "sinusoidal", **MASKS["window"]},
     {"pos_encoding": "rope", "rope_scaling": "yarn", "rope_scaling_factor": 2.0, **MASKS["window+sinks"],
      "attention": "differential", "attn_log_scaling": "learned"},
-    {"pos_encoding": "alibi", "attn_score": "additive"},
-    {"pos_encoding": "t5"},
+    {"pos_encoding": "t5", "attn_score": "additive"},
     {"pos_encoding": "none", "attention": "linear"},
-    {"pos_encoding": "kerple", "attention": "sigmoid"},
-    {"pos_encoding": "fire", "fire_per_layer": True, "fire_width": 4, "n_layer": 2, **MASKS["bigbird"]},  # an MLP each
+    {"pos_encoding": "fire", "fire_per_layer": True, "fire_width": 4, "n_layer": 2, **MASKS["bigbird"],
+     "attention": "sigmoid"},
 ]  # fmt: skip
 
 
@@ -164,29 +165,18 @@ COMPILE_CASES = [  # every scheme, mask and attention function once, and a score
 def test_compiled_generation_is_one_prefill_and_one_decode_graph(fields):
     """No dynamic shapes and a counting backend (no inductor), one layer (the graphs are the model's,
     not a layer's; FIRE per layer: two): 40 new tokens after a 4-token prompt, past block_size 16 for the
-    schemes that extrapolate (a cache of 64, whose position tables grow before decoding; learned: block
-    64), compile the prefill and the decode step; another generation of the same cache size compiles
-    nothing more."""
-    block = 64 if fields["pos_encoding"] == "learned" else CONFIG.block_size
-    model = GPT(dataclasses.replace(CONFIG, block_size=block, **{"n_layer": 1, **fields})).eval()
+    schemes that extrapolate (a cache of 64, whose position tables grow before decoding), compile the
+    prefill and the decode step; another generation of the same cache size compiles nothing more.
+    Learned positions (block 16): 8 tokens, then 40 past the window, whose every step is a prefill of
+    the last 16 tokens: a third graph only."""
+    model = GPT(dataclasses.replace(CONFIG, **{"n_layer": 1, **fields})).eval()
     graphs = _counting_compile(model)
     prompt = torch.randint(0, CONFIG.vocab_size, (1, 4))
-    model.generate(prompt, 40, temperature=0)
+    learned = fields["pos_encoding"] == "learned"
+    model.generate(prompt, 8 if learned else 40, temperature=0)
     assert len(graphs) <= 2
-    if fields["pos_encoding"] == "t5":
-        model.generate(prompt, 30, temperature=0)  # a new cache of the same (bucketed) size
-        assert len(graphs) <= 2
-    torch._dynamo.reset()
-
-
-@STATIC_SHAPES
-def test_a_sliding_learned_window_compiles_a_third_graph_only():
-    """Learned positions past block_size 16: the prompt's prefill, the decode step, and the prefill
-    of the last 16 tokens that every step past the window takes."""
-    model = GPT(dataclasses.replace(CONFIG, n_layer=1, pos_encoding="learned")).eval()
-    graphs = _counting_compile(model)
-    model.generate(torch.randint(0, CONFIG.vocab_size, (1, 4)), 40, temperature=0)
-    assert len(graphs) <= 3
+    model.generate(prompt, 40 if learned else 30, temperature=0)  # a new cache of the same (bucketed) size
+    assert len(graphs) <= (3 if learned else 2)
     torch._dynamo.reset()
 
 
