@@ -71,7 +71,7 @@ def test_same_seed_same_sample_and_the_prompt_is_continued(checkpoint, capsys):
 
 
 def test_cache_and_no_cache_give_the_same_text(checkpoint, capsys):
-    args = ["--ckpt", str(checkpoint), "--prompt", "A fool", "--max_new_tokens", "80", "--temperature", "0"]
+    args = ["--ckpt", str(checkpoint), "--prompt", "A fool", "--max_new_tokens", "40", "--temperature", "0"]
     assert _sample(capsys, *args) == _sample(capsys, *args, "--no_cache", "true")
 
 
@@ -182,7 +182,7 @@ def test_sampled_rows_of_prompts_of_other_lengths_come_in_the_files_order(checkp
 
 
 def test_each_row_stops_at_its_stop_string_and_the_batch_when_all_have(checkpoint, capsys, monkeypatch):
-    common = ["--ckpt", str(checkpoint), "--prompt", "The king", "--num_samples", "4", "--max_new_tokens", "150",
+    common = ["--ckpt", str(checkpoint), "--prompt", "The king", "--num_samples", "4", "--max_new_tokens", "80",
               "--seed", "3"]  # fmt: skip
     full = [row[len("The king") :] for row in _rows(_sample(capsys, *common))]
     expected = [text.split(".")[0] for text in full]
