@@ -41,7 +41,7 @@ VARIANTS = ("[{name: rope-w8, model: {pos_encoding: rope, attn_window: 8, attn_s
 def test_a_tiny_experiment_end_to_end_with_variants_beside_the_schemes_and_reuse(tmp_path, text_file, capsys, caplog):
     """Named variants (RoPE with a window and sinks; dropped positions: RoPE, then none with the log-length
     temperature from step 6 of 8) train and are evaluated like the schemes, over two seeds; a second launch
-    reuses every run and only evaluates."""
+    reuses the runs it asks for and only evaluates."""
     with caplog.at_level(logging.INFO):
         cli.run(experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[learned]", "--variants", VARIANTS))
     lines = caplog.messages  # a study's progress: the plain lines of a run's steps, one per run and step
@@ -69,10 +69,11 @@ def test_a_tiny_experiment_end_to_end_with_variants_beside_the_schemes_and_reuse
     drope = [run for run in doc["runs"] if run["label"] == "drope"]
     assert all(row["ppl"] for run in drope for row in run["results"])  # past block_size too
 
-    cli.run(experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[learned]", "--variants", VARIANTS,
-                                      "--eval.lengths", "[16, 32]"))  # fmt: skip  # evaluation only
+    # evaluation only: the runs of a model the study still has are reused, here those of the scheme alone
+    cli.run(experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[learned]", "--eval.lengths", "[16, 32]"))
     again = json.loads((report / "results.json").read_text())
     assert again["experiment"]["train_wall_s"] == {} and again["settings"]["lengths"] == [16, 32]
+    assert [run["label"] for run in again["runs"]] == ["learned", "learned"]
     argv = _tiny(tmp_path, text_file, "--schemes", "[rope]", "--variants", "[{name: rope}]")
     assert "must not repeat" in cli_error(capsys, experiment.COMMAND, argv)
 
