@@ -41,13 +41,17 @@ class GPTConfig:
     linear: chunked | eager; sigmoid: eager | flex."""
     attention: str = "softmax"
     """Attention function (model.attention.ATTENTIONS): softmax | linear (elu + 1 features, O(T); no score bias or
-    window) | sigmoid (sigmoid(score - ln n), unnormalised) | differential (two softmax maps' difference)."""
+    window) | sigmoid (sigmoid(score - ln n), unnormalised) | differential (two softmax maps' difference) |
+    stick_breaking (each key takes sigmoid(score) of what nearer keys left; eager kernel)."""
     diff_split: Literal["half_heads", "rope_pairs"] = "half_heads"
     """attention='differential': half_heads (two half-heads, each with RoPE built for D / 2, the official code's) or
     rope_pairs (the whole head rotated, its even and odd pairs the two maps; checkpoints before this option)."""
     sigmoid_bias: Literal["train_length", "seen_keys"] = "train_length"
     """attention='sigmoid': n of the bias -ln n: train_length (block_size, the paper's) or seen_keys (the keys each
     query sees; checkpoints before this option)."""
+    sb_remainder: Literal["current", "drop"] = "current"
+    """attention='stick_breaking': what no key takes goes to the query's own value (current, the official code's) or
+    is dropped (drop)."""
     rope_base: float = 10000.0
     """RoPE frequency base (theta): pair i rotates by position * rope_base^(-2i/head_dim)."""
     rope_scaling: RopeScaling = "none"
@@ -122,6 +126,7 @@ class GPTConfig:
         _check_choice("attn_random_draw", self.attn_random_draw, RANDOM_DRAWS)
         _check_choice("diff_split", self.diff_split, ("half_heads", "rope_pairs"))
         _check_choice("sigmoid_bias", self.sigmoid_bias, ("train_length", "seen_keys"))
+        _check_choice("sb_remainder", self.sb_remainder, ("current", "drop"))
         if self.attn_log_scale is not None and not self.attn_log_scale > 0:
             raise ConfigError(f"GPTConfig.attn_log_scale must be positive (or None), got {self.attn_log_scale!r}.")
         if self.attn_log_scaling != "none" and self.attn_log_scale is None and self.block_size < 2:

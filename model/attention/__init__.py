@@ -11,6 +11,7 @@ from model.attention.differential import DifferentialAttention
 from model.attention.linear import LinearAttention, StateCache
 from model.attention.sigmoid import SigmoidAttention
 from model.attention.softmax import SoftmaxAttention
+from model.attention.stick_breaking import StickBreakingAttention
 from model.cache import KVCache
 
 Cache = KVCache | StateCache
@@ -21,8 +22,9 @@ ATTENTIONS: dict[str, type[Attention]] = {
     "linear": LinearAttention,
     "sigmoid": SigmoidAttention,
     "differential": DifferentialAttention,
+    "stick_breaking": StickBreakingAttention,
 }
 """The attention functions by `attention` name: each a layer class with its own kernels."""
 
 __all__ = ["ATTENTIONS", "Attention", "Cache", "DifferentialAttention", "LinearAttention", "SigmoidAttention",
-           "SoftmaxAttention"]  # fmt: skip
+           "SoftmaxAttention", "StickBreakingAttention"]  # fmt: skip
