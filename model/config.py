@@ -42,7 +42,8 @@ class GPTConfig:
     attention: str = "softmax"
     """Attention function (model.attention.ATTENTIONS): softmax | linear (elu + 1 features, O(T); no score bias or
     window) | sigmoid (sigmoid(score - ln n), unnormalised) | differential (two softmax maps' difference) |
-    stick_breaking (each key takes sigmoid(score) of what nearer keys left; eager kernel)."""
+    stick_breaking (each key takes sigmoid(score) of what nearer keys left; eager kernel) | forgetting (FoX: scores
+    decayed by a learned forget gate of the layer input)."""
     diff_split: Literal["half_heads", "rope_pairs"] = "half_heads"
     """attention='differential': half_heads (two half-heads, each with RoPE built for D / 2, the official code's) or
     rope_pairs (the whole head rotated, its even and odd pairs the two maps; checkpoints before this option)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from model.attention.base import Attention
 from model.attention.differential import DifferentialAttention
+from model.attention.forgetting import ForgettingAttention
 from model.attention.linear import LinearAttention, StateCache
 from model.attention.sigmoid import SigmoidAttention
 from model.attention.softmax import SoftmaxAttention
@@ -23,8 +24,9 @@ ATTENTIONS: dict[str, type[Attention]] = {
     "sigmoid": SigmoidAttention,
     "differential": DifferentialAttention,
     "stick_breaking": StickBreakingAttention,
+    "forgetting": ForgettingAttention,
 }
 """The attention functions by `attention` name: each a layer class with its own kernels."""
 
-__all__ = ["ATTENTIONS", "Attention", "Cache", "DifferentialAttention", "LinearAttention", "SigmoidAttention",
-           "SoftmaxAttention", "StickBreakingAttention"]  # fmt: skip
+__all__ = ["ATTENTIONS", "Attention", "Cache", "DifferentialAttention", "ForgettingAttention", "LinearAttention",
+           "SigmoidAttention", "SoftmaxAttention", "StickBreakingAttention"]  # fmt: skip

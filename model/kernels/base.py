@@ -140,6 +140,11 @@ class Kernel:
         """The (B, H, Tq, D) output for (B, H, Tq, D) queries and (B, H, Tk, D) keys and values."""
         raise NotImplementedError
 
+    def decayed(self, context: Any, c_q: Tensor, c_k: Tensor) -> Any:
+        """`context` with c_q[b, h, i] - c_k[b, h, j] added to the scores: one layer's terms of one batch, computed
+        in its forward pass (FoX's forget-gate sums), reaching the kernel through its context."""
+        raise NotImplementedError(f"{type(self).__name__} adds no per-row terms to the scores.")
+
     def __repr__(self) -> str:
         return type(self).__name__
 
