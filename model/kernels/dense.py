@@ -54,7 +54,7 @@ class DenseContext:
         visible = self.mask.visible(self.q_pos[:, None, rows, None], self.k_pos[:, None, None, :])
         visible = visible & (self.k_pos >= 0)[:, None, None, :]
         bias = None
-        if self.bias is not None:
+        if self.bias is not None and self.bias.formula is not None:
             heads = torch.arange(self.n_head, device=self.q_pos.device)[:, None, None]
             query = self.q_ids[:, None, rows, None]
             bias = self.bias(heads, query - self.k_ids[:, None, None, :], query)  # the formula, once
