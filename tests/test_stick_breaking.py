@@ -6,7 +6,6 @@ the remainder on its own value. The causality check (test_kernels.py) and cached
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
 import pytest
@@ -100,25 +99,3 @@ def test_only_the_eager_kernel_runs_it_and_a_window_keeps_a_full_cache():
     model = GPT(dataclasses.replace(CONFIG, attn_window=4))
     assert type(model.kernel(torch.device("cpu"), False, True)).__name__ == "StickBreakingEager"
     assert not model.new_cache(32).rolling  # the product runs over keys in position order
-
-
-def test_it_trains_two_steps_from_the_command_line_samples_and_draws_its_maps(tmp_path, text_file, capsys):
-    import attention_maps as maps_script
-    import sample as sample_script
-    import train as train_script
-    from core import cli
-
-    from helpers import tiny_args
-
-    cli.run(train_script.COMMAND, tiny_args(tmp_path, text_file, "--model.attention", "stick_breaking",
-                                            "--model.pos_encoding", "none", "--train.max_steps", "2"))  # fmt: skip
-    ckpt = tmp_path / "runs" / "tiny" / "last.ckpt"
-    capsys.readouterr()
-    cli.run(sample_script.COMMAND, ["--ckpt", str(ckpt), "--prompt", "The", "--max_new_tokens", "12", "--seed", "1"])
-    assert capsys.readouterr().out.startswith("The")
-    out = tmp_path / "maps"
-    cli.run(maps_script.COMMAND, ["--ckpt", str(ckpt), "--prompt", "The king.", "--layers", "0", "--lengths", "16",
-                                  "--tokens", "32", "--out", str(out), "--progress", "false"])  # fmt: skip
-    weights = torch.tensor(json.loads((out / "results.json").read_text())["prompts"][0]["weights"]["0"])
-    torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]), rtol=1e-4, atol=1e-4)
-    assert (out / "attention_L16.png").is_file()

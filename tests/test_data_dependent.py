@@ -1,0 +1,35 @@
+"""The data-dependent schemes (CoPE, forgetting and stick-breaking attention) from the command line: each
+trains two steps, samples through its KV cache and draws its attention maps (heat maps and attention against
+distance). Their formulas: test_cope.py, test_forgetting.py, test_stick_breaking.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import attention_maps as maps_script
+import sample as sample_script
+import train as train_script
+from core import cli
+
+from helpers import tiny_args
+
+
+@pytest.mark.parametrize("model", [["forgetting", "cope"], ["stick_breaking", "none"]], ids="-".join)
+def test_each_trains_two_steps_from_the_command_line_samples_and_draws_its_maps(tmp_path, text_file, capsys, model):
+    attention, scheme = model
+    cli.run(train_script.COMMAND, tiny_args(tmp_path, text_file, "--model.attention", attention,
+                                            "--model.pos_encoding", scheme, "--train.max_steps", "2"))  # fmt: skip
+    ckpt = tmp_path / "runs" / "tiny" / "last.ckpt"
+    capsys.readouterr()
+    cli.run(sample_script.COMMAND, ["--ckpt", str(ckpt), "--prompt", "The", "--max_new_tokens", "12", "--seed", "1"])
+    assert capsys.readouterr().out.startswith("The")
+    out = tmp_path / "maps"
+    cli.run(maps_script.COMMAND, ["--ckpt", str(ckpt), "--prompt", "The king.", "--layers", "0", "--lengths", "16",
+                                  "--tokens", "32", "--out", str(out), "--progress", "false"])  # fmt: skip
+    doc = json.loads((out / "results.json").read_text())
+    weights = torch.tensor(doc["prompts"][0]["weights"]["0"])  # (heads, T, T): each row sums to 1 (the remainder
+    torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]), rtol=1e-4, atol=1e-4)  # included)
+    assert (out / "attention_L16.png").is_file() and doc["lengths"][0]["length"] == 16
