@@ -4,6 +4,7 @@ distance). Their formulas: test_cope.py, test_forgetting.py, test_stick_breaking
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -33,3 +34,16 @@ def test_each_trains_two_steps_from_the_command_line_samples_and_draws_its_maps(
     weights = torch.tensor(doc["prompts"][0]["weights"]["0"])  # (heads, T, T): each row sums to 1 (the remainder
     torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]), rtol=1e-4, atol=1e-4)  # included)
     assert (out / "attention_L16.png").is_file() and doc["lengths"][0]["length"] == 16
+
+
+@pytest.mark.parametrize("study", ["extrapolation", "synthetic"])
+def test_both_studies_take_cope_by_name_and_the_two_functions_as_variants(study):
+    command = importlib.import_module(f"experiments.{study}").COMMAND
+    variants = ("[{name: fox, model: {attention: forgetting, pos_encoding: none}}, "
+                "{name: sb, model: {attention: stick_breaking, pos_encoding: none}}]")  # fmt: skip
+    config = cli.parse(command, ["--schemes", "cope", "--variants", variants])
+    assert [(m.name, m.model) for m in config.models()] == [
+        ("cope", {"pos_encoding": "cope"}),
+        ("fox", {"attention": "forgetting", "pos_encoding": "none"}),
+        ("sb", {"attention": "stick_breaking", "pos_encoding": "none"}),
+    ]
