@@ -95,3 +95,16 @@ def test_a_shrunk_selective_copy_study_with_the_data_dependent_models(tmp_path):
     ]
     assert (report / "selective_copy_depth.png").stat().st_size > 0
     assert "blanks per symbol" in (report / "results.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["flipflop", "counting", "selective_copy"])
+def test_the_shipped_study_configs_hold_their_longest_training_example(name):
+    config = cli.parse(
+        synthetic.COMMAND, ["--config", str(Path(__file__).parents[1] / "configs" / f"synthetic_{name}.yaml")]
+    )
+    assert config.task.name == name
+    assert [m.name for m in config.models()] == ["rope", "alibi", "none", "cope", "fox", "stick-breaking"]
+    rng = random.Random(0)
+    longest = max(len(e.prompt) + len(e.answer) - 1 for e in [make_example(config.task, rng, config.task.train_max)
+                                                                for _ in range(500)])  # fmt: skip
+    assert longest <= config.run.model.block_size
