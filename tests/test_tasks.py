@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from core import cli
 from data.tasks import TaskConfig, encode, eval_set, make_example, tokenizer_for
@@ -75,26 +74,29 @@ def test_flipflop_and_counting_are_scored_per_length_and_ignore_rate():
         assert all(0.0 <= r["accuracy"] <= 1.0 for r in rows)
 
 
-def test_a_shrunk_selective_copy_study_with_the_data_dependent_models(tmp_path):
+def test_a_shrunk_flipflop_study_of_cope_and_forgetting_attention(tmp_path):
+    """`python -m experiments.synthetic` on a task scored per length and ignore probability: each model trained
+    from the command line and tested with its KV cache."""
     args = [
-        "--config", str(Path(__file__).parents[1] / "configs" / "synthetic_copy.yaml"),
-        "--out_dir", str(tmp_path / "report"),
-        "--task.name", "selective_copy", "--task.train_min", "4", "--task.train_max", "6",
-        "--task.eval_lengths", "[6,12]", "--task.test_size", "3", "--schemes", "[cope]",
+        "--config", str(Path(__file__).parents[1] / "configs" / "synthetic_flipflop.yaml"),
+        "--out_dir", str(tmp_path / "report"), "--task.train_max", "8", "--task.eval_lengths", "[8,16]",
+        "--task.test_size", "3", "--schemes", "[cope]",
         "--variants", "[{name: fox, model: {attention: forgetting, pos_encoding: none}}]",
-        "--seeds", "[1]", "--run.model.block_size", "32", "--run.model.n_layer", "1", "--run.model.n_embd", "32",
+        "--run.model.block_size", "16", "--run.model.n_layer", "1", "--run.model.n_embd", "32",
         "--run.train.max_steps", "3", "--run.train.eval_interval", "3", "--run.train.logger", "none",
     ]  # fmt: skip
-    torch.manual_seed(0)
     cli.run(synthetic.COMMAND, args)
     report = tmp_path / "report"
     doc = json.loads((report / "results.json").read_text())
-    assert [r["label"] for r in doc["runs"]] == ["cope", "fox"]
-    assert [(r["length"], r["depth"]) for r in doc["runs"][0]["results"]] == [
-        (n, d) for n in (6, 12) for d in (0.5, 1.0, 2.0)
+    assert [(r["label"], r["pos_encoding"], r["model"]["attention"]) for r in doc["runs"]] == [
+        ("cope", "cope", "softmax"),
+        ("fox", "none", "forgetting"),
     ]
-    assert (report / "selective_copy_depth.png").stat().st_size > 0
-    assert "blanks per symbol" in (report / "results.md").read_text()
+    assert [(r["length"], r["depth"]) for r in doc["runs"][1]["results"]] == [
+        (n, d) for n in (8, 16) for d in (0.1, 0.8, 0.98)
+    ]
+    assert (report / "flipflop_depth.png").stat().st_size > 0
+    assert "ignore probability" in (report / "results.md").read_text()
 
 
 @pytest.mark.parametrize("name", ["flipflop", "counting", "selective_copy"])
