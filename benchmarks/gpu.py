@@ -56,6 +56,8 @@ SCHEMES: dict[str, dict[str, Any]] = {
     "bigbird": {"pos_encoding": "rope", "attn_random_blocks": 3, "attn_sparse_block": 64},  # + the window's
     "sigmoid": {"pos_encoding": "rope", "attention": "sigmoid"},
     "differential": {"pos_encoding": "rope", "attention": "differential"},
+    "stick_breaking": {"pos_encoding": "none", "attention": "stick_breaking"},
+    "forgetting": {"pos_encoding": "none", "attention": "forgetting"},
 }
 """Row labels and the model settings of each."""
 WINDOWED = ("window", "bigbird")
@@ -81,7 +83,7 @@ class GpuBenchConfig:
 
     schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
     """Rows of ours: every position scheme by name, fire-per-layer, window (RoPE + --window and --sinks), bigbird
-    (that + random blocks), sigmoid, differential."""
+    (that + random blocks), sigmoid, differential, stick_breaking and forgetting (the last two without positions)."""
     shapes: list[str] | None = None
     """Batch x context, e.g. 16x1024 (default: 16x1024 32x1024 4x4096 1x16384 1x32768 on a GPU, 4x64 on a CPU)."""
     model: Literal["auto", "gpt2", "tiny"] = "auto"

@@ -6,6 +6,7 @@ answer tokens only (targets -1 elsewhere), and a model is scored by exact match 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -30,7 +31,7 @@ class TaskConfig:
     """A synthetic task, its training lengths and its test sets."""
 
     name: str = "copy"
-    """A key of `TASKS`: copy, reverse, recall (associative recall) or passkey."""
+    """A key of `TASKS`: copy, reverse, recall (associative recall), passkey, flipflop, counting or selective_copy."""
     train_min: int = 4
     """Shortest training length n (symbols for copy/reverse, pairs for recall, characters for passkey)."""
     train_max: int = 20
@@ -42,9 +43,11 @@ class TaskConfig:
     val_size: int = 256
     """Validation examples, at training lengths (the loss logged during training)."""
     symbols: int = 10
-    """Alphabet of copy and reverse (at most 26 letters), keys of recall (at most 51), digits of passkey's key."""
-    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    """passkey: where the key sits in the filler, 0 = start, 1 = end (training draws it uniformly)."""
+    """Alphabet of copy, reverse and selective_copy (at most 26 letters), keys of recall (at most 51), digits of
+    passkey's key, variables of counting (at most 26)."""
+    depths: list[float] | None = None
+    """The test sets' second axis (None: the task's own). passkey: where the key sits, 0 = start, 1 = end; flipflop:
+    the probability of an ignore; selective_copy: blanks per symbol."""
     seed: int = 0
     """Seed of the test and validation sets (training examples come from train.seed)."""
 
@@ -60,13 +63,24 @@ class TaskConfig:
         limit = TASKS[self.name].alphabet
         if not 2 <= self.symbols <= limit:
             raise ValueError(f"task.symbols for {self.name} must be in 2..{limit}, got {self.symbols}.")
-        TASKS[self.name].check(self)
-        if any(not 0.0 <= d <= 1.0 for d in self.depths) or not self.depths:
-            raise ValueError(f"task.depths must lie in [0, 1], got {self.depths}.")
+        task = TASKS[self.name]
+        task.check(self)
+        low, high = task.depth_range
+        if any(not low <= d <= high for d in self.test_depths) or not self.test_depths:
+            raise ValueError(f"task.depths ({task.depth_label}) must lie in [{low:g}, {high:g}], got {self.depths}.")
+
+    @property
+    def test_depths(self) -> list[float]:
+        """`depths`, or the task's own."""
+        return list(TASKS[self.name].default_depths) if self.depths is None else list(self.depths)
+
+    def resolved(self) -> TaskConfig:
+        """This task with its depths written out (what studies record)."""
+        return dataclasses.replace(self, depths=self.test_depths)
 
     def fingerprint(self) -> str:
         """Identifies the task and its data (what a resumed run must share)."""
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(asdict(self.resolved()), sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,8 @@ class Example:
     answer: str
     length: int
     depth: float | None = None
+    also: tuple[int, ...] = ()
+    """Indices of prompt characters that are targets too in training (flip-flop's earlier reads)."""
 
 
 class Task:
@@ -82,7 +98,10 @@ class Task:
 
     alphabet: int  # the most symbols (`task.symbols`) it can draw from
     unit = "items"  # what the length n counts (the x axis of the report)
-    depths = False  # whether each test length is scored at every `task.depths` (the key's place in the text)
+    depths = False  # whether each test length is scored at every `task.depths` (a second axis of the test sets)
+    depth_label = "depth"  # what that axis is, in the report
+    default_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    depth_range = (0.0, 1.0)
 
     def vocabulary(self, task: TaskConfig) -> str:
         raise NotImplementedError
@@ -159,7 +178,113 @@ class Passkey(Task):
             raise ValueError(f"passkey lengths count characters; task.train_min must be at least {shortest}.")
 
 
-TASKS: dict[str, Task] = {"copy": Copy(), "reverse": Copy(reverse=True), "recall": Recall(), "passkey": Passkey()}
+class FlipFlop(Task):
+    """Flip-flop language modelling (Liu et al., NeurIPS 2023): n instructions of an op and a bit, w (write),
+    i (ignore) or r (read), the first a write and the last a read; a read's bit is the last write's. Ignores come
+    with probability p (`depths`; training 0.8, their train set), writes and reads share the rest; the bits after
+    the earlier reads are training targets too, the last read's bit is the answer."""
+
+    alphabet = len(SYMBOLS)  # (task.symbols is not used: the bits are its symbols)
+    unit = "instructions"
+    depths = True
+    depth_label = "ignore probability"
+    default_depths = (0.1, 0.8, 0.98)  # their dense test, in-distribution and sparse test sets
+    depth_range = (0.0, 0.99)
+    TRAIN_IGNORE = 0.8
+
+    def vocabulary(self, task: TaskConfig) -> str:
+        return "wir01"
+
+    def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
+        ignore = self.TRAIN_IGNORE if depth is None else depth
+        ops = ["w"] + [rng.choices("iwr", (ignore, (1 - ignore) / 2, (1 - ignore) / 2))[0] for _ in range(n - 2)]
+        text, also, memory = [], [], "0"
+        for op in [*ops, "r"]:
+            bit = memory if op == "r" else rng.choice("01")
+            memory = bit if op == "w" else memory
+            text.append(op + bit)
+            if op == "r":
+                also.append(2 * len(text) - 1)
+        prompt = "".join(text)
+        return Example(prompt[:-1], prompt[-1], n, depth, tuple(also[:-1]))
+
+    def check(self, task: TaskConfig) -> None:
+        if task.train_min < 2:
+            raise ValueError("flipflop needs at least 2 instructions (a write and a read): task.train_min >= 2.")
+
+
+class Counting(Task):
+    """Counting as in the CoPE paper (Golovneva et al. 2024; the authors' generator, facebookresearch/RAM
+    projects/cope `count_data_gen.py`): n steps, each `x=0;` (set a variable), `p` (pass) or `x+` (increment a
+    set one, at most to 10), drawn 1 : 50 : 7, a draw that cannot be done drawn again; then `?x` asks for a set
+    variable's value. One character per token of theirs (`pass;` is `p`), but 10 is two."""
+
+    alphabet = len(SYMBOLS)
+    unit = "steps"
+    MAX_VALUE = 10
+    WEIGHTS = {"set": 1, "pass": 50, "inc": 7}
+
+    def vocabulary(self, task: TaskConfig) -> str:
+        return SYMBOLS[: task.symbols] + "=;p+?" + DIGITS
+
+    def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
+        names = SYMBOLS[: task.symbols]
+        while True:  # their generator retries a sample that asks nothing (no variable set)
+            values: dict[str, int] = {}
+            text = []
+            for _ in range(n):
+                while True:
+                    op = rng.choices(list(self.WEIGHTS), list(self.WEIGHTS.values()))[0]
+                    if op == "set":
+                        name = rng.choice(names)
+                        values[name] = 0
+                        text.append(f"{name}=0;")
+                    elif op == "pass":
+                        text.append("p")
+                    elif values and values[name := rng.choice(sorted(values))] < self.MAX_VALUE:
+                        values[name] += 1
+                        text.append(f"{name}+")
+                    else:
+                        continue
+                    break
+            if values:
+                name = rng.choice(sorted(values))
+                return Example("".join(text) + "?" + name, str(values[name]), n)
+
+
+class SelectiveCopy(Task):
+    """Selective copy (Gu and Dao 2023, as the CoPE paper uses it): `^`, n symbols scattered among blanks `.`,
+    `|` -> the n symbols in order. Blanks per symbol are `depths` (training 1: their 128 among 128; tests dense 0.5
+    and sparse 2)."""
+
+    alphabet = len(SYMBOLS)
+    depths = True
+    depth_label = "blanks per symbol"
+    default_depths = (0.5, 1.0, 2.0)
+    depth_range = (0.0, 16.0)
+
+    def vocabulary(self, task: TaskConfig) -> str:
+        return BOS + SEP + "." + SYMBOLS[: task.symbols]
+
+    def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
+        symbols = [rng.choice(SYMBOLS[: task.symbols]) for _ in range(n)]
+        cells = symbols + ["."] * round(n * (1.0 if depth is None else depth))
+        places = sorted(rng.sample(range(len(cells)), n))  # where the symbols go, in order
+        row = ["."] * len(cells)
+        for place, symbol in zip(places, symbols, strict=True):
+            row[place] = symbol
+        return Example(BOS + "".join(row) + SEP, "".join(symbols), n, depth)
+
+
+TASKS: dict[str, Task] = {
+    "copy": Copy(),
+    "reverse": Copy(reverse=True),
+    "recall": Recall(),
+    "passkey": Passkey(),
+    "flipflop": FlipFlop(),
+    "counting": Counting(),
+    "selective_copy": SelectiveCopy(),
+}
 
 
 def tokenizer_for(task: TaskConfig) -> CharTokenizer:
@@ -193,8 +318,10 @@ def encode(tokenizer: CharTokenizer, examples: list[Example], pad: int = 0) -> t
     T = max(len(p) + len(a) for p, a in rows) - 1
     x = np.full((len(rows), T), pad, dtype=np.int64)
     y = np.full((len(rows), T), -1, dtype=np.int64)
-    for i, (prompt, answer) in enumerate(rows):
+    for i, ((prompt, answer), example) in enumerate(zip(rows, examples, strict=True)):
         ids = prompt + answer
         x[i, : len(ids) - 1] = ids[:-1]
         y[i, len(prompt) - 1 : len(ids) - 1] = answer  # the position before each answer token predicts it
+        for j in example.also:
+            y[i, j - 1] = prompt[j]
     return x, y

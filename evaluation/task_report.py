@@ -41,7 +41,8 @@ def _cell(values: list[float | None]) -> str:
 def markdown_table(doc: dict[str, Any]) -> str:
     task, lengths = doc["task"], doc["task"]["eval_lengths"]
     lines = [f"# {task['name']}: exact-match accuracy (%) against length", ""]
-    per = " and depth (cells: mean over depths)" if TASKS[task["name"]].depths else ""
+    kind = TASKS[task["name"]]
+    per = f" and {kind.depth_label} (cells: mean over them)" if kind.depths else ""
     lines.append(f"- trained on lengths {task['train_min']}-{task['train_max']}; {task['test_size']} test "
                  f"examples per length{per}")  # fmt: skip
     lines.append("- greedy decoding with the KV cache; n/a: learned positions cannot reach that length")
@@ -85,7 +86,8 @@ def accuracy_figure(doc: dict[str, Any]) -> plt.Figure:
 
 
 def depth_figure(doc: dict[str, Any]) -> plt.Figure:
-    """Passkey: accuracy over length x depth, one panel per model (mean over seeds)."""
+    """A task with depths (passkey, flip-flop, selective copy): accuracy over length x depth, one panel per model
+    (mean over seeds)."""
     task = doc["task"]
     lengths, depths = task["eval_lengths"], task["depths"]
     groups = _by_label(doc)
@@ -105,11 +107,11 @@ def depth_figure(doc: dict[str, Any]) -> plt.Figure:
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
         ax.set_title(label, fontsize=9)
         ax.set_xlabel(f"length ({TASKS[doc['task']['name']].unit})", fontsize=8)
-        ax.set_ylabel("depth", fontsize=8)
+        ax.set_ylabel(TASKS[doc["task"]["name"]].depth_label, fontsize=8)
     for ax in list(axes.flat)[len(groups) :]:
         ax.axis("off")
     fig.colorbar(image, ax=axes, shrink=0.7, label="accuracy (%)")
-    fig.suptitle(f"{doc['task']['name']}: accuracy by length and depth", fontsize=10)
+    fig.suptitle(f"{doc['task']['name']}: accuracy by length and {TASKS[doc['task']['name']].depth_label}", fontsize=10)
     return fig
 
 

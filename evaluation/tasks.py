@@ -40,7 +40,7 @@ def evaluate_task(
     depths); a length that learned positions cannot reach is n/a."""
     model.eval()
     rows = []
-    depths: list[float | None] = list(task.depths) if TASKS[task.name].depths else [None]
+    depths: list[float | None] = list(task.test_depths) if TASKS[task.name].depths else [None]
     for n in task.eval_lengths:
         for depth in depths:
             examples = eval_set(task, n, depth)

@@ -71,6 +71,7 @@ class SyntheticConfig(Study):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.task = self.task.resolved()  # the task's own depths written out, in every record
         longest = max(len(e.prompt) + len(e.answer) - 1 for e in eval_set(self.task, self.task.train_max, size=8))
         if longest > self.run.model.block_size:
             raise ValueError(

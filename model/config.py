@@ -35,19 +35,25 @@ class GPTConfig:
     bias: bool = True
     """Biases in Linear and LayerNorm layers, as GPT-2 has; False is slightly faster and as good."""
     pos_encoding: str = "learned"
-    """Position scheme (model.positions.SCHEMES): learned | sinusoidal | rope | alibi | t5 | kerple | fire | none."""
+    """Position scheme (model.positions.SCHEMES): learned | sinusoidal | rope | alibi | t5 | kerple | fire | cope |
+    none."""
     attn_backend: str = "auto"
     """Attention kernel: auto (fastest correct one) or one of the attention function's: eager | sdpa | flex (CUDA);
     linear: chunked | eager; sigmoid: eager | flex."""
     attention: str = "softmax"
     """Attention function (model.attention.ATTENTIONS): softmax | linear (elu + 1 features, O(T); no score bias or
-    window) | sigmoid (sigmoid(score - ln n), unnormalised) | differential (two softmax maps' difference)."""
+    window) | sigmoid (sigmoid(score - ln n), unnormalised) | differential (two softmax maps' difference) |
+    stick_breaking (each key takes sigmoid(score) of what nearer keys left; eager kernel) | forgetting (FoX: scores
+    decayed by a learned forget gate of the layer input)."""
     diff_split: Literal["half_heads", "rope_pairs"] = "half_heads"
     """attention='differential': half_heads (two half-heads, each with RoPE built for D / 2, the official code's) or
     rope_pairs (the whole head rotated, its even and odd pairs the two maps; checkpoints before this option)."""
     sigmoid_bias: Literal["train_length", "seen_keys"] = "train_length"
     """attention='sigmoid': n of the bias -ln n: train_length (block_size, the paper's) or seen_keys (the keys each
     query sees; checkpoints before this option)."""
+    sb_remainder: Literal["current", "drop"] = "current"
+    """attention='stick_breaking': what no key takes goes to the query's own value (current, the official code's) or
+    is dropped (drop)."""
     rope_base: float = 10000.0
     """RoPE frequency base (theta): pair i rotates by position * rope_base^(-2i/head_dim)."""
     rope_scaling: RopeScaling = "none"
@@ -67,6 +73,12 @@ class GPTConfig:
     """pos_encoding='fire': hidden ReLU units of the MLP that maps a normalized distance to each head's bias."""
     fire_per_layer: bool = False
     """pos_encoding='fire': one c, L and MLP per layer (the paper's FIRE), not one shared by all (its FIRE-S)."""
+    cope_positions: int | None = None
+    """pos_encoding='cope': how many positions its tables hold, counts past the last clamped (None: block_size + 1,
+    the authors' default)."""
+    cope_divide: bool = True
+    """pos_encoding='cope': the position term divided by sqrt(d) with q.k (the authors' training code); false adds
+    it undivided (the paper's appendix code)."""
     attn_score: str = "scaled_dot"
     """Scoring function (model.scores.SCORES): scaled_dot (q.k / sqrt(D)) | dot | general (q.W k, W learned per head)
     | additive (v.tanh(Wq q + Wk k); eager kernel only)."""
@@ -122,6 +134,9 @@ class GPTConfig:
         _check_choice("attn_random_draw", self.attn_random_draw, RANDOM_DRAWS)
         _check_choice("diff_split", self.diff_split, ("half_heads", "rope_pairs"))
         _check_choice("sigmoid_bias", self.sigmoid_bias, ("train_length", "seen_keys"))
+        _check_choice("sb_remainder", self.sb_remainder, ("current", "drop"))
+        if self.cope_positions is not None and (isinstance(self.cope_positions, bool) or self.cope_positions < 2):
+            raise ConfigError(f"GPTConfig.cope_positions must be at least 2 (or None), got {self.cope_positions!r}.")
         if self.attn_log_scale is not None and not self.attn_log_scale > 0:
             raise ConfigError(f"GPTConfig.attn_log_scale must be positive (or None), got {self.attn_log_scale!r}.")
         if self.attn_log_scaling != "none" and self.attn_log_scale is None and self.block_size < 2:

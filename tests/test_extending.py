@@ -62,10 +62,11 @@ def test_the_new_kernel_is_validated_chosen_and_matched_against_eager(registered
     cases = {label: (case, name) for label, case, name, _ in parity_cases(TINY) if name == "math"}
     other_dot_scores = [name for name, score in SCORES.items() if score.dot_product and name != "scaled_dot"]
     # every scheme, with no mask and each of test_kernels' masks; each other dot-product score (dot, general)
-    # on 3 schemes; for each function whose kernels are softmax's (softmax, differential)
+    # on 3 schemes; for each function whose kernels are softmax's (softmax, differential, forgetting)
     functions = [name for name, layer in ATTENTIONS.items() if layer.kernels is KERNELS]
-    per_function = 3 * len(other_dot_scores) + len(SCHEMES)  # the scores on 3 schemes; every scheme unmasked
-    masked = len(SCHEMES) + (len(functions) - 1) * len(test_kernels.SCORE_SCHEMES)  # softmax: every scheme
+    fused = [name for name, scheme in SCHEMES.items() if not scheme.contextual]  # CoPE: kernels that form scores
+    per_function = 3 * len(other_dot_scores) + len(fused)  # the scores on 3 schemes; every scheme unmasked
+    masked = len(fused) + (len(functions) - 1) * len(test_kernels.SCORE_SCHEMES)  # softmax: every scheme
     assert len(cases) == len(functions) * per_function + masked * len(test_kernels.MASKS)
     for case in cases.values():
         assert_matches_reference(*case)

@@ -119,7 +119,9 @@ def test_auto_alibi_trains_through_compiled_flex_on_cuda(gpu_config):
     [{"pos_encoding": "t5"}, {"pos_encoding": "kerple"}, {"pos_encoding": "fire"},
      {"pos_encoding": "fire", "fire_per_layer": True},
      {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4}, {"pos_encoding": "alibi", "attn_window": 64},
-     {"pos_encoding": "rope", "attn_window": 32, "attn_sinks": 4, "attn_random_blocks": 2, "attn_sparse_block": 16}],
+     {"pos_encoding": "rope", "attn_window": 32, "attn_sinks": 4, "attn_random_blocks": 2, "attn_sparse_block": 16},
+     {"pos_encoding": "none", "attention": "forgetting"},
+     {"pos_encoding": "alibi", "attention": "forgetting", "attn_window": 64, "attn_sinks": 4}],
 )  # fmt: skip
 def test_flex_learned_bias_and_window_masks_match_eager_with_gradients_on_cuda(gpu_config, extra):
     """Only a GPU runs FlexAttention's backward: the T5 table's gradient (a captured tensor read by
@@ -138,6 +140,8 @@ def test_flex_learned_bias_and_window_masks_match_eager_with_gradients_on_cuda(g
         assert model.pe.table.grad.abs().sum() > 0
     if config.pos_encoding == "kerple":
         assert model.pe.r1.grad.abs().sum() > 0 and model.pe.r2.grad.abs().sum() > 0
+    if config.attention == "forgetting":  # the forget gates' sums, captured by the score_mod, carry gradients
+        assert model.blocks[0].attn.fgate.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("scheme", ["alibi", "t5", "rope"])

@@ -105,7 +105,9 @@ def test_the_matrix_covers_every_kernel_scheme_mask_and_score():
             mine = [label for label in labels if label.startswith(f"{function}-{name}-")]
             assert mine, f"{function}-{name} is never checked"
             if kernel.sparse_masks:
-                expected = len(SCHEMES) if every_scheme_masked(function, kernel) else len(SCORE_SCHEMES)
+                schemes = SCHEMES if every_scheme_masked(function, kernel) else SCORE_SCHEMES
+                fields = {"attention": function, "attn_backend": name, **MASKS["window+sinks"]}
+                expected = sum(runnable(TINY, pos_encoding=s, **fields) is not None for s in schemes)
                 assert sum(label.endswith("-window+sinks") for label in mine) == expected
     assert {"softmax-sdpa-alibi-dot", "softmax-sdpa-t5-window", "linear-chunked-rope-causal"} <= set(labels)
 
@@ -282,9 +284,9 @@ def _checked_backward(gm: torch.fx.GraphModule, inputs: list) -> Any:
     return make_boxed_func(gm)
 
 
-LEARNED_BIASES = [{"pos_encoding": name} for name, scheme in SCHEMES.items() if scheme.learned_bias] + [
-    {"pos_encoding": "fire", "fire_per_layer": True, "n_layer": 2}
-]
+LEARNED_BIASES = [
+    {"pos_encoding": name} for name, scheme in SCHEMES.items() if scheme.learned_bias and not scheme.contextual
+] + [{"pos_encoding": "fire", "fire_per_layer": True, "n_layer": 2}]
 
 
 @pytest.mark.parametrize("fields", LEARNED_BIASES, ids=lambda f: "-".join(map(str, f.values())))

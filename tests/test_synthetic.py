@@ -32,7 +32,11 @@ TASKS = {
     "reverse": TaskConfig(name="reverse", train_min=3, train_max=9, eval_lengths=[4, 12]),
     "recall": TaskConfig(name="recall", train_min=2, train_max=8, eval_lengths=[4, 12], symbols=20),
     "passkey": TaskConfig(name="passkey", train_min=64, train_max=160, eval_lengths=[100, 300]),
+    "flipflop": TaskConfig(name="flipflop", train_min=2, train_max=12, eval_lengths=[8, 24]),
+    "counting": TaskConfig(name="counting", train_min=3, train_max=12, eval_lengths=[10, 40], symbols=3),
+    "selective_copy": TaskConfig(name="selective_copy", train_min=3, train_max=9, eval_lengths=[4, 12]),
 }
+COUNTING_STEP = re.compile(r"[a-z]=0;|p|[a-z]\+")
 
 
 def test_every_registered_task_has_a_test_config_here():
@@ -51,6 +55,24 @@ def expected_answer(name: str, prompt: str) -> str:
         table = {pairs[i]: pairs[i + 1] for i in range(0, len(pairs), 2)}
         assert len(table) == len(pairs) // 2  # distinct keys
         return table[query]
+    if name == "flipflop":  # the bit of the last write
+        ops, bits = prompt[0::2], prompt[1::2]
+        assert ops[0] == "w" and ops[-1] == "r" and set(ops) <= set("wir")
+        return bits[ops.rindex("w")]
+    if name == "counting":  # the program run
+        program, asked = prompt.split("?")
+        values: dict[str, int] = {}
+        assert "".join(COUNTING_STEP.findall(program)) == program
+        for step in COUNTING_STEP.findall(program):
+            if step.endswith("+"):
+                values[step[0]] += 1  # a set variable, never past 10
+                assert values[step[0]] <= 10
+            elif step != "p":
+                values[step[0]] = 0
+        return str(values[asked])
+    if name == "selective_copy":
+        assert prompt[0] == "^" and prompt[-1] == "|"
+        return prompt[1:-1].replace(".", "")
     found = re.findall(r"The pass key is (\d+)\.", prompt)
     assert len(found) == 1 and prompt.endswith("What is the pass key? ")
     return found[0]
@@ -70,7 +92,8 @@ def test_every_answer_is_right_and_lengths_are_as_configured(name):
         assert max(lengths.values()) < 2.5 * min(lengths.values())
     for e in examples[:50]:
         n = {"copy": len(e.answer), "reverse": len(e.answer), "recall": (len(e.prompt) - 3) // 2,
-             "passkey": len(e.prompt) + len(e.answer)}[name]  # fmt: skip
+             "passkey": len(e.prompt) + len(e.answer), "flipflop": (len(e.prompt) + 1) // 2,
+             "counting": len(COUNTING_STEP.findall(e.prompt)), "selective_copy": len(e.answer)}[name]  # fmt: skip
         assert n == e.length
     tokenizer = tokenizer_for(task)
     assert tokenizer.decode(tokenizer.encode(examples[0].prompt)) == examples[0].prompt

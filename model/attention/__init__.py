@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from model.attention.base import Attention
 from model.attention.differential import DifferentialAttention
+from model.attention.forgetting import ForgettingAttention
 from model.attention.linear import LinearAttention, StateCache
 from model.attention.sigmoid import SigmoidAttention
 from model.attention.softmax import SoftmaxAttention
+from model.attention.stick_breaking import StickBreakingAttention
 from model.cache import KVCache
 
 Cache = KVCache | StateCache
@@ -21,8 +23,10 @@ ATTENTIONS: dict[str, type[Attention]] = {
     "linear": LinearAttention,
     "sigmoid": SigmoidAttention,
     "differential": DifferentialAttention,
+    "stick_breaking": StickBreakingAttention,
+    "forgetting": ForgettingAttention,
 }
 """The attention functions by `attention` name: each a layer class with its own kernels."""
 
-__all__ = ["ATTENTIONS", "Attention", "Cache", "DifferentialAttention", "LinearAttention", "SigmoidAttention",
-           "SoftmaxAttention"]  # fmt: skip
+__all__ = ["ATTENTIONS", "Attention", "Cache", "DifferentialAttention", "ForgettingAttention", "LinearAttention",
+           "SigmoidAttention", "SoftmaxAttention", "StickBreakingAttention"]  # fmt: skip

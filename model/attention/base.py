@@ -101,6 +101,7 @@ class Attention(nn.Module):
         """What a forward pass with scheme `pe`, `mask` and `score` asks of the kernels (no device: any)."""
         return Needs(
             score_bias=pe.score_bias,
+            scores_term=pe.contextual,
             bias_gradients=pe.learned_bias and needs_grad,
             dropout=dropout_active and cls.drops_weights,
             backward_on=device.type if needs_grad and device is not None else None,

@@ -11,7 +11,7 @@ from model.attention.base import Attention
 from model.cache import KVCache, LayerCache
 from model.kernels import KERNELS, Plan, Step
 from model.masks import AttentionMask
-from model.positions import PositionEncoding
+from model.positions import SCHEMES, PositionEncoding
 from model.scores import LogLengthScale
 
 if TYPE_CHECKING:
@@ -60,6 +60,8 @@ class SoftmaxAttention(Attention):
 
     @classmethod
     def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
+        if SCHEMES[config.pos_encoding].contextual:  # its positions count keys in position order: never rolled
+            return KVCache(config.n_layer, capacity)
         return KVCache(config.n_layer, capacity, mask)
 
     @classmethod

@@ -77,12 +77,16 @@ class Needs:
     """The score is a scaled dot product (`Score.dot_product`)."""
     head_size: int | None = None
     """The head size the kernel sees (the model's; half of it for differential attention); None: any."""
+    scores_term: bool = False
+    """A position term computed from the scores (`ScoreBias.from_scores`)."""
 
     def unmet(self, kernel: Kernel) -> list[Lack]:
         """What `kernel` cannot do of these needs."""
         missing = []
         if self.score_bias and not kernel.score_bias:
             missing.append(Lack("a position score bias", "pos_encoding"))
+        if self.scores_term and not kernel.scores_term:
+            missing.append(Lack("positions computed from the scores", "pos_encoding"))
         if self.bias_gradients and not kernel.bias_gradients:
             missing.append(Lack("gradients through a learned score bias", "pos_encoding"))
         if self.dropout and not kernel.dropout:
@@ -124,6 +128,8 @@ class Kernel:
     """Forms the attention weights, handing them to `on_weights` (the reference path of its function)."""
     any_score: bool = False
     """Runs any scoring function, not only a scaled dot product."""
+    scores_term: bool = False
+    """Adds a term computed from the scores where it forms them (`ScoreBias.from_scores`)."""
 
     def rank(self, needs: Needs, device: torch.device) -> float:
         """Preference of `auto` among the kernels that can run `needs` on `device`: lowest first."""
@@ -139,6 +145,11 @@ class Kernel:
     ) -> Tensor:  # fmt: skip
         """The (B, H, Tq, D) output for (B, H, Tq, D) queries and (B, H, Tk, D) keys and values."""
         raise NotImplementedError
+
+    def decayed(self, context: Any, c_q: Tensor, c_k: Tensor) -> Any:
+        """`context` with c_q[b, h, i] - c_k[b, h, j] added to the scores: one layer's terms of one batch, computed
+        in its forward pass (FoX's forget-gate sums), reaching the kernel through its context."""
+        raise NotImplementedError(f"{type(self).__name__} adds no per-row terms to the scores.")
 
     def __repr__(self) -> str:
         return type(self).__name__

@@ -23,7 +23,8 @@ DENSE_ELEMENTS = 1 << 24
 class DenseContext:
     """What eager and SDPA need of one forward pass: the positions the mask sees (`q_pos` (Bq, Tq), `k_pos`
     (Bk, Tk), -1 an empty slot), those the bias sees (`q_ids`, `k_ids`), the whole mask and bias when small
-    (`whole`); `plain`: causal with no bias, which SDPA runs with no mask at all."""
+    (`whole`); `plain`: causal with no bias, which SDPA runs with no mask at all; `decay`: one layer's
+    per-row sums (c_q (B, H, Tq), c_k (B, H, Tk)) whose difference c_i - c_j is added to the scores (FoX)."""
 
     bias: ScoreBias | None
     mask: AttentionMask
@@ -34,12 +35,15 @@ class DenseContext:
     k_ids: Tensor
     plain: bool
     whole: tuple[Tensor | None, Tensor | None] | None = None
+    decay: tuple[Tensor, Tensor] | None = None
 
     @property
     def rows_per_block(self) -> int:
         """Query rows whose mask and bias stay within `DENSE_ELEMENTS`."""
-        batch = max(self.q_pos.size(0), self.k_pos.size(0), self.q_ids.size(0))
-        heads = self.bias.elements if self.bias is not None else 1
+        batch = max(
+            self.q_pos.size(0), self.k_pos.size(0), self.q_ids.size(0), self.decay[0].size(0) if self.decay else 1
+        )
+        heads = (self.bias.elements if self.bias is not None else 1) + (self.n_head if self.decay else 0)
         return max(1, DENSE_ELEMENTS // (batch * heads * self.k_pos.size(-1)))
 
     def block(self, rows: slice) -> tuple[Tensor | None, Tensor | None]:
@@ -50,10 +54,15 @@ class DenseContext:
         visible = self.mask.visible(self.q_pos[:, None, rows, None], self.k_pos[:, None, None, :])
         visible = visible & (self.k_pos >= 0)[:, None, None, :]
         bias = None
-        if self.bias is not None:
+        if self.bias is not None and self.bias.formula is not None:
             heads = torch.arange(self.n_head, device=self.q_pos.device)[:, None, None]
             query = self.q_ids[:, None, rows, None]
             bias = self.bias(heads, query - self.k_ids[:, None, None, :], query)  # the formula, once
+        if self.decay is not None:
+            c_q, c_k = self.decay
+            term = c_q[:, :, rows, None] - c_k[:, :, None, :]
+            bias = term if bias is None else bias + term
+        if bias is not None:
             bias = bias.masked_fill(~visible, float("-inf"))
         return (None if self.plain else visible), bias
 
@@ -77,6 +86,11 @@ def dense_context(bias: ScoreBias | None, mask: AttentionMask, step: Step, short
     if context.rows_per_block < step.q_len:
         return context  # formed block by block
     return dataclasses.replace(context, whole=context.block(slice(0, step.q_len)))
+
+
+def decayed(context: DenseContext, c_q: Tensor, c_k: Tensor) -> DenseContext:
+    """`context` with c_q[i] - c_k[j] added to the scores, formed with the bias block by block."""
+    return dataclasses.replace(context, decay=(c_q, c_k), plain=False, whole=None)
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:

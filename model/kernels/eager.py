@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, Step, WeightsHook
-from model.kernels.dense import DenseContext, causal_mask, dense_context
+from model.kernels.dense import DenseContext, causal_mask, decayed, dense_context
 from model.masks import AttentionMask
-from model.positions import ScoreBias
+from model.positions import ScoreBias, ScoresTerm
 from model.scores import ScaledDot, Score
 
 Weigh = Callable[[Tensor, Tensor], Tensor]
@@ -35,6 +35,7 @@ def eager_attention(
     score: Score | None = None,
     on_weights: WeightsHook | None = None,
     weigh: Weigh = softmax_weights,
+    term: ScoresTerm | None = None,
 ) -> Tensor:
     """softmax(score(q, k) + bias, over the visible keys) v, written out in (at least) float32, in chunks of
     queries when the score or `on_weights` needs it; the (B, H, Tq, D) output in q's dtype.
@@ -46,6 +47,7 @@ def eager_attention(
         score: the scoring function (default: scaled dot product).
         on_weights: called with each chunk of weights (query rows, (B, H, rows, Tk), after dropout).
         weigh: the weights of the masked scores (default: the softmax).
+        term: a term computed from the masked scores, added to them (`ScoreBias.from_scores`: CoPE).
     """
     q_len, k_len = q.size(-2), k.size(-2)
     dtype = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 if given float64
@@ -62,6 +64,10 @@ def eager_attention(
         if bias is not None:
             scores = scores + bias[..., rows, :].to(dtype)
         scores = scores.masked_fill(~visible[..., rows, :], float("-inf"))
+        if term is not None:
+            scores = (scores + term(qw[:, :, rows], scores, visible[..., rows, :])).masked_fill(
+                ~visible[..., rows, :], float("-inf")
+            )
         weights = F.dropout(weigh(scores, visible[..., rows, :]), p=dropout_p)
         outs.append(weights @ vw)  # (B, H, chunk, D)
         if on_weights is not None:
@@ -81,12 +87,16 @@ class EagerKernel(Kernel):
     sparse_masks = True
     weights = True
     any_score = True
+    scores_term = True
 
     def rank(self, needs: Needs, device: torch.device) -> float:
         return 2.0  # the reference: only when no fused kernel can
 
     def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict) -> DenseContext:
         return dense_context(bias, mask, step, shortcut=False)
+
+    def decayed(self, context: DenseContext, c_q: Tensor, c_k: Tensor) -> DenseContext:
+        return decayed(context, c_q, c_k)
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,
@@ -104,7 +114,8 @@ class EagerKernel(Kernel):
         for rows in context.blocks(q.size(-2)):  # one block unless the mask and bias would be large
             visible, bias = context.block(rows)
             hook = _shifted(on_weights, rows.start) if on_weights is not None else None
-            outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, weigh))
+            term = context.bias.from_scores if context.bias is not None else None
+            outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, weigh, term))
         return torch.cat(outs, dim=2)
 
 

@@ -16,6 +16,7 @@ Uncompiled flex is exact on a CPU: the tests run this kernel's block masks and s
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,6 +106,15 @@ class FlexKernel(Kernel):
         if bias is None:
             return FlexContext(block_mask, None)
         return FlexContext(block_mask, score_mod_of(bias, step), bias.kernel_options)
+
+    def decayed(self, context: FlexContext, c_q: Tensor, c_k: Tensor) -> FlexContext:
+        inner = context.score_mod
+
+        def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            scored = inner(score, b, h, q_idx, kv_idx) if inner is not None else score
+            return scored + c_q[b, h, q_idx] - c_k[b, h, kv_idx]
+
+        return dataclasses.replace(context, score_mod=score_mod)
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: FlexContext, score: Score, dropout_p: float,

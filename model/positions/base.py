@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     from model.config import GPTConfig
 
 
+ScoresTerm = Callable[[Tensor, Tensor, Tensor], Tensor]
+"""(queries (B, H, rows, D), their scores (B, H, rows, Tk) with -inf where a key is not visible, the visibility)
+-> a term (B, H, rows, Tk) added to the scores: positions that depend on the content (CoPE)."""
+
+
 @dataclass(frozen=True)
 class ScoreBias:
     """One layer's position bias on the scores, for one forward pass: `formula(h, distance, query)`, the
@@ -25,13 +30,16 @@ class ScoreBias:
     compiled FlexAttention refuses a gradient tensor read twice or transformed inside a score_mod
     (`validate_joint_graph`, torch 2.11 to 2.13), and gives a view of a parameter no gradient (`separate`)."""
 
-    formula: Callable[[Tensor, Tensor, Tensor], Tensor]
+    formula: Callable[[Tensor, Tensor, Tensor], Tensor] | None
     elements: int
     """Float32 values the formula forms per query-key pair for all heads: sizes a dense kernel's row blocks."""
     kernel_options: dict[str, int] | None = None
     """FlexAttention's tile options on CUDA, for a formula that does not fit the default tiles' shared memory."""
+    from_scores: ScoresTerm | None = None
+    """A term computed from the scores themselves (`PositionEncoding.contextual`), added where they are formed."""
 
     def __call__(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
+        assert self.formula is not None
         return self.formula(h, distance, query)
 
 
@@ -51,6 +59,8 @@ class PositionEncoding(nn.Module):
     """Whether that bias has parameters (a kernel must then carry gradients through it)."""
     uses_positions: bool = True
     """Whether the scheme reads positions at all (NoPE does not)."""
+    contextual: bool = False
+    """Whether its bias is computed from the scores (`ScoreBias.from_scores`): only a kernel that forms them runs it."""
     rescalable: bool = False
     """Whether `config.rope_scaling` applies: its angles can be stretched at evaluation (RoPE)."""
     partial_rotation: bool = False

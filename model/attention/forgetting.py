@@ -1,0 +1,95 @@
+"""Forgetting attention, the attention of the Forgetting Transformer (FoX; Lin et al., ICLR 2025; code
+zhixuan-lin/forgetting-transformer `ForgettingAttentionLayer`): softmax attention whose scores decay with a
+learned, data-dependent forget gate. Each head gates each token, f_t = sigmoid(w . x_t + b) from the layer
+input, and with c_i = sum_{l<=i} ln f_l the score of key j for query i is q_i . k_j / sqrt(d) + c_i - c_j:
+the gates of the tokens after the key, up to and with the query's own. Gate weights start at N(0, 0.02),
+its bias at 0 (f about 0.5), as the official `fgate_proj`; the sums are float32, as its kernel asserts.
+
+The term c_i - c_j is one layer's, one batch's: the layer hands its sums to the kernel (`Kernel.decayed`), where
+SDPA and eager add it in row blocks with any scheme's bias, and flex in its score_mod. Decoding keeps each
+key's c in the cache beside it; a new query's c is its predecessor's plus its own ln f.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.attention.softmax import SoftmaxAttention
+from model.cache import CacheWrite, KVCache, LayerCache
+from model.kernels import Needs, Plan
+from model.masks import AttentionMask
+from model.positions import PositionEncoding
+
+if TYPE_CHECKING:
+    from model.attention import Cache
+    from model.config import GPTConfig
+    from model.scores import Score
+
+
+class GateLayerCache(LayerCache):
+    """One layer's keys and values, and beside them each key's gate sum c (held as one-wide float32 keys)."""
+
+    def __init__(self, owner: KVCache) -> None:
+        super().__init__(owner)
+        self.sums = LayerCache(owner)
+
+    def allocate(self, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device) -> None:
+        super().allocate(shape, dtype, device)
+        self.sums.allocate((*shape[:3], 1), torch.float32, device)
+
+    def gate_sums(self, log_f: Tensor, write: CacheWrite) -> tuple[Tensor, Tensor]:
+        """The new tokens' sums c (B, H, T) from their ln f, and those of the keys they attend over (B, H, Tk)."""
+        c = log_f.cumsum(-1)
+        if not write.prefill:  # on from the token before: its c is in the cache
+            assert self.sums.k is not None
+            slot = self.owner.slot_of(write.positions[:, :1] - 1)  # (B, 1)
+            c = c + self.sums.k[torch.arange(c.size(0), device=c.device)[:, None], :, slot, 0].transpose(1, 2)
+        keys, _ = self.sums.update(c[..., None], c[..., None], write)  # (the values: a copy, as the store wants)
+        return c, keys[..., 0]
+
+
+class GateCache(KVCache):
+    """The KV cache of forgetting attention: each layer's keys, values and gate sums."""
+
+    def __init__(self, n_layer: int, capacity: int, mask: AttentionMask | None = None) -> None:
+        super().__init__(n_layer, capacity, mask)
+        self.layers = [GateLayerCache(self) for _ in range(n_layer)]
+
+
+class ForgettingAttention(SoftmaxAttention):
+    """Forgetting attention (this module): softmax attention's layer and kernels, plus the forget gate."""
+
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
+        super().__init__(config, layer)
+        self.fgate = nn.Linear(config.n_embd, config.n_head, bias=True)
+
+    @classmethod
+    def needs(
+        cls, pe: PositionEncoding | type[PositionEncoding], mask: AttentionMask, score: type[Score],
+        device: torch.device | None = None, dropout_active: bool = False, needs_grad: bool = False,
+        decoding: bool = False, head_size: int | None = None,
+    ) -> Needs:  # fmt: skip
+        needs = super().needs(pe, mask, score, device, dropout_active, needs_grad, decoding, head_size)
+        return dataclasses.replace(needs, score_bias=True, bias_gradients=needs_grad)  # the gates' term is one
+
+    def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: GateLayerCache | None = None) -> Tensor:
+        q, k, v = self.attended(x, pe, plan, cache)
+        gate = self.fgate(x)
+        log_f = F.logsigmoid(gate.to(torch.promote_types(gate.dtype, torch.float32))).transpose(1, 2)  # (B, H, T)
+        if cache is not None:
+            c_q, c_k = cache.gate_sums(log_f, plan.cache_write)
+        else:  # two tensors: compiled flex refuses a gradient tensor read twice in a score_mod
+            c_q = log_f.cumsum(-1)
+            c_k = c_q.clone()
+        context = plan.kernel.decayed(plan.context, c_q, c_k)
+        y = plan.kernel.run(q, k, v, context, self.score, self.dropout if self.training else 0.0, plan.on_weights)
+        return self.output(y)
+
+    @classmethod
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
+        return GateCache(config.n_layer, capacity, mask)

@@ -1,0 +1,80 @@
+"""CoPE (Golovneva et al. 2024) against its formula written out here in float64, not from our code: gates
+g_ij = sigmoid(q_i.k_j / sqrt(d)), p_ij = min(sum_{t=j..i} g_it, P - 1), the logit q_i.e interpolated between
+floor(p) and ceil(p) and added to the score (divided by sqrt(d) or not). The causality check (test_kernels.py)
+and cached = uncached decoding (test_cache.py) take the scheme from the registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from core.errors import ConfigError
+from model import GPT, GPTConfig
+
+CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=True, pos_encoding="cope")
+
+
+def formula_logits(model: GPT, idx: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """A 1-layer model's logits with CoPE's attention by the paper's formula, key by key."""
+    block, (B, T), H, D = model.blocks[0], idx.shape, model.config.n_head, model.config.head_dim
+    table, last = model.pe.table[0], model.pe.table.size(-1) - 1
+    scale = 1 / math.sqrt(D) if model.config.cope_divide else 1.0
+    x = model.wte(idx)
+    q, k, v = (t.view(B, T, H, D) for t in block.attn.qkv(block.ln_1(x)).split(H * D, dim=-1))
+    out = []
+    for b in range(B):
+        rows = []
+        for i in range(T):
+            heads = []
+            for h in range(H):
+                keys = [j for j in range(i + 1) if not window or i - j < window]
+                z = {j: q[b, i, h] @ k[b, j, h] / math.sqrt(D) for j in keys}
+                logits = []
+                for j in keys:
+                    p = torch.clamp(sum(torch.sigmoid(z[t]) for t in keys if t >= j), max=last)
+                    low, high = int(math.floor(p.item())), int(math.ceil(p.item()))
+                    w = p - low
+                    position = (1 - w) * (q[b, i, h] @ table[:, low]) + w * (q[b, i, h] @ table[:, high])
+                    logits.append(z[j] + scale * position)
+                heads.append(torch.softmax(torch.stack(logits), 0) @ v[b, keys, h])
+            rows.append(torch.cat(heads))
+        out.append(torch.stack(rows))
+    x = x + block.attn.proj(torch.stack(out))
+    x = x + block.mlp(block.ln_2(x))
+    return model.lm_head(model.ln_f(x))
+
+
+@pytest.mark.parametrize("fields", [{}, {"cope_divide": False, "cope_positions": 4}, {"attn_window": 5}],
+                         ids=["divided", "undivided-clamped", "window"])  # fmt: skip
+def test_logits_and_gradients_in_float64_are_the_formulas(fields):
+    """Past the training length, with the table drawn (it starts at zero), on the eager kernel (the only one)."""
+    torch.manual_seed(0)
+    model = GPT(dataclasses.replace(CONFIG, **fields)).double()
+    with torch.no_grad():
+        model.pe.table.normal_(0.0, 1.0)
+    idx = torch.randint(0, 64, (1, 19))
+    logits, _ = model(idx)
+    weight = torch.randn_like(logits)
+    (logits * weight).sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    expected = formula_logits(model, idx, model.config.attn_window)
+    (expected * weight).sum().backward()
+    torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-10, atol=1e-10, msg=name)
+    assert grads["pe.table"].abs().sum() > 0
+
+
+def test_its_needs_are_declared_and_the_table_starts_at_zero():
+    model = GPT(CONFIG)
+    assert model.pe.table.shape == (1, 8, 17) and torch.all(model.pe.table == 0)  # P = block_size + 1
+    assert type(model.kernel(torch.device("cpu"), False, True)).__name__ == "EagerKernel"
+    with pytest.raises(ConfigError, match="cannot run pos_encoding='cope': kernel 'sdpa' lacks positions computed"):
+        dataclasses.replace(CONFIG, attn_backend="sdpa")
+    with pytest.raises(ConfigError, match="attention='differential' scores half-heads"):
+        dataclasses.replace(CONFIG, attention="differential")
+    assert not GPT(dataclasses.replace(CONFIG, attn_window=4)).new_cache(32).rolling  # keys in position order

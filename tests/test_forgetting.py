@@ -1,0 +1,97 @@
+"""Forgetting attention (FoX; Lin et al., ICLR 2025) against its formula written out here in float64, not from
+our code: score_ij = q_i.k_j / sqrt(d) + sum_{l=j+1..i} ln sigmoid(w.x_l + b). The parity matrix and the
+causality check (test_kernels.py: SDPA and flex against eager, gradients on SDPA) and cached = uncached
+decoding (test_cache.py) take the function from the registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig
+
+CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=True, attention="forgetting",
+                   pos_encoding="none")  # fmt: skip
+
+
+def formula_logits(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    """A 1-layer model's logits with its attention by the paper's formula, key by key (the block around it is
+    GPT-2's: pre-LayerNorm, GELU MLP, tied head)."""
+    block, (B, T), H, D = model.blocks[0], idx.shape, model.config.n_head, model.config.head_dim
+    x = model.wte(idx)
+    h = block.ln_1(x)
+    q, k, v = (t.view(B, T, H, D) for t in block.attn.qkv(h).split(H * D, dim=-1))
+    log_f = F.logsigmoid(block.attn.fgate(h))  # (B, T, H)
+    out = []
+    for b in range(B):
+        rows = []
+        for i in range(T):
+            heads = []
+            for hh in range(H):
+                scores = torch.stack([q[b, i, hh] @ k[b, j, hh] / math.sqrt(D) + log_f[b, j + 1 : i + 1, hh].sum()
+                                      for j in range(i + 1)])  # fmt: skip
+                heads.append(torch.softmax(scores, 0) @ v[b, : i + 1, hh])
+            rows.append(torch.cat(heads))
+        out.append(torch.stack(rows))
+    x = x + block.attn.proj(torch.stack(out))
+    x = x + block.mlp(block.ln_2(x))
+    return model.lm_head(model.ln_f(x))
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_logits_and_gradients_in_float64_are_the_formulas(backend):
+    """Past the training length, on every kernel with a backward pass on this CPU."""
+    torch.manual_seed(0)
+    model = GPT(dataclasses.replace(CONFIG, attn_backend=backend)).double()
+    with torch.no_grad():
+        model.blocks[0].attn.fgate.bias.normal_(2.0, 1.0)  # gates of every size, not all near 0.5
+    idx = torch.randint(0, 64, (2, 19))
+    logits, _ = model(idx)
+    weight = torch.randn_like(logits)
+    (logits * weight).sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    expected = formula_logits(model, idx)
+    (expected * weight).sum().backward()
+    torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-9, atol=1e-10, msg=name)
+    assert grads["blocks.0.attn.fgate.weight"].abs().sum() > 0
+
+
+def test_the_weights_in_float32_with_a_scheme_and_a_window():
+    """The eager kernel's weights (attention maps) against the formula with ALiBi's bias and a window with a sink,
+    to float32 rounding; the query's own gate counts, the key's does not."""
+    torch.manual_seed(1)
+    model = GPT(dataclasses.replace(CONFIG, pos_encoding="alibi", attn_window=5, attn_sinks=1)).eval()
+    T = 11
+    idx = torch.randint(0, 64, (1, T))
+    seen = []
+    with torch.no_grad():
+        model.attention_weights(idx, lambda layer: lambda rows, w: seen.append(w))
+        h = model.blocks[0].ln_1(model.wte(idx))
+        q, k, _ = (t.view(T, 2, 8).double() for t in model.blocks[0].attn.qkv(h)[0].split(16, dim=-1))
+        log_f = F.logsigmoid(model.blocks[0].attn.fgate(h)[0].double())  # (T, H)
+    expected = torch.zeros(2, T, T, dtype=torch.float64)
+    slopes = [2.0**-4, 2.0**-8]
+    for hh in range(2):
+        for i in range(T):
+            keys = [j for j in range(i + 1) if i - j < 5 or j < 1]
+            scores = torch.stack([q[i, hh] @ k[j, hh] / math.sqrt(8) - slopes[hh] * (i - j)
+                                  + log_f[j + 1 : i + 1, hh].sum() for j in keys])  # fmt: skip
+            expected[hh, i, keys] = torch.softmax(scores, 0)
+    torch.testing.assert_close(torch.cat(seen, dim=2)[0].double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_gate_starts_as_the_official_code_and_is_refused_by_no_kernel():
+    """fgate_proj: one output per head, weight N(0, 0.02), bias 0 (f about 0.5); the term reaches every kernel."""
+    model = GPT(dataclasses.replace(CONFIG, n_embd=256, n_head=4))
+    gate = model.blocks[0].attn.fgate
+    assert gate.weight.shape == (4, 256) and torch.all(gate.bias == 0)
+    assert abs(gate.weight.std().item() - 0.02) < 0.002
+    for backend in ("eager", "sdpa", "flex"):
+        dataclasses.replace(CONFIG, attn_backend=backend, attn_window=4)
