@@ -75,6 +75,6 @@ def test_its_needs_are_declared_and_the_table_starts_at_zero():
     assert type(model.kernel(torch.device("cpu"), False, True)).__name__ == "EagerKernel"
     with pytest.raises(ConfigError, match="cannot run pos_encoding='cope': kernel 'sdpa' lacks positions computed"):
         dataclasses.replace(CONFIG, attn_backend="sdpa")
-    with pytest.raises(ConfigError, match="attention='differential' scores half-heads"):
+    with pytest.raises(ConfigError, match="attention='differential' scores half-heads, and pos_encoding='cope'"):
         dataclasses.replace(CONFIG, attention="differential")
     assert not GPT(dataclasses.replace(CONFIG, attn_window=4)).new_cache(32).rolling  # keys in position order

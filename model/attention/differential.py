@@ -13,7 +13,7 @@ from core.errors import ConfigError
 from model.attention.softmax import SoftmaxAttention
 from model.cache import LayerCache
 from model.kernels import Plan, Step, WeightsHook
-from model.positions import PositionEncoding
+from model.positions import SCHEMES, PositionEncoding
 from model.scores import SCORES
 
 if TYPE_CHECKING:
@@ -50,6 +50,12 @@ class DifferentialAttention(SoftmaxAttention):
             raise ConfigError(
                 f"attention='differential' splits each head in two halves of whole RoPE pairs, so the head size "
                 f"n_embd / n_head = {config.head_dim} must be a multiple of 4: change n_embd or n_head."
+            )
+        if SCHEMES[config.pos_encoding].contextual:
+            raise ConfigError(
+                f"attention='differential' scores half-heads, and pos_encoding={config.pos_encoding!r} reads its "
+                "positions from whole heads' scores: use another pos_encoding, or an attention function that scores "
+                "whole heads."
             )
         if not SCORES[config.attn_score].dot_product:
             raise ConfigError(

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from core.errors import ConfigError
 from model.positions.base import PositionEncoding, ScoreBias, ScoresTerm
 
 if TYPE_CHECKING:
@@ -56,14 +55,6 @@ class ContextualPositions(PositionEncoding):
         positions = config.cope_positions or config.block_size + 1  # their default: every count up to block_size
         self.table = nn.Parameter(torch.zeros(config.n_layer, config.head_dim, positions))
         self.scale = 1 / math.sqrt(config.head_dim) if config.cope_divide else 1.0
-
-    @classmethod
-    def check(cls, config: GPTConfig) -> None:
-        if config.attention == "differential":
-            raise ConfigError(
-                "GPTConfig.pos_encoding='cope' reads its positions from whole heads' scores, and attention="
-                "'differential' scores half-heads: use attention softmax, sigmoid, stick_breaking or forgetting."
-            )
 
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.table)
