@@ -286,3 +286,19 @@ def loaded(modes):
         mode = mode.load() if isinstance(mode, Lazy) else mode
         out[name] = mode if isinstance(mode, Command) else loaded(mode)
     return out
+
+
+def assert_model_is_its_formula(model: GPT, idx: torch.Tensor, formula: Any) -> dict[str, torch.Tensor]:
+    """A float64 model's logits and every parameter's gradient (of a random weighting of the logits) equal those
+    of `formula(model, idx)`, the same model's logits written out from a paper; the model's gradients."""
+    logits, _ = model(idx)
+    weight = torch.randn_like(logits)
+    (logits * weight).sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    expected = formula(model, idx)
+    (expected * weight).sum().backward()
+    torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-9, atol=1e-10, msg=name)
+    return grads

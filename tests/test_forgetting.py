@@ -14,6 +14,8 @@ import torch.nn.functional as F
 
 from model import GPT, GPTConfig
 
+from helpers import assert_model_is_its_formula
+
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=True, attention="forgetting",
                    pos_encoding="none")  # fmt: skip
 
@@ -50,16 +52,7 @@ def test_logits_and_gradients_in_float64_are_the_formulas(backend):
     with torch.no_grad():
         model.blocks[0].attn.fgate.bias.normal_(2.0, 1.0)  # gates of every size, not all near 0.5
     idx = torch.randint(0, 64, (2, 19))
-    logits, _ = model(idx)
-    weight = torch.randn_like(logits)
-    (logits * weight).sum().backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-    model.zero_grad()
-    expected = formula_logits(model, idx)
-    (expected * weight).sum().backward()
-    torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, rtol=1e-9, atol=1e-10, msg=name)
+    grads = assert_model_is_its_formula(model, idx, formula_logits)
     assert grads["blocks.0.attn.fgate.weight"].abs().sum() > 0
 
 

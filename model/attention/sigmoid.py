@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,8 +20,7 @@ from torch.nn.attention.flex_attention import AuxRequest
 
 from model.attention.softmax import SoftmaxAttention
 from model.kernels.base import Kernel, Step, WeightsHook
-from model.kernels.dense import DenseContext
-from model.kernels.eager import EagerKernel
+from model.kernels.eager import WeighedContext, WeighedEager
 from model.kernels.flex import (
     FlexContext,
     FlexKernel,
@@ -47,28 +45,13 @@ def sigmoid_weights(scores: Tensor, visible: Tensor, length: int | None) -> Tens
     return torch.sigmoid(scores - torch.log(seen.to(scores.dtype)))
 
 
-@dataclass(frozen=True)
-class SigmoidDense:
-    """The eager kernel's dense context, and the n of the bias (None: the keys each query sees)."""
-
-    dense: DenseContext
-    length: int | None
-
-
-class SigmoidEager(EagerKernel):
-    """The reference: the eager kernel with sigmoid weights (any score, bias, mask and dropout)."""
+class SigmoidEager(WeighedEager):
+    """The reference: the eager kernel with sigmoid weights."""
 
     def context(  # type: ignore[override]  # the bias's n, from the layer (`SigmoidAttention.kernel_context`)
         self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, *, length: int | None
-    ) -> SigmoidDense:
-        return SigmoidDense(super().context(bias, mask, step, memo), length)
-
-    def run(
-        self, q: Tensor, k: Tensor, v: Tensor, context: SigmoidDense, score: Score, dropout_p: float,
-        on_weights: WeightsHook | None,
-    ) -> Tensor:  # fmt: skip
-        weigh = functools.partial(sigmoid_weights, length=context.length)
-        return self.attend(q, k, v, context.dense, score, dropout_p, on_weights, weigh)
+    ) -> WeighedContext:
+        return super().context(bias, mask, step, memo, weigh=functools.partial(sigmoid_weights, length=length))
 
 
 def sigmoid_score_mod(bias: ScoreBias | None, mask: AttentionMask, step: Step, length: int | None) -> ScoreMod:

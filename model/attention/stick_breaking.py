@@ -11,7 +11,6 @@ never rolls, so that cached keys stay in position order, the order the product r
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,12 +19,10 @@ from torch import Tensor
 
 from model.attention.softmax import SoftmaxAttention
 from model.cache import KVCache
-from model.kernels.base import Kernel, Step, WeightsHook
-from model.kernels.dense import DenseContext
-from model.kernels.eager import EagerKernel
+from model.kernels.base import Kernel, Step
+from model.kernels.eager import WeighedContext, WeighedEager
 from model.masks import AttentionMask
 from model.positions import ScoreBias
-from model.scores import Score
 
 if TYPE_CHECKING:
     from model.attention import Cache
@@ -48,28 +45,14 @@ def stick_breaking_weights(scores: Tensor, visible: Tensor, remainder: bool) -> 
     return weights
 
 
-@dataclass(frozen=True)
-class StickBreakingDense:
-    """The eager kernel's dense context, and whether the remainder goes to the query's own value."""
-
-    dense: DenseContext
-    remainder: bool
-
-
-class StickBreakingEager(EagerKernel):
+class StickBreakingEager(WeighedEager):
     """The eager kernel with stick-breaking weights (any score, bias, mask and dropout)."""
 
     def context(  # type: ignore[override]  # the remainder option, from the layer (`kernel_context`)
         self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, *, remainder: bool
-    ) -> StickBreakingDense:
-        return StickBreakingDense(super().context(bias, mask, step, memo), remainder)
-
-    def run(
-        self, q: Tensor, k: Tensor, v: Tensor, context: StickBreakingDense, score: Score, dropout_p: float,
-        on_weights: WeightsHook | None,
-    ) -> Tensor:  # fmt: skip
-        weigh = functools.partial(stick_breaking_weights, remainder=context.remainder)
-        return self.attend(q, k, v, context.dense, score, dropout_p, on_weights, weigh)
+    ) -> WeighedContext:
+        weigh = functools.partial(stick_breaking_weights, remainder=remainder)
+        return super().context(bias, mask, step, memo, weigh=weigh)
 
 
 STICK_BREAKING_KERNELS: dict[str, Kernel] = {"eager": StickBreakingEager()}

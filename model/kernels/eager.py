@@ -4,6 +4,7 @@ against, and the one that forms the attention weights (attention maps)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +118,30 @@ class EagerKernel(Kernel):
             term = context.bias.from_scores if context.bias is not None else None
             outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, weigh, term))
         return torch.cat(outs, dim=2)
+
+
+@dataclass(frozen=True)
+class WeighedContext:
+    """The dense context of one forward pass and the weights of the attention function, its options bound."""
+
+    dense: DenseContext
+    weigh: Weigh
+
+
+class WeighedEager(EagerKernel):
+    """The eager kernel with the weights an attention function hands it for each forward pass (its subclass's
+    `context` binds the layer's options into `weigh`): any score, bias, mask and dropout, and the weights."""
+
+    def context(  # type: ignore[override]  # the weights, from the subclass
+        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, *, weigh: Weigh
+    ) -> WeighedContext:
+        return WeighedContext(super().context(bias, mask, step, memo), weigh)
+
+    def run(
+        self, q: Tensor, k: Tensor, v: Tensor, context: WeighedContext, score: Score, dropout_p: float,
+        on_weights: WeightsHook | None,
+    ) -> Tensor:  # fmt: skip
+        return self.attend(q, k, v, context.dense, score, dropout_p, on_weights, context.weigh)
 
 
 def _shifted(on_weights: WeightsHook, first: int) -> WeightsHook:
