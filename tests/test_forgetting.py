@@ -88,3 +88,17 @@ def test_the_gate_starts_as_the_official_code_and_is_refused_by_no_kernel():
     assert abs(gate.weight.std().item() - 0.02) < 0.002
     for backend in ("eager", "sdpa", "flex"):
         dataclasses.replace(CONFIG, attn_backend=backend, attn_window=4)
+
+
+def test_with_cope_and_a_window_its_cache_keeps_the_sums_in_position_order():
+    """The gate sums ride in the cache beside the keys; CoPE's counts need keys in position order, so with CoPE
+    the window's cache does not roll, and cached decoding is the uncached one."""
+    torch.manual_seed(2)
+    model = GPT(dataclasses.replace(CONFIG, n_layer=2, pos_encoding="cope", attn_window=4)).eval()
+    with torch.no_grad():
+        model.pe.table.normal_()
+    cache = model.new_cache(8)
+    assert type(cache).__name__ == "GateCache" and not cache.rolling
+    prompt = torch.randint(0, 64, (2, 5))
+    cached, uncached = (model.generate(prompt, 20, temperature=0, use_cache=c) for c in (True, False))
+    assert torch.equal(cached, uncached)

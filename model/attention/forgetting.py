@@ -26,7 +26,6 @@ from model.masks import AttentionMask
 from model.positions import PositionEncoding
 
 if TYPE_CHECKING:
-    from model.attention import Cache
     from model.config import GPTConfig
     from model.scores import Score
 
@@ -64,6 +63,8 @@ class GateCache(KVCache):
 class ForgettingAttention(SoftmaxAttention):
     """Forgetting attention (this module): softmax attention's layer and kernels, plus the forget gate."""
 
+    cache_type = GateCache
+
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__(config, layer)
         self.fgate = nn.Linear(config.n_embd, config.n_head, bias=True)
@@ -89,7 +90,3 @@ class ForgettingAttention(SoftmaxAttention):
         context = plan.kernel.decayed(plan.context, c_q, c_k)
         y = plan.kernel.run(q, k, v, context, self.score, self.dropout if self.training else 0.0, plan.on_weights)
         return self.output(y)
-
-    @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
-        return GateCache(config.n_layer, capacity, mask)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor
@@ -58,11 +58,13 @@ class SoftmaxAttention(Attention):
             q = self.log_scale(q, self.mask.seen_keys(query_indices(plan.step)))
         return q, k, v
 
+    cache_type: ClassVar[type[KVCache]] = KVCache
+    """What decoding keeps: keys and values (forgetting attention: each key's gate sum too)."""
+
     @classmethod
     def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
-        if SCHEMES[config.pos_encoding].contextual:  # its positions count keys in position order: never rolled
-            return KVCache(config.n_layer, capacity)
-        return KVCache(config.n_layer, capacity, mask)
+        contextual = SCHEMES[config.pos_encoding].contextual  # its positions count keys in position order
+        return cls.cache_type(config.n_layer, capacity, None if contextual else mask)  # None: never rolled
 
     @classmethod
     def constant_memory(cls, mask: AttentionMask) -> bool:
