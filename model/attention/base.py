@@ -73,7 +73,12 @@ class Attention(nn.Module):
         cls, kernel: Kernel, config: GPTConfig, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict
     ) -> Any:
         """What `kernel` needs for one forward pass (`Kernel.context`), with the function's own settings."""
-        return kernel.context(bias, mask, step, memo)
+        return kernel.context(bias, mask, step, memo, **cls.kernel_settings(config))
+
+    @classmethod
+    def kernel_settings(cls, config: GPTConfig) -> dict[str, Any]:
+        """The function's own settings its kernels' `context` takes as keywords (none by default)."""
+        return {}
 
     def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, step: Step) -> tuple[Tensor, Tensor]:
         """The scheme's rotation of queries and keys (B, H, T, D) at the step's positions."""

@@ -48,7 +48,7 @@ def sigmoid_weights(scores: Tensor, visible: Tensor, length: int | None) -> Tens
 class SigmoidEager(WeighedEager):
     """The reference: the eager kernel with sigmoid weights."""
 
-    def context(  # type: ignore[override]  # the bias's n, from the layer (`SigmoidAttention.kernel_context`)
+    def context(  # type: ignore[override]  # the bias's n, from the layer (`SigmoidAttention.kernel_settings`)
         self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, *, length: int | None
     ) -> WeighedContext:
         return super().context(bias, mask, step, memo, weigh=functools.partial(sigmoid_weights, length=length))
@@ -105,8 +105,5 @@ class SigmoidAttention(SoftmaxAttention):
     kernels = SIGMOID_KERNELS
 
     @classmethod
-    def kernel_context(
-        cls, kernel: Kernel, config: GPTConfig, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict
-    ) -> Any:
-        length = config.block_size if config.sigmoid_bias == "train_length" else None  # None: the keys seen
-        return kernel.context(bias, mask, step, memo, length=length)
+    def kernel_settings(cls, config: GPTConfig) -> dict[str, Any]:
+        return {"length": config.block_size if config.sigmoid_bias == "train_length" else None}  # None: keys seen

@@ -48,7 +48,7 @@ def stick_breaking_weights(scores: Tensor, visible: Tensor, remainder: bool) -> 
 class StickBreakingEager(WeighedEager):
     """The eager kernel with stick-breaking weights (any score, bias, mask and dropout)."""
 
-    def context(  # type: ignore[override]  # the remainder option, from the layer (`kernel_context`)
+    def context(  # type: ignore[override]  # the remainder option, from the layer (`kernel_settings`)
         self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, *, remainder: bool
     ) -> WeighedContext:
         weigh = functools.partial(stick_breaking_weights, remainder=remainder)
@@ -65,10 +65,8 @@ class StickBreakingAttention(SoftmaxAttention):
     kernels = STICK_BREAKING_KERNELS
 
     @classmethod
-    def kernel_context(
-        cls, kernel: Kernel, config: GPTConfig, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict
-    ) -> Any:
-        return kernel.context(bias, mask, step, memo, remainder=config.sb_remainder == "current")
+    def kernel_settings(cls, config: GPTConfig) -> dict[str, Any]:
+        return {"remainder": config.sb_remainder == "current"}
 
     @classmethod
     def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:

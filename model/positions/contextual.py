@@ -61,5 +61,6 @@ class ContextualPositions(PositionEncoding):
 
     def bias(self, layer: int = 0) -> ScoreBias:
         table = self.table[layer]
+        # elements: the gates, counts, interpolation and term it forms per query-key pair, for the row blocks
         return ScoreBias(None, 4, from_scores=cope_term(table.to(torch.promote_types(table.dtype, torch.float32)),
                                                         self.scale))  # fmt: skip
