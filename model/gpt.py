@@ -259,7 +259,8 @@ class GPT(nn.Module):
             positions = cache_write.positions
         x = self.drop(self.pe.embed(self.wte(idx), positions))  # (B, T, C)
         dropout = self.training and self.config.dropout > 0
-        kernel = self.kernel(idx.device, dropout, x.requires_grad, decoding, weights=visit is not None)
+        float64 = x.dtype == torch.float64 and not torch.is_autocast_enabled(idx.device.type)
+        kernel = self.kernel(idx.device, dropout, x.requires_grad, decoding, weights=visit is not None, float64=float64)
         step = Step(T, self.config.n_head, idx.device, positions, cache_write.k_pos if decoding else None)
         memo = self._kernel_memos[type(kernel)]
         bias = self.pe.bias if self.pe.score_bias else lambda layer: None  # from the parameters as they are now
@@ -280,14 +281,15 @@ class GPT(nn.Module):
         return self.ln_f(x)
 
     def kernel(
-        self, device: torch.device, dropout: bool, needs_grad: bool, decoding: bool = False, weights: bool = False
-    ) -> Kernel:
+        self, device: torch.device, dropout: bool, needs_grad: bool, decoding: bool = False, weights: bool = False,
+        float64: bool = False,
+    ) -> Kernel:  # fmt: skip
         """The kernel `config.attn_backend` resolves to for a forward pass on `device` with these needs (with
-        `weights`: the one that forms the weights)."""
+        `weights`: the one that forms the weights; `float64`: computed in float64)."""
         needs = self.attention.needs(
             self.pe, self.mask, SCORES[self.config.attn_score], device,
             dropout_active=dropout, needs_grad=needs_grad, decoding=decoding,
-            head_size=self.attention.kernel_head_size(self.config.head_dim),
+            head_size=self.attention.kernel_head_size(self.config.head_dim), float64=float64,
         )  # fmt: skip
         if weights:
             return self.attention.weights_kernel(needs)

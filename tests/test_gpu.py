@@ -20,6 +20,7 @@ import sample as sample_script
 import train as train_script
 from core import cli
 from core.checkpoint import read_checkpoint
+from core.errors import ConfigError
 from model import GPT, POS_ENCODINGS, GPTConfig
 from model.kernels import compiled_flex_attention
 from model.positions import random_positions
@@ -38,16 +39,33 @@ def gpu_config() -> GPTConfig:
     return GPTConfig(vocab_size=256, block_size=128, n_layer=2, n_head=4, n_embd=256, bias=False)
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "flex"])
-@pytest.mark.parametrize("scheme", POS_ENCODINGS)
+def fused_kernels(scheme: str, attention: str = "softmax") -> list[str]:
+    """The fused kernels (sdpa, flex) that run `scheme` with `attention`; eager alone (in bf16) where none does
+    (CoPE needs the scores, stick-breaking has only its eager kernel)."""
+    runs = []
+    for backend in ("sdpa", "flex"):
+        try:
+            GPTConfig(pos_encoding=scheme, attention=attention, attn_backend=backend)
+        except ConfigError:
+            continue
+        runs.append(backend)
+    return runs or ["eager"]
+
+
+@pytest.mark.parametrize(("scheme", "backend"), [(s, b) for s in POS_ENCODINGS for b in fused_kernels(s)])
 def test_backend_in_bf16_matches_float32_eager(gpu_config, scheme, backend):
     assert_bf16_matches_eager(gpu_config, scheme, backend)
 
 
-@pytest.mark.parametrize("scheme", ["rope", "alibi", "fire"])
-@pytest.mark.parametrize("attention", ["sigmoid", "differential"])
-def test_the_other_functions_flex_kernels_match_their_eager_reference_in_bf16(gpu_config, attention, scheme):
-    assert_bf16_matches_eager(dataclasses.replace(gpu_config, attention=attention), scheme, "flex")
+OTHER_FUNCTIONS = [("sigmoid", s, "flex") for s in ("rope", "alibi", "fire")] + [
+    ("differential", s, "flex") for s in ("rope", "alibi", "fire")] + [
+    ("forgetting", s, b) for s in ("none", "alibi") for b in fused_kernels(s, "forgetting")] + [
+    ("stick_breaking", "none", "eager")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("attention", "scheme", "backend"), OTHER_FUNCTIONS)
+def test_the_other_functions_kernels_match_their_eager_reference_in_bf16(gpu_config, attention, scheme, backend):
+    assert_bf16_matches_eager(dataclasses.replace(gpu_config, attention=attention), scheme, backend)
 
 
 def assert_bf16_matches_eager(gpu_config: GPTConfig, scheme: str, backend: str) -> None:
@@ -272,6 +290,8 @@ LONG = [{"pos_encoding": s} for s in POS_ENCODINGS] + [
     {"pos_encoding": "rope", "attn_window": 1024, "attn_sinks": 4, "attn_random_blocks": 3},
     {"pos_encoding": "rope", "attention": "sigmoid"},
     {"pos_encoding": "rope", "attention": "differential"},
+    {"pos_encoding": "none", "attention": "forgetting"},
+    {"pos_encoding": "none", "attention": "stick_breaking"},
 ]
 
 
@@ -343,7 +363,11 @@ def test_resume_on_cuda_restores_the_cuda_random_stream(tmp_path, text_file):
         torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-DECODING = [{"pos_encoding": s} for s in POS_ENCODINGS] + [{"attn_window": 32, "attn_sinks": 4}]
+DECODING = [{"pos_encoding": s} for s in POS_ENCODINGS] + [
+    {"attn_window": 32, "attn_sinks": 4},
+    {"pos_encoding": "none", "attention": "forgetting"},
+    {"pos_encoding": "none", "attention": "stick_breaking"},
+]
 
 
 @pytest.mark.parametrize("fields", DECODING)

@@ -219,6 +219,26 @@ def test_flex_needs_a_head_size_of_16_on_cuda(function):
                 layer.choose_kernel("flex", needs, cuda)
 
 
+def test_flex_has_no_float64_on_cuda_so_auto_takes_sdpa_there(tiny_config, monkeypatch):
+    """Triton's flex template fails to compile in float64 (an H200, torch 2.11: compiled decoding's prefill of
+    every bias scheme in float64): `auto` takes SDPA for a float64 pass on CUDA, flex by name says why, and
+    a forward pass tells the kernel choice whether it computes in float64."""
+    layer, cuda, alibi = ATTENTIONS["softmax"], torch.device("cuda"), SCHEMES["alibi"]
+    for float64, expected in ((False, "flex"), (True, "sdpa")):
+        needs = layer.needs(alibi, AttentionMask(), SCORES["scaled_dot"], cuda, head_size=64, float64=float64)
+        assert layer.choose_kernel("auto", needs, cuda) is KERNELS[expected]
+    with pytest.raises(KernelError, match="lacks float64 on cuda"):
+        layer.choose_kernel("flex", needs, cuda)
+    seen = []
+    real = GPT.kernel
+    monkeypatch.setattr(GPT, "kernel", lambda self, *a, **kw: seen.append(kw["float64"]) or real(self, *a, **kw))
+    model = GPT(tiny_config)
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    model(idx)
+    model.double()(idx)
+    assert seen == [False, True]
+
+
 WITH_FLEX = [function for function, layer in ATTENTIONS.items() if any(map(is_flex, layer.kernels.values()))]
 
 

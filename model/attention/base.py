@@ -102,6 +102,7 @@ class Attention(nn.Module):
         needs_grad: bool = False,
         decoding: bool = False,
         head_size: int | None = None,
+        float64: bool = False,
     ) -> Needs:
         """What a forward pass with scheme `pe`, `mask` and `score` asks of the kernels (no device: any)."""
         return Needs(
@@ -115,6 +116,7 @@ class Attention(nn.Module):
             decoding=decoding,
             dot_score=score.dot_product or not cls.scored,
             head_size=head_size,
+            float64=float64,
         )
 
     @classmethod

@@ -73,9 +73,9 @@ class ForgettingAttention(SoftmaxAttention):
     def needs(
         cls, pe: PositionEncoding | type[PositionEncoding], mask: AttentionMask, score: type[Score],
         device: torch.device | None = None, dropout_active: bool = False, needs_grad: bool = False,
-        decoding: bool = False, head_size: int | None = None,
+        decoding: bool = False, head_size: int | None = None, float64: bool = False,
     ) -> Needs:  # fmt: skip
-        needs = super().needs(pe, mask, score, device, dropout_active, needs_grad, decoding, head_size)
+        needs = super().needs(pe, mask, score, device, dropout_active, needs_grad, decoding, head_size, float64)
         return dataclasses.replace(needs, score_bias=True, bias_gradients=needs_grad)  # the gates' term is one
 
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: GateLayerCache | None = None) -> Tensor:

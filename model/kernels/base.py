@@ -79,6 +79,8 @@ class Needs:
     """The head size the kernel sees (the model's; half of it for differential attention); None: any."""
     scores_term: bool = False
     """A position term computed from the scores (`ScoreBias.from_scores`)."""
+    float64: bool = False
+    """The kernel computes in float64 (float64 weights, no autocast)."""
 
     def unmet(self, kernel: Kernel) -> list[Lack]:
         """What `kernel` cannot do of these needs."""
@@ -100,6 +102,8 @@ class Needs:
             missing.append(Lack("a score other than a scaled dot product", "attn_score"))
         if self.sparse_mask and not kernel.sparse_masks:
             missing.append(Lack("a mask beyond causal (attn_window, attn_sinks)", "attn_window"))
+        if self.float64 and self.runs_on in kernel.no_float64_on:
+            missing.append(Lack(f"float64 on {self.runs_on} ({kernel.no_float64_on[self.runs_on]})", None))
         least = kernel.min_head_size.get(self.runs_on or "", 0)
         if self.head_size is not None and self.head_size < least:
             words = f"heads under {least} wide on {self.runs_on} (here {self.head_size}, from n_embd / n_head)"
@@ -121,6 +125,8 @@ class Kernel:
     """Devices with a backward pass (None: every device)."""
     min_head_size: Mapping[str, int] = {}
     """The smallest head size it runs, by device type (absent: any)."""
+    no_float64_on: Mapping[str, str] = {}
+    """Device types where it has no float64 kernel, with the reason said in the refusal."""
     auto_devices: frozenset[str] | None = None
     """Devices where `auto` may pick it (None: every device)."""
     sparse_masks: bool = False

@@ -94,6 +94,7 @@ class FlexKernel(Kernel):
     device_notes = {"cpu": "compiled FlexAttention returns wrong numbers on a CPU in torch 2.13"}
     backward_devices = frozenset({"cuda"})
     min_head_size = {"cuda": 16}  # torch 2.11's Triton kernel: "embedding dimension ... must be at least 16"
+    no_float64_on = {"cuda": "Triton's FlexAttention template has no float64 matmul"}  # H200, torch 2.11
     auto_devices = frozenset({"cuda"})
     sparse_masks = True
 
