@@ -15,17 +15,22 @@ from model.gpt import GPT
 
 @torch.no_grad()
 def correct(model: GPT, tokenizer: CharTokenizer, examples: list[Example], batch_size: int) -> list[list[bool]]:
-    """Which answer tokens the model gets right, per example (examples of one length share a prompt
-    length): exact match is all of them."""
+    """Which answer tokens the model gets right, per example: exact match is all of them. Each batch holds
+    prompts of one length and answers of one length (counting's prompts of n steps differ in length)."""
     device = model.wte.weight.device
-    results = []
-    for i in range(0, len(examples), batch_size):
-        chunk = examples[i : i + batch_size]
-        prompts = torch.tensor([tokenizer.encode(e.prompt) for e in chunk], device=device)
-        answers = torch.tensor([tokenizer.encode(e.answer) for e in chunk], device=device)
-        n = answers.size(1)  # greedy, with the cache, never cropped
-        got = model.generate(prompts, n, temperature=0.0, max_context=prompts.size(1) + n)[:, prompts.size(1) :]
-        results += (got == answers).tolist()
+    encoded = [(tokenizer.encode(e.prompt), tokenizer.encode(e.answer)) for e in examples]
+    shapes: dict[tuple[int, int], list[int]] = {}
+    for i, (prompt, answer) in enumerate(encoded):
+        shapes.setdefault((len(prompt), len(answer)), []).append(i)
+    results: list[list[bool]] = [[] for _ in examples]
+    for (length, n), members in shapes.items():
+        for start in range(0, len(members), batch_size):
+            chunk = members[start : start + batch_size]
+            prompts = torch.tensor([encoded[i][0] for i in chunk], device=device)
+            answers = torch.tensor([encoded[i][1] for i in chunk], device=device)
+            got = model.generate(prompts, n, temperature=0.0, max_context=length + n)[:, length:]  # greedy, cached
+            for i, row in zip(chunk, (got == answers).tolist(), strict=True):
+                results[i] = row
     return results
 
 

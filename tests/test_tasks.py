@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from core import cli
 from data.tasks import TaskConfig, encode, eval_set, make_example, tokenizer_for
-from evaluation.tasks import evaluate_task
+from evaluation.tasks import correct, evaluate_task
 from experiments import synthetic
 from model import GPT, GPTConfig
 
@@ -62,6 +63,29 @@ def test_selective_copy_scatters_the_symbols_among_blanks(depth):
         body = e.prompt[1:-1]
         assert e.prompt[0] == "^" and e.prompt[-1] == "|" and body.replace(".", "") == e.answer
         assert len(e.answer) == 16 and body.count(".") == round(16 * depth)
+
+
+def test_counting_prompts_of_one_length_differ_and_each_example_keeps_its_own_score():
+    """Counting's n steps are 1 or 2 characters and its answer 10 two: the examples of one test length come in
+    batches of one prompt and answer length, and each score goes back to its own example. A stand-in model
+    answers right exactly where the prompt's length is even."""
+    task = TaskConfig(name="counting", train_min=4, train_max=8, eval_lengths=[12], test_size=20)
+    tokenizer, examples = tokenizer_for(task), eval_set(task, 12)
+    assert len({len(e.prompt) for e in examples}) > 2
+    answers = {e.prompt: tokenizer.encode(e.answer) for e in examples}
+
+    class Oracle(torch.nn.Module):
+        wte = torch.nn.Embedding(1, 1)
+
+        def generate(self, prompts, n, temperature, max_context):
+            rows = []
+            for ids in prompts.tolist():
+                answer = answers[tokenizer.decode(ids)]
+                rows.append(ids + (answer if len(ids) % 2 == 0 else [(t + 1) % tokenizer.vocab_size for t in answer]))
+            return torch.tensor(rows)
+
+    scores = correct(Oracle(), tokenizer, examples, batch_size=3)
+    assert scores == [[len(e.prompt) % 2 == 0] * len(e.answer) for e in examples]
 
 
 def test_flipflop_and_counting_are_scored_per_length_and_ignore_rate():
