@@ -60,10 +60,10 @@ class TaskConfig:
         if self.name not in TASKS:
             hint = did_you_mean(self.name, list(TASKS), "") or "."
             raise ValueError(f"task.name must be one of {', '.join(TASKS)}, got {self.name!r}{hint}")
-        limit = TASKS[self.name].alphabet
-        if not 2 <= self.symbols <= limit:
-            raise ValueError(f"task.symbols for {self.name} must be in 2..{limit}, got {self.symbols}.")
         task = TASKS[self.name]
+        if not task.fewest_symbols <= self.symbols <= task.alphabet:
+            raise ValueError(f"task.symbols for {self.name} must be in {task.fewest_symbols}..{task.alphabet}, "
+                             f"got {self.symbols}.")  # fmt: skip
         task.check(self)
         low, high = task.depth_range
         if any(not low <= d <= high for d in self.test_depths) or not self.test_depths:
@@ -97,6 +97,7 @@ class Task:
     """One synthetic task: the characters it writes and how it draws an example of length n."""
 
     alphabet: int  # the most symbols (`task.symbols`) it can draw from
+    fewest_symbols = 2  # the fewest: one symbol is no task (counting's one variable is: the CoPE paper's)
     unit = "items"  # what the length n counts (the x axis of the report)
     depths = False  # whether each test length is scored at every `task.depths` (a second axis of the test sets)
     depth_label = "depth"  # what that axis is, in the report
@@ -220,6 +221,7 @@ class Counting(Task):
     variable's value. One character per token of theirs (`pass;` is `p`), but 10 is two."""
 
     alphabet = len(SYMBOLS)
+    fewest_symbols = 1
     unit = "steps"
     MAX_VALUE = 10
     WEIGHTS = {"set": 1, "pass": 50, "inc": 7}

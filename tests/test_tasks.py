@@ -54,6 +54,10 @@ def test_counting_draws_its_steps_as_the_authors_generator():
     text = "".join(make_example(task, rng, 200).prompt for _ in range(100))
     sets, incs = text.count("="), text.count("+")
     assert text.count("p") > 5 * incs > 5 * sets > 0
+    one = TaskConfig(name="counting", symbols=1, train_min=3, train_max=20, eval_lengths=[20])  # their 1 variable
+    assert {c for e in eval_set(one, 20, size=20) for c in e.prompt if c.isalpha() and c != "p"} == {"a"}
+    with pytest.raises(ValueError, match=r"task.symbols for copy must be in 2\.\.26, got 1"):
+        TaskConfig(name="copy", symbols=1)
 
 
 @pytest.mark.parametrize("depth", [0.5, 1.0, 2.0])
