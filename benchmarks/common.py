@@ -3,20 +3,26 @@ imported from the peer directory, table lines, and rows appended to a JSON-lines
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
 import gc
 import importlib.util
+import io
 import json
 import os
 import platform
 import re
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
+
+from model import GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PEER = ROOT.parent / "shared" / "peers" / "nanoGPT"
@@ -80,9 +86,9 @@ def device_name(device: torch.device) -> str:
     return f"{os.cpu_count()}-core CPU ({name}), {threads} thread{'s' if threads > 1 else ''}"
 
 
-def load_peer(option: str | None) -> ModuleType | None:
-    """nanoGPT's model.py in the --peer directory (default: DEFAULT_PEER) as module `nanogpt_peer_model` (not
-    `model`, which is ours), or None with a note."""
+def load_peer(option: str | None) -> Callable[..., Any] | None:
+    """`peer_model` of nanoGPT's model.py in the --peer directory (default: DEFAULT_PEER), imported as module
+    `nanogpt_peer_model` (not `model`, which is ours), or None with a note."""
     directory = DEFAULT_PEER if option is None else Path(option)
     file = directory / "model.py"
     if not file.is_file():
@@ -93,7 +99,21 @@ def load_peer(option: str | None) -> ModuleType | None:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its @dataclass looks the module up there
     spec.loader.exec_module(module)
-    return module
+    return functools.partial(peer_model, module)
+
+
+def peer_model(peer: ModuleType, shape: dict[str, int], device: torch.device, seed: int, **fields: Any) -> Any:
+    """nanoGPT's GPT at `shape` with no biases, as ours, and an output layer of our padded vocabulary (50304 for
+    GPT-2, as nanoGPT's own GPT-2 runs), built on `device` from `seed`."""
+    vocab = GPTConfig(vocab_size=shape["vocab_size"]).padded_vocab_size
+    config = peer.GPTConfig(**{**shape, "vocab_size": vocab}, dropout=0.0, bias=False, **fields)
+    torch.manual_seed(seed)
+    with contextlib.redirect_stdout(io.StringIO()), device:  # it prints its parameter count
+        return peer.GPT(config)
+
+
+def cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
 
 
 def table_line(cells: list[str]) -> str:

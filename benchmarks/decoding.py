@@ -8,20 +8,17 @@ run. nanoGPT's `generate` (no KV cache) runs on the same shape, its model.py imp
 
 from __future__ import annotations
 
-import contextlib
-import io
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from types import ModuleType
 from typing import Literal
 
 import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from benchmarks.common import PeakMemory, append_json, device_name, load_peer, sync, table_head, table_line
+from benchmarks.common import PeakMemory, append_json, cell, device_name, load_peer, sync, table_head, table_line
 from core.cli import Command
 from core.device import pick_device_dtype
 from core.errors import ConfigError, did_you_mean
@@ -174,18 +171,11 @@ def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
                warmup if compiled else None, setup.memory.peak_mib(), graphs)  # fmt: skip
 
 
-def run_nanogpt(setup: Setup, peer: ModuleType, batch: int) -> Row:
-    """nanoGPT's GPT with learned positions and no biases, as ours, and an output layer of our
-    padded vocabulary (50304 for GPT-2, as nanoGPT's own GPT-2 runs), timed through its `generate`."""
+def run_nanogpt(setup: Setup, peer: Callable[..., nn.Module], batch: int) -> Row:
+    """nanoGPT's GPT with learned positions (`peer_model`), timed through its `generate`."""
     args = setup.args
     setup.memory.start()
-    shape = SHAPES[setup.shape]
-    vocab = GPTConfig(**shape).padded_vocab_size
-    config = peer.GPTConfig(**{**shape, "vocab_size": vocab}, dropout=0.0, bias=False)
-    torch.manual_seed(SEED)
-    with contextlib.redirect_stdout(io.StringIO()), setup.device:  # it prints its parameter count
-        model: nn.Module = peer.GPT(config)
-    model = model.to(dtype=setup.dtype).eval()
+    model = peer(SHAPES[setup.shape], setup.device, SEED).to(dtype=setup.dtype).eval()
     idx = setup.prompt(batch)
     greedy = args.temperature == 0  # its generate divides by the temperature: top_k 1 is its greedy
     temperature, top_k = (1.0, 1) if greedy else (args.temperature, args.top_k or None)
@@ -202,14 +192,10 @@ def run_nanogpt(setup: Setup, peer: ModuleType, batch: int) -> Row:
                setup.memory.peak_mib())  # fmt: skip
 
 
-def _cell(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
 def row_line(row: Row) -> str:
-    cells = [row.model, row.scheme, row.mode, str(row.batch), _cell(row.tokens_per_s, 1),
-             _cell(row.first_token_ms, 1), _cell(row.compile_s, 1), _cell(row.peak_mib, 0),
-             "-" if row.graphs is None else str(row.graphs)]  # fmt: skip
+    cells = [row.model, row.scheme, row.mode, str(row.batch), cell(row.tokens_per_s, ",.1f"),
+             cell(row.first_token_ms, ",.1f"), cell(row.compile_s, ",.1f"), cell(row.peak_mib, ",.0f"),
+             cell(row.graphs, "d")]  # fmt: skip
     return table_line(cells)
 
 
@@ -225,9 +211,9 @@ def summary(rows: list[Row], batches: list[int]) -> list[str]:
         groups.setdefault((row.model, row.scheme, row.mode), {})[row.batch] = row
     for key, by_batch in groups.items():
         got = [by_batch.get(b) for b in batches]
-        speeds = [_cell(r.tokens_per_s if r else None, 1) for r in got]
+        speeds = [cell(r.tokens_per_s if r else None, ",.1f") for r in got]
         joined = [
-            " / ".join(_cell(getattr(r, name) if r else None, digits) for r in got)
+            " / ".join(cell(getattr(r, name) if r else None, f",.{digits}f") for r in got)
             for name, digits in (("first_token_ms", 1), ("compile_s", 1), ("peak_mib", 0), ("graphs", 0))
         ]
         lines.append(table_line([*key, *speeds, *joined]))

@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.data import DataLoader
+from torch.utils.data import TensorDataset
 
-from benchmarks.common import PeakMemory, append_json, device_name, load_peer, sync, table_head, table_line
+from benchmarks.common import PeakMemory, append_json, cell, device_name, load_peer, sync, table_head, table_line
 from core.cli import Command
 from core.device import pick_device_dtype
 from core.errors import ConfigError, did_you_mean
@@ -217,20 +217,6 @@ class RandomTokens(SeededStream):
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-class RandomTokenData(L.LightningDataModule):
-    """The trainer's data for a speed row: random training batches, one validation batch."""
-
-    def __init__(self, vocab: int, context: int, batch_size: int, pin: bool) -> None:
-        super().__init__()
-        self.stream, self.pin = RandomTokens(vocab, context, batch_size), pin
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.stream, batch_size=None, pin_memory=self.pin)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader([self.stream.batch(10**9)], batch_size=None, pin_memory=self.pin)
-
-
 @dataclass(frozen=True)
 class RandomVocabulary:
     """What the trainer reads of a tokenizer when it samples nothing: the vocabulary's size and a
@@ -241,27 +227,6 @@ class RandomVocabulary:
 
     def meta(self) -> dict[str, Any]:
         return {"kind": "random", "vocab_size": self.vocab_size}
-
-
-def trainer_tokens_per_s(config: GPTConfig, batch: int, steps: int, options: dict[str, Any]) -> float:
-    """The trainer's last tokens/s reading of `config` at `batch` x block_size, over 1 + 2 x `steps` steps
-    (logged every `steps` after the first, which compiles). `options`: TrainConfig fields."""
-    data = TrainingData(
-        RandomTokenData(config.vocab_size, config.block_size, batch, pin=options.get("accelerator") == "gpu"),
-        RandomVocabulary(config.vocab_size),  # type: ignore[arg-type]  # all the trainer reads of a tokenizer
-        {"prepared": "random tokens", "fingerprint": f"random-{SEED}"},
-        "random",
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        train_config = TrainConfig(
-            max_steps=1 + 2 * steps, batch_size=batch, eval_interval=10**9, log_interval=steps,
-            ckpt_interval=10**9, out_dir=tmp, run_name="lightning", progress_bar=False, sample_tokens=0, **options,
-        )  # fmt: skip
-        run = RunConfig(model=config, data=DataConfig(input=None, dir=tmp), optim=OptimConfig(), train=train_config)
-        torch._dynamo.reset()
-        with quiet_lightning():
-            result = train(run, data)
-        return logged_tokens_per_s(result.run_dir)[-1]
 
 
 def logged_tokens_per_s(run_dir: Path) -> list[float]:
@@ -341,17 +306,13 @@ def figures(setup: Setup, row: Row, per_step: float, flops: int, compile_s: floa
                                peak_mib=setup.memory.peak_mib(), compile_s=compile_s)  # fmt: skip
 
 
-def run_nanogpt(setup: Setup, peer: Any, batch: int, context: int) -> Row:
-    """nanoGPT's GPT (learned positions, no biases as ours, our padded vocabulary: 50304 for GPT-2,
-    as its own GPT-2 runs), its optimizer groups and torch.compile, in the same step as ours."""
+def run_nanogpt(setup: Setup, peer: Callable[..., Any], batch: int, context: int) -> Row:
+    """nanoGPT's GPT (learned positions, `peer_model`), its optimizer groups and torch.compile, in the same
+    step as ours."""
     shape = MODELS[setup.model]
-    vocab = GPTConfig(vocab_size=shape["vocab_size"]).padded_vocab_size
-    config = peer.GPTConfig(**{**shape, "vocab_size": vocab}, block_size=context, dropout=0.0, bias=False)
     setup.memory.start()
-    torch.manual_seed(SEED)
-    with contextlib.redirect_stdout(io.StringIO()):  # it prints its parameter count and optimizer groups
-        with setup.device:
-            model = peer.GPT(config)
+    model = peer(shape, setup.device, SEED, block_size=context)
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its optimizer groups
         optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), setup.device.type)
     n_params = model.get_num_params()  # without its position table, as our N
     if setup.args.compile:
@@ -362,16 +323,32 @@ def run_nanogpt(setup: Setup, peer: Any, batch: int, context: int) -> Row:
 
 
 def run_lightning(setup: Setup, scheme: str, batch: int, context: int) -> Row:
-    """The same model through the trainer (`trainer_tokens_per_s`)."""
+    """The same model through the trainer: its last tokens/s reading over 1 + 2 x --steps steps (logged every
+    --steps after the first, which compiles), on random training batches and one validation batch."""
     config, args = setup.config(scheme, context), setup.args
-    options = {"precision": setup.precision, "compile": args.compile, "compile_mode": args.compile_mode,
-               "activation_checkpointing": args.activation_checkpointing, "fp8": args.fp8,
-               "accelerator": "gpu" if setup.cuda else "cpu",
-               "devices": f"{setup.device.index}," if setup.device.index else 1}  # fmt: skip
+    stream = RandomTokens(config.vocab_size, context, batch)
+    validation = TensorDataset(*(t[None] for t in stream.batch(10**9)))  # one item: that batch
+    data = TrainingData(
+        L.LightningDataModule.from_datasets(stream, validation, batch_size=None),
+        RandomVocabulary(config.vocab_size),  # type: ignore[arg-type]  # all the trainer reads of a tokenizer
+        {"prepared": "random tokens", "fingerprint": f"random-{SEED}"},
+        "random",
+    )
     setup.memory.start()
     setup.memory.reset()
-    with setup.sdpa():
-        tokens_per_s = trainer_tokens_per_s(config, batch, setup.steps, options)
+    with tempfile.TemporaryDirectory() as tmp, setup.sdpa():
+        train_config = TrainConfig(
+            max_steps=1 + 2 * setup.steps, batch_size=batch, eval_interval=10**9, log_interval=setup.steps,
+            ckpt_interval=10**9, out_dir=tmp, run_name="lightning", progress_bar=False, sample_tokens=0,
+            precision=setup.precision, compile=args.compile, compile_mode=args.compile_mode,
+            activation_checkpointing=args.activation_checkpointing, fp8=args.fp8,
+            accelerator="gpu" if setup.cuda else "cpu", devices=f"{setup.device.index}," if setup.device.index else 1,
+        )  # fmt: skip
+        run = RunConfig(model=config, data=DataConfig(input=None, dir=tmp), optim=OptimConfig(), train=train_config)
+        torch._dynamo.reset()
+        with quiet_lightning():
+            result = train(run, data)
+        tokens_per_s = logged_tokens_per_s(result.run_dir)[-1]
     with torch.device("meta"):  # counted on a model without storage
         flops = GPT(config).flops_per_token(context)
     return figures(setup, Row("lightning", scheme, "", batch, context), batch * context / tokens_per_s, flops, None)
@@ -393,17 +370,13 @@ def guarded(setup: Setup, label: Row, run: Callable[[], Row]) -> Row:
     return dataclasses.replace(label, note=note)
 
 
-def _cell(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 HEAD = ["model", "scheme", "kernel", "B x T", "ms/step", "tokens/s", "MFU", "peak GiB", "compile s", "note"]
 
 
 def row_line(row: Row) -> str:
-    cells = [row.model, row.scheme, row.kernel, f"{row.batch} x {row.context}", _cell(row.ms_per_step, ".1f"),
-             _cell(row.tokens_per_s, ",.0f"), _cell(None if row.mfu is None else 100 * row.mfu, ".1f"),
-             _cell(None if row.peak_mib is None else row.peak_mib / 1024, ".2f"), _cell(row.compile_s, ".1f"),
+    cells = [row.model, row.scheme, row.kernel, f"{row.batch} x {row.context}", cell(row.ms_per_step, ".1f"),
+             cell(row.tokens_per_s, ",.0f"), cell(None if row.mfu is None else 100 * row.mfu, ".1f"),
+             cell(None if row.peak_mib is None else row.peak_mib / 1024, ".2f"), cell(row.compile_s, ".1f"),
              row.note]  # fmt: skip
     return table_line(cells)
 
@@ -438,7 +411,7 @@ def ratios(rows: list[Row]) -> list[str]:
     return lines
 
 
-def planned_rows(setup: Setup, peer: Any) -> list[tuple[Row, Callable[[], Row]]]:
+def planned_rows(setup: Setup, peer: Callable[..., Any] | None) -> list[tuple[Row, Callable[[], Row]]]:
     """Every row of the table, shape by shape: ours per scheme, the trainer's, nanoGPT's; each as
     its label (what a failed row shows) and the call that measures it."""
     planned: list[tuple[Row, Callable[[], Row]]] = []

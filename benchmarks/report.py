@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 
 from benchmarks import decoding
-from benchmarks.common import DEFAULT_PEER, ROOT, device_name, table_head
+from benchmarks.common import DEFAULT_PEER, ROOT, cell, device_name, table_head, table_line
 from benchmarks.gpu import HEAD, SCHEMES, ratios, row_line
 from benchmarks.gpu import Row as TrainRow
 from core.cli import Command
@@ -98,48 +98,43 @@ def check_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
             Job("check/kernels", "posgpt", check, 240 if gpu else 120, rows=check[2])]  # fmt: skip
 
 
-def bench_gpu(gpu: bool, work: Path, name: str, *argv: str) -> list[str]:
-    """`bench.py gpu` arguments, on a CPU its shrunk mode."""
-    shrunk = [] if gpu else ["--compile", "false", "--steps", "2", "--warmup", "1"]
-    return ["bench", "gpu", *argv, *shrunk, "--json", str(work / f"{name.replace('/', '-')}.jsonl")]
+SHRUNK = {
+    "gpu": ["--compile", "false", "--steps", "2", "--warmup", "1"],
+    "decode": ["--shape", "tiny", "--tokens", "8"],
+}
+"""What a `bench.py MODE` job adds on a CPU: its shrunk mode."""
+
+
+def bench_job(gpu: bool, work: Path, name: str, limit: float, mode: str, *argv: str) -> Job:
+    """A `bench.py MODE` job, its rows in the work folder."""
+    rows = str(work / f"{name.replace('/', '-')}.jsonl")
+    return Job(name, "posgpt", ["bench", mode, *argv, *([] if gpu else SHRUNK[mode]), "--json", rows], limit, rows)
 
 
 def train_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
     shape = ["--shapes", "16x1024" if gpu else "4x64"]
     jobs = []
     for scheme in SCHEMES:
-        name = f"train/{scheme}"
         extra = ["--trainer", "rope", "--peer", cfg.peer] if scheme == "rope" else ["--trainer", "[]", "--peer", "none"]
-        argv = bench_gpu(gpu, work, name, "--schemes", scheme, *shape, *extra)
-        jobs.append(Job(name, "posgpt", argv, 240 if scheme == "rope" else 150, rows=argv[-1]))
-    argv = bench_gpu(gpu, work, "train/fp8", "--schemes", "rope", *shape, "--fp8", "true", "--trainer", "[]",
-                     "--peer", "none")  # fmt: skip
-    jobs.append(Job("train/fp8", "posgpt", argv, 150, rows=argv[-1]))
+        jobs.append(bench_job(gpu, work, f"train/{scheme}", 240 if scheme == "rope" else 150, "gpu", "--schemes",
+                              scheme, *shape, *extra))  # fmt: skip
+    jobs.append(bench_job(gpu, work, "train/fp8", 150, "gpu", "--schemes", "rope", *shape, "--fp8", "true",
+                          "--trainer", "[]", "--peer", "none"))  # fmt: skip
     fsdp = ["-q", "-p", "no:cacheprovider", "-m", "gpu", "-k", "fsdp", str(ROOT / "tests" / "test_gpu.py")]
     return [*jobs, Job("train/fsdp-resume", "pytest", fsdp, 150)]
 
 
 def decode_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
-    jobs = []
-    for scheme in DECODE_SCHEMES:
-        for mode in ("eager", "compiled") if gpu else ("eager",):
-            name = f"decode/{scheme}-{mode}"
-            rows = str(work / f"{name.replace('/', '-')}.jsonl")
-            shrunk = [] if gpu else ["--shape", "tiny", "--tokens", "8"]
-            argv = ["bench", "decode", "--schemes", scheme, "--modes", mode, "--batches", "1", "64", "--peer", "none",
-                    *shrunk, "--json", rows]  # fmt: skip
-            jobs.append(Job(name, "posgpt", argv, 180, rows=rows))
-    return jobs
+    return [bench_job(gpu, work, f"decode/{scheme}-{mode}", 180, "decode", "--schemes", scheme, "--modes", mode,
+                      "--batches", "1", "64", "--peer", "none")
+            for scheme in DECODE_SCHEMES for mode in (("eager", "compiled") if gpu else ("eager",))]  # fmt: skip
 
 
 def long_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
     lengths = ["16384", "32768"] if gpu else ["128", "256"]
-    jobs = []
-    for scheme in SCHEMES:
-        name = f"long/{scheme}"
-        argv = bench_gpu(gpu, work, name, "--schemes", scheme, "--shapes", *(f"1x{n}" for n in lengths),
-                         "--steps", "1", "--warmup", "1", "--trainer", "[]", "--peer", "none")  # fmt: skip
-        jobs.append(Job(name, "posgpt", argv, 240, rows=argv[-1]))
+    jobs = [bench_job(gpu, work, f"long/{scheme}", 240, "gpu", "--schemes", scheme, "--shapes",
+                      *(f"1x{n}" for n in lengths), "--steps", "1", "--warmup", "1", "--trainer", "[]",
+                      "--peer", "none") for scheme in SCHEMES]  # fmt: skip
     shape = ["12", "12", "768", "1024"] if gpu else ["2", "2", "32", "64"]
     fields = dict(zip(["n_layer", "n_head", "n_embd", "block_size"], shape, strict=True))
     checkpoints = []
@@ -249,8 +244,8 @@ def _judge(value: float, target: float) -> str:
 def jobs_table(entries: list[dict[str, Any]]) -> list[str]:
     lines = ["| job | status | wall s | peak GiB (process) |", "|---|---|---:|---:|"]
     for e in entries:
-        peak = "-" if e.get("peak_mib") is None else f"{e['peak_mib'] / 1024:.2f}"
-        lines.append(f"| {e['job']} | {e['status']} | {e['wall_s']:.0f} | {peak} |")
+        peak = None if e.get("peak_mib") is None else e["peak_mib"] / 1024
+        lines.append(table_line([e["job"], e["status"], f"{e['wall_s']:.0f}", cell(peak, ".2f")]))
     return lines
 
 
@@ -307,10 +302,9 @@ def long_lines(entries: list[dict[str, Any]]) -> list[str]:
     rows = [_build(TrainRow, row) for _, row in _rows(entries, "long/")]
     lines = ["| scheme | kernel | B x T | ms/step | peak GiB | compile s | note |", "|---|---|---|---:|---:|---:|---|"]
     for r in rows:
-        ms = "-" if r.ms_per_step is None else f"{r.ms_per_step:,.0f}"
-        peak = "-" if r.peak_mib is None else f"{r.peak_mib / 1024:.2f}"
-        compile_s = "-" if r.compile_s is None else f"{r.compile_s:.0f}"
-        lines.append(f"| {r.scheme} | {r.kernel} | {r.batch} x {r.context} | {ms} | {peak} | {compile_s} | {r.note} |")
+        peak = None if r.peak_mib is None else r.peak_mib / 1024
+        lines.append(table_line([r.scheme, r.kernel, f"{r.batch} x {r.context}", cell(r.ms_per_step, ",.0f"),
+                                 cell(peak, ".2f"), cell(r.compile_s, ".0f"), r.note]))  # fmt: skip
     if rows:
         longest = max(r.context for r in rows)
         at_longest = [r for r in rows if r.context == longest]

@@ -22,7 +22,7 @@ from evaluation.attention import long_context_stats, prompt_weights, runs_at, vi
 from evaluation.checkpoint import LoadedCheckpoint, load_checkpoint
 from evaluation.config import EvalData, check_output_dir
 from evaluation.prompts import prompt_text
-from evaluation.run import Subject, check_long_enough, default_labels, load_texts, results_header
+from evaluation.run import Subject, default_labels, load_texts, results_header
 
 FORMAT = "posgpt-attention/1"
 RESULTS = "results.json"
@@ -95,9 +95,7 @@ def run(cfg: MapsConfig) -> list[Path]:
     texts = []
     if cfg.lengths:
         _check_lengths(subjects, loaded, cfg.lengths)
-        texts = load_texts(loaded, subjects, cfg.data)
-        for subject, text in zip(subjects, texts, strict=True):
-            check_long_enough(subject, text, cfg.lengths[-1])
+        texts = load_texts(loaded, subjects, cfg.data, cfg.lengths[-1])
     out = Path(cfg.out)
     files: dict[Path, bytes] = {}
     doc: dict[str, Any] = {"format": FORMAT, **results_header(device, torch.float32), "config": dataclasses.asdict(cfg)}

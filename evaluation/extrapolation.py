@@ -114,14 +114,14 @@ def _window_losses(model: GPT, rows: torch.Tensor, stride: int, autocast_dtype: 
     device = model.wte.weight.device
     rows = rows.to(device)
     length = rows.size(1) - 1
-    use_autocast = autocast_dtype is not None
-    with torch.autocast(device.type, autocast_dtype or torch.float32, enabled=use_autocast):
+    autocast = torch.autocast(device.type, autocast_dtype or torch.float32, enabled=autocast_dtype is not None)
+    with autocast:
         hidden = model.hidden_states(rows[:, :-1])[:, length - stride :]  # (B, S, C)
     targets = rows[:, length - stride + 1 :]  # (B, S)
     chunk = max(1, LOGIT_ELEMENTS // (rows.size(0) * model.config.padded_vocab_size))
     losses = []
     for c in range(0, stride, chunk):
-        with torch.autocast(device.type, autocast_dtype or torch.float32, enabled=use_autocast):
+        with autocast:
             logits = model.lm_head(hidden[:, c : c + chunk])  # (B, chunk, V)
         losses.append(F.cross_entropy(logits.float().transpose(1, 2), targets[:, c : c + chunk], reduction="none"))
     return torch.cat(losses, dim=1)

@@ -57,21 +57,27 @@ def group_runs(doc: dict[str, Any]) -> list[Group]:
 
 def write_report(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """Write the report's files into `out_dir` (created if needed); returns their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     groups = group_runs(doc)
     files = {
-        "results.json": json.dumps(doc, indent=1, allow_nan=False).encode(),
         "results.md": markdown_table(doc, groups).encode(),
         "ppl_vs_length.png": png_bytes(ppl_figure(doc, groups)),
         "loss_by_position.png": png_bytes(position_figure(doc, groups)),
     }
     for name, figure in stats_figures(doc.get("attention", [])):  # with --eval.attention_stats
         files[name] = png_bytes(figure)
+    paths = write_files(doc, files, out_dir)
+    for stale in set(Path(out_dir).glob(STATS_FIGURES)) - set(paths):  # an earlier report's lengths
+        stale.unlink()
+    return paths
+
+
+def write_files(doc: dict[str, Any], files: dict[str, bytes], out_dir: str | Path) -> list[Path]:
+    """results.json of `doc`, then `files`, each written whole into `out_dir` (created if needed); their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"results.json": json.dumps(doc, indent=1, allow_nan=False).encode(), **files}
     for name, payload in files.items():
         atomic_write_bytes(out / name, payload)
-    for stale in set(out.glob(STATS_FIGURES)) - {out / name for name in files}:  # an earlier report's lengths
-        stale.unlink()
     return [out / name for name in files]
 
 

@@ -71,9 +71,7 @@ def default_labels(paths: list[str]) -> list[str]:
 def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: EvalData) -> dict[str, Any]:
     """Every subject at every length; returns the results document that `evaluation.report` writes."""
     loaded = [load_checkpoint(s.path, data.tiktoken_ranks) for s in subjects]  # all checked before any work
-    texts = load_texts(loaded, subjects, data)
-    for subject, text in zip(subjects, texts, strict=True):
-        check_long_enough(subject, text, settings.lengths[-1])
+    texts = load_texts(loaded, subjects, data, settings.lengths[-1])
     device, dtype = pick_device_dtype(settings.device, settings.dtype)
     autocast = None if dtype == torch.float32 else dtype
     plan = [
@@ -197,8 +195,9 @@ def _tokenizer_name(ckpt: LoadedCheckpoint) -> str:
     return f"{ckpt.tokenizer.meta()['kind']} ({ckpt.tokenizer.vocab_size})"
 
 
-def load_texts(loaded: list[LoadedCheckpoint], subjects: list[Subject], data: EvalData) -> list[EvalText]:
-    """The evaluation text of each checkpoint, tokenized once per distinct tokenizer (and data)."""
+def load_texts(loaded: list[LoadedCheckpoint], subjects: list[Subject], data: EvalData, longest: int) -> list[EvalText]:
+    """The evaluation text of each checkpoint, tokenized once per distinct tokenizer (and data); each long
+    enough for one window of `longest` tokens."""
     memo: dict[str, EvalText] = {}
     texts = []
     for ckpt, subject in zip(loaded, subjects, strict=True):
@@ -207,6 +206,12 @@ def load_texts(loaded: list[LoadedCheckpoint], subjects: list[Subject], data: Ev
         if key not in memo:
             memo[key] = _text_for(ckpt, subject.path, data)
         texts.append(memo[key])
+    for subject, text in zip(subjects, texts, strict=True):
+        if len(text.tokens) < longest + 1:
+            raise DataError(
+                f"The evaluation text of {subject.path} has {len(text.tokens)} tokens, too few for one window "
+                f"at length {longest} (it needs {longest + 1}). Use shorter --lengths or a longer text."
+            )
     return texts
 
 
@@ -263,11 +268,3 @@ def _tokenize_file(ckpt: LoadedCheckpoint, ckpt_path: str, path: Path, drop_unkn
 
 def _tokens_sha256(tokens: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()
-
-
-def check_long_enough(subject: Subject, text: EvalText, longest: int) -> None:
-    if len(text.tokens) < longest + 1:
-        raise DataError(
-            f"The evaluation text of {subject.path} has {len(text.tokens)} tokens, too few for one window "
-            f"at length {longest} (it needs {longest + 1}). Use shorter --lengths or a longer text."
-        )

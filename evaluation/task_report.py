@@ -3,7 +3,6 @@ by model and test length), `accuracy_vs_length.png`, and for a task with depths 
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -14,9 +13,8 @@ matplotlib.use("Agg")  # files only, no display; before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from core.files import atomic_write_bytes  # noqa: E402
 from data.tasks import TASKS  # noqa: E402
-from evaluation.report import group_runs, line_style, png_bytes, study_lines  # noqa: E402
+from evaluation.report import group_runs, line_style, png_bytes, study_lines, write_files  # noqa: E402
 
 
 def _by_label(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -116,15 +114,7 @@ def depth_figure(doc: dict[str, Any]) -> plt.Figure:
 
 
 def write_task_report(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    files = {
-        "results.json": json.dumps(doc, indent=1, allow_nan=False).encode(),
-        "results.md": markdown_table(doc).encode(),
-        "accuracy_vs_length.png": png_bytes(accuracy_figure(doc)),
-    }
+    files = {"results.md": markdown_table(doc).encode(), "accuracy_vs_length.png": png_bytes(accuracy_figure(doc))}
     if TASKS[doc["task"]["name"]].depths:
         files[f"{doc['task']['name']}_depth.png"] = png_bytes(depth_figure(doc))
-    for name, payload in files.items():
-        atomic_write_bytes(out / name, payload)
-    return [out / name for name in files]
+    return write_files(doc, files, out_dir)

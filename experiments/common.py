@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
 
 from core.checkpoint import CheckpointError, read_checkpoint
@@ -22,18 +21,9 @@ from core.errors import ConfigError, did_you_mean
 from core.files import atomic_write_bytes
 from core.repo import git_sha
 from core.units import format_seconds
-from experiments.plan import (
-    Deadline,
-    PlannedRun,
-    Progress,
-    describe,
-    flops_per_step,
-    steps_done,
-    sustained_flops,
-)
+from experiments.plan import Deadline, PlannedRun, Progress, describe, steps_done
 from training.config import RunConfig
 from training.errors import TIME_LIMIT_EXIT, TrainingStopped
-from training.hardware import resolve_precision, uses_cuda
 
 if TYPE_CHECKING:
     from training.run import TrainingData
@@ -81,12 +71,12 @@ class Study:
         """Every model: each scheme as it is (a variant that sets only model.pos_encoding), then the variants."""
         return [Variant(s, {"pos_encoding": s}) for s in self.schemes] + list(self.variants)
 
-    def start(self) -> tuple[Path, float, Deadline]:
-        """The report directory with experiment.yaml written, the start time and the deadline."""
+    def start(self) -> tuple[float, Deadline]:
+        """The start time and the deadline, once experiment.yaml is written into the report directory."""
         out = Path(self.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(self), sort_keys=False))
-        return out, time.perf_counter(), Deadline(self.max_minutes)
+        return time.perf_counter(), Deadline(self.max_minutes)
 
 
 def check_models(models: list[Variant], seeds: list[int], run: RunConfig) -> None:
@@ -99,37 +89,24 @@ def check_models(models: list[Variant], seeds: list[int], run: RunConfig) -> Non
         raise ConfigError(f"schemes, variant names and seeds must not repeat: {names}, {seeds}.")
     for variant in models:
         try:
-            _check_fields(variant, run)
+            for section, overrides in (("model", variant.model), ("train", variant.train)):
+                names = [f.name for f in dataclasses.fields(getattr(run, section)) if f.init]
+                for name in overrides:
+                    if name not in names:
+                        raise ConfigError(f"{section} has no field {name!r}{did_you_mean(name, names, section + '.')}")
+                    if section == "train" and name in PER_RUN:
+                        raise ConfigError(f"train.{name} is set for every run by the experiment (seeds, out_dir).")
             run_config_for(run, ".", variant, seeds[0])
         except (TypeError, ValueError) as error:  # TypeError: a value of the wrong type met a check
             raise ConfigError(f"{variant.name}: {error}") from None
 
 
-def _check_fields(variant: Variant, run: RunConfig) -> None:
-    for section, overrides in (("model", variant.model), ("train", variant.train)):
-        names = [f.name for f in dataclasses.fields(getattr(run, section)) if f.init]
-        for name in overrides:
-            if name not in names:
-                raise ConfigError(f"{section} has no field {name!r}{did_you_mean(name, names, section + '.')}")
-            if section == "train" and name in PER_RUN:
-                raise ConfigError(f"train.{name} is set for every run by the experiment (seeds, out_dir).")
-
-
 def run_config_for(run: RunConfig, out_dir: str, variant: Variant, seed: int) -> RunConfig:
     """The shared run with this model and seed, trained under <out_dir>/runs/<name>-seed<seed>; the
     config classes check the result as they check any config."""
-    return dataclasses.replace(
-        run,
-        model=dataclasses.replace(run.model, **variant.model),
-        train=dataclasses.replace(
-            run.train,
-            **variant.train,
-            seed=seed,
-            out_dir=str(Path(out_dir) / "runs"),
-            run_name=f"{variant.name}-seed{seed}",
-            resume="auto",
-        ),
-    )
+    train = dataclasses.replace(run.train, **variant.train, seed=seed, out_dir=str(Path(out_dir) / "runs"),
+                                run_name=f"{variant.name}-seed{seed}", resume="auto")  # fmt: skip
+    return dataclasses.replace(run, model=dataclasses.replace(run.model, **variant.model), train=train)
 
 
 @dataclass
@@ -191,12 +168,8 @@ def train_all(
         for planned in plan:
             if not planned.done:
                 preflight(planned.config, resuming=planned.step > 0)
-    device = torch.device("cuda" if uses_cuda(run.train.accelerator) else "cpu")
-    step_flops = {r.name: flops_per_step(r.config, vocab_size) for r in plan}
-    precision = resolve_precision(run.train.precision, run.train.accelerator)
-    progress = Progress(1 / sustained_flops(device, precision), step_flops)
-    print(describe(plan, progress, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", shorter),
-          flush=True)  # fmt: skip
+    progress = Progress.of_plan(plan, vocab_size)
+    print(describe(plan, progress, shorter), flush=True)
     trained, wall, prepared = [], {}, None
     for k, planned in enumerate(plan, 1):
         name = planned.name
@@ -247,20 +220,6 @@ def run_record(run: TrainedRun) -> dict[str, Any]:
     }
 
 
-def experiment_record(
-    cfg: Any, trained: list[TrainedRun], train_wall: dict[str, float], eval_wall: float, started: float
-) -> dict[str, Any]:
-    """The `experiment` entry of a report: the resolved config, every run's steps, tokens and time,
-    and where this command's time went."""
-    return {
-        "config": dataclasses.asdict(cfg),
-        "runs": [run_record(r) for r in trained],
-        "train_wall_s": train_wall,
-        "eval_wall_s": round(eval_wall, 1),
-        "total_wall_s": round(time.perf_counter() - started, 1),
-    }
-
-
 def evaluate_each(
     trained: list[TrainedRun],
     kind: str,
@@ -297,10 +256,22 @@ def evaluate_each(
     return results, seconds
 
 
-def print_report(out_dir: str, doc: dict[str, Any]) -> None:
-    """The table of results.md and where the report and the time went."""
-    out = Path(out_dir)
+def finish_report(
+    cfg: Any, doc: dict[str, Any], write: Callable[[dict[str, Any], str], object], trained: list[TrainedRun],
+    train_wall: dict[str, float], eval_wall: float, started: float,
+) -> dict[str, Any]:  # fmt: skip
+    """`doc` with its `experiment` entry (the resolved config, every run's steps, tokens and time, and where this
+    command's time went), written by `write` into cfg.out_dir; prints the table of results.md and that time."""
+    doc["experiment"] = wall = {
+        "config": dataclasses.asdict(cfg),
+        "runs": [run_record(r) for r in trained],
+        "train_wall_s": train_wall,
+        "eval_wall_s": round(eval_wall, 1),
+        "total_wall_s": round(time.perf_counter() - started, 1),
+    }
+    write(doc, cfg.out_dir)
+    out = Path(cfg.out_dir)
     print((out / "results.md").read_text())
-    wall = doc["experiment"]
     print(f"report in {out} (this command: training {sum(wall['train_wall_s'].values()):.0f} s, evaluation "
           f"{wall['eval_wall_s']:.0f} s, total {wall['total_wall_s']:.0f} s)")  # fmt: skip
+    return doc

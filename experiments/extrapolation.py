@@ -9,26 +9,15 @@ again only does what is left.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.cli import run
 from evaluation.config import EvalData, EvalSettings
 from evaluation.run import Subject, evaluate_checkpoints, merge_documents
-from experiments.common import (
-    Study,
-    Variant,
-    evaluate_each,
-    experiment_command,
-    experiment_record,
-    print_report,
-    train_all,
-)
+from experiments.common import Study, Variant, evaluate_each, experiment_command, finish_report, train_all
 from model import POS_ENCODINGS
 from training.config import RunConfig
-
-log = logging.getLogger(__name__)
 
 QUICK_CONFIG = "configs/extrapolation_quick.yaml"
 """The study a newcomer runs first: three schemes in about 5 minutes on a 2-core CPU (the README's table)."""
@@ -65,7 +54,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     returns its document."""
     from evaluation.report import write_report  # matplotlib: imported to draw, not for the command's --help
 
-    out, started, deadline = cfg.start()
+    started, deadline = cfg.start()
     trained, train_wall = train_all(cfg, deadline, shorter=QUICK_CONFIG)
     key = {"eval": dataclasses.asdict(cfg.eval), "eval_data": dataclasses.asdict(cfg.eval_data)}
     docs, eval_wall = evaluate_each(
@@ -75,11 +64,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
         lambda r: evaluate_checkpoints([Subject(r.ckpt, r.label)], cfg.eval, cfg.eval_data),
         deadline,
     )
-    doc = merge_documents(docs)
-    doc["experiment"] = experiment_record(cfg, trained, train_wall, eval_wall, started)
-    write_report(doc, out)
-    print_report(cfg.out_dir, doc)
-    return doc
+    return finish_report(cfg, merge_documents(docs), write_report, trained, train_wall, eval_wall, started)
 
 
 COMMAND = experiment_command(

@@ -18,7 +18,7 @@ from core.checkpoint import read_checkpoint
 from core.units import format_seconds
 from model import GPT, GPTConfig
 from training.config import RunConfig
-from training.hardware import peak_flops
+from training.hardware import peak_flops, resolve_precision, uses_cuda
 
 UTILISATION = 0.35
 """Share of the peak a training step sustains (an H100 trains GPT-2 124M at ~38% MFU, BENCHMARKS.md)."""
@@ -82,9 +82,18 @@ def sustained_flops(device: torch.device, precision: str = "bf16-mixed") -> floa
 class Progress:
     """Run k of n, and the ETA of what is left, recalibrated by the runs that finished."""
 
-    def __init__(self, seconds_per_flop: float, step_flops: dict[str, float]) -> None:
-        self.seconds_per_flop, self.step_flops = seconds_per_flop, step_flops
+    def __init__(self, seconds_per_flop: float, step_flops: dict[str, float], device: str) -> None:
+        self.seconds_per_flop, self.step_flops, self.device = seconds_per_flop, step_flops, device
         self.measured = [0.0, 0.0]  # seconds and FLOPs of the runs trained here
+
+    @classmethod
+    def of_plan(cls, plan: list[PlannedRun], vocab_size: int | None) -> Progress:
+        """Before any run of `plan` (all on one device): the estimate from the FLOPs that device sustains."""
+        t = plan[0].config.train
+        device = torch.device("cuda" if uses_cuda(t.accelerator) else "cpu")
+        sustained = sustained_flops(device, resolve_precision(t.precision, t.accelerator))
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        return cls(1 / sustained, {r.name: flops_per_step(r.config, vocab_size) for r in plan}, name)
 
     def left(self, run: PlannedRun) -> float:
         """The FLOPs left of `run`."""
@@ -104,8 +113,9 @@ LONG_ON_CPU = 3600.0
 """Seconds of estimated training past which a plan on a CPU names a shorter config."""
 
 
-def describe(plan: list[PlannedRun], progress: Progress, device: str, shorter: str = "") -> str:
+def describe(plan: list[PlannedRun], progress: Progress, shorter: str = "") -> str:
     """The plan, a line a run, and the estimate of its training time; on a CPU past an hour, `shorter` (a config)."""
+    device = progress.device
     lines = [f"Plan: {len(plan)} training run(s) on {device}"]
     for k, run in enumerate(plan, 1):
         t = run.config.train

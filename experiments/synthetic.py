@@ -11,7 +11,6 @@ accuracy_vs_length.png (and passkey_depth.png), experiment.yaml and runs/; reuse
 from __future__ import annotations
 
 import dataclasses
-import logging
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,21 +24,11 @@ from data.tasks import TASKS, TaskConfig, eval_set, tokenizer_for
 from evaluation.checkpoint import load_checkpoint
 from evaluation.run import results_header
 from evaluation.tasks import evaluate_task
-from experiments.common import (
-    Study,
-    TrainedRun,
-    Variant,
-    evaluate_each,
-    experiment_command,
-    experiment_record,
-    print_report,
-    train_all,
-)
+from experiments.common import Study, TrainedRun, Variant, evaluate_each, experiment_command, finish_report, train_all
 from model import POS_ENCODINGS
 from training.config import RunConfig
 
 FORMAT = "posgpt-synthetic/1"
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -86,7 +75,7 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
     from evaluation.task_report import write_task_report  # matplotlib and Lightning: imported to run, not for
     from training.run import task_data  # the command's --help
 
-    out, started, deadline = cfg.start()
+    started, deadline = cfg.start()
     tokenizer = tokenizer_for(cfg.task)
     trained, train_wall = train_all(cfg, deadline, lambda r: task_data(cfg.task, r), tokenizer.vocab_size)
     device = pick_device(cfg.device)
@@ -115,11 +104,8 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
         **results_header(device, torch.float32),
         "task": dataclasses.asdict(cfg.task),
         "runs": runs,
-        "experiment": experiment_record(cfg, trained, train_wall, eval_wall, started),
     }
-    write_task_report(doc, out)
-    print_report(cfg.out_dir, doc)
-    return doc
+    return finish_report(cfg, doc, write_task_report, trained, train_wall, eval_wall, started)
 
 
 COMMAND = experiment_command(
