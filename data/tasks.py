@@ -256,8 +256,8 @@ class Counting(Task):
 
 class SelectiveCopy(Task):
     """Selective copy (Gu and Dao 2023, as the CoPE paper uses it): `^`, n symbols scattered among blanks `.`,
-    `|` -> the n symbols in order. Blanks per symbol are `depths` (training 1: their 128 among 128; tests dense 0.5
-    and sparse 2)."""
+    `|` -> the n symbols in order. Blanks per symbol are `depths` (training 1: their 256 blanks among 256 symbols;
+    tests dense 0.5 and sparse 2: their 128 and 512)."""
 
     alphabet = len(SYMBOLS)
     depths = True
