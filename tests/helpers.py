@@ -288,15 +288,31 @@ def loaded(modes):
     return out
 
 
-def assert_model_is_its_formula(model: GPT, idx: torch.Tensor, formula: Any) -> dict[str, torch.Tensor]:
-    """A float64 model's logits and every parameter's gradient (of a random weighting of the logits) equal those
-    of `formula(model, idx)`, the same model's logits written out from a paper; the model's gradients."""
+def one_block_logits(model: GPT, idx: torch.Tensor, head: Any) -> torch.Tensor:
+    """A 1-layer model's logits with its attention written out key by key: `head(b, i, h, q, k, v, hidden)` is
+    query i's output (D,) in head h of row b, from q, k, v (B, T, H, D) and the layer input `hidden` (B, T, C);
+    the block around it is GPT-2's (pre-LayerNorm, GELU MLP, tied head)."""
+    block, (B, T), H, D = model.blocks[0], idx.shape, model.config.n_head, model.config.head_dim
+    x = model.wte(idx)
+    hidden = block.ln_1(x)
+    q, k, v = (t.view(B, T, H, D) for t in block.attn.qkv(hidden).split(H * D, dim=-1))
+    out = torch.stack([torch.stack([torch.cat([head(b, i, h, q, k, v, hidden) for h in range(H)]) for i in range(T)])
+                       for b in range(B)])  # fmt: skip
+    x = x + block.attn.proj(out)
+    x = x + block.mlp(block.ln_2(x))
+    return model.lm_head(model.ln_f(x))
+
+
+def assert_model_is_its_formula(model: GPT, idx: torch.Tensor, head: Any) -> dict[str, torch.Tensor]:
+    """A float64 1-layer model's logits and every parameter's gradient (of a random weighting of the logits) equal
+    those of the same model with its attention written out from a paper, a head at a time (`one_block_logits`);
+    the model's gradients."""
     logits, _ = model(idx)
     weight = torch.randn_like(logits)
     (logits * weight).sum().backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
-    expected = formula(model, idx)
+    expected = one_block_logits(model, idx, head)
     (expected * weight).sum().backward()
     torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
     for name, p in model.named_parameters():

@@ -19,34 +19,24 @@ from helpers import assert_model_is_its_formula
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=True, pos_encoding="cope")
 
 
-def formula_logits(model: GPT, idx: torch.Tensor, window: int = 0) -> torch.Tensor:
-    """A 1-layer model's logits with CoPE's attention by the paper's formula, key by key."""
-    block, (B, T), H, D = model.blocks[0], idx.shape, model.config.n_head, model.config.head_dim
-    table, last = model.pe.table[0], model.pe.table.size(-1) - 1
+def formula_head(model: GPT, window: int = 0):
+    """Query i's output in head h by CoPE's formula, key by key."""
+    table, last, D = model.pe.table[0], model.pe.table.size(-1) - 1, model.config.head_dim
     scale = 1 / math.sqrt(D) if model.config.cope_divide else 1.0
-    x = model.wte(idx)
-    q, k, v = (t.view(B, T, H, D) for t in block.attn.qkv(block.ln_1(x)).split(H * D, dim=-1))
-    out = []
-    for b in range(B):
-        rows = []
-        for i in range(T):
-            heads = []
-            for h in range(H):
-                keys = [j for j in range(i + 1) if not window or i - j < window]
-                z = {j: q[b, i, h] @ k[b, j, h] / math.sqrt(D) for j in keys}
-                logits = []
-                for j in keys:
-                    p = torch.clamp(sum(torch.sigmoid(z[t]) for t in keys if t >= j), max=last)
-                    low, high = int(math.floor(p.item())), int(math.ceil(p.item()))
-                    w = p - low
-                    position = (1 - w) * (q[b, i, h] @ table[:, low]) + w * (q[b, i, h] @ table[:, high])
-                    logits.append(z[j] + scale * position)
-                heads.append(torch.softmax(torch.stack(logits), 0) @ v[b, keys, h])
-            rows.append(torch.cat(heads))
-        out.append(torch.stack(rows))
-    x = x + block.attn.proj(torch.stack(out))
-    x = x + block.mlp(block.ln_2(x))
-    return model.lm_head(model.ln_f(x))
+
+    def head(b, i, h, q, k, v, hidden):
+        keys = [j for j in range(i + 1) if not window or i - j < window]
+        z = {j: q[b, i, h] @ k[b, j, h] / math.sqrt(D) for j in keys}
+        logits = []
+        for j in keys:
+            p = torch.clamp(sum(torch.sigmoid(z[t]) for t in keys if t >= j), max=last)
+            low, high = int(math.floor(p.item())), int(math.ceil(p.item()))
+            w = p - low
+            position = (1 - w) * (q[b, i, h] @ table[:, low]) + w * (q[b, i, h] @ table[:, high])
+            logits.append(z[j] + scale * position)
+        return torch.softmax(torch.stack(logits), 0) @ v[b, keys, h]
+
+    return head
 
 
 @pytest.mark.parametrize("fields", [{}, {"cope_divide": False, "cope_positions": 4}, {"attn_window": 5}],
@@ -59,7 +49,7 @@ def test_logits_and_gradients_in_float64_are_the_formulas(fields):
         model.pe.table.normal_(0.0, 1.0)
     idx = torch.randint(0, 64, (1, 19))
     window = model.config.attn_window
-    grads = assert_model_is_its_formula(model, idx, lambda m, i: formula_logits(m, i, window))
+    grads = assert_model_is_its_formula(model, idx, formula_head(model, window))
     assert grads["pe.table"].abs().sum() > 0
 
 

@@ -20,28 +20,18 @@ CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16,
                    pos_encoding="none")  # fmt: skip
 
 
-def formula_logits(model: GPT, idx: torch.Tensor) -> torch.Tensor:
-    """A 1-layer model's logits with its attention by the paper's formula, key by key (the block around it is
-    GPT-2's: pre-LayerNorm, GELU MLP, tied head)."""
-    block, (B, T), H, D = model.blocks[0], idx.shape, model.config.n_head, model.config.head_dim
-    x = model.wte(idx)
-    h = block.ln_1(x)
-    q, k, v = (t.view(B, T, H, D) for t in block.attn.qkv(h).split(H * D, dim=-1))
-    log_f = F.logsigmoid(block.attn.fgate(h))  # (B, T, H)
-    out = []
-    for b in range(B):
-        rows = []
-        for i in range(T):
-            heads = []
-            for hh in range(H):
-                scores = torch.stack([q[b, i, hh] @ k[b, j, hh] / math.sqrt(D) + log_f[b, j + 1 : i + 1, hh].sum()
-                                      for j in range(i + 1)])  # fmt: skip
-                heads.append(torch.softmax(scores, 0) @ v[b, : i + 1, hh])
-            rows.append(torch.cat(heads))
-        out.append(torch.stack(rows))
-    x = x + block.attn.proj(torch.stack(out))
-    x = x + block.mlp(block.ln_2(x))
-    return model.lm_head(model.ln_f(x))
+def formula_head(model: GPT):
+    """Query i's output in head h by FoX's formula, key by key: the gates of the tokens after the key, up to and
+    with the query's own."""
+    D = model.config.head_dim
+
+    def head(b, i, h, q, k, v, hidden):
+        log_f = F.logsigmoid(model.blocks[0].attn.fgate(hidden[b]))  # (T, H): each token's gate
+        scores = torch.stack([q[b, i, h] @ k[b, j, h] / math.sqrt(D) + log_f[j + 1 : i + 1, h].sum()
+                              for j in range(i + 1)])  # fmt: skip
+        return torch.softmax(scores, 0) @ v[b, : i + 1, h]
+
+    return head
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
@@ -52,7 +42,7 @@ def test_logits_and_gradients_in_float64_are_the_formulas(backend):
     with torch.no_grad():
         model.blocks[0].attn.fgate.bias.normal_(2.0, 1.0)  # gates of every size, not all near 0.5
     idx = torch.randint(0, 64, (2, 19))
-    grads = assert_model_is_its_formula(model, idx, formula_logits)
+    grads = assert_model_is_its_formula(model, idx, formula_head(model))
     assert grads["blocks.0.attn.fgate.weight"].abs().sum() > 0
 
 
