@@ -111,11 +111,10 @@ class EagerKernel(Kernel):
         on_weights: WeightsHook | None, weigh: Weigh,
     ) -> Tensor:  # fmt: skip
         """`eager_attention` with weights `weigh`, a block of query rows at a time."""
-        outs = []
+        outs, term = [], context.bias.from_scores if context.bias is not None else None
         for rows in context.blocks(q.size(-2)):  # one block unless the mask and bias would be large
             visible, bias = context.block(rows)
             hook = _shifted(on_weights, rows.start) if on_weights is not None else None
-            term = context.bias.from_scores if context.bias is not None else None
             outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, weigh, term))
         return torch.cat(outs, dim=2)
 
