@@ -6,6 +6,7 @@ import os
 import random
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,46 @@ def _one_test_state():
     yield
     left = [f"{signal.Signals(n).name} ({now!r})" for n, h in handlers.items() if (now := signal.getsignal(n)) != h]
     assert not left, f"the test left its own {' and '.join(left)} handler installed"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_parser_per_command() -> Iterator[None]:
+    """Each command's parser is built once per worker, not at every run (building jsonargparse's parser from the
+    dataclasses takes a few tenths of a second, and the suite parses some hundreds of command lines); parsing
+    itself is untouched."""
+    from core import cli
+
+    build, parsers = cli.build_parser, {}
+
+    def built_once(command: cli.Command) -> object:
+        if id(command) not in parsers:  # the command is kept beside its parser: its id is not reused
+            parsers[id(command)] = (command, build(command))
+        return parsers[id(command)][1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli, "build_parser", built_once)
+        yield
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def _unrendered_figures(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Figures are built (every curve, marker and legend on its axes) but saved as a bare PNG signature, not
+    rendered: rendering takes matplotlib about half a second a figure, and the suite trains and evaluates a
+    few hundred times. A test marked `plot` renders its figures (as do subprocesses)."""
+    if "plot" in request.keywords:
+        return
+    from matplotlib.figure import Figure
+
+    def signature_only(fig: Figure, fname: object, *args: object, **kwargs: object) -> None:
+        if hasattr(fname, "write"):
+            fname.write(PNG_SIGNATURE)
+        else:
+            Path(fname).write_bytes(PNG_SIGNATURE)
+
+    monkeypatch.setattr(Figure, "savefig", signature_only)
 
 
 @pytest.fixture(autouse=True)

@@ -155,24 +155,12 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-def _unrendered(monkeypatch) -> None:
-    """Figures built but not rendered to PNG, where a test looks at what is written around them."""
-    import matplotlib.pyplot as plt
-
-    from evaluation import report
-
-    def built_only(fig) -> bytes:
-        plt.close(fig)
-        return b"\x89PNG\r\n\x1a\n"
-
-    monkeypatch.setattr(report, "png_bytes", built_only)
-
-
 def _png_ok(path: Path) -> None:
     image = matplotlib.image.imread(path)  # decodes the file: a valid PNG
     assert image.ndim == 3 and min(image.shape[:2]) > 100
 
 
+@pytest.mark.plot
 def test_heatmaps_and_long_context_figures(runs, tmp_path):
     out = tmp_path / "maps"
     cli.run(maps_script.COMMAND, ["--ckpt", str(runs["window"]), str(runs["learned"]), "--prompt", "The cat sat.",
@@ -206,7 +194,6 @@ def test_a_failed_write_ends_in_one_line_and_leaves_no_results_json(runs, tmp_pa
         real_write(path, payload)
 
     monkeypatch.setattr(attention_maps, "atomic_write_bytes", full_disk)
-    _unrendered(monkeypatch)  # the heatmaps written before results.json: test_heatmaps_and_long_context_figures
     line = cli_error(capsys, maps_script.COMMAND, ["--ckpt", str(runs["window"]), "--prompt", "The cat",
                                                    "--out", str(out), "--progress", "false"])  # fmt: skip
     assert "cannot write the figures" in line and "No space left on device" in line
@@ -229,10 +216,9 @@ def test_mistakes_end_in_one_clear_message(runs, tmp_path, capsys):
     assert not (tmp_path / "x").exists()  # nothing written
 
 
-def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path, monkeypatch):
-    """The attention figures built but not rendered: `stats_figures`, which attention_maps.py renders in
-    test_heatmaps_and_long_context_figures (decoded there)."""
-    _unrendered(monkeypatch)
+def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path):
+    """The attention figures built (conftest: not rendered): `stats_figures`, which attention_maps.py renders
+    in test_heatmaps_and_long_context_figures (decoded there)."""
     out = tmp_path / "eval"
     cli.run(evaluate_script.COMMAND, ["--ckpt", str(runs["window"]), str(runs["learned"]), "--eval.lengths", "[8,32]",
                           "--eval.token_budget", "64", "--eval.attention_stats", "true", "--eval.progress", "false",

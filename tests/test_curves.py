@@ -81,6 +81,7 @@ def test_the_half_written_last_line_of_a_killed_launch_is_left_out(tmp_path):
     assert metrics["train/loss"] == [(5, 3.0), (10, 2.5)] and metrics["lr"] == [(5, 1e-3), (10, 1e-3), (15, 1e-3)]
 
 
+@pytest.mark.plot
 def test_drawing_touches_no_pyplot_state_and_importing_picks_no_backend(tmp_path):
     import matplotlib.pyplot as plt
 

@@ -50,23 +50,6 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return ckpts
 
 
-@pytest.fixture
-def unrendered(monkeypatch) -> None:
-    """The report's figures built (every curve and marker drawn on its axes, the legend laid out) but not
-    rendered to PNG, for the tests of the numbers and the table: rendering is most of an evaluation's
-    time here. test_output_files_and_not_applicable_rows and test_checkpoints_sharing_a_label_are_seeds
-    render theirs, the legend tests below draw theirs."""
-    import matplotlib.pyplot as plt
-
-    from evaluation import report
-
-    def built_only(fig) -> bytes:
-        plt.close(fig)
-        return b"\x89PNG\r\n\x1a\n"
-
-    monkeypatch.setattr(report, "png_bytes", built_only)
-
-
 def _evaluate(tmp: Path, *args: str) -> dict:
     out = tmp / "out"
     cli.run(evaluate_script.COMMAND, [*args, "--out", str(out), "--eval.progress", "false"])
@@ -80,7 +63,6 @@ def _val_tokens(ckpt: Path) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("mode", "stride"), [("nonoverlap", None), ("sliding", 8), ("sliding", 16)])
-@pytest.mark.usefixtures("unrendered")
 def test_numbers_equal_a_direct_computation(runs, tmp_path, mode, stride):
     args = ["--ckpt", str(runs["rope"]), str(runs["alibi"]), "--eval.lengths", "[16,48]", "--eval.token_budget", "240",
             "--eval.mode", mode]  # fmt: skip
@@ -96,6 +78,7 @@ def test_numbers_equal_a_direct_computation(runs, tmp_path, mode, stride):
             assert row["mode"] == ("nonoverlap" if s == row["length"] else "sliding") and row["stride"] == s
 
 
+@pytest.mark.plot
 def test_output_files_and_not_applicable_rows(runs, tmp_path, monkeypatch):
     monkeypatch.chdir(runs["tmp"])  # the checkpoints' data lies here: results.json names it from here
     lengths = [8, 16, 32, 64]
@@ -121,7 +104,6 @@ def test_output_files_and_not_applicable_rows(runs, tmp_path, monkeypatch):
     assert "| rope | rope | 16 | char" in table and "| n/a | n/a |" in table
 
 
-@pytest.mark.usefixtures("unrendered")
 def test_rope_scaling_with_factor_one_changes_nothing(runs, tmp_path):
     doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["alibi"]), "--eval.lengths", "[16,64]",
                     "--eval.token_budget", "128", "--eval.rope_scaling", "[none,linear,ntk,yarn]",
@@ -133,7 +115,6 @@ def test_rope_scaling_with_factor_one_changes_nothing(runs, tmp_path):
     assert all(row["rope_scaling_factor"] == 1.0 for run in doc["runs"][1:4] for row in run["results"])
 
 
-@pytest.mark.usefixtures("unrendered")
 def test_dynamic_rope_scaling_acts_beyond_the_training_length_only(runs, tmp_path):
     doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), "--eval.lengths", "[16,64]", "--eval.token_budget", "128",
                     "--eval.rope_scaling", "[none,yarn]")  # fmt: skip
@@ -158,7 +139,6 @@ def _scored_line(tmp: Path) -> str:
     return next(line for line in report.splitlines() if "scored" in line and "budget" in line)
 
 
-@pytest.mark.usefixtures("unrendered")
 def test_the_report_states_the_tokens_scored_not_the_budget(runs, tmp_path):
     """A budget past the validation split scores what the split holds, per length: the report says so
     (it used to say "100,000 tokens scored at every length"); a budget that is not a multiple of a
@@ -175,7 +155,6 @@ def test_the_report_states_the_tokens_scored_not_the_budget(runs, tmp_path):
     assert _scored_line(tmp_path) == "- tokens scored, from the start of the text: 96 at every length (budget 100)"
 
 
-@pytest.mark.usefixtures("unrendered")
 def test_each_checkpoint_tokenizes_a_given_text_with_its_own_tokenizer(runs, tmp_path):
     text = tmp_path / "eval.txt"
     text.write_text(make_text(300, seed=5))  # characters both vocabularies have
@@ -219,7 +198,6 @@ def test_bad_input_fails_with_one_clear_message(runs, tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # nothing written by a run that failed its checks
 
 
-@pytest.mark.usefixtures("unrendered")
 def test_drop_unknown_leaves_out_unknown_characters(runs, tmp_path):
     other = str(runs["tmp"] / "other.txt")
     doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), "--eval_data.input", other, "--eval_data.drop_unknown",
@@ -256,7 +234,6 @@ def test_memory_is_bounded_by_batch_tokens(runs, monkeypatch):
     assert small["runs"][0]["results"][0]["loss"] == pytest.approx(big["runs"][0]["results"][0]["loss"], rel=1e-5)
 
 
-@pytest.mark.usefixtures("unrendered")
 def test_a_char_and_a_bpe_checkpoint_on_one_text(runs, tmp_path, gpt2_ranks):
     """Different kinds of tokenizer: each encodes the text itself; the table says so."""
     cfg = RunConfig(
@@ -277,7 +254,6 @@ def test_a_char_and_a_bpe_checkpoint_on_one_text(runs, tmp_path, gpt2_ranks):
     assert "tokenizers differ (char" in (tmp_path / "out" / "results.md").read_text()
 
 
-@pytest.mark.usefixtures("unrendered")
 def test_bfloat16_autocast_on_cpu_stays_close_to_float32(runs, tmp_path):
     """The GPU default (bf16 autocast, float32 losses), run on the CPU's autocast."""
     args = ["--ckpt", str(runs["rope"]), str(runs["alibi"]), "--eval.lengths", "[16,48]", "--eval.token_budget", "240",
