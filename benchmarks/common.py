@@ -14,6 +14,7 @@ import platform
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,7 +30,7 @@ DEFAULT_PEER = ROOT.parent / "shared" / "peers" / "nanoGPT"
 CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
-def check_schemes(schemes: list[str], known: list[str] | dict[str, Any], prefix: str = "") -> None:
+def check_schemes(schemes: list[str], known: Sequence[str], prefix: str = "") -> None:
     for scheme in schemes:
         if scheme not in known:
             hint = did_you_mean(scheme, known, "")

@@ -1,10 +1,6 @@
-"""Decode speed per position scheme, eager and compiled, against nanoGPT (`python bench.py decode`).
-
-Each row is one (scheme, mode, batch): seeded random weights, a random prompt, then `--tokens` new tokens
-through `model.generation.stream` (sample.py's KV-cached path), compile and warm-up left out of the timed
-run. nanoGPT's `generate` (no KV cache) runs on the same shape, its model.py imported from the peer directory.
-`--json FILE` appends each row as it finishes, so a GPU table can be gathered over several commands.
-"""
+"""Decode speed per position scheme, eager and compiled, against nanoGPT (`python bench.py decode`). Each row is
+one (scheme, mode, batch): seeded random weights, a random prompt, then `--tokens` new tokens through sample.py's
+KV-cached path, compile and warm-up left out of the timed run; nanoGPT's `generate` (no KV cache) on the same shape."""
 
 from __future__ import annotations
 
@@ -19,7 +15,6 @@ from torch._dynamo.utils import counters
 
 from benchmarks.common import Bench, cell, check_at_least, check_schemes, device_name, table_head, table_line
 from core.cli import Command
-from core.device import pick_device_dtype
 from core.errors import ConfigError
 from model import GPT, POS_ENCODINGS, GPTConfig
 from model.generation import compile_for_decoding, stream
@@ -75,7 +70,6 @@ class DecodeBenchConfig:
             raise ConfigError(f"--top_k must be at least 0 (0: all tokens), got {self.top_k}.")
         if self.temperature < 0:
             raise ConfigError(f"--temperature must be >= 0 (0 is greedy), got {self.temperature}.")
-        pick_device_dtype(self.device, self.dtype)  # a device this machine has
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,6 @@
-"""What a machine does with posgpt, in parts of about 8 minutes: `python bench.py report` (`posgpt bench
-report`), one front door over the commands that measure it (the parts: BENCHMARKS.md).
-
-Each job is one run of an existing command in a process of its own, under its own time limit, and ends
-as one line of `--out`; running a part again skips the jobs already there, so a part cut off by `--budget`
-loses nothing. The lines render to a markdown report. On a CPU the same jobs run shrunk (the tests').
-"""
+"""What a machine does with posgpt, in parts of about 8 minutes (`python bench.py report`; BENCHMARKS.md). Each
+job is one run of an existing command in a process of its own, under its own time limit, and ends as one line of
+`--out`; running a part again skips the jobs already there, so a part cut off by `--budget` loses nothing."""
 
 from __future__ import annotations
 
