@@ -356,8 +356,8 @@ def bench_gpu(args: GpuBenchConfig) -> None:
         setup.load_peer(args.peer)
     print("\n".join(table_head(HEAD)), flush=True)
     for batch, context in setup.shapes:  # ours per scheme, the trainer's, nanoGPT's
-        rows = [*(("posgpt", s) for s in args.schemes), *(("lightning", s) for s in args.trainer)]
-        for model, scheme in [*rows, *([("nanoGPT", "learned")] if setup.peer else [])]:
+        planned = [*(("posgpt", s) for s in args.schemes), *(("lightning", s) for s in args.trainer)]
+        for model, scheme in [*planned, *([("nanoGPT", "learned")] if setup.peer else [])]:
             record(setup, guarded(setup, Row(model, scheme, "sdpa" if model == "nanoGPT" else "", batch, context)))
     print("\n" + "\n".join(ratios(setup.rows)))
     switches = [name for name in ("chunked_loss", "activation_checkpointing", "fp8") if getattr(args, name)]
