@@ -1,11 +1,10 @@
-"""What the benchmark modes share: the device's name, peak memory of one row, nanoGPT's model
-imported from the peer directory, table lines, and rows appended to a JSON-lines file."""
+"""What the benchmark modes share: a table's device, peak memory and rows (each printed and appended to --json as
+it finishes), the device's name, and nanoGPT's model imported from the peer directory."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import gc
 import importlib.util
 import io
@@ -15,65 +14,115 @@ import platform
 import re
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from core.device import pick_device_dtype
+from core.errors import ConfigError, did_you_mean
 from model import GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PEER = ROOT.parent / "shared" / "peers" / "nanoGPT"
+CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
-class PeakMemory:
-    """Peak memory of one row: `start` before the model is built, `reset` after the warm-up,
-    `peak_mib` after the timed run. CUDA's max allocated bytes on a GPU; on a CPU the process's
-    peak resident set, its high-water mark reset through /proc/self/clear_refs (None without it)."""
+def check_schemes(schemes: list[str], known: Sequence[str], prefix: str = "") -> None:
+    for scheme in schemes:
+        if scheme not in known:
+            hint = did_you_mean(scheme, known, "")
+            raise ConfigError(f"{prefix}no scheme {scheme!r}; choose among {', '.join(known)}{hint}")
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.proc = Path("/proc/self/clear_refs")
 
-    @property
-    def how(self) -> str:
+def check_at_least(minimum: int, **values: int | None) -> None:
+    for name, value in values.items():
+        if value is not None and value < minimum:
+            raise ConfigError(f"--{name} must be at least {minimum}, got {value}.")
+
+
+class Bench:
+    """What every row of a table shares: the options, the device, its peak memory and the rows so far. Peak memory
+    is CUDA's max allocated bytes on a GPU; on a CPU the process's peak resident set, its high-water mark reset
+    through /proc/self/clear_refs (None without it)."""
+
+    def __init__(self, args: Any, dtype: str = "auto") -> None:
+        self.args = args
+        self.device, self.dtype = pick_device_dtype(args.device, dtype)
+        self.cuda = self.device.type == "cuda"
+        self.rss = not self.cuda and CLEAR_REFS.exists()
         if self.cuda:
-            return "CUDA max allocated, weights included"
-        if self.proc.exists():
-            return "the process's peak RSS during the timed run: weights, cache, Python and torch"
-        return "not measured on this system: -"
+            self.memory = "CUDA max allocated, weights included"
+        elif self.rss:
+            self.memory = "the process's peak RSS during the timed run: weights, cache, Python and torch"
+        else:
+            self.memory = "not measured on this system: -"
+        self.memory_label = f"peak MiB ({self.memory})"
+        self.rows: list[Any] = []
+        self.peer: ModuleType | None = None
 
-    @property
-    def label(self) -> str:
-        return f"peak MiB ({self.how})"
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
 
-    def start(self) -> None:
+    def free(self) -> None:
+        """Before a row builds its model: what the rows before it left freed."""
         gc.collect()
         if self.cuda:
             torch.cuda.empty_cache()
 
-    def reset(self) -> None:
+    def reset_peak(self) -> None:
+        self.sync()
         if self.cuda:
-            torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        elif self.proc.exists():
-            self.proc.write_text("5")  # Linux: reset the high-water mark to the current RSS
+        elif self.rss:
+            CLEAR_REFS.write_text("5")  # Linux: reset the high-water mark to the current RSS
 
     def peak_mib(self) -> float | None:
         if self.cuda:
             return torch.cuda.max_memory_allocated(self.device) / 2**20
-        if not self.proc.exists():
+        if not self.rss:
             return None
         match = re.search(r"^VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
         return int(match.group(1)) / 1024 if match else 0.0  # the peak itself: a difference of RSS can go negative
 
+    def load_peer(self, option: str | None) -> None:
+        """nanoGPT's model.py in the --peer directory (default: DEFAULT_PEER) as `peer`, imported as module
+        `nanogpt_peer_model` (not `model`, which is ours); where there is none, a note."""
+        directory = DEFAULT_PEER if option is None else Path(option)
+        file = directory / "model.py"
+        if not file.is_file():
+            print(f"note: no nanoGPT model.py in {directory}: its rows are skipped (--peer DIR to give it)")
+            return
+        spec = importlib.util.spec_from_file_location("nanogpt_peer_model", file)
+        assert spec is not None and spec.loader is not None
+        self.peer = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = self.peer  # its @dataclass looks the module up there
+        spec.loader.exec_module(self.peer)
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    def peer_model(self, shape: dict[str, int], seed: int, **fields: Any) -> Any:
+        """nanoGPT's GPT at `shape` with no biases, as ours, and an output layer of our padded vocabulary (50304
+        for GPT-2, as nanoGPT's own GPT-2 runs), built on the device from `seed`."""
+        assert self.peer is not None
+        vocab = GPTConfig(vocab_size=shape["vocab_size"]).padded_vocab_size
+        config = self.peer.GPTConfig(**{**shape, "vocab_size": vocab}, dropout=0.0, bias=False, **fields)
+        torch.manual_seed(seed)
+        with contextlib.redirect_stdout(io.StringIO()), self.device:  # it prints its parameter count
+            return self.peer.GPT(config)
+
+    def add(self, row: Any, line: str, entry: dict[str, Any]) -> None:
+        """Keep `row`, print its `line`, and append `entry` (the row and what a reader needs to reproduce it) to
+        --json, with the date, torch version and the command that made it."""
+        self.rows.append(row)
+        print(line, flush=True)
+        if self.args.json is None:
+            return
+        entry = {"date": datetime.date.today().isoformat(), **entry, "memory": self.memory_label,
+                 "torch": torch.__version__, "command": shlex.join(["python", *sys.argv])}  # fmt: skip
+        with open(self.args.json, "a", encoding="utf-8") as file:
+            file.write(json.dumps(entry) + "\n")
 
 
 def device_name(device: torch.device) -> str:
@@ -86,32 +135,6 @@ def device_name(device: torch.device) -> str:
     return f"{os.cpu_count()}-core CPU ({name}), {threads} thread{'s' if threads > 1 else ''}"
 
 
-def load_peer(option: str | None) -> Callable[..., Any] | None:
-    """`peer_model` of nanoGPT's model.py in the --peer directory (default: DEFAULT_PEER), imported as module
-    `nanogpt_peer_model` (not `model`, which is ours), or None with a note."""
-    directory = DEFAULT_PEER if option is None else Path(option)
-    file = directory / "model.py"
-    if not file.is_file():
-        print(f"note: no nanoGPT model.py in {directory}: its rows are skipped (--peer DIR to give it)")
-        return None
-    spec = importlib.util.spec_from_file_location("nanogpt_peer_model", file)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its @dataclass looks the module up there
-    spec.loader.exec_module(module)
-    return functools.partial(peer_model, module)
-
-
-def peer_model(peer: ModuleType, shape: dict[str, int], device: torch.device, seed: int, **fields: Any) -> Any:
-    """nanoGPT's GPT at `shape` with no biases, as ours, and an output layer of our padded vocabulary (50304 for
-    GPT-2, as nanoGPT's own GPT-2 runs), built on `device` from `seed`."""
-    vocab = GPTConfig(vocab_size=shape["vocab_size"]).padded_vocab_size
-    config = peer.GPTConfig(**{**shape, "vocab_size": vocab}, dropout=0.0, bias=False, **fields)
-    torch.manual_seed(seed)
-    with contextlib.redirect_stdout(io.StringIO()), device:  # it prints its parameter count
-        return peer.GPT(config)
-
-
 def cell(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -122,13 +145,3 @@ def table_line(cells: list[str]) -> str:
 
 def table_head(head: list[str]) -> list[str]:
     return [table_line(head), "|" + "---|" * len(head)]
-
-
-def append_json(path: str | None, entry: dict[str, Any]) -> None:
-    """Append one row to a JSON-lines file, with the date, torch version and the command that made it."""
-    if path is None:
-        return
-    entry = {"date": datetime.date.today().isoformat(), **entry, "torch": torch.__version__,
-             "command": shlex.join(["python", *sys.argv])}  # fmt: skip
-    with open(path, "a", encoding="utf-8") as file:
-        file.write(json.dumps(entry) + "\n")

@@ -1,27 +1,21 @@
-"""Decode speed per position scheme, eager and compiled, against nanoGPT (`python bench.py decode`).
-
-Each row is one (scheme, mode, batch): seeded random weights, a random prompt, then `--tokens` new tokens
-through `model.generation.stream` (sample.py's KV-cached path), compile and warm-up left out of the timed
-run. nanoGPT's `generate` (no KV cache) runs on the same shape, its model.py imported from the peer directory.
-`--json FILE` appends each row as it finishes, so a GPU table can be gathered over several commands.
-"""
+"""Decode speed per position scheme, eager and compiled, against nanoGPT (`python bench.py decode`). Each row is
+one (scheme, mode, batch): seeded random weights, a random prompt, then `--tokens` new tokens through sample.py's
+KV-cached path, compile and warm-up left out of the timed run; nanoGPT's `generate` (no KV cache) on the same shape."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import torch
-from torch import nn
 from torch._dynamo.utils import counters
 
-from benchmarks.common import PeakMemory, append_json, cell, device_name, load_peer, sync, table_head, table_line
+from benchmarks.common import Bench, cell, check_at_least, check_schemes, device_name, table_head, table_line
 from core.cli import Command
-from core.device import pick_device_dtype
-from core.errors import ConfigError, did_you_mean
+from core.errors import ConfigError
 from model import GPT, POS_ENCODINGS, GPTConfig
 from model.generation import compile_for_decoding, stream
 
@@ -50,8 +44,7 @@ class DecodeBenchConfig:
     prompt_tokens: int = 1
     """Prompt length (random token ids)."""
     shape: Literal["auto", "gpt2", "small", "tiny"] = "auto"
-    """Model shape: gpt2 (GPT-2 124M, block 1024, vocab 50257), small (6 x 6 x 384, block 256, vocab 65),
-    tiny (2 x 2 x 32, block 32, vocab 64); auto is gpt2 on CUDA, small on a CPU."""
+    """gpt2 (GPT-2 124M), small (6 x 6 x 384, block 256, vocab 65), tiny (2 x 2 x 32); auto: gpt2 on CUDA."""
     modes: list[Literal["eager", "compiled"]] = field(default_factory=lambda: ["eager", "compiled"])
     """eager, and compiled (model.generation.compile_for_decoding)."""
     device: str = "auto"
@@ -61,31 +54,22 @@ class DecodeBenchConfig:
     json: str | None = None
     """Append each row to this file as one JSON object per line, as it finishes."""
     peer: str | None = None
-    """nanoGPT's directory (default: ../shared/peers/nanoGPT beside the repository); where it has no
-    model.py its rows are skipped with a note (--peer none)."""
+    """nanoGPT's directory (default: ../shared/peers/nanoGPT beside the repository); without model.py: no rows."""
     top_k: int = 200
     """Sample among the k most likely tokens (0: all)."""
     temperature: float = 1.0
     """Softmax temperature; 0 is greedy (nanoGPT's generate then samples with top_k 1, the same choice)."""
 
     def __post_init__(self) -> None:
-        for scheme in self.schemes:
-            if scheme not in POS_ENCODINGS:
-                hint = did_you_mean(scheme, POS_ENCODINGS, "")
-                raise ConfigError(f"--schemes: no scheme {scheme!r}; choose among {', '.join(POS_ENCODINGS)}{hint}")
+        check_schemes(self.schemes, POS_ENCODINGS, "--schemes: ")
         for name, values in (("schemes", self.schemes), ("batches", self.batches), ("modes", self.modes)):
             if not values:
                 raise ConfigError(f"--{name} needs at least one value.")
-        counts = {"batches": min(self.batches), "tokens": 1 if self.tokens is None else self.tokens,
-                  "prompt_tokens": self.prompt_tokens}  # fmt: skip
-        for name, value in counts.items():
-            if value < 1:
-                raise ConfigError(f"--{name} must be at least 1, got {value}.")
+        check_at_least(1, batches=min(self.batches), tokens=self.tokens, prompt_tokens=self.prompt_tokens)
         if self.top_k < 0:
             raise ConfigError(f"--top_k must be at least 0 (0: all tokens), got {self.top_k}.")
         if self.temperature < 0:
             raise ConfigError(f"--temperature must be >= 0 (0 is greedy), got {self.temperature}.")
-        pick_device_dtype(self.device, self.dtype)  # a device this machine has
 
 
 @dataclass(frozen=True)
@@ -105,16 +89,16 @@ class Row:
     """Graphs Dynamo compiled for a compiled row: a prefill and a decode step (a third with a learned window)."""
 
 
-@dataclass(frozen=True)
-class Setup:
+class Setup(Bench):
     """The resolved run: what every row shares."""
 
     args: DecodeBenchConfig
-    device: torch.device
-    dtype: torch.dtype
-    shape: str
-    tokens: int
-    memory: PeakMemory
+
+    def __init__(self, args: DecodeBenchConfig) -> None:
+        super().__init__(args, args.dtype)
+        self.shape = args.shape if args.shape != "auto" else ("gpt2" if self.cuda else "small")
+        self.tokens = args.tokens if args.tokens is not None else (1000 if self.cuda else 200)
+        self.dtype_name = str(self.dtype).removeprefix("torch.")
 
     def prompt(self, batch: int) -> torch.Tensor:
         """Seeded random prompt ids (batch, prompt_tokens)."""
@@ -122,32 +106,23 @@ class Setup:
         ids = torch.randint(0, SHAPES[self.shape]["vocab_size"], (batch, self.args.prompt_tokens), generator=generator)
         return ids.to(self.device)
 
-
-def resolve(args: DecodeBenchConfig) -> Setup:
-    device, dtype = pick_device_dtype(args.device, args.dtype)
-    cuda = device.type == "cuda"
-    shape = args.shape if args.shape != "auto" else ("gpt2" if cuda else "small")
-    tokens = args.tokens if args.tokens is not None else (1000 if cuda else 200)
-    return Setup(args, device, dtype, shape, tokens, PeakMemory(device))
-
-
-def time_tokens(setup: Setup, tokens: Iterator[torch.Tensor]) -> tuple[float, float]:
-    """(seconds to the first token, seconds to the last) of a token iterator, timed from before its
-    first step (a generator does nothing until asked)."""
-    sync(setup.device)
-    start = time.perf_counter()
-    first = None
-    for _ in tokens:
-        if first is None:
-            sync(setup.device)
-            first = time.perf_counter() - start
-    sync(setup.device)
-    return first or 0.0, time.perf_counter() - start
+    def time_tokens(self, tokens: Iterator[torch.Tensor]) -> tuple[float, float]:
+        """(seconds to the first token, seconds to the last) of a token iterator, timed from before its
+        first step (a generator does nothing until asked)."""
+        self.sync()
+        start = time.perf_counter()
+        first = None
+        for _ in tokens:
+            if first is None:
+                self.sync()
+                first = time.perf_counter() - start
+        self.sync()
+        return first or 0.0, time.perf_counter() - start
 
 
 def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
     args = setup.args
-    setup.memory.start()
+    setup.free()
     torch.manual_seed(SEED)
     config = GPTConfig(**SHAPES[setup.shape], pos_encoding=scheme, bias=False, dropout=0.0)
     with setup.device:  # built there: GPT-2's 124M would take seconds to init on a CPU
@@ -162,20 +137,20 @@ def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
         generator = torch.Generator(device=setup.device).manual_seed(SEED)
         return stream(model, idx, n, args.temperature, args.top_k or None, generator=generator)
 
-    warmup = time_tokens(setup, itertools.islice(decode(setup.tokens), WARMUP_TOKENS))[1]  # the run's cache size
-    setup.memory.reset()
-    first, total = time_tokens(setup, decode(setup.tokens))
+    warmup = setup.time_tokens(itertools.islice(decode(setup.tokens), WARMUP_TOKENS))[1]  # the run's cache size
+    setup.reset_peak()
+    first, total = setup.time_tokens(decode(setup.tokens))
     compiled = mode == "compiled"
     graphs = counters["stats"]["unique_graphs"] - graphs_before if compiled else None
     return Row("posgpt", scheme, mode, batch, batch * setup.tokens / total, 1000 * first,
-               warmup if compiled else None, setup.memory.peak_mib(), graphs)  # fmt: skip
+               warmup if compiled else None, setup.peak_mib(), graphs)  # fmt: skip
 
 
-def run_nanogpt(setup: Setup, peer: Callable[..., nn.Module], batch: int) -> Row:
+def run_nanogpt(setup: Setup, batch: int) -> Row:
     """nanoGPT's GPT with learned positions (`peer_model`), timed through its `generate`."""
     args = setup.args
-    setup.memory.start()
-    model = peer(SHAPES[setup.shape], setup.device, SEED).to(dtype=setup.dtype).eval()
+    setup.free()
+    model = setup.peer_model(SHAPES[setup.shape], SEED).to(dtype=setup.dtype).eval()
     idx = setup.prompt(batch)
     greedy = args.temperature == 0  # its generate divides by the temperature: top_k 1 is its greedy
     temperature, top_k = (1.0, 1) if greedy else (args.temperature, args.top_k or None)
@@ -184,12 +159,12 @@ def run_nanogpt(setup: Setup, peer: Callable[..., nn.Module], batch: int) -> Row
     def generate(n: int) -> Iterator[torch.Tensor]:  # its generate yields nothing before the end
         yield model.generate(idx, n, temperature=temperature, top_k=top_k)
 
-    time_tokens(setup, generate(WARMUP_TOKENS))
-    setup.memory.reset()
-    first = time_tokens(setup, generate(1))[1]
-    total = time_tokens(setup, generate(setup.tokens))[1]
+    setup.time_tokens(generate(WARMUP_TOKENS))
+    setup.reset_peak()
+    first = setup.time_tokens(generate(1))[1]
+    total = setup.time_tokens(generate(setup.tokens))[1]
     return Row("nanoGPT", "learned", "eager", batch, batch * setup.tokens / total, 1000 * first, None,
-               setup.memory.peak_mib())  # fmt: skip
+               setup.peak_mib())  # fmt: skip
 
 
 def row_line(row: Row) -> str:
@@ -222,33 +197,27 @@ def summary(rows: list[Row], batches: list[int]) -> list[str]:
 
 def record(setup: Setup, row: Row) -> None:
     """Print the row and append it to --json (with what a reader needs to reproduce it)."""
-    print(row_line(row), flush=True)
-    append_json(setup.args.json, {"device": device_name(setup.device), "dtype": str(setup.dtype).removeprefix("torch."),
-                "shape": setup.shape, **SHAPES[setup.shape], "prompt_tokens": setup.args.prompt_tokens,
-                "new_tokens": setup.tokens, "temperature": setup.args.temperature, "top_k": setup.args.top_k,
-                **asdict(row), "memory": setup.memory.label})  # fmt: skip
+    a = setup.args
+    setup.add(row, row_line(row), {"device": device_name(setup.device), "dtype": setup.dtype_name, "shape": setup.shape,
+              **SHAPES[setup.shape], "prompt_tokens": a.prompt_tokens, "new_tokens": setup.tokens,
+              "temperature": a.temperature, "top_k": a.top_k, **asdict(row)})  # fmt: skip
 
 
 def bench_decode(args: DecodeBenchConfig) -> None:
-    setup = resolve(args)
+    setup = Setup(args)
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_k {args.top_k or 'all'}"
-    print(f"{device_name(setup.device)}, {str(setup.dtype).removeprefix('torch.')}, torch {torch.__version__}; "
+    print(f"{device_name(setup.device)}, {setup.dtype_name}, torch {torch.__version__}; "
           f"shape {setup.shape} {SHAPES[setup.shape]}, no biases; prompt {args.prompt_tokens} tokens, "
           f"{setup.tokens} new tokens, {sampling}")  # fmt: skip
-    peer = load_peer(args.peer)
-    head = ["model", "scheme", "mode", "batch", "tokens/s", "first token ms", "compile s", setup.memory.label, "graphs"]
+    setup.load_peer(args.peer)
+    head = ["model", "scheme", "mode", "batch", "tokens/s", "first token ms", "compile s", setup.memory_label, "graphs"]
     print("\n".join(table_head(head)), flush=True)
-    rows = []
-    for scheme in args.schemes:
-        for mode in args.modes:
-            for batch in args.batches:
-                rows.append(run_ours(setup, scheme, mode, batch))
-                record(setup, rows[-1])
-    for batch in args.batches if peer is not None else []:
-        rows.append(run_nanogpt(setup, peer, batch))
-        record(setup, rows[-1])
-    print(f"\nSummary (peak MiB: {setup.memory.how}; nanoGPT: its generate, no KV cache):")
-    print("\n".join(summary(rows, args.batches)))
+    for scheme, mode, batch in itertools.product(args.schemes, args.modes, args.batches):
+        record(setup, run_ours(setup, scheme, mode, batch))
+    for batch in args.batches if setup.peer is not None else []:
+        record(setup, run_nanogpt(setup, batch))
+    print(f"\nSummary (peak MiB: {setup.memory}; nanoGPT: its generate, no KV cache):")
+    print("\n".join(summary(setup.rows, args.batches)))
 
 
 DECODE = Command("bench.py decode", DecodeBenchConfig, bench_decode, DecodeBenchConfig.__doc__, logs=False)

@@ -1,29 +1,20 @@
-"""Training speed per position scheme and shape, against nanoGPT's step and through the Lightning
-trainer (`python bench.py gpu`).
-
-Each row trains a freshly built model on random tokens for `--warmup` steps, then times `--steps` more of
-train.py's step (autocast forward, backward, clipping, fused AdamW). Rows: posgpt (our GPT on the kernel
-`auto` picks, compiled as `--train.compile true` does), lightning (the same through `training.run.train`,
-its own tokens/s: the trainer's whole per-step cost) and nanoGPT (the peer's GPT and optimizer, never
-copied). MFU is `GPT.flops_per_token` x tokens/s over the device's dense bf16 peak; compile s is the
-warm-up's time less `--warmup` timed steps. A row that fails is recorded with its reason and the others go
-on; each is appended to `--json` as it finishes. On a CPU a tiny model runs at a small shape (the tests').
-"""
+"""Training speed per position scheme and shape, against nanoGPT's step and through the Lightning trainer
+(`python bench.py gpu`). Rows: posgpt (our GPT in train.py's step, on random tokens), lightning (the same through
+`training.run.train`: the trainer's whole per-step cost) and nanoGPT (the peer's GPT and optimizer, never copied).
+MFU is `GPT.flops_per_token` x tokens/s over the device's dense bf16 peak; compile s is the warm-up's time less
+`--warmup` timed steps. A row that fails is recorded with its reason and the others go on."""
 
 from __future__ import annotations
 
 import contextlib
 import csv
 import dataclasses
-import functools
 import io
 import itertools
-import logging
 import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -35,11 +26,11 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import TensorDataset
 
-from benchmarks.common import PeakMemory, append_json, cell, device_name, load_peer, sync, table_head, table_line
+from benchmarks.common import Bench, cell, check_at_least, check_schemes, device_name, table_head, table_line
 from core.cli import Command
-from core.device import pick_device_dtype
-from core.errors import ConfigError, did_you_mean
+from core.errors import ConfigError
 from data.dataset import SeededStream
+from data.tokenizer import CharTokenizer
 from model import GPT, POS_ENCODINGS, GPTConfig
 from model.gpt import training_flops_per_token
 from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
@@ -82,13 +73,11 @@ class GpuBenchConfig:
     trainer's overhead; nanoGPT's step beside ours."""
 
     schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
-    """Rows of ours: every position scheme by name, fire-per-layer, window (RoPE + --window and --sinks), bigbird
-    (that + random blocks), sigmoid, differential, stick_breaking and forgetting (the last two without positions)."""
+    """Our rows: a pos_encoding, fire-per-layer, window, bigbird, sigmoid, differential, stick_breaking, forgetting."""
     shapes: list[str] | None = None
     """Batch x context, e.g. 16x1024 (default: 16x1024 32x1024 4x4096 1x16384 1x32768 on a GPU, 4x64 on a CPU)."""
     model: Literal["auto", "gpt2", "tiny"] = "auto"
-    """gpt2: GPT-2 124M (12 x 12 x 768, vocab 50257); tiny: 2 x 2 x 64, vocab 256; auto: gpt2 on a GPU, tiny on
-    a CPU."""
+    """gpt2: GPT-2 124M (12 x 12 x 768, vocab 50257); tiny: 2 x 2 x 64, vocab 256; auto: gpt2 on a GPU."""
     steps: int | None = None
     """Timed steps per row (default: 20 on a GPU, 3 on a CPU)."""
     warmup: int = 3
@@ -119,22 +108,13 @@ class GpuBenchConfig:
     """auto (cuda if available, else cpu), cpu, cuda, cuda:1, ..."""
 
     def __post_init__(self) -> None:
-        for scheme in [*self.schemes, *self.trainer]:
-            if scheme not in SCHEMES:
-                raise ConfigError(
-                    f"no scheme {scheme!r}; choose among {', '.join(SCHEMES)}{did_you_mean(scheme, SCHEMES, '')}"
-                )
+        check_schemes([*self.schemes, *self.trainer], list(SCHEMES))
         if not self.schemes:
             raise ConfigError("--schemes needs at least one value.")
         for shape in self.shapes or []:
             parse_shape(shape)
-        for name in ("steps", "warmup", "window"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"--{name} must be at least 1, got {value}.")
-        if self.sinks < 0:
-            raise ConfigError(f"--sinks must be at least 0, got {self.sinks}.")
-        pick_device_dtype(self.device, "auto")  # a device this machine has
+        check_at_least(1, steps=self.steps, warmup=self.warmup, window=self.window)
+        check_at_least(0, sinks=self.sinks)
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -163,24 +143,20 @@ class Row:
     """Why a row has no figures (out of memory, an error)."""
 
 
-@dataclass
-class Setup:
+class Setup(Bench):
     """The resolved run: what every row shares."""
 
     args: GpuBenchConfig
-    device: torch.device
-    model: str
-    shapes: list[tuple[int, int]]
-    steps: int
-    memory: PeakMemory
 
-    @property
-    def cuda(self) -> bool:
-        return self.device.type == "cuda"
-
-    @property
-    def precision(self) -> str:
-        return "bf16-mixed" if self.cuda else "32-true"
+    def __init__(self, args: GpuBenchConfig) -> None:
+        super().__init__(args)
+        self.model = args.model if args.model != "auto" else ("gpt2" if self.cuda else "tiny")
+        self.shapes = [parse_shape(s) for s in (args.shapes or (GPU_SHAPES if self.cuda else CPU_SHAPES))]
+        self.steps = args.steps or (20 if self.cuda else 3)
+        self.precision = "bf16-mixed" if self.cuda else "32-true"
+        if args.fp8:
+            check_fp8("gpu" if self.cuda else "cpu", "bf16-mixed", option="--fp8")
+        torch.set_float32_matmul_precision("high")  # as train.py sets it: every row alike (the trainer's too)
 
     def sdpa(self) -> contextlib.AbstractContextManager:
         backend = self.args.sdpa_backend
@@ -190,18 +166,6 @@ class Setup:
         extra = {"attn_window": self.args.window, "attn_sinks": self.args.sinks} if scheme in WINDOWED else {}
         return GPTConfig(**MODELS[self.model], block_size=context, bias=False, dropout=0.0,
                          chunked_loss=self.args.chunked_loss, **SCHEMES[scheme], **extra)  # fmt: skip
-
-
-def resolve(args: GpuBenchConfig) -> Setup:
-    device, _ = pick_device_dtype(args.device, "auto")
-    cuda = device.type == "cuda"
-    model = args.model if args.model != "auto" else ("gpt2" if cuda else "tiny")
-    shapes = [parse_shape(s) for s in (args.shapes or (GPU_SHAPES if cuda else CPU_SHAPES))]
-    steps = args.steps or (20 if cuda else 3)
-    if args.fp8:
-        check_fp8("gpu" if cuda else "cpu", "bf16-mixed", option="--fp8")
-    torch.set_float32_matmul_precision("high")  # as train.py sets it: every row alike (the trainer's too)
-    return Setup(args, device, model, shapes, steps, PeakMemory(device))
 
 
 class RandomTokens(SeededStream):
@@ -217,42 +181,20 @@ class RandomTokens(SeededStream):
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-@dataclass(frozen=True)
-class RandomVocabulary:
-    """What the trainer reads of a tokenizer when it samples nothing: the vocabulary's size and a
-    description for the checkpoint."""
-
-    vocab_size: int
-    end_id: int | None = None
-
-    def meta(self) -> dict[str, Any]:
-        return {"kind": "random", "vocab_size": self.vocab_size}
-
-
 def logged_tokens_per_s(run_dir: Path) -> list[float]:
     """The tokens/s readings a run logged in its metrics file."""
     with open(metrics_file(run_dir), encoding="utf-8") as file:
         return [float(row["perf/tokens_per_s"]) for row in csv.DictReader(file) if row["perf/tokens_per_s"]]
 
 
-@contextlib.contextmanager
-def quiet_lightning() -> Iterator[None]:
-    """Keep the trainer's model summary, notices and warnings out of the table."""
-    logger = logging.getLogger("lightning.pytorch")
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
-
-
 def timed(setup: Setup, row: Row, model: nn.Module, optimizer: torch.optim.Optimizer, vocab: int, flops: int) -> Row:
-    """`row` with the figures of train.py's step: a random batch copied to the device as a trainer's loader hands
-    it over (pinned on a GPU), forward (bf16 autocast on a GPU), backward, clipping of the global gradient norm,
-    the optimizer step; --warmup steps, then --steps timed ones, the peak-memory mark reset between them."""
+    """`row` with the figures of train.py's step, the model compiled as --train.compile true does: a random batch
+    copied to the device as a trainer's loader hands it over (pinned on a GPU), forward (bf16 autocast on a GPU),
+    backward, clipping of the global gradient norm, the optimizer step; --warmup steps, then --steps timed ones,
+    the peak-memory mark reset between them."""
+    if setup.args.compile:
+        torch._dynamo.reset()  # this row's compilation is its own
+        model.compile(mode=setup.args.compile_mode)
     stream, index = RandomTokens(vocab, row.context, row.batch), itertools.count()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if setup.cuda else contextlib.nullcontext()
 
@@ -265,37 +207,18 @@ def timed(setup: Setup, row: Row, model: nn.Module, optimizer: torch.optim.Optim
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    sync(setup.device)
-    start = time.perf_counter()
-    for _ in range(setup.args.warmup):
-        step()
-    sync(setup.device)
-    warmup = time.perf_counter() - start
-    setup.memory.reset()
-    start = time.perf_counter()
-    for _ in range(setup.steps):
-        step()
-    sync(setup.device)
-    per_step = (time.perf_counter() - start) / setup.steps
+    def seconds(steps: int) -> float:
+        setup.sync()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        setup.sync()
+        return time.perf_counter() - start
+
+    warmup = seconds(setup.args.warmup)
+    setup.reset_peak()
+    per_step = seconds(setup.steps) / setup.steps
     return figures(setup, row, per_step, flops, max(0.0, warmup - setup.args.warmup * per_step))
-
-
-def run_ours(setup: Setup, scheme: str, batch: int, context: int) -> Row:
-    config = setup.config(scheme, context)
-    setup.memory.start()
-    torch.manual_seed(SEED)
-    with setup.device:
-        model = GPT(config)
-    model.activation_checkpointing = setup.args.activation_checkpointing
-    if setup.args.fp8:
-        convert_to_fp8(model)
-    kernel = model.attention.kernel_name(model.kernel(setup.device, dropout=False, needs_grad=True))
-    if setup.args.compile:
-        torch._dynamo.reset()  # this row's compilation is its own
-        model.compile(mode=setup.args.compile_mode)
-    optimizer = adamw(model, OptimConfig(lr=6e-4, beta2=0.95), setup.device)
-    row = Row("posgpt", scheme, kernel, batch, context)
-    return timed(setup, row, model, optimizer, config.vocab_size, model.flops_per_token(context))
 
 
 def figures(setup: Setup, row: Row, per_step: float, flops: int, compile_s: float | None) -> Row:
@@ -303,39 +226,50 @@ def figures(setup: Setup, row: Row, per_step: float, flops: int, compile_s: floa
     peak = peak_flops(setup.device, setup.precision)
     mfu = tokens_per_s * flops / peak if peak else None
     return dataclasses.replace(row, ms_per_step=1000 * per_step, tokens_per_s=tokens_per_s, mfu=mfu,
-                               peak_mib=setup.memory.peak_mib(), compile_s=compile_s)  # fmt: skip
+                               peak_mib=setup.peak_mib(), compile_s=compile_s)  # fmt: skip
 
 
-def run_nanogpt(setup: Setup, peer: Callable[..., Any], batch: int, context: int) -> Row:
-    """nanoGPT's GPT (learned positions, `peer_model`), its optimizer groups and torch.compile, in the same
-    step as ours."""
+def run_ours(setup: Setup, row: Row) -> Row:
+    config = setup.config(row.scheme, row.context)
+    setup.free()
+    torch.manual_seed(SEED)
+    with setup.device:
+        model = GPT(config)
+    model.activation_checkpointing = setup.args.activation_checkpointing
+    if setup.args.fp8:
+        convert_to_fp8(model)
+    kernel = model.attention.kernel_name(model.kernel(setup.device, dropout=False, needs_grad=True))
+    optimizer = adamw(model, OptimConfig(lr=6e-4, beta2=0.95), setup.device)
+    row = dataclasses.replace(row, kernel=kernel)
+    return timed(setup, row, model, optimizer, config.vocab_size, model.flops_per_token(row.context))
+
+
+def run_nanogpt(setup: Setup, row: Row) -> Row:
+    """nanoGPT's GPT (learned positions, `peer_model`) and its optimizer groups, in the same step as ours."""
     shape = MODELS[setup.model]
-    setup.memory.start()
-    model = peer(shape, setup.device, SEED, block_size=context)
+    setup.free()
+    model = setup.peer_model(shape, SEED, block_size=row.context)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints its optimizer groups
         optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), setup.device.type)
     n_params = model.get_num_params()  # without its position table, as our N
-    if setup.args.compile:
-        torch._dynamo.reset()
-        model = torch.compile(model, mode=setup.args.compile_mode)
-    flops = training_flops_per_token(n_params, shape["n_layer"], shape["n_embd"], context)
-    return timed(setup, Row("nanoGPT", "learned", "sdpa", batch, context), model, optimizer, shape["vocab_size"], flops)
+    flops = training_flops_per_token(n_params, shape["n_layer"], shape["n_embd"], row.context)
+    return timed(setup, row, model, optimizer, shape["vocab_size"], flops)
 
 
-def run_lightning(setup: Setup, scheme: str, batch: int, context: int) -> Row:
+def run_lightning(setup: Setup, row: Row) -> Row:
     """The same model through the trainer: its last tokens/s reading over 1 + 2 x --steps steps (logged every
     --steps after the first, which compiles), on random training batches and one validation batch."""
-    config, args = setup.config(scheme, context), setup.args
-    stream = RandomTokens(config.vocab_size, context, batch)
+    config, args, batch = setup.config(row.scheme, row.context), setup.args, row.batch
+    stream = RandomTokens(config.vocab_size, row.context, batch)
     validation = TensorDataset(*(t[None] for t in stream.batch(10**9)))  # one item: that batch
     data = TrainingData(
         L.LightningDataModule.from_datasets(stream, validation, batch_size=None),
-        RandomVocabulary(config.vocab_size),  # type: ignore[arg-type]  # all the trainer reads of a tokenizer
+        CharTokenizer(map(chr, range(config.vocab_size))),  # all the trainer reads of it: the vocabulary's size
         {"prepared": "random tokens", "fingerprint": f"random-{SEED}"},
         "random",
     )
-    setup.memory.start()
-    setup.memory.reset()
+    setup.free()
+    setup.reset_peak()
     with tempfile.TemporaryDirectory() as tmp, setup.sdpa():
         train_config = TrainConfig(
             max_steps=1 + 2 * setup.steps, batch_size=batch, eval_interval=10**9, log_interval=setup.steps,
@@ -346,19 +280,20 @@ def run_lightning(setup: Setup, scheme: str, batch: int, context: int) -> Row:
         )  # fmt: skip
         run = RunConfig(model=config, data=DataConfig(input=None, dir=tmp), optim=OptimConfig(), train=train_config)
         torch._dynamo.reset()
-        with quiet_lightning():
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # its model summary and notices
+            warnings.simplefilter("ignore")
             result = train(run, data)
         tokens_per_s = logged_tokens_per_s(result.run_dir)[-1]
     with torch.device("meta"):  # counted on a model without storage
-        flops = GPT(config).flops_per_token(context)
-    return figures(setup, Row("lightning", scheme, "", batch, context), batch * context / tokens_per_s, flops, None)
+        flops = GPT(config).flops_per_token(row.context)
+    return figures(setup, row, batch * row.context / tokens_per_s, flops, None)
 
 
-def guarded(setup: Setup, label: Row, run: Callable[[], Row]) -> Row:
-    """The row `run` measures, or `label` with the reason it could not (out of memory, an error:
-    its traceback on stderr), so that one failing row does not end a table being gathered."""
+def guarded(setup: Setup, label: Row) -> Row:
+    """The row `label` names, measured, or `label` with the reason it could not be (out of memory, an error: its
+    traceback on stderr), so that one failing row does not end a table being gathered."""
     try:
-        return run()
+        return {"posgpt": run_ours, "lightning": run_lightning, "nanoGPT": run_nanogpt}[label.model](setup, label)
     except torch.OutOfMemoryError:
         note = "out of memory"
     except Exception as error:  # noqa: BLE001 - a benchmark table records the failure and goes on
@@ -382,13 +317,12 @@ def row_line(row: Row) -> str:
 
 
 def record(setup: Setup, row: Row) -> None:
-    print(row_line(row), flush=True)
     a = setup.args
-    append_json(a.json, {"device": device_name(setup.device), "precision": setup.precision, "shape": setup.model,
-                         **MODELS[setup.model], **dataclasses.asdict(row), "compile": a.compile,
-                         "compile_mode": a.compile_mode, "sdpa_backend": a.sdpa_backend, "chunked_loss": a.chunked_loss,
-                         "activation_checkpointing": a.activation_checkpointing, "fp8": a.fp8, "steps": setup.steps,
-                         "warmup": a.warmup, "memory": setup.memory.label})  # fmt: skip
+    setup.add(row, row_line(row), {"device": device_name(setup.device), "precision": setup.precision,
+              "shape": setup.model, **MODELS[setup.model], **dataclasses.asdict(row), "compile": a.compile,
+              "compile_mode": a.compile_mode, "sdpa_backend": a.sdpa_backend, "chunked_loss": a.chunked_loss,
+              "activation_checkpointing": a.activation_checkpointing, "fp8": a.fp8, "steps": setup.steps,
+              "warmup": a.warmup})  # fmt: skip
 
 
 def ratios(rows: list[Row]) -> list[str]:
@@ -411,39 +345,23 @@ def ratios(rows: list[Row]) -> list[str]:
     return lines
 
 
-def planned_rows(setup: Setup, peer: Callable[..., Any] | None) -> list[tuple[Row, Callable[[], Row]]]:
-    """Every row of the table, shape by shape: ours per scheme, the trainer's, nanoGPT's; each as
-    its label (what a failed row shows) and the call that measures it."""
-    planned: list[tuple[Row, Callable[[], Row]]] = []
-    for batch, context in setup.shapes:
-        for scheme in setup.args.schemes:
-            run = functools.partial(run_ours, setup, scheme, batch, context)
-            planned.append((Row("posgpt", scheme, "", batch, context), run))
-        for scheme in setup.args.trainer:
-            run = functools.partial(run_lightning, setup, scheme, batch, context)
-            planned.append((Row("lightning", scheme, "", batch, context), run))
-        if peer is not None:
-            run = functools.partial(run_nanogpt, setup, peer, batch, context)
-            planned.append((Row("nanoGPT", "learned", "sdpa", batch, context), run))
-    return planned
-
-
 def bench_gpu(args: GpuBenchConfig) -> None:
-    setup = resolve(args)
+    setup = Setup(args)
     print(f"{device_name(setup.device)}, {setup.precision}, torch {torch.__version__}; model {setup.model} "
           f"{MODELS[setup.model]}, no biases; {args.warmup} warm-up + {setup.steps} timed steps; compile "
           f"{args.compile} ({args.compile_mode}), SDPA backend {args.sdpa_backend}, chunked loss {args.chunked_loss}, "
           f"activation checkpointing {args.activation_checkpointing}, fp8 {args.fp8}; window row: RoPE, window "
-          f"{args.window}, {args.sinks} sinks; peak memory: {setup.memory.how}")  # fmt: skip
-    peer = None if args.peer == "none" else load_peer(args.peer)
+          f"{args.window}, {args.sinks} sinks; peak memory: {setup.memory}")  # fmt: skip
+    if args.peer != "none":
+        setup.load_peer(args.peer)
     print("\n".join(table_head(HEAD)), flush=True)
-    rows: list[Row] = []
-    for label, run in planned_rows(setup, peer):
-        rows.append(guarded(setup, label, run))
-        record(setup, rows[-1])
-    print("\n" + "\n".join(ratios(rows)))
+    for batch, context in setup.shapes:  # ours per scheme, the trainer's, nanoGPT's
+        planned = [*(("posgpt", s) for s in args.schemes), *(("lightning", s) for s in args.trainer)]
+        for model, scheme in [*planned, *([("nanoGPT", "learned")] if setup.peer else [])]:
+            record(setup, guarded(setup, Row(model, scheme, "sdpa" if model == "nanoGPT" else "", batch, context)))
+    print("\n" + "\n".join(ratios(setup.rows)))
     switches = [name for name in ("chunked_loss", "activation_checkpointing", "fp8") if getattr(args, name)]
-    if switches and peer is not None:
+    if switches and setup.peer is not None:
         print(f"note: our rows ran with {', '.join(switches)}, nanoGPT's without: its ratios compare unlike steps")
 
 

@@ -62,13 +62,12 @@ def timed_run(command: list[str], cwd: Path) -> tuple[float, str]:
     return time.perf_counter() - start, result.stdout
 
 
-def logged_step_ms(kind: str, stdout: str, run_dir: Path) -> float:
+def logged_step_ms(kind: str, stdout: str, run_dir: Path, tokens: int) -> float:
     """The median step time a run logged itself: nanoGPT prints each iteration's time (the first
     five left out: warm-up); ours logs tokens/s every log_interval steps (its first step left out)."""
     if kind == "nanoGPT":
         times = [float(line.split("time ")[1].split("ms")[0]) for line in stdout.splitlines() if "time " in line]
         return statistics.median(times[5:])
-    tokens = int(run_dir.name.split("-")[1])  # bench-<tokens per step>-<steps>
     return 1000 * tokens / statistics.median(logged_tokens_per_s(run_dir))
 
 
@@ -93,33 +92,31 @@ class VsNanoGPTConfig:
 def bench_vs_nanogpt(args: VsNanoGPTConfig) -> None:
     shape = SHAPES[args.shape]
     short, long = args.steps
+    tokens = shape["batch_size"] * shape["block_size"]
+    per_step: dict[str, list[float]] = {"ours": [], "nanoGPT": []}
+    logged: dict[str, list[float]] = {"ours": [], "nanoGPT": []}
     with tempfile.TemporaryDirectory() as tmp:
         peer = Path(tmp) / "nanoGPT"
         shutil.copytree(args.peer, peer)  # a scratch copy: the peer is run, never imported or copied in
         data = peer / "data" / "shakespeare_char"
         shutil.copy(args.input, data / "input.txt")
         subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
-        ours_data = Path(tmp) / "ours-data"
+        ours_data, ours_runs = Path(tmp) / "ours-data", Path(tmp) / "runs"
         prepare(args.input, str(ours_data), "char")
         commands = {
             "nanoGPT": lambda n: (nanogpt_command(peer, shape, n, Path(tmp) / f"nano-{n}"), peer),
-            "ours": lambda n: (our_command(ours_data, shape, n, Path(tmp) / "runs", args.ours_args), ROOT),
+            "ours": lambda n: (our_command(ours_data, shape, n, ours_runs, args.ours_args), ROOT),
         }
-        per_step: dict[str, list[float]] = {"ours": [], "nanoGPT": []}
-        logged: dict[str, list[float]] = {"ours": [], "nanoGPT": []}
-        for _ in range(args.rounds):
-            for kind in ("ours", "nanoGPT", "nanoGPT", "ours"):
-                runs = {n: timed_run(*commands[kind](n)) for n in (short, long)}
-                per_step[kind].append((runs[long][0] - runs[short][0]) / (long - short))
-                run_dir = Path(tmp) / "runs" / f"bench-{shape['batch_size'] * shape['block_size']}-{long}"
-                logged[kind].append(logged_step_ms(kind, runs[long][1], run_dir))
-                print(
-                    f"{kind:8s} {short} steps {runs[short][0]:6.1f} s, {long} steps {runs[long][0]:6.1f} s: "
-                    f"{1000 * per_step[kind][-1]:.1f} ms/step (its own log: {logged[kind][-1]:.1f})",
-                    flush=True,
-                )
+        for kind in ("ours", "nanoGPT", "nanoGPT", "ours") * args.rounds:
+            runs = {n: timed_run(*commands[kind](n)) for n in (short, long)}
+            per_step[kind].append((runs[long][0] - runs[short][0]) / (long - short))
+            logged[kind].append(logged_step_ms(kind, runs[long][1], ours_runs / f"bench-{tokens}-{long}", tokens))
+            print(
+                f"{kind:8s} {short} steps {runs[short][0]:6.1f} s, {long} steps {runs[long][0]:6.1f} s: "
+                f"{1000 * per_step[kind][-1]:.1f} ms/step (its own log: {logged[kind][-1]:.1f})",
+                flush=True,
+            )
     ours, nano = statistics.median(per_step["ours"]), statistics.median(per_step["nanoGPT"])
-    tokens = shape["batch_size"] * shape["block_size"]
     print(f"shape {args.shape} {shape}, ours {' '.join(args.ours_args)}")
     print(
         f"median ms/step from the two lengths: ours {1000 * ours:.1f} ({tokens / ours:,.0f} tokens/s), nanoGPT "

@@ -1,10 +1,6 @@
-"""What a machine does with posgpt, in parts of about 8 minutes: `python bench.py report` (`posgpt bench
-report`), one front door over the commands that measure it (the parts: BENCHMARKS.md).
-
-Each job is one run of an existing command in a process of its own, under its own time limit, and ends
-as one line of `--out`; running a part again skips the jobs already there, so a part cut off by `--budget`
-loses nothing. The lines render to a markdown report. On a CPU the same jobs run shrunk (the tests').
-"""
+"""What a machine does with posgpt, in parts of about 8 minutes (`python bench.py report`; BENCHMARKS.md). Each
+job is one run of an existing command in a process of its own, under its own time limit, and ends as one line of
+`--out`; running a part again skips the jobs already there, so a part cut off by `--budget` loses nothing."""
 
 from __future__ import annotations
 
@@ -17,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
@@ -34,7 +29,6 @@ from core.errors import ConfigError
 from core.files import atomic_write_bytes
 from data.corpora import python_docs_path
 
-PARTS = ("check", "train", "decode", "long")
 DECODE_SCHEMES = ("learned", "rope", "alibi")
 LONG_EVAL = ("rope", "alibi")
 
@@ -47,13 +41,11 @@ class ReportConfig:
     part: list[Literal["check", "train", "decode", "long", "all"]] = field(default_factory=lambda: ["all"])
     """Which parts, in this order: check, train, decode, long or all."""
     out: str = "bench-report.jsonl"
-    """The JSON-lines file of finished jobs (appended to; jobs already in it are skipped). The markdown report
-    goes beside it (.md), work files and each job's log into its -work folder."""
+    """The JSON-lines file of finished jobs (skipped when run again); the report goes beside it (.md), logs to -work."""
     only: list[str] = field(default_factory=list)
     """Run only the jobs whose names match one of these patterns (say 'train/rope' or 'decode/*')."""
     budget: float = 540
-    """Seconds this command may run: a job still running then is stopped and not recorded (run the command again
-    to go on). The default leaves room in a 10-minute limit."""
+    """Seconds this command may run: a job still running then is stopped, left for the next run of the command."""
     peer: str = str(DEFAULT_PEER)
     """nanoGPT's directory, for its row beside ours (absent: the row says so)."""
     render: str | None = None
@@ -80,11 +72,8 @@ class Job:
 
 def plan(cfg: ReportConfig, gpu: bool, work: Path) -> list[Job]:
     """Every job of the chosen parts, in order, shrunk on a CPU (the tiny model, eager, few steps)."""
-    parts = PARTS if "all" in cfg.part else [p for p in PARTS if p in cfg.part]
-    jobs = [job for part in parts for job in PLANS[part](gpu, work, cfg)]
-    if cfg.only:
-        jobs = [job for job in jobs if any(fnmatch.fnmatch(job.name, pattern) for pattern in cfg.only)]
-    return jobs
+    jobs = [job for name, part in PARTS.items() if {name, "all"} & set(cfg.part) for job in part[1](gpu, work, cfg)]
+    return [job for job in jobs if not cfg.only or any(fnmatch.fnmatch(job.name, pattern) for pattern in cfg.only)]
 
 
 def check_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
@@ -105,36 +94,34 @@ SHRUNK = {
 """What a `bench.py MODE` job adds on a CPU: its shrunk mode."""
 
 
-def bench_job(gpu: bool, work: Path, name: str, limit: float, mode: str, *argv: str) -> Job:
-    """A `bench.py MODE` job, its rows in the work folder."""
+def bench_job(gpu: bool, work: Path, name: str, limit: float, mode: str, *argv: str, trainer: str = "[]",
+              peer: str = "none") -> Job:  # fmt: skip
+    """A `bench.py MODE` job, its rows in the work folder; the trainer's and nanoGPT's rows only where asked for."""
     rows = str(work / f"{name.replace('/', '-')}.jsonl")
-    return Job(name, "posgpt", ["bench", mode, *argv, *([] if gpu else SHRUNK[mode]), "--json", rows], limit, rows)
+    argv = (*argv, *(["--trainer", trainer] if mode == "gpu" else []), "--peer", peer, *([] if gpu else SHRUNK[mode]))
+    return Job(name, "posgpt", ["bench", mode, *argv, "--json", rows], limit, rows)
 
 
 def train_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
     shape = ["--shapes", "16x1024" if gpu else "4x64"]
-    jobs = []
-    for scheme in SCHEMES:
-        extra = ["--trainer", "rope", "--peer", cfg.peer] if scheme == "rope" else ["--trainer", "[]", "--peer", "none"]
-        jobs.append(bench_job(gpu, work, f"train/{scheme}", 240 if scheme == "rope" else 150, "gpu", "--schemes",
-                              scheme, *shape, *extra))  # fmt: skip
-    jobs.append(bench_job(gpu, work, "train/fp8", 150, "gpu", "--schemes", "rope", *shape, "--fp8", "true",
-                          "--trainer", "[]", "--peer", "none"))  # fmt: skip
+    rope = {"trainer": "rope", "peer": cfg.peer}  # the trainer's row and nanoGPT's beside RoPE's
+    jobs = [bench_job(gpu, work, f"train/{s}", 240 if s == "rope" else 150, "gpu", "--schemes", s, *shape,
+                      **(rope if s == "rope" else {})) for s in SCHEMES]  # fmt: skip
+    jobs.append(bench_job(gpu, work, "train/fp8", 150, "gpu", "--schemes", "rope", *shape, "--fp8", "true"))
     fsdp = ["-q", "-p", "no:cacheprovider", "-m", "gpu", "-k", "fsdp", str(ROOT / "tests" / "test_gpu.py")]
     return [*jobs, Job("train/fsdp-resume", "pytest", fsdp, 150)]
 
 
 def decode_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
     return [bench_job(gpu, work, f"decode/{scheme}-{mode}", 180, "decode", "--schemes", scheme, "--modes", mode,
-                      "--batches", "1", "64", "--peer", "none")
+                      "--batches", "1", "64")
             for scheme in DECODE_SCHEMES for mode in (("eager", "compiled") if gpu else ("eager",))]  # fmt: skip
 
 
 def long_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
     lengths = ["16384", "32768"] if gpu else ["128", "256"]
     jobs = [bench_job(gpu, work, f"long/{scheme}", 240, "gpu", "--schemes", scheme, "--shapes",
-                      *(f"1x{n}" for n in lengths), "--steps", "1", "--warmup", "1", "--trainer", "[]",
-                      "--peer", "none") for scheme in SCHEMES]  # fmt: skip
+                      *(f"1x{n}" for n in lengths), "--steps", "1", "--warmup", "1") for scheme in SCHEMES]  # fmt: skip
     shape = ["12", "12", "768", "1024"] if gpu else ["2", "2", "32", "64"]
     fields = dict(zip(["n_layer", "n_head", "n_embd", "block_size"], shape, strict=True))
     checkpoints = []
@@ -149,9 +136,6 @@ def long_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
     evaluate = ["evaluate", "--ckpt", *checkpoints, "--labels", *LONG_EVAL, "--out", str(work / "eval"),
                 "--eval.lengths", *lengths, "--eval.progress", "false"]  # fmt: skip
     return [*jobs, Job("long/evaluate", "posgpt", evaluate, 300)]
-
-
-PLANS = {"check": check_jobs, "train": train_jobs, "decode": decode_jobs, "long": long_jobs}
 
 
 def run_job(job: Job, limit: float, work: Path) -> dict[str, Any] | None:
@@ -226,15 +210,11 @@ TARGETS = {"mfu": 0.45, "vs_nanogpt": 1.15, "vs_rope": 0.95, "decode_b1_compiled
 peak), its tokens/s over nanoGPT's, each scheme's over RoPE's, decoding tokens/s at batch 1 and 64."""
 
 
-def _rows(entries: list[dict[str, Any]], prefix: str) -> Iterable[tuple[str, dict[str, Any]]]:
-    for entry in entries:
-        if entry["job"].startswith(prefix):
-            yield from ((entry["job"], row) for row in entry.get("rows", []))
-
-
-def _build(kind: type, row: dict[str, Any]) -> Any:
+def _rows(entries: list[dict[str, Any]], prefix: str, kind: type) -> list[tuple[str, Any]]:
+    """(job, row as `kind`) of each row of the jobs whose names start with `prefix`."""
     names = {f.name for f in dataclasses.fields(kind)}
-    return kind(**{k: v for k, v in row.items() if k in names})
+    return [(e["job"], kind(**{k: v for k, v in row.items() if k in names}))
+            for e in entries if e["job"].startswith(prefix) for row in e.get("rows", [])]  # fmt: skip
 
 
 def _judge(value: float, target: float) -> str:
@@ -264,7 +244,7 @@ def check_lines(entries: list[dict[str, Any]]) -> list[str]:
 
 
 def train_lines(entries: list[dict[str, Any]]) -> list[str]:
-    rows = [(job, _build(TrainRow, row)) for job, row in _rows(entries, "train/")]
+    rows = _rows(entries, "train/", TrainRow)
     if not rows:
         return []
     plain = [row for job, row in rows if job != "train/fp8"]
@@ -287,7 +267,7 @@ def train_lines(entries: list[dict[str, Any]]) -> list[str]:
 
 
 def decode_lines(entries: list[dict[str, Any]]) -> list[str]:
-    rows = [_build(decoding.Row, row) for _, row in _rows(entries, "decode/")]
+    rows = [row for _, row in _rows(entries, "decode/", decoding.Row)]
     if not rows:
         return []
     lines = [*decoding.summary(rows, sorted({r.batch for r in rows})), ""]
@@ -299,7 +279,7 @@ def decode_lines(entries: list[dict[str, Any]]) -> list[str]:
 
 
 def long_lines(entries: list[dict[str, Any]]) -> list[str]:
-    rows = [_build(TrainRow, row) for _, row in _rows(entries, "long/")]
+    rows = [row for _, row in _rows(entries, "long/", TrainRow)]
     lines = ["| scheme | kernel | B x T | ms/step | peak GiB | compile s | note |", "|---|---|---|---:|---:|---:|---|"]
     for r in rows:
         peak = None if r.peak_mib is None else r.peak_mib / 1024
@@ -327,10 +307,18 @@ def render(entries: list[dict[str, Any]]) -> str:
     head = [f"# posgpt bench report: {first['device']}", "",
             f"torch {first['torch']}, CUDA {first['cuda'] or '-'}; {dates[0]}"
             f"{' to ' + dates[-1] if len(dates) > 1 else ''}; {len(entries)} jobs.", ""]  # fmt: skip
-    parts = [("Checks", check_lines(entries)), ("Training (bench.py gpu)", train_lines(entries)),
-             ("Decoding (bench.py decode)", decode_lines(entries)), ("Long context", long_lines(entries))]  # fmt: skip
+    parts = [(title, lines(entries)) for title, _, lines in PARTS.values()]
     body = [line for title, lines in parts if lines for line in (f"## {title}", "", *lines, "")]
     return "\n".join([*head, "## Jobs", "", *jobs_table(entries), "", *body])
+
+
+PARTS = {
+    "check": ("Checks", check_jobs, check_lines),
+    "train": ("Training (bench.py gpu)", train_jobs, train_lines),
+    "decode": ("Decoding (bench.py decode)", decode_jobs, decode_lines),
+    "long": ("Long context", long_jobs, long_lines),
+}
+"""Each part of the report, in order: its title, its jobs and the lines it renders of their entries."""
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:

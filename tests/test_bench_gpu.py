@@ -81,10 +81,10 @@ def test_a_failing_row_is_recorded_and_the_table_goes_on(tmp_path, capsys, monke
 
     real = gpu.run_ours
 
-    def fail_alibi(setup, scheme, batch, context):
-        if scheme == "alibi":
+    def fail_alibi(setup, row):
+        if row.scheme == "alibi":
             raise torch_oom()
-        return real(setup, scheme, batch, context)
+        return real(setup, row)
 
     monkeypatch.setattr(gpu, "run_ours", fail_alibi)
     rows = tmp_path / "rows.jsonl"
