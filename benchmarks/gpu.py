@@ -204,17 +204,15 @@ def resolve(args: GpuBenchConfig) -> Setup:
     return Setup(args, device, model, shapes, steps, PeakMemory(device))
 
 
-class RandomTokens(SeededStream):
+def random_tokens(vocab: int, context: int, batch_size: int) -> SeededStream:
     """Batches of random tokens, a function of (seed, index) alone, as the trainer's streams are."""
 
-    def __init__(self, vocab: int, context: int, batch_size: int) -> None:
-        super().__init__(batch_size, SEED, 0, lambda: 0)
-        self.vocab, self.context = vocab, context
-
-    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(index: int) -> tuple[torch.Tensor, torch.Tensor]:
         rng = np.random.default_rng([SEED, index])
-        tokens = torch.from_numpy(rng.integers(0, self.vocab, (self.batch_size, self.context + 1), dtype=np.int64))
+        tokens = torch.from_numpy(rng.integers(0, vocab, (batch_size, context + 1), dtype=np.int64))
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    return SeededStream(batch)
 
 
 @dataclass(frozen=True)
@@ -253,7 +251,7 @@ def timed(setup: Setup, row: Row, model: nn.Module, optimizer: torch.optim.Optim
     """`row` with the figures of train.py's step: a random batch copied to the device as a trainer's loader hands
     it over (pinned on a GPU), forward (bf16 autocast on a GPU), backward, clipping of the global gradient norm,
     the optimizer step; --warmup steps, then --steps timed ones, the peak-memory mark reset between them."""
-    stream, index = RandomTokens(vocab, row.context, row.batch), itertools.count()
+    stream, index = random_tokens(vocab, row.context, row.batch), itertools.count()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if setup.cuda else contextlib.nullcontext()
 
     def step() -> None:
@@ -326,7 +324,7 @@ def run_lightning(setup: Setup, scheme: str, batch: int, context: int) -> Row:
     """The same model through the trainer: its last tokens/s reading over 1 + 2 x --steps steps (logged every
     --steps after the first, which compiles), on random training batches and one validation batch."""
     config, args = setup.config(scheme, context), setup.args
-    stream = RandomTokens(config.vocab_size, context, batch)
+    stream = random_tokens(config.vocab_size, context, batch)
     validation = TensorDataset(*(t[None] for t in stream.batch(10**9)))  # one item: that batch
     data = TrainingData(
         L.LightningDataModule.from_datasets(stream, validation, batch_size=None),

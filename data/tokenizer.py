@@ -65,6 +65,11 @@ class CharTokenizer:
             )
         return [self._ids[c] for c in text]
 
+    def encode_pieces(self, texts: list[str], ends: list[bool], *_: Any) -> np.ndarray:
+        """The ids of `texts` in order, a newline after those that end a document."""
+        text = "".join(text + "\n" * end for text, end in zip(texts, ends, strict=True))
+        return np.asarray(self.encode(text), dtype=np.int64)
+
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.chars[i] for i in ids)
 
@@ -179,15 +184,6 @@ def _encoding_from_ranks(path: Path):  # -> tiktoken.Encoding
         mergeable_ranks=ranks,
         special_tokens={EOT: GPT2_VOCAB - 1},
     )
-
-
-def build_tokenizer(kind: str, text_chars: Iterable[str] = (), ranks_path: str | None = None) -> Tokenizer:
-    """A new tokenizer: `char` from the corpus' characters, or `gpt2`."""
-    if kind == "char":
-        return CharTokenizer(text_chars)
-    if kind == "gpt2":
-        return GPT2Tokenizer(ranks_path)
-    raise ValueError(f"Unknown tokenizer {kind!r}; valid choices: ['char', 'gpt2'].")
 
 
 def tokenizer_from_meta(meta: dict[str, Any], ranks_path: str | None = None) -> Tokenizer:
