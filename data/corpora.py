@@ -120,16 +120,14 @@ NAMED: dict[str, Callable[[], Path | Source]] = {
 
 
 def _stdlib_source() -> str:
-    parts, size = [], 0
+    text = ""
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        parts.append(text)
-        size += len(text)
-        if size >= STDLIB_SOURCE_CHARS:
+        text += path.read_text(encoding="utf-8", errors="replace")
+        if len(text) >= STDLIB_SOURCE_CHARS:
             break
-    if not parts:
+    if not text:
         raise DataError("This Python installation carries neither pydoc_data nor its library's source.")
-    return "".join(parts)[:STDLIB_SOURCE_CHARS]
+    return text[:STDLIB_SOURCE_CHARS]
 
 
 def _cached_text(name: str, make: Callable[[], str]) -> Path:

@@ -29,14 +29,15 @@ class _ResumableDataModule(L.LightningDataModule):
     def rank(self) -> int:
         return self.trainer.global_rank if self.trainer is not None else 0
 
-    def _loader(self, data: Any, pin: bool = False) -> DataLoader:
+    def _loader(self, data: Any) -> DataLoader:
         """Every DataLoader iterator draws a seed from its generator; with the global one that draw would
         shift dropout's random stream whenever a loader restarts (after a resume, at each validation),
         and a resumed run would no longer match an uninterrupted one. Our batches need no torch RNG."""
+        pin = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
         return DataLoader(data, batch_size=None, pin_memory=pin, generator=torch.Generator().manual_seed(0))
 
-    def _stream(self, batch: Callable[[int], Batch], pin: bool = False) -> DataLoader:
-        return self._loader(SeededStream(batch, lambda: self._start), pin)
+    def _stream(self, batch: Callable[[int], Batch]) -> DataLoader:
+        return self._loader(SeededStream(batch, lambda: self._start))
 
     def state_dict(self) -> dict[str, Any]:
         trainer = self.trainer
@@ -71,14 +72,10 @@ class TokenDataModule(_ResumableDataModule):
         return {"windows": windows, "tokens": windows * self.block_size, "split_tokens": self.data.meta["val_tokens"]}
 
     def train_dataloader(self) -> DataLoader:
-        batch = random_windows(self.data, self.block_size, self.batch_size, self.seed, self.rank)
-        return self._stream(batch, self._pin())
+        return self._stream(random_windows(self.data, self.block_size, self.batch_size, self.seed, self.rank))
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.validation, self._pin())
-
-    def _pin(self) -> bool:
-        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        return self._loader(self.validation)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "validation": self.validation_record()}

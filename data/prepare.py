@@ -35,7 +35,7 @@ from core.files import atomic_write_bytes, tmp_path, waiting_lock
 from data.corpora import NAMED
 from data.errors import DataError
 from data.sources import CHUNK_CHARS, HUB_PREFIX, HUB_SYNTAX, Source, corpus_name, file_source, hub_source, path_sources
-from data.tokenizer import CharTokenizer, GPT2Tokenizer
+from data.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def _write(
     """Tokenize, split and write `meta.json` last, once the output's lock is held."""
     tokenizer, val_fraction, errors = settings["tokenizer"], settings["val_fraction"], settings["errors"]
     if tokenizer == "gpt2":
-        tok: CharTokenizer | GPT2Tokenizer = GPT2Tokenizer(tiktoken_ranks)
+        tok: Tokenizer = GPT2Tokenizer(tiktoken_ranks)
     elif chars := _char_set(sources, errors):
         tok = CharTokenizer(chars)
     else:
@@ -348,7 +348,10 @@ class Progress:
     def record(self) -> dict[str, float]:
         return {"bytes": self.read, "seconds": round(self.seconds(), 2), "MB/s": round(self.mb_per_s(), 1)}
 
-    def close(self) -> None:
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self.end = time.perf_counter()
         if self.bar is not None:
             self.bar.close()
@@ -385,55 +388,38 @@ def _batches(
 def _char_set(sources: list[Source], errors: str) -> set[str]:
     """The characters of the whole stream (the char tokenizer's vocabulary): a first pass over the sources."""
     chars: set[str] = set()
-    progress = Progress("reading characters", _total_size(sources))
-    try:
+    with Progress("reading characters", _total_size(sources)) as progress:
         for texts, ends, read, _ in _batches(sources, errors, False, 1):
             chars.update(*texts)
             if any(ends):
                 chars.add("\n")
             progress.update(read, 0)
-    finally:
-        progress.close()
     return chars
 
 
 def _write_tokens(
-    path: Path, sources: list[Source], tok: CharTokenizer | GPT2Tokenizer, dtype: np.dtype, errors: str, workers: int
+    path: Path, sources: list[Source], tok: Tokenizer, dtype: np.dtype, errors: str, workers: int
 ) -> tuple[int, int, Progress]:
     """Encode every source into one flat token file at `path`: the tokens, the characters of text read
     (separators and <|endoftext|> not counted) and the finished progress."""
-    progress = Progress("tokenizing", _total_size(sources))
     tokens, chars = 0, 0
-    bpe = isinstance(tok, GPT2Tokenizer)
-    pool = ThreadPoolExecutor(workers) if bpe and workers > 1 else None
-    try:
-        with open(path, "wb") as f:
-            for ids, read, n_chars in _encoded(
-                _batches(sources, errors, bpe, workers if bpe else 1), tok, workers, pool
-            ):
-                array = np.asarray(ids, dtype=dtype)
-                f.write(array.tobytes())
-                tokens, chars = tokens + array.size, chars + n_chars
-                progress.update(read, tokens)
-    finally:
-        progress.close()
-        if pool is not None:
-            pool.shutdown()
+    with Progress("tokenizing", _total_size(sources)) as progress, open(path, "wb") as f:
+        for ids, read, n_chars in _encoded(sources, tok, errors, workers):
+            array = np.asarray(ids, dtype=dtype)
+            f.write(array.tobytes())
+            tokens, chars = tokens + array.size, chars + n_chars
+            progress.update(read, tokens)
     return tokens, chars, progress
 
 
-def _encoded(
-    batches: Iterator[tuple[list[str], list[bool], int, int]],
-    tok: CharTokenizer | GPT2Tokenizer,
-    workers: int,
-    pool: ThreadPoolExecutor | None,
-) -> Iterator[tuple[np.ndarray, int, int]]:
-    """(ids, bytes read so far, characters) of each batch, encoded while the next one is read (reading JSON holds
-    the GIL, BPE encoding mostly does not)."""
+def _encoded(sources: list[Source], tok: Tokenizer, errors: str, workers: int) -> Iterator[tuple[np.ndarray, int, int]]:
+    """(ids, bytes read so far, characters) of each batch of the sources, encoded while the next one is read
+    (reading JSON holds the GIL, BPE encoding mostly does not)."""
+    bpe = isinstance(tok, GPT2Tokenizer)
     pending: deque[tuple[Future, int, int]] = deque()
     with ThreadPoolExecutor(1) as driver:
-        for texts, ends, read, size in batches:
-            pending.append((driver.submit(tok.encode_pieces, texts, ends, workers, pool), read, size))
+        for texts, ends, read, size in _batches(sources, errors, bpe, workers if bpe else 1):
+            pending.append((driver.submit(tok.encode_pieces, texts, ends, workers), read, size))
             if len(pending) > 1:
                 future, done, chars = pending.popleft()
                 yield future.result(), done, chars

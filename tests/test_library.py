@@ -129,7 +129,7 @@ def test_the_named_corpus_prepares_into_one_document_per_file(roots, tmp_path, m
     tok = GPT2Tokenizer(gpt2_ranks)
     expected = sorted(KEPT, key=lambda text: hashlib.sha256(text.encode()).hexdigest())
     assert load_prepared(tmp_path / "out").tokens("train").tolist() == [
-        i for text in expected for i in [*tok.encode(TABBED.get(text, text)), tok.eot_id]
+        i for text in expected for i in [*tok.encode(TABBED.get(text, text)), tok.end_id]
     ]
     (detail,) = meta["source_details"]
     assert detail["label"] == "python-library-3.11" and detail["manifest"]["duplicates_dropped"] == 1

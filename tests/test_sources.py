@@ -35,7 +35,7 @@ def _tokens(out: Path) -> list[int]:
 
 def _bpe_stream(tok: GPT2Tokenizer, docs: list[str]) -> list[int]:
     """What a corpus of `docs` must become: each document's ids, then <|endoftext|>."""
-    return [i for doc in docs for i in [*tok.encode(doc), tok.eot_id]]
+    return [i for doc in docs for i in [*tok.encode(doc), tok.end_id]]
 
 
 def _jsonl(path: Path, rows: list, opener=open) -> Path:
@@ -304,7 +304,7 @@ def test_bpe_pieces_are_encoded_on_threads_each_on_its_own(gpt2_ranks):
     texts = [doc * n for n in (1, 50, 3, 0, 7, 200, 1) for doc in DOCS]
     texts += ["  trailing spaces  ", "\n\n", " leading", "says <|endoftext|> in its text", "", "x"]
     ends = [i % 3 != 1 for i in range(len(texts))]
-    expected = [i for text, end in zip(texts, ends, strict=True) for i in tok.encode(text) + [tok.eot_id] * end]
+    expected = [i for text, end in zip(texts, ends, strict=True) for i in tok.encode(text) + [tok.end_id] * end]
     for threads in (1, 3):
         assert tok.encode_pieces(texts, ends, threads).tolist() == expected
 
