@@ -200,16 +200,13 @@ def build(roots: list[Path], out: Path, environment: dict[str, Any], exclude: It
     log.info("Building the %s corpus from %d directories into %s (once per installation)", LIBRARY, len(roots), out)
     skipped: Counter[str] = Counter()
     kept: dict[str, Path] = {}  # content sha256 -> the first path holding it
-    duplicates = 0
+    checked = 0
     for path in _candidates(roots, {Path(p).resolve() for p in exclude}, skipped):
-        checked = _checked_bytes(path, skipped)
-        if checked is None:
-            continue
-        digest = hashlib.sha256(checked).hexdigest()
-        if digest in kept:
-            duplicates += 1
-        else:
-            kept[digest] = path
+        data = _checked_bytes(path, skipped)
+        if data is not None:
+            checked += 1
+            kept.setdefault(hashlib.sha256(data).hexdigest(), path)
+    duplicates = checked - len(kept)
     out.parent.mkdir(parents=True, exist_ok=True)
     whole, text_bytes = hashlib.sha256(), 0
     with atomic_file(out) as f:

@@ -62,27 +62,24 @@ def resolve_sources(inputs: Inputs, glob: str = "*.txt", text_column: str = "tex
         raise DataError(f"No input given: pass --data.input FILE|DIR|{HUB_SYNTAX} or a named corpus ({NAMES}).")
     found: dict[str, Source] = {}
     for item in items:
-        for source in _sources_of(item, glob, text_column):
+        text = str(item)
+        if isinstance(item, Source):
+            sources = [item]
+        elif text in NAMED:
+            named = NAMED[text]()
+            sources = [named if isinstance(named, Source) else file_source(named, text_column)]
+        elif text.startswith(HUB_PREFIX):
+            sources = [hub_source(text, text_column)]
+        elif (path := Path(item).expanduser()).exists():
+            sources = path_sources(path, glob, text_column)
+        else:
+            raise DataError(
+                f"Input not found: {path}. Pass an existing file or directory, a Hub dataset ({HUB_SYNTAX}) or a "
+                f"named corpus ({NAMES})."
+            )
+        for source in sources:
             found.setdefault(source.location, source)
     return list(found.values())
-
-
-def _sources_of(item: str | os.PathLike | Source, glob: str, text_column: str) -> list[Source]:
-    if isinstance(item, Source):
-        return [item]
-    text = str(item)
-    if text in NAMED:
-        named = NAMED[text]()
-        return [named if isinstance(named, Source) else file_source(named, text_column)]
-    if text.startswith(HUB_PREFIX):
-        return [hub_source(text, text_column)]
-    path = Path(item).expanduser()
-    if not path.exists():
-        raise DataError(
-            f"Input not found: {path}. Pass an existing file or directory, a Hub dataset ({HUB_SYNTAX}) or a named "
-            f"corpus ({NAMES})."
-        )
-    return path_sources(path, glob, text_column)
 
 
 @dataclass
@@ -139,16 +136,15 @@ def prepare(
     out = Path(out_dir)
     settings = {"tokenizer": tokenizer, "val_fraction": val_fraction, "errors": errors}
     try:
-        digests = [source.digest() for source in sources]
         with waiting_lock(out, tidy=True):  # a failed prepare into a new directory leaves nothing
-            existing = _reusable(out, digests, settings, val_max_tokens)
+            existing = _reusable(out, sources, settings, val_max_tokens)
             if existing is not None:
                 log.info("Reusing %s: sources and settings unchanged", out)
                 return existing
             out.mkdir(parents=True, exist_ok=True)
             (out / "meta.json").unlink(missing_ok=True)  # from here on the directory is not trusted
             try:
-                return _write(sources, out, settings, digests, val_max_tokens, tiktoken_ranks, workers)
+                return _write(sources, out, settings, val_max_tokens, tiktoken_ranks, workers)
             except BaseException:  # without meta.json the token files are never read: give their space back
                 for split in ("train", "val"):
                     (out / f"{split}.bin").unlink(missing_ok=True)
@@ -175,7 +171,6 @@ def _write(
     sources: list[Source],
     out: Path,
     settings: dict[str, Any],
-    digests: list[bytes],
     cap: int | None,
     tiktoken_ranks: str | None,
     workers: int | None,
@@ -219,7 +214,7 @@ def _write(
         "name": corpus_name(sources),
         "sources": [source.location for source in sources],
         "source_details": [source.record() for source in sources],
-        "fingerprint": _combine(digests, {**settings, "val_max_tokens": cap} if capped else settings),
+        "fingerprint": fingerprint(sources, {**settings, "val_max_tokens": cap} if capped else settings),
         "read": progress.record(),
     }
     atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode())
@@ -266,17 +261,13 @@ def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
 def fingerprint(sources: list[Source], settings: dict[str, Any]) -> str:
     """What identifies a prepared dataset: the sources' locations and contents and the settings (`tokenizer`,
     `val_fraction`, `errors`, and `val_max_tokens` only where the cap bound, so older data keep theirs)."""
-    return _combine([source.digest() for source in sources], settings)
-
-
-def _combine(digests: list[bytes], settings: dict[str, Any]) -> str:
     digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True).encode())
-    for source_digest in digests:
-        digest.update(source_digest)
+    for source in sources:
+        digest.update(source.digest)
     return digest.hexdigest()
 
 
-def _reusable(out: Path, digests: list[bytes], settings: dict[str, Any], cap: int | None) -> dict[str, Any] | None:
+def _reusable(out: Path, sources: list[Source], settings: dict[str, Any], cap: int | None) -> dict[str, Any] | None:
     """The metadata of `out` when it holds complete output for these sources, settings and cap."""
     try:
         meta = json.loads((out / "meta.json").read_text())
@@ -285,11 +276,11 @@ def _reusable(out: Path, digests: list[bytes], settings: dict[str, Any], cap: in
     if meta.get("val_capped"):
         if meta.get("val_max_tokens") != cap:
             return None
-        key = _combine(digests, {**settings, "val_max_tokens": cap})
+        key = fingerprint(sources, {**settings, "val_max_tokens": cap})
     else:
         if cap is not None and meta.get("val_tokens", 0) > cap:
             return None  # prepared without a cap (or a larger one) that would bind now
-        key = _combine(digests, settings)
+        key = fingerprint(sources, settings)
     if meta.get("fingerprint") != key:
         return None
     itemsize = np.dtype(meta["dtype"]).itemsize
@@ -339,14 +330,14 @@ class Progress:
         tokens = f", {self.tokens:,} tokens" if self.tokens else ""
         log.info("%s: %s%s, %.1f MB/s)", self.what, where, tokens, self.mb_per_s())
 
+    def record(self) -> dict[str, float]:
+        return {"bytes": self.read, "seconds": round(self.seconds(), 2), "MB/s": round(self.mb_per_s(), 1)}
+
     def seconds(self) -> float:
         return (self.end or time.perf_counter()) - self.start
 
     def mb_per_s(self) -> float:
         return self.read / 1e6 / max(self.seconds(), 1e-9)
-
-    def record(self) -> dict[str, float]:
-        return {"bytes": self.read, "seconds": round(self.seconds(), 2), "MB/s": round(self.mb_per_s(), 1)}
 
     def __enter__(self) -> Progress:
         return self

@@ -19,6 +19,7 @@ import re
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, NamedTuple
@@ -110,9 +111,11 @@ class Source:
                 return name[: -len(suffix)] + suffix.replace(".", "-")
         return self.path.stem if self.format == "text" else name
 
+    @cached_property
     def digest(self) -> bytes:
         """What the fingerprint of prepared data takes from this source: its location and content hash (a Hub
-        dataset: the pinned spec), with format and column except for text files (as before formats existed)."""
+        dataset: the pinned spec), with format and column except for text files (as before formats existed);
+        hashed once per `Source`."""
         if self.format == "text":
             return self.location.encode() + b"\0" + sha256_file(self.path).encode()
         tag = f"{self.format}:{self.column}:{self.location}".encode()
@@ -148,12 +151,8 @@ class Source:
 
     def record(self) -> dict[str, Any]:
         """What meta.json and checkpoints record of it; `from_record` reads it back."""
-        record: dict[str, Any] = {"source": self.location, "format": self.format}
-        if self.column is not None:
-            record["column"] = self.column
-        if self.label:
-            record["label"] = self.label
-        return {**record, **self.details}
+        fields = {"source": self.location, "format": self.format, "column": self.column, "label": self.label or None}
+        return {**{key: value for key, value in fields.items() if value is not None}, **self.details}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Source:
