@@ -31,7 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from core.cli import Command, run
-from core.files import atomic_write_bytes, tmp_path, waiting_lock
+from core.files import atomic_file, atomic_write_bytes, tmp_path, waiting_lock
 from data.corpora import NAMED
 from data.errors import DataError
 from data.sources import CHUNK_CHARS, HUB_PREFIX, HUB_SYNTAX, Source, corpus_name, file_source, hub_source, path_sources
@@ -177,12 +177,7 @@ def _write(
 ) -> dict[str, Any]:
     """Tokenize, split and write `meta.json` last, once the output's lock is held."""
     tokenizer, val_fraction, errors = settings["tokenizer"], settings["val_fraction"], settings["errors"]
-    if tokenizer == "gpt2":
-        tok: Tokenizer = GPT2Tokenizer(tiktoken_ranks)
-    elif chars := _char_set(sources, errors):
-        tok = CharTokenizer(chars)
-    else:
-        raise DataError(f"The input has no text: {_names(sources)} (empty).")
+    tok: Tokenizer = GPT2Tokenizer(tiktoken_ranks) if tokenizer == "gpt2" else CharTokenizer(_char_set(sources, errors))
     dtype = token_dtype(tok.vocab_size)
     tmp = tmp_path(out / "tokens.bin")
     try:
@@ -240,22 +235,15 @@ def _names(sources: list[Source]) -> str:
 def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
     """Last tokens -> val.bin; the file itself, truncated to the first n_train, -> train.bin."""
     all_tokens = np.memmap(tokens, dtype=dtype, mode="r")
-    val_tmp = tmp_path(out / "val.bin")
-    try:
-        with open(val_tmp, "wb") as f:
-            for start in range(n_train, all_tokens.size, 1 << 24):
-                f.write(np.asarray(all_tokens[start : start + (1 << 24)]).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        del all_tokens
-        with open(tokens, "r+b") as f:
-            f.truncate(n_train * dtype.itemsize)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(val_tmp, out / "val.bin")
-        os.replace(tokens, out / "train.bin")
-    finally:
-        val_tmp.unlink(missing_ok=True)
+    with atomic_file(out / "val.bin") as f:
+        for start in range(n_train, all_tokens.size, 1 << 24):
+            f.write(np.asarray(all_tokens[start : start + (1 << 24)]).tobytes())
+    del all_tokens
+    with open(tokens, "r+b") as f:
+        f.truncate(n_train * dtype.itemsize)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tokens, out / "train.bin")
 
 
 def fingerprint(sources: list[Source], settings: dict[str, Any]) -> str:
@@ -309,12 +297,8 @@ class Progress:
             self.bar.update(read - self.read)
             self.bar.set_postfix_str(f"{tokens:,} tokens", refresh=False)
         self.read, self.tokens = read, tokens
-        if self.bar is None:
-            self._maybe_log()
-
-    def _maybe_log(self) -> None:
         now = time.perf_counter()
-        if now - self.start < QUIET_SECONDS:
+        if self.bar is not None or now - self.start < QUIET_SECONDS:
             return
         if self.total:
             tenth = min(10, self.read * 10 // self.total)
@@ -377,7 +361,7 @@ def _batches(
 
 
 def _char_set(sources: list[Source], errors: str) -> set[str]:
-    """The characters of the whole stream (the char tokenizer's vocabulary): a first pass over the sources."""
+    """The characters of the whole stream (the char tokenizer's vocabulary), read in a first pass; none is an error."""
     chars: set[str] = set()
     with Progress("reading characters", _total_size(sources)) as progress:
         for texts, ends, read, _ in _batches(sources, errors, False, 1):
@@ -385,6 +369,8 @@ def _char_set(sources: list[Source], errors: str) -> set[str]:
             if any(ends):
                 chars.add("\n")
             progress.update(read, 0)
+    if not chars:
+        raise DataError(f"The input has no text: {_names(sources)} (empty).")
     return chars
 
 

@@ -164,10 +164,8 @@ class Source:
 def file_source(path: Path, column: str) -> Source:
     """A file, read by its suffix."""
     path = path.resolve()
-    for suffix, kind in DOCUMENT_SUFFIXES.items():
-        if path.name.lower().endswith(suffix):
-            return Source(str(path), kind, column)
-    return Source(str(path), "text")
+    kind = next((kind for suffix, kind in DOCUMENT_SUFFIXES.items() if path.name.lower().endswith(suffix)), None)
+    return Source(str(path), kind, column) if kind else Source(str(path), "text")
 
 
 def hub_source(text: str, column: str) -> Source:

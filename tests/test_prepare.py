@@ -222,7 +222,7 @@ def _fill_disk(monkeypatch, module, room: int = 10, skip: int = 0) -> None:
 
 
 # the three writes of a prepare: the token stream, the validation split, meta.json (module, writes before it)
-WRITERS = {"tokens": (prepare_module, 0), "split": (prepare_module, 1), "meta": (files_module, 0)}
+WRITERS = {"tokens": (prepare_module, 0), "split": (files_module, 0), "meta": (files_module, 1)}
 
 
 @pytest.mark.parametrize("writer", WRITERS)
