@@ -89,15 +89,12 @@ def _default_corpus(cache: Path) -> Path:
     try:
         return shakespeare_path()
     except DataError as error:
-        reason = str(error).split(";")[0]
         path = python_docs_path()
         log.warning(
             "%s: training on Python's bundled documentation instead (%s, %d KB). Pass your own text as the "
             "data.input option (a file, or the path of tinyshakespeare.txt).",
-            reason,
-            path.name,
-            path.stat().st_size // 1024,
-        )
+            str(error).split(";")[0], path.name, path.stat().st_size // 1024,
+        )  # fmt: skip
         return path
 
 
@@ -210,10 +207,12 @@ def build(roots: list[Path], out: Path, environment: dict[str, Any], exclude: It
     out.parent.mkdir(parents=True, exist_ok=True)
     whole, text_bytes = hashlib.sha256(), 0
     with atomic_file(out) as f:
-        for digest in sorted(kept):  # content-hash order: deterministic, and packages are scattered
-            data = _read_again(kept[digest], digest)
+        for digest, path in sorted(kept.items()):  # content-hash order: deterministic, and packages are scattered
+            data = _checked_bytes(path, Counter()) or b""  # once more: the first pass kept only hashes
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise DataError(f"{path} changed while the {LIBRARY} corpus was being built; run the command again.")
             text = tabbed(data.decode("utf-8"))
-            line = json.dumps({"text": text, "path": _label(kept[digest], roots)}, ensure_ascii=False)
+            line = json.dumps({"text": text, "path": _label(path, roots)}, ensure_ascii=False)
             payload = (line + "\n").encode("utf-8")
             f.write(payload)
             whole.update(payload)
@@ -254,12 +253,10 @@ def _candidates(roots: list[Path], exclude: set[Path], skipped: Counter[str]) ->
                 and not name.endswith(SKIPPED_DIRECTORY_SUFFIXES)
                 and (here / name) not in others
             )
-            for name in sorted(files):
-                if name.endswith(SUFFIXES):
-                    path = here / name
-                    if path.is_symlink():
-                        skipped["symlink"] += 1
-                        continue
+            for path in (here / name for name in sorted(files) if name.endswith(SUFFIXES)):
+                if path.is_symlink():
+                    skipped["symlink"] += 1
+                else:
                     yield path
 
 
@@ -284,17 +281,6 @@ def _checked_bytes(path: Path, skipped: Counter[str]) -> bytes | None:
     if not text.strip():
         skipped["empty"] += 1
         return None
-    return data
-
-
-def _read_again(path: Path, digest: str) -> bytes:
-    """A kept file's bytes, once more (the first pass keeps only hashes)."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        data = b""
-    if hashlib.sha256(data).hexdigest() != digest:
-        raise DataError(f"{path} changed while the {LIBRARY} corpus was being built; run the command again.")
     return data
 
 

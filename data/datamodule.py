@@ -86,8 +86,7 @@ class TaskDataModule(_ResumableDataModule):
 
     def __init__(self, task: TaskConfig, batch_size: int, seed: int) -> None:
         super().__init__(batch_size, seed)
-        self.task = task
-        self.tokenizer = tokenizer_for(task)
+        self.task, self.tokenizer = task, tokenizer_for(task)
         self._val: list[tuple[torch.Tensor, ...]] | None = None
 
     def train_dataloader(self) -> DataLoader:

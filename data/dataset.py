@@ -131,9 +131,8 @@ def prepare_dir(
 
 
 def _window_batch(tokens: np.ndarray, offsets: np.ndarray, block_size: int) -> Batch:
-    rows = np.stack([tokens[o : o + block_size + 1] for o in offsets]).astype(np.int64)  # (B, T+1)
-    rows_t = torch.from_numpy(rows)
-    return rows_t[:, :-1], rows_t[:, 1:]
+    rows = torch.from_numpy(np.stack([tokens[o : o + block_size + 1] for o in offsets]).astype(np.int64))  # (B, T+1)
+    return rows[:, :-1], rows[:, 1:]
 
 
 class SeededStream(IterableDataset):
@@ -141,7 +140,6 @@ class SeededStream(IterableDataset):
     was restored), where batch i of a rank is a function of (seed, rank, i) alone."""
 
     def __init__(self, batch: Callable[[int], Batch], start: Callable[[], int] = lambda: 0) -> None:
-        super().__init__()
         self.batch, self.start = batch, start
 
     def __iter__(self) -> Iterator[Batch]:
@@ -244,10 +242,8 @@ def recorded_data(
         if edited and _unchanged_sources(record, glob, column, settings) is None:  # not merely touched
             log.warning(
                 "%s changed since training; %s evaluates on the split prepared from it at training time (%s)",
-                ", ".join(edited),
-                checkpoint,
-                prepared.path,
-            )
+                ", ".join(edited), checkpoint, prepared.path,
+            )  # fmt: skip
         return prepared
     # gone, or prepared again from other text: prepare it anew from sources still holding what they held
     sources = _unchanged_sources(record, glob, column, settings)

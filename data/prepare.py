@@ -264,12 +264,10 @@ def _reusable(out: Path, sources: list[Source], settings: dict[str, Any], cap: i
     if meta.get("val_capped"):
         if meta.get("val_max_tokens") != cap:
             return None
-        key = fingerprint(sources, {**settings, "val_max_tokens": cap})
-    else:
-        if cap is not None and meta.get("val_tokens", 0) > cap:
-            return None  # prepared without a cap (or a larger one) that would bind now
-        key = fingerprint(sources, settings)
-    if meta.get("fingerprint") != key:
+        settings = {**settings, "val_max_tokens": cap}
+    elif cap is not None and meta.get("val_tokens", 0) > cap:
+        return None  # prepared without a cap (or a larger one) that would bind now
+    if meta.get("fingerprint") != fingerprint(sources, settings):
         return None
     itemsize = np.dtype(meta["dtype"]).itemsize
     for split in ("train", "val"):

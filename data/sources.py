@@ -59,8 +59,7 @@ class HubSpec:
 
     @classmethod
     def parse(cls, text: str) -> HubSpec:
-        body = text[len(HUB_PREFIX) :] if text.startswith(HUB_PREFIX) else text
-        body, at, revision = body.partition("@")
+        body, at, revision = text.removeprefix(HUB_PREFIX).partition("@")
         parts = body.split(":")
         if len(parts) not in (2, 3) or not all(parts) or (at and not revision):
             raise DataError(
