@@ -168,17 +168,15 @@ class Setup(Bench):
                          chunked_loss=self.args.chunked_loss, **SCHEMES[scheme], **extra)  # fmt: skip
 
 
-class RandomTokens(SeededStream):
+def random_tokens(vocab: int, context: int, batch_size: int) -> SeededStream:
     """Batches of random tokens, a function of (seed, index) alone, as the trainer's streams are."""
 
-    def __init__(self, vocab: int, context: int, batch_size: int) -> None:
-        super().__init__(batch_size, SEED, 0, lambda: 0)
-        self.vocab, self.context = vocab, context
-
-    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(index: int) -> tuple[torch.Tensor, torch.Tensor]:
         rng = np.random.default_rng([SEED, index])
-        tokens = torch.from_numpy(rng.integers(0, self.vocab, (self.batch_size, self.context + 1), dtype=np.int64))
+        tokens = torch.from_numpy(rng.integers(0, vocab, (batch_size, context + 1), dtype=np.int64))
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    return SeededStream(batch)
 
 
 def logged_tokens_per_s(run_dir: Path) -> list[float]:
@@ -195,7 +193,7 @@ def timed(setup: Setup, row: Row, model: nn.Module, optimizer: torch.optim.Optim
     if setup.args.compile:
         torch._dynamo.reset()  # this row's compilation is its own
         model.compile(mode=setup.args.compile_mode)
-    stream, index = RandomTokens(vocab, row.context, row.batch), itertools.count()
+    stream, index = random_tokens(vocab, row.context, row.batch), itertools.count()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if setup.cuda else contextlib.nullcontext()
 
     def step() -> None:
@@ -260,7 +258,7 @@ def run_lightning(setup: Setup, row: Row) -> Row:
     """The same model through the trainer: its last tokens/s reading over 1 + 2 x --steps steps (logged every
     --steps after the first, which compiles), on random training batches and one validation batch."""
     config, args, batch = setup.config(row.scheme, row.context), setup.args, row.batch
-    stream = RandomTokens(config.vocab_size, row.context, batch)
+    stream = random_tokens(config.vocab_size, row.context, batch)
     validation = TensorDataset(*(t[None] for t in stream.batch(10**9)))  # one item: that batch
     data = TrainingData(
         L.LightningDataModule.from_datasets(stream, validation, batch_size=None),

@@ -10,7 +10,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from data.dataset import FixedWindows, PreparedData, RandomWindows, SeededStream
+from data.dataset import Batch, FixedWindows, PreparedData, SeededStream, random_windows
 from data.errors import DataError
 from data.tasks import TaskConfig, encode, tokenizer_for, training_batch, validation_set
 from data.tokenizer import CharTokenizer
@@ -25,9 +25,19 @@ class _ResumableDataModule(L.LightningDataModule):
         self.batch_size, self.seed = batch_size, seed
         self._start = 0
 
-    def _stream_args(self) -> tuple[int, int, int, Callable[[], int]]:
-        rank = self.trainer.global_rank if self.trainer is not None else 0
-        return self.batch_size, self.seed, rank, lambda: self._start
+    @property
+    def rank(self) -> int:
+        return self.trainer.global_rank if self.trainer is not None else 0
+
+    def _loader(self, data: Any) -> DataLoader:
+        """Every DataLoader iterator draws a seed from its generator; with the global one that draw would
+        shift dropout's random stream whenever a loader restarts (after a resume, at each validation),
+        and a resumed run would no longer match an uninterrupted one. Our batches need no torch RNG."""
+        pin = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        return DataLoader(data, batch_size=None, pin_memory=pin, generator=torch.Generator().manual_seed(0))
+
+    def _stream(self, batch: Callable[[int], Batch]) -> DataLoader:
+        return self._loader(SeededStream(batch, lambda: self._start))
 
     def state_dict(self) -> dict[str, Any]:
         trainer = self.trainer
@@ -62,24 +72,13 @@ class TokenDataModule(_ResumableDataModule):
         return {"windows": windows, "tokens": windows * self.block_size, "split_tokens": self.data.meta["val_tokens"]}
 
     def train_dataloader(self) -> DataLoader:
-        stream = RandomWindows(self.data, self.block_size, *self._stream_args())
-        return DataLoader(stream, batch_size=None, pin_memory=self._pin(), generator=_private_generator())
+        return self._stream(random_windows(self.data, self.block_size, self.batch_size, self.seed, self.rank))
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.validation, batch_size=None, pin_memory=self._pin(), generator=_private_generator())
-
-    def _pin(self) -> bool:
-        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        return self._loader(self.validation)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "validation": self.validation_record()}
-
-
-def _private_generator() -> torch.Generator:
-    """Every DataLoader iterator draws a seed from its generator; with the global one that draw would
-    shift dropout's random stream whenever a loader restarts (after a resume, at each validation),
-    and a resumed run would no longer match an uninterrupted one. Our windows need no torch RNG."""
-    return torch.Generator().manual_seed(0)
 
 
 class TaskDataModule(_ResumableDataModule):
@@ -87,13 +86,11 @@ class TaskDataModule(_ResumableDataModule):
 
     def __init__(self, task: TaskConfig, batch_size: int, seed: int) -> None:
         super().__init__(batch_size, seed)
-        self.task = task
-        self.tokenizer = tokenizer_for(task)
+        self.task, self.tokenizer = task, tokenizer_for(task)
         self._val: list[tuple[torch.Tensor, ...]] | None = None
 
     def train_dataloader(self) -> DataLoader:
-        stream = TaskStream(self.task, self.tokenizer, *self._stream_args())
-        return DataLoader(stream, batch_size=None, generator=_private_generator())
+        return self._stream(task_batches(self.task, self.tokenizer, self.batch_size, self.seed, self.rank))
 
     def val_dataloader(self) -> DataLoader:
         if self._val is None:  # the same fixed set at every validation: made once
@@ -102,25 +99,18 @@ class TaskDataModule(_ResumableDataModule):
                 tuple(torch.from_numpy(a) for a in encode(self.tokenizer, examples[i : i + self.batch_size]))
                 for i in range(0, len(examples), self.batch_size)
             ]
-        return DataLoader(self._val, batch_size=None, generator=_private_generator())
+        return self._loader(self._val)
 
 
-class TaskStream(SeededStream):
-    """Batches of training examples of a task, padded per batch; (x, y) with targets -1 off the answers."""
+def task_batches(
+    task: TaskConfig, tokenizer: CharTokenizer, batch_size: int, seed: int, rank: int
+) -> Callable[[int], Batch]:
+    """Batch i of rank `rank`: training examples of a task, padded per batch; (x, y) with targets -1 off the
+    answers."""
 
-    def __init__(
-        self,
-        task: TaskConfig,
-        tokenizer: CharTokenizer,
-        batch_size: int,
-        seed: int,
-        rank: int,
-        start: Callable[[], int],
-    ) -> None:
-        super().__init__(batch_size, seed, rank, start)
-        self.task, self.tokenizer = task, tokenizer
-
-    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rng = random.Random(f"{self.seed}/{self.rank}/{index}")
-        x, y = encode(self.tokenizer, training_batch(self.task, rng, self.batch_size))
+    def batch(index: int) -> Batch:
+        rng = random.Random(f"{seed}/{rank}/{index}")
+        x, y = encode(tokenizer, training_batch(task, rng, batch_size))
         return torch.from_numpy(x), torch.from_numpy(y)
+
+    return batch

@@ -1,11 +1,16 @@
-"""Prepared token files -> training windows (random; batch i of rank r drawn from the seed (seed, r, i), so
-a resumed run draws exactly what an uninterrupted one would) and evaluation windows (fixed, non-overlapping,
-from the start of the split, so a val loss is comparable across runs)."""
+"""Prepared directories: opening one, preparing (or reusing) one from a run's data settings, what a checkpoint
+records of it (`PreparedData.record`) and finding that data again (`recorded_data`) while it is still the data it
+was trained beside. And windows over its tokens: random for training (batch i of rank r drawn from the seed (seed,
+r, i), so a resumed run draws exactly what an uninterrupted one would), fixed and non-overlapping from the start
+of a split for evaluation (so a val loss is comparable across runs)."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import logging
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +20,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from core.checkpoint import CheckpointError
 from data.errors import DataError
-from data.prepare import FORMAT_VERSION, VAL_MAX_TOKENS, prepare, resolve_sources
-from data.sources import Source, corpus_name
-from data.tokenizer import Tokenizer, tokenizer_from_meta
+from data.prepare import FORMAT_VERSION, VAL_MAX_TOKENS, fingerprint, prepare, resolve_sources
+from data.sources import Source, corpus_name, modified_after
+from data.tokenizer import RANKS_ENV, Tokenizer, tokenizer_from_meta
+
+log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -40,6 +48,23 @@ class PreparedData:
 
     def tokenizer(self, ranks_path: str | None = None) -> Tokenizer:
         return tokenizer_from_meta(self.meta["tokenizer"], ranks_path)
+
+    def record(self) -> dict[str, Any]:
+        """What a checkpoint records of its training data: enough to find it again and tell whether it changed."""
+        meta = self.meta
+        record = {
+            "prepared": str(self.path.resolve()),
+            "fingerprint": meta.get("fingerprint"),
+            "sources": meta.get("sources", []),
+            "tokenizer": meta["tokenizer"]["kind"],
+            "train_tokens": meta["train_tokens"],
+            "val_tokens": meta["val_tokens"],
+        }
+        if meta.get("source_details"):
+            record["source_details"] = meta["source_details"]
+        if meta.get("val_capped"):
+            record.update(val_capped=True, val_max_tokens=meta["val_max_tokens"])
+        return record
 
 
 def load_prepared(path: str | Path) -> PreparedData:
@@ -78,7 +103,7 @@ def load_prepared(path: str | Path) -> PreparedData:
 
 
 def prepare_dir(
-    inputs: str | list[str] | list[Source] | None,
+    inputs: str | list[str] | list[Source],
     prepared: str | None,
     prepared_root: str,
     tokenizer: str = "char",
@@ -93,11 +118,6 @@ def prepare_dir(
     named after the text and keyed by the sources and settings (those added later only where not default)."""
     if prepared:
         return load_prepared(prepared)
-    if not inputs:
-        raise DataError(
-            "No data: pass --data.input FILE|DIR|hf:NAME:SPLIT|auto|shakespeare|python-docs|python-library or "
-            "--data.dir PREPARED_DIR."
-        )
     sources = resolve_sources(inputs, glob, text_column)
     settings = [source.location for source in sources] + [tokenizer, str(val_fraction), errors, glob]
     if text_column != "text":
@@ -111,46 +131,32 @@ def prepare_dir(
 
 
 def _window_batch(tokens: np.ndarray, offsets: np.ndarray, block_size: int) -> Batch:
-    rows = np.stack([tokens[o : o + block_size + 1] for o in offsets]).astype(np.int64)  # (B, T+1)
-    rows_t = torch.from_numpy(rows)
-    return rows_t[:, :-1], rows_t[:, 1:]
+    rows = torch.from_numpy(np.stack([tokens[o : o + block_size + 1] for o in offsets]).astype(np.int64))  # (B, T+1)
+    return rows[:, :-1], rows[:, 1:]
 
 
 class SeededStream(IterableDataset):
-    """An endless stream of training batches from batch `start()` (read when iteration starts, after a
-    checkpoint was restored), where batch i of a rank is a function of (seed, rank, i) alone."""
+    """An endless stream of batches `batch(i)` from i = `start()` (read when iteration starts, after a checkpoint
+    was restored), where batch i of a rank is a function of (seed, rank, i) alone."""
 
-    def __init__(self, batch_size: int, seed: int, rank: int, start: Callable[[], int]) -> None:
-        super().__init__()
-        self.batch_size, self.seed, self.rank, self.start = batch_size, seed, rank, start
-
-    def batch(self, index: int) -> Batch:
-        raise NotImplementedError
+    def __init__(self, batch: Callable[[int], Batch], start: Callable[[], int] = lambda: 0) -> None:
+        self.batch, self.start = batch, start
 
     def __iter__(self) -> Iterator[Batch]:
-        index = self.start()
-        while True:
-            yield self.batch(index)
-            index += 1
+        yield from map(self.batch, itertools.count(self.start()))
 
 
-class RandomWindows(SeededStream):
-    """Batches of random windows of `block_size` + 1 tokens of the training split."""
+def random_windows(
+    data: PreparedData, block_size: int, batch_size: int, seed: int, rank: int
+) -> Callable[[int], Batch]:
+    """Batch i of rank `rank`: random windows of `block_size` + 1 tokens of the training split."""
+    tokens = data.tokens("train")
 
-    def __init__(
-        self, data: PreparedData, block_size: int, batch_size: int, seed: int, rank: int, start: Callable[[], int]
-    ) -> None:
-        super().__init__(batch_size, seed, rank, start)
-        self.data, self.block_size = data, block_size
-        self._tokens: np.memmap | None = None  # mapped at the first batch, in the process that iterates
+    def batch(index: int) -> Batch:
+        rng = np.random.default_rng([seed, rank, index])
+        return _window_batch(tokens, rng.integers(0, len(tokens) - block_size, size=batch_size), block_size)
 
-    def batch(self, index: int) -> Batch:
-        if self._tokens is None:
-            self._tokens = self.data.tokens("train")
-        tokens = self._tokens
-        rng = np.random.default_rng([self.seed, self.rank, index])
-        offsets = rng.integers(0, len(tokens) - self.block_size, size=self.batch_size)
-        return _window_batch(tokens, offsets, self.block_size)
+    return batch
 
 
 def window_starts(n_tokens: int, length: int, stride: int, token_budget: int) -> np.ndarray:
@@ -177,3 +183,100 @@ class FixedWindows(Dataset):
     def __getitem__(self, i: int) -> Batch:
         offsets = self.offsets[i * self.batch_size : (i + 1) * self.batch_size]
         return _window_batch(self.data.tokens(self.split), offsets, self.block_size)
+
+
+def tiktoken_ranks(explicit: str | None, recorded: str | None) -> str | None:
+    """The GPT-2 ranks file: the one passed now, else $POSGPT_TIKTOKEN_RANKS, else the one recorded."""
+    return explicit or os.environ.get(RANKS_ENV) or recorded
+
+
+def checkpoint_tokenizer(
+    meta: dict[str, Any], recorded_ranks: str | None, ranks_path: str | None, checkpoint: str | Path
+) -> Tokenizer:
+    """The tokenizer a checkpoint recorded (`meta`); one that cannot be rebuilt is a `CheckpointError`."""
+    try:
+        return tokenizer_from_meta(meta, tiktoken_ranks(ranks_path, recorded_ranks))
+    except DataError as error:
+        raise CheckpointError(
+            f"Cannot rebuild the tokenizer of {checkpoint}: {error} Pass the ranks file with --tiktoken_ranks PATH "
+            f"or set {RANKS_ENV}."
+        ) from None
+
+
+def recorded_data(
+    checkpoint: str,
+    record: dict[str, Any] | None,
+    data_config: dict[str, Any],
+    tokenizer_meta: dict[str, Any],
+    ranks: str | None = None,
+) -> PreparedData:
+    """The prepared data a checkpoint was trained on, only if it is still that data: the recorded directory
+    when its fingerprint is the recorded one, else a fresh prepare of the recorded sources when they still
+    hold what they held. `record` is the checkpoint's `PreparedData.record` (None in checkpoints older than it),
+    `data_config` its `config["data"]`; `checkpoint` names it in messages."""
+    settings = {key: data_config[key] for key in ("tokenizer", "val_fraction", "errors")}
+    glob = data_config["glob"]
+    column = data_config.get("text_column", "text")  # absent from checkpoints written before it existed
+    cap = data_config.get("val_max_tokens", VAL_MAX_TOKENS)
+    if record is not None and "task" in record:
+        raise DataError(
+            f"{checkpoint} was trained on the synthetic task {record['task']['name']!r}, which has no text split: "
+            "test it with python -m experiments.synthetic, or pass a text with --eval_data.input FILE."
+        )
+    if record is None:
+        # written before checkpoints recorded their data (so before the cap: the whole last val_fraction), and
+        # without a fingerprint to compare: the tokenizers must agree at least
+        c = data_config
+        uncapped = {**settings, "text_column": column, "val_max_tokens": c.get("val_max_tokens")}
+        prepared = prepare_dir(c["input"], c["dir"], c["prepared_root"], **uncapped, glob=glob, tiktoken_ranks=ranks)
+        if prepared.meta["tokenizer"] != tokenizer_meta:
+            raise DataError(_changed_data(checkpoint, f"{prepared.path} now has another vocabulary"))
+        return prepared
+    try:
+        prepared: PreparedData | None = load_prepared(record["prepared"])
+    except DataError:
+        prepared = None  # gone or incomplete
+    if prepared is not None and prepared.meta.get("fingerprint") == record["fingerprint"]:
+        stamp = (prepared.path / "meta.json").stat().st_mtime
+        edited = [source for source in record["sources"] if modified_after(source, stamp)]
+        if edited and _unchanged_sources(record, glob, column, settings) is None:  # not merely touched
+            log.warning(
+                "%s changed since training; %s evaluates on the split prepared from it at training time (%s)",
+                ", ".join(edited), checkpoint, prepared.path,
+            )  # fmt: skip
+        return prepared
+    # gone, or prepared again from other text: prepare it anew from sources still holding what they held
+    sources = _unchanged_sources(record, glob, column, settings)
+    if sources is None:
+        raise DataError(_changed_data(checkpoint, f"{', '.join(record['sources'])} changed or moved since"))
+    root = str(Path(record["prepared"]).parent)
+    if record.get("val_capped"):
+        cap = record["val_max_tokens"]
+    elif cap is not None and record["val_tokens"] > cap:
+        cap = None  # a split prepared before the cap existed, larger than it: prepare it uncapped, as it was
+    return prepare_dir(
+        sources, None, root, **settings, glob=glob, tiktoken_ranks=ranks, text_column=column, val_max_tokens=cap
+    )
+
+
+def _unchanged_sources(record: dict[str, Any], glob: str, column: str, settings: dict[str, Any]) -> list[Source] | None:
+    """The recorded sources if they still hold what they held at training (hashing them); else None."""
+    if record.get("val_capped"):
+        settings = {**settings, "val_max_tokens": record["val_max_tokens"]}
+    try:
+        details = record.get("source_details")
+        if details:
+            sources = [Source.from_record(detail) for detail in details]
+        else:
+            sources = resolve_sources(record["sources"], glob, column)
+        return sources if fingerprint(sources, settings) == record["fingerprint"] else None
+    except (DataError, OSError):
+        return None
+
+
+def _changed_data(checkpoint: str, what: str) -> str:
+    return (
+        f"{checkpoint} was trained on other data than there is now: {what}, so its validation split cannot be "
+        "rebuilt. Evaluate on a text of your choice with --eval_data.input FILE (tokenized with the checkpoint's "
+        "own tokenizer), or restore the original text."
+    )

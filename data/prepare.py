@@ -1,5 +1,10 @@
 """Turn text into memory-mapped token files: `train.bin`, `val.bin` and `meta.json` (docs/data.md).
 
+The sources are streamed into one flat token file, memory holding a few batches whatever the corpus size:
+GPT-2 BPE encodes batches of about CHUNK_CHARS characters per thread on every core while the next batch is read
+(`GPT2Tokenizer.encode_pieces`), <|endoftext|> after every document; the char tokenizer encodes the same
+stream, a newline ending each document of JSON lines, Parquet and datasets.
+
 The validation split is the last min(`val_fraction` of the tokens, `val_max_tokens`) tokens: deterministic
 and contiguous, so no window straddles the two splits. `meta.json` is removed first and written last, so a
 directory is trusted only when it is there; a directory lock serialises concurrent prepares of one output,
@@ -13,27 +18,33 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from tqdm import tqdm
 
 from core.cli import Command, run
-from core.files import atomic_write_bytes, tmp_path, waiting_lock
-from data import hub
+from core.files import atomic_file, atomic_write_bytes, tmp_path, waiting_lock
 from data.corpora import NAMED
-from data.encode import char_set, write_tokens
 from data.errors import DataError
-from data.sources import Source, corpus_name, file_source, hub_source, path_sources
-from data.tokenizer import build_tokenizer
+from data.sources import CHUNK_CHARS, HUB_PREFIX, HUB_SYNTAX, Source, corpus_name, file_source, hub_source, path_sources
+from data.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 VAL_MAX_TOKENS = 5_000_000
 NAMES = ", ".join(NAMED)
+MAX_BATCH_PIECES = 65536  # most pieces (documents, for short ones) encoded in one call
+LOG_SECONDS = 60.0  # interval of progress lines where the input's size is unknown (a Hub dataset)
+QUIET_SECONDS = 5.0  # no progress lines before this: a small corpus is done by then
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -48,30 +59,27 @@ def resolve_sources(inputs: Inputs, glob: str = "*.txt", text_column: str = "tex
     """The sources to read, in a fixed order, without repeats (see `data.sources` for the syntax)."""
     items = [inputs] if isinstance(inputs, (str, os.PathLike, Source)) else list(inputs)
     if not items:
-        raise DataError(f"No input given: pass --data.input FILE|DIR|{hub.SYNTAX} or a named corpus ({NAMES}).")
+        raise DataError(f"No input given: pass --data.input FILE|DIR|{HUB_SYNTAX} or a named corpus ({NAMES}).")
     found: dict[str, Source] = {}
     for item in items:
-        for source in _sources_of(item, glob, text_column):
+        text = str(item)
+        if isinstance(item, Source):
+            sources = [item]
+        elif text in NAMED:
+            named = NAMED[text]()
+            sources = [named if isinstance(named, Source) else file_source(named, text_column)]
+        elif text.startswith(HUB_PREFIX):
+            sources = [hub_source(text, text_column)]
+        elif (path := Path(item).expanduser()).exists():
+            sources = path_sources(path, glob, text_column)
+        else:
+            raise DataError(
+                f"Input not found: {path}. Pass an existing file or directory, a Hub dataset ({HUB_SYNTAX}) or a "
+                f"named corpus ({NAMES})."
+            )
+        for source in sources:
             found.setdefault(source.location, source)
     return list(found.values())
-
-
-def _sources_of(item: str | os.PathLike | Source, glob: str, text_column: str) -> list[Source]:
-    if isinstance(item, Source):
-        return [item]
-    text = str(item)
-    if text in NAMED:
-        named = NAMED[text]()
-        return [named if isinstance(named, Source) else file_source(named, text_column)]
-    if text.startswith(hub.PREFIX):
-        return [hub_source(text, text_column)]
-    path = Path(item).expanduser()
-    if not path.exists():
-        raise DataError(
-            f"Input not found: {path}. Pass an existing file or directory, a Hub dataset ({hub.SYNTAX}) or a named "
-            f"corpus ({NAMES})."
-        )
-    return path_sources(path, glob, text_column)
 
 
 @dataclass
@@ -128,16 +136,15 @@ def prepare(
     out = Path(out_dir)
     settings = {"tokenizer": tokenizer, "val_fraction": val_fraction, "errors": errors}
     try:
-        digests = [source.digest() for source in sources]
         with waiting_lock(out, tidy=True):  # a failed prepare into a new directory leaves nothing
-            existing = _reusable(out, digests, settings, val_max_tokens)
+            existing = _reusable(out, sources, settings, val_max_tokens)
             if existing is not None:
                 log.info("Reusing %s: sources and settings unchanged", out)
                 return existing
             out.mkdir(parents=True, exist_ok=True)
             (out / "meta.json").unlink(missing_ok=True)  # from here on the directory is not trusted
             try:
-                return _write(sources, out, settings, digests, val_max_tokens, tiktoken_ranks, workers)
+                return _write(sources, out, settings, val_max_tokens, tiktoken_ranks, workers)
             except BaseException:  # without meta.json the token files are never read: give their space back
                 for split in ("train", "val"):
                     (out / f"{split}.bin").unlink(missing_ok=True)
@@ -164,22 +171,18 @@ def _write(
     sources: list[Source],
     out: Path,
     settings: dict[str, Any],
-    digests: list[bytes],
     cap: int | None,
     tiktoken_ranks: str | None,
     workers: int | None,
 ) -> dict[str, Any]:
     """Tokenize, split and write `meta.json` last, once the output's lock is held."""
     tokenizer, val_fraction, errors = settings["tokenizer"], settings["val_fraction"], settings["errors"]
-    chars = char_set(sources, errors) if tokenizer == "char" else set()
-    if tokenizer == "char" and not chars:
-        raise DataError(f"The input has no text: {_names(sources)} (empty).")
-    tok = build_tokenizer(tokenizer, chars, tiktoken_ranks)
+    tok: Tokenizer = GPT2Tokenizer(tiktoken_ranks) if tokenizer == "gpt2" else CharTokenizer(_char_set(sources, errors))
     dtype = token_dtype(tok.vocab_size)
     tmp = tmp_path(out / "tokens.bin")
     try:
-        total, chars, progress = write_tokens(tmp, sources, tok, dtype, errors, workers or os.cpu_count() or 1)
-        if chars == 0:
+        total, n_chars, progress = _write_tokens(tmp, sources, tok, dtype, errors, workers or os.cpu_count() or 1)
+        if n_chars == 0:
             raise DataError(f"The input has no text: {_names(sources)} (empty).")
         n_train, n_val, capped = split_sizes(total, val_fraction, cap)
         if n_train < 1 or (val_fraction > 0 and n_val < 1):
@@ -206,7 +209,7 @@ def _write(
         "name": corpus_name(sources),
         "sources": [source.location for source in sources],
         "source_details": [source.record() for source in sources],
-        "fingerprint": _combine(digests, {**settings, "val_max_tokens": cap} if capped else settings),
+        "fingerprint": fingerprint(sources, {**settings, "val_max_tokens": cap} if capped else settings),
         "read": progress.record(),
     }
     atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode())
@@ -232,38 +235,27 @@ def _names(sources: list[Source]) -> str:
 def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
     """Last tokens -> val.bin; the file itself, truncated to the first n_train, -> train.bin."""
     all_tokens = np.memmap(tokens, dtype=dtype, mode="r")
-    val_tmp = tmp_path(out / "val.bin")
-    try:
-        with open(val_tmp, "wb") as f:
-            for start in range(n_train, all_tokens.size, 1 << 24):
-                f.write(np.asarray(all_tokens[start : start + (1 << 24)]).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        del all_tokens
-        with open(tokens, "r+b") as f:
-            f.truncate(n_train * dtype.itemsize)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(val_tmp, out / "val.bin")
-        os.replace(tokens, out / "train.bin")
-    finally:
-        val_tmp.unlink(missing_ok=True)
+    with atomic_file(out / "val.bin") as f:
+        for start in range(n_train, all_tokens.size, 1 << 24):
+            f.write(np.asarray(all_tokens[start : start + (1 << 24)]).tobytes())
+    del all_tokens
+    with open(tokens, "r+b") as f:
+        f.truncate(n_train * dtype.itemsize)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tokens, out / "train.bin")
 
 
 def fingerprint(sources: list[Source], settings: dict[str, Any]) -> str:
     """What identifies a prepared dataset: the sources' locations and contents and the settings (`tokenizer`,
     `val_fraction`, `errors`, and `val_max_tokens` only where the cap bound, so older data keep theirs)."""
-    return _combine([source.digest() for source in sources], settings)
-
-
-def _combine(digests: list[bytes], settings: dict[str, Any]) -> str:
     digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True).encode())
-    for source_digest in digests:
-        digest.update(source_digest)
+    for source in sources:
+        digest.update(source.digest)
     return digest.hexdigest()
 
 
-def _reusable(out: Path, digests: list[bytes], settings: dict[str, Any], cap: int | None) -> dict[str, Any] | None:
+def _reusable(out: Path, sources: list[Source], settings: dict[str, Any], cap: int | None) -> dict[str, Any] | None:
     """The metadata of `out` when it holds complete output for these sources, settings and cap."""
     try:
         meta = json.loads((out / "meta.json").read_text())
@@ -272,12 +264,10 @@ def _reusable(out: Path, digests: list[bytes], settings: dict[str, Any], cap: in
     if meta.get("val_capped"):
         if meta.get("val_max_tokens") != cap:
             return None
-        key = _combine(digests, {**settings, "val_max_tokens": cap})
-    else:
-        if cap is not None and meta.get("val_tokens", 0) > cap:
-            return None  # prepared without a cap (or a larger one) that would bind now
-        key = _combine(digests, settings)
-    if meta.get("fingerprint") != key:
+        settings = {**settings, "val_max_tokens": cap}
+    elif cap is not None and meta.get("val_tokens", 0) > cap:
+        return None  # prepared without a cap (or a larger one) that would bind now
+    if meta.get("fingerprint") != fingerprint(sources, settings):
         return None
     itemsize = np.dtype(meta["dtype"]).itemsize
     for split in ("train", "val"):
@@ -285,6 +275,131 @@ def _reusable(out: Path, digests: list[bytes], settings: dict[str, Any], cap: in
         if not file.is_file() or file.stat().st_size != meta[f"{split}_tokens"] * itemsize:
             return None
     return meta
+
+
+class Progress:
+    """How far a pass over the sources is: a tqdm bar on a terminal, else an INFO line every tenth (or minute)."""
+
+    def __init__(self, what: str, total: int | None, interactive: bool | None = None) -> None:
+        self.what, self.total = what, total or None
+        self.read, self.tokens = 0, 0
+        self.start = self._last_log = time.perf_counter()
+        self.end: float | None = None
+        self._tenth = 0
+        interactive = sys.stderr.isatty() if interactive is None else interactive
+        self.bar = tqdm(total=self.total, unit="B", unit_scale=True, desc=what, leave=False) if interactive else None
+
+    def update(self, read: int, tokens: int) -> None:
+        """The input is read up to byte `read` and `tokens` are written."""
+        if self.bar is not None:
+            self.bar.update(read - self.read)
+            self.bar.set_postfix_str(f"{tokens:,} tokens", refresh=False)
+        self.read, self.tokens = read, tokens
+        now = time.perf_counter()
+        if self.bar is not None or now - self.start < QUIET_SECONDS:
+            return
+        if self.total:
+            tenth = min(10, self.read * 10 // self.total)
+            if tenth <= self._tenth:
+                return
+            self._tenth = tenth
+            where = f"{tenth * 10}% ({self.read / 1e6:.1f} of {self.total / 1e6:.1f} MB read"
+        elif now - self._last_log >= LOG_SECONDS:
+            where = f"{self.read / 1e6:.1f} MB read ("
+        else:
+            return
+        self._last_log = now
+        tokens = f", {self.tokens:,} tokens" if self.tokens else ""
+        log.info("%s: %s%s, %.1f MB/s)", self.what, where, tokens, self.mb_per_s())
+
+    def record(self) -> dict[str, float]:
+        return {"bytes": self.read, "seconds": round(self.seconds(), 2), "MB/s": round(self.mb_per_s(), 1)}
+
+    def seconds(self) -> float:
+        return (self.end or time.perf_counter()) - self.start
+
+    def mb_per_s(self) -> float:
+        return self.read / 1e6 / max(self.seconds(), 1e-9)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end = time.perf_counter()
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _total_size(sources: list[Source]) -> int | None:
+    """Bytes of all the sources, or None where one's size is unknown (a Hub dataset)."""
+    sizes = [source.size() for source in sources]
+    return None if None in sizes else sum(sizes)
+
+
+def _batches(
+    sources: list[Source], errors: str, bpe: bool, workers: int
+) -> Iterator[tuple[list[str], list[bool], int, int]]:
+    """(texts, ends, bytes read so far, characters) of about CHUNK_CHARS characters per worker at a time. `ends`
+    marks the texts a document ends after: every document in BPE, at char level only those of documents."""
+    texts: list[str] = []
+    ends: list[bool] = []
+    size, base, read = 0, 0, 0
+    for source in sources:
+        for piece in source.pieces(errors):
+            texts.append(piece.text)
+            ends.append(piece.end and (bpe or source.format != "text"))
+            size += len(piece.text)
+            read = base + piece.read
+            if size >= workers * CHUNK_CHARS or len(texts) >= MAX_BATCH_PIECES:
+                yield texts, ends, read, size
+                texts, ends, size = [], [], 0
+        base = read
+    if texts:
+        yield texts, ends, read, size
+
+
+def _char_set(sources: list[Source], errors: str) -> set[str]:
+    """The characters of the whole stream (the char tokenizer's vocabulary), read in a first pass; none is an error."""
+    chars: set[str] = set()
+    with Progress("reading characters", _total_size(sources)) as progress:
+        for texts, ends, read, _ in _batches(sources, errors, False, 1):
+            chars.update(*texts)
+            if any(ends):
+                chars.add("\n")
+            progress.update(read, 0)
+    if not chars:
+        raise DataError(f"The input has no text: {_names(sources)} (empty).")
+    return chars
+
+
+def _write_tokens(
+    path: Path, sources: list[Source], tok: Tokenizer, dtype: np.dtype, errors: str, workers: int
+) -> tuple[int, int, Progress]:
+    """Encode every source into one flat token file at `path`: the tokens, the characters of text read
+    (separators and <|endoftext|> not counted) and the finished progress."""
+    tokens, chars = 0, 0
+    with Progress("tokenizing", _total_size(sources)) as progress, open(path, "wb") as f:
+        for ids, read, n_chars in _encoded(sources, tok, errors, workers):
+            array = np.asarray(ids, dtype=dtype)
+            f.write(array.tobytes())
+            tokens, chars = tokens + array.size, chars + n_chars
+            progress.update(read, tokens)
+    return tokens, chars, progress
+
+
+def _encoded(sources: list[Source], tok: Tokenizer, errors: str, workers: int) -> Iterator[tuple[np.ndarray, int, int]]:
+    """(ids, bytes read so far, characters) of each batch of the sources, encoded while the next one is read
+    (reading JSON holds the GIL, BPE encoding mostly does not)."""
+    bpe = isinstance(tok, GPT2Tokenizer)
+    pending: deque[tuple[Future, int, int]] = deque()
+    with ThreadPoolExecutor(1) as driver:
+        for texts, ends, read, size in _batches(sources, errors, bpe, workers if bpe else 1):
+            pending.append((driver.submit(tok.encode_pieces, texts, ends, workers), read, size))
+            if len(pending) > 1:
+                future, done, chars = pending.popleft()
+                yield future.result(), done, chars
+        for future, done, chars in pending:
+            yield future.result(), done, chars
 
 
 def main(cfg: PrepareConfig) -> None:

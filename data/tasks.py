@@ -61,8 +61,8 @@ class TaskConfig:
             hint = did_you_mean(self.name, list(TASKS), "") or "."
             raise ValueError(f"task.name must be one of {', '.join(TASKS)}, got {self.name!r}{hint}")
         task = TASKS[self.name]
-        if not task.fewest_symbols <= self.symbols <= task.alphabet:
-            raise ValueError(f"task.symbols for {self.name} must be in {task.fewest_symbols}..{task.alphabet}, "
+        if not task.fewest_symbols <= self.symbols <= len(task.alphabet):
+            raise ValueError(f"task.symbols for {self.name} must be in {task.fewest_symbols}..{len(task.alphabet)}, "
                              f"got {self.symbols}.")  # fmt: skip
         task.check(self)
         low, high = task.depth_range
@@ -96,7 +96,8 @@ class Example:
 class Task:
     """One synthetic task: the characters it writes and how it draws an example of length n."""
 
-    alphabet: int  # the most symbols (`task.symbols`) it can draw from
+    alphabet: str  # what its `task.symbols` symbols are the first of
+    fixed = ""  # the characters it writes besides them
     fewest_symbols = 2  # the fewest: one symbol is no task (counting's one variable is: the CoPE paper's)
     unit = "items"  # what the length n counts (the x axis of the report)
     depths = False  # whether each test length is scored at every `task.depths` (a second axis of the test sets)
@@ -105,7 +106,7 @@ class Task:
     depth_range = (0.0, 1.0)
 
     def vocabulary(self, task: TaskConfig) -> str:
-        raise NotImplementedError
+        return self.alphabet[: task.symbols] + self.fixed
 
     def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
         raise NotImplementedError
@@ -117,13 +118,10 @@ class Task:
 class Copy(Task):
     """`^` s_1 .. s_n `|` -> s_1 .. s_n (or reversed)."""
 
-    alphabet = len(SYMBOLS)
+    alphabet, fixed = SYMBOLS, BOS + SEP
 
     def __init__(self, reverse: bool = False) -> None:
         self.reverse = reverse
-
-    def vocabulary(self, task: TaskConfig) -> str:
-        return BOS + SEP + SYMBOLS[: task.symbols]
 
     def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
         s = "".join(rng.choice(SYMBOLS[: task.symbols]) for _ in range(n))
@@ -133,10 +131,7 @@ class Copy(Task):
 class Recall(Task):
     """`^` k_1 v_1 .. k_n v_n `?` k_q -> v_q, the keys distinct."""
 
-    alphabet = len(KEYS)
-
-    def vocabulary(self, task: TaskConfig) -> str:
-        return BOS + QUERY + KEYS[: task.symbols] + DIGITS
+    alphabet, fixed = KEYS, BOS + QUERY + DIGITS
 
     def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
         keys = rng.sample(KEYS[: task.symbols], n)
@@ -157,12 +152,9 @@ class Recall(Task):
 class Passkey(Task):
     """Filler, the key line at a depth, filler, the question -> the 5 digits; n counts every character."""
 
-    alphabet = len(DIGITS)
+    alphabet, fixed = DIGITS, FILLER + KEY_LINE.format("") + QUESTION + DIGITS
     unit = "characters"
     depths = True
-
-    def vocabulary(self, task: TaskConfig) -> str:
-        return FILLER + KEY_LINE.format("") + QUESTION + DIGITS
 
     def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
         depth = rng.random() if depth is None else depth
@@ -185,7 +177,7 @@ class FlipFlop(Task):
     with probability p (`depths`; training 0.8, their train set), writes and reads share the rest; the bits after
     the earlier reads are training targets too, the last read's bit is the answer."""
 
-    alphabet = len(SYMBOLS)  # (task.symbols is not used: the bits are its symbols)
+    alphabet = SYMBOLS  # (task.symbols is not used: the bits are its symbols)
     unit = "instructions"
     depths = True
     depth_label = "ignore probability"
@@ -220,14 +212,11 @@ class Counting(Task):
     set one, at most to 10), drawn 1 : 50 : 7, a draw that cannot be done drawn again; then `?x` asks for a set
     variable's value. One character per token of theirs (`pass;` is `p`), but 10 is two."""
 
-    alphabet = len(SYMBOLS)
+    alphabet, fixed = SYMBOLS, "=;p+?" + DIGITS
     fewest_symbols = 1
     unit = "steps"
     MAX_VALUE = 10
     WEIGHTS = {"set": 1, "pass": 50, "inc": 7}
-
-    def vocabulary(self, task: TaskConfig) -> str:
-        return SYMBOLS[: task.symbols] + "=;p+?" + DIGITS
 
     def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
         names = SYMBOLS[: task.symbols]
@@ -259,14 +248,11 @@ class SelectiveCopy(Task):
     `|` -> the n symbols in order. Blanks per symbol are `depths` (training 1: their 256 blanks among 256 symbols;
     tests dense 0.5 and sparse 2: their 128 and 512)."""
 
-    alphabet = len(SYMBOLS)
+    alphabet, fixed = SYMBOLS, BOS + SEP + "."
     depths = True
     depth_label = "blanks per symbol"
     default_depths = (0.5, 1.0, 2.0)
     depth_range = (0.0, 16.0)
-
-    def vocabulary(self, task: TaskConfig) -> str:
-        return BOS + SEP + "." + SYMBOLS[: task.symbols]
 
     def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
         symbols = [rng.choice(SYMBOLS[: task.symbols]) for _ in range(n)]

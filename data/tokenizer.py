@@ -1,5 +1,6 @@
 """Tokenizers: `char` (vocabulary built from the corpus) and `gpt2` (tiktoken's GPT-2 BPE), rebuilt from the
-`tokenizer` block of `meta.json` that every checkpoint saves too.
+`tokenizer` block of `meta.json` that every checkpoint saves too (`meta()`). `end_id` is the token that ends a
+document (GPT-2's <|endoftext|>; None at char level), `start_ids()` what an empty prompt starts from.
 """
 
 from __future__ import annotations
@@ -7,10 +8,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from itertools import groupby
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -20,24 +20,6 @@ RANKS_ENV = "POSGPT_TIKTOKEN_RANKS"  # a local GPT-2 ranks file (`r50k_base.tikt
 R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 GPT2_VOCAB = 50257
 EOT = "<|endoftext|>"
-
-
-class Tokenizer(Protocol):
-    """What the pipeline, trainer and sampler need from a tokenizer."""
-
-    vocab_size: int
-    end_id: int | None
-    """The token that ends a document (GPT-2's <|endoftext|>); None at char level."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Iterable[int]) -> str: ...
-
-    def decode_bytes(self, ids: Iterable[int]) -> bytes: ...  # a BPE token can hold part of a character
-
-    def start_ids(self) -> list[int]: ...  # what an empty prompt starts from
-
-    def meta(self) -> dict[str, Any]: ...  # what `tokenizer_from_meta` rebuilds it from
 
 
 class CharTokenizer:
@@ -64,6 +46,11 @@ class CharTokenizer:
                 "(sample.py: --drop_unknown true)."
             )
         return [self._ids[c] for c in text]
+
+    def encode_pieces(self, texts: list[str], ends: list[bool], num_threads: int = 1) -> np.ndarray:
+        """The ids of `texts` in order, a newline after those that end a document."""
+        text = "".join(text + "\n" * end for text, end in zip(texts, ends, strict=True))
+        return np.asarray(self.encode(text), dtype=np.int64)
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.chars[i] for i in ids)
@@ -98,17 +85,14 @@ class GPT2Tokenizer:
         else:
             self._enc = _encoding_from_ranks(Path(ranks_path))
         self.vocab_size = GPT2_VOCAB
-        self.eot_id = self._enc.eot_token
-        self.end_id: int | None = self.eot_id
+        self.end_id: int = self._enc.eot_token
 
     def encode(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)
 
-    def encode_pieces(
-        self, texts: list[str], ends: list[bool], num_threads: int = 1, pool: ThreadPoolExecutor | None = None
-    ) -> np.ndarray:
+    def encode_pieces(self, texts: list[str], ends: list[bool], num_threads: int = 1) -> np.ndarray:
         """The ids of `texts` in order, each encoded on its own, with <|endoftext|> after those that end a
-        document (`ends`), on `num_threads` threads of `pool` (else a new one).
+        document (`ends`), on `num_threads` threads.
 
         One call per short text would spend the threads' time handing the GIL over, so each thread encodes a
         contiguous group of texts in one call, joined by <|endoftext|> with that token allowed: tiktoken
@@ -118,7 +102,7 @@ class GPT2Tokenizer:
         if len(groups) <= 1:
             return self._encode_group(texts, ends)
         jobs = [(texts[lo:hi], ends[lo:hi]) for lo, hi in groups]
-        with nullcontext(pool) if pool is not None else ThreadPoolExecutor(num_threads) as executor:
+        with ThreadPoolExecutor(len(jobs)) as executor:
             return np.concatenate(list(executor.map(lambda job: self._encode_group(*job), jobs)))
 
     def _encode_group(self, texts: list[str], ends: list[bool]) -> np.ndarray:
@@ -126,7 +110,7 @@ class GPT2Tokenizer:
         parts: list[np.ndarray] = []
         for special, run in groupby(zip(texts, ends, strict=True), key=lambda item: EOT in item[0]):
             if special:
-                parts += [np.asarray(self.encode(text) + [self.eot_id] * end, dtype=np.int64) for text, end in run]
+                parts += [np.asarray(self.encode(text) + [self.end_id] * end, dtype=np.int64) for text, end in run]
             else:
                 parts.append(self._encode_joined(*zip(*run, strict=True)))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -135,7 +119,7 @@ class GPT2Tokenizer:
         ids = np.asarray(self._enc.encode(EOT.join(texts) + EOT, allowed_special={EOT}), dtype=np.int64)
         if all(ends):
             return ids
-        separators = np.flatnonzero(ids == self.eot_id)  # one after each text
+        separators = np.flatnonzero(ids == self.end_id)  # one after each text
         return np.delete(ids, separators[~np.asarray(ends, dtype=bool)])
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -146,7 +130,7 @@ class GPT2Tokenizer:
 
     def start_ids(self) -> list[int]:
         """<|endoftext|>, which separates documents in GPT-2's training data."""
-        return [self.eot_id]
+        return [self.end_id]
 
     def meta(self) -> dict[str, Any]:
         return {"kind": "gpt2", "vocab_size": self.vocab_size}
@@ -181,17 +165,11 @@ def _encoding_from_ranks(path: Path):  # -> tiktoken.Encoding
     )
 
 
-def build_tokenizer(kind: str, text_chars: Iterable[str] = (), ranks_path: str | None = None) -> Tokenizer:
-    """A new tokenizer: `char` from the corpus' characters, or `gpt2`."""
-    if kind == "char":
-        return CharTokenizer(text_chars)
-    if kind == "gpt2":
-        return GPT2Tokenizer(ranks_path)
-    raise ValueError(f"Unknown tokenizer {kind!r}; valid choices: ['char', 'gpt2'].")
+Tokenizer = CharTokenizer | GPT2Tokenizer
 
 
 def tokenizer_from_meta(meta: dict[str, Any], ranks_path: str | None = None) -> Tokenizer:
-    """Rebuild the tokenizer that `Tokenizer.meta()` described."""
+    """Rebuild the tokenizer that `meta()` described."""
     if meta.get("kind") == "char":
         return CharTokenizer(meta["chars"])
     if meta.get("kind") == "gpt2":

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from core.checkpoint import CheckpointError, read_checkpoint
-from data.provenance import checkpoint_tokenizer
+from data.dataset import checkpoint_tokenizer
 from data.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 

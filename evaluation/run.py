@@ -22,10 +22,9 @@ from tqdm import tqdm
 from core.device import pick_device_dtype
 from core.files import sha256_file, shown_path
 from core.repo import git_sha
-from data.dataset import load_prepared, window_starts
+from data.dataset import load_prepared, recorded_data, window_starts
 from data.errors import DataError
 from data.prepare import token_dtype
-from data.provenance import recorded_data
 from data.tokenizer import CharTokenizer
 from evaluation.attention import long_context_stats
 from evaluation.checkpoint import LoadedCheckpoint, load_checkpoint

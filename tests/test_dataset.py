@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from data.dataset import FixedWindows, RandomWindows, load_prepared
+from data.dataset import FixedWindows, SeededStream, load_prepared, random_windows
 from data.prepare import prepare
 
 
@@ -17,7 +17,7 @@ def prepared(text_file, tmp_path):
 
 
 def _stream(prepared, seed: int, start: int = 0, rank: int = 0, n: int = 4):
-    batches = iter(RandomWindows(prepared, block_size=16, batch_size=5, seed=seed, rank=rank, start=lambda: start))
+    batches = iter(SeededStream(random_windows(prepared, 16, batch_size=5, seed=seed, rank=rank), lambda: start))
     return [next(batches) for _ in range(n)]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from data import corpora, library
+from data import corpora
 from data.dataset import load_prepared
 from data.prepare import prepare, resolve_sources
 from data.tokenizer import GPT2Tokenizer
@@ -26,7 +26,7 @@ def _write(path: Path, payload: str | bytes) -> None:
 @pytest.fixture
 def roots(tmp_path, monkeypatch) -> list[Path]:
     """A standard library with a site-packages inside it (walked as its own root, not twice)."""
-    monkeypatch.setattr(library, "MAX_FILE_BYTES", 200)
+    monkeypatch.setattr(corpora, "MAX_FILE_BYTES", 200)
     stdlib, site = tmp_path / "lib" / "python3.11", tmp_path / "lib" / "python3.11" / "site-packages"
     _write(stdlib / "os.py", "import sys\n")
     _write(stdlib / "json" / "README.md", "# json\nThe json module.\n")
@@ -56,7 +56,7 @@ def _documents(path: Path) -> list[dict]:
 
 
 def test_the_corpus_is_deduplicated_in_content_hash_order_with_a_manifest(roots, tmp_path):
-    source = library.library_corpus(roots, tmp_path / "cache", ENVIRONMENT)
+    source = corpora.library_corpus(roots, tmp_path / "cache", ENVIRONMENT)
     assert source.format == "jsonl" and source.column == "text" and source.label == "python-library-3.11"
     documents = _documents(source.path)
     expected = sorted(KEPT, key=lambda text: hashlib.sha256(text.encode()).hexdigest())
@@ -77,20 +77,20 @@ def test_the_corpus_is_deduplicated_in_content_hash_order_with_a_manifest(roots,
 
 def test_it_is_built_again_only_when_the_installation_changes(roots, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
-    first = library.library_corpus(roots, cache, ENVIRONMENT)
+    first = corpora.library_corpus(roots, cache, ENVIRONMENT)
     stamp = first.path.stat().st_mtime_ns
 
     def no_build(*args, **kwargs):
         raise AssertionError("an unchanged installation must reuse its corpus")
 
     with monkeypatch.context() as patch:
-        patch.setattr(library, "build", no_build)
-        again = library.library_corpus(roots, cache, ENVIRONMENT)
+        patch.setattr(corpora, "build", no_build)
+        again = corpora.library_corpus(roots, cache, ENVIRONMENT)
     assert again == first and again.details == first.details and first.path.stat().st_mtime_ns == stamp
-    upgraded = library.library_corpus(roots, cache, {**ENVIRONMENT, "distributions": {"numpy": "2.2.0"}})
+    upgraded = corpora.library_corpus(roots, cache, {**ENVIRONMENT, "distributions": {"numpy": "2.2.0"}})
     assert upgraded.path != first.path and upgraded.path.read_bytes() == first.path.read_bytes()
     first.path.write_bytes(first.path.read_bytes()[:-5])  # torn: its size no longer the manifest's
-    assert library.library_corpus(roots, cache, ENVIRONMENT).path.stat().st_size == len(upgraded.path.read_bytes())
+    assert corpora.library_corpus(roots, cache, ENVIRONMENT).path.stat().st_size == len(upgraded.path.read_bytes())
 
 
 def test_a_build_removes_what_a_killed_build_left_in_the_cache(roots, tmp_path, monkeypatch):
@@ -101,7 +101,7 @@ def test_a_build_removes_what_a_killed_build_left_in_the_cache(roots, tmp_path, 
     stale = [cache / "python-library-3.11-0123456789ab.jsonl.tmp4242", cache / "x.txt.tmp7"]
     for path in stale:
         path.write_bytes(b"{}" * 1000)
-    library.library_corpus(roots, cache, ENVIRONMENT)
+    corpora.library_corpus(roots, cache, ENVIRONMENT)
     assert not any(path.exists() for path in stale)
     stale[1].write_bytes(b"partial")
     monkeypatch.setenv(corpora.CACHE_ENV, str(cache))
@@ -114,9 +114,9 @@ def test_the_environment_lists_the_distributions_of_the_roots(tmp_path):
         tmp_path / "site" / "Foo_Bar-1.2.dist-info" / "METADATA", "Metadata-Version: 2.1\nName: Foo-Bar\nVersion: 1.2\n"
     )
     _write(tmp_path / "site" / "baz-0.1.dist-info" / "METADATA", "Metadata-Version: 2.1\nName: baz\nVersion: 0.1\n")
-    environment = library.installed_environment([tmp_path / "site"])
+    environment = corpora.installed_environment([tmp_path / "site"])
     assert environment["distributions"] == {"baz": "0.1", "Foo-Bar": "1.2"} and environment["python"].count(".") == 2
-    assert library.library_roots() and all(root.is_dir() for root in library.library_roots())
+    assert corpora.library_roots() and all(root.is_dir() for root in corpora.library_roots())
 
 
 def test_the_named_corpus_prepares_into_one_document_per_file(roots, tmp_path, monkeypatch, gpt2_ranks):
@@ -129,7 +129,7 @@ def test_the_named_corpus_prepares_into_one_document_per_file(roots, tmp_path, m
     tok = GPT2Tokenizer(gpt2_ranks)
     expected = sorted(KEPT, key=lambda text: hashlib.sha256(text.encode()).hexdigest())
     assert load_prepared(tmp_path / "out").tokens("train").tolist() == [
-        i for text in expected for i in [*tok.encode(TABBED.get(text, text)), tok.eot_id]
+        i for text in expected for i in [*tok.encode(TABBED.get(text, text)), tok.end_id]
     ]
     (detail,) = meta["source_details"]
     assert detail["label"] == "python-library-3.11" and detail["manifest"]["duplicates_dropped"] == 1

@@ -19,7 +19,6 @@ from conftest import make_text
 
 from core import files as files_module
 from core.files import LockedError, directory_lock
-from data import encode as encode_module
 from data import prepare as prepare_module
 from data.dataset import load_prepared
 from data.errors import DataError
@@ -207,26 +206,30 @@ class _FullDisk:
         return getattr(self.file, name)
 
 
-def _fill_disk(monkeypatch, module, room: int = 10) -> None:
-    """`module`'s files opened for writing see a disk that fills after `room` bytes."""
+def _fill_disk(monkeypatch, module, room: int = 10, skip: int = 0) -> None:
+    """`module`'s files opened for writing, after the first `skip`, see a disk that fills after `room` bytes."""
     real_open = builtins.open
+    opened = []
 
     def full_open(path, mode="r", *args, **kwargs):
         file = real_open(path, mode, *args, **kwargs)
-        return _FullDisk(file, room) if "w" in mode or "+" in mode else file
+        if "w" not in mode and "+" not in mode:
+            return file
+        opened.append(path)
+        return file if len(opened) <= skip else _FullDisk(file, room)
 
     monkeypatch.setattr(module, "open", full_open, raising=False)
 
 
-# the three writes of a prepare: the token stream, the validation split, meta.json
-WRITERS = {"tokens": encode_module, "split": prepare_module, "meta": files_module}
+# the three writes of a prepare: the token stream, the validation split, meta.json (module, writes before it)
+WRITERS = {"tokens": (prepare_module, 0), "split": (files_module, 0), "meta": (files_module, 1)}
 
 
 @pytest.mark.parametrize("writer", WRITERS)
 def test_a_full_disk_leaves_nothing_and_says_so_in_one_line(text_file, tmp_path, monkeypatch, capsys, writer):
     root = tmp_path / "prepared"  # neither it nor out exists yet: both are the prepare's to remove
     out = root / "corpus"
-    _fill_disk(monkeypatch, WRITERS[writer])
+    _fill_disk(monkeypatch, *WRITERS[writer])
     line = cli_error(capsys, prepare_module.COMMAND, ["--inputs", str(text_file), "--out_dir", str(out)])
     assert "No space left on device" in line and "Free some space" in line and "discarded" in line
     assert not root.exists()  # no token file, no temporary file, no lock file, no directory

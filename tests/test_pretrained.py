@@ -274,11 +274,11 @@ def test_train_checks_tokenizer_and_weights_before_it_prepares_the_corpus(
 
 def test_a_study_checks_the_weights_before_it_prepares_the_corpus(tmp_path, gpt2_ranks, capsys, monkeypatch):
     """configs/finetune_gpt2.yaml offline: the weights are missing, said before python-library is built."""
-    from data import library
+    from data import corpora
     from training import run
 
     monkeypatch.setattr(run, "prepared_data", _never)
-    monkeypatch.setattr(library, "build", _never)
+    monkeypatch.setattr(corpora, "build", _never)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     argv = ["--config", "configs/finetune_gpt2.yaml", "--out_dir", str(tmp_path / "report"),
             "--run.data.tiktoken_ranks", str(gpt2_ranks)]  # fmt: skip

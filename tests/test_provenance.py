@@ -1,4 +1,4 @@
-"""`data.provenance`: what a checkpoint records of its training data, finding that data again, and
+"""`data.dataset`: what a checkpoint records of its training data, finding that data again, and
 refusing data that changed since (on plain values, as a checkpoint records them)."""
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import pytest
 import evaluate as evaluate_script
 import train as train_script
 from core import cli
-from data.dataset import prepare_dir
+from data.dataset import prepare_dir, recorded_data, tiktoken_ranks
 from data.errors import DataError
-from data.provenance import provenance, recorded_data, tiktoken_ranks
 from data.tokenizer import RANKS_ENV
 from evaluation.checkpoint import load_checkpoint
 
@@ -30,7 +29,7 @@ def _data_config(text_file: Path, prepared_root: Path) -> dict:
 def test_the_recorded_prepared_directory_is_found_again(tmp_path, text_file):
     config = _data_config(text_file, tmp_path / "prepared")
     prepared = prepare_dir(str(text_file), None, config["prepared_root"])
-    record = provenance(prepared)
+    record = prepared.record()
     assert record["sources"] == [str(text_file.resolve())] and record["fingerprint"]
     found = recorded_data("x.ckpt", record, config, prepared.meta["tokenizer"])
     assert found.path == prepared.path.resolve()
@@ -39,7 +38,7 @@ def test_the_recorded_prepared_directory_is_found_again(tmp_path, text_file):
 def test_a_gone_split_is_prepared_again_only_from_unchanged_sources(tmp_path, text_file):
     config = _data_config(text_file, tmp_path / "prepared")
     prepared = prepare_dir(str(text_file), None, config["prepared_root"])
-    record = provenance(prepared)
+    record = prepared.record()
     shutil.rmtree(prepared.path)
     again = recorded_data("x.ckpt", record, config, prepared.meta["tokenizer"])
     assert again.meta["fingerprint"] == record["fingerprint"]

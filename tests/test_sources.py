@@ -17,11 +17,10 @@ import pytest
 
 from core import cli
 from data import prepare as prepare_module
-from data.dataset import load_prepared, prepare_dir
+from data.dataset import load_prepared, prepare_dir, recorded_data
 from data.errors import DataError
-from data.hub import HubSpec
 from data.prepare import fingerprint, prepare, resolve_sources
-from data.provenance import provenance, recorded_data
+from data.sources import HubSpec
 from data.tokenizer import GPT2Tokenizer
 
 DOCS = ["The king speaks of the crown.", "A fool loves the sea.\nSecond line.", "Ünïcödé ✓ — text", "last one\n"]
@@ -36,7 +35,7 @@ def _tokens(out: Path) -> list[int]:
 
 def _bpe_stream(tok: GPT2Tokenizer, docs: list[str]) -> list[int]:
     """What a corpus of `docs` must become: each document's ids, then <|endoftext|>."""
-    return [i for doc in docs for i in [*tok.encode(doc), tok.eot_id]]
+    return [i for doc in docs for i in [*tok.encode(doc), tok.end_id]]
 
 
 def _jsonl(path: Path, rows: list, opener=open) -> Path:
@@ -83,7 +82,7 @@ def test_each_source_of_documents_is_its_documents_each_ended_by_endoftext(kind,
     assert _tokens(tmp_path / "out") == _bpe_stream(tok, DOCS)
     (detail,) = meta["source_details"]
     assert detail == {"source": str(source.resolve()), "format": FORMATS[kind], "column": "text"}
-    assert provenance(load_prepared(tmp_path / "out"))["source_details"] == [detail]
+    assert load_prepared(tmp_path / "out").record()["source_details"] == [detail]
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])
@@ -172,9 +171,9 @@ def test_a_hub_dataset_is_streamed_at_a_pinned_commit_and_recorded(tmp_path, hub
     assert hub.info == [("org/corpus", None)]  # a pinned spec asks the Hub nothing
     # a checkpoint finds it again from its record alone, and prepares it again at the recorded commit
     config = {"tokenizer": "char", "val_fraction": 0.0, "errors": "strict", "glob": "*.txt", "input": spec}
-    assert recorded_data("x.ckpt", provenance(data), config, data.meta["tokenizer"]).path == data.path.resolve()
+    assert recorded_data("x.ckpt", data.record(), config, data.meta["tokenizer"]).path == data.path.resolve()
     shutil.rmtree(data.path)
-    again = recorded_data("x.ckpt", provenance(data), config, data.meta["tokenizer"])
+    again = recorded_data("x.ckpt", data.record(), config, data.meta["tokenizer"])
     assert again.meta["fingerprint"] == data.meta["fingerprint"] and len(hub.info) == 1
     assert hub.load == [call] * 4
 
@@ -305,17 +304,15 @@ def test_bpe_pieces_are_encoded_on_threads_each_on_its_own(gpt2_ranks):
     texts = [doc * n for n in (1, 50, 3, 0, 7, 200, 1) for doc in DOCS]
     texts += ["  trailing spaces  ", "\n\n", " leading", "says <|endoftext|> in its text", "", "x"]
     ends = [i % 3 != 1 for i in range(len(texts))]
-    expected = [i for text, end in zip(texts, ends, strict=True) for i in tok.encode(text) + [tok.eot_id] * end]
+    expected = [i for text, end in zip(texts, ends, strict=True) for i in tok.encode(text) + [tok.end_id] * end]
     for threads in (1, 3):
         assert tok.encode_pieces(texts, ends, threads).tolist() == expected
 
 
 def test_progress_is_logged_every_tenth_where_there_is_no_terminal(monkeypatch, caplog):
-    from data import encode
-
-    monkeypatch.setattr(encode, "QUIET_SECONDS", 0.0)
-    progress = encode.Progress("tokenizing", 4_000_000, interactive=False)
-    with caplog.at_level(logging.INFO, logger="data.encode"):
+    monkeypatch.setattr(prepare_module, "QUIET_SECONDS", 0.0)
+    progress = prepare_module.Progress("tokenizing", 4_000_000, interactive=False)
+    with caplog.at_level(logging.INFO, logger="data.prepare"):
         for read in range(100_000, 4_000_001, 100_000):
             progress.update(read, read // 4)
     lines = [r.getMessage() for r in caplog.records]

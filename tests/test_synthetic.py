@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import evaluate as evaluate_script
 from core import cli
 from data import tasks as registry
-from data.datamodule import TaskStream
+from data.datamodule import task_batches
 from data.tasks import KEYS, TaskConfig, encode, eval_set, make_example, tokenizer_for, training_batch
 from evaluation.tasks import evaluate_task
 from experiments import synthetic
@@ -111,9 +111,9 @@ def test_the_same_seed_gives_the_same_data(name):
     tokenizer = tokenizer_for(task)
 
     def stream(seed):
-        return TaskStream(task, tokenizer, 8, seed, rank=0, start=lambda: 0)
+        return task_batches(task, tokenizer, 8, seed, rank=0)
 
-    first, again, other = stream(3).batch(5), stream(3).batch(5), stream(4).batch(5)
+    first, again, other = stream(3)(5), stream(3)(5), stream(4)(5)
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     assert not torch.equal(first[0], other[0])
     assert eval_set(task, task.eval_lengths[0]) == eval_set(task, task.eval_lengths[0])
@@ -143,9 +143,9 @@ def _learn_copy(pos_encoding: str, steps: int) -> tuple[GPT, TaskConfig]:
     model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=64,
                           pos_encoding=pos_encoding))  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    stream = TaskStream(task, tokenizer, 32, seed=0, rank=0, start=lambda: 0)
+    batch = task_batches(task, tokenizer, 32, seed=0, rank=0)
     for step in range(steps):
-        x, y = stream.batch(step)
+        x, y = batch(step)
         _, loss = model(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

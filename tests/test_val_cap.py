@@ -15,9 +15,8 @@ import pytest
 
 from core.files import sha256_file
 from data import sources as sources_module
-from data.dataset import load_prepared, prepare_dir
+from data.dataset import load_prepared, prepare_dir, recorded_data
 from data.prepare import VAL_MAX_TOKENS, fingerprint, prepare, resolve_sources, split_sizes
-from data.provenance import provenance, recorded_data
 from data.sources import Source
 from training.config import DataConfig
 
@@ -107,7 +106,7 @@ def test_a_checkpoint_of_capped_data_finds_it_again(tmp_path, text_file):
               "val_fraction": 0.1, "errors": "strict", "glob": "*.txt", "text_column": "text",
               "val_max_tokens": 100}  # fmt: skip
     data = prepare_dir(str(text_file), None, config["prepared_root"], val_max_tokens=100)
-    record = provenance(data)
+    record = data.record()
     assert record["val_capped"] is True and record["val_max_tokens"] == 100
     shutil.rmtree(data.path)
     again = recorded_data("x.ckpt", record, config, data.meta["tokenizer"])
@@ -122,7 +121,7 @@ def test_a_checkpoint_from_before_the_cap_finds_its_directory_again(tmp_path, te
               "val_fraction": 0.1, "errors": "strict", "glob": "*.txt"}  # fmt: skip
     path = old_directory([text_file.resolve()], tmp_path / "prepared")
     data = prepare_dir(str(text_file), None, config["prepared_root"])
-    record = {key: provenance(data)[key] for key in ("prepared", "fingerprint", "sources", "tokenizer",
+    record = {key: data.record()[key] for key in ("prepared", "fingerprint", "sources", "tokenizer",
                                                      "train_tokens", "val_tokens")}  # fmt: skip
     shutil.rmtree(data.path)
     again = recorded_data("old.ckpt", record, config, data.meta["tokenizer"])

@@ -23,7 +23,6 @@ from core.quiet import quiet_libraries
 from core.repo import git_sha
 from data.datamodule import TaskDataModule, TokenDataModule
 from data.dataset import PreparedData, prepare_dir
-from data.provenance import provenance
 from data.tasks import TaskConfig
 from data.tokenizer import GPT2Tokenizer, Tokenizer
 from model import GPT
@@ -94,7 +93,7 @@ def corpus_data(cfg: RunConfig, prepared: PreparedData | None = None) -> Trainin
     name = f"{source}-{data.meta['tokenizer']['kind']}"
     about = (f"{source} ({data.meta['train_tokens']:,} tokens; validation scores {v['tokens']:,} of "
              f"{v['split_tokens']:,})")  # fmt: skip
-    return TrainingData(datamodule, data.tokenizer(cfg.data.tiktoken_ranks), provenance(data), name, about, data.path)
+    return TrainingData(datamodule, data.tokenizer(cfg.data.tiktoken_ranks), data.record(), name, about, data.path)
 
 
 def task_data(task: TaskConfig, cfg: RunConfig) -> TrainingData:
