@@ -264,13 +264,14 @@ class GPT(nn.Module):
         step = Step(T, self.config.n_head, idx.device, positions, cache_write.k_pos if decoding else None)
         memo = self._kernel_memos[type(kernel)]
         bias = self.pe.bias if self.pe.score_bias else lambda layer: None  # from the parameters as they are now
-        context = self.attention.kernel_context(kernel, self.config, bias(0), self.mask, step, memo)
+        settings = self.attention.kernel_settings(self.config)
+        context = kernel.context(bias(0), self.mask, step, memo, **settings)
         plan = Plan(kernel, context, step, cache_write=cache_write)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, block in enumerate(self.blocks):
             layer_plan = dataclasses.replace(plan, on_weights=visit(i)) if visit else plan
             if self.pe.bias_layers > 1 and i > 0:  # a bias of its own: its own context (layer 0's is built)
-                context = self.attention.kernel_context(kernel, self.config, bias(i), self.mask, step, memo)
+                context = kernel.context(bias(i), self.mask, step, memo, **settings)
                 layer_plan = dataclasses.replace(layer_plan, context=context)
             if recompute:
                 x = checkpoint(block, x, self.pe, layer_plan, use_reentrant=False)

@@ -9,7 +9,6 @@ attention's (on CUDA: compiled flex returns no lse on a CPU).
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +19,7 @@ from torch.nn.attention.flex_attention import AuxRequest
 
 from model.attention.softmax import SoftmaxAttention
 from model.kernels.base import Kernel, Step, WeightsHook
-from model.kernels.eager import WeighedContext, WeighedEager
+from model.kernels.eager import EagerKernel
 from model.kernels.flex import (
     FlexContext,
     FlexKernel,
@@ -45,13 +44,10 @@ def sigmoid_weights(scores: Tensor, visible: Tensor, length: int | None) -> Tens
     return torch.sigmoid(scores - torch.log(seen.to(scores.dtype)))
 
 
-class SigmoidEager(WeighedEager):
-    """The reference: the eager kernel with sigmoid weights."""
+class SigmoidEager(EagerKernel):
+    """The reference: the eager kernel with sigmoid weights (n from `SigmoidAttention.kernel_settings`)."""
 
-    def context(  # type: ignore[override]  # the bias's n, from the layer (`SigmoidAttention.kernel_settings`)
-        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, *, length: int | None
-    ) -> WeighedContext:
-        return super().context(bias, mask, step, memo, weigh=functools.partial(sigmoid_weights, length=length))
+    weigh = staticmethod(sigmoid_weights)
 
 
 def sigmoid_score_mod(bias: ScoreBias | None, mask: AttentionMask, step: Step, length: int | None) -> ScoreMod:

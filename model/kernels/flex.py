@@ -39,20 +39,6 @@ def compiled_flex_attention() -> Callable[..., Tensor]:
     return torch.compile(flex_attention)
 
 
-def flex_attention_fused(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    block_mask: BlockMask,
-    score_mod: ScoreMod | None = None,
-    scale: float | None = None,
-    kernel_options: dict[str, int] | None = None,
-) -> Tensor:
-    """FlexAttention: the block mask and an optional score_mod (a position bias), fused in one kernel."""
-    return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                                     kernel_options=kernel_options)  # fmt: skip
-
-
 def score_mod_of(bias: ScoreBias, step: Step) -> ScoreMod:
     """The scheme's bias as a FlexAttention score_mod: the same formula as the dense path's."""
     positions = step.positions
@@ -84,6 +70,16 @@ class FlexContext:
     score_mod: ScoreMod | None
     kernel_options: dict[str, int] | None = None
 
+    def decayed(self, c_q: Tensor, c_k: Tensor) -> FlexContext:
+        """This context with c_q[b, h, i] - c_k[b, h, j] added to the scores in the score_mod (FoX's gate sums)."""
+        inner = self.score_mod
+
+        def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            scored = inner(score, b, h, q_idx, kv_idx) if inner is not None else score
+            return scored + c_q[b, h, q_idx] - c_k[b, h, kv_idx]
+
+        return dataclasses.replace(self, score_mod=score_mod)
+
 
 class FlexKernel(Kernel):
     """Fused with a block-sparse mask and an in-kernel bias; no dropout; CUDA only (module docstring)."""
@@ -108,17 +104,9 @@ class FlexKernel(Kernel):
             return FlexContext(block_mask, None)
         return FlexContext(block_mask, score_mod_of(bias, step), bias.kernel_options)
 
-    def decayed(self, context: FlexContext, c_q: Tensor, c_k: Tensor) -> FlexContext:
-        inner = context.score_mod
-
-        def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            scored = inner(score, b, h, q_idx, kv_idx) if inner is not None else score
-            return scored + c_q[b, h, q_idx] - c_k[b, h, kv_idx]
-
-        return dataclasses.replace(context, score_mod=score_mod)
-
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: FlexContext, score: Score, dropout_p: float,
         on_weights: WeightsHook | None,
     ) -> Tensor:  # fmt: skip
-        return flex_attention_fused(q, k, v, context.block_mask, context.score_mod, score.scale, context.kernel_options)
+        return compiled_flex_attention()(q, k, v, score_mod=context.score_mod, block_mask=context.block_mask,
+                                         scale=score.scale, kernel_options=context.kernel_options)  # fmt: skip
