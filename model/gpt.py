@@ -68,10 +68,6 @@ class MLP(nn.Module):
         return self.dropout(self.proj(self.gelu(self.fc(x))))
 
 
-LayerCaches = LayerCache | LayerStateCache
-"""What one layer keeps when decoding (see `Attention.new_cache`)."""
-
-
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
@@ -82,7 +78,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCaches | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | LayerStateCache | None = None
+    ) -> Tensor:
         x = x + self.attn(self.ln_1(x), pe, plan, cache)
         return x + self.mlp(self.ln_2(x))
 

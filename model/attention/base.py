@@ -35,8 +35,6 @@ class Attention(nn.Module):
 
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
-        self.layer = layer
-        """This layer's index in the model, from 0."""
         self.n_head, self.head_dim = config.n_head, config.head_dim
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, config.bias)
