@@ -20,6 +20,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -98,11 +99,15 @@ class FlexKernel(Kernel):
         # first for a bias or a window on CUDA when the lengths repeat; after SDPA otherwise
         return 0.0 if (needs.score_bias or needs.sparse_mask) and not needs.decoding else 1.5
 
-    def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict) -> FlexContext:
-        block_mask = build_block_mask(mask, step, memo)
-        if bias is None:
-            return FlexContext(block_mask, None)
-        return FlexContext(block_mask, score_mod_of(bias, step), bias.kernel_options)
+    def context(
+        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, **settings: Any
+    ) -> FlexContext:
+        options = bias.kernel_options if bias is not None else None
+        return FlexContext(build_block_mask(mask, step, memo), self.score_mod(bias, mask, step, **settings), options)
+
+    def score_mod(self, bias: ScoreBias | None, mask: AttentionMask, step: Step) -> ScoreMod | None:
+        """What the kernel makes of the scores: the scheme's bias added (None: nothing)."""
+        return score_mod_of(bias, step) if bias is not None else None
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: FlexContext, score: Score, dropout_p: float,
