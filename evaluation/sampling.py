@@ -20,7 +20,8 @@ from core.errors import ConfigError
 from data.tokenizer import Tokenizer
 from evaluation.checkpoint import load_checkpoint
 from evaluation.prompts import crop, read_prompts
-from model.generation import SampledModel, compile_for_decoding, pad_prompts, stream
+from model.generation import compile_for_decoding, pad_prompts, stream
+from model.gpt import GPT
 
 SEPARATOR = "\n---------------\n"
 WARM_UP_TOKENS = 3
@@ -166,7 +167,7 @@ class Live:
 
 
 def generate_rows(
-    model: SampledModel, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig, generator: torch.Generator,
+    model: GPT, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig, generator: torch.Generator,
     rows: Rows, live: Live | None,
 ) -> tuple[float, float]:  # fmt: skip
     """Generate into `rows` until every row has stopped; (seconds, seconds to the first token). Steps are
@@ -193,7 +194,7 @@ def generate_rows(
     return time.perf_counter() - start, first
 
 
-def compile_and_warm_up(model: SampledModel, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig) -> float:
+def compile_and_warm_up(model: GPT, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig) -> float:
     """Compile `model` for decoding; seconds to compile. The first tokens of a run of the same batch and
     length trace the graphs the timed run uses, so its clock counts decoding only; the warm-up's own
     generator leaves the run's draws as they are."""

@@ -4,16 +4,14 @@ built (`model.validation.check_config`), before any data is prepared."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from core.errors import ConfigError
-from model.masks import RANDOM_DRAWS
 
 RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
-RopePartial = Literal["p_rope", "neox"]
-ROPE_PARTIALS: tuple[str, ...] = get_args(RopePartial)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +60,7 @@ class GPTConfig:
     """How many times block_size the scaled RoPE should cover (1 changes nothing)."""
     rope_fraction: float = 1.0
     """Share of each head's dimensions RoPE rotates (1.0: all); `rope_partial` says which."""
-    rope_partial: RopePartial = "p_rope"
+    rope_partial: Literal["p_rope", "neox"] = "p_rope"
     """With rope_fraction < 1: p_rope turns the fastest pairs only (Barbero et al. 2025); neox rotates the first
     dimensions with frequencies spread over them (GPT-NeoX's rotary_pct)."""
     t5_num_buckets: int = 32
@@ -114,7 +112,7 @@ class GPTConfig:
         return n if n <= 256 else -(-n // 64) * 64
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "fire_width"):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "fire_width", "attn_sparse_block"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"GPTConfig.{name} must be a positive integer, got {value!r}.")
@@ -125,16 +123,11 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}.")
-        _check_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+        for name, choices in [*_literal_fields().items(), ("gelu_approximate", ("none", "tanh"))]:
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"GPTConfig.{name} must be one of {list(choices)}, got {getattr(self, name)!r}.")
         if self.rope_scaling_factor < 1.0:
             raise ConfigError(f"GPTConfig.rope_scaling_factor must be >= 1, got {self.rope_scaling_factor!r}.")
-        _check_choice("rope_partial", self.rope_partial, ROPE_PARTIALS)
-        _check_choice("attn_log_scaling", self.attn_log_scaling, ("none", "fixed", "learned"))
-        _check_choice("gelu_approximate", self.gelu_approximate, ("none", "tanh"))
-        _check_choice("attn_random_draw", self.attn_random_draw, RANDOM_DRAWS)
-        _check_choice("diff_split", self.diff_split, ("half_heads", "rope_pairs"))
-        _check_choice("sigmoid_bias", self.sigmoid_bias, ("train_length", "seen_keys"))
-        _check_choice("sb_remainder", self.sb_remainder, ("current", "drop"))
         if self.cope_positions is not None and (isinstance(self.cope_positions, bool) or self.cope_positions < 2):
             raise ConfigError(f"GPTConfig.cope_positions must be at least 2 (or None), got {self.cope_positions!r}.")
         if self.attn_log_scale is not None and not self.attn_log_scale > 0:
@@ -155,26 +148,19 @@ class GPTConfig:
             raise ConfigError(
                 "GPTConfig.attn_sinks keeps the first tokens visible beyond a window: set attn_window > 0."
             )
-        self._check_random_blocks()
-        from model.validation import check_config  # the registries, and their kernels: at the first config
-
-        check_config(self)  # the registries' half: names, each scheme's needs, a kernel for the combination
-
-    def _check_random_blocks(self) -> None:
-        block = self.attn_sparse_block
-        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-            raise ConfigError(f"GPTConfig.attn_sparse_block must be a positive integer, got {block!r}.")
-        if not self.attn_random_blocks:
-            return
-        if not self.attn_window:
+        if self.attn_random_blocks and not self.attn_window:
             raise ConfigError(
                 "GPTConfig.attn_random_blocks adds random blocks to a window's keys (BigBird): set attn_window > 0."
             )
-        if self.block_size % block:
+        if self.attn_random_blocks and self.block_size % self.attn_sparse_block:
+            divisors = [d for d in (16, 32, 64, 128, 256) if self.block_size % d == 0] or [1]
             raise ConfigError(
                 f"GPTConfig.attn_sparse_block must be a positive divisor of block_size {self.block_size}, got "
-                f"{block!r}: pick one of {[d for d in (16, 32, 64, 128, 256) if self.block_size % d == 0] or [1]}."
+                f"{self.attn_sparse_block!r}: pick one of {divisors}."
             )
+        from model.validation import check_config  # the registries, and their kernels: at the first config
+
+        check_config(self)  # the registries' half: names, each scheme's needs, a kernel for the combination
 
     @property
     def head_dim(self) -> int:
@@ -215,6 +201,8 @@ BEFORE_FIELD: dict[str, tuple[Any, Any]] = {
 """Fields that changed what a model computes when added: the old value, and the recorded configs it applies to."""
 
 
-def _check_choice(field: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"GPTConfig.{field} must be one of {list(choices)}, got {value!r}.")
+@functools.cache
+def _literal_fields() -> dict[str, tuple[str, ...]]:
+    """The fields typed `Literal[...]` and their values: checked for a config built in code or from a checkpoint."""
+    hints = get_type_hints(GPTConfig)
+    return {name: get_args(hint) for name, hint in hints.items() if get_origin(hint) is Literal}

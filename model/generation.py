@@ -13,38 +13,22 @@ rolling cache stays constant) unless `max_context` asks for one.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-from model.attention import Attention, Cache
-from model.config import GPTConfig
-from model.masks import AttentionMask
-from model.positions import PositionEncoding
+from model.attention import Cache
 
-
-class SampledModel(Protocol):
-    """What sampling needs of `model.gpt.GPT` (a protocol, so that the two modules do not import each other)."""
-
-    config: GPTConfig
-    pe: PositionEncoding
-    mask: AttentionMask
-    attention: type[Attention]
-
-    def __call__(
-        self, idx: Tensor, targets: Tensor | None = None, *, cache: Cache | None = None, last_only: bool = False,
-        lengths: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None]: ...  # fmt: skip
-
-    def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> Cache: ...
+if TYPE_CHECKING:
+    from model.gpt import GPT
 
 
 DEFAULT_CONTEXT_MULTIPLE = 4
 """max_context defaults to this many block sizes for the schemes that extrapolate."""
 
 
-def context_window(model: SampledModel, max_context: int | None = None) -> int | None:
+def context_window(model: GPT, max_context: int | None = None) -> int | None:
     """How many of the last tokens the model sees when generating (see the module docstring);
     None: all of them (a sliding-window model whose scheme extrapolates)."""
     learned = model.pe.max_positions
@@ -102,7 +86,7 @@ def compile_for_decoding(model: nn.Module) -> None:
 
 
 def stream(
-    model: SampledModel,
+    model: GPT,
     idx: Tensor,
     max_new_tokens: int,
     temperature: float = 1.0,
@@ -137,7 +121,7 @@ def stream(
 
 
 def decode(
-    model: SampledModel,
+    model: GPT,
     idx: Tensor,
     max_new_tokens: int,
     pick: Callable[[Tensor], Tensor],
@@ -182,7 +166,7 @@ def _bucket(length: int, limit: int | None) -> int:
 
 
 def _prefill(
-    model: SampledModel, tokens: Tensor, count: Tensor, longest: int, window: int | None, cache: Cache | None
+    model: GPT, tokens: Tensor, count: Tensor, longest: int, window: int | None, cache: Cache | None
 ) -> Tensor:
     """Logits (B, vocab_size) after the last `window` of the first `count[b]` tokens of each row, fed as
     one batch padded on the right to a bucketed width."""
@@ -193,7 +177,7 @@ def _prefill(
     return _forward_last(model, tokens.gather(1, index), cache, seen)
 
 
-def _forward_last(model: SampledModel, idx: Tensor, cache: Cache | None, lengths: Tensor | None = None) -> Tensor:
+def _forward_last(model: GPT, idx: Tensor, cache: Cache | None, lengths: Tensor | None = None) -> Tensor:
     """Logits (B, vocab_size) for the token after each row of `idx` (its first `lengths[b]`), added to the
     cache if any; the padded vocabulary cut off here, so no sample holds an id the tokenizer lacks."""
     logits, _ = model(idx, cache=cache, last_only=True, lengths=lengths)  # __call__: a compiled model stays so

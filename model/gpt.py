@@ -68,10 +68,6 @@ class MLP(nn.Module):
         return self.dropout(self.proj(self.gelu(self.fc(x))))
 
 
-LayerCaches = LayerCache | LayerStateCache
-"""What one layer keeps when decoding (see `Attention.new_cache`)."""
-
-
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
@@ -82,7 +78,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCaches | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | LayerStateCache | None = None
+    ) -> Tensor:
         x = x + self.attn(self.ln_1(x), pe, plan, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -264,13 +262,14 @@ class GPT(nn.Module):
         step = Step(T, self.config.n_head, idx.device, positions, cache_write.k_pos if decoding else None)
         memo = self._kernel_memos[type(kernel)]
         bias = self.pe.bias if self.pe.score_bias else lambda layer: None  # from the parameters as they are now
-        context = self.attention.kernel_context(kernel, self.config, bias(0), self.mask, step, memo)
+        settings = self.attention.kernel_settings(self.config)
+        context = kernel.context(bias(0), self.mask, step, memo, **settings)
         plan = Plan(kernel, context, step, cache_write=cache_write)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, block in enumerate(self.blocks):
             layer_plan = dataclasses.replace(plan, on_weights=visit(i)) if visit else plan
             if self.pe.bias_layers > 1 and i > 0:  # a bias of its own: its own context (layer 0's is built)
-                context = self.attention.kernel_context(kernel, self.config, bias(i), self.mask, step, memo)
+                context = kernel.context(bias(i), self.mask, step, memo, **settings)
                 layer_plan = dataclasses.replace(layer_plan, context=context)
             if recompute:
                 x = checkpoint(block, x, self.pe, layer_plan, use_reentrant=False)

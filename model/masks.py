@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from model.config import GPTConfig
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
-RANDOM_DRAWS = ("bigbird", "earlier_with_replacement")
-"""How random blocks are drawn (`AttentionMask.random_draw`)."""
 
 
 @dataclass(frozen=True)
@@ -53,17 +51,6 @@ class AttentionMask:
     """Seed of the random blocks' draws."""
     random_draw: str = "bigbird"
     """How the random blocks are drawn (`GPTConfig.attn_random_draw`)."""
-
-    def __post_init__(self) -> None:
-        if self.window < 0 or self.sinks < 0 or self.random_blocks < 0 or self.sparse_block < 1:
-            raise ValueError(
-                f"attn_window, attn_sinks and attn_random_blocks must be >= 0 and attn_sparse_block >= 1, got "
-                f"{self.window}, {self.sinks}, {self.random_blocks} and {self.sparse_block}."
-            )
-        if self.random_draw not in RANDOM_DRAWS:
-            raise ValueError(f"attn_random_draw must be one of {list(RANDOM_DRAWS)}, got {self.random_draw!r}.")
-        if (self.sinks or self.random_blocks) and not self.window:
-            raise ValueError("attn_sinks and attn_random_blocks add keys beyond a window: they need attn_window > 0.")
 
     @classmethod
     def of(cls, config: GPTConfig) -> AttentionMask:
@@ -179,10 +166,6 @@ class AttentionMask:
             in_both = (end.clamp(max=self.sinks) - torch.maximum(first, start)).clamp(min=0)
             seen = seen + torch.where(new, size - in_window - in_sinks + in_both, 0)
         return seen
-
-    def kept_keys(self, length: int) -> int:
-        """How many keys a cache holds at most after `length` tokens (all of them unless `rolling`)."""
-        return min(length, self.window + self.sinks) if self.rolling else length
 
     def attended_keys(self, length: int) -> int:
         """How many keys a query attends to at most in a sequence of `length` (the FLOP count's)."""

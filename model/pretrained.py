@@ -10,7 +10,6 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -131,10 +130,7 @@ def check_shape(config: GPTConfig, weights: dict[str, Tensor], source: str, head
     vocab, width = weights["wte.weight"].shape
     positions = weights["wpe.weight"].shape[0]
     heads = GPT2_SHAPES[source][1] if source in GPT2_SHAPES else heads or config.n_head
-    wanted = {"n_layer": len(layers), "n_head": heads, "n_embd": width, "bias": True, "gelu_approximate": "tanh"}
-    wrong = [k for k, v in wanted.items() if getattr(config, k) != v]
-    if wrong:
-        raise PretrainedError(gpt2_shape_message(source, wanted, wrong))
+    refuse_other_shape(config, source, (len(layers), heads, width), PretrainedError)
     if config.vocab_size != vocab:
         raise PretrainedError(
             f"--model.init_from {source} has a vocabulary of {vocab} tokens, the data's tokenizer {config.vocab_size}: "
@@ -179,23 +175,22 @@ def from_pretrained(config: GPTConfig) -> GPT:
     return model
 
 
-def gpt2_shape_message(source: str, wanted: dict[str, Any], wrong: list[str]) -> str:
-    """The refusal of a model that the weights `source` do not fit: the options that make it fit."""
-    flags = " ".join(f"--model.{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in wanted.items())
-    return (
-        f"--model.init_from {source} holds a model of {wanted['n_layer']} layers, {wanted['n_head']} heads, "
-        f"{wanted['n_embd']} wide, with biases and tanh GELU; this one differs in {', '.join(wrong)}: pass {flags} "
-        "(and --data.tokenizer gpt2)."
-    )
-
-
 def check_gpt2_shape(config: GPTConfig) -> None:
-    """Refuse, in one line naming every option to pass, a model that the GPT-2 weights `config.init_from`
-    names do not fit, when the run's config is built (the config says what the model is, not the weights)."""
-    if config.init_from not in GPT2_SHAPES:
-        return
-    layers, heads, width = GPT2_SHAPES[config.init_from]
+    """Refuse a model that the GPT-2 weights `config.init_from` names do not fit, when the run's config is built
+    (the config says what the model is, not the weights)."""
+    if config.init_from in GPT2_SHAPES:
+        refuse_other_shape(config, config.init_from, GPT2_SHAPES[config.init_from], ConfigError)
+
+
+def refuse_other_shape(config: GPTConfig, source: str, shape: tuple[int, int, int], error: type[Exception]) -> None:
+    """Raise `error`, in one line naming every option to pass, when `config` is not a GPT-2 model of `shape`
+    (n_layer, n_head, n_embd)."""
+    layers, heads, width = shape
     wanted = {"n_layer": layers, "n_head": heads, "n_embd": width, "bias": True, "gelu_approximate": "tanh"}
     wrong = [k for k, v in wanted.items() if getattr(config, k) != v]
     if wrong:
-        raise ConfigError(gpt2_shape_message(config.init_from, wanted, wrong))
+        flags = " ".join(f"--model.{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in wanted.items())
+        raise error(
+            f"--model.init_from {source} holds a model of {layers} layers, {heads} heads, {width} wide, with biases "
+            f"and tanh GELU; this one differs in {', '.join(wrong)}: pass {flags} (and --data.tokenizer gpt2)."
+        )

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model.attention.linear import feature_map, linear_attention_chunked, linear_attention_quadratic
-from model.rope import apply_rope, rope_cos_sin
+from model.positions.tables import apply_rope, rope_cos_sin
 
 
 def _inputs(T: int, D: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -19,7 +19,7 @@ from model.positions import (
     sinusoid_table,
     t5_bucket,
 )
-from model.rope import apply_rope, rope_cos_sin, yarn_correction_range
+from model.positions.tables import apply_rope, rope_cos_sin, yarn_correction_range
 
 
 def test_alibi_slopes_for_8_heads_are_the_papers_geometric_sequence():

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from model.kernels import Kernel, Needs, Step, choose_kernel, weights_kernel
+from model.kernels import AUTO, Kernel, KernelError, Needs, Step
 from model.masks import AttentionMask
-from model.positions import PositionEncoding, ScoreBias
+from model.positions import PositionEncoding
 from model.scores import Score, build_score
 
 if TYPE_CHECKING:
@@ -30,11 +30,11 @@ class Attention(nn.Module):
     """It scores query-key pairs with `config.attn_score`."""
     value_passes: ClassVar[int] = 1
     """Weighted sums of the values per query (the FLOP count's): two for differential attention."""
+    decays: ClassVar[bool] = False
+    """It adds a learned term of its own to the scores (FoX's gate sums): kernels count it as a learned bias."""
 
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
-        self.layer = layer
-        """This layer's index in the model, from 0."""
         self.n_head, self.head_dim = config.n_head, config.head_dim
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, config.bias)
@@ -69,13 +69,6 @@ class Attention(nn.Module):
         return config.head_dim
 
     @classmethod
-    def kernel_context(
-        cls, kernel: Kernel, config: GPTConfig, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict
-    ) -> Any:
-        """What `kernel` needs for one forward pass (`Kernel.context`), with the function's own settings."""
-        return kernel.context(bias, mask, step, memo, **cls.kernel_settings(config))
-
-    @classmethod
     def kernel_settings(cls, config: GPTConfig) -> dict[str, Any]:
         """The function's own settings its kernels' `context` takes as keywords (none by default)."""
         return {}
@@ -106,9 +99,9 @@ class Attention(nn.Module):
     ) -> Needs:
         """What a forward pass with scheme `pe`, `mask` and `score` asks of the kernels (no device: any)."""
         return Needs(
-            score_bias=pe.score_bias,
+            score_bias=pe.score_bias or cls.decays,
             scores_term=pe.contextual,
-            bias_gradients=pe.learned_bias and needs_grad,
+            bias_gradients=(pe.learned_bias or cls.decays) and needs_grad,
             dropout=dropout_active and cls.drops_weights,
             backward_on=device.type if needs_grad and device is not None else None,
             runs_on=device.type if device is not None else None,
@@ -121,7 +114,36 @@ class Attention(nn.Module):
 
     @classmethod
     def choose_kernel(cls, requested: str, needs: Needs, device: torch.device) -> Kernel:
-        return choose_kernel(cls.kernels, requested, needs, device)
+        """The kernel `requested` names (an error if it cannot run `needs`), or for 'auto' the able one of lowest
+        `rank`."""
+        kernels = cls.kernels
+        if requested != AUTO:
+            if requested not in kernels:  # a validated config never asks for one
+                raise KernelError(
+                    f"attn_backend={requested!r} is not one of this model's kernels: {', '.join(kernels)}."
+                )
+            missing = needs.unmet(kernels[requested])
+            if missing:
+                able = [name for name, k in kernels.items() if not needs.unmet(k)]
+                raise KernelError(
+                    f"attn_backend={requested!r} cannot run this configuration: it lacks "
+                    f"{', '.join(lack.words for lack in missing)}. "
+                    f"Kernels that can: {', '.join(able) or 'none'} (or attn_backend={AUTO!r})."
+                )
+            return kernels[requested]
+        best: Kernel | None = None
+        for kernel in kernels.values():  # a plain loop: under torch.compile it traces to a constant choice
+            if kernel.auto_devices is not None and device.type not in kernel.auto_devices:
+                continue
+            if not needs.unmet(kernel) and (best is None or kernel.rank(needs, device) < best.rank(needs, device)):
+                best = kernel
+        if best is None:
+            fewest = min((needs.unmet(kernel) for kernel in kernels.values()), key=len)
+            raise KernelError(
+                f"No attention kernel can run this configuration on {device.type}: none has "
+                f"{', '.join(lack.words for lack in fewest)}."
+            )
+        return best
 
     @classmethod
     def kernel_name(cls, kernel: Kernel) -> str:
@@ -130,7 +152,11 @@ class Attention(nn.Module):
 
     @classmethod
     def weights_kernel(cls, needs: Needs) -> Kernel:
-        return weights_kernel(cls.kernels, needs)
+        """The kernel that forms the attention weights for `needs` (fused kernels never do)."""
+        for kernel in cls.kernels.values():
+            if kernel.weights and not needs.unmet(kernel):
+                return kernel
+        raise KernelError("No kernel here forms the attention weights of this model.")
 
     @classmethod
     def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:

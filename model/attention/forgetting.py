@@ -5,14 +5,13 @@ input, and with c_i = sum_{l<=i} ln f_l the score of key j for query i is q_i . 
 the gates of the tokens after the key, up to and with the query's own. Gate weights start at N(0, 0.02),
 its bias at 0 (f about 0.5), as the official `fgate_proj`; the sums are float32, as its kernel asserts.
 
-The term c_i - c_j is one layer's, one batch's: the layer hands its sums to the kernel (`Kernel.decayed`), where
+The term c_i - c_j is one layer's, one batch's: the layer hands its sums to the kernel's context (`decayed`), where
 SDPA and eager add it in row blocks with any scheme's bias, and flex in its score_mod. Decoding keeps each
 key's c in the cache beside it; a new query's c is its predecessor's plus its own ln f.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,13 +20,12 @@ from torch import Tensor, nn
 
 from model.attention.softmax import SoftmaxAttention
 from model.cache import CacheWrite, KVCache, LayerCache
-from model.kernels import Needs, Plan
+from model.kernels import Plan
 from model.masks import AttentionMask
 from model.positions import PositionEncoding
 
 if TYPE_CHECKING:
     from model.config import GPTConfig
-    from model.scores import Score
 
 
 class GateLayerCache(LayerCache):
@@ -64,19 +62,11 @@ class ForgettingAttention(SoftmaxAttention):
     """Forgetting attention (this module): softmax attention's layer and kernels, plus the forget gate."""
 
     cache_type = GateCache
+    decays = True
 
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__(config, layer)
         self.fgate = nn.Linear(config.n_embd, config.n_head, bias=True)
-
-    @classmethod
-    def needs(
-        cls, pe: PositionEncoding | type[PositionEncoding], mask: AttentionMask, score: type[Score],
-        device: torch.device | None = None, dropout_active: bool = False, needs_grad: bool = False,
-        decoding: bool = False, head_size: int | None = None, float64: bool = False,
-    ) -> Needs:  # fmt: skip
-        needs = super().needs(pe, mask, score, device, dropout_active, needs_grad, decoding, head_size, float64)
-        return dataclasses.replace(needs, score_bias=True, bias_gradients=needs_grad)  # the gates' term is one
 
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: GateLayerCache | None = None) -> Tensor:
         q, k, v = self.attended(x, pe, plan, cache)
@@ -87,6 +77,6 @@ class ForgettingAttention(SoftmaxAttention):
         else:  # two tensors: compiled flex refuses a gradient tensor read twice in a score_mod
             c_q = log_f.cumsum(-1)
             c_k = c_q.clone()
-        context = plan.kernel.decayed(plan.context, c_q, c_k)
-        y = plan.kernel.run(q, k, v, context, self.score, self.dropout if self.training else 0.0, plan.on_weights)
+        dropout = self.dropout if self.training else 0.0
+        y = plan.kernel.run(q, k, v, plan.context.decayed(c_q, c_k), self.score, dropout, plan.on_weights)
         return self.output(y)

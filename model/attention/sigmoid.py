@@ -9,7 +9,6 @@ attention's (on CUDA: compiled flex returns no lse on a CPU).
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -20,15 +19,8 @@ from torch.nn.attention.flex_attention import AuxRequest
 
 from model.attention.softmax import SoftmaxAttention
 from model.kernels.base import Kernel, Step, WeightsHook
-from model.kernels.eager import WeighedContext, WeighedEager
-from model.kernels.flex import (
-    FlexContext,
-    FlexKernel,
-    ScoreMod,
-    build_block_mask,
-    compiled_flex_attention,
-    score_mod_of,
-)
+from model.kernels.eager import EagerKernel
+from model.kernels.flex import FlexContext, FlexKernel, ScoreMod, compiled_flex_attention
 from model.masks import AttentionMask
 from model.positions import ScoreBias
 from model.scores import Score
@@ -45,29 +37,10 @@ def sigmoid_weights(scores: Tensor, visible: Tensor, length: int | None) -> Tens
     return torch.sigmoid(scores - torch.log(seen.to(scores.dtype)))
 
 
-class SigmoidEager(WeighedEager):
-    """The reference: the eager kernel with sigmoid weights."""
+class SigmoidEager(EagerKernel):
+    """The reference: the eager kernel with sigmoid weights (n from `SigmoidAttention.kernel_settings`)."""
 
-    def context(  # type: ignore[override]  # the bias's n, from the layer (`SigmoidAttention.kernel_settings`)
-        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, *, length: int | None
-    ) -> WeighedContext:
-        return super().context(bias, mask, step, memo, weigh=functools.partial(sigmoid_weights, length=length))
-
-
-def sigmoid_score_mod(bias: ScoreBias | None, mask: AttentionMask, step: Step, length: int | None) -> ScoreMod:
-    """ln sigmoid(score + the scheme's bias - ln n), n = `length`, or with None the keys the query sees."""
-    biased = score_mod_of(bias, step) if bias is not None else None
-    q_pos = step.positions if step.k_pos is not None else None  # decoding: the cache positions
-    log_length = math.log(length) if length is not None else None
-
-    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        z = biased(score, b, h, q_idx, kv_idx) if biased is not None else score
-        if log_length is not None:
-            return F.logsigmoid(z - log_length)
-        query = q_pos[b, q_idx] if q_pos is not None else q_idx
-        return F.logsigmoid(z - torch.log(mask.seen_keys(query).float()))
-
-    return score_mod
+    weigh = staticmethod(sigmoid_weights)
 
 
 class SigmoidFlex(FlexKernel):
@@ -75,11 +48,22 @@ class SigmoidFlex(FlexKernel):
 
     devices = frozenset({"cuda"})
 
-    def context(  # type: ignore[override]  # the bias's n, as SigmoidEager's
-        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, *, length: int | None
-    ) -> FlexContext:
-        options = bias.kernel_options if bias is not None else None
-        return FlexContext(build_block_mask(mask, step, memo), sigmoid_score_mod(bias, mask, step, length), options)
+    def score_mod(  # type: ignore[override]  # the bias's n, as SigmoidEager's
+        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, length: int | None
+    ) -> ScoreMod:
+        """ln sigmoid(score + the scheme's bias - ln n), n = `length`, or with None the keys the query sees."""
+        biased = super().score_mod(bias, mask, step)
+        q_pos = step.positions if step.k_pos is not None else None  # decoding: the cache positions
+        log_length = math.log(length) if length is not None else None
+
+        def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            z = biased(score, b, h, q_idx, kv_idx) if biased is not None else score
+            if log_length is not None:
+                return F.logsigmoid(z - log_length)
+            query = q_pos[b, q_idx] if q_pos is not None else q_idx
+            return F.logsigmoid(z - torch.log(mask.seen_keys(query).float()))
+
+        return score_mod
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: FlexContext, score: Score, dropout_p: float,

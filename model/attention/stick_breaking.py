@@ -10,7 +10,6 @@ never rolls, so that cached keys stay in position order, the order the product r
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,10 +18,9 @@ from torch import Tensor
 
 from model.attention.softmax import SoftmaxAttention
 from model.cache import KVCache
-from model.kernels.base import Kernel, Step
-from model.kernels.eager import WeighedContext, WeighedEager
+from model.kernels.base import Kernel
+from model.kernels.eager import EagerKernel
 from model.masks import AttentionMask
-from model.positions import ScoreBias
 
 if TYPE_CHECKING:
     from model.attention import Cache
@@ -45,14 +43,10 @@ def stick_breaking_weights(scores: Tensor, visible: Tensor, remainder: bool) -> 
     return weights
 
 
-class StickBreakingEager(WeighedEager):
+class StickBreakingEager(EagerKernel):
     """The eager kernel with stick-breaking weights (any score, bias, mask and dropout)."""
 
-    def context(  # type: ignore[override]  # the remainder option, from the layer (`kernel_settings`)
-        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, *, remainder: bool
-    ) -> WeighedContext:
-        weigh = functools.partial(stick_breaking_weights, remainder=remainder)
-        return super().context(bias, mask, step, memo, weigh=weigh)
+    weigh = staticmethod(stick_breaking_weights)
 
 
 STICK_BREAKING_KERNELS: dict[str, Kernel] = {"eager": StickBreakingEager()}

@@ -10,21 +10,10 @@ What `attn_backend="auto"` picks (each kernel's declared capabilities and `rank`
 | the additive score                                      | eager (chunked over queries)          | eager       |
 """
 
-from model.kernels.base import (
-    AUTO,
-    Kernel,
-    KernelError,
-    Lack,
-    Needs,
-    Plan,
-    Step,
-    WeightsHook,
-    choose_kernel,
-    weights_kernel,
-)
+from model.kernels.base import AUTO, Kernel, KernelError, Lack, Needs, Plan, Step, WeightsHook
 from model.kernels.dense import DenseContext, causal_mask
 from model.kernels.eager import EagerKernel, eager_attention
-from model.kernels.flex import FlexKernel, compiled_flex_attention, flex_attention_fused
+from model.kernels.flex import FlexKernel, compiled_flex_attention
 from model.kernels.sdpa import SdpaKernel, sdpa_attention
 
 KERNELS: dict[str, Kernel] = {
@@ -36,6 +25,5 @@ KERNELS: dict[str, Kernel] = {
 
 __all__ = [
     "AUTO", "KERNELS", "DenseContext", "EagerKernel", "FlexKernel", "Kernel", "KernelError", "Lack", "Needs", "Plan",
-    "SdpaKernel", "Step", "WeightsHook", "causal_mask", "choose_kernel", "compiled_flex_attention",
-    "eager_attention", "flex_attention_fused", "sdpa_attention", "weights_kernel",
+    "SdpaKernel", "Step", "WeightsHook", "causal_mask", "compiled_flex_attention", "eager_attention", "sdpa_attention",
 ]  # fmt: skip

@@ -1,6 +1,6 @@
 """What an attention kernel is: a class that declares what it can run (class attributes, and `rank` for
-`auto`), builds its context for a forward pass once for every layer (`context`) and runs it (`run`); and
-how `choose_kernel` picks one for what a forward pass needs.
+`auto`, which `Attention.choose_kernel` reads), builds its context for a forward pass once for every layer
+(`context`) and runs it (`run`).
 
 Shapes: B batch, H heads, Tq / Tk query / key lengths, D head size.
 """
@@ -141,8 +141,9 @@ class Kernel:
         """Preference of `auto` among the kernels that can run `needs` on `device`: lowest first."""
         return 1.0
 
-    def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict) -> Any:
-        """What a layer's call of this kernel needs for one forward pass (None: nothing)."""
+    def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, **settings: Any) -> Any:
+        """What a layer's call of this kernel needs for one forward pass (None: nothing); `settings`: the attention
+        function's own options (`Attention.kernel_settings`)."""
         return None
 
     def run(
@@ -151,11 +152,6 @@ class Kernel:
     ) -> Tensor:  # fmt: skip
         """The (B, H, Tq, D) output for (B, H, Tq, D) queries and (B, H, Tk, D) keys and values."""
         raise NotImplementedError
-
-    def decayed(self, context: Any, c_q: Tensor, c_k: Tensor) -> Any:
-        """`context` with c_q[b, h, i] - c_k[b, h, j] added to the scores: one layer's terms of one batch, computed
-        in its forward pass (FoX's forget-gate sums), reaching the kernel through its context."""
-        raise NotImplementedError(f"{type(self).__name__} adds no per-row terms to the scores.")
 
     def __repr__(self) -> str:
         return type(self).__name__
@@ -175,41 +171,3 @@ class Plan:
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, score: Score, dropout_p: float) -> Tensor:
         return self.kernel.run(q, k, v, self.context, score, dropout_p, self.on_weights)
-
-
-def choose_kernel(kernels: Mapping[str, Kernel], requested: str, needs: Needs, device: torch.device) -> Kernel:
-    """The kernel `requested` names (an error if it cannot run `needs`), or for 'auto' the able one of lowest `rank`."""
-    if requested != AUTO:
-        if requested not in kernels:  # a validated config never asks for one
-            raise KernelError(f"attn_backend={requested!r} is not one of this model's kernels: {', '.join(kernels)}.")
-        kernel = kernels[requested]
-        missing = needs.unmet(kernel)
-        if missing:
-            able = [name for name, k in kernels.items() if not needs.unmet(k)]
-            raise KernelError(
-                f"attn_backend={requested!r} cannot run this configuration: it lacks "
-                f"{', '.join(lack.words for lack in missing)}. "
-                f"Kernels that can: {', '.join(able) or 'none'} (or attn_backend={AUTO!r})."
-            )
-        return kernel
-    best: Kernel | None = None
-    for kernel in kernels.values():  # a plain loop: under torch.compile it traces to a constant choice
-        if kernel.auto_devices is not None and device.type not in kernel.auto_devices:
-            continue
-        if not needs.unmet(kernel) and (best is None or kernel.rank(needs, device) < best.rank(needs, device)):
-            best = kernel
-    if best is None:
-        fewest = min((needs.unmet(kernel) for kernel in kernels.values()), key=len)
-        raise KernelError(
-            f"No attention kernel can run this configuration on {device.type}: none has "
-            f"{', '.join(lack.words for lack in fewest)}."
-        )
-    return best
-
-
-def weights_kernel(kernels: Mapping[str, Kernel], needs: Needs) -> Kernel:
-    """The kernel of `kernels` that forms the attention weights for `needs` (fused kernels never do)."""
-    for kernel in kernels.values():
-        if kernel.weights and not needs.unmet(kernel):
-            return kernel
-    raise KernelError("No kernel here forms the attention weights of this model.")

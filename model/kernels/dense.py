@@ -6,6 +6,7 @@ query rows as they come, so memory grows linearly with the length.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,8 @@ class DenseContext:
     """What eager and SDPA need of one forward pass: the positions the mask sees (`q_pos` (Bq, Tq), `k_pos`
     (Bk, Tk), -1 an empty slot), those the bias sees (`q_ids`, `k_ids`), the whole mask and bias when small
     (`whole`); `plain`: causal with no bias, which SDPA runs with no mask at all; `decay`: one layer's
-    per-row sums (c_q (B, H, Tq), c_k (B, H, Tk)) whose difference c_i - c_j is added to the scores (FoX)."""
+    per-row sums (c_q (B, H, Tq), c_k (B, H, Tk)) whose difference c_i - c_j is added to the scores (FoX);
+    `weigh`: the eager kernel's weights of the masked scores (`model.kernels.eager.Weigh`), options bound."""
 
     bias: ScoreBias | None
     mask: AttentionMask
@@ -36,6 +38,7 @@ class DenseContext:
     plain: bool
     whole: tuple[Tensor | None, Tensor | None] | None = None
     decay: tuple[Tensor, Tensor] | None = None
+    weigh: Callable[[Tensor, Tensor], Tensor] | None = None
 
     @property
     def rows_per_block(self) -> int:
@@ -66,6 +69,11 @@ class DenseContext:
             bias = bias.masked_fill(~visible, float("-inf"))
         return (None if self.plain else visible), bias
 
+    def decayed(self, c_q: Tensor, c_k: Tensor) -> DenseContext:
+        """This context with c_q[b, h, i] - c_k[b, h, j] added to the scores: one layer's terms of one batch
+        (FoX's forget-gate sums), formed with the bias block by block."""
+        return dataclasses.replace(self, decay=(c_q, c_k), plain=False, whole=None)
+
     def blocks(self, q_len: int, most: int | None = None) -> list[slice]:
         """Blocks of query rows covering 0..q_len, each at most `most` rows (and `rows_per_block`)."""
         step = min(self.rows_per_block, most or q_len, q_len)
@@ -86,11 +94,6 @@ def dense_context(bias: ScoreBias | None, mask: AttentionMask, step: Step, short
     if context.rows_per_block < step.q_len:
         return context  # formed block by block
     return dataclasses.replace(context, whole=context.block(slice(0, step.q_len)))
-
-
-def decayed(context: DenseContext, c_q: Tensor, c_k: Tensor) -> DenseContext:
-    """`context` with c_q[i] - c_k[j] added to the scores, formed with the bias block by block."""
-    return dataclasses.replace(context, decay=(c_q, c_k), plain=False, whole=None)
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:

@@ -3,15 +3,17 @@ against, and the one that forms the attention weights (attention maps)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, Step, WeightsHook
-from model.kernels.dense import DenseContext, causal_mask, decayed, dense_context
+from model.kernels.dense import DenseContext, causal_mask, dense_context
 from model.masks import AttentionMask
 from model.positions import ScoreBias, ScoresTerm
 from model.scores import ScaledDot, Score
@@ -78,7 +80,7 @@ def eager_attention(
 
 class EagerKernel(Kernel):
     """Everything, slowly: any score, bias, mask and dropout, on every device, and the weights. Another
-    function of the scores reuses it with its own `weigh` (or through `attend`: sigmoid attention)."""
+    function of the scores reuses it with its own `weigh`, its options (`Attention.kernel_settings`) bound."""
 
     weigh: Weigh = staticmethod(softmax_weights)
 
@@ -93,54 +95,25 @@ class EagerKernel(Kernel):
     def rank(self, needs: Needs, device: torch.device) -> float:
         return 2.0  # the reference: only when no fused kernel can
 
-    def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict) -> DenseContext:
-        return dense_context(bias, mask, step, shortcut=False)
-
-    def decayed(self, context: DenseContext, c_q: Tensor, c_k: Tensor) -> DenseContext:
-        return decayed(context, c_q, c_k)
+    def context(
+        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, **settings: Any
+    ) -> DenseContext:
+        weigh = functools.partial(self.weigh, **settings) if settings else self.weigh
+        return dataclasses.replace(dense_context(bias, mask, step, shortcut=False), weigh=weigh)
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,
         on_weights: WeightsHook | None,
     ) -> Tensor:  # fmt: skip
-        return self.attend(q, k, v, context, score, dropout_p, on_weights, self.weigh)
-
-    @staticmethod
-    def attend(
-        q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,
-        on_weights: WeightsHook | None, weigh: Weigh,
-    ) -> Tensor:  # fmt: skip
-        """`eager_attention` with weights `weigh`, a block of query rows at a time."""
+        """`eager_attention` with the context's weights, a block of query rows at a time."""
         outs, term = [], context.bias.from_scores if context.bias is not None else None
         for rows in context.blocks(q.size(-2)):  # one block unless the mask and bias would be large
             visible, bias = context.block(rows)
             hook = _shifted(on_weights, rows.start) if on_weights is not None else None
-            outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, weigh, term))
+            outs.append(
+                eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, context.weigh, term)
+            )
         return torch.cat(outs, dim=2)
-
-
-@dataclass(frozen=True)
-class WeighedContext:
-    """The dense context of one forward pass and the weights of the attention function, its options bound."""
-
-    dense: DenseContext
-    weigh: Weigh
-
-
-class WeighedEager(EagerKernel):
-    """The eager kernel with the weights an attention function hands it for each forward pass (its subclass's
-    `context` binds the layer's options into `weigh`): any score, bias, mask and dropout, and the weights."""
-
-    def context(  # type: ignore[override]  # the weights, from the subclass
-        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, *, weigh: Weigh
-    ) -> WeighedContext:
-        return WeighedContext(super().context(bias, mask, step, memo), weigh)
-
-    def run(
-        self, q: Tensor, k: Tensor, v: Tensor, context: WeighedContext, score: Score, dropout_p: float,
-        on_weights: WeightsHook | None,
-    ) -> Tensor:  # fmt: skip
-        return self.attend(q, k, v, context.dense, score, dropout_p, on_weights, context.weigh)
 
 
 def _shifted(on_weights: WeightsHook, first: int) -> WeightsHook:

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -37,20 +38,6 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 def compiled_flex_attention() -> Callable[..., Tensor]:
     """flex_attention compiled once per process, at first use (uncompiled it forms the whole score matrix)."""
     return torch.compile(flex_attention)
-
-
-def flex_attention_fused(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    block_mask: BlockMask,
-    score_mod: ScoreMod | None = None,
-    scale: float | None = None,
-    kernel_options: dict[str, int] | None = None,
-) -> Tensor:
-    """FlexAttention: the block mask and an optional score_mod (a position bias), fused in one kernel."""
-    return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                                     kernel_options=kernel_options)  # fmt: skip
 
 
 def score_mod_of(bias: ScoreBias, step: Step) -> ScoreMod:
@@ -84,6 +71,16 @@ class FlexContext:
     score_mod: ScoreMod | None
     kernel_options: dict[str, int] | None = None
 
+    def decayed(self, c_q: Tensor, c_k: Tensor) -> FlexContext:
+        """This context with c_q[b, h, i] - c_k[b, h, j] added to the scores in the score_mod (FoX's gate sums)."""
+        inner = self.score_mod
+
+        def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            scored = inner(score, b, h, q_idx, kv_idx) if inner is not None else score
+            return scored + c_q[b, h, q_idx] - c_k[b, h, kv_idx]
+
+        return dataclasses.replace(self, score_mod=score_mod)
+
 
 class FlexKernel(Kernel):
     """Fused with a block-sparse mask and an in-kernel bias; no dropout; CUDA only (module docstring)."""
@@ -102,23 +99,19 @@ class FlexKernel(Kernel):
         # first for a bias or a window on CUDA when the lengths repeat; after SDPA otherwise
         return 0.0 if (needs.score_bias or needs.sparse_mask) and not needs.decoding else 1.5
 
-    def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict) -> FlexContext:
-        block_mask = build_block_mask(mask, step, memo)
-        if bias is None:
-            return FlexContext(block_mask, None)
-        return FlexContext(block_mask, score_mod_of(bias, step), bias.kernel_options)
+    def context(
+        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, **settings: Any
+    ) -> FlexContext:
+        options = bias.kernel_options if bias is not None else None
+        return FlexContext(build_block_mask(mask, step, memo), self.score_mod(bias, mask, step, **settings), options)
 
-    def decayed(self, context: FlexContext, c_q: Tensor, c_k: Tensor) -> FlexContext:
-        inner = context.score_mod
-
-        def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            scored = inner(score, b, h, q_idx, kv_idx) if inner is not None else score
-            return scored + c_q[b, h, q_idx] - c_k[b, h, kv_idx]
-
-        return dataclasses.replace(context, score_mod=score_mod)
+    def score_mod(self, bias: ScoreBias | None, mask: AttentionMask, step: Step) -> ScoreMod | None:
+        """What the kernel makes of the scores: the scheme's bias added (None: nothing)."""
+        return score_mod_of(bias, step) if bias is not None else None
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: FlexContext, score: Score, dropout_p: float,
         on_weights: WeightsHook | None,
     ) -> Tensor:  # fmt: skip
-        return flex_attention_fused(q, k, v, context.block_mask, context.score_mod, score.scale, context.kernel_options)
+        return compiled_flex_attention()(q, k, v, score_mod=context.score_mod, block_mask=context.block_mask,
+                                         scale=score.scale, kernel_options=context.kernel_options)  # fmt: skip

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from model.kernels.base import Kernel, Step, WeightsHook
-from model.kernels.dense import DenseContext, causal_mask, decayed, dense_context
+from model.kernels.dense import DenseContext, causal_mask, dense_context
 from model.masks import AttentionMask
 from model.positions import ScoreBias
 from model.scores import Score
@@ -61,9 +61,6 @@ class SdpaKernel(Kernel):
 
     def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict) -> DenseContext:
         return dense_context(bias, mask, step, shortcut=True)
-
-    def decayed(self, context: DenseContext, c_q: Tensor, c_k: Tensor) -> DenseContext:
-        return decayed(context, c_q, c_k)
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,

@@ -1,6 +1,6 @@
 """Position schemes behind one small interface (`base`: hooks `embed`, `rotate`, `bias`, each a no-op by
 default, and declared capabilities, read instead of names), by kind: `tables` (learned, sinusoidal,
-RoPE), `biases` (ALiBi, T5, Kerple, FIRE) and `contextual` (CoPE); and `SCHEMES`, the registry. See docs/model.md.
+RoPE) and `biases` (ALiBi, T5, Kerple, FIRE, CoPE); and `SCHEMES`, the registry. See docs/model.md.
 
 Positions are 0..T-1 unless given: `positions` (B, T) puts each row at its own increasing positions
 (a KV cache's, or randomized positions, Ruoss et al. 2023); tables must cover them (`reserve`).
@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from model.positions.base import NoPositions, PositionEncoding, ScoreBias, ScoresTerm, random_positions, separate, take
-from model.positions.biases import FIRE, ALiBi, Kerple, T5Bias, alibi_slopes, t5_bucket
-from model.positions.contextual import ContextualPositions, cope_term
+from model.positions.biases import FIRE, ALiBi, ContextualPositions, Kerple, T5Bias, alibi_slopes, t5_bucket
 from model.positions.tables import LearnedPositions, RotaryPositions, SinusoidalPositions, sinusoid_table
 
 if TYPE_CHECKING:
@@ -40,5 +39,5 @@ def build_positions(config: GPTConfig) -> PositionEncoding:
 __all__ = [
     "ALiBi", "ContextualPositions", "FIRE", "Kerple", "LearnedPositions", "NoPositions", "PositionEncoding",
     "RotaryPositions", "SCHEMES", "ScoreBias", "ScoresTerm", "SinusoidalPositions", "T5Bias", "alibi_slopes",
-    "build_positions", "cope_term", "random_positions", "separate", "sinusoid_table", "t5_bucket", "take",
+    "build_positions", "random_positions", "separate", "sinusoid_table", "t5_bucket", "take",
 ]  # fmt: skip
