@@ -195,17 +195,17 @@ def test_heatmaps_and_long_context_figures(runs, tmp_path):
 
 
 def test_a_failed_write_ends_in_one_line_and_leaves_no_results_json(runs, tmp_path, monkeypatch, capsys):
-    from evaluation import attention_maps
+    from evaluation import attention
 
     out = tmp_path / "maps"
-    real_write = attention_maps.atomic_write_bytes
+    real_write = attention.atomic_write_bytes
 
     def full_disk(path, payload):
         if path.name == "results.json":
             raise OSError(28, "No space left on device", str(path))
         real_write(path, payload)
 
-    monkeypatch.setattr(attention_maps, "atomic_write_bytes", full_disk)
+    monkeypatch.setattr(attention, "atomic_write_bytes", full_disk)
     _unrendered(monkeypatch)  # the heatmaps written before results.json: test_heatmaps_and_long_context_figures
     line = cli_error(capsys, maps_script.COMMAND, ["--ckpt", str(runs["window"]), "--prompt", "The cat",
                                                    "--out", str(out), "--progress", "false"])  # fmt: skip
