@@ -169,7 +169,6 @@ WINDOW_TOKENS = 16384
 
 
 def runs_at(model: GPT, length: int) -> bool:
-    """Whether `model`'s positions reach `length`."""
     limit = model.pe.max_positions
     return limit is None or length <= limit
 
@@ -389,7 +388,6 @@ def _draw_prompt(
 
 
 def attention_main(cfg: MapsConfig) -> None:
-    """Draw, write, say what was written."""
     try:
         paths = run(cfg)
     except OSError as error:

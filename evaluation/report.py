@@ -23,7 +23,7 @@ matplotlib.use("Agg")  # files only, no display; before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from matplotlib.colors import Normalize, PowerNorm, TwoSlopeNorm  # noqa: E402
+from matplotlib.colors import PowerNorm, TwoSlopeNorm  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
 from core.files import atomic_write_bytes  # noqa: E402
@@ -339,23 +339,17 @@ def printable(piece: str) -> str:
     return shown or "·"
 
 
-def _norm(values: torch.Tensor) -> Normalize:
-    """Square-root from 0 (faint weights stay visible), or centred on 0 for negative weights (linear + RoPE)."""
-    finite = values[torch.isfinite(values)]
-    low, high = float(finite.min()), float(finite.max())
-    if low < 0:
-        bound = max(-low, high)
-        return TwoSlopeNorm(vcenter=0.0, vmin=-bound, vmax=bound)
-    return PowerNorm(gamma=0.5, vmin=0.0, vmax=max(high, 1e-9))
-
-
 def heatmaps_figure(
     panels: list[tuple[str, torch.Tensor]], visible: torch.Tensor, tokens: list[str], title: str, cols: int
 ) -> plt.Figure:
     """Query x key heatmaps of (name, (T, T) weights) on one colour scale, keys a query cannot see blank."""
     shown = [(name, matrix.masked_fill(~visible, float("nan"))) for name, matrix in panels]  # unseen keys blank
-    norm = _norm(torch.stack([m for _, m in shown]))
-    cmap = plt.get_cmap("RdBu_r" if isinstance(norm, TwoSlopeNorm) else "viridis").with_extremes(bad="white")
+    values = torch.stack([m for _, m in shown])
+    low, high = float(values[values.isfinite()].min()), float(values[values.isfinite()].max())
+    # square-root from 0 (faint weights stay visible), or centred on 0 for negative weights (linear + RoPE)
+    bound = max(-low, high)
+    norm = TwoSlopeNorm(0.0, -bound, bound) if low < 0 else PowerNorm(gamma=0.5, vmin=0.0, vmax=max(high, 1e-9))
+    cmap = plt.get_cmap("RdBu_r" if low < 0 else "viridis").with_extremes(bad="white")
     rows, T = math.ceil(len(shown) / cols), len(tokens)
     side, size = 1.0 + 0.12 * T, max(5.0, min(9.0, 450 / T))
     fig, axes = plt.subplots(rows, cols, figsize=(side * cols + 1.2, side * rows + 0.6), dpi=90, squeeze=False,

@@ -6,7 +6,6 @@ fails in seconds, not after an hour of evaluation.
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -191,12 +190,8 @@ def _evaluate_one(
             on_windows=bar.update,
         )
         row = dataclasses.asdict(result)
-        row.update(
-            loss=_finite(result.loss),
-            ppl=_finite(result.ppl),
-            rope_scaling=model.config.rope_scaling if rescalable else None,
-            rope_scaling_factor=model.config.rope_scaling_factor if rescalable else None,
-        )
+        row["rope_scaling"] = model.config.rope_scaling if rescalable else None
+        row["rope_scaling_factor"] = model.config.rope_scaling_factor if rescalable else None
         rows.append(row)
     trained.to("cpu")
     return {
@@ -216,13 +211,7 @@ def _evaluate_one(
     }
 
 
-def _finite(value: float) -> float | None:
-    """JSON has no NaN: a number that is not finite (not applicable) is written as null."""
-    return value if math.isfinite(value) else None
-
-
 def evaluate_main(cfg: EvaluateConfig) -> None:
-    """Evaluate, write the report, print its table and where it is."""
     from evaluation.report import write_report  # matplotlib: imported to draw, not for --help
 
     check_output_dir(cfg.out)
