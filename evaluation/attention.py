@@ -225,7 +225,6 @@ def visible_keys(model: GPT, length: int) -> Tensor:
 
 
 FORMAT = "posgpt-attention/1"
-RESULTS = "results.json"
 log = logging.getLogger(__name__)
 MAX_PROMPT_TOKENS = 64
 """Longest prompt drawn as a heatmap: past it the token labels cannot be read."""
@@ -314,13 +313,13 @@ def run(cfg: MapsConfig) -> list[Path]:
             for label, c, ids, folder in zip(labels, loaded, prompts, folders, strict=True)
         ]
     if cfg.lengths:
-        from evaluation.report import png_bytes, stats_figures
+        from evaluation.report import stats_pngs
 
         models = [(label, c, tokens) for label, c, (tokens, _) in zip(labels, loaded, texts, strict=True)]
         doc["lengths"] = long_context_stats(models, cfg.lengths, cfg.tokens, cfg.sink_tokens, device, cfg.progress)
-        files.update({out / name: png_bytes(fig) for name, fig in stats_figures(doc["lengths"])})
+        files.update({out / name: png for name, png in stats_pngs(doc["lengths"]).items()})
     doc["files"] = sorted(path.relative_to(out).as_posix() for path in files)
-    files[out / RESULTS] = json.dumps(doc, indent=1, allow_nan=False).encode()
+    files[out / "results.json"] = json.dumps(doc, indent=1, allow_nan=False).encode()
     for path, payload in files.items():  # results.json last: present, it lists figures that are
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, payload)

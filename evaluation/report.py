@@ -72,8 +72,7 @@ def write_report(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
         "ppl_vs_length.png": png_bytes(ppl_figure(doc, groups)),
         "loss_by_position.png": png_bytes(position_figure(doc, groups)),
     }
-    for name, figure in stats_figures(doc.get("attention", [])):  # with --eval.attention_stats
-        files[name] = png_bytes(figure)
+    files.update(stats_pngs(doc.get("attention", [])))  # with --eval.attention_stats
     paths = write_files(doc, files, out_dir)
     for stale in set(Path(out_dir).glob(STATS_FIGURES)) - set(paths):  # an earlier report's lengths
         stale.unlink()
@@ -445,8 +444,9 @@ def legend_below(fig: plt.Figure, handles: Sequence[Any], labels: Sequence[str],
     return legend
 
 
-def stats_figures(entries: list[dict[str, Any]]) -> list[tuple[str, plt.Figure]]:
-    """(attention_L{length}.png, its figure) for every length of `entries`."""
+def stats_pngs(entries: list[dict[str, Any]]) -> dict[str, bytes]:
+    """{attention_L{length}.png: its figure} for every length of `entries`."""
     lengths = sorted({e["length"] for e in entries})
     order = list(dict.fromkeys(e["label"] for e in entries))
-    return [(f"attention_L{n}.png", stats_figure([e for e in entries if e["length"] == n], n, order)) for n in lengths]
+    return {f"attention_L{n}.png": png_bytes(stats_figure([e for e in entries if e["length"] == n], n, order))
+            for n in lengths}  # fmt: skip

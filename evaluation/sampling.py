@@ -148,32 +148,29 @@ def prompts_file_lines(path: str) -> list[tuple[str, str]]:
     return [(f"line {n} of {option}", line) for n, line in enumerate(lines, 1)]
 
 
-def encode_prompt(tokenizer: Tokenizer, text: str, drop_unknown: bool, where: str = "--prompt") -> list[int]:
-    """The tokens of `text`; an empty text is the tokenizer's start token, but one of which `--drop_unknown`
-    leaves nothing is refused (the model would continue something the user did not write)."""
-    if not text:
-        return tokenizer.start_ids()
-    try:
-        ids = tokenizer.encode(text, drop_unknown) if isinstance(tokenizer, CharTokenizer) else tokenizer.encode(text)
-    except DataError as error:
-        raise DataError(f"{where}: {error}") from None
-    if not ids:
-        raise DataError(
-            f"{where} ({text[:SHOWN_CHARS]!r}): none of its characters is in the model's vocabulary, so "
-            "--drop_unknown leaves nothing to continue; give it characters of the training text."
-        )
-    return ids
-
-
 def read_prompts(
     tokenizer: Tokenizer, prompt: str, prompt_file: str | None, prompts_file: str | None, drop_unknown: bool
 ) -> list[Prompt]:
-    """Every prompt of the run, read and encoded, in order."""
+    """Every prompt of the run, read and encoded, in order. An empty one is the tokenizer's start token, but one of
+    which `--drop_unknown` leaves nothing is refused (the model would continue something the user did not write)."""
     if prompts_file is not None:
         sources = prompts_file_lines(prompts_file)
     else:
         sources = [(f"--prompt_file {prompt_file}" if prompt_file else "--prompt", prompt_text(prompt, prompt_file))]
-    return [Prompt(where, text, encode_prompt(tokenizer, text, drop_unknown, where)) for where, text in sources]
+    chars = isinstance(tokenizer, CharTokenizer)
+    prompts = []
+    for where, text in sources:
+        try:
+            ids = tokenizer.encode(text, drop_unknown) if chars else tokenizer.encode(text)
+        except DataError as error:
+            raise DataError(f"{where}: {error}") from None
+        if text and not ids:
+            raise DataError(
+                f"{where} ({text[:SHOWN_CHARS]!r}): none of its characters is in the model's vocabulary, so "
+                "--drop_unknown leaves nothing to continue; give it characters of the training text."
+            )
+        prompts.append(Prompt(where, text, ids or tokenizer.start_ids()))
+    return prompts
 
 
 def crop(prompts: list[Prompt], max_positions: int | None) -> list[list[int]]:

@@ -230,7 +230,7 @@ def test_mistakes_end_in_one_clear_message(runs, tmp_path, capsys):
 
 
 def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path, monkeypatch):
-    """The attention figures built but not rendered: `stats_figures`, which attention_maps.py renders in
+    """The attention figures built but not rendered: `stats_pngs`, which attention_maps.py renders in
     test_heatmaps_and_long_context_figures (decoded there)."""
     _unrendered(monkeypatch)
     out = tmp_path / "eval"
