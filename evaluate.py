@@ -1,8 +1,8 @@
 """Perplexity against context length: `python evaluate.py --ckpt A.ckpt [B.ckpt ...] --eval.lengths 128 4096`
-(or `posgpt evaluate`). The logic is in evaluation/commands.py and evaluation/run.py."""
+(or `posgpt evaluate`). The logic is in evaluation/run.py."""
 
 from core.cli import run
-from evaluation.commands import EVALUATE as COMMAND
+from evaluation.run import COMMAND
 
 if __name__ == "__main__":
     run(COMMAND)

@@ -1,6 +1,8 @@
-"""Where attention goes: statistics of the weights `GPT.attention_weights` recomputes in float32 on the
-eager reference kernel, accumulated a chunk of query rows at a time (no (layers, heads, T, T) tensor):
-mass by distance, entropy and sink mass by query position, and the sink rate (docs/attention_maps.md).
+"""`attention_maps.py`: where attention goes, from the weights `GPT.attention_weights` recomputes in float32 on
+the eager reference kernel, accumulated a chunk of query rows at a time (no (layers, heads, T, T) tensor):
+heatmaps for a short prompt; mass by distance, entropy and sink mass by query position, and the sink rate, at
+long contexts (docs/attention_maps.md; figures in `evaluation.report`). Each file is written whole,
+results.json last (it lists the figures of the run that wrote it).
 
 The sink rate follows Gu et al.'s `compute_attention_sink` (github.com/sail-sg/Attention-Sink,
 eval_sink_open_source.py at e0d3b0e477bad52b620d0d9e063ac2497fed727f): alpha_0, the first token's weight
@@ -11,8 +13,14 @@ is that of |w| normalised per row.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+import logging
+import math
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +28,20 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from core.cli import Command
+from core.device import pick_device
+from core.errors import ConfigError, UserError
+from core.files import atomic_write_bytes
+from evaluation.checkpoint import (
+    EvalData,
+    LoadedCheckpoint,
+    check_output_dir,
+    default_labels,
+    load_checkpoint,
+    load_texts,
+    results_header,
+)
+from evaluation.sampling import prompt_text
 from model.gpt import GPT
 from model.kernels import WeightsHook
 
@@ -119,31 +141,27 @@ class AttentionStats:
         sink = self.sink.cpu().numpy() / self.windows
         if any(self.pending_rows):
             raise RuntimeError("A batch of windows was summarised before all its query rows had been added.")
-        first = self.first_mass.cpu().numpy() / self.windows  # (layers, heads)
-        sinks = self.sink_windows.cpu().numpy() / self.windows  # (layers, heads)
+        first = self.first_mass.cpu().numpy() / self.windows  # (layers, heads): alpha_0's mean, never thresholded
+        sinks = self.sink_windows.cpu().numpy() / self.windows  # (layers, heads): the share of sink windows
+        rate = {"definition": SINK_RATE_DEFINITION, "threshold": self.threshold, "per_layer": rounded(sinks.mean(-1)),
+                "model": float(f"{sinks.mean():.6g}"), "per_head": rounded(sinks),
+                "first_token_mass": rounded(first)}  # fmt: skip
         return {
             "windows": self.windows,
             "sink_tokens": self.sink_tokens,
-            "sink_rate": sink_rate(sinks, first, self.threshold),
-            "distance": {"edges": edges, "mean_weight": _rounded(bucket_means(distance, edges))},
+            "sink_rate": rate,
+            "distance": {"edges": edges, "mean_weight": rounded(bucket_means(distance, edges))},
             "position": {
                 "edges": edges,
-                "entropy": _rounded(bucket_means(entropy, edges)),
-                "sink_mass": _rounded(bucket_means(sink, edges)),
+                "entropy": rounded(bucket_means(entropy, edges)),
+                "sink_mass": rounded(bucket_means(sink, edges)),
             },
         }
 
 
-def sink_rate(sink_share: np.ndarray, first_mass: np.ndarray, threshold: float) -> dict[str, Any]:
-    """Gu et al.'s sink rate from, per (layer, head), the share of windows with alpha_0 > `threshold` and
-    alpha_0's mean over windows (`first_token_mass`, never thresholded)."""
-    return {"definition": SINK_RATE_DEFINITION, "threshold": threshold, "per_layer": _rounded(sink_share.mean(-1)),
-            "model": float(f"{sink_share.mean():.6g}"), "per_head": _rounded(sink_share),
-            "first_token_mass": _rounded(first_mass)}  # fmt: skip
-
-
-def _rounded(values: np.ndarray) -> list:
-    return np.vectorize(lambda v: float(f"{v:.6g}"))(values).tolist()
+def rounded(values: np.ndarray, digits: int = 6) -> list:
+    """`values` as nested lists of floats of `digits` significant digits (results.json stays readable)."""
+    return np.vectorize(lambda v: float(f"{v:.{digits}g}"), otypes=[float])(values).tolist()
 
 
 WINDOW_TOKENS = 16384
@@ -151,33 +169,32 @@ WINDOW_TOKENS = 16384
 
 
 def runs_at(model: GPT, length: int) -> bool:
-    """Whether `model`'s positions reach `length`."""
     limit = model.pe.max_positions
     return limit is None or length <= limit
 
 
 def long_context_stats(
-    models: list[tuple[str, str, GPT]],
-    texts: list[np.ndarray],
+    models: list[tuple[str, LoadedCheckpoint, np.ndarray]],
     lengths: list[int],
     tokens: int,
     sink_tokens: int,
+    device: torch.device,
     progress: bool,
 ) -> list[dict[str, Any]]:
-    """The statistics of every (label, checkpoint path, model) at every length it can run, on the
-    first max(1, tokens // length) non-overlapping windows of its text."""
+    """The statistics of every (label, checkpoint, its text) at every length its model can run, on `device`,
+    on the first max(1, tokens // length) non-overlapping windows of the text."""
     plan = [
-        (label, path, model, text, length, min(max(1, tokens // length), len(text) // length))
+        (label, ckpt, text, length, min(max(1, tokens // length), len(text) // length))
         for length in lengths
-        for (label, path, model), text in zip(models, texts, strict=True)
-        if runs_at(model, length)
+        for label, ckpt, text in models
+        if runs_at(ckpt.model, length)
     ]
     entries = []
     bar_on = progress and sys.stderr.isatty()  # a bar in a log file is a carriage-return flood
     with tqdm(total=sum(p[-1] for p in plan), unit="window", disable=not bar_on, dynamic_ncols=True) as bar:
-        for label, path, model, text, length, count in plan:
+        for label, ckpt, text, length, count in plan:
             bar.set_description(f"attention {label} L={length}")
-            device = model.wte.weight.device
+            model = ckpt.model.to(device).eval()
             stats = AttentionStats(model.config.n_layer, model.config.n_head, length, sink_tokens, device)
             batch = max(1, WINDOW_TOKENS // length)
             for start in range(0, count, batch):  # the first `count` non-overlapping windows
@@ -185,8 +202,8 @@ def long_context_stats(
                 rows = text[start * length : (start + n) * length].astype(np.int64).reshape(n, length)
                 stats.add_windows(model, torch.from_numpy(rows).to(device))
                 bar.update(n)
-            entries.append({"length": length, "label": label, "ckpt": path, "train_length": model.config.block_size,
-                            "summary": stats.summary()})  # fmt: skip
+            entries.append({"length": length, "label": label, "ckpt": ckpt.path,
+                            "train_length": model.config.block_size, "summary": stats.summary()})  # fmt: skip
     return entries
 
 
@@ -205,3 +222,190 @@ def visible_keys(model: GPT, length: int) -> Tensor:
     """(T, T) bool: which keys each query may attend to."""
     pos = torch.arange(length)
     return model.mask.dense(pos, pos)
+
+
+FORMAT = "posgpt-attention/1"
+log = logging.getLogger(__name__)
+MAX_PROMPT_TOKENS = 64
+"""Longest prompt drawn as a heatmap: past it the token labels cannot be read."""
+
+
+@dataclass
+class MapsConfig:
+    """Which checkpoints to look inside, and how."""
+
+    ckpt: list[str]
+    """Checkpoints written by train.py (several: their figures share axes, one colour each)."""
+    labels: list[str] | None = None
+    """A name per checkpoint (default: its run directory); a shared name marks seeds of one model, averaged."""
+    out: str = "attention_maps"
+    """Directory for the figures and results.json (created if needed)."""
+    prompt: str | None = None
+    """A short text (up to 64 tokens), or @FILE: per checkpoint, heatmaps of every head and of the head means."""
+    layers: list[int] | None = None
+    """Layers to draw heatmaps of (default: all), counted from 0."""
+    heads: list[int] | None = None
+    """Heads to draw in each heatmap grid (default: all), counted from 0."""
+    lengths: list[int] | None = None
+    """Context lengths of the long-context statistics (mass by distance, entropy, sink mass), e.g. [256, 4096]."""
+    text: str | None = None
+    """Text file of the long-context statistics (default: each checkpoint's validation split; or --data.dir)."""
+    data: EvalData = field(default_factory=EvalData)
+    """The text of the long-context statistics, as evaluate.py's --eval_data (input = --text)."""
+    tokens: int = 8192
+    """Tokens averaged over at each length: max(1, tokens // length) windows from the start of the text."""
+    sink_tokens: int = 4
+    """The first tokens whose attention mass is reported (attention sinks)."""
+    device: str = "auto"
+    """auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...; always float32 (the reference)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if not self.prompt and not self.lengths:
+            raise ValueError("Nothing to draw: pass --prompt TEXT (heatmaps) and/or --lengths 256 1024 "
+                             "(attention by distance, entropy and sinks at long contexts).")  # fmt: skip
+        if self.lengths is not None:
+            if not self.lengths or any(n < 1 for n in self.lengths):
+                raise ValueError(f"lengths must be positive integers, got {self.lengths!r}.")
+            self.lengths = sorted(set(self.lengths))
+        if self.text:
+            if self.data.input and self.data.input != self.text:
+                raise ValueError("Pass the text once: --text FILE or --data.input FILE.")
+            self.data = dataclasses.replace(self.data, input=self.text)
+        if self.tokens < 1 or self.sink_tokens < 0:
+            raise ValueError("tokens must be positive and sink_tokens at least 0.")
+        if self.labels is not None and len(self.labels) != len(self.ckpt):
+            raise ValueError(f"--labels gives {len(self.labels)} names for {len(self.ckpt)} checkpoints.")
+        if any(i < 0 for i in (self.layers or []) + (self.heads or [])):
+            raise ValueError("Layer and head indices count from 0.")
+
+
+def run(cfg: MapsConfig) -> list[Path]:
+    """Everything `cfg` asks for, written under `cfg.out` (every input checked first); the files written."""
+    check_output_dir(cfg.out)
+    device = pick_device(cfg.device)
+    loaded = [load_checkpoint(path, cfg.data.tiktoken_ranks) for path in cfg.ckpt]
+    labels = cfg.labels or default_labels(cfg.ckpt)
+    for ckpt in loaded:
+        _check_indices(ckpt, cfg)
+        ckpt.model.to(device).eval()
+    prompts = [_prompt_ids(c, cfg.prompt) for c in loaded] if cfg.prompt else []
+    texts = []
+    if cfg.lengths:
+        for length in cfg.lengths:  # none reaching it is an error; some that do not are left out, with a line
+            if not any(runs_at(c.model, length) for c in loaded):
+                _check_length(loaded[0], length, "--lengths")
+            for label, ckpt in zip(labels, loaded, strict=True):
+                if not runs_at(ckpt.model, length):
+                    log.info("%s: left out at length %d (positions up to %d)", label, length,
+                             ckpt.model.pe.max_positions)  # fmt: skip
+        texts = load_texts(loaded, cfg.data, cfg.lengths[-1])
+    out = Path(cfg.out)
+    files: dict[Path, bytes] = {}
+    doc: dict[str, Any] = {"format": FORMAT, **results_header(device, torch.float32), "config": dataclasses.asdict(cfg)}
+    doc["note"] = "weights recomputed on the eager reference kernel, in float32 (fused kernels never form them)"
+    if cfg.prompt:  # a folder per checkpoint: its label made a file name, seeds told apart (name#2)
+        safe = ["".join(c if c.isalnum() or c in "-_.+" else "_" for c in label) or "model" for label in labels]
+        folders = default_labels([str(Path(name) / "last.ckpt") for name in safe])
+        doc["prompts"] = [
+            _draw_prompt(label, c, ids, cfg, out / folder, files)
+            for label, c, ids, folder in zip(labels, loaded, prompts, folders, strict=True)
+        ]
+    if cfg.lengths:
+        from evaluation.report import stats_pngs
+
+        models = [(label, c, tokens) for label, c, (tokens, _) in zip(labels, loaded, texts, strict=True)]
+        doc["lengths"] = long_context_stats(models, cfg.lengths, cfg.tokens, cfg.sink_tokens, device, cfg.progress)
+        files.update({out / name: png for name, png in stats_pngs(doc["lengths"]).items()})
+    doc["files"] = sorted(path.relative_to(out).as_posix() for path in files)
+    files[out / "results.json"] = json.dumps(doc, indent=1, allow_nan=False).encode()
+    for path, payload in files.items():  # results.json last: present, it lists figures that are
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, payload)
+    return list(files)
+
+
+def _check_length(ckpt: LoadedCheckpoint, length: int, what: str) -> None:
+    if not runs_at(ckpt.model, length):
+        limit = ckpt.model.pe.max_positions
+        raise ConfigError(
+            f"{ckpt.path} has {ckpt.model.config.pos_encoding} positions, which exist up to {limit} tokens; "
+            f"{what} asks for {length}. Use lengths up to {limit} for it, or leave it out."
+        )
+
+
+def _check_indices(ckpt: LoadedCheckpoint, cfg: MapsConfig) -> None:
+    for what, asked, count in (("layer", cfg.layers, ckpt.model.config.n_layer),
+                               ("head", cfg.heads, ckpt.model.config.n_head)):  # fmt: skip
+        unknown = [i for i in asked or [] if i >= count]
+        if unknown:
+            raise ConfigError(
+                f"{ckpt.path} has {count} {what}s (0..{count - 1}); there is no {what} {unknown[0]}. "
+                f"Pass --{what}s within 0..{count - 1}."
+            )
+
+
+def _prompt_ids(ckpt: LoadedCheckpoint, prompt: str) -> list[int]:
+    ids = ckpt.tokenizer.encode(prompt_text(prompt))
+    if not ids:
+        raise ConfigError("The prompt is empty: pass --prompt TEXT with at least one token.")
+    if len(ids) > MAX_PROMPT_TOKENS:
+        raise ConfigError(
+            f"The prompt is {len(ids)} tokens for {ckpt.path}; a heatmap is readable up to {MAX_PROMPT_TOKENS}. "
+            "Shorten it, or pass --lengths to see attention at long contexts."
+        )
+    _check_length(ckpt, len(ids), "the prompt")
+    return ids
+
+
+def _draw_prompt(
+    label: str, ckpt: LoadedCheckpoint, ids: list[int], cfg: MapsConfig, folder: Path, files: dict[Path, bytes]
+) -> dict[str, Any]:
+    """The heatmaps of one checkpoint on the prompt, into `folder`; the plotted numbers (matplotlib imported to
+    draw, not for --help)."""
+    from evaluation.report import heatmaps_figure, png_bytes, printable
+
+    model = ckpt.model
+    idx = torch.tensor([ids], device=model.wte.weight.device)
+    weights = prompt_weights(model, idx)  # per layer (H, T, T)
+    visible = visible_keys(model, len(ids))
+    tokens = [printable(ckpt.tokenizer.decode([i])) for i in ids]
+    layers = cfg.layers if cfg.layers is not None else list(range(model.config.n_layer))
+    heads = cfg.heads if cfg.heads is not None else list(range(model.config.n_head))
+    name = f"{label} ({model.config.pos_encoding})"
+    cols = math.ceil(math.sqrt(len(heads)))
+    for layer in layers:
+        panels = [(f"head {head}", weights[layer][head]) for head in heads]
+        figure = heatmaps_figure(panels, visible, tokens, f"{name}: layer {layer}, weights per head", cols)
+        files[folder / f"layer{layer}.png"] = png_bytes(figure)
+    means = [(f"layer {layer}, mean over heads", weights[layer][heads].mean(0)) for layer in layers]
+    figure = heatmaps_figure(means, visible, tokens, f"{name}: mean over heads", min(len(means), 4))
+    files[folder / "layers_mean.png"] = png_bytes(figure)
+    shown = {str(layer): rounded(weights[layer][heads].masked_fill(~visible, 0.0).numpy(), 5) for layer in layers}
+    return {"label": label, "ckpt": ckpt.path, "tokens": tokens, "ids": ids, "weights": shown, "heads": heads}
+
+
+def attention_main(cfg: MapsConfig) -> None:
+    try:
+        paths = run(cfg)
+    except OSError as error:
+        raise UserError(f"cannot write the figures to {cfg.out}: {error.strerror or error}.") from error
+    print(f"wrote {len(paths)} files to {cfg.out}: " + ", ".join(str(p) for p in paths[:8])
+          + (" ..." if len(paths) > 8 else ""))  # fmt: skip
+
+
+COMMAND = Command(
+    "attention_maps.py",
+    MapsConfig,
+    attention_main,
+    """Look inside trained models: --ckpt A.ckpt --prompt "ROMEO:" --out maps.
+
+With --prompt (up to 64 tokens): per checkpoint, one PNG per layer with a grid of heads (query x key
+heatmaps) and one of every layer averaged over heads. With --lengths 256 1024 4096: per length, attention
+mass against distance, attention entropy and the mass on the first tokens against query position, per
+layer, the training length marked. results.json holds every number plotted. The weights are recomputed in
+float32 on the eager reference kernel from the checkpoint's parameters: the fused kernels that train and
+sample never form them.""",
+    aliases={"eval_data.": "data."},
+)

@@ -99,13 +99,10 @@ def option_variants() -> Iterator[tuple[str, dict[str, Any]]]:
     that is not an axis of the grid, with its companions; then `NUMERIC`."""
     hints = typing.get_type_hints(GPTConfig)
     for f in dataclasses.fields(GPTConfig):
-        if f.name in AXES | NOT_ATTENTION:
-            continue
         kind = hints[f.name]
-        values = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else (True, False)
-        if kind is not bool and typing.get_origin(kind) is not typing.Literal:
+        if f.name in AXES | NOT_ATTENTION or (kind is not bool and typing.get_origin(kind) is not typing.Literal):
             continue
-        for value in values:
+        for value in (True, False) if kind is bool else typing.get_args(kind):
             if value != f.default:
                 yield f"{f.name}={value}", {**COMPANIONS.get(f.name, {}), f.name: value}
     yield from NUMERIC.items()
@@ -199,7 +196,10 @@ def check_case(case: str, fields: dict[str, Any], names: list[str], variant: dic
                cfg: CheckConfig, device: torch.device) -> list[Result]:  # fmt: skip
     """The rows of one case: for each kernel of `names` (one model, `GPT.switch`), forward (and backward)
     against the reference per dtype, the cache, the compiled model."""
-    config = GPTConfig(**BASE, **fields)
+    try:
+        config = GPTConfig(**BASE, **fields)
+    except ConfigError as error:
+        return [Result(case, "all", skipped=f"refused: {error}")]
     reference = reference_name(fields["attention"])
     results, able = [], []
     for name in names:  # refused before any model is built
@@ -263,27 +263,6 @@ def compare(row: str, model: Any, idxs: list[torch.Tensor], expected: list, dtyp
     return rows
 
 
-def run_checks(cfg: CheckConfig, device: torch.device, report: Any = print) -> list[Result]:
-    """Every case of the grid whose name holds `cfg.only`, each row handed to `report` as it is done."""
-    results: list[Result] = []
-    for case, fields, variant in grid():
-        names = [n for n in ATTENTIONS[fields["attention"]].kernels if not cfg.only or cfg.only in f"{case}/{n}"]
-        if cfg.quick:  # no cache check: the reference alone has nothing to be compared with
-            names = [n for n in names if n != reference_name(fields["attention"])]
-        if not names:
-            continue
-        try:
-            GPTConfig(**BASE, **fields)
-        except ConfigError as error:
-            rows = [Result(case, "all", skipped=f"refused: {error}")]
-        else:
-            rows = check_case(case, fields, names, variant, cfg, device)
-        for row in rows:
-            report(row)
-        results += rows
-    return results
-
-
 def row_line(row: Result) -> str:
     if row.passed is None:
         return f"{row.case:58s} {row.check:17s} {'':>9s} {'':>7s} skip  {row.seconds:6.2f}s  {row.skipped}"
@@ -303,8 +282,15 @@ def main(cfg: CheckConfig) -> list[Result]:
     started, threads = time.perf_counter(), torch.get_num_threads()
     if device.type == "cpu":  # tiny shapes: threads only wait on each other (100x slower on a busy CPU)
         torch.set_num_threads(1)
+    results: list[Result] = []
     try:
-        results = run_checks(cfg, device, lambda row: print(row_line(row), flush=True))
+        for case, fields, variant in grid():  # the cases whose name holds cfg.only, each row printed when done
+            names = [n for n in ATTENTIONS[fields["attention"]].kernels if not cfg.only or cfg.only in f"{case}/{n}"]
+            if cfg.quick:  # no cache check: the reference alone has nothing to be compared with
+                names = [n for n in names if n != reference_name(fields["attention"])]
+            for row in check_case(case, fields, names, variant, cfg, device) if names else []:
+                print(row_line(row), flush=True)
+                results.append(row)
     finally:
         torch.set_num_threads(threads)
     ran = [r for r in results if r.passed is not None]

@@ -26,7 +26,8 @@ CPU_SCORE_ELEMENTS = 1 << 27
 
 @dataclass
 class LengthResult:
-    """One model at one context length."""
+    """One model at one context length, as results.json holds it (JSON has no NaN: a loss that is not finite,
+    or not applicable, is null)."""
 
     length: int
     mode: str
@@ -34,15 +35,12 @@ class LengthResult:
     applicable: bool = True
     reason: str | None = None
     scored_tokens: int = 0
-    loss: float = math.nan
+    loss: float | None = None
     by_position: list[float] = field(default_factory=list)
     """Mean loss in equal buckets of the scored positions, first to last."""
     bucket_starts: list[int] = field(default_factory=list)
     """Position in the window where each bucket of `by_position` begins."""
-
-    @property
-    def ppl(self) -> float:
-        return math.exp(self.loss) if self.applicable else math.nan
+    ppl: float | None = None
 
 
 @torch.no_grad()
@@ -52,19 +50,16 @@ def evaluate_length(
     length: int,
     stride: int | None = None,
     token_budget: int = 65536,
-    batch_size: int | None = None,
     buckets: int = 8,
     batch_tokens: int = 65536,
     autocast_dtype: torch.dtype | None = None,
     on_windows: Callable[[int], None] | None = None,
 ) -> LengthResult:
     """Loss of `model` (on its device) on `tokens` at context `length`: non-overlapping windows, or sliding
-    ones with `stride`; `batch_size` None picks about `batch_tokens` per pass; the model runs under autocast
-    to `autocast_dtype`, the loss in float32; `on_windows` gets the windows done after each batch."""
+    ones with `stride`; about `batch_tokens` per pass; the model runs under autocast to `autocast_dtype`, the
+    loss in float32; `on_windows` gets the windows done after each batch."""
     stride = length if stride is None else stride
     mode = "nonoverlap" if stride == length else "sliding"
-    if not 0 < stride <= length:
-        raise ValueError(f"stride must be in 1..{length} (the length), got {stride}.")
     limit = model.pe.max_positions
     if limit is not None and length > limit:
         reason = f"{model.config.pos_encoding} positions exist up to block_size={limit}"
@@ -72,11 +67,9 @@ def evaluate_length(
     starts = window_starts(len(tokens), length, stride, token_budget)
     if starts.size == 0:
         raise ValueError(f"The evaluation text has {len(tokens)} tokens, too few for one window of {length} + 1.")
-    if batch_size is None:  # about `batch_tokens` tokens, and on CPU few enough for CPU_SCORE_ELEMENTS
-        batch_size = max(1, batch_tokens // length)
-        if model.wte.weight.device.type == "cpu":
-            batch_size = min(batch_size, max(1, CPU_SCORE_ELEMENTS // (model.config.n_head * length * length)))
-    was_training = model.training
+    batch_size = max(1, batch_tokens // length)  # and on CPU few enough for CPU_SCORE_ELEMENTS
+    if model.wte.weight.device.type == "cpu":
+        batch_size = min(batch_size, max(1, CPU_SCORE_ELEMENTS // (model.config.n_head * length * length)))
     model.eval()
     position_loss = torch.zeros(stride, dtype=torch.float64)  # summed over windows, scored positions only
     i = 0
@@ -94,18 +87,19 @@ def evaluate_length(
         i += len(rows)
         if on_windows is not None:
             on_windows(len(rows))
-    model.train(was_training)
     per_position = position_loss / starts.size
     chunks = per_position.tensor_split(min(buckets, stride))
     offsets = np.cumsum([0] + [len(c) for c in chunks[:-1]])
+    loss = per_position.mean().item()
     return LengthResult(
         length,
         mode,
         stride,
         scored_tokens=int(starts.size * stride),
-        loss=per_position.mean().item(),
+        loss=loss if math.isfinite(loss) else None,
         by_position=[chunk.mean().item() for chunk in chunks],
         bucket_starts=[int(length - stride + o) for o in offsets],
+        ppl=math.exp(loss) if math.isfinite(loss) else None,
     )
 
 

@@ -1,35 +1,36 @@
-"""Evaluate checkpoints at several context lengths (once per RoPE scaling for a RoPE model): the logic
-behind `evaluate.py`. Every input is checked before the first forward pass, so a bad one fails in
-seconds, not after an hour of evaluation.
+"""`evaluate.py`: checkpoints at several context lengths (once per RoPE scaling for a RoPE model), with its
+options (also a study's eval: section). Every input is checked before the first forward pass, so a bad one
+fails in seconds, not after an hour of evaluation.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import hashlib
-import json
-import math
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from core.cli import Command
 from core.device import pick_device_dtype
-from core.files import sha256_file, shown_path
-from core.repo import git_sha
-from data.dataset import load_prepared, recorded_data, window_starts
-from data.errors import DataError
-from data.prepare import token_dtype
-from data.tokenizer import CharTokenizer
+from core.errors import UserError
+from data.dataset import window_starts
 from evaluation.attention import long_context_stats
-from evaluation.checkpoint import LoadedCheckpoint, load_checkpoint
-from evaluation.config import EvalData, EvalSettings
+from evaluation.checkpoint import (
+    EvalData,
+    LoadedCheckpoint,
+    check_output_dir,
+    default_labels,
+    load_checkpoint,
+    load_texts,
+    results_header,
+    tokenizer_name,
+)
 from evaluation.extrapolation import evaluate_length
+from model.config import RopeScaling
 
 FORMAT = "posgpt-extrapolation/1"
 ATTENTION_TOKENS = 8192
@@ -38,48 +39,90 @@ SINK_TOKENS = 4
 
 
 @dataclass
-class Subject:
-    """A checkpoint to evaluate, and the label its rows get (a shared label marks seeds of one model)."""
+class EvalSettings:
+    """How each checkpoint is evaluated: lengths, mode, budget, RoPE scaling, hardware."""
 
-    path: str
-    label: str
+    lengths: list[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048, 4096])
+    """Context lengths L to evaluate at, in tokens."""
+    mode: Literal["nonoverlap", "sliding"] = "nonoverlap"
+    """nonoverlap: windows of L, every token scored; sliding: windows advance by `stride`, their last S scored."""
+    stride: int | None = None
+    """Stride S of the sliding mode, at most the smallest length."""
+    token_budget: int = 65536
+    """Tokens scored at every length, from the start of the text, so lengths compare on equal footing."""
+    rope_scaling: list[RopeScaling] = field(default_factory=lambda: ["none"])
+    """RoPE checkpoints are evaluated once per entry: none (as trained), linear (position interpolation), ntk, yarn."""
+    rope_scaling_factor: float | Literal["dynamic"] = "dynamic"
+    """A fixed factor (>= 1) for the scaled RoPE variants, or 'dynamic': max(1, L / block_size) at each length L."""
+    buckets: int = 16
+    """Position buckets for the loss-by-position curves."""
+    batch_tokens: int = 32768
+    """Tokens per forward pass (fewer on CPU to bound the L x L scores; halved on a CUDA out-of-memory error)."""
+    device: str = "auto"
+    """auto (cuda if available, else cpu), cpu, cuda, cuda:1, ..."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Autocast dtype: auto is bfloat16 on a GPU that has it, float32 otherwise (losses in float32)."""
+    progress: bool = True
+    """Show a progress bar (on a terminal only: a log file gets none)."""
+    attention_stats: bool = False
+    """Also the attention statistics of attention_maps.py at every length: entropy, sink mass, sink rate and figures."""
+
+    def __post_init__(self) -> None:
+        if not self.lengths or any(not isinstance(n, int) or n < 1 for n in self.lengths):
+            raise ValueError(f"lengths must be positive integers, got {self.lengths!r}.")
+        self.lengths = sorted(set(self.lengths))
+        if self.mode == "sliding":
+            if self.stride is None:
+                raise ValueError("mode 'sliding' needs --eval.stride S (the tokens scored per window).")
+            if not 0 < self.stride <= self.lengths[0]:
+                raise ValueError(f"stride must be in 1..{self.lengths[0]} (the smallest length), got {self.stride}.")
+        elif self.stride is not None:
+            raise ValueError("--eval.stride applies to --eval.mode sliding only; drop it or add --eval.mode sliding.")
+        if self.token_budget < 1 or self.buckets < 1 or self.batch_tokens < 1:
+            raise ValueError("token_budget, buckets and batch_tokens must be positive.")
+        if self.rope_scaling_factor != "dynamic" and float(self.rope_scaling_factor) < 1:
+            raise ValueError(f"rope_scaling_factor must be >= 1 or 'dynamic', got {self.rope_scaling_factor!r}.")
+        pick_device_dtype(self.device, self.dtype)  # a device this machine has
+        if not self.rope_scaling or len(set(self.rope_scaling)) != len(self.rope_scaling):
+            raise ValueError(f"rope_scaling needs distinct entries (none = as trained), got {self.rope_scaling!r}.")
 
 
 @dataclass
-class EvalText:
-    """Token ids to evaluate on, and where they came from."""
+class EvaluateConfig:
+    """evaluate.py's options: which checkpoints, their labels, where the report goes, how and on what text."""
 
-    tokens: np.ndarray
-    info: dict[str, Any]
+    ckpt: list[str]
+    """Checkpoints written by train.py."""
+    labels: list[str] | None = None
+    """A name per checkpoint (default: its run directory); a shared name marks seeds of one model: mean ± std."""
+    out: str = "eval"
+    """Directory for the results (created if needed)."""
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    """How each checkpoint is evaluated."""
+    eval_data: EvalData = field(default_factory=EvalData)
+    """The text (default: each checkpoint's own validation split)."""
+
+    def __post_init__(self) -> None:
+        if not self.ckpt:
+            raise ValueError("Pass at least one checkpoint: --ckpt A.ckpt [B.ckpt ...].")
+        if self.labels is not None and len(self.labels) != len(self.ckpt):
+            raise ValueError(f"--labels gives {len(self.labels)} names for {len(self.ckpt)} checkpoints.")
 
 
-def default_labels(paths: list[str]) -> list[str]:
-    """`runs/NAME/last.ckpt` -> NAME (a file named otherwise: its stem); repeats get #2, #3, ..."""
-    labels: list[str] = []
-    for path in paths:
-        p = Path(path)
-        base = p.parent.name if p.stem in ("last", "best") and p.parent.name else p.stem
-        label, n = base, 1
-        while label in labels:
-            n += 1
-            label = f"{base}#{n}"
-        labels.append(label)
-    return labels
-
-
-def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: EvalData) -> dict[str, Any]:
-    """Every subject at every length; returns the results document that `evaluation.report` writes."""
-    loaded = [load_checkpoint(s.path, data.tiktoken_ranks) for s in subjects]  # all checked before any work
-    texts = load_texts(loaded, subjects, data, settings.lengths[-1])
+def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSettings, data: EvalData) -> dict[str, Any]:
+    """Every checkpoint (its rows labelled; a shared label marks seeds of one model) at every length; returns the
+    results document that `evaluation.report` writes."""
+    loaded = [load_checkpoint(path, data.tiktoken_ranks) for path in paths]  # all checked before any work
+    texts = load_texts(loaded, data, settings.lengths[-1])
     device, dtype = pick_device_dtype(settings.device, settings.dtype)
     autocast = None if dtype == torch.float32 else dtype
     plan = [
-        (subject, ckpt, text, scaling)
-        for subject, ckpt, text in zip(subjects, loaded, texts, strict=True)
+        (label, ckpt, text, scaling)
+        for label, ckpt, text in zip(labels, loaded, texts, strict=True)
         for scaling in (settings.rope_scaling if ckpt.model.pe.rescalable else ["none"])
     ]
     total = sum(
-        int(window_starts(len(text.tokens), n, settings.stride or n, settings.token_budget).size)
+        int(window_starts(len(text[0]), n, settings.stride or n, settings.token_budget).size)
         for _, ckpt, text, _ in plan
         for n in settings.lengths
         if ckpt.model.pe.max_positions is None or n <= ckpt.model.pe.max_positions
@@ -87,8 +130,8 @@ def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: 
     runs = []
     bar_on = settings.progress and sys.stderr.isatty()  # a bar in a log file is a carriage-return flood
     with tqdm(total=total, unit="window", disable=not bar_on, dynamic_ncols=True) as bar:
-        for subject, ckpt, text, scaling in plan:
-            runs.append(_evaluate_one(subject, ckpt, text, scaling, settings, device, autocast, bar))
+        for label, ckpt, text, scaling in plan:
+            runs.append(_evaluate_one(label, ckpt, text, scaling, settings, device, autocast, bar))
     doc = {
         "format": FORMAT,
         **results_header(device, autocast or torch.float32),
@@ -96,12 +139,10 @@ def evaluate_checkpoints(subjects: list[Subject], settings: EvalSettings, data: 
         "data": dataclasses.asdict(data),
         "runs": runs,
     }
-    if settings.attention_stats:
-        # each model as trained (`_evaluate_one` scales views of it, never the model)
-        models = [(s.label, s.path, c.model.to(device).eval()) for s, c in zip(subjects, loaded, strict=True)]
-        doc["attention"] = long_context_stats(models, [t.tokens for t in texts], settings.lengths,
-                                              min(settings.token_budget, ATTENTION_TOKENS), SINK_TOKENS,
-                                              settings.progress)  # fmt: skip
+    if settings.attention_stats:  # each model as trained (`_evaluate_one` scales views of it, never the model)
+        models = [(label, c, tokens) for label, c, (tokens, _) in zip(labels, loaded, texts, strict=True)]
+        doc["attention"] = long_context_stats(models, settings.lengths, min(settings.token_budget, ATTENTION_TOKENS),
+                                              SINK_TOKENS, device, settings.progress)  # fmt: skip
     return doc
 
 
@@ -115,31 +156,20 @@ def merge_documents(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return doc
 
 
-def results_header(device: torch.device, dtype: torch.dtype) -> dict[str, str]:
-    """The head of a results file: when, from which code, with which torch, on what, in which dtype."""
-    return {
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git": git_sha(),
-        "torch": torch.__version__,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
-        "dtype": str(dtype).removeprefix("torch."),
-    }
-
-
 def _evaluate_one(
-    subject: Subject,
+    name: str,
     ckpt: LoadedCheckpoint,
-    text: EvalText,
+    text: tuple[np.ndarray, dict[str, Any]],
     scaling: str,
     settings: EvalSettings,
     device: torch.device,
     autocast: torch.dtype | None,
     bar: tqdm,
 ) -> dict[str, Any]:
-    """One checkpoint under one RoPE scaling ('none': as trained) at every length."""
+    """One checkpoint (its rows labelled `name`) under one RoPE scaling ('none': as trained) at every length."""
     trained = ckpt.model.to(device)
     config, rescalable = trained.config, trained.pe.rescalable
-    label = subject.label if scaling == "none" else f"{subject.label} + {scaling}"
+    label = name if scaling == "none" else f"{name} + {scaling}"
     rows = []
     for length in settings.lengths:
         model = trained  # as trained, or a view of it with the scaling for this length
@@ -150,7 +180,7 @@ def _evaluate_one(
         bar.set_description(f"{label} L={length}")
         result = evaluate_length(
             model,
-            text.tokens,
+            text[0],
             length,
             settings.stride,
             settings.token_budget,
@@ -160,110 +190,49 @@ def _evaluate_one(
             on_windows=bar.update,
         )
         row = dataclasses.asdict(result)
-        row.update(
-            loss=_finite(result.loss),
-            ppl=_finite(result.ppl),
-            rope_scaling=model.config.rope_scaling if rescalable else None,
-            rope_scaling_factor=model.config.rope_scaling_factor if rescalable else None,
-        )
+        row["rope_scaling"] = model.config.rope_scaling if rescalable else None
+        row["rope_scaling_factor"] = model.config.rope_scaling_factor if rescalable else None
         rows.append(row)
     trained.to("cpu")
     return {
         "label": label,
-        "model": subject.label,
-        "checkpoint": str(subject.path),
+        "model": name,
+        "checkpoint": ckpt.path,
         "step": ckpt.step,
         "seed": ckpt.config.get("train", {}).get("seed"),
         "pos_encoding": config.pos_encoding,
         "train_length": config.block_size,
-        "tokenizer": _tokenizer_name(ckpt),
+        "tokenizer": tokenizer_name(ckpt),
         "rope_scaling": scaling if rescalable else None,
         "rope_scaling_factor": settings.rope_scaling_factor if scaling != "none" else None,
-        "data": text.info,
+        "data": text[1],
         "config": ckpt.config,
         "results": rows,
     }
 
 
-def _finite(value: float) -> float | None:
-    """JSON has no NaN: a number that is not finite (not applicable) is written as null."""
-    return value if math.isfinite(value) else None
+def evaluate_main(cfg: EvaluateConfig) -> None:
+    from evaluation.report import write_report  # matplotlib: imported to draw, not for --help
 
-
-def _tokenizer_name(ckpt: LoadedCheckpoint) -> str:
-    return f"{ckpt.tokenizer.meta()['kind']} ({ckpt.tokenizer.vocab_size})"
-
-
-def load_texts(loaded: list[LoadedCheckpoint], subjects: list[Subject], data: EvalData, longest: int) -> list[EvalText]:
-    """The evaluation text of each checkpoint, tokenized once per distinct tokenizer (and data); each long
-    enough for one window of `longest` tokens."""
-    memo: dict[str, EvalText] = {}
-    texts = []
-    for ckpt, subject in zip(loaded, subjects, strict=True):
-        own_data = ckpt.config["data"] if not (data.input or data.dir) else None
-        key = json.dumps([ckpt.tokenizer.meta(), own_data], sort_keys=True)
-        if key not in memo:
-            memo[key] = _text_for(ckpt, subject.path, data)
-        texts.append(memo[key])
-    for subject, text in zip(subjects, texts, strict=True):
-        if len(text.tokens) < longest + 1:
-            raise DataError(
-                f"The evaluation text of {subject.path} has {len(text.tokens)} tokens, too few for one window "
-                f"at length {longest} (it needs {longest + 1}). Use shorter --lengths or a longer text."
-            )
-    return texts
-
-
-def _text_for(ckpt: LoadedCheckpoint, path: str, data: EvalData) -> EvalText:
-    """The tokens `ckpt` is evaluated on: a text file in its own tokenizer, a prepared split in its
-    tokenizer, or (default) the split of the data it was trained on."""
-    if data.input:
-        return _tokenize_file(ckpt, path, Path(data.input), data.drop_unknown)
-    if data.dir:
-        prepared = load_prepared(data.dir)
-        if prepared.meta["tokenizer"] != ckpt.tokenizer.meta():
-            raise DataError(
-                f"{data.dir} was tokenized with {prepared.meta['tokenizer']['kind']} "
-                f"({prepared.meta['tokenizer']['vocab_size']} ids) but {path} uses {_tokenizer_name(ckpt)}. "
-                "Pass the text itself with --eval_data.input FILE: each checkpoint then tokenizes it with "
-                "its own tokenizer."
-            )
-        source = f"{shown_path(data.dir)} ({data.split} split)"
-    else:
-        prepared = recorded_data(path, ckpt.data, ckpt.config["data"], ckpt.tokenizer.meta(), data.tiktoken_ranks)
-        source = f"{shown_path(prepared.path)} ({data.split} split, the checkpoint's own data)"
-    tokens = np.asarray(prepared.tokens(data.split))
-    return EvalText(tokens, {"source": source, "tokens": int(tokens.size), "sha256": _tokens_sha256(tokens)})
-
-
-def _tokenize_file(ckpt: LoadedCheckpoint, ckpt_path: str, path: Path, drop_unknown: bool) -> EvalText:
+    check_output_dir(cfg.out)
+    doc = evaluate_checkpoints(cfg.ckpt, cfg.labels or default_labels(cfg.ckpt), cfg.eval, cfg.eval_data)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"--eval_data.input {path}: no such file.") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"Cannot read --eval_data.input {path} as UTF-8 text: {error}") from None
-    tok = ckpt.tokenizer
-    if isinstance(tok, CharTokenizer):
-        unknown = sorted(set(text) - set(tok.chars))
-        if unknown and not drop_unknown:
-            raise DataError(
-                f"{path} has {len(unknown)} distinct characters outside the vocabulary of {ckpt_path} "
-                f"(a char-level model knows only its corpus' characters): {''.join(unknown[:40])!r}. "
-                "Pass --eval_data.drop_unknown true to leave them out."
-            )
-        ids = tok.encode(text, drop_unknown=True)
-    else:
-        ids = tok.encode(text)
-    tokens = np.asarray(ids, dtype=token_dtype(tok.vocab_size))
-    info = {
-        "source": str(path),
-        "text_sha256": sha256_file(path),
-        "tokens": int(tokens.size),
-        "sha256": _tokens_sha256(tokens),
-    }
-    return EvalText(tokens, info)
+        paths = write_report(doc, cfg.out)
+    except OSError as error:
+        raise UserError(f"cannot write the results to {cfg.out}: {error.strerror or error}.") from error
+    print(paths[1].read_text())
+    print("wrote " + ", ".join(str(p) for p in paths))
 
 
-def _tokens_sha256(tokens: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()
+COMMAND = Command(
+    "evaluate.py",
+    EvaluateConfig,
+    evaluate_main,
+    """Perplexity against context length: --ckpt A.ckpt [B.ckpt ...] --eval.lengths 128 4096.
+
+Scores every checkpoint at every length on the same text, with the same number of scored tokens per length,
+and writes results.json, results.md, ppl_vs_length.png and loss_by_position.png to --out. The text is each
+checkpoint's own validation split unless --eval_data.input FILE (tokenized with each checkpoint's own
+tokenizer) or --eval_data.dir PREPARED is given. The options are the eval: and eval_data: sections of a
+study's config, under the same names.""",
+)

@@ -1,25 +1,29 @@
-"""Sampling from a trained checkpoint: the logic behind `sample.py`. Every prompt, `--num_samples` times,
-is one row of one batch; each row stops at its own end-of-text token or `--stop` string. Text goes to
-stdout, speed to stderr, so stdout can be piped.
+"""`sample.py`: every prompt, `--num_samples` times, is one row of one batch; each row stops at its own
+end-of-text token or `--stop` string. Text goes to stdout, speed to stderr, so stdout can be piped. Each
+mistake in a prompt stops with one message that names it (`Prompt.where`): in a file of a hundred, "the
+prompt" says nothing.
 """
 
 from __future__ import annotations
 
 import codecs
 import itertools
+import os
 import re
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
 
+from core.cli import Command
 from core.device import pick_device_dtype
 from core.errors import ConfigError
-from data.tokenizer import Tokenizer
+from data.errors import DataError
+from data.tokenizer import CharTokenizer, Tokenizer
 from evaluation.checkpoint import load_checkpoint
-from evaluation.prompts import crop, read_prompts
 from model.generation import compile_for_decoding, pad_prompts, stream
 from model.gpt import GPT
 
@@ -100,6 +104,94 @@ def stop_text(stop: str | None) -> str | None:
     return None if stop is None else re.sub(r"\\([ntr\\])", lambda m: ESCAPES[m.group(1)], stop)
 
 
+SHOWN_CHARS = 40
+"""How much of a prompt a message quotes."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt as the user gave it and as the model reads it."""
+
+    where: str
+    """How messages name it: `--prompt`, `line 3 of --prompts_file p.txt`."""
+    text: str
+    ids: list[int]
+    """Uncropped: the output shows the whole prompt even where the model sees its end only."""
+
+
+def prompt_text(prompt: str, prompt_file: str | None = None) -> str:
+    """The prompt: `prompt` itself, or the text of `prompt_file` or of @FILE."""
+    source = prompt_file or (prompt[1:] if prompt.startswith("@") else None)
+    if source is None:
+        return prompt
+    try:
+        return Path(source).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"Cannot read the prompt file {source}: {error}") from None
+
+
+def prompts_file_lines(path: str) -> list[tuple[str, str]]:
+    """(where, text) of each line of a `--prompts_file`. An empty line is refused, not skipped: that would
+    silently change which output row belongs to which line."""
+    option = f"--prompts_file {path}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"{option}: no such file.") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"{option}: cannot read it ({error}).") from None
+    lines = text.splitlines()
+    if not lines:
+        raise DataError(f"{option} is empty: write one prompt per line.")
+    empty = [n for n, line in enumerate(lines, 1) if not line]
+    if empty:
+        raise DataError(f"{option}: line {empty[0]} is empty; write one prompt per line, with no empty lines.")
+    return [(f"line {n} of {option}", line) for n, line in enumerate(lines, 1)]
+
+
+def read_prompts(
+    tokenizer: Tokenizer, prompt: str, prompt_file: str | None, prompts_file: str | None, drop_unknown: bool
+) -> list[Prompt]:
+    """Every prompt of the run, read and encoded, in order. An empty one is the tokenizer's start token, but one of
+    which `--drop_unknown` leaves nothing is refused (the model would continue something the user did not write)."""
+    if prompts_file is not None:
+        sources = prompts_file_lines(prompts_file)
+    else:
+        sources = [(f"--prompt_file {prompt_file}" if prompt_file else "--prompt", prompt_text(prompt, prompt_file))]
+    chars = isinstance(tokenizer, CharTokenizer)
+    prompts = []
+    for where, text in sources:
+        try:
+            ids = tokenizer.encode(text, drop_unknown) if chars else tokenizer.encode(text)
+        except DataError as error:
+            raise DataError(f"{where}: {error}") from None
+        if text and not ids:
+            raise DataError(
+                f"{where} ({text[:SHOWN_CHARS]!r}): none of its characters is in the model's vocabulary, so "
+                "--drop_unknown leaves nothing to continue; give it characters of the training text."
+            )
+        prompts.append(Prompt(where, text, ids or tokenizer.start_ids()))
+    return prompts
+
+
+def crop(prompts: list[Prompt], max_positions: int | None) -> list[list[int]]:
+    """The tokens the model reads of each prompt: the last `max_positions` of a longer one (learned positions
+    end there; nanoGPT crops the same way), said in one line on stderr."""
+    if max_positions is None:
+        return [p.ids for p in prompts]
+    long = [p for p in prompts if len(p.ids) > max_positions]
+    if long:
+        names = ", ".join(p.where for p in long[:3]) + (f" and {len(long) - 3} more" if len(long) > 3 else "")
+        tokens = max(len(p.ids) for p in long)
+        each = "each continues" if len(long) > 1 else "it continues"
+        print(
+            f"{names}: {'up to ' if len(long) > 1 else ''}{tokens} tokens, more than the model's {max_positions} "
+            f"positions; {each} from its last {max_positions} tokens.",
+            file=sys.stderr,
+        )
+    return [p.ids[-max_positions:] for p in prompts]
+
+
 class Rows:
     """Each row's continuation as text, cut before its end-of-text token or its first `stop` string; fed one
     step of tokens at a time, so a stopped row is known at once."""
@@ -109,11 +201,9 @@ class Rows:
         self.texts = [""] * count
         self.done = [False] * count
         self.tokens = 0  # new tokens of rows still running when drawn (what tokens/s counts)
+        self.printed = 0  # characters of row 0 printed live
         # a BPE token can hold part of a character: decode each row's bytes incrementally
         self._decoders = [codecs.getincrementaldecoder("utf-8")(errors="replace") for _ in range(count)]
-
-    def all_done(self) -> bool:
-        return all(self.done)
 
     def add(self, step: list[int]) -> None:
         """One new token per row."""
@@ -140,6 +230,13 @@ class Rows:
         held = next((k for k in range(min(len(self.stop) - 1, len(text)), 0, -1) if text.endswith(self.stop[:k])), 0)
         return text[: len(text) - held]
 
+    def print_first(self) -> None:
+        """Row 0 printed as it comes (one sample in a terminal), never past where it may stop."""
+        text = self.shown(0)
+        sys.stdout.write(text[self.printed :])
+        sys.stdout.flush()
+        self.printed = max(self.printed, len(text))
+
     def _extend(self, row: int, new: str) -> None:
         before = len(self.texts[row])
         self.texts[row] += new
@@ -149,26 +246,9 @@ class Rows:
                 self.texts[row], self.done[row] = self.texts[row][:at], True
 
 
-class Live:
-    """Row 0 printed as it comes (one sample in a terminal), never past where it stops."""
-
-    def __init__(self, rows: Rows, prompt: str) -> None:
-        self.rows, self.printed = rows, 0
-        sys.stdout.write(prompt)
-
-    def update(self) -> None:
-        text = self.rows.shown(0)
-        sys.stdout.write(text[self.printed :])
-        sys.stdout.flush()
-        self.printed = max(self.printed, len(text))
-
-    def close(self) -> None:
-        sys.stdout.write(self.rows.texts[0][self.printed :] + "\n")
-
-
 def generate_rows(
     model: GPT, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig, generator: torch.Generator,
-    rows: Rows, live: Live | None,
+    rows: Rows, live: bool,
 ) -> tuple[float, float]:  # fmt: skip
     """Generate into `rows` until every row has stopped; (seconds, seconds to the first token). Steps are
     read as they come (a copy that waits for the device) only where a row can stop or is shown live."""
@@ -177,17 +257,17 @@ def generate_rows(
     steps = stream(model, batch, args.max_new_tokens, args.temperature, args.top_k or None, args.top_p,
                    not args.no_cache, args.max_context, generator, lengths=lengths)  # fmt: skip
     for i, token in enumerate(steps):
-        if rows.stop is not None or rows.end is not None or live is not None:
+        if rows.stop is not None or rows.end is not None or live:
             rows.add(token[:, 0].tolist())
-            if live is not None:
-                live.update()
+            if live:
+                rows.print_first()
         else:
             kept.append(token)
             if i == 0:
                 token.cpu()  # wait for the first one, to time it
         if i == 0:
             first = time.perf_counter() - start
-        if rows.all_done():
+        if all(rows.done):
             break
     for step in torch.cat(kept, dim=1).t().tolist() if kept else []:
         rows.add(step)
@@ -220,13 +300,14 @@ def sample(args: SampleConfig) -> None:
     compiled = compile_and_warm_up(model, batch, lengths, args) if args.compile else None
     rows = Rows(batch.size(0), ckpt.tokenizer, stop_text(args.stop), ckpt.tokenizer.end_id)
     heads = [ckpt.tokenizer.decode(p.ids) for p in prompts for _ in range(args.num_samples)]
-    show = args.stream if args.stream is not None else (len(heads) == 1 and sys.stdout.isatty())
-    live = Live(rows, heads[0] if prompts[0].text else "") if show else None
+    live = args.stream if args.stream is not None else (len(heads) == 1 and sys.stdout.isatty())
+    if live:
+        sys.stdout.write(heads[0] if prompts[0].text else "")
     generator = torch.Generator(device=device).manual_seed(args.seed)
     seconds, first = generate_rows(model, batch, lengths, args, generator, rows, live)
     rows.finish()
-    if live is not None:
-        live.close()
+    if live:
+        sys.stdout.write(rows.texts[0][rows.printed :] + "\n")
     else:  # each row's prompt and continuation, between separator lines
         sys.stdout.write(SEPARATOR.join(head + text for head, text in zip(heads, rows.texts, strict=True)) + "\n")
     cache = "no cache" if args.no_cache else "kv cache"
@@ -234,3 +315,21 @@ def sample(args: SampleConfig) -> None:
     rate = rows.tokens / max(seconds, 1e-9)  # tokens of rows still running
     print(f"{rows.tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s, first token {first * 1000:.0f} ms "
           f"({cache}, {device}, {dtype}{compile_time})", file=sys.stderr)  # fmt: skip
+
+
+def sample_main(cfg: SampleConfig) -> None:
+    """Sample; a reader that closes the pipe (`... | head`) has what it wanted, which is no error."""
+    try:
+        sample(cfg)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush into the pipe
+
+
+COMMAND = Command(
+    "sample.py",
+    SampleConfig,
+    sample_main,
+    "Sample from a trained checkpoint: --ckpt runs/NAME/last.ckpt --prompt 'ROMEO:'. The checkpoint alone "
+    "rebuilds model and tokenizer; text goes to stdout (streamed for one sample in a terminal), speed to stderr.",
+    logs=False,
+)

@@ -14,11 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from data.tasks import TASKS  # noqa: E402
-from evaluation.report import group_runs, line_style, png_bytes, study_lines, write_files  # noqa: E402
-
-
-def _by_label(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    return {group.label: group.runs for group in group_runs(doc)}
+from evaluation.report import group_runs, line_style, mean_sd, png_bytes, study_lines, write_files  # noqa: E402
 
 
 def length_accuracy(run: dict[str, Any], length: int, key: str = "accuracy") -> float | None:
@@ -30,10 +26,9 @@ def length_accuracy(run: dict[str, Any], length: int, key: str = "accuracy") -> 
 
 
 def _cell(values: list[float | None]) -> str:
-    if any(v is None for v in values):
+    if (stat := mean_sd(values)) is None:
         return "n/a"
-    mean = statistics.fmean(values)
-    return f"{100 * mean:.1f}" + (f" ± {100 * statistics.stdev(values):.1f}" if len(values) > 1 else "")
+    return f"{100 * stat[0]:.1f}" + (f" ± {100 * stat[1]:.1f}" if len(values) > 1 else "")
 
 
 def markdown_table(doc: dict[str, Any]) -> str:
@@ -50,9 +45,9 @@ def markdown_table(doc: dict[str, Any]) -> str:
     for key, title in (("accuracy", "Exact match (%)"), ("token_accuracy", "Answer tokens right (%), partial credit")):
         lines += ["", f"## {title}", "", "| model | positions | seeds | " + " | ".join(map(str, lengths)) + " |"]
         lines.append("|---|---|---:|" + "---:|" * len(lengths))
-        for label, runs in _by_label(doc).items():
-            cells = [_cell([length_accuracy(r, n, key) for r in runs]) for n in lengths]
-            lines.append(f"| {label} | {runs[0]['pos_encoding']} | {len(runs)} | " + " | ".join(cells) + " |")
+        for g in group_runs(doc):
+            cells = [_cell([length_accuracy(r, n, key) for r in g.runs]) for n in lengths]
+            lines.append(f"| {g.label} | {g.runs[0]['pos_encoding']} | {len(g.runs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -61,15 +56,12 @@ def accuracy_figure(doc: dict[str, Any]) -> plt.Figure:
     task, lengths = doc["task"], doc["task"]["eval_lengths"]
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     ax.axvspan(task["train_min"], task["train_max"], color="0.9", label="training lengths")
-    for i, (label, runs) in enumerate(_by_label(doc).items()):
-        points = [(n, [length_accuracy(r, n) for r in runs]) for n in lengths]
-        points = [(n, v) for n, v in points if all(x is not None for x in v)]
-        if not points:
-            continue
-        xs = [n for n, _ in points]
-        means = [100 * statistics.fmean(v) for _, v in points]
-        spread = [100 * statistics.stdev(v) if len(v) > 1 else 0.0 for _, v in points]
-        ax.errorbar(xs, means, yerr=spread, marker="o", ms=3.5, capsize=2, label=label, **line_style(i))
+    for i, g in enumerate(group_runs(doc)):
+        points = [(n, stat) for n in lengths if (stat := mean_sd([length_accuracy(r, n) for r in g.runs])) is not None]
+        if points:
+            ax.errorbar([n for n, _ in points], [100 * m for _, (m, _) in points],
+                        yerr=[100 * sd for _, (_, sd) in points], marker="o", ms=3.5, capsize=2, label=g.label,
+                        **line_style(i))  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [str(n) for n in lengths], fontsize=8)
     ax.minorticks_off()
@@ -88,22 +80,23 @@ def depth_figure(doc: dict[str, Any]) -> plt.Figure:
     (mean over seeds)."""
     task = doc["task"]
     lengths, depths = task["eval_lengths"], task["depths"]
-    groups = _by_label(doc)
+    groups = group_runs(doc)
     cols = min(4, len(groups))
     rows = -(-len(groups) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols + 1, 2.6 * rows + 0.6), dpi=90, squeeze=False,
                              layout="constrained")  # fmt: skip
-    for ax, (label, runs) in zip(axes.flat, groups.items(), strict=False):
+    for ax, g in zip(axes.flat, groups, strict=False):
         grid = np.full((len(depths), len(lengths)), np.nan)
+        results = [r for run in g.runs for r in run["results"]]
         for j, n in enumerate(lengths):
             for i, d in enumerate(depths):
-                values = [r["accuracy"] for run in runs for r in run["results"] if r["length"] == n and r["depth"] == d]
-                if values and all(v is not None for v in values):
-                    grid[i, j] = 100 * statistics.fmean(values)
+                values = [r["accuracy"] for r in results if r["length"] == n and r["depth"] == d]
+                if values and (stat := mean_sd(values)) is not None:
+                    grid[i, j] = 100 * stat[0]
         image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto", origin="upper")
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
-        ax.set_title(label, fontsize=9)
+        ax.set_title(g.label, fontsize=9)
         ax.set_xlabel(f"length ({TASKS[doc['task']['name']].unit})", fontsize=8)
         ax.set_ylabel(TASKS[doc["task"]["name"]].depth_label, fontsize=8)
     for ax in list(axes.flat)[len(groups) :]:

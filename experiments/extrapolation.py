@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.cli import run
-from evaluation.config import EvalData, EvalSettings
-from evaluation.run import Subject, evaluate_checkpoints, merge_documents
+from evaluation.checkpoint import EvalData
+from evaluation.run import EvalSettings, evaluate_checkpoints, merge_documents
 from experiments.common import Study, Variant, evaluate_each, experiment_command, finish_report, train_all
 from model import POS_ENCODINGS
 from training.config import RunConfig
@@ -61,7 +61,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
         trained,
         "extrapolation",
         key,
-        lambda r: evaluate_checkpoints([Subject(r.ckpt, r.label)], cfg.eval, cfg.eval_data),
+        lambda r: evaluate_checkpoints([r.ckpt], [r.label], cfg.eval, cfg.eval_data),
         deadline,
     )
     return finish_report(cfg, merge_documents(docs), write_report, trained, train_wall, eval_wall, started)

@@ -21,8 +21,7 @@ from tqdm import tqdm
 from core.cli import run
 from core.device import pick_device
 from data.tasks import TASKS, TaskConfig, eval_set, tokenizer_for
-from evaluation.checkpoint import load_checkpoint
-from evaluation.run import results_header
+from evaluation.checkpoint import load_checkpoint, results_header
 from evaluation.tasks import evaluate_task
 from experiments.common import Study, TrainedRun, Variant, evaluate_each, experiment_command, finish_report, train_all
 from model import POS_ENCODINGS

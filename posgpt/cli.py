@@ -16,17 +16,17 @@ MODES: Modes = {
         "training.command", "COMMAND", "Train a GPT on any text; the position scheme is --model.pos_encoding."
     ),
     "sample": Lazy(
-        "evaluation.commands",
-        "SAMPLE",
+        "evaluation.sampling",
+        "COMMAND",
         "Sample from a trained checkpoint: --ckpt runs/NAME/last.ckpt --prompt 'ROMEO:'.",
     ),
     "evaluate": Lazy(
-        "evaluation.commands",
-        "EVALUATE",
+        "evaluation.run",
+        "COMMAND",
         "Perplexity against context length: --ckpt A.ckpt [B.ckpt ...] --eval.lengths 128 4096.",
     ),
     "attention": Lazy(
-        "evaluation.commands", "ATTENTION", 'Look inside trained models: --ckpt A.ckpt --prompt "ROMEO:" --out maps.'
+        "evaluation.attention", "COMMAND", 'Look inside trained models: --ckpt A.ckpt --prompt "ROMEO:" --out maps.'
     ),
     "prepare": Lazy("data.prepare", "COMMAND", "Tokenize text into train.bin / val.bin / meta.json."),
     "plot": Lazy(

@@ -183,17 +183,17 @@ def test_heatmaps_and_long_context_figures(runs, tmp_path):
 
 
 def test_a_failed_write_ends_in_one_line_and_leaves_no_results_json(runs, tmp_path, monkeypatch, capsys):
-    from evaluation import attention_maps
+    from evaluation import attention
 
     out = tmp_path / "maps"
-    real_write = attention_maps.atomic_write_bytes
+    real_write = attention.atomic_write_bytes
 
     def full_disk(path, payload):
         if path.name == "results.json":
             raise OSError(28, "No space left on device", str(path))
         real_write(path, payload)
 
-    monkeypatch.setattr(attention_maps, "atomic_write_bytes", full_disk)
+    monkeypatch.setattr(attention, "atomic_write_bytes", full_disk)
     line = cli_error(capsys, maps_script.COMMAND, ["--ckpt", str(runs["window"]), "--prompt", "The cat",
                                                    "--out", str(out), "--progress", "false"])  # fmt: skip
     assert "cannot write the figures" in line and "No space left on device" in line
@@ -217,7 +217,7 @@ def test_mistakes_end_in_one_clear_message(runs, tmp_path, capsys):
 
 
 def test_evaluate_adds_the_figures_with_one_option(runs, tmp_path):
-    """The attention figures built (conftest: not rendered): `stats_figures`, which attention_maps.py renders
+    """The attention figures built (conftest: not rendered): `stats_pngs`, which attention_maps.py renders
     in test_heatmaps_and_long_context_figures (decoded there)."""
     out = tmp_path / "eval"
     cli.run(evaluate_script.COMMAND, ["--ckpt", str(runs["window"]), str(runs["learned"]), "--eval.lengths", "[8,32]",

@@ -16,11 +16,9 @@ import evaluate as evaluate_script
 from core import cli
 from data.dataset import load_prepared
 from evaluation.attention import log_edges
-from evaluation.attention_figures import stats_figure
-from evaluation.checkpoint import load_checkpoint
-from evaluation.config import EvalData, EvalSettings
-from evaluation.report import TRAIN_LENGTH_LINE, Group, line_style, position_figure
-from evaluation.run import Subject, default_labels, evaluate_checkpoints
+from evaluation.checkpoint import EvalData, default_labels, load_checkpoint
+from evaluation.report import TRAIN_LENGTH_LINE, Group, line_style, position_figure, stats_figure
+from evaluation.run import EvalSettings, evaluate_checkpoints
 from model import GPTConfig
 from training.config import DataConfig, RunConfig, TrainConfig
 from training.run import train
@@ -223,12 +221,12 @@ def test_memory_is_bounded_by_batch_tokens(runs, monkeypatch):
         return hidden_states(self, idx, *args, **kwargs)
 
     monkeypatch.setattr(GPT, "hidden_states", counting)
-    subject = [Subject(str(runs["alibi"]), "alibi")]
-    big = evaluate_checkpoints(subject, EvalSettings(lengths=[64], token_budget=256, progress=False), EvalData())
+    paths, labels = [str(runs["alibi"])], ["alibi"]
+    big = evaluate_checkpoints(paths, labels, EvalSettings(lengths=[64], token_budget=256, progress=False), EvalData())
     assert batch_sizes == [4]  # 256 tokens in windows of 64: one forward pass of 4 windows
     batch_sizes.clear()
     small = evaluate_checkpoints(
-        subject, EvalSettings(lengths=[64], token_budget=256, batch_tokens=64, progress=False), EvalData()
+        paths, labels, EvalSettings(lengths=[64], token_budget=256, batch_tokens=64, progress=False), EvalData()
     )
     assert batch_sizes == [1, 1, 1, 1]  # batch_tokens = one window: one window per forward pass
     assert small["runs"][0]["results"][0]["loss"] == pytest.approx(big["runs"][0]["results"][0]["loss"], rel=1e-5)

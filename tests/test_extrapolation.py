@@ -30,7 +30,7 @@ def _model(tiny_config, scheme: str) -> GPT:
 def test_matches_a_direct_computation(tiny_config, text_tokens, scheme, length, stride):
     model = _model(tiny_config, scheme)
     budget = 280
-    result = evaluate_length(model, text_tokens, length, stride, token_budget=budget, batch_size=3)
+    result = evaluate_length(model, text_tokens, length, stride, token_budget=budget, batch_tokens=3 * length)
     expected = direct_loss(model, text_tokens, length, stride, budget=result.scored_tokens)
     assert result.loss == pytest.approx(expected, rel=1e-5)
     assert result.mode == ("nonoverlap" if stride == length else "sliding")
@@ -56,7 +56,7 @@ def test_every_length_scores_the_same_budget(text_tokens):
 def test_learned_beyond_its_length_is_not_applicable(tiny_config, text_tokens):
     model = _model(tiny_config, "learned")
     result = evaluate_length(model, text_tokens, 64)
-    assert not result.applicable and "block_size=16" in result.reason and math.isnan(result.ppl)
+    assert not result.applicable and "block_size=16" in result.reason and result.ppl is None
     assert evaluate_length(model, text_tokens, 16).applicable
 
 
@@ -69,7 +69,7 @@ def test_out_of_memory_halves_the_batch_and_gives_the_same_result(tiny_config, t
     import evaluation.extrapolation as engine
 
     model = _model(tiny_config, "rope")
-    expected = evaluate_length(model, text_tokens, 32, token_budget=256, batch_size=8)
+    expected = evaluate_length(model, text_tokens, 32, token_budget=256, batch_tokens=8 * 32)
     real, sizes = engine._window_losses, []
 
     def small_memory(model, rows, stride, dtype):
@@ -80,6 +80,6 @@ def test_out_of_memory_halves_the_batch_and_gives_the_same_result(tiny_config, t
 
     monkeypatch.setattr(engine, "_window_losses", small_memory)
     monkeypatch.setattr(engine.torch.cuda, "empty_cache", lambda: None)
-    result = evaluate_length(model, text_tokens, 32, token_budget=256, batch_size=8)
+    result = evaluate_length(model, text_tokens, 32, token_budget=256, batch_tokens=8 * 32)
     assert sizes[:3] == [8, 4, 2] and set(sizes[3:]) == {2}
     assert result.loss == pytest.approx(expected.loss, rel=1e-6) and result.scored_tokens == expected.scored_tokens

@@ -203,10 +203,10 @@ def test_a_stop_string_is_found_across_tokens_and_never_shown():
     rows = Rows(1, chars, stop=stop_text(r"\n\n"), end=chars.end_id)
     for c in "ab\n":
         rows.add(chars.encode(c))
-    assert rows.shown(0) == "ab" and rows.texts[0] == "ab\n" and not rows.all_done()
+    assert rows.shown(0) == "ab" and rows.texts[0] == "ab\n" and not all(rows.done)
     rows.add(chars.encode("\n"))
     rows.add(chars.encode("a"))  # a stopped row takes no more
-    assert rows.all_done() and rows.texts[0] == "ab" and rows.tokens == 4
+    assert all(rows.done) and rows.texts[0] == "ab" and rows.tokens == 4
     assert stop_text(r"a\tb\\n") == "a\tb\\n" and chars.end_id is None
 
 
