@@ -46,11 +46,18 @@ class GPTModule(L.LightningModule):
         self.switched_at: int | None = None
         self._launch_started: tuple[float, float] | None = None  # (monotonic clock, train_seconds) at the start
         self._val_sum: torch.Tensor | None = None
-        self.nonfinite: torch.Tensor | None = None  # any loss NaN or inf, on the device (DivergenceGuard reads it)
+        self.nonfinite: torch.Tensor | None = None  # any loss NaN or inf, on the device (LastCheckpoint reads it)
 
     def on_train_start(self) -> None:
         self._launch_started = (time.monotonic(), self.train_seconds)
-        self._check_switch()
+        switch, devices = self.config.train.switch_model, self.trainer.world_size
+        if switch and self.switched_at is None and devices > 1:
+            if self.model.switch_replaces_parameters(self.config.switched_model()):
+                raise ConfigError(
+                    f"train.switch_model {switch} replaces parameters, which a run on {devices} devices cannot (DDP "
+                    "and FSDP fix them when they wrap the model): switch to a scheme without parameters (none, rope, "
+                    "alibi; fixed log scaling), or train on one device."
+                )
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
         self._reserve_positions()
 
@@ -64,17 +71,6 @@ class GPTModule(L.LightningModule):
         step = self.config.train.switch_step()
         if step is not None and self.switched_at is None and self.global_step >= step:
             self.switch_model()
-
-    def _check_switch(self) -> None:
-        """Refuse, before the first step, a switch that replaces parameters on several devices."""
-        if not self.config.train.switch_model or self.switched_at is not None or self.trainer.world_size == 1:
-            return
-        if self.model.switch_replaces_parameters(self.config.switched_model()):
-            raise ConfigError(
-                f"train.switch_model {self.config.train.switch_model} replaces parameters, which a run on "
-                f"{self.trainer.world_size} devices cannot (DDP and FSDP fix them when they wrap the model): "
-                "switch to a scheme without parameters (none, rope, alibi; fixed log scaling), or train on one device."
-            )
 
     def switch_model(self) -> None:
         """Switch the model to `train.switch_model` now, keeping the optimizer's state of every parameter that stays."""
@@ -102,9 +98,6 @@ class GPTModule(L.LightningModule):
             group["lr"] = lr
         strategy.optimizers = [new]
         strategy.lr_scheduler_configs[0].scheduler = new_scheduler
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        return self.model(idx, targets)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -188,18 +181,6 @@ class GPTModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore the random state, and apply the current optim settings to the optimizer and scheduler states about
         to be restored (unchanged settings write the saved values: a resume stays bit-identical)."""
-        self._apply_optim_config(checkpoint)
-        self.tokens_seen = checkpoint.get("tokens_seen", 0)
-        self.train_seconds = checkpoint.get("train_seconds", 0.0)
-        self.switched_at = checkpoint.get("switched_at")
-        if self.switched_at is not None:  # before the weights load: they are the switched model's
-            self.model.switch(self.config.switched_model())
-        if "torch_rng" in checkpoint:
-            torch.set_rng_state(checkpoint["torch_rng"])
-        if "cuda_rng" in checkpoint and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
-
-    def _apply_optim_config(self, checkpoint: dict[str, Any]) -> None:
         o = self.config.optim
         schedulers = checkpoint.get("lr_schedulers") or []
         step = schedulers[0]["last_epoch"] if schedulers else 0
@@ -209,6 +190,15 @@ class GPTModule(L.LightningModule):
         for state in checkpoint.get("optimizer_states") or []:
             for group, weight_decay in zip(state["param_groups"], (o.weight_decay, 0.0), strict=True):
                 group.update(initial_lr=o.lr, lr=lr, betas=(o.beta1, o.beta2), weight_decay=weight_decay)
+        self.tokens_seen = checkpoint.get("tokens_seen", 0)
+        self.train_seconds = checkpoint.get("train_seconds", 0.0)
+        self.switched_at = checkpoint.get("switched_at")
+        if self.switched_at is not None:  # before the weights load: they are the switched model's
+            self.model.switch(self.config.switched_model())
+        if "torch_rng" in checkpoint:
+            torch.set_rng_state(checkpoint["torch_rng"])
+        if "cuda_rng" in checkpoint and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
 
 
 def clip_grad_norm(
