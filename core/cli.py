@@ -179,18 +179,12 @@ def _add_group(parser: ArgumentParser, cls: type, prefix: str, defaults: Any, co
         parser.set_defaults({prefix + name: getattr(defaults, name) for name in own})
     for f in fields:
         if f.name in nested and prefix + f.name not in command.skip:
-            default = getattr(defaults, f.name) if defaults is not None else _field_default(f)
+            default = getattr(defaults, f.name) if defaults is not None else f.default_factory()  # a nested group's
             _add_group(parser, hints[f.name], f"{prefix}{f.name}.", default, command)
         elif prefix + f.name in command.hidden:
             parser.add_argument(
                 f"--{prefix}{f.name}", type=hints[f.name], default=argparse.SUPPRESS, help=argparse.SUPPRESS
             )
-
-
-def _field_default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
 def _offered(command: Command, cls: type | None = None, prefix: str = "") -> Iterator[tuple[str, Any, bool]]:
@@ -238,7 +232,9 @@ def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = 
     if text.startswith("the following arguments are required: "):  # argparse names them without dashes
         head, _, missing = text.partition(": ")
         text = f"{head}: " + ", ".join("--" + name.strip() for name in missing.split(","))
-    for name in _unknown_options(message):
+    unknown = re.findall(r"(?<![\w-])--([\w.]+)", message) if "unrecognized arguments" in message else []
+    unknown += [".".join(pair) for pair in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)]
+    for name in unknown + re.findall(r"^Option '([\w.]+)' is not accepted", message):  # command line, config file
         if name in refused:
             return f"{text}; --{name} is not an option of this command"
         hint = did_you_mean(name, names, "--")
@@ -247,31 +243,22 @@ def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = 
     return text
 
 
-def _unknown_options(message: str) -> list[str]:
-    """The options a jsonargparse message says it does not know, on the command line or in a config file."""
-    found = re.findall(r"(?<![\w-])--([\w.]+)", message) if "unrecognized arguments" in message else []
-    found += [".".join(pair) for pair in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)]
-    return found + re.findall(r"^Option '([\w.]+)' is not accepted", message)
-
-
 OPTION = re.compile(r"(?<![\w-])--([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 
 
 def spell(text: str, command: Command) -> str:
-    """`text` with every option spelled as this command takes it (`--device` is `--eval.device` in evaluate.py)."""
+    """`text` with every option spelled as this command takes it (`--device` is `--eval.device` in evaluate.py): as
+    written if the command takes it, else as `command.aliases` rename it, else the one option ending in `.name`."""
     known = accepted(command)
-    return OPTION.sub(lambda m: "--" + spelled(m.group(1), known, command.aliases), text)
 
+    def spelled(match: re.Match[str]) -> str:
+        name = match.group(1)
+        renamed = [here + name[len(there) :] for there, here in command.aliases.items() if name.startswith(there)]
+        tail = [option for option in known if option.endswith("." + name)]
+        found = [n for n in (name, *renamed) if n in known] or (tail if len(tail) == 1 else [name])
+        return "--" + found[0]
 
-def spelled(name: str, known: set[str], aliases: Mapping[str, str]) -> str:
-    """`name` if the command takes it, else as `aliases` rename it, else the one option ending in `.name`."""
-    if name in known:
-        return name
-    for there, here in aliases.items():
-        if name.startswith(there) and here + name[len(there) :] in known:
-            return here + name[len(there) :]
-    tail = [option for option in known if option.endswith("." + name)]
-    return tail[0] if len(tail) == 1 else name
+    return OPTION.sub(spelled, text)
 
 
 def spread_lists(argv: Sequence[str], sequences: Mapping[str, Any]) -> list[str]:

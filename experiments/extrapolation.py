@@ -61,7 +61,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
         trained,
         "extrapolation",
         key,
-        lambda r: evaluate_checkpoints([Subject(r.ckpt, r.label)], cfg.eval, cfg.eval_data),
+        lambda r: evaluate_checkpoints([Subject(str(r.ckpt), r.label)], cfg.eval, cfg.eval_data),
         deadline,
     )
     return finish_report(cfg, merge_documents(docs), write_report, trained, train_wall, eval_wall, started)

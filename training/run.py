@@ -30,14 +30,13 @@ from data.tokenizer import GPT2Tokenizer, Tokenizer
 from model import GPT
 from model.kernels import AUTO
 from model.pretrained import check_pretrained, from_pretrained, weights_file
-from training.callbacks import AtomicCheckpointIO, LastCheckpoint, SpeedMonitor
+from training.callbacks import AtomicCheckpointIO, LastCheckpoint, ProgressBar, SpeedMonitor, progress_callback
 from training.config import DataConfig, RunConfig, TrainConfig
 from training.curves import write_training_plot
 from training.fp8 import check_fp8, convert_to_fp8
 from training.hardware import check_hardware, resolve_precision
 from training.logs import make_logger
 from training.module import GPTModule
-from training.progress import ProgressBar, progress_callback
 from training.rundir import RunError, check_resume, check_writable, claim_run_dir, resume_path, write_configs
 
 log = logging.getLogger(__name__)
@@ -79,7 +78,6 @@ class TrainingData:
     record: dict[str, Any]
     name: str
     about: str = ""  # what the settings line says of the data
-    prepared: Path | None = None  # the prepared directory of a corpus (None: a task)
 
 
 def corpus_data(cfg: RunConfig, prepared: PreparedData | None = None) -> TrainingData:
@@ -94,7 +92,7 @@ def corpus_data(cfg: RunConfig, prepared: PreparedData | None = None) -> Trainin
     name = f"{source}-{data.meta['tokenizer']['kind']}"
     about = (f"{source} ({data.meta['train_tokens']:,} tokens; validation scores {v['tokens']:,} of "
              f"{v['split_tokens']:,})")  # fmt: skip
-    return TrainingData(datamodule, data.tokenizer(cfg.data.tiktoken_ranks), provenance(data), name, about, data.path)
+    return TrainingData(datamodule, data.tokenizer(cfg.data.tiktoken_ranks), provenance(data), name, about)
 
 
 def task_data(task: TaskConfig, cfg: RunConfig) -> TrainingData:
