@@ -85,8 +85,7 @@ def run(command: Command[C], argv: Sequence[str] | None = None) -> None:
 
 def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
     """The command's validated options; raises `UsageError` or `ConfigError` (the config's own checks)."""
-    argv = shipped_configs(list(sys.argv[1:] if argv is None else argv))
-    check_config_files(argv, command)
+    argv = shipped_configs(list(sys.argv[1:] if argv is None else argv), command)
     parser = build_parser(command)
     try:
         namespace = parser.parse_args(spread_lists(argv, sequence_options(command)))
@@ -104,25 +103,20 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
         raise ConfigError(str(error)) from None
 
 
-def shipped_configs(argv: list[str]) -> list[str]:
-    """`argv` with every `--config configs/NAME.yaml` that is not a file here read from the shipped configs."""
+def shipped_configs(argv: list[str], command: Command) -> list[str]:
+    """`argv` with every `--config configs/NAME.yaml` that is not a file here read from the shipped configs; a config
+    file that is not a mapping is refused in one line (what is not a YAML file is left to jsonargparse)."""
     out = []
     for before, token in pairwise(["", *argv]):
+        path = None
         if token.startswith("--config="):
-            token = f"--config={_shipped(token[9:])}"
+            path = _shipped(token[9:])
+            token = f"--config={path}"
         elif before == "--config":
-            token = _shipped(token)
+            path = token = _shipped(token)
         out.append(token)
-    return out
-
-
-def check_config_files(argv: Sequence[str], command: Command) -> None:
-    """Refuse in one line a `--config FILE` that is not a mapping; what is not a YAML file is left to jsonargparse."""
-    paths = [t.partition("=")[2] if t.startswith("--config=") else after for t, after in pairwise([*argv, ""])
-             if t.startswith("--config=") or (t == "--config" and after)]  # fmt: skip
-    for path in filter(lambda p: Path(p).is_file(), paths):
         try:
-            content = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            content = yaml.safe_load(Path(path).read_text(encoding="utf-8")) if path and Path(path).is_file() else {}
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue
         if not isinstance(content, dict):
@@ -134,6 +128,7 @@ def check_config_files(argv: Sequence[str], command: Command) -> None:
                 f"options to their values ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); "
                 f"`{command.prog} --print_config` writes one.",
             )
+    return out
 
 
 def _shipped(path: str) -> str:
