@@ -148,11 +148,6 @@ class PlannedRun:
         return t.max_steps * t.batch_size * t.grad_accum * self.config.model.block_size
 
 
-def steps_done(ckpt: Path) -> int:
-    """The optimizer steps `ckpt` was written at (0 when there is none)."""
-    return int(read_checkpoint(ckpt, mmap=True).get("global_step", 0)) if ckpt.is_file() else 0
-
-
 def flops_per_step(config: RunConfig, vocab_size: int | None) -> float:
     """Training FLOPs of one optimizer step of `config`'s model, built on the meta device (no memory); without
     `vocab_size`, GPT-2's for BPE and `CHAR_VOCAB` for characters."""
@@ -283,14 +278,15 @@ def train_all(
     """Train every model of `study` with every seed after printing the plan and its estimate, reusing
     finished runs and resuming interrupted ones; `data_for` gives a run's data (default: its corpus). Every run
     gets what is left of `deadline`. Returns the runs and the training wall time of those trained now."""
-    from training.run import corpus_data, preflight, prepared_data, train
+    from training.run import corpus_data, preflight, prepared_data, train  # Lightning: not for the --help
 
     out_dir, plan = study.out_dir, []
     for seed in study.seeds:  # seeds outer, so that a partial study has whole seeds
         for variant in study.models():
             cfg = run_config_for(study.run, out_dir, variant, seed)
             ckpt = Path(cfg.train.out_dir) / cfg.train.run_name / "last.ckpt"
-            plan.append(PlannedRun(variant.name, cfg.train.run_name, cfg, ckpt, steps_done(ckpt)))
+            step = int(read_checkpoint(ckpt, mmap=True).get("global_step", 0)) if ckpt.is_file() else 0
+            plan.append(PlannedRun(variant.name, cfg.train.run_name, cfg, ckpt, step))
     if data_for is None:  # tokenizer, weights, resume: checked before the corpus is prepared
         for planned in plan:
             if not planned.done:

@@ -33,8 +33,7 @@ from model.pretrained import check_pretrained, from_pretrained, weights_file
 from training.callbacks import AtomicCheckpointIO, LastCheckpoint, ProgressBar, SpeedMonitor, progress_callback
 from training.config import DataConfig, RunConfig, TrainConfig
 from training.curves import write_training_plot
-from training.fp8 import check_fp8, convert_to_fp8
-from training.hardware import check_hardware, resolve_precision
+from training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision
 from training.logs import make_logger
 from training.module import GPTModule
 from training.rundir import RunError, check_resume, check_writable, claim_run_dir, resume_path, write_configs
