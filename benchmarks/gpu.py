@@ -34,8 +34,7 @@ from data.tokenizer import CharTokenizer
 from model import GPT, POS_ENCODINGS, GPTConfig
 from model.gpt import training_flops_per_token
 from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
-from training.fp8 import check_fp8, convert_to_fp8
-from training.hardware import peak_flops
+from training.hardware import check_fp8, convert_to_fp8, peak_flops
 from training.logs import metrics_file
 from training.module import adamw
 from training.run import TrainingData, train

@@ -5,12 +5,14 @@ status 2 (a refused option: a short usage with "did you mean"), Ctrl+C in "Inter
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import re
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -22,8 +24,6 @@ from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
 import configs
 from core.errors import ConfigError, UserError, did_you_mean
-from core.lists import ListOption, spread_lists
-from core.quiet import quiet_libraries
 
 C = TypeVar("C")
 
@@ -85,8 +85,7 @@ def run(command: Command[C], argv: Sequence[str] | None = None) -> None:
 
 def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
     """The command's validated options; raises `UsageError` or `ConfigError` (the config's own checks)."""
-    argv = shipped_configs(list(sys.argv[1:] if argv is None else argv))
-    check_config_files(argv, command)
+    argv = shipped_configs(list(sys.argv[1:] if argv is None else argv), command)
     parser = build_parser(command)
     try:
         namespace = parser.parse_args(spread_lists(argv, sequence_options(command)))
@@ -104,25 +103,20 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
         raise ConfigError(str(error)) from None
 
 
-def shipped_configs(argv: list[str]) -> list[str]:
-    """`argv` with every `--config configs/NAME.yaml` that is not a file here read from the shipped configs."""
+def shipped_configs(argv: list[str], command: Command) -> list[str]:
+    """`argv` with every `--config configs/NAME.yaml` that is not a file here read from the shipped configs; a config
+    file that is not a mapping is refused in one line (what is not a YAML file is left to jsonargparse)."""
     out = []
     for before, token in pairwise(["", *argv]):
+        path = None
         if token.startswith("--config="):
-            token = f"--config={_shipped(token[9:])}"
+            path = _shipped(token[9:])
+            token = f"--config={path}"
         elif before == "--config":
-            token = _shipped(token)
+            path = token = _shipped(token)
         out.append(token)
-    return out
-
-
-def check_config_files(argv: Sequence[str], command: Command) -> None:
-    """Refuse in one line a `--config FILE` that is not a mapping; what is not a YAML file is left to jsonargparse."""
-    paths = [t.partition("=")[2] if t.startswith("--config=") else after for t, after in pairwise([*argv, ""])
-             if t.startswith("--config=") or (t == "--config" and after)]  # fmt: skip
-    for path in filter(lambda p: Path(p).is_file(), paths):
         try:
-            content = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            content = yaml.safe_load(Path(path).read_text(encoding="utf-8")) if path and Path(path).is_file() else {}
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue
         if not isinstance(content, dict):
@@ -134,6 +128,7 @@ def check_config_files(argv: Sequence[str], command: Command) -> None:
                 f"options to their values ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); "
                 f"`{command.prog} --print_config` writes one.",
             )
+    return out
 
 
 def _shipped(path: str) -> str:
@@ -179,7 +174,7 @@ def _add_group(parser: ArgumentParser, cls: type, prefix: str, defaults: Any, co
         parser.set_defaults({prefix + name: getattr(defaults, name) for name in own})
     for f in fields:
         if f.name in nested and prefix + f.name not in command.skip:
-            default = getattr(defaults, f.name) if defaults is not None else _field_default(f)
+            default = getattr(defaults, f.name) if defaults is not None else f.default_factory()  # a nested group's
             _add_group(parser, hints[f.name], f"{prefix}{f.name}.", default, command)
         elif prefix + f.name in command.hidden:
             parser.add_argument(
@@ -187,27 +182,15 @@ def _add_group(parser: ArgumentParser, cls: type, prefix: str, defaults: Any, co
             )
 
 
-def _field_default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
-
-
-def _walk(cls: type, prefix: str = "") -> Iterator[tuple[str, Any, bool]]:
-    """(dotted name, type, is a group) of every field of dataclass `cls`, groups before their fields."""
-    hints = typing.get_type_hints(cls)
-    for f in (f for f in dataclasses.fields(cls) if f.init):
-        kind = hints[f.name]
-        group = dataclasses.is_dataclass(kind)
-        yield prefix + f.name, kind, group
-        if group:
-            yield from _walk(kind, f"{prefix}{f.name}.")
-
-
-def _offered(command: Command) -> Iterator[tuple[str, Any, bool]]:
-    for name, kind, group in _walk(command.config):
-        if not any(name == s or name.startswith(s + ".") for s in command.skip | command.hidden):
-            yield name, kind, group
+def _offered(command: Command, cls: type | None = None, prefix: str = "") -> Iterator[tuple[str, Any, bool]]:
+    """(dotted name, type, is a group) of every option the command offers, groups before their fields."""
+    hints = typing.get_type_hints(cls or command.config)
+    for f in dataclasses.fields(cls or command.config):
+        name, kind = prefix + f.name, hints[f.name]
+        if f.init and name not in command.skip | command.hidden:
+            yield name, kind, dataclasses.is_dataclass(kind)
+            if dataclasses.is_dataclass(kind):
+                yield from _offered(command, kind, name + ".")
 
 
 def options(command: Command) -> list[str]:
@@ -219,19 +202,18 @@ def accepted(command: Command) -> set[str]:
     return {*options(command), *command.hidden}
 
 
-def sequence_options(command: Command) -> dict[str, ListOption]:
-    found = {}
-    for name, kind, group in _offered(command):
-        members = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
-        sequences = [m for m in members if (typing.get_origin(m) or m) in (list, tuple)]
-        if group or not sequences:
-            continue
-        first = sequences[0]
-        items = typing.get_args(first)
-        nested = typing.get_origin(first) is list and bool(items) and typing.get_origin(items[0]) in (list, tuple)
-        single_ok = any(m is not type(None) and m not in sequences for m in members)
-        found[name] = ListOption(typing.get_origin(first) or first, single_ok, nested)
-    return found
+def sequence_options(command: Command) -> dict[str, Any]:
+    """{dotted name: type} of the command's list and tuple options."""
+    return {name: kind for name, kind, group in _offered(command) if not group and _sequence(kind)}
+
+
+def _members(kind: Any) -> tuple[Any, ...]:
+    return typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+
+
+def _sequence(kind: Any) -> Any:
+    """The list or tuple type among those `kind` admits (the first), or None."""
+    return next((m for m in _members(kind) if (typing.get_origin(m) or m) in (list, tuple)), None)
 
 
 def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = frozenset()) -> str:
@@ -245,7 +227,9 @@ def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = 
     if text.startswith("the following arguments are required: "):  # argparse names them without dashes
         head, _, missing = text.partition(": ")
         text = f"{head}: " + ", ".join("--" + name.strip() for name in missing.split(","))
-    for name in _unknown_options(message):
+    unknown = re.findall(r"(?<![\w-])--([\w.]+)", message) if "unrecognized arguments" in message else []
+    unknown += [".".join(pair) for pair in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)]
+    for name in unknown + re.findall(r"^Option '([\w.]+)' is not accepted", message):  # command line, config file
         if name in refused:
             return f"{text}; --{name} is not an option of this command"
         hint = did_you_mean(name, names, "--")
@@ -254,28 +238,76 @@ def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = 
     return text
 
 
-def _unknown_options(message: str) -> list[str]:
-    """The options a jsonargparse message says it does not know, on the command line or in a config file."""
-    found = re.findall(r"(?<![\w-])--([\w.]+)", message) if "unrecognized arguments" in message else []
-    found += [".".join(pair) for pair in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)]
-    return found + re.findall(r"^Option '([\w.]+)' is not accepted", message)
-
-
 OPTION = re.compile(r"(?<![\w-])--([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 
 
 def spell(text: str, command: Command) -> str:
-    """`text` with every option spelled as this command takes it (`--device` is `--eval.device` in evaluate.py)."""
+    """`text` with every option spelled as this command takes it (`--device` is `--eval.device` in evaluate.py): as
+    written if the command takes it, else as `command.aliases` rename it, else the one option ending in `.name`."""
     known = accepted(command)
-    return OPTION.sub(lambda m: "--" + spelled(m.group(1), known, command.aliases), text)
+
+    def spelled(match: re.Match[str]) -> str:
+        name = match.group(1)
+        renamed = [here + name[len(there) :] for there, here in command.aliases.items() if name.startswith(there)]
+        tail = [option for option in known if option.endswith("." + name)]
+        found = [n for n in (name, *renamed) if n in known] or (tail if len(tail) == 1 else [name])
+        return "--" + found[0]
+
+    return OPTION.sub(spelled, text)
 
 
-def spelled(name: str, known: set[str], aliases: Mapping[str, str]) -> str:
-    """`name` if the command takes it, else as `aliases` rename it, else the one option ending in `.name`."""
-    if name in known:
-        return name
-    for there, here in aliases.items():
-        if name.startswith(there) and here + name[len(there) :] in known:
-            return here + name[len(there) :]
-    tail = [option for option in known if option.endswith("." + name)]
-    return tail[0] if len(tail) == 1 else name
+def spread_lists(argv: Sequence[str], sequences: Mapping[str, Any]) -> list[str]:
+    """`argv` with every `--x a b c` of a list option as jsonargparse reads it: `--x=[] --x+=a ...` (each value
+    parsed on its own), `--x=[a,b,c]` for a tuple; `--x [a,b,c]` and a single value that may be one pass through."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        name, eq, inline = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        if name not in sequences:
+            out.append(token)
+            continue
+        values = [inline] if eq else []
+        while i < len(argv) and not (argv[i].startswith("--") or (argv[i][:1] == "-" and argv[i][1:2].isalpha())):
+            values.append(argv[i])
+            i += 1
+        out += _sequence_args(name, values, sequences[name])
+    return out
+
+
+def _sequence_args(name: str, values: list[str], kind: Any) -> list[str]:
+    if not values:
+        return [f"--{name}"]  # the parser says that a value is missing
+    sequence = _sequence(kind)
+    items = typing.get_args(sequence)
+    nested = typing.get_origin(sequence) is list and bool(items) and typing.get_origin(items[0]) in (list, tuple)
+    single_ok = any(m is not type(None) and _sequence(m) is None for m in _members(kind))  # `str | list[str]`
+    whole = values[0].startswith("[[" if nested else "[") or values[0] == "null"
+    if len(values) == 1 and (single_ok or whole):
+        return [f"--{name}={values[0]}"]  # `=`: a value that starts with a dash stays a value
+    if (typing.get_origin(sequence) or sequence) is tuple:
+        return [f"--{name}=[{','.join(values)}]"]
+    if nested:  # each item is a tuple, written 4,128,64,12 as a tuple option takes it
+        values = [v if v.startswith("[") else f"[{v}]" for v in values]
+    return [f"--{name}=[]", *(f"--{name}+=[{v}]" if v.startswith("[") else f"--{name}+={v}" for v in values)]
+
+
+LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")  # devices available, AMP in use, ...
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Leave out Lightning's notices (its warnings stay) and libraries' deprecation warnings about each other."""
+    loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            for category in (DeprecationWarning, FutureWarning):
+                warnings.filterwarnings("ignore", category=category, module=r"(lightning|torch|lightning_utilities)\.")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)

@@ -55,13 +55,10 @@ def run_modes(prog: str, description: str, modes: Modes, argv: Sequence[str] | N
 
 
 def mode_summary(mode: Command | Lazy | Modes) -> str:
-    """A mode's line in the help: its command's first sentence, or its modes."""
+    """A mode's line in the help: its command's first sentence (of its first paragraph), or its modes."""
     if isinstance(mode, Lazy):
         return mode.summary
-    return summary(mode.description) if isinstance(mode, Command) else " | ".join(mode)
-
-
-def summary(description: str) -> str:
-    """A command's description in one line: the first sentence of its first paragraph."""
-    paragraph = " ".join(description.strip().split("\n\n")[0].split())
+    if not isinstance(mode, Command):
+        return " | ".join(mode)
+    paragraph = " ".join(mode.description.strip().split("\n\n")[0].split())
     return re.split(r"(?<=\.)\s+(?=[A-Z])", paragraph, maxsplit=1)[0]

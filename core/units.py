@@ -15,3 +15,9 @@ def format_count(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.1f}{suffix}"
     return f"{n:.0f}"
+
+
+def progress_line(step: int, total: int, parts: list[str], eta: float | None, unit: str = "step") -> str:
+    """`step k/n | part | part | ETA m:ss`: every plain progress line (a run's steps, a study's runs: `unit` "run")."""
+    eta_part = [f"ETA {format_seconds(eta)}"] if eta is not None else []
+    return " | ".join([f"{unit} {step}/{total}", *parts, *eta_part])

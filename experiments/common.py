@@ -1,5 +1,10 @@
 """What the one-command experiments share: named model variants, one run per model and seed under
-<out_dir>/runs, reuse of finished runs and resumption of interrupted ones, and the report's last words."""
+<out_dir>/runs, reuse of finished runs and resumption of interrupted ones, the plan and its time limit, and the
+report's last words.
+
+The plan's estimate is the training FLOPs left (`GPT.flops_per_token`) over what the device sustains (a GPU's
+peak or a CPU's measured matmul rate, times a typical utilisation), recalibrated by the runs that finish.
+`Deadline` is a study's `--max_minutes`: each run gets what is left of it, and the study stops in time."""
 
 from __future__ import annotations
 
@@ -13,17 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 import yaml
 
 from core.checkpoint import CheckpointError, read_checkpoint
 from core.cli import Command
-from core.errors import ConfigError, did_you_mean
+from core.errors import TIME_LIMIT_EXIT, ConfigError, TrainingStopped, did_you_mean
 from core.files import atomic_write_bytes
 from core.repo import git_sha
-from core.units import format_seconds
-from experiments.plan import Deadline, PlannedRun, Progress, describe, steps_done
+from core.units import format_seconds, progress_line
+from model import GPT, GPTConfig
 from training.config import RunConfig
-from training.errors import TIME_LIMIT_EXIT, TrainingStopped
+from training.hardware import peak_flops, resolve_precision, uses_cuda
 
 if TYPE_CHECKING:
     from training.run import TrainingData
@@ -109,26 +115,139 @@ def run_config_for(run: RunConfig, out_dir: str, variant: Variant, seed: int) ->
     return dataclasses.replace(run, model=dataclasses.replace(run.model, **variant.model), train=train)
 
 
+UTILISATION = 0.35
+"""Share of the peak a training step sustains (an H100 trains GPT-2 124M at ~38% MFU, BENCHMARKS.md)."""
+CHAR_VOCAB = 256
+"""The vocabulary assumed for a character-level model in the estimate (it is the corpus' own)."""
+
+
 @dataclass
-class TrainedRun:
+class PlannedRun:
+    """One training run of a study, and how far it got."""
+
     label: str
-    seed: int
-    ckpt: str
+    """The model's name (a scheme or a variant)."""
+    name: str
+    """The run's directory name, <label>-seed<S>."""
+    config: RunConfig
+    ckpt: Path
+    step: int
+    """Optimizer steps done (0: not started)."""
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.config.train.max_steps
+
+    @property
+    def seed(self) -> int:
+        return self.config.train.seed
+
+    def tokens(self) -> int:
+        """Training tokens of the whole run (a synthetic task's examples are shorter: an upper bound)."""
+        t = self.config.train
+        return t.max_steps * t.batch_size * t.grad_accum * self.config.model.block_size
+
+
+def flops_per_step(config: RunConfig, vocab_size: int | None) -> float:
+    """Training FLOPs of one optimizer step of `config`'s model, built on the meta device (no memory); without
+    `vocab_size`, GPT-2's for BPE and `CHAR_VOCAB` for characters."""
+    vocab_size = vocab_size or (GPTConfig.vocab_size if config.data.tokenizer == "gpt2" else CHAR_VOCAB)
+    model_config = dataclasses.replace(config.model, vocab_size=vocab_size)
+    with torch.device("meta"):
+        model = GPT(model_config)
+    t = config.train
+    return float(model.flops_per_token(model_config.block_size)) * t.batch_size * t.grad_accum * model_config.block_size
+
+
+def sustained_flops(device: torch.device, precision: str = "bf16-mixed") -> float:
+    """FLOP/s a training step sustains on `device`, roughly: a GPU's peak, or a CPU's float32 matmul rate
+    measured now, times `UTILISATION`."""
+    peak = peak_flops(device, precision)
+    if peak is None:
+        a = torch.randn(512, 512)
+        a @ a  # warm-up
+        started, repeats = time.perf_counter(), 8
+        for _ in range(repeats):
+            a @ a
+        peak = 2 * 512**3 * repeats / (time.perf_counter() - started)
+    return peak * UTILISATION
+
+
+class Progress:
+    """Run k of n, and the ETA of what is left, recalibrated by the runs that finished."""
+
+    def __init__(self, seconds_per_flop: float, step_flops: dict[str, float], device: str) -> None:
+        self.seconds_per_flop, self.step_flops, self.device = seconds_per_flop, step_flops, device
+        self.measured = [0.0, 0.0]  # seconds and FLOPs of the runs trained here
+
+    @classmethod
+    def of_plan(cls, plan: list[PlannedRun], vocab_size: int | None) -> Progress:
+        """Before any run of `plan` (all on one device): the estimate from the FLOPs that device sustains."""
+        t = plan[0].config.train
+        device = torch.device("cuda" if uses_cuda(t.accelerator) else "cpu")
+        sustained = sustained_flops(device, resolve_precision(t.precision, t.accelerator))
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        return cls(1 / sustained, {r.name: flops_per_step(r.config, vocab_size) for r in plan}, name)
+
+    def left(self, run: PlannedRun) -> float:
+        """The FLOPs left of `run`."""
+        return self.step_flops[run.name] * max(0, run.config.train.max_steps - run.step)
+
+    def estimate(self, runs: list[PlannedRun]) -> float:
+        """Seconds the training of `runs` takes, as estimated now."""
+        return sum(self.left(r) for r in runs) * self.seconds_per_flop
+
+    def finished(self, seconds: float, flops: float) -> None:
+        if flops > 0:
+            self.measured = [self.measured[0] + seconds, self.measured[1] + flops]
+            self.seconds_per_flop = self.measured[0] / max(1.0, self.measured[1])
+
+
+LONG_ON_CPU = 3600.0
+"""Seconds of estimated training past which a plan on a CPU names a shorter config."""
+
+
+def describe(plan: list[PlannedRun], progress: Progress, shorter: str = "") -> str:
+    """The plan, a line a run, and the estimate of its training time; on a CPU past an hour, `shorter` (a config)."""
+    device = progress.device
+    lines = [f"Plan: {len(plan)} training run(s) on {device}"]
+    for k, run in enumerate(plan, 1):
+        t = run.config.train
+        state = "trained, reused" if run.done else f"resumes at step {run.step}" if run.step else "to train"
+        lines.append(f"  {k:>3}. {run.name}: {t.max_steps} steps x {t.batch_size * t.grad_accum} x "
+                     f"{run.config.model.block_size} = {run.tokens() / 1e6:.1f}M tokens ({state})")  # fmt: skip
+    todo = [r for r in plan if not r.done]
+    seconds = progress.estimate(todo)
+    lines.append(f"Estimated training time: {format_seconds(seconds)} for {len(todo)} run(s) "
+                 f"(rough: FLOPs at {UTILISATION:.0%} of the device's peak; small models on a CPU often run faster), "
+                 "then the evaluation")  # fmt: skip
+    if device == "cpu" and seconds > LONG_ON_CPU and shorter:
+        lines.append(f"That is long for a CPU: --config {shorter} is a first study in about 5 minutes; "
+                     "--max_minutes N trains this one in pieces that resume.")  # fmt: skip
+    return "\n".join(lines)
+
+
+class Deadline:
+    """The end of a study command's time (`max_minutes`; 0: none), on the monotonic clock."""
+
+    def __init__(self, max_minutes: float) -> None:
+        self.max_minutes = max_minutes
+        self.end = time.monotonic() + 60 * max_minutes if max_minutes else None
+
+    def minutes_left(self) -> float:
+        """What is left, in minutes: 0 for no limit (as `train.max_minutes` reads it), a tiny positive number
+        once it has passed (a run started then stops at its first step)."""
+        if self.end is None:
+            return 0.0
+        return max(1e-3, (self.end - time.monotonic()) / 60)
+
+    def passed(self, reserve: float = 0.0) -> bool:
+        """Whether fewer than `reserve` seconds are left."""
+        return self.end is not None and time.monotonic() + reserve >= self.end
 
 
 STARTUP_RESERVE_S = 60.0
 """Seconds of the time limit (at most a tenth of it) below which no run or evaluation is begun."""
-
-
-def plan_runs(run: RunConfig, out_dir: str, models: list[Variant], seeds: list[int]) -> list[PlannedRun]:
-    """Every run of the study (seeds outer, so that a partial study has whole seeds) and how far each got."""
-    plan = []
-    for seed in seeds:
-        for variant in models:
-            cfg = run_config_for(run, out_dir, variant, seed)
-            ckpt = Path(cfg.train.out_dir) / cfg.train.run_name / "last.ckpt"
-            plan.append(PlannedRun(variant.name, cfg.train.run_name, cfg, ckpt, steps_done(ckpt)))
-    return plan
 
 
 def stopped_study(stop: TrainingStopped, what: str) -> TrainingStopped:
@@ -155,22 +274,26 @@ def train_all(
     data_for: Callable[[RunConfig], TrainingData] | None = None,
     vocab_size: int | None = None,
     shorter: str = "",
-) -> tuple[list[TrainedRun], dict[str, float]]:
+) -> tuple[list[PlannedRun], dict[str, float]]:
     """Train every model of `study` with every seed after printing the plan and its estimate, reusing
     finished runs and resuming interrupted ones; `data_for` gives a run's data (default: its corpus). Every run
     gets what is left of `deadline`. Returns the runs and the training wall time of those trained now."""
-    from training.progress import progress_line  # Lightning: imported to train, not for the command's --help
-    from training.run import corpus_data, preflight, prepared_data, train
+    from training.run import corpus_data, preflight, prepared_data, train  # Lightning: not for the --help
 
-    run, out_dir = study.run, study.out_dir
-    plan = plan_runs(run, out_dir, study.models(), study.seeds)
+    out_dir, plan = study.out_dir, []
+    for seed in study.seeds:  # seeds outer, so that a partial study has whole seeds
+        for variant in study.models():
+            cfg = run_config_for(study.run, out_dir, variant, seed)
+            ckpt = Path(cfg.train.out_dir) / cfg.train.run_name / "last.ckpt"
+            step = int(read_checkpoint(ckpt, mmap=True).get("global_step", 0)) if ckpt.is_file() else 0
+            plan.append(PlannedRun(variant.name, cfg.train.run_name, cfg, ckpt, step))
     if data_for is None:  # tokenizer, weights, resume: checked before the corpus is prepared
         for planned in plan:
             if not planned.done:
                 preflight(planned.config, resuming=planned.step > 0)
     progress = Progress.of_plan(plan, vocab_size)
     print(describe(plan, progress, shorter), flush=True)
-    trained, wall, prepared = [], {}, None
+    wall, prepared = {}, None
     for k, planned in enumerate(plan, 1):
         name = planned.name
         if planned.done:
@@ -200,11 +323,10 @@ def train_all(
             todo = [r for r in plan[k:] if not r.done]
             parts = [f"{name} trained in {format_seconds(wall[name])}"] + ([f"{len(todo)} left"] if todo else [])
             log.info(progress_line(k, len(plan), parts, progress.estimate(todo) if todo else None, "run"))
-        trained.append(TrainedRun(planned.label, planned.config.train.seed, str(planned.ckpt)))
-    return trained, wall
+    return plan, wall
 
 
-def run_record(run: TrainedRun) -> dict[str, Any]:
+def run_record(run: PlannedRun) -> dict[str, Any]:
     """What a study reports of one trained run: its steps, training tokens and wall time (summed over
     the launches that trained it) and its data, read from its checkpoint."""
     ckpt = read_checkpoint(run.ckpt, mmap=True)
@@ -221,10 +343,10 @@ def run_record(run: TrainedRun) -> dict[str, Any]:
 
 
 def evaluate_each(
-    trained: list[TrainedRun],
+    trained: list[PlannedRun],
     kind: str,
     key: dict[str, Any],
-    evaluate: Callable[[TrainedRun], Any],
+    evaluate: Callable[[PlannedRun], Any],
     deadline: Deadline,
 ) -> tuple[list[Any], float]:
     """`evaluate(run)` for every run, each kept in <run dir>/<kind>-<hash of key and checkpoint>.json, so that an
@@ -232,8 +354,7 @@ def evaluate_each(
     times the longest so far: one cannot stop halfway). Returns the results and their seconds, over every launch."""
     results, seconds, longest = [], 0.0, 0.0
     for k, run in enumerate(trained, 1):
-        ckpt = Path(run.ckpt)
-        stat = ckpt.stat()  # tells the checkpoint from another written at the same path, without reading it
+        ckpt, stat = run.ckpt, run.ckpt.stat()  # the stat tells the checkpoint from another at the same path
         identity = {"path": str(ckpt.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "git": git_sha()}
         run_key = {**key, "checkpoint": identity}
         digest = hashlib.sha256(json.dumps(run_key, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -257,7 +378,7 @@ def evaluate_each(
 
 
 def finish_report(
-    cfg: Any, doc: dict[str, Any], write: Callable[[dict[str, Any], str], object], trained: list[TrainedRun],
+    cfg: Any, doc: dict[str, Any], write: Callable[[dict[str, Any], str], object], trained: list[PlannedRun],
     train_wall: dict[str, float], eval_wall: float, started: float,
 ) -> dict[str, Any]:  # fmt: skip
     """`doc` with its `experiment` entry (the resolved config, every run's steps, tokens and time, and where this

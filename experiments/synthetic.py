@@ -23,7 +23,7 @@ from core.device import pick_device
 from data.tasks import TASKS, TaskConfig, eval_set, tokenizer_for
 from evaluation.checkpoint import load_checkpoint, results_header
 from evaluation.tasks import evaluate_task
-from experiments.common import Study, TrainedRun, Variant, evaluate_each, experiment_command, finish_report, train_all
+from experiments.common import PlannedRun, Study, Variant, evaluate_each, experiment_command, finish_report, train_all
 from model import POS_ENCODINGS
 from training.config import RunConfig
 
@@ -83,14 +83,14 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
     per_run = len(cfg.task.eval_lengths) * depths * cfg.task.test_size
     with tqdm(total=len(trained) * per_run, unit="example", dynamic_ncols=True, disable=not sys.stderr.isatty()) as bar:
 
-        def evaluate(run: TrainedRun) -> dict[str, Any]:
+        def evaluate(run: PlannedRun) -> dict[str, Any]:
             bar.set_description(f"{run.label} seed {run.seed}")
             ckpt = load_checkpoint(run.ckpt)
             model = ckpt.model.to(device)
             return {
                 "label": run.label,
                 "seed": run.seed,
-                "checkpoint": run.ckpt,
+                "checkpoint": str(run.ckpt),
                 "pos_encoding": model.config.pos_encoding,
                 "random_positions": ckpt.config["train"].get("random_positions", 0),
                 "model": model.config.to_dict(),  # the model evaluated (after a switch: the new one)

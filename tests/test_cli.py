@@ -20,11 +20,10 @@ import evaluate
 import sample
 import train
 from core import cli
-from core.errors import UserError
+from core.errors import TrainingDiverged, TrainingStopped, UserError
 from core.modes import run_modes
 from data import prepare
 from experiments import extrapolation, synthetic
-from training.errors import TrainingDiverged, TrainingStopped
 
 from helpers import cli_error, loaded
 

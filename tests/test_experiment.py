@@ -182,7 +182,7 @@ def test_a_plan_of_hours_on_a_cpu_names_the_quick_study(config, named, tmp_path,
         raise KeyboardInterrupt
 
     monkeypatch.setattr(run, "prepared_data", stop)
-    monkeypatch.setattr("experiments.plan.sustained_flops", lambda device, precision: 10e9)  # a 2-core CPU
+    monkeypatch.setattr("experiments.common.sustained_flops", lambda device, precision: 10e9)  # a 2-core CPU
     argv = ["--config", f"configs/{config}.yaml", "--out_dir", str(tmp_path), "--run.data.input", str(text_file),
             "--run.train.accelerator", "cpu"]  # fmt: skip
     with pytest.raises(SystemExit):

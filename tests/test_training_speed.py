@@ -12,7 +12,7 @@ import torch
 
 import train as train_script
 from model import GPT, GPTConfig
-from training import fp8 as fp8_module
+from training import hardware
 from training.run import dropout_fallback
 
 from helpers import cli_error, tiny_args
@@ -91,14 +91,14 @@ def test_fp8_without_fp8_hardware_is_one_line_before_any_work(tmp_path, text_fil
 
 
 def test_fp8_on_a_gpu_without_fp8_names_its_capability(monkeypatch):
-    monkeypatch.setattr(fp8_module, "uses_cuda", lambda accelerator: True)
+    monkeypatch.setattr(hardware, "uses_cuda", lambda accelerator: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
-    with pytest.raises(fp8_module.HardwareError, match=r"A100-SXM4-80GB has 8\.0"):
-        fp8_module.check_fp8("gpu", "bf16-mixed")
+    with pytest.raises(hardware.HardwareError, match=r"A100-SXM4-80GB has 8\.0"):
+        hardware.check_fp8("gpu", "bf16-mixed")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    with pytest.raises(fp8_module.HardwareError, match="Use --train.precision bf16-mixed"):
-        fp8_module.check_fp8("gpu", "32-true")
+    with pytest.raises(hardware.HardwareError, match="Use --train.precision bf16-mixed"):
+        hardware.check_fp8("gpu", "32-true")
 
 
 def test_fp8_converts_the_blocks_linear_layers_and_trains_close_to_bf16(monkeypatch):
@@ -109,7 +109,7 @@ def test_fp8_converts_the_blocks_linear_layers_and_trains_close_to_bf16(monkeypa
     converted = GPT(SMALL)
     converted.load_state_dict(plain.state_dict())
     keys = list(converted.state_dict())
-    assert fp8_module.convert_to_fp8(converted) == 4 * SMALL.n_layer  # qkv, proj, fc, proj per block
+    assert hardware.convert_to_fp8(converted) == 4 * SMALL.n_layer  # qkv, proj, fc, proj per block
     assert list(converted.state_dict()) == keys  # checkpoints keep their layout
     assert type(converted.lm_head).__name__ == "Linear"  # the tied output layer stays bf16
     assert type(converted.blocks[0].mlp.fc).__name__ == "Float8Linear"

@@ -1,12 +1,16 @@
-"""Callbacks and the checkpoint plugin: throughput and MFU, `last.ckpt` (also on a signal), the divergence guard."""
+"""Callbacks and the checkpoint plugin: throughput and MFU, `last.ckpt` (also on a signal; never a diverged model),
+and what a run prints while it trains: a progress bar in a terminal, else (a log file, CI) one plain line every few
+steps (`step 500/2000 | loss 1.912 | 41.3 ms/step | 18.6k tok/s | ETA 1:02`) and one per validation."""
 
 from __future__ import annotations
 
 import errno
+import logging
 import math
 import os
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -14,20 +18,19 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from core.errors import UserError
+from core.errors import TIME_LIMIT_EXIT, TrainingDiverged, TrainingStopped, UserError
 from core.files import atomic_file
+from core.units import format_count, progress_line
 from training.config import TrainConfig
-from training.errors import TIME_LIMIT_EXIT, TrainingDiverged, TrainingStopped
 from training.hardware import peak_flops
+
+log = logging.getLogger(__name__)
 
 # what torch.save's zip writer says when the file it writes cannot grow (a full disk, through a file object)
 TORCH_WRITE_ERRORS = ("unexpected pos", "PytorchStreamWriter failed", "file write failed")
-
-
-class CheckpointWriteError(UserError):
-    """A checkpoint could not be written, most often for a full disk; the previous one is intact."""
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -48,19 +51,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             failed = f"the write failed ({str(error).splitlines()[0][:120]})"
             what = "no space left" if full or free < (64 << 20) else failed
             kept = f"the previous {path} is intact" if path.is_file() else f"no earlier {path.name} was there"
-            raise CheckpointWriteError(
-                f"Could not write {path}: {what} on the disk mounted at {mount_point(path.parent)} "
-                f"({free / 2**20:.0f} MB free); {kept}. Free some space and continue with the same command and "
-                "--train.resume auto."
+            mount = path.parent.resolve()  # the mount point: how a user finds the disk to free
+            while not os.path.ismount(mount) and mount != mount.parent:
+                mount = mount.parent
+            raise UserError(
+                f"Could not write {path}: {what} on the disk mounted at {mount} ({free / 2**20:.0f} MB free); "
+                f"{kept}. Free some space and continue with the same command and --train.resume auto."
             ) from None
-
-
-def mount_point(path: Path) -> Path:
-    """The mount point of the file system holding `path`: how a user finds the disk to free."""
-    path = path.resolve()
-    while not os.path.ismount(path) and path != path.parent:
-        path = path.parent
-    return path
 
 
 def optimizer_stepped(trainer: L.Trainer, batch_idx: int) -> bool:
@@ -75,13 +72,19 @@ DEADLINE = -1  # the stop reason of a run past its time limit (signals are their
 class LastCheckpoint(L.Callback):
     """Save `<run dir>/last.ckpt` every `t.ckpt_interval` optimizer steps, before every validation, at the end, and
     at the first step after a SIGTERM or SIGINT or past `deadline` (monotonic; with a reserve of twice the
-    longest step and save), then stop with `TrainingStopped`. A second Ctrl+C stops at once, without saving;
-    non-finite weights are never saved."""
+    longest step and save), then stop with `TrainingStopped`. A second Ctrl+C stops at once, without saving.
+    A NaN or inf loss or weight stops training with `TrainingDiverged` before anything of it is saved; the
+    module's loss flag is read (a synchronisation) only on logging, checkpoint and evaluation steps and at the end.
+
+    Not Lightning's own: its SIGTERM handling stops at any micro-batch without a checkpoint and it has no SIGINT
+    stop, its Timer stops without a checkpoint, nor counts data preparation, nor keeps a reserve for the save,
+    and ModelCheckpoint writes a second copy for each step-numbered checkpoint (ours are hard links)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self, run_dir: Path, t: TrainConfig, deadline: float | None) -> None:
         self.path, self.t, self.deadline = run_dir / "last.ckpt", t, deadline
+        self.check_every = (t.log_interval, t.ckpt_interval, t.eval_interval)  # the steps the loss flag is read
         self.saved_step = -1  # the step of the last checkpoint this run wrote
         self._signal: int | None = None
         self._previous: dict[int, Any] = {}
@@ -92,7 +95,7 @@ class LastCheckpoint(L.Callback):
         if trainer.global_step == self.saved_step:
             return
         if not bool(torch.stack([torch.isfinite(p).all() for p in pl_module.parameters()]).all()):  # one sync
-            raise TrainingDiverged(divergence_message(trainer.global_step, self))
+            raise self._diverged(trainer.global_step)
         started = time.monotonic()
         trainer.save_checkpoint(self.path, weights_only=False)
         self._longest_save = max(self._longest_save, time.monotonic() - started)
@@ -132,10 +135,12 @@ class LastCheckpoint(L.Callback):
     ) -> None:
         if not optimizer_stepped(trainer, batch_idx):
             return
+        step = trainer.global_step
+        if (any(step % n == 0 for n in self.check_every) or step >= trainer.max_steps) and bool(pl_module.nonfinite):
+            raise self._diverged(step)
         now = time.monotonic()
         if self._step_ended is not None:
             self._longest_step = max(self._longest_step, now - self._step_ended)
-        step = trainer.global_step
         reason = self._stop_reason(trainer, reserve=2 * (self._longest_step + self._longest_save))
         if reason:
             self._save(trainer, pl_module)
@@ -157,6 +162,9 @@ class LastCheckpoint(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._step_ended = time.monotonic()  # validation is not a training step
+        loss = trainer.callback_metrics.get("val/loss")
+        if not trainer.sanity_checking and loss is not None and not math.isfinite(float(loss)):
+            raise self._diverged(trainer.global_step)
 
     def _stop(self, reason: int, step: int, where: str = "") -> None:
         what = "Time limit (--train.max_minutes) reached"
@@ -195,43 +203,17 @@ class LastCheckpoint(L.Callback):
                 signal.signal(signum, handler)
         self._previous = {}
 
-
-def divergence_message(step: int, last: LastCheckpoint) -> str:
-    saved = (
-        f"the last good checkpoint is {last.path} (step {last.saved_step})"
-        if last.saved_step >= 0
-        else (f"{last.path} is from before this launch" if last.path.is_file() else "no checkpoint was written")
-    )
-    return (
-        f"Training diverged: the loss or the weights are NaN or inf by step {step}; {saved}, and it was not "
-        "overwritten. Try a lower --optim.lr, a smaller --optim.grad_clip or a longer --optim.warmup_steps, "
-        "or --train.precision 32-true; resume from a good checkpoint with --train.resume PATH."
-    )
-
-
-class DivergenceGuard(L.Callback):
-    """Stop training when a loss is NaN or inf, before any checkpoint of it is written (put it before them). The
-    module's flag is read (a synchronisation) only on logging, checkpoint and evaluation steps and at the end."""
-
-    def __init__(self, last: LastCheckpoint) -> None:
-        self.last = last
-        self.every = (last.t.log_interval, last.t.ckpt_interval, last.t.eval_interval)
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        step = trainer.global_step
-        if not optimizer_stepped(trainer, batch_idx):
-            return
-        if (any(step % n == 0 for n in self.every) or step >= trainer.max_steps) and bool(pl_module.nonfinite):
-            raise TrainingDiverged(divergence_message(step, self.last))
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
-            return
-        loss = trainer.callback_metrics.get("val/loss")
-        if loss is not None and not math.isfinite(float(loss)):
-            raise TrainingDiverged(divergence_message(trainer.global_step, self.last))
+    def _diverged(self, step: int) -> TrainingDiverged:
+        saved = (
+            f"the last good checkpoint is {self.path} (step {self.saved_step})"
+            if self.saved_step >= 0
+            else (f"{self.path} is from before this launch" if self.path.is_file() else "no checkpoint was written")
+        )
+        return TrainingDiverged(
+            f"Training diverged: the loss or the weights are NaN or inf by step {step}; {saved}, and it was not "
+            "overwritten. Try a lower --optim.lr, a smaller --optim.grad_clip or a longer --optim.warmup_steps, "
+            "or --train.precision 32-true; resume from a good checkpoint with --train.resume PATH."
+        )
 
 
 class SpeedMonitor(L.Callback):
@@ -274,3 +256,79 @@ class SpeedMonitor(L.Callback):
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t0 = None
+
+
+LINES_PER_RUN = 20  # about, when `train.print_interval` is left to choose
+
+
+class ProgressLines(L.Callback):
+    """One log line every `every` optimizer steps and one after each validation. Step time leaves out a launch's
+    first step (warm-up) and validations; the ETA adds the validations to come at the last one's duration."""
+
+    def __init__(self, every: int, eval_every: int) -> None:
+        self.every, self.eval_every = every, eval_every
+        self._mark: tuple[float, int, int, float] | None = None  # (time, step, tokens, validation seconds) at a line
+        self._train = [0.0, 0]  # seconds and steps of training timed in this launch
+        self._val_started, self._val_seconds, self._val_total = 0.0, 0.0, 0.0  # the last validation's seconds, all
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if not trainer.is_global_zero or not optimizer_stepped(trainer, batch_idx):
+            return
+        mark = (time.perf_counter(), step, pl_module.tokens_seen, self._val_total)
+        if self._mark is None:  # the launch's first step: the clock starts after it
+            self._mark = mark
+            return
+        if step % self.every and step < trainer.max_steps:
+            return
+        seconds = mark[0] - self._mark[0] - (mark[3] - self._mark[3])  # the validations since left out
+        steps, tokens = step - self._mark[1], mark[2] - self._mark[2]
+        if steps <= 0:
+            return
+        self._mark = mark
+        self._train = [self._train[0] + seconds, self._train[1] + steps]
+        parts = []
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is not None:
+            parts.append(f"loss {float(loss):.3f}")
+        parts += [f"{1000 * seconds / steps:.1f} ms/step", f"{format_count(tokens / seconds)} tok/s"]
+        mfu = trainer.callback_metrics.get("perf/mfu")
+        if mfu is not None:
+            parts.append(f"MFU {100 * float(mfu):.1f}%")
+        total, eta = trainer.max_steps, None
+        if step < total:  # the validations to come at the last one's duration
+            validations = total // self.eval_every - step // self.eval_every
+            eta = (total - step) * self._train[0] / self._train[1] + validations * self._val_seconds
+        log.info(progress_line(step, total, parts, eta))
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._val_started = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        self._val_seconds = time.perf_counter() - self._val_started
+        self._val_total += self._val_seconds
+        loss = trainer.callback_metrics.get("val/loss")
+        if trainer.is_global_zero and loss is not None:
+            parts = [f"val loss {float(loss):.3f}", f"{self._val_seconds:.1f} s"]
+            log.info(progress_line(trainer.global_step, trainer.max_steps, parts, None))
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's bar without the logger's version number (`v_num`)."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        return items
+
+
+def progress_callback(t: TrainConfig) -> L.Callback:
+    """The bar where it is wanted and stdout is a terminal, else the plain lines (every `print_interval` steps)."""
+    if t.progress_bar and sys.stdout.isatty():
+        return ProgressBar()
+    every = t.print_interval or max(1, round(t.max_steps / LINES_PER_RUN / t.log_interval)) * t.log_interval
+    return ProgressLines(every, t.eval_interval)

@@ -68,16 +68,12 @@ def read_metrics(run_dir: Path) -> Metrics:
             merged = {step: values for step, values in merged.items() if step < first}
             merged.update(rows)
         return {name: [(s, merged[s][name]) for s in sorted(merged) if name in merged[s]] for name in SERIES}
-    if (run_dir / TENSORBOARD_DIR).is_dir():
-        return read_tensorboard(run_dir / TENSORBOARD_DIR)
-    raise UserError(
-        f"{run_dir} holds neither a metrics.csv nor TensorBoard events: plots are drawn from the metrics of "
-        "--train.logger csv (the default) or tensorboard (wandb draws its own)."
-    )
-
-
-def read_tensorboard(directory: Path) -> Metrics:
-    """The scalars of a run's TensorBoard events (a resume purges the steps it trains again)."""
+    directory = run_dir / TENSORBOARD_DIR  # a resume purges the steps it trains again from the events
+    if not directory.is_dir():
+        raise UserError(
+            f"{run_dir} holds neither a metrics.csv nor TensorBoard events: plots are drawn from the metrics of "
+            "--train.logger csv (the default) or tensorboard (wandb draws its own)."
+        )
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:

@@ -54,10 +54,6 @@ class RunCSVLogger(CSVLogger):
         self.start_step = start_step
 
     @property
-    def log_dir(self) -> str:
-        return self.save_dir
-
-    @property
     @rank_zero_experiment
     def experiment(self) -> FabricWriter:
         if self._experiment is None:

@@ -46,7 +46,7 @@ class GPTModule(L.LightningModule):
         self.switched_at: int | None = None
         self._launch_started: tuple[float, float] | None = None  # (monotonic clock, train_seconds) at the start
         self._val_sum: torch.Tensor | None = None
-        self.nonfinite: torch.Tensor | None = None  # any loss NaN or inf, on the device (DivergenceGuard reads it)
+        self.nonfinite: torch.Tensor | None = None  # any loss NaN or inf, on the device (LastCheckpoint reads it)
 
     def on_train_start(self) -> None:
         self._launch_started = (time.monotonic(), self.train_seconds)
@@ -102,9 +102,6 @@ class GPTModule(L.LightningModule):
             group["lr"] = lr
         strategy.optimizers = [new]
         strategy.lr_scheduler_configs[0].scheduler = new_scheduler
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        return self.model(idx, targets)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -188,18 +185,6 @@ class GPTModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore the random state, and apply the current optim settings to the optimizer and scheduler states about
         to be restored (unchanged settings write the saved values: a resume stays bit-identical)."""
-        self._apply_optim_config(checkpoint)
-        self.tokens_seen = checkpoint.get("tokens_seen", 0)
-        self.train_seconds = checkpoint.get("train_seconds", 0.0)
-        self.switched_at = checkpoint.get("switched_at")
-        if self.switched_at is not None:  # before the weights load: they are the switched model's
-            self.model.switch(self.config.switched_model())
-        if "torch_rng" in checkpoint:
-            torch.set_rng_state(checkpoint["torch_rng"])
-        if "cuda_rng" in checkpoint and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
-
-    def _apply_optim_config(self, checkpoint: dict[str, Any]) -> None:
         o = self.config.optim
         schedulers = checkpoint.get("lr_schedulers") or []
         step = schedulers[0]["last_epoch"] if schedulers else 0
@@ -209,6 +194,15 @@ class GPTModule(L.LightningModule):
         for state in checkpoint.get("optimizer_states") or []:
             for group, weight_decay in zip(state["param_groups"], (o.weight_decay, 0.0), strict=True):
                 group.update(initial_lr=o.lr, lr=lr, betas=(o.beta1, o.beta2), weight_decay=weight_decay)
+        self.tokens_seen = checkpoint.get("tokens_seen", 0)
+        self.train_seconds = checkpoint.get("train_seconds", 0.0)
+        self.switched_at = checkpoint.get("switched_at")
+        if self.switched_at is not None:  # before the weights load: they are the switched model's
+            self.model.switch(self.config.switched_model())
+        if "torch_rng" in checkpoint:
+            torch.set_rng_state(checkpoint["torch_rng"])
+        if "cuda_rng" in checkpoint and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
 
 
 def clip_grad_norm(

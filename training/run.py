@@ -17,10 +17,11 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_only
 
 from core.checkpoint import read_checkpoint
+from core.cli import quiet_libraries
 from core.errors import UserError
 from core.files import LockedError, directory_lock
-from core.quiet import quiet_libraries
 from core.repo import git_sha
+from data.corpora import AUTO as AUTO_CORPUS
 from data.datamodule import TaskDataModule, TokenDataModule
 from data.dataset import PreparedData, prepare_dir
 from data.tasks import TaskConfig
@@ -28,16 +29,13 @@ from data.tokenizer import GPT2Tokenizer, Tokenizer
 from model import GPT
 from model.kernels import AUTO
 from model.pretrained import check_pretrained, from_pretrained, weights_file
-from training.callbacks import AtomicCheckpointIO, DivergenceGuard, LastCheckpoint, SpeedMonitor
-from training.checkpoint import check_resume
+from training.callbacks import AtomicCheckpointIO, LastCheckpoint, ProgressBar, SpeedMonitor, progress_callback
 from training.config import DataConfig, RunConfig, TrainConfig
 from training.curves import write_training_plot
-from training.fp8 import check_fp8, convert_to_fp8
-from training.hardware import check_hardware, resolve_precision
+from training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision
 from training.logs import make_logger
 from training.module import GPTModule
-from training.progress import ProgressBar, progress_callback
-from training.rundir import RunError, check_writable, claim_run_dir, resume_path, used_config, write_configs
+from training.rundir import RunError, check_resume, check_writable, claim_run_dir, resume_path, write_configs
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +76,6 @@ class TrainingData:
     record: dict[str, Any]
     name: str
     about: str = ""  # what the settings line says of the data
-    prepared: Path | None = None  # the prepared directory of a corpus (None: a task)
 
 
 def corpus_data(cfg: RunConfig, prepared: PreparedData | None = None) -> TrainingData:
@@ -93,7 +90,7 @@ def corpus_data(cfg: RunConfig, prepared: PreparedData | None = None) -> Trainin
     name = f"{source}-{data.meta['tokenizer']['kind']}"
     about = (f"{source} ({data.meta['train_tokens']:,} tokens; validation scores {v['tokens']:,} of "
              f"{v['split_tokens']:,})")  # fmt: skip
-    return TrainingData(datamodule, data.tokenizer(cfg.data.tiktoken_ranks), data.record(), name, about, data.path)
+    return TrainingData(datamodule, data.tokenizer(cfg.data.tiktoken_ranks), data.record(), name, about)
 
 
 def task_data(task: TaskConfig, cfg: RunConfig) -> TrainingData:
@@ -131,7 +128,11 @@ def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
             f"Cannot create the run directory {run_dir} ({error.strerror or error}). Pass --train.out_dir DIR "
             "that you can write, or another --train.run_name."
         ) from None
-    used = used_config(cfg, data.record.get("sources") or [], precision)
+    sources = data.record.get("sources") or []  # config.yaml: the corpus `auto` chose, the precision `auto` means
+    chosen = str(sources[0]) if cfg.data.input == AUTO_CORPUS and len(sources) == 1 else cfg.data.input
+    used = dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, input=chosen), train=dataclasses.replace(t, precision=precision)
+    )
     if rank_zero_only.rank != 0:  # DDP/FSDP workers: rank 0 holds the directory and has checked it
         return _fit(cfg, data, run_dir, precision, resume_path(t.resume, run_dir), deadline)
     try:
@@ -176,12 +177,10 @@ def _fit(
     if t.compile:
         module.model.compile(mode=t.compile_mode)  # in place: state_dict keys keep their names
 
-    last = LastCheckpoint(run_dir, t, deadline)
     progress = progress_callback(t)
     callbacks = [
         SpeedMonitor(module.model.flops_per_token(cfg.model.block_size), t.log_interval),  # first: before a save
-        DivergenceGuard(last),
-        last,
+        LastCheckpoint(run_dir, t, deadline),
         L.pytorch.callbacks.ModelCheckpoint(
             dirpath=run_dir, filename="best", monitor="val/loss", mode="min", enable_version_counter=False
         ),

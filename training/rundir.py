@@ -1,19 +1,28 @@
-"""The run directory: where a run may start or resume, and its config.yaml (what the run used) and requested.yaml."""
+"""The run directory: where a run may start or resume, and its config.yaml (what the run used) and requested.yaml.
+
+What a resumed run may change. A resume restores weights, optimizer moments, the LR schedule's step, the data
+stream's position and the random state. Of the new settings, the model may change only `CHANGEABLE_MODEL_FIELDS`;
+the prepared data (its fingerprint) and `train.seed` must stay; every optim field applies from the resumed step on
+(the LR schedule to the scheduler, betas and weight decay to the optimizer, grad_clip to the clipping), and so does
+every other train field (batch_size and grad_accum too)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from core.checkpoint import CheckpointError
 from core.errors import UserError
 from core.files import atomic_write_bytes, remove_stale_tmp
 from data.corpora import AUTO as AUTO_CORPUS
-from training.checkpoint import same_run_differences
-from training.config import RunConfig
+from model import GPTConfig
+from training.config import RunConfig, lr_factor
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +95,6 @@ def other_run(path: Path, used: RunConfig) -> str:
     return "; ".join(diffs + same_run_differences(saved, used, CONFIG_FILE))
 
 
-def used_config(cfg: RunConfig, sources: list[str], precision: str) -> RunConfig:
-    """`cfg` with the corpus `auto` chose (of the prepared data's `sources`) and the precision `auto` resolved to."""
-    chosen = str(sources[0]) if cfg.data.input == AUTO_CORPUS and len(sources) == 1 else cfg.data.input
-    data = dataclasses.replace(cfg.data, input=chosen)
-    return dataclasses.replace(cfg, data=data, train=dataclasses.replace(cfg.train, precision=precision))
-
-
 def check_writable(path: Path, option: str) -> None:
     """Stop, before any work is done, when `path` cannot be created or written; creates nothing."""
     existing = next(p for p in (path, *path.parents) if p.exists())
@@ -106,3 +108,63 @@ def write_configs(run_dir: Path, requested: RunConfig, used: RunConfig) -> None:
     """config.yaml: what the run used (what `auto` chose); requested.yaml: the options as given."""
     for name, cfg in ((CONFIG_FILE, used), (REQUESTED_FILE, requested)):
         atomic_write_bytes(run_dir / name, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False).encode())
+
+
+CHANGEABLE_MODEL_FIELDS = frozenset(
+    {"attn_backend", "dropout", "rope_scaling", "rope_scaling_factor", "chunked_loss", "init_from"}
+)
+"""Model fields a resume may change: the weights keep their shapes and meaning (RoPE scaling: fine-tuning longer)."""
+
+
+def check_resume(ckpt: dict[str, Any], path: str | Path, config: RunConfig, data: dict[str, Any]) -> list[str]:
+    """Refuse to resume from `ckpt` (read from `path`) with `config` on `data` (its provenance record) when the model,
+    the data or the seed differ; return the optim and train changes as "section.field: old -> new" lines."""
+    saved = ckpt["hyper_parameters"]["config"]
+    diffs = same_run_differences(saved, config, "checkpoint")
+    if ckpt.get("switched_at") is not None and saved["train"].get("switch_model") != config.train.switch_model:
+        diffs.append(
+            f"train.switch_model: the checkpoint's model switched to {saved['train'].get('switch_model')!r} at step "
+            f"{ckpt['switched_at']}, now {config.train.switch_model!r}"
+        )
+    saved_data = ckpt["hyper_parameters"].get("data")
+    if saved_data and saved_data.get("fingerprint") != data.get("fingerprint"):
+        diffs.append(
+            f"data: checkpoint trained on {saved_data.get('prepared')}, now {data.get('prepared')} "
+            "(another text or other data settings)"
+        )
+    if diffs:
+        raise CheckpointError(
+            f"Cannot resume from {path}: {'; '.join(diffs)}. A resume continues the same run; use the "
+            "checkpoint's settings, or start a fresh run (another --train.run_name, or --train.overwrite true)."
+        )
+    now = dataclasses.asdict(config)
+    changes = [
+        f"{section}.{k}: {v!r} -> {now[section][k]!r}"
+        for section in ("optim", "train")
+        for k, v in saved[section].items()
+        if k in now[section] and now[section][k] != v and k != "resume"
+    ]
+    step = int(ckpt.get("global_step", 0))
+    before, after = learning_rate(saved["optim"], saved["train"], step), learning_rate(now["optim"], now["train"], step)
+    if not math.isclose(before, after, rel_tol=0.01):  # a shorter --train.max_steps ends the cosine sooner
+        changes.append(f"the learning rate at step {step}: {before:.3g} -> {after:.3g} at once (the new schedule's)")
+    return changes
+
+
+def learning_rate(optim: dict[str, Any], train: dict[str, Any], step: int) -> float:
+    """The learning rate at optimizer step `step` of a config's optim and train sections."""
+    decay_steps = optim.get("decay_steps") or train["max_steps"]
+    return optim["lr"] * lr_factor(step, optim["lr"], optim["min_lr"], optim["warmup_steps"], decay_steps)
+
+
+def same_run_differences(saved: dict[str, Any], config: RunConfig, what: str) -> list[str]:
+    """What makes `config` another run than the `saved` one (`what`: a checkpoint or config.yaml): model and seed."""
+    saved_model = GPTConfig.from_dict(saved["model"])
+    diffs = [
+        f"model.{k}: {what} {v!r} vs now {getattr(config.model, k)!r}"
+        for k, v in saved_model.to_dict().items()
+        if k not in CHANGEABLE_MODEL_FIELDS and getattr(config.model, k) != v
+    ]
+    if saved["train"].get("seed") != config.train.seed:
+        diffs.append(f"train.seed: {what} {saved['train'].get('seed')!r} vs now {config.train.seed!r}")
+    return diffs
