@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from core.checkpoint import CheckpointError
 from data.errors import DataError
-from data.prepare import FORMAT_VERSION, VAL_MAX_TOKENS, fingerprint, prepare, resolve_sources
+from data.prepare import FORMAT_VERSION, VAL_MAX_TOKENS, PrepareConfig, fingerprint, prepare, resolve_sources
 from data.sources import Source, corpus_name, modified_after
 from data.tokenizer import RANKS_ENV, Tokenizer, tokenizer_from_meta
 
@@ -102,31 +102,23 @@ def load_prepared(path: str | Path) -> PreparedData:
     return data
 
 
-def prepare_dir(
-    inputs: str | list[str] | list[Source],
-    prepared: str | None,
-    prepared_root: str,
-    tokenizer: str = "char",
-    glob: str = "*.txt",
-    val_fraction: float = 0.1,
-    errors: str = "strict",
-    tiktoken_ranks: str | None = None,
-    text_column: str = "text",
-    val_max_tokens: int | None = VAL_MAX_TOKENS,
-) -> PreparedData:
-    """The prepared directory `prepared`, or one prepared (or reused) from `inputs` under `prepared_root`,
-    named after the text and keyed by the sources and settings (those added later only where not default)."""
+def prepare_dir(inputs: str | list[str] | list[Source], prepared: str | None, prepared_root: str, **options: Any
+                ) -> PreparedData:  # fmt: skip
+    """The prepared directory `prepared`, or one prepared (or reused) from `inputs` under `prepared_root` with
+    `PrepareConfig`'s other fields, named after the text and keyed by the sources and settings (those added
+    later only where not default)."""
     if prepared:
         return load_prepared(prepared)
-    sources = resolve_sources(inputs, glob, text_column)
-    settings = [source.location for source in sources] + [tokenizer, str(val_fraction), errors, glob]
-    if text_column != "text":
-        settings.append(f"text_column={text_column}")
-    if val_max_tokens != VAL_MAX_TOKENS:
-        settings.append(f"val_max_tokens={val_max_tokens}")
+    cfg = PrepareConfig(inputs, "", **options)  # type: ignore[arg-type]
+    sources = resolve_sources(inputs, cfg.glob, cfg.text_column)
+    settings = [source.location for source in sources] + [cfg.tokenizer, str(cfg.val_fraction), cfg.errors, cfg.glob]
+    if cfg.text_column != "text":
+        settings.append(f"text_column={cfg.text_column}")
+    if cfg.val_max_tokens != VAL_MAX_TOKENS:
+        settings.append(f"val_max_tokens={cfg.val_max_tokens}")
     key = hashlib.sha256("\n".join(settings).encode()).hexdigest()[:10]
-    out = Path(prepared_root) / f"{corpus_name(sources)}-{tokenizer}-{key}"
-    prepare(sources, str(out), tokenizer, glob, val_fraction, errors, tiktoken_ranks, None, text_column, val_max_tokens)
+    out = Path(prepared_root) / f"{corpus_name(sources)}-{cfg.tokenizer}-{key}"
+    prepare(**{**vars(cfg), "inputs": sources, "out_dir": str(out)})
     return load_prepared(out)
 
 

@@ -111,19 +111,10 @@ class PrepareConfig:
     """Most tokens of the validation split, the last min(val_fraction of the tokens, this); null: no cap."""
 
 
-def prepare(
-    inputs: Inputs,
-    out_dir: str,
-    tokenizer: Literal["char", "gpt2"] = "char",
-    glob: str = "*.txt",
-    val_fraction: float = 0.1,
-    errors: Literal["strict", "replace"] = "strict",
-    tiktoken_ranks: str | None = None,
-    workers: int | None = None,
-    text_column: str = "text",
-    val_max_tokens: int | None = VAL_MAX_TOKENS,
-) -> dict[str, Any]:
-    """Tokenize `inputs` (`PrepareConfig`'s fields; or resolved `Source`s) into `out_dir`; its metadata."""
+def prepare(inputs: Inputs, out_dir: str, tokenizer: str = "char", **options: Any) -> dict[str, Any]:
+    """Tokenize `inputs` (or resolved `Source`s) into `out_dir` with `PrepareConfig`'s other fields; its metadata."""
+    cfg = PrepareConfig(inputs, out_dir, tokenizer, **options)  # type: ignore[arg-type]
+    val_fraction, errors, val_max_tokens = cfg.val_fraction, cfg.errors, cfg.val_max_tokens
     if not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}.")
     if tokenizer not in ("char", "gpt2"):
@@ -132,7 +123,7 @@ def prepare(
         raise DataError(f"errors must be 'strict' or 'replace', got {errors!r}.")
     if val_max_tokens is not None and (isinstance(val_max_tokens, bool) or val_max_tokens < 1):
         raise DataError(f"val_max_tokens must be at least 1 (or null: no cap), got {val_max_tokens!r}.")
-    sources = resolve_sources(inputs, glob, text_column)
+    sources = resolve_sources(inputs, cfg.glob, cfg.text_column)
     out = Path(out_dir)
     settings = {"tokenizer": tokenizer, "val_fraction": val_fraction, "errors": errors}
     try:
@@ -144,7 +135,7 @@ def prepare(
             out.mkdir(parents=True, exist_ok=True)
             (out / "meta.json").unlink(missing_ok=True)  # from here on the directory is not trusted
             try:
-                return _write(sources, out, settings, val_max_tokens, tiktoken_ranks, workers)
+                return _write(sources, cfg, settings)
             except BaseException:  # without meta.json the token files are never read: give their space back
                 for split in ("train", "val"):
                     (out / f"{split}.bin").unlink(missing_ok=True)
@@ -167,21 +158,15 @@ def _os_error(error: OSError, out: Path) -> DataError:
     return DataError(f"Cannot read {name}: {reason}. Check the path and its permissions.")
 
 
-def _write(
-    sources: list[Source],
-    out: Path,
-    settings: dict[str, Any],
-    cap: int | None,
-    tiktoken_ranks: str | None,
-    workers: int | None,
-) -> dict[str, Any]:
+def _write(sources: list[Source], cfg: PrepareConfig, settings: dict[str, Any]) -> dict[str, Any]:
     """Tokenize, split and write `meta.json` last, once the output's lock is held."""
-    tokenizer, val_fraction, errors = settings["tokenizer"], settings["val_fraction"], settings["errors"]
-    tok: Tokenizer = GPT2Tokenizer(tiktoken_ranks) if tokenizer == "gpt2" else CharTokenizer(_char_set(sources, errors))
+    out, cap, val_fraction, errors = Path(cfg.out_dir), cfg.val_max_tokens, cfg.val_fraction, cfg.errors
+    gpt2 = cfg.tokenizer == "gpt2"
+    tok: Tokenizer = GPT2Tokenizer(cfg.tiktoken_ranks) if gpt2 else CharTokenizer(_char_set(sources, errors))
     dtype = token_dtype(tok.vocab_size)
     tmp = tmp_path(out / "tokens.bin")
     try:
-        total, n_chars, progress = _write_tokens(tmp, sources, tok, dtype, errors, workers or os.cpu_count() or 1)
+        total, n_chars, progress = _write_tokens(tmp, sources, tok, dtype, errors, cfg.workers or os.cpu_count() or 1)
         if n_chars == 0:
             raise DataError(f"The input has no text: {_names(sources)} (empty).")
         n_train, n_val, capped = split_sizes(total, val_fraction, cap)
