@@ -6,7 +6,7 @@ document (GPT-2's <|endoftext|>; None at char level), `start_ids()` what an empt
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from itertools import groupby
 from pathlib import Path
@@ -98,10 +98,12 @@ class GPT2Tokenizer:
         contiguous group of texts in one call, joined by <|endoftext|> with that token allowed: tiktoken
         encodes the text between special tokens alone, so each text's ids are exactly `encode(text)`. A text
         that itself holds the string <|endoftext|> is encoded on its own, as the plain text it is."""
-        groups = _contiguous_groups([len(text) for text in texts], max(num_threads, 1))
-        if len(groups) <= 1:
+        lengths, n = [len(text) for text in texts], max(num_threads, 1)  # n groups of about equal total length
+        cuts = np.searchsorted(np.cumsum(lengths), np.arange(1, n) * sum(lengths) / n) + 1
+        bounds = sorted({0, len(texts), *np.minimum(cuts, len(texts)).tolist()})
+        if len(bounds) <= 2:
             return self._encode_group(texts, ends)
-        jobs = [(texts[lo:hi], ends[lo:hi]) for lo, hi in groups]
+        jobs = [(texts[lo:hi], ends[lo:hi]) for lo, hi in zip(bounds, bounds[1:], strict=False)]
         with ThreadPoolExecutor(len(jobs)) as executor:
             return np.concatenate(list(executor.map(lambda job: self._encode_group(*job), jobs)))
 
@@ -112,15 +114,11 @@ class GPT2Tokenizer:
             if special:
                 parts += [np.asarray(self.encode(text) + [self.end_id] * end, dtype=np.int64) for text, end in run]
             else:
-                parts.append(self._encode_joined(*zip(*run, strict=True)))
+                texts_run, ends_run = zip(*run, strict=True)
+                ids = np.asarray(self._enc.encode(EOT.join(texts_run) + EOT, allowed_special={EOT}), dtype=np.int64)
+                separators = np.flatnonzero(ids == self.end_id)  # one after each text
+                parts.append(np.delete(ids, separators[~np.asarray(ends_run, dtype=bool)]))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-    def _encode_joined(self, texts: Sequence[str], ends: Sequence[bool]) -> np.ndarray:
-        ids = np.asarray(self._enc.encode(EOT.join(texts) + EOT, allowed_special={EOT}), dtype=np.int64)
-        if all(ends):
-            return ids
-        separators = np.flatnonzero(ids == self.end_id)  # one after each text
-        return np.delete(ids, separators[~np.asarray(ends, dtype=bool)])
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._enc.decode(list(ids))
@@ -134,13 +132,6 @@ class GPT2Tokenizer:
 
     def meta(self) -> dict[str, Any]:
         return {"kind": "gpt2", "vocab_size": self.vocab_size}
-
-
-def _contiguous_groups(lengths: list[int], n: int) -> list[tuple[int, int]]:
-    """(start, end) of at most `n` contiguous groups of items of about equal total length."""
-    cuts = np.searchsorted(np.cumsum(lengths), np.arange(1, n) * sum(lengths) / n) + 1
-    bounds = sorted({0, len(lengths), *np.minimum(cuts, len(lengths)).tolist()})
-    return list(zip(bounds, bounds[1:], strict=False))
 
 
 def _encoding_from_ranks(path: Path):  # -> tiktoken.Encoding
