@@ -14,7 +14,8 @@ import platform
 import re
 import shlex
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -66,6 +67,19 @@ class Bench:
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)
+
+    def time_tokens(self, tokens: Iterator[Any]) -> tuple[float, float]:
+        """(seconds to the first item, seconds to the last) of an iterator (decoded tokens, training steps), timed
+        from before its first step (a generator does nothing until asked)."""
+        self.sync()
+        start = time.perf_counter()
+        first = None
+        for _ in tokens:
+            if first is None:
+                self.sync()
+                first = time.perf_counter() - start
+        self.sync()
+        return first or 0.0, time.perf_counter() - start
 
     def free(self) -> None:
         """Before a row builds its model: what the rows before it left freed."""

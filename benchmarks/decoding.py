@@ -5,7 +5,6 @@ KV-cached path, compile and warm-up left out of the timed run; nanoGPT's `genera
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -105,19 +104,6 @@ class Setup(Bench):
         generator = torch.Generator().manual_seed(SEED)
         ids = torch.randint(0, SHAPES[self.shape]["vocab_size"], (batch, self.args.prompt_tokens), generator=generator)
         return ids.to(self.device)
-
-    def time_tokens(self, tokens: Iterator[torch.Tensor]) -> tuple[float, float]:
-        """(seconds to the first token, seconds to the last) of a token iterator, timed from before its
-        first step (a generator does nothing until asked)."""
-        self.sync()
-        start = time.perf_counter()
-        first = None
-        for _ in tokens:
-            if first is None:
-                self.sync()
-                first = time.perf_counter() - start
-        self.sync()
-        return first or 0.0, time.perf_counter() - start
 
 
 def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:

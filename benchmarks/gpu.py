@@ -12,7 +12,6 @@ import dataclasses
 import io
 import itertools
 import tempfile
-import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -204,17 +203,9 @@ def timed(setup: Setup, row: Row, model: nn.Module, optimizer: torch.optim.Optim
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def seconds(steps: int) -> float:
-        setup.sync()
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        setup.sync()
-        return time.perf_counter() - start
-
-    warmup = seconds(setup.args.warmup)
+    warmup = setup.time_tokens(step() for _ in range(setup.args.warmup))[1]
     setup.reset_peak()
-    per_step = seconds(setup.steps) / setup.steps
+    per_step = setup.time_tokens(step() for _ in range(setup.steps))[1] / setup.steps
     return figures(setup, row, per_step, flops, max(0.0, warmup - setup.args.warmup * per_step))
 
 
@@ -226,9 +217,18 @@ def figures(setup: Setup, row: Row, per_step: float, flops: int, compile_s: floa
                                peak_mib=setup.peak_mib(), compile_s=compile_s)  # fmt: skip
 
 
-def run_ours(setup: Setup, row: Row) -> Row:
-    config = setup.config(row.scheme, row.context)
+def run_step(setup: Setup, row: Row) -> Row:
+    """Our GPT or nanoGPT's (learned positions, `peer_model`, with its optimizer groups) in train.py's step."""
     setup.free()
+    if row.model == "nanoGPT":
+        shape = MODELS[setup.model]
+        model = setup.peer_model(shape, SEED, block_size=row.context)
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints its optimizer groups
+            optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), setup.device.type)
+        n_params = model.get_num_params()  # without its position table, as our N
+        flops = training_flops_per_token(n_params, shape["n_layer"], shape["n_embd"], row.context)
+        return timed(setup, row, model, optimizer, shape["vocab_size"], flops)
+    config = setup.config(row.scheme, row.context)
     torch.manual_seed(SEED)
     with setup.device:
         model = GPT(config)
@@ -239,18 +239,6 @@ def run_ours(setup: Setup, row: Row) -> Row:
     optimizer = adamw(model, OptimConfig(lr=6e-4, beta2=0.95), setup.device)
     row = dataclasses.replace(row, kernel=kernel)
     return timed(setup, row, model, optimizer, config.vocab_size, model.flops_per_token(row.context))
-
-
-def run_nanogpt(setup: Setup, row: Row) -> Row:
-    """nanoGPT's GPT (learned positions, `peer_model`) and its optimizer groups, in the same step as ours."""
-    shape = MODELS[setup.model]
-    setup.free()
-    model = setup.peer_model(shape, SEED, block_size=row.context)
-    with contextlib.redirect_stdout(io.StringIO()):  # it prints its optimizer groups
-        optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), setup.device.type)
-    n_params = model.get_num_params()  # without its position table, as our N
-    flops = training_flops_per_token(n_params, shape["n_layer"], shape["n_embd"], row.context)
-    return timed(setup, row, model, optimizer, shape["vocab_size"], flops)
 
 
 def run_lightning(setup: Setup, row: Row) -> Row:
@@ -290,7 +278,7 @@ def guarded(setup: Setup, label: Row) -> Row:
     """The row `label` names, measured, or `label` with the reason it could not be (out of memory, an error: its
     traceback on stderr), so that one failing row does not end a table being gathered."""
     try:
-        return {"posgpt": run_ours, "lightning": run_lightning, "nanoGPT": run_nanogpt}[label.model](setup, label)
+        return (run_lightning if label.model == "lightning" else run_step)(setup, label)
     except torch.OutOfMemoryError:
         note = "out of memory"
     except Exception as error:  # noqa: BLE001 - a benchmark table records the failure and goes on

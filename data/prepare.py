@@ -168,7 +168,7 @@ def _write(sources: list[Source], cfg: PrepareConfig, settings: dict[str, Any]) 
     try:
         total, n_chars, progress = _write_tokens(tmp, sources, tok, dtype, errors, cfg.workers or os.cpu_count() or 1)
         if n_chars == 0:
-            raise DataError(f"The input has no text: {_names(sources)} (empty).")
+            raise DataError(f"The input has no text: {', '.join(source.location for source in sources)} (empty).")
         n_train, n_val, capped = split_sizes(total, val_fraction, cap)
         if n_train < 1 or (val_fraction > 0 and n_val < 1):
             raise DataError(f"The corpus has only {total} tokens, too few to split with val_fraction={val_fraction}.")
@@ -211,10 +211,6 @@ def split_sizes(total: int, val_fraction: float, cap: int | None) -> tuple[int, 
     if cap is not None and total - n_train > cap:
         return total - cap, cap, True
     return n_train, total - n_train, False
-
-
-def _names(sources: list[Source]) -> str:
-    return ", ".join(source.location for source in sources)
 
 
 def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
@@ -353,7 +349,7 @@ def _char_set(sources: list[Source], errors: str) -> set[str]:
                 chars.add("\n")
             progress.update(read, 0)
     if not chars:
-        raise DataError(f"The input has no text: {_names(sources)} (empty).")
+        raise DataError(f"The input has no text: {', '.join(source.location for source in sources)} (empty).")
     return chars
 
 

@@ -296,8 +296,7 @@ def eval_set(task: TaskConfig, n: int, depth: float | None = None, size: int | N
 
 
 def validation_set(task: TaskConfig) -> list[Example]:
-    rng = random.Random(f"{task.seed}/{task.name}/val")
-    return training_batch(task, rng, task.val_size)
+    return training_batch(task, random.Random(f"{task.seed}/{task.name}/val"), task.val_size)
 
 
 def encode(tokenizer: CharTokenizer, examples: list[Example], pad: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -79,14 +79,14 @@ def test_ratios_put_each_scheme_beside_rope_the_trainer_beside_the_bare_step_and
 def test_a_failing_row_is_recorded_and_the_table_goes_on(tmp_path, capsys, monkeypatch):
     import benchmarks.gpu as gpu
 
-    real = gpu.run_ours
+    real = gpu.run_step
 
     def fail_alibi(setup, row):
         if row.scheme == "alibi":
             raise torch_oom()
         return real(setup, row)
 
-    monkeypatch.setattr(gpu, "run_ours", fail_alibi)
+    monkeypatch.setattr(gpu, "run_step", fail_alibi)
     rows = tmp_path / "rows.jsonl"
     argv = [*CPU_MODE, "--schemes", "alibi", "rope", "--trainer", "[]", "--peer", "none", "--json", str(rows)]
     out = _bench(argv, capsys)
