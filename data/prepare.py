@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -110,25 +111,27 @@ class PrepareConfig:
     val_max_tokens: int | None = VAL_MAX_TOKENS
     """Most tokens of the validation split, the last min(val_fraction of the tokens, this); null: no cap."""
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise DataError(f"val_fraction must be in [0, 1), got {self.val_fraction}.")
+        if self.tokenizer not in ("char", "gpt2"):
+            raise DataError(f"Unknown tokenizer {self.tokenizer!r}; valid choices: ['char', 'gpt2'].")
+        if self.errors not in ("strict", "replace"):
+            raise DataError(f"errors must be 'strict' or 'replace', got {self.errors!r}.")
+        cap = self.val_max_tokens
+        if cap is not None and (isinstance(cap, bool) or cap < 1):
+            raise DataError(f"val_max_tokens must be at least 1 (or null: no cap), got {cap!r}.")
+
 
 def prepare(inputs: Inputs, out_dir: str, tokenizer: str = "char", **options: Any) -> dict[str, Any]:
     """Tokenize `inputs` (or resolved `Source`s) into `out_dir` with `PrepareConfig`'s other fields; its metadata."""
     cfg = PrepareConfig(inputs, out_dir, tokenizer, **options)  # type: ignore[arg-type]
-    val_fraction, errors, val_max_tokens = cfg.val_fraction, cfg.errors, cfg.val_max_tokens
-    if not 0.0 <= val_fraction < 1.0:
-        raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}.")
-    if tokenizer not in ("char", "gpt2"):
-        raise DataError(f"Unknown tokenizer {tokenizer!r}; valid choices: ['char', 'gpt2'].")
-    if errors not in ("strict", "replace"):
-        raise DataError(f"errors must be 'strict' or 'replace', got {errors!r}.")
-    if val_max_tokens is not None and (isinstance(val_max_tokens, bool) or val_max_tokens < 1):
-        raise DataError(f"val_max_tokens must be at least 1 (or null: no cap), got {val_max_tokens!r}.")
     sources = resolve_sources(inputs, cfg.glob, cfg.text_column)
     out = Path(out_dir)
-    settings = {"tokenizer": tokenizer, "val_fraction": val_fraction, "errors": errors}
+    settings = {"tokenizer": tokenizer, "val_fraction": cfg.val_fraction, "errors": cfg.errors}
     try:
         with waiting_lock(out, tidy=True):  # a failed prepare into a new directory leaves nothing
-            existing = _reusable(out, sources, settings, val_max_tokens)
+            existing = _reusable(out, sources, settings, cfg.val_max_tokens)
             if existing is not None:
                 log.info("Reusing %s: sources and settings unchanged", out)
                 return existing
@@ -258,7 +261,7 @@ def _reusable(out: Path, sources: list[Source], settings: dict[str, Any], cap: i
     return meta
 
 
-class Progress:
+class Progress(AbstractContextManager):
     """How far a pass over the sources is: a tqdm bar on a terminal, else an INFO line every tenth (or minute)."""
 
     def __init__(self, what: str, total: int | None, interactive: bool | None = None) -> None:
@@ -301,9 +304,6 @@ class Progress:
 
     def mb_per_s(self) -> float:
         return self.read / 1e6 / max(self.seconds(), 1e-9)
-
-    def __enter__(self) -> Progress:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.end = time.perf_counter()
