@@ -169,7 +169,13 @@ def _write(sources: list[Source], cfg: PrepareConfig, settings: dict[str, Any]) 
     dtype = token_dtype(tok.vocab_size)
     tmp = tmp_path(out / "tokens.bin")
     try:
-        total, n_chars, progress = _write_tokens(tmp, sources, tok, dtype, errors, cfg.workers or os.cpu_count() or 1)
+        total, n_chars = 0, 0  # tokens, and characters of text read (separators and <|endoftext|> not counted)
+        with Progress("tokenizing", _total_size(sources)) as progress, open(tmp, "wb") as f:
+            for ids, read, chars in _encoded(sources, tok, errors, cfg.workers or os.cpu_count() or 1):
+                array = np.asarray(ids, dtype=dtype)
+                f.write(array.tobytes())
+                total, n_chars = total + array.size, n_chars + chars
+                progress.update(read, total)
         if n_chars == 0:
             raise DataError(f"The input has no text: {', '.join(source.location for source in sources)} (empty).")
         n_train, n_val, capped = split_sizes(total, val_fraction, cap)
@@ -351,21 +357,6 @@ def _char_set(sources: list[Source], errors: str) -> set[str]:
     if not chars:
         raise DataError(f"The input has no text: {', '.join(source.location for source in sources)} (empty).")
     return chars
-
-
-def _write_tokens(
-    path: Path, sources: list[Source], tok: Tokenizer, dtype: np.dtype, errors: str, workers: int
-) -> tuple[int, int, Progress]:
-    """Encode every source into one flat token file at `path`: the tokens, the characters of text read
-    (separators and <|endoftext|> not counted) and the finished progress."""
-    tokens, chars = 0, 0
-    with Progress("tokenizing", _total_size(sources)) as progress, open(path, "wb") as f:
-        for ids, read, n_chars in _encoded(sources, tok, errors, workers):
-            array = np.asarray(ids, dtype=dtype)
-            f.write(array.tobytes())
-            tokens, chars = tokens + array.size, chars + n_chars
-            progress.update(read, tokens)
-    return tokens, chars, progress
 
 
 def _encoded(sources: list[Source], tok: Tokenizer, errors: str, workers: int) -> Iterator[tuple[np.ndarray, int, int]]:
