@@ -196,23 +196,24 @@ def build(roots: list[Path], out: Path, environment: dict[str, Any], exclude: It
     start = time.perf_counter()
     log.info("Building the %s corpus from %d directories into %s (once per installation)", LIBRARY, len(roots), out)
     skipped: Counter[str] = Counter()
-    kept: dict[str, Path] = {}  # content sha256 -> the first path holding it
+    kept: dict[str, tuple[Path, Path]] = {}  # content sha256 -> the first path holding it, and its root
     checked = 0
-    for path in _candidates(roots, {Path(p).resolve() for p in exclude}, skipped):
+    for root, path in _candidates(roots, {Path(p).resolve() for p in exclude}, skipped):
         data = _checked_bytes(path, skipped)
         if data is not None:
             checked += 1
-            kept.setdefault(hashlib.sha256(data).hexdigest(), path)
+            kept.setdefault(hashlib.sha256(data).hexdigest(), (path, root))
     duplicates = checked - len(kept)
     out.parent.mkdir(parents=True, exist_ok=True)
     whole, text_bytes = hashlib.sha256(), 0
     with atomic_file(out) as f:
-        for digest, path in sorted(kept.items()):  # content-hash order: deterministic, and packages are scattered
+        for digest, (path, root) in sorted(kept.items()):  # content-hash order: deterministic, packages scattered
             data = _checked_bytes(path, Counter()) or b""  # once more: the first pass kept only hashes
             if hashlib.sha256(data).hexdigest() != digest:
                 raise DataError(f"{path} changed while the {LIBRARY} corpus was being built; run the command again.")
             text = tabbed(data.decode("utf-8"))
-            line = json.dumps({"text": text, "path": _label(path, roots)}, ensure_ascii=False)
+            label = f"{root.name}/{path.relative_to(root).as_posix()}"  # python3.11/json/decoder.py
+            line = json.dumps({"text": text, "path": label}, ensure_ascii=False)
             payload = (line + "\n").encode("utf-8")
             f.write(payload)
             whole.update(payload)
@@ -239,8 +240,9 @@ def build(roots: list[Path], out: Path, environment: dict[str, Any], exclude: It
     }
 
 
-def _candidates(roots: list[Path], exclude: set[Path], skipped: Counter[str]) -> Iterator[Path]:
-    """Files with a corpus suffix under each root, not under other roots, excluded directories or caches."""
+def _candidates(roots: list[Path], exclude: set[Path], skipped: Counter[str]) -> Iterator[tuple[Path, Path]]:
+    """(root, file) of the files with a corpus suffix under each root, not under other roots (so the root is the
+    file's innermost), excluded directories or caches."""
     for root in roots:
         others = {r for r in roots if r != root} | exclude
         for directory, subdirectories, files in os.walk(root):
@@ -257,7 +259,7 @@ def _candidates(roots: list[Path], exclude: set[Path], skipped: Counter[str]) ->
                 if path.is_symlink():
                     skipped["symlink"] += 1
                 else:
-                    yield path
+                    yield root, path
 
 
 def _checked_bytes(path: Path, skipped: Counter[str]) -> bytes | None:
@@ -282,12 +284,6 @@ def _checked_bytes(path: Path, skipped: Counter[str]) -> bytes | None:
         skipped["empty"] += 1
         return None
     return data
-
-
-def _label(path: Path, roots: list[Path]) -> str:
-    """The file's path below its innermost root, prefixed with the root's name: python3.11/json/decoder.py."""
-    root = max((r for r in roots if path.is_relative_to(r)), key=lambda r: len(r.parts), default=None)
-    return path.as_posix() if root is None else f"{root.name}/{path.relative_to(root).as_posix()}"
 
 
 def _read_manifest(path: Path, corpus: Path) -> dict[str, Any] | None:
