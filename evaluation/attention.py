@@ -90,16 +90,8 @@ class AttentionStats:
     """Accumulates the statistics of every layer over windows of one length; `hook(layer)` is the
     `visit` of `GPT.attention_weights`."""
 
-    def __init__(
-        self,
-        n_layer: int,
-        n_head: int,
-        length: int,
-        sink_tokens: int,
-        device: torch.device,
-        threshold: float = SINK_RATE_THRESHOLD,
-    ) -> None:
-        self.length, self.sink_tokens, self.windows, self.threshold = length, sink_tokens, 0, threshold
+    def __init__(self, n_layer: int, n_head: int, length: int, sink_tokens: int, device: torch.device) -> None:
+        self.length, self.sink_tokens, self.windows = length, sink_tokens, 0
         zeros = functools.partial(torch.zeros, dtype=torch.float64, device=device)
         # summed over windows, (layers, H, length): weight by distance, entropy and sink mass by query position
         self.distance, self.entropy, self.sink = (zeros(n_layer, n_head, length) for _ in range(3))
@@ -121,7 +113,7 @@ class AttentionStats:
             if self.pending_rows[layer] == self.length:  # every query of these windows seen: alpha_0 is known
                 alpha0 = self.pending[layer] / self.length  # (B, H), the mean over all T queries (Gu et al.)
                 self.first_mass[layer] += alpha0.sum(0)
-                self.sink_windows[layer] += (alpha0 > self.threshold).sum(0)
+                self.sink_windows[layer] += (alpha0 > SINK_RATE_THRESHOLD).sum(0)
                 self.pending[layer], self.pending_rows[layer] = None, 0
 
         return add
@@ -143,9 +135,9 @@ class AttentionStats:
             raise RuntimeError("A batch of windows was summarised before all its query rows had been added.")
         first = self.first_mass.cpu().numpy() / self.windows  # (layers, heads): alpha_0's mean, never thresholded
         sinks = self.sink_windows.cpu().numpy() / self.windows  # (layers, heads): the share of sink windows
-        rate = {"definition": SINK_RATE_DEFINITION, "threshold": self.threshold, "per_layer": rounded(sinks.mean(-1)),
-                "model": float(f"{sinks.mean():.6g}"), "per_head": rounded(sinks),
-                "first_token_mass": rounded(first)}  # fmt: skip
+        rate = {"definition": SINK_RATE_DEFINITION, "threshold": SINK_RATE_THRESHOLD,
+                "per_layer": rounded(sinks.mean(-1)), "model": float(f"{sinks.mean():.6g}"),
+                "per_head": rounded(sinks), "first_token_mass": rounded(first)}  # fmt: skip
         return {
             "windows": self.windows,
             "sink_tokens": self.sink_tokens,

@@ -127,11 +127,47 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
         for n in settings.lengths
         if ckpt.model.pe.max_positions is None or n <= ckpt.model.pe.max_positions
     )
-    runs = []
+
+    def evaluate_one(name: str, ckpt: LoadedCheckpoint, text: tuple[np.ndarray, dict], scaling: str) -> dict[str, Any]:
+        """One checkpoint (its rows labelled `name`) under one RoPE scaling ('none': as trained) at every length."""
+        trained = ckpt.model.to(device)
+        config, rescalable = trained.config, trained.pe.rescalable
+        label = name if scaling == "none" else f"{name} + {scaling}"
+        rows = []
+        for length in settings.lengths:
+            model = trained  # as trained, or a view of it with the scaling for this length
+            if scaling != "none":  # a fixed factor, or (dynamic) how far past the training length it is
+                factor = settings.rope_scaling_factor
+                factor = max(1.0, length / config.block_size) if factor == "dynamic" else float(factor)
+                model = trained.rescaled(scaling, factor)
+            bar.set_description(f"{label} L={length}")
+            result = evaluate_length(model, text[0], length, settings.stride, settings.token_budget,
+                                     buckets=settings.buckets, batch_tokens=settings.batch_tokens,
+                                     autocast_dtype=autocast, on_windows=bar.update)  # fmt: skip
+            row = dataclasses.asdict(result)
+            row["rope_scaling"] = model.config.rope_scaling if rescalable else None
+            row["rope_scaling_factor"] = model.config.rope_scaling_factor if rescalable else None
+            rows.append(row)
+        trained.to("cpu")
+        return {
+            "label": label,
+            "model": name,
+            "checkpoint": ckpt.path,
+            "step": ckpt.step,
+            "seed": ckpt.config.get("train", {}).get("seed"),
+            "pos_encoding": config.pos_encoding,
+            "train_length": config.block_size,
+            "tokenizer": tokenizer_name(ckpt),
+            "rope_scaling": scaling if rescalable else None,
+            "rope_scaling_factor": settings.rope_scaling_factor if scaling != "none" else None,
+            "data": text[1],
+            "config": ckpt.config,
+            "results": rows,
+        }
+
     bar_on = settings.progress and sys.stderr.isatty()  # a bar in a log file is a carriage-return flood
     with tqdm(total=total, unit="window", disable=not bar_on, dynamic_ncols=True) as bar:
-        for label, ckpt, text, scaling in plan:
-            runs.append(_evaluate_one(label, ckpt, text, scaling, settings, device, autocast, bar))
+        runs = [evaluate_one(label, ckpt, text, scaling) for label, ckpt, text, scaling in plan]
     doc = {
         "format": FORMAT,
         **results_header(device, autocast or torch.float32),
@@ -139,7 +175,7 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
         "data": dataclasses.asdict(data),
         "runs": runs,
     }
-    if settings.attention_stats:  # each model as trained (`_evaluate_one` scales views of it, never the model)
+    if settings.attention_stats:  # each model as trained (`evaluate_one` scales views of it, never the model)
         models = [(label, c, tokens) for label, c, (tokens, _) in zip(labels, loaded, texts, strict=True)]
         doc["attention"] = long_context_stats(models, settings.lengths, min(settings.token_budget, ATTENTION_TOKENS),
                                               SINK_TOKENS, device, settings.progress)  # fmt: skip
@@ -154,61 +190,6 @@ def merge_documents(docs: list[dict[str, Any]]) -> dict[str, Any]:
         entries = [(e["length"], i, e) for i, d in enumerate(docs) for e in d.get("attention", [])]
         doc["attention"] = [e for _, _, e in sorted(entries, key=lambda item: item[:2])]
     return doc
-
-
-def _evaluate_one(
-    name: str,
-    ckpt: LoadedCheckpoint,
-    text: tuple[np.ndarray, dict[str, Any]],
-    scaling: str,
-    settings: EvalSettings,
-    device: torch.device,
-    autocast: torch.dtype | None,
-    bar: tqdm,
-) -> dict[str, Any]:
-    """One checkpoint (its rows labelled `name`) under one RoPE scaling ('none': as trained) at every length."""
-    trained = ckpt.model.to(device)
-    config, rescalable = trained.config, trained.pe.rescalable
-    label = name if scaling == "none" else f"{name} + {scaling}"
-    rows = []
-    for length in settings.lengths:
-        model = trained  # as trained, or a view of it with the scaling for this length
-        if scaling != "none":  # a fixed factor, or (dynamic) how far past the training length it is
-            factor = settings.rope_scaling_factor
-            factor = max(1.0, length / config.block_size) if factor == "dynamic" else float(factor)
-            model = trained.rescaled(scaling, factor)
-        bar.set_description(f"{label} L={length}")
-        result = evaluate_length(
-            model,
-            text[0],
-            length,
-            settings.stride,
-            settings.token_budget,
-            buckets=settings.buckets,
-            batch_tokens=settings.batch_tokens,
-            autocast_dtype=autocast,
-            on_windows=bar.update,
-        )
-        row = dataclasses.asdict(result)
-        row["rope_scaling"] = model.config.rope_scaling if rescalable else None
-        row["rope_scaling_factor"] = model.config.rope_scaling_factor if rescalable else None
-        rows.append(row)
-    trained.to("cpu")
-    return {
-        "label": label,
-        "model": name,
-        "checkpoint": ckpt.path,
-        "step": ckpt.step,
-        "seed": ckpt.config.get("train", {}).get("seed"),
-        "pos_encoding": config.pos_encoding,
-        "train_length": config.block_size,
-        "tokenizer": tokenizer_name(ckpt),
-        "rope_scaling": scaling if rescalable else None,
-        "rope_scaling_factor": settings.rope_scaling_factor if scaling != "none" else None,
-        "data": text[1],
-        "config": ckpt.config,
-        "results": rows,
-    }
 
 
 def evaluate_main(cfg: EvaluateConfig) -> None:

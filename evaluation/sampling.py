@@ -7,11 +7,13 @@ prompt" says nothing.
 from __future__ import annotations
 
 import codecs
+import functools
 import itertools
 import os
 import re
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -246,16 +248,11 @@ class Rows:
                 self.texts[row], self.done[row] = self.texts[row][:at], True
 
 
-def generate_rows(
-    model: GPT, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig, generator: torch.Generator,
-    rows: Rows, live: bool,
-) -> tuple[float, float]:  # fmt: skip
+def generate_rows(steps: Iterator[torch.Tensor], rows: Rows, live: bool) -> tuple[float, float]:
     """Generate into `rows` until every row has stopped; (seconds, seconds to the first token). Steps are
     read as they come (a copy that waits for the device) only where a row can stop or is shown live."""
     start, first = time.perf_counter(), 0.0
     kept: list[torch.Tensor] = []
-    steps = stream(model, batch, args.max_new_tokens, args.temperature, args.top_k or None, args.top_p,
-                   not args.no_cache, args.max_context, generator, lengths=lengths)  # fmt: skip
     for i, token in enumerate(steps):
         if rows.stop is not None or rows.end is not None or live:
             rows.add(token[:, 0].tolist())
@@ -274,16 +271,14 @@ def generate_rows(
     return time.perf_counter() - start, first
 
 
-def compile_and_warm_up(model: GPT, batch: torch.Tensor, lengths: torch.Tensor, args: SampleConfig) -> float:
-    """Compile `model` for decoding; seconds to compile. The first tokens of a run of the same batch and
-    length trace the graphs the timed run uses, so its clock counts decoding only; the warm-up's own
-    generator leaves the run's draws as they are."""
+def compile_and_warm_up(model: GPT, steps: Callable[[torch.Generator], Iterator[torch.Tensor]], seed: int) -> float:
+    """Compile `model` for decoding; seconds to compile. The first tokens of `steps(generator)`, the timed run's
+    stream, trace the graphs it uses, so its clock counts decoding only; the warm-up's own generator (`seed`)
+    leaves the run's draws as they are."""
     compile_for_decoding(model)
     start = time.perf_counter()
-    generator = torch.Generator(device=batch.device).manual_seed(args.seed)
-    steps = stream(model, batch, args.max_new_tokens, args.temperature, args.top_k or None, args.top_p,
-                   not args.no_cache, args.max_context, generator, lengths=lengths)  # fmt: skip
-    list(itertools.islice(steps, WARM_UP_TOKENS))[-1].cpu()  # the run's own cache size; wait for the device
+    generator = torch.Generator(device=model.wte.weight.device).manual_seed(seed)
+    list(itertools.islice(steps(generator), WARM_UP_TOKENS))[-1].cpu()  # the run's cache size; wait for the device
     return time.perf_counter() - start
 
 
@@ -297,14 +292,16 @@ def sample(args: SampleConfig) -> None:
     model = ckpt.model.to(device=device, dtype=dtype).eval()
     seen = crop(prompts, ckpt.model.pe.max_positions)
     batch, lengths = pad_prompts([ids for ids in seen for _ in range(args.num_samples)], device)
-    compiled = compile_and_warm_up(model, batch, lengths, args) if args.compile else None
+    steps = functools.partial(stream, model, batch, args.max_new_tokens, args.temperature, args.top_k or None,
+                              args.top_p, not args.no_cache, args.max_context, lengths=lengths)  # fmt: skip
+    compiled = compile_and_warm_up(model, steps, args.seed) if args.compile else None
     rows = Rows(batch.size(0), ckpt.tokenizer, stop_text(args.stop), ckpt.tokenizer.end_id)
     heads = [ckpt.tokenizer.decode(p.ids) for p in prompts for _ in range(args.num_samples)]
     live = args.stream if args.stream is not None else (len(heads) == 1 and sys.stdout.isatty())
     if live:
         sys.stdout.write(heads[0] if prompts[0].text else "")
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    seconds, first = generate_rows(model, batch, lengths, args, generator, rows, live)
+    seconds, first = generate_rows(steps(generator), rows, live)
     rows.finish()
     if live:
         sys.stdout.write(rows.texts[0][rows.printed :] + "\n")

@@ -4,7 +4,8 @@ report's last words.
 
 The plan's estimate is the training FLOPs left (`GPT.flops_per_token`) over what the device sustains (a GPU's
 peak or a CPU's measured matmul rate, times a typical utilisation), recalibrated by the runs that finish.
-`Deadline` is a study's `--max_minutes`: each run gets what is left of it, and the study stops in time."""
+A `Launch` of the command ends within its `--max_minutes`: each run gets what is left of it, and the study stops
+in time."""
 
 from __future__ import annotations
 
@@ -71,40 +72,32 @@ class Study:
     """What the study configs share: their models (`schemes`, `variants`), checked before any training."""
 
     def __post_init__(self) -> None:
-        check_models(self.models(), self.seeds, self.run)
+        """Refuse an empty or repeating experiment and a model whose overrides the config classes refuse, in one
+        line that names the model."""
+        models, seeds = self.models(), self.seeds
+        if not models or not seeds:
+            raise ConfigError("An experiment needs at least one scheme or variant, and one seed.")
+        names = [m.name for m in models]
+        if len(set(names)) != len(names) or len(set(seeds)) != len(seeds):
+            raise ConfigError(f"schemes, variant names and seeds must not repeat: {names}, {seeds}.")
+        for variant in models:
+            try:
+                for section, overrides in (("model", variant.model), ("train", variant.train)):
+                    names = [f.name for f in dataclasses.fields(getattr(self.run, section)) if f.init]
+                    for name in overrides:
+                        if name not in names:
+                            raise ConfigError(
+                                f"{section} has no field {name!r}{did_you_mean(name, names, section + '.')}"
+                            )
+                        if section == "train" and name in PER_RUN:
+                            raise ConfigError(f"train.{name} is set for every run by the experiment (seeds, out_dir).")
+                run_config_for(self.run, ".", variant, seeds[0])
+            except (TypeError, ValueError) as error:  # TypeError: a value of the wrong type met a check
+                raise ConfigError(f"{variant.name}: {error}") from None
 
     def models(self) -> list[Variant]:
         """Every model: each scheme as it is (a variant that sets only model.pos_encoding), then the variants."""
         return [Variant(s, {"pos_encoding": s}) for s in self.schemes] + list(self.variants)
-
-    def start(self) -> tuple[float, Deadline]:
-        """The start time and the deadline, once experiment.yaml is written into the report directory."""
-        out = Path(self.out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(self), sort_keys=False))
-        return time.perf_counter(), Deadline(self.max_minutes)
-
-
-def check_models(models: list[Variant], seeds: list[int], run: RunConfig) -> None:
-    """Refuse an empty or repeating experiment and a model whose overrides the config classes refuse, in one
-    line that names the model."""
-    if not models or not seeds:
-        raise ConfigError("An experiment needs at least one scheme or variant, and one seed.")
-    names = [m.name for m in models]
-    if len(set(names)) != len(names) or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"schemes, variant names and seeds must not repeat: {names}, {seeds}.")
-    for variant in models:
-        try:
-            for section, overrides in (("model", variant.model), ("train", variant.train)):
-                names = [f.name for f in dataclasses.fields(getattr(run, section)) if f.init]
-                for name in overrides:
-                    if name not in names:
-                        raise ConfigError(f"{section} has no field {name!r}{did_you_mean(name, names, section + '.')}")
-                    if section == "train" and name in PER_RUN:
-                        raise ConfigError(f"train.{name} is set for every run by the experiment (seeds, out_dir).")
-            run_config_for(run, ".", variant, seeds[0])
-        except (TypeError, ValueError) as error:  # TypeError: a value of the wrong type met a check
-            raise ConfigError(f"{variant.name}: {error}") from None
 
 
 def run_config_for(run: RunConfig, out_dir: str, variant: Variant, seed: int) -> RunConfig:
@@ -141,11 +134,6 @@ class PlannedRun:
     @property
     def seed(self) -> int:
         return self.config.train.seed
-
-    def tokens(self) -> int:
-        """Training tokens of the whole run (a synthetic task's examples are shorter: an upper bound)."""
-        t = self.config.train
-        return t.max_steps * t.batch_size * t.grad_accum * self.config.model.block_size
 
 
 def flops_per_step(config: RunConfig, vocab_size: int | None) -> float:
@@ -214,8 +202,9 @@ def describe(plan: list[PlannedRun], progress: Progress, shorter: str = "") -> s
     for k, run in enumerate(plan, 1):
         t = run.config.train
         state = "trained, reused" if run.done else f"resumes at step {run.step}" if run.step else "to train"
+        tokens = t.max_steps * t.batch_size * t.grad_accum * run.config.model.block_size  # a task's: an upper bound
         lines.append(f"  {k:>3}. {run.name}: {t.max_steps} steps x {t.batch_size * t.grad_accum} x "
-                     f"{run.config.model.block_size} = {run.tokens() / 1e6:.1f}M tokens ({state})")  # fmt: skip
+                     f"{run.config.model.block_size} = {tokens / 1e6:.1f}M tokens ({state})")  # fmt: skip
     todo = [r for r in plan if not r.done]
     seconds = progress.estimate(todo)
     lines.append(f"Estimated training time: {format_seconds(seconds)} for {len(todo)} run(s) "
@@ -225,25 +214,6 @@ def describe(plan: list[PlannedRun], progress: Progress, shorter: str = "") -> s
         lines.append(f"That is long for a CPU: --config {shorter} is a first study in about 5 minutes; "
                      "--max_minutes N trains this one in pieces that resume.")  # fmt: skip
     return "\n".join(lines)
-
-
-class Deadline:
-    """The end of a study command's time (`max_minutes`; 0: none), on the monotonic clock."""
-
-    def __init__(self, max_minutes: float) -> None:
-        self.max_minutes = max_minutes
-        self.end = time.monotonic() + 60 * max_minutes if max_minutes else None
-
-    def minutes_left(self) -> float:
-        """What is left, in minutes: 0 for no limit (as `train.max_minutes` reads it), a tiny positive number
-        once it has passed (a run started then stops at its first step)."""
-        if self.end is None:
-            return 0.0
-        return max(1e-3, (self.end - time.monotonic()) / 60)
-
-    def passed(self, reserve: float = 0.0) -> bool:
-        """Whether fewer than `reserve` seconds are left."""
-        return self.end is not None and time.monotonic() + reserve >= self.end
 
 
 STARTUP_RESERVE_S = 60.0
@@ -258,72 +228,6 @@ def stopped_study(stop: TrainingStopped, what: str) -> TrainingStopped:
         "an interrupted run resumes from its last.ckpt.",
         stop.exit_code,
     )
-
-
-def time_is_up(deadline: Deadline, what: str, takes: float = 0.0) -> TrainingStopped | None:
-    """The stop to raise when too little of the study's time is left to begin `what` (which may take
-    `takes` seconds, as measured on its likes), else None."""
-    if not deadline.passed(max(min(STARTUP_RESERVE_S, 6 * deadline.max_minutes), takes)):
-        return None
-    return stopped_study(TrainingStopped("Time limit (--max_minutes) reached;", TIME_LIMIT_EXIT), f"before {what}")
-
-
-def train_all(
-    study: Study,
-    deadline: Deadline,
-    data_for: Callable[[RunConfig], TrainingData] | None = None,
-    vocab_size: int | None = None,
-    shorter: str = "",
-) -> tuple[list[PlannedRun], dict[str, float]]:
-    """Train every model of `study` with every seed after printing the plan and its estimate, reusing
-    finished runs and resuming interrupted ones; `data_for` gives a run's data (default: its corpus). Every run
-    gets what is left of `deadline`. Returns the runs and the training wall time of those trained now."""
-    from training.run import corpus_data, preflight, prepared_data, train  # Lightning: not for the --help
-
-    out_dir, plan = study.out_dir, []
-    for seed in study.seeds:  # seeds outer, so that a partial study has whole seeds
-        for variant in study.models():
-            cfg = run_config_for(study.run, out_dir, variant, seed)
-            ckpt = Path(cfg.train.out_dir) / cfg.train.run_name / "last.ckpt"
-            step = int(read_checkpoint(ckpt, mmap=True).get("global_step", 0)) if ckpt.is_file() else 0
-            plan.append(PlannedRun(variant.name, cfg.train.run_name, cfg, ckpt, step))
-    if data_for is None:  # tokenizer, weights, resume: checked before the corpus is prepared
-        for planned in plan:
-            if not planned.done:
-                preflight(planned.config, resuming=planned.step > 0)
-    progress = Progress.of_plan(plan, vocab_size)
-    print(describe(plan, progress, shorter), flush=True)
-    wall, prepared = {}, None
-    for k, planned in enumerate(plan, 1):
-        name = planned.name
-        if planned.done:
-            log.info(progress_line(k, len(plan), [f"{name} trained already, reused ({planned.ckpt})"], None, "run"))
-        else:
-            stop = time_is_up(deadline, f"run {k} of {len(plan)}, {name}")
-            if stop:
-                raise stop
-            start = f" from step {planned.step}" if planned.step else ""
-            log.info(progress_line(k, len(plan), [f"training {name}{start}"], None, "run"))
-            resume = "auto" if planned.step else None  # a run with no checkpoint yet starts afresh, and quietly
-            cfg = dataclasses.replace(planned.config, train=dataclasses.replace(
-                planned.config.train, max_minutes=deadline.minutes_left(), resume=resume))  # fmt: skip
-            flops, t0 = progress.left(planned), time.perf_counter()
-            try:
-                if data_for is None:  # the study's corpus, prepared (and said so) once
-                    prepared = prepared or prepared_data(cfg.data)
-                train(cfg, data_for(cfg) if data_for else corpus_data(cfg, prepared))
-            except TrainingStopped as stop:
-                raise stopped_study(stop, f"run {k} of {len(plan)}, {name}") from None
-            except CheckpointError as error:
-                raise CheckpointError(f"{error} (runs are reused from {Path(out_dir) / 'runs'}; choose another "
-                                      "out_dir to start afresh)") from None  # fmt: skip
-            wall[name] = round(time.perf_counter() - t0, 1)
-            planned.step = cfg.train.max_steps
-            progress.finished(wall[name], flops)
-            todo = [r for r in plan[k:] if not r.done]
-            parts = [f"{name} trained in {format_seconds(wall[name])}"] + ([f"{len(todo)} left"] if todo else [])
-            log.info(progress_line(k, len(plan), parts, progress.estimate(todo) if todo else None, "run"))
-    return plan, wall
 
 
 def run_record(run: PlannedRun) -> dict[str, Any]:
@@ -342,57 +246,131 @@ def run_record(run: PlannedRun) -> dict[str, Any]:
     }
 
 
-def evaluate_each(
-    trained: list[PlannedRun],
-    kind: str,
-    key: dict[str, Any],
-    evaluate: Callable[[PlannedRun], Any],
-    deadline: Deadline,
-) -> tuple[list[Any], float]:
-    """`evaluate(run)` for every run, each kept in <run dir>/<kind>-<hash of key and checkpoint>.json, so that an
-    interrupted study keeps what it evaluated; stops (exit 75) when too little time is left for the next (1.25
-    times the longest so far: one cannot stop halfway). Returns the results and their seconds, over every launch."""
-    results, seconds, longest = [], 0.0, 0.0
-    for k, run in enumerate(trained, 1):
-        ckpt, stat = run.ckpt, run.ckpt.stat()  # the stat tells the checkpoint from another at the same path
-        identity = {"path": str(ckpt.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "git": git_sha()}
-        run_key = {**key, "checkpoint": identity}
-        digest = hashlib.sha256(json.dumps(run_key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        path = ckpt.parent / f"{kind}-{digest}.json"
-        if path.is_file():
-            stored = json.loads(path.read_text())
-            result, took = stored["result"], stored["seconds"]
-        else:
-            started = time.perf_counter()
-            what = f"evaluating {k} of {len(trained)}, {run.label} seed {run.seed}"
-            stop = time_is_up(deadline, what, 1.25 * longest)
-            if stop:
-                raise stop
-            log.info("evaluating %d of %d: %s seed %d", k, len(trained), run.label, run.seed)
-            result = evaluate(run)
-            took = round(time.perf_counter() - started, 1)
-            atomic_write_bytes(path, json.dumps({"key": run_key, "seconds": took, "result": result}, indent=1).encode())
-        results.append(result)
-        seconds, longest = seconds + took, max(longest, took)
-    return results, seconds
+class Launch:
+    """One launch of a study command: experiment.yaml written into the report directory, the clock, the end of its
+    time (`max_minutes`; 0: none, on the monotonic clock), and where its time went."""
 
+    def __init__(self, study: Study) -> None:
+        out = Path(study.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(study), sort_keys=False))
+        self.study, self.started, self.max_minutes = study, time.perf_counter(), study.max_minutes
+        self.end = time.monotonic() + 60 * study.max_minutes if study.max_minutes else None
+        self.trained: list[PlannedRun] = []
+        self.train_wall: dict[str, float] = {}  # seconds of each run trained now
+        self.eval_wall = 0.0  # seconds of the evaluations, over every launch
 
-def finish_report(
-    cfg: Any, doc: dict[str, Any], write: Callable[[dict[str, Any], str], object], trained: list[PlannedRun],
-    train_wall: dict[str, float], eval_wall: float, started: float,
-) -> dict[str, Any]:  # fmt: skip
-    """`doc` with its `experiment` entry (the resolved config, every run's steps, tokens and time, and where this
-    command's time went), written by `write` into cfg.out_dir; prints the table of results.md and that time."""
-    doc["experiment"] = wall = {
-        "config": dataclasses.asdict(cfg),
-        "runs": [run_record(r) for r in trained],
-        "train_wall_s": train_wall,
-        "eval_wall_s": round(eval_wall, 1),
-        "total_wall_s": round(time.perf_counter() - started, 1),
-    }
-    write(doc, cfg.out_dir)
-    out = Path(cfg.out_dir)
-    print((out / "results.md").read_text())
-    print(f"report in {out} (this command: training {sum(wall['train_wall_s'].values()):.0f} s, evaluation "
-          f"{wall['eval_wall_s']:.0f} s, total {wall['total_wall_s']:.0f} s)")  # fmt: skip
-    return doc
+    def minutes_left(self) -> float:
+        """What is left, in minutes: 0 for no limit (as `train.max_minutes` reads it), a tiny positive number
+        once it has passed (a run started then stops at its first step)."""
+        if self.end is None:
+            return 0.0
+        return max(1e-3, (self.end - time.monotonic()) / 60)
+
+    def check_time(self, what: str, takes: float = 0.0) -> None:
+        """Stop the study when too little of its time is left to begin `what` (which may take `takes` seconds,
+        as measured on its likes)."""
+        reserve = max(min(STARTUP_RESERVE_S, 6 * self.max_minutes), takes)
+        if self.end is not None and time.monotonic() + reserve >= self.end:
+            raise stopped_study(
+                TrainingStopped("Time limit (--max_minutes) reached;", TIME_LIMIT_EXIT), f"before {what}"
+            )
+
+    def train(
+        self,
+        data_for: Callable[[RunConfig], TrainingData] | None = None,
+        vocab_size: int | None = None,
+        shorter: str = "",
+    ) -> list[PlannedRun]:
+        """Train every model of the study with every seed after printing the plan and its estimate, reusing
+        finished runs and resuming interrupted ones; `data_for` gives a run's data (default: its corpus). Every run
+        gets what is left of the time. Returns the runs."""
+        from training.run import corpus_data, preflight, prepared_data, train  # Lightning: not for the --help
+
+        out_dir, plan = self.study.out_dir, self.trained
+        for seed in self.study.seeds:  # seeds outer, so that a partial study has whole seeds
+            for variant in self.study.models():
+                cfg = run_config_for(self.study.run, out_dir, variant, seed)
+                ckpt = Path(cfg.train.out_dir) / cfg.train.run_name / "last.ckpt"
+                step = int(read_checkpoint(ckpt, mmap=True).get("global_step", 0)) if ckpt.is_file() else 0
+                plan.append(PlannedRun(variant.name, cfg.train.run_name, cfg, ckpt, step))
+        if data_for is None:  # tokenizer, weights, resume: checked before the corpus is prepared
+            for planned in plan:
+                if not planned.done:
+                    preflight(planned.config, resuming=planned.step > 0)
+        progress = Progress.of_plan(plan, vocab_size)
+        print(describe(plan, progress, shorter), flush=True)
+        wall, prepared = self.train_wall, None
+        for k, planned in enumerate(plan, 1):
+            name = planned.name
+            if planned.done:
+                log.info(progress_line(k, len(plan), [f"{name} trained already, reused ({planned.ckpt})"], None, "run"))
+                continue
+            self.check_time(f"run {k} of {len(plan)}, {name}")
+            start = f" from step {planned.step}" if planned.step else ""
+            log.info(progress_line(k, len(plan), [f"training {name}{start}"], None, "run"))
+            resume = "auto" if planned.step else None  # a run with no checkpoint yet starts afresh, and quietly
+            cfg = dataclasses.replace(planned.config, train=dataclasses.replace(
+                planned.config.train, max_minutes=self.minutes_left(), resume=resume))  # fmt: skip
+            flops, t0 = progress.left(planned), time.perf_counter()
+            try:
+                if data_for is None:  # the study's corpus, prepared (and said so) once
+                    prepared = prepared or prepared_data(cfg.data)
+                train(cfg, data_for(cfg) if data_for else corpus_data(cfg, prepared))
+            except TrainingStopped as stop:
+                raise stopped_study(stop, f"run {k} of {len(plan)}, {name}") from None
+            except CheckpointError as error:
+                raise CheckpointError(f"{error} (runs are reused from {Path(out_dir) / 'runs'}; choose another "
+                                      "out_dir to start afresh)") from None  # fmt: skip
+            wall[name] = round(time.perf_counter() - t0, 1)
+            planned.step = cfg.train.max_steps
+            progress.finished(wall[name], flops)
+            todo = [r for r in plan[k:] if not r.done]
+            parts = [f"{name} trained in {format_seconds(wall[name])}"] + ([f"{len(todo)} left"] if todo else [])
+            log.info(progress_line(k, len(plan), parts, progress.estimate(todo) if todo else None, "run"))
+        return plan
+
+    def evaluate(self, kind: str, key: dict[str, Any], evaluate: Callable[[PlannedRun], Any]) -> list[Any]:
+        """`evaluate(run)` for every run, each kept in <run dir>/<kind>-<hash of key and checkpoint>.json, so that
+        an interrupted study keeps what it evaluated; stops (exit 75) when too little time is left for the next
+        (1.25 times the longest so far: one cannot stop halfway). Returns the results."""
+        results, longest = [], 0.0
+        for k, run in enumerate(self.trained, 1):
+            ckpt, stat = run.ckpt, run.ckpt.stat()  # the stat tells the checkpoint from another at the same path
+            identity = {"path": str(ckpt.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                        "git": git_sha()}  # fmt: skip
+            run_key = {**key, "checkpoint": identity}
+            digest = hashlib.sha256(json.dumps(run_key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+            path = ckpt.parent / f"{kind}-{digest}.json"
+            if path.is_file():
+                stored = json.loads(path.read_text())
+                result, took = stored["result"], stored["seconds"]
+            else:
+                started = time.perf_counter()
+                self.check_time(f"evaluating {k} of {len(self.trained)}, {run.label} seed {run.seed}", 1.25 * longest)
+                log.info("evaluating %d of %d: %s seed %d", k, len(self.trained), run.label, run.seed)
+                result = evaluate(run)
+                took = round(time.perf_counter() - started, 1)
+                payload = {"key": run_key, "seconds": took, "result": result}
+                atomic_write_bytes(path, json.dumps(payload, indent=1).encode())
+            results.append(result)
+            self.eval_wall, longest = self.eval_wall + took, max(longest, took)
+        return results
+
+    def finish(self, doc: dict[str, Any], write: Callable[[dict[str, Any], str], object]) -> dict[str, Any]:
+        """`doc` with its `experiment` entry (the resolved config, every run's steps, tokens and time, and where this
+        command's time went), written by `write` into the report directory; prints the table of results.md and
+        that time."""
+        doc["experiment"] = wall = {
+            "config": dataclasses.asdict(self.study),
+            "runs": [run_record(r) for r in self.trained],
+            "train_wall_s": self.train_wall,
+            "eval_wall_s": round(self.eval_wall, 1),
+            "total_wall_s": round(time.perf_counter() - self.started, 1),
+        }
+        write(doc, self.study.out_dir)
+        out = Path(self.study.out_dir)
+        print((out / "results.md").read_text())
+        print(f"report in {out} (this command: training {sum(wall['train_wall_s'].values()):.0f} s, evaluation "
+              f"{wall['eval_wall_s']:.0f} s, total {wall['total_wall_s']:.0f} s)")  # fmt: skip
+        return doc

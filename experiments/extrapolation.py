@@ -15,7 +15,7 @@ from typing import Any
 from core.cli import run
 from evaluation.checkpoint import EvalData
 from evaluation.run import EvalSettings, evaluate_checkpoints, merge_documents
-from experiments.common import Study, Variant, evaluate_each, experiment_command, finish_report, train_all
+from experiments.common import Launch, Study, Variant, experiment_command
 from model import POS_ENCODINGS
 from training.config import RunConfig
 
@@ -32,16 +32,13 @@ class ExperimentConfig(Study):
     schemes: list[str] = field(default_factory=lambda: list(POS_ENCODINGS))
     """Position schemes to train, one model each (per seed)."""
     variants: list[Variant] = field(default_factory=list)
-    """Further models, each a name and its overrides of the shared run's model and train sections (e.g.
-    {name: rope-window64, model: {pos_encoding: rope, attn_window: 64}}); trained and evaluated like the
-    schemes."""
+    """Further models, each {name: N, model: {...}, train: {...}}: overrides of the shared run, evaluated alike."""
     seeds: list[int] = field(default_factory=lambda: [1337])
     """Training seeds; with several, the table shows mean ± std across seeds."""
     run: RunConfig = field(default_factory=RunConfig)
     """The training run shared by every scheme (model.pos_encoding and train.seed are set per run)."""
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(attention_stats=True))
-    """The evaluation of every final checkpoint; here with the attention statistics (entropy, sink mass,
-    sink rate) beside the perplexity by default."""
+    """The evaluation of every final checkpoint, with the attention statistics (entropy, sink rate) by default."""
     eval_data: EvalData = field(default_factory=EvalData)
     """Evaluation text (default: the validation split of the training data)."""
     max_minutes: float = 0.0
@@ -54,17 +51,13 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     returns its document."""
     from evaluation.report import write_report  # matplotlib: imported to draw, not for the command's --help
 
-    started, deadline = cfg.start()
-    trained, train_wall = train_all(cfg, deadline, shorter=QUICK_CONFIG)
+    launch = Launch(cfg)
+    launch.train(shorter=QUICK_CONFIG)
     key = {"eval": dataclasses.asdict(cfg.eval), "eval_data": dataclasses.asdict(cfg.eval_data)}
-    docs, eval_wall = evaluate_each(
-        trained,
-        "extrapolation",
-        key,
-        lambda r: evaluate_checkpoints([r.ckpt], [r.label], cfg.eval, cfg.eval_data),
-        deadline,
+    docs = launch.evaluate(
+        "extrapolation", key, lambda r: evaluate_checkpoints([r.ckpt], [r.label], cfg.eval, cfg.eval_data)
     )
-    return finish_report(cfg, merge_documents(docs), write_report, trained, train_wall, eval_wall, started)
+    return launch.finish(merge_documents(docs), write_report)
 
 
 COMMAND = experiment_command(

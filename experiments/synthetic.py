@@ -23,7 +23,7 @@ from core.device import pick_device
 from data.tasks import TASKS, TaskConfig, eval_set, tokenizer_for
 from evaluation.checkpoint import load_checkpoint, results_header
 from evaluation.tasks import evaluate_task
-from experiments.common import PlannedRun, Study, Variant, evaluate_each, experiment_command, finish_report, train_all
+from experiments.common import Launch, PlannedRun, Study, Variant, experiment_command
 from model import POS_ENCODINGS
 from training.config import RunConfig
 
@@ -41,14 +41,11 @@ class SyntheticConfig(Study):
     schemes: list[str] = field(default_factory=lambda: list(POS_ENCODINGS))
     """Position schemes to train, one model each (per seed)."""
     variants: list[Variant] = field(default_factory=list)
-    """Further models: a name and overrides of the shared run's model and train sections (attention
-    settings, randomized positions: {name: rope-randpos, model: {pos_encoding: rope}, train:
-    {random_positions: 1024}})."""
+    """Further models, each {name: N, model: {...}, train: {...}}: overrides of the shared run, tested alike."""
     seeds: list[int] = field(default_factory=lambda: [1337])
     """Training seeds; with several, the table shows mean ± std across seeds."""
     run: RunConfig = field(default_factory=RunConfig)
-    """The training run shared by every model (data comes from the task; model.block_size must hold
-    the longest training example)."""
+    """The run shared by every model (data from the task; model.block_size must hold its longest example)."""
     eval_batch: int = 50
     """Test examples decoded at once."""
     device: str = "auto"
@@ -74,9 +71,9 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
     from evaluation.task_report import write_task_report  # matplotlib and Lightning: imported to run, not for
     from training.run import task_data  # the command's --help
 
-    started, deadline = cfg.start()
+    launch = Launch(cfg)
     tokenizer = tokenizer_for(cfg.task)
-    trained, train_wall = train_all(cfg, deadline, lambda r: task_data(cfg.task, r), tokenizer.vocab_size)
+    trained = launch.train(lambda r: task_data(cfg.task, r), tokenizer.vocab_size)
     device = pick_device(cfg.device)
     key = {"task": dataclasses.asdict(cfg.task), "eval_batch": cfg.eval_batch, "device": str(device)}
     depths = len(cfg.task.depths) if TASKS[cfg.task.name].depths else 1
@@ -97,14 +94,14 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
                 "results": evaluate_task(model, tokenizer, cfg.task, cfg.eval_batch, bar.update),
             }
 
-        runs, eval_wall = evaluate_each(trained, "task", key, evaluate, deadline)
+        runs = launch.evaluate("task", key, evaluate)
     doc = {
         "format": FORMAT,
         **results_header(device, torch.float32),
         "task": dataclasses.asdict(cfg.task),
         "runs": runs,
     }
-    return finish_report(cfg, doc, write_task_report, trained, train_wall, eval_wall, started)
+    return launch.finish(doc, write_task_report)
 
 
 COMMAND = experiment_command(
