@@ -284,6 +284,4 @@ def sample_text(module: GPTModule, tokenizer: Tokenizer, n_tokens: int) -> str:
 
 
 def result_summary(result: RunResult) -> str:
-    fields = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(result).items()}
-    del fields["sample"]
-    return json.dumps(fields)
+    return json.dumps({k: v for k, v in dataclasses.asdict(result).items() if k != "sample"}, default=str)  # paths
