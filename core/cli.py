@@ -39,16 +39,12 @@ class Command(Generic[C]):
     config: type[C]  # the options
     main: Callable[[C], object]
     description: str = ""  # the text at the top of --help
-    default_config: str | None = None
-    """A YAML file read before the command line (train.py's default run)."""
-    skip: frozenset[str] = frozenset()
-    """Dotted fields not offered at all (say, model.vocab_size, which is the tokenizer's)."""
-    hidden: frozenset[str] = frozenset()
-    """Dotted fields accepted but left out of --help, so that older config files that record them still load."""
+    default_config: str | None = None  # a YAML file read before the command line (train.py's default run)
+    skip: frozenset[str] = frozenset()  # dotted fields not offered at all (model.vocab_size: the tokenizer's)
+    hidden: frozenset[str] = frozenset()  # dotted fields accepted but not in --help (older config files hold them)
     aliases: Mapping[str, str] = field(default_factory=dict)
     """How this command spells options that shared code names in its messages: {prefix there: prefix here}."""
-    logs: bool = True
-    """Show the project's INFO logs on stderr."""
+    logs: bool = True  # show the project's INFO logs on stderr
     hints: Mapping[str, str] = field(default_factory=dict)
     """{text in the parser's message: a sentence to add}: the fix of a refusal the parser cannot explain."""
 
@@ -72,11 +68,8 @@ def run(command: Command[C], argv: Sequence[str] | None = None) -> None:
             logging.basicConfig(level=logging.INFO, format="%(message)s")
         with quiet_libraries():
             command.main(config)
-    except UsageError as error:  # its own options, as the user typed them
-        print(error.line(), file=sys.stderr)
-        sys.exit(error.exit_code)
-    except UserError as error:
-        print(spell(error.line(), command), file=sys.stderr)
+    except UserError as error:  # a UsageError names this command's options as the user typed them
+        print(error.line() if isinstance(error, UsageError) else spell(error.line(), command), file=sys.stderr)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:  # nothing half-written is kept (files are written atomically)
         print("Interrupted.", file=sys.stderr)
@@ -108,13 +101,9 @@ def shipped_configs(argv: list[str], command: Command) -> list[str]:
     file that is not a mapping is refused in one line (what is not a YAML file is left to jsonargparse)."""
     out = []
     for before, token in pairwise(["", *argv]):
-        path = None
-        if token.startswith("--config="):
-            path = _shipped(token[9:])
-            token = f"--config={path}"
-        elif before == "--config":
-            path = token = _shipped(token)
-        out.append(token)
+        inline = token.startswith("--config=")
+        path = _shipped(token.removeprefix("--config=")) if inline or before == "--config" else None
+        out.append(f"--config={path}" if inline else path or token)
         try:
             content = yaml.safe_load(Path(path).read_text(encoding="utf-8")) if path and Path(path).is_file() else {}
         except (OSError, UnicodeDecodeError, yaml.YAMLError):

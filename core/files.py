@@ -73,10 +73,11 @@ def remove_stale_tmp(directory: Path) -> list[Path]:
 @contextlib.contextmanager
 def directory_lock(directory: Path, wait: bool = False, tidy: bool = False) -> Iterator[None]:
     """Hold an exclusive lock on `directory` (its `.lock` file, holding the pid) for the block: at once, else
-    `LockedError`, or after waiting (`wait`). `tidy`: a block that raises leaves no lock file nor the (empty)
-    directories this call created, so that a waiter locks afresh."""
+    `LockedError`, or after a log line and waiting (`wait`). `tidy`: a block that raises leaves no lock file nor
+    the (empty) directories this call created, so that a waiter locks afresh."""
     while True:
-        created = _missing_dirs(directory)
+        path = directory.absolute()
+        created = list(itertools.takewhile(lambda p: not p.exists(), (path, *path.parents)))  # deepest first
         directory.mkdir(parents=True, exist_ok=True)
         lock = directory / ".lock"
         fd, new_lock = _open_lock(lock)
@@ -84,10 +85,14 @@ def directory_lock(directory: Path, wait: bool = False, tidy: bool = False) -> I
             continue
         try:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                raise LockedError(f"{directory} is in use by another process (pid {holder})") from None
+                error = LockedError(f"{directory} is in use by another process (pid {holder})")
+                if not wait:
+                    raise error from None
+                log.info("%s; waiting for it to finish", error)
+                fcntl.flock(fd, fcntl.LOCK_EX)
             if not _same_file(fd, lock):  # its holder failed and removed it (tidy) while this one waited
                 continue
             os.ftruncate(fd, 0)
@@ -95,8 +100,12 @@ def directory_lock(directory: Path, wait: bool = False, tidy: bool = False) -> I
             try:
                 yield
             except BaseException:
-                if tidy:
-                    _tidy(lock if new_lock else None, created)
+                if tidy:  # the lock file goes while held (a waiter sees it gone), then the empty directories
+                    if new_lock:
+                        lock.unlink(missing_ok=True)
+                    with contextlib.suppress(OSError):  # not empty: something else is in it now
+                        for created_dir in created:
+                            created_dir.rmdir()
                 raise
             return
         finally:
@@ -113,12 +122,6 @@ def _open_lock(lock: Path) -> tuple[int | None, bool]:
         return None, False
 
 
-def _missing_dirs(directory: Path) -> list[Path]:
-    """`directory` and those of its parents that do not exist yet, deepest first."""
-    path = directory.absolute()
-    return list(itertools.takewhile(lambda p: not p.exists(), (path, *path.parents)))
-
-
 def _same_file(fd: int, path: Path) -> bool:
     """Whether `path` is still the file open as `fd` (not removed, nor replaced by another)."""
     try:
@@ -127,26 +130,10 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
 
 
-def _tidy(lock: Path | None, created: list[Path]) -> None:
-    """Remove the lock file (while held: a waiter sees it gone) and the empty directories in `created`."""
-    if lock is not None:
-        lock.unlink(missing_ok=True)
-    for path in created:
-        try:
-            path.rmdir()
-        except OSError:  # not empty: something else is in it now
-            return
-
-
 @contextlib.contextmanager
 def waiting_lock(directory: Path, tidy: bool = False) -> Iterator[None]:
-    """`directory_lock`, waiting after a log line when it is held; then what killed writers left there goes."""
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(directory_lock(directory, tidy=tidy))
-        except LockedError as error:
-            log.info("%s; waiting for it to finish", error)
-            stack.enter_context(directory_lock(directory, wait=True, tidy=tidy))
+    """`directory_lock`, waiting when it is held; then what killed writers left there goes."""
+    with directory_lock(directory, wait=True, tidy=tidy):
         for path in remove_stale_tmp(directory):
             log.info("Removed %s, left by a writer that was killed", path)
         yield

@@ -47,11 +47,7 @@ MODES: Modes = {
             "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
         ),
     },
-    "bench": Lazy(
-        "benchmarks.modes",
-        "MODES",
-        "decode | gpu | vs-nanogpt | report",
-    ),
+    "bench": Lazy("benchmarks.modes", "MODES", "decode | gpu | vs-nanogpt | report"),
     "check": Lazy(
         "evaluation.check",
         "COMMAND",

@@ -38,13 +38,13 @@ class StepRecorder(L.Callback):
 def recorders(monkeypatch: pytest.MonkeyPatch) -> list[StepRecorder]:
     """A `StepRecorder` per training launch in the test, added to the run's callbacks."""
     made: list[StepRecorder] = []
-    build = run._trainer
+    build = L.Trainer
 
-    def with_recorder(t: Any, **kwargs: Any) -> L.Trainer:
+    def with_recorder(**kwargs: Any) -> L.Trainer:
         made.append(StepRecorder())
-        return build(t, **{**kwargs, "callbacks": [*kwargs["callbacks"], made[-1]]})
+        return build(**{**kwargs, "callbacks": [*kwargs["callbacks"], made[-1]]})
 
-    monkeypatch.setattr(run, "_trainer", with_recorder)
+    monkeypatch.setattr(run.L, "Trainer", with_recorder)  # the Trainer training.run builds
     return made
 
 

@@ -141,8 +141,7 @@ class LastCheckpoint(L.Callback):
         now = time.monotonic()
         if self._step_ended is not None:
             self._longest_step = max(self._longest_step, now - self._step_ended)
-        reason = self._stop_reason(trainer, reserve=2 * (self._longest_step + self._longest_save))
-        if reason:
+        if reason := self._stop_reason(trainer, reserve=2 * (self._longest_step + self._longest_save)):
             self._save(trainer, pl_module)
             self._stop(reason, step)
         validation_next = step >= trainer.max_steps or step % self.t.eval_interval == 0
@@ -156,8 +155,7 @@ class LastCheckpoint(L.Callback):
     ) -> None:  # fmt: skip
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        reason = self._stop_reason(trainer, reserve=0.0)
-        if reason:
+        if reason := self._stop_reason(trainer, reserve=0.0):
             self._stop(reason, trainer.global_step, " during validation")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -230,22 +228,21 @@ class SpeedMonitor(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._peak = peak_flops(trainer.strategy.root_device, str(trainer.precision))
 
-    def _sync(self, trainer: L.Trainer) -> None:
-        if trainer.strategy.root_device.type == "cuda":
-            torch.cuda.synchronize()
-
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if not optimizer_stepped(trainer, batch_idx):
             return
+        cuda = trainer.strategy.root_device.type == "cuda"
         if self._t0 is None:  # the first step (and the first after validation) includes warm-up: skip it
-            self._sync(trainer)
+            if cuda:
+                torch.cuda.synchronize()
             self._t0, self._steps, self._tokens0 = time.perf_counter(), 0, pl_module.tokens_seen
             return
         self._steps += 1
         if self._steps >= self.log_every:  # synchronise only here: a sync every step would stall the GPU queue
-            self._sync(trainer)
+            if cuda:
+                torch.cuda.synchronize()
             now = time.perf_counter()
             tokens_per_s = (pl_module.tokens_seen - self._tokens0) / (now - self._t0)
             pl_module.log("perf/tokens_per_s", tokens_per_s, prog_bar=True, rank_zero_only=True)
@@ -289,14 +286,11 @@ class ProgressLines(L.Callback):
             return
         self._mark = mark
         self._train = [self._train[0] + seconds, self._train[1] + steps]
-        parts = []
-        loss = trainer.callback_metrics.get("train/loss")
-        if loss is not None:
-            parts.append(f"loss {float(loss):.3f}")
+        metrics = trainer.callback_metrics
+        parts = [f"loss {float(metrics['train/loss']):.3f}"] if "train/loss" in metrics else []
         parts += [f"{1000 * seconds / steps:.1f} ms/step", f"{format_count(tokens / seconds)} tok/s"]
-        mfu = trainer.callback_metrics.get("perf/mfu")
-        if mfu is not None:
-            parts.append(f"MFU {100 * float(mfu):.1f}%")
+        if "perf/mfu" in metrics:
+            parts.append(f"MFU {100 * float(metrics['perf/mfu']):.1f}%")
         total, eta = trainer.max_steps, None
         if step < total:  # the validations to come at the last one's duration
             validations = total // self.eval_every - step // self.eval_every

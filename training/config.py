@@ -16,9 +16,15 @@ EVAL_BATCHES = 200  # of the default validation budget, as nanoGPT's eval_iters
 PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "64")
 
 
-def _at_least(name: str, value: float, low: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
-        raise ValueError(f"{name} must be at least {low}, got {value!r}.")
+def check_ranges(cfg: Any, section: str, at_least: dict[str, float], fractions: tuple[str, ...] = ()) -> None:
+    """Each field of `fractions` in [0, 1); each of `at_least` a number at least its bound (None: unset, allowed)."""
+    for name in fractions:
+        if not 0.0 <= getattr(cfg, name) < 1.0:
+            raise ValueError(f"{section}.{name} must be in [0, 1), got {getattr(cfg, name)!r}.")
+    for name, low in at_least.items():
+        value = getattr(cfg, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < low):
+            raise ValueError(f"{section}.{name} must be at least {low}, got {value!r}.")
 
 
 @dataclass
@@ -48,10 +54,7 @@ class DataConfig:
     """Most tokens of the validation split (the last min(val_fraction of the tokens, this)); null: no cap."""
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction!r}.")
-        if self.val_max_tokens is not None:
-            _at_least("data.val_max_tokens", self.val_max_tokens, 1)
+        check_ranges(self, "data", {"val_max_tokens": 1}, ("val_fraction",))
         if not self.text_column:
             raise ValueError("data.text_column must name a column, got ''.")
         if not self.input and not self.dir:
@@ -87,14 +90,8 @@ class OptimConfig:
             raise ValueError(f"optim.lr must be positive, got {self.lr!r}.")
         if not 0.0 <= self.min_lr <= self.lr:
             raise ValueError(f"optim.min_lr must be in [0, optim.lr = {self.lr}], got {self.min_lr!r}.")
-        _at_least("optim.warmup_steps", self.warmup_steps, 0)
-        if self.decay_steps is not None:
-            _at_least("optim.decay_steps", self.decay_steps, 1)
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"optim.{name} must be in [0, 1), got {getattr(self, name)!r}.")
-        _at_least("optim.weight_decay", self.weight_decay, 0)
-        _at_least("optim.grad_clip", self.grad_clip, 0)
+        bounds = {"warmup_steps": 0, "decay_steps": 1, "weight_decay": 0, "grad_clip": 0}
+        check_ranges(self, "optim", bounds, ("beta1", "beta2"))
 
 
 @dataclass
@@ -180,13 +177,10 @@ class TrainConfig:
         return round(self.switch_at * self.max_steps) if self.switch_at < 1 else int(self.switch_at)
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "batch_size", "grad_accum", "eval_interval", "log_interval", "ckpt_interval"):
-            _at_least(f"train.{name}", getattr(self, name), 1)
-        if self.eval_tokens is not None:
-            _at_least("train.eval_tokens", self.eval_tokens, 0)
-        _at_least("train.num_nodes", self.num_nodes, 1)
-        for name in ("max_minutes", "sample_tokens", "random_positions", "keep_every", "keep_last", "print_interval"):
-            _at_least(f"train.{name}", getattr(self, name), 0)
+        positive = ("max_steps", "batch_size", "grad_accum", "eval_interval", "log_interval", "ckpt_interval")
+        counts = ("eval_tokens", "max_minutes", "sample_tokens", "random_positions", "keep_every", "keep_last")
+        bounds = dict.fromkeys(positive, 1) | dict.fromkeys(counts, 0) | {"num_nodes": 1, "print_interval": 0}
+        check_ranges(self, "train", bounds)
         if self.keep_every and self.keep_every % self.ckpt_interval and self.keep_every % self.eval_interval:
             raise ValueError(
                 f"train.keep_every {self.keep_every} must be a multiple of train.ckpt_interval {self.ckpt_interval} "

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lightning.fabric.loggers.csv_logs import _ExperimentWriter as FabricWriter
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_only
 
 from core.errors import UserError
 from training.curves import METRICS_FILE, TENSORBOARD_DIR, cell_number, metric_files
@@ -51,14 +50,8 @@ class RunCSVLogger(CSVLogger):
 
     def __init__(self, run_dir: Path, start_step: int) -> None:
         super().__init__(save_dir=str(run_dir), name="", version="")
-        self.start_step = start_step
-
-    @property
-    @rank_zero_experiment
-    def experiment(self) -> FabricWriter:
-        if self._experiment is None:
-            self._experiment = _ContinuedWriter(self.log_dir, self.start_step)
-        return self._experiment
+        if rank_zero_only.rank == 0:  # other ranks write nothing (Lightning's `experiment` is a dummy there)
+            self._experiment = _ContinuedWriter(self.log_dir, start_step)
 
     def log_hyperparams(self, params: Any = None) -> None:
         """Nothing: config.yaml in the run directory is the run's configuration."""

@@ -83,25 +83,13 @@ class GPTModule(L.LightningModule):
         self.switched_at = self.global_step
         self._reserve_positions()  # the new scheme's tables too
         log.info("Step %d: the model switches to %s", self.global_step, self.config.train.switch_model)
-        if set(self.model.parameters()) != before:
-            self._rebuild_optimizer()
-
-    def _rebuild_optimizer(self) -> None:
-        """A new AdamW over the switched model's parameters with the old one's state, learning rates and schedule."""
-        strategy = self.trainer.strategy
-        old, scheduler = strategy.optimizers[0], strategy.lr_scheduler_configs[0].scheduler
-        new = adamw(self.model, self.config.optim, self.device)
-        for group, old_group in zip(new.param_groups, old.param_groups, strict=True):
-            group.update(lr=old_group["lr"], initial_lr=old_group["initial_lr"])
-            for p in group["params"]:
-                if p in old.state:
-                    new.state[p] = old.state[p]
-        new_scheduler = torch.optim.lr_scheduler.LambdaLR(new, self.lr_factor)
-        new_scheduler.load_state_dict(scheduler.state_dict())
-        for group, lr in zip(new.param_groups, scheduler.get_last_lr(), strict=True):
-            group["lr"] = lr
-        strategy.optimizers = [new]
-        strategy.lr_scheduler_configs[0].scheduler = new_scheduler
+        if set(self.model.parameters()) != before:  # AdamW's groups take the new parameters; those kept keep state
+            optimizer = self.trainer.strategy.optimizers[0]
+            groups = adamw(self.model, self.config.optim, self.device).param_groups  # decay or not, in AdamW's order
+            for group, new in zip(optimizer.param_groups, groups, strict=True):
+                group["params"] = new["params"]
+            for gone in set(optimizer.state) - set(self.model.parameters()):
+                del optimizer.state[gone]
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         x, y = batch

@@ -30,7 +30,7 @@ from model import GPT
 from model.kernels import AUTO
 from model.pretrained import check_pretrained, from_pretrained, weights_file
 from training.callbacks import AtomicCheckpointIO, LastCheckpoint, ProgressBar, SpeedMonitor, progress_callback
-from training.config import DataConfig, RunConfig, TrainConfig
+from training.config import DataConfig, RunConfig
 from training.curves import write_training_plot
 from training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision
 from training.logs import make_logger
@@ -188,22 +188,31 @@ def _fit(
     ]
     if t.model_summary:
         callbacks.append(L.pytorch.callbacks.ModelSummary(max_depth=2))
-    trainer = _trainer(
-        t,
-        precision=precision,
-        max_steps=t.max_steps,
-        accumulate_grad_batches=t.grad_accum,
-        val_check_interval=t.eval_interval * t.grad_accum,
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=0,
-        log_every_n_steps=t.log_interval,
-        logger=make_logger(t.logger, run_dir, start_step, t.wandb_project, dataclasses.asdict(cfg)),
-        callbacks=callbacks,
-        plugins=[AtomicCheckpointIO()],
-        enable_progress_bar=isinstance(progress, ProgressBar),
-        enable_model_summary=t.model_summary,
-        default_root_dir=str(run_dir),
-    )
+    try:  # what Lightning refuses on the hardware `t` names becomes one message
+        trainer = L.Trainer(
+            accelerator=t.accelerator,
+            devices=t.devices,
+            strategy=t.strategy,
+            num_nodes=t.num_nodes,
+            precision=precision,
+            max_steps=t.max_steps,
+            accumulate_grad_batches=t.grad_accum,
+            val_check_interval=t.eval_interval * t.grad_accum,
+            check_val_every_n_epoch=None,
+            num_sanity_val_steps=0,
+            log_every_n_steps=t.log_interval,
+            logger=make_logger(t.logger, run_dir, start_step, t.wandb_project, dataclasses.asdict(cfg)),
+            callbacks=callbacks,
+            plugins=[AtomicCheckpointIO()],
+            enable_progress_bar=isinstance(progress, ProgressBar),
+            enable_model_summary=t.model_summary,
+            default_root_dir=str(run_dir),
+        )
+    except (ValueError, TypeError, ImportError, MisconfigurationException) as error:
+        raise RunError(
+            f"Lightning cannot run --train.accelerator {t.accelerator} --train.devices {t.devices} "
+            f"--train.strategy {t.strategy} here: {error}"
+        ) from None
     if trainer.is_global_zero:
         if note := dropout_fallback(module.model, trainer.strategy.root_device):
             log.info(note)
@@ -263,19 +272,6 @@ def dropout_fallback(model: GPT, device: torch.device) -> str | None:
     )
 
 
-def _trainer(t: TrainConfig, **kwargs: Any) -> L.Trainer:
-    """A Trainer on the hardware `t` names; what Lightning refuses there becomes one message."""
-    try:
-        return L.Trainer(
-            accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, **kwargs
-        )
-    except (ValueError, TypeError, ImportError, MisconfigurationException) as error:
-        raise RunError(
-            f"Lightning cannot run --train.accelerator {t.accelerator} --train.devices {t.devices} "
-            f"--train.strategy {t.strategy} here: {error}"
-        ) from None
-
-
 def sample_text(module: GPTModule, tokenizer: Tokenizer, n_tokens: int) -> str:
     """A short sample from the trained model, from the tokenizer's start token."""
     model = module.model.eval()
@@ -288,6 +284,4 @@ def sample_text(module: GPTModule, tokenizer: Tokenizer, n_tokens: int) -> str:
 
 
 def result_summary(result: RunResult) -> str:
-    fields = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(result).items()}
-    del fields["sample"]
-    return json.dumps(fields)
+    return json.dumps({k: v for k, v in dataclasses.asdict(result).items() if k != "sample"}, default=str)  # paths
