@@ -44,13 +44,15 @@ class CacheWrite:
 
 
 class DecodingCache:
-    """Each row's next position, in a tensor (the part of a cache every attention function keeps)."""
+    """What decoding keeps: each row's next position, in a tensor, and one store per layer (`layers`: keys and
+    values, or linear attention's running sums), each allocated with `allocate(batch, n_head, head_dim, ...)`."""
 
-    def __init__(self) -> None:
+    def __init__(self, layers: list) -> None:
         self.pos: Tensor | None = None
         """(B,) position of each row's next token."""
         self.empty = True
         """Nothing stored yet: the next forward is a prefill."""
+        self.layers = layers
 
     def reset(self) -> None:
         """Forget every position (the buffers are kept and overwritten by the next prefill)."""
@@ -59,6 +61,8 @@ class DecodingCache:
     def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         """Allocate every tensor decoding changes now, for `batch` rows (static for a CUDA graph)."""
         self.pos = static_buffer(torch.zeros(batch, dtype=torch.long, device=device))
+        for layer in self.layers:
+            layer.allocate(batch, n_head, head_dim, dtype, device)
 
     def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
         """The step of a forward pass of `new_tokens` tokens per row (`lengths`: the real ones, in a prefill)."""
@@ -82,23 +86,22 @@ class DecodingCache:
 
 
 class KVCache(DecodingCache):
-    """Keys and values of every layer, in fixed buffers (see the module docstring)."""
+    """Keys and values of every layer, in fixed buffers (see the module docstring); `layer`: a layer's store."""
 
-    def __init__(self, n_layer: int, capacity: int, mask: AttentionMask | None = None) -> None:
-        super().__init__()
+    def __init__(
+        self, n_layer: int, capacity: int, mask: AttentionMask | None = None, layer: type[LayerCache] | None = None
+    ) -> None:
         self.mask = mask or AttentionMask()
         self.rolling = self.mask.rolling
         self.capacity = self.mask.window + self.mask.sinks if self.rolling else capacity
         """Keys held at most: a rolling cache's S + W, else the longest sequence it takes."""
         self.slot_positions: Tensor | None = None
         """(B, C) the position each slot holds (-1: empty)."""
-        self.layers = [LayerCache(self) for _ in range(n_layer)]
+        super().__init__([(layer or LayerCache)(self) for _ in range(n_layer)])
 
     def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         super().allocate(batch, n_head, head_dim, dtype, device)
         self.slot_positions = static_buffer(torch.full((batch, self.capacity), -1, dtype=torch.long, device=device))
-        for layer in self.layers:
-            layer.allocate((batch, n_head, self.capacity, head_dim), dtype, device)
 
     def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
         write = super().begin(batch, new_tokens, lengths, device)
@@ -163,7 +166,8 @@ class LayerCache:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
 
-    def allocate(self, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device) -> None:
+    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (batch, n_head, self.owner.capacity, head_dim)
         self.k = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
         self.v = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
 
@@ -171,7 +175,7 @@ class LayerCache:
         """Store the (B, H, T, D) new keys and values; those the new tokens attend over."""
         B, H, T, D = k.shape
         if self.k is None or self.k.dtype != k.dtype or self.k.shape[0] != B:
-            self.allocate((B, H, self.owner.capacity, D), k.dtype, k.device)
+            self.allocate(B, H, D, k.dtype, k.device)
         assert self.k is not None and self.v is not None and write.source is not None and write.incoming is not None
         if write.prefill:
             self._write(k, v, write)

@@ -6,15 +6,15 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from model.attention import ATTENTIONS, Attention, Cache
-from model.attention.linear import LayerStateCache
-from model.cache import LayerCache
+from model.attention import ATTENTIONS, Attention
+from model.cache import DecodingCache
 from model.config import GPTConfig
 from model.generation import stream
 from model.kernels import Kernel, Plan, Step, WeightsHook
@@ -78,9 +78,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(
-        self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | LayerStateCache | None = None
-    ) -> Tensor:
+    def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: Any = None) -> Tensor:
         x = x + self.attn(self.ln_1(x), pe, plan, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -147,7 +145,7 @@ class GPT(nn.Module):
         self,
         idx: Tensor,
         targets: Tensor | None = None,
-        cache: Cache | None = None,
+        cache: DecodingCache | None = None,
         last_only: bool = False,
         positions: Tensor | None = None,
         lengths: Tensor | None = None,
@@ -235,7 +233,7 @@ class GPT(nn.Module):
     def _hidden(
         self,
         idx: Tensor,
-        cache: Cache | None,
+        cache: DecodingCache | None,
         visit: Callable[[int], WeightsHook | None] | None = None,
         positions: Tensor | None = None,
         lengths: Tensor | None = None,
@@ -294,7 +292,7 @@ class GPT(nn.Module):
             return self.attention.weights_kernel(needs)
         return self.attention.choose_kernel(self.config.attn_backend, needs, device)
 
-    def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> Cache:
+    def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> DecodingCache:
         """What decoding keeps (`Attention.new_cache`), allocated now for `batch` rows when given. Position
         tables grow now to the `longest` position decoding will reach (default `capacity`): a decode step
         never grows them (a rolling cache decodes past its capacity: give it `longest`)."""

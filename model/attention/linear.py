@@ -22,7 +22,6 @@ from model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, WeightsHoo
 from model.scores import Score
 
 if TYPE_CHECKING:
-    from model.attention import Cache
     from model.config import GPTConfig
     from model.kernels import Plan
     from model.masks import AttentionMask
@@ -131,26 +130,14 @@ LINEAR_KERNELS: dict[str, Kernel] = {
 """Linear attention's kernels by `attn_backend` name: causal by construction, no context, mask or bias."""
 
 
-class StateCache(DecodingCache):
-    """What decoding keeps for linear attention: one `LinearState` per layer, of constant size."""
-
-    def __init__(self, n_layer: int) -> None:
-        super().__init__()
-        self.layers = [LayerStateCache() for _ in range(n_layer)]
-
-    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        super().allocate(batch, n_head, head_dim, dtype, device)
-        for layer in self.layers:
-            layer.allocate(batch, n_head, head_dim, device)
-
-
 class LayerStateCache:
-    """One layer's running sums, updated in place once allocated (a compiled step keeps its tensors)."""
+    """What decoding keeps of one layer of linear attention: its running sums, of constant size, updated in place
+    once allocated (a compiled step keeps its tensors)."""
 
     def __init__(self) -> None:
         self.state: LinearState | None = None
 
-    def allocate(self, batch: int, n_head: int, head_dim: int, device: torch.device) -> None:
+    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         S = torch.zeros(batch, n_head, head_dim, head_dim, device=device)
         self.state = LinearState(static_buffer(S), static_buffer(torch.zeros(batch, n_head, head_dim, device=device)))
 
@@ -184,8 +171,8 @@ class LinearAttention(Attention):
         return self.output(y)
 
     @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
-        return StateCache(config.n_layer)
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> DecodingCache:
+        return DecodingCache([LayerStateCache() for _ in range(config.n_layer)])
 
     @classmethod
     def constant_memory(cls, mask: AttentionMask) -> bool:

@@ -23,7 +23,7 @@ from model.kernels.eager import EagerKernel
 from model.masks import AttentionMask
 
 if TYPE_CHECKING:
-    from model.attention import Cache
+    from model.cache import DecodingCache
     from model.config import GPTConfig
 
 
@@ -63,7 +63,7 @@ class StickBreakingAttention(SoftmaxAttention):
         return {"remainder": config.sb_remainder == "current"}
 
     @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> DecodingCache:
         return KVCache(config.n_layer, capacity)  # never rolling: keys in position order (the window still masks)
 
     @classmethod
