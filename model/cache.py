@@ -105,8 +105,13 @@ class KVCache(DecodingCache):
 
     def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
         write = super().begin(batch, new_tokens, lengths, device)
-        if not self.rolling:
-            self._check_room(write, new_tokens)
+        # refuse positions past a full cache's capacity, which it would drop; not a one-token step's: `generate`
+        # never asks for one past it, and a check would cost every step a device wait
+        end = new_tokens if write.prefill and write.real is None else None
+        if not write.prefill and new_tokens > 1 and not self.rolling and not torch.compiler.is_compiling():
+            end = int(write.end.max())
+        if not self.rolling and end is not None and end > self.capacity:
+            raise ValueError(f"The KV cache holds {self.capacity} positions; {end} do not fit (new_cache(capacity)).")
         if self.slot_positions is None or self.slot_positions.size(0) != batch:
             self.slot_positions = torch.full((batch, self.capacity), -1, dtype=torch.long, device=device)
         start = write.end - write.real.sum(-1) if write.real is not None else write.end - new_tokens
@@ -121,15 +126,6 @@ class KVCache(DecodingCache):
             k_pos = slot_pos
         source = position - start[:, None]
         return CacheWrite(write.prefill, write.positions, write.real, write.end, k_pos, slot_pos, incoming, source)
-
-    def _check_room(self, write: CacheWrite, new_tokens: int) -> None:
-        """Refuse positions past a full cache's capacity, which it would otherwise drop. A one-token step is
-        not checked: `generate` never asks for one past it, and a check would cost every step a device wait."""
-        end = new_tokens if write.prefill and write.real is None else None
-        if not write.prefill and new_tokens > 1 and not torch.compiler.is_compiling():
-            end = int(write.end.max())
-        if end is not None and end > self.capacity:
-            raise ValueError(f"The KV cache holds {self.capacity} positions; {end} do not fit (new_cache(capacity)).")
 
     def commit(self, write: CacheWrite) -> None:
         assert self.slot_positions is not None and write.slot_pos is not None

@@ -12,6 +12,7 @@ rolling cache stays constant) unless `max_context` asks for one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -112,10 +113,7 @@ def stream(
 
     Every row goes on until the caller stops iterating (each row's own stop is the caller's).
     """
-
-    def pick(logits: Tensor) -> Tensor:
-        return next_token(logits, temperature, top_k, top_p, generator)
-
+    pick = functools.partial(next_token, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     for _, token in decode(model, idx, max_new_tokens, pick, use_cache, max_context, lengths):
         yield token
 

@@ -112,19 +112,10 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """GPT-2 initialisation (Radford et al. 2019), as nanoGPT does it; the position scheme
-        initialises its own parameters (`PositionEncoding.reset_parameters`).
-
-        | parameter                                         | init                          |
-        |---------------------------------------------------|-------------------------------|
-        | Linear and Embedding weights                      | normal(0, 0.02)               |
-        | residual output projections (attn.proj, mlp.proj) | normal(0, 0.02 / sqrt(2 L))   |
-        | Linear biases                                     | 0                             |
-        | LayerNorm weight / bias                           | 1 / 0                         |
-
-        The 2L residual branches add to one stream: scaled down, its variance does not grow with depth.
-        Modules are visited in registration order, which fixes the weights a seed gives.
-        """
+        """GPT-2 initialisation (Radford et al. 2019), as nanoGPT does it: Linear and Embedding weights normal(0, 0.02),
+        biases 0, the residual output projections normal(0, 0.02 / sqrt(2 L)): the 2L branches add to one stream,
+        whose variance then does not grow with depth. The scheme initialises its own (`reset_parameters`); modules
+        are visited in registration order, which fixes the weights a seed gives."""
         for name, module in self.named_modules():
             if module is self.pe:
                 module.reset_parameters()

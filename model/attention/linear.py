@@ -9,8 +9,7 @@ form (running sums across chunks) trains and, one token at a time with its state
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -41,8 +40,7 @@ def feature_map(x: Tensor) -> Tensor:
     return F.elu(_wide(x)) + 1.0
 
 
-@dataclass
-class LinearState:
+class LinearState(NamedTuple):
     """The running sums after some tokens: S (B, H, D, D) and z (B, H, D)."""
 
     S: Tensor
@@ -80,7 +78,7 @@ def linear_attention_chunked(
     B, H, _, D = rq.shape
     if state is None:
         state = LinearState(rq.new_zeros(B, H, D, vf.size(-1)), rq.new_zeros(B, H, D))
-    S, z = state.S, state.z
+    S, z = state
     outputs = []
     # split once (its backward concatenates): slicing inside the loop would make each slice's
     # backward allocate a gradient of the full length, O(T^2 / C) in all
@@ -150,8 +148,8 @@ class LayerStateCache:
         if self.state is None or self.state.S.shape != new.S.shape or self.state.S.dtype != new.S.dtype:
             self.state = new
         else:
-            self.state.S.copy_(new.S)
-            self.state.z.copy_(new.z)
+            for held, value in zip(self.state, new, strict=True):
+                held.copy_(value)
         return out
 
 
