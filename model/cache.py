@@ -173,28 +173,22 @@ class LayerCache:
         if self.k is None or self.k.dtype != k.dtype or self.k.shape[0] != B:
             self.allocate(B, H, D, k.dtype, k.device)
         assert self.k is not None and self.v is not None and write.source is not None and write.incoming is not None
-        if write.prefill:
-            self._write(k, v, write)
-            return k, v
-        if T == 1:  # one new key per row, into its slot, in place (an index_put_ that Inductor keeps in place)
+        if not write.prefill and T == 1:  # one key per row, into its slot, in place (an index_put_ Inductor keeps so)
             rows, slot = torch.arange(B, device=k.device), self.owner.slot_of(write.positions[:, 0])
             self.k[rows, :, slot] = k[:, :, 0]
             self.v[rows, :, slot] = v[:, :, 0]
             return self.k, self.v
-        if self.owner.rolling:
-            keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
-            self._write(k, v, write)
-            return keys, values
-        self._write(k, v, write)
-        return self.k, self.v
-
-    def _write(self, k: Tensor, v: Tensor, write: CacheWrite) -> None:
-        assert self.k is not None and self.v is not None and write.source is not None and write.incoming is not None
-        B, H, T, D = k.shape
+        if write.prefill:  # the new tokens attend to each other only
+            attended = k, v
+        elif self.owner.rolling:  # the buffer as it was, then the new keys
+            attended = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        else:  # written first: the buffer holds every key the new tokens see
+            attended = self.k, self.v
         index = write.source.clamp(0, T - 1)[:, None, :, None].expand(B, H, -1, D)
         take = write.incoming[:, None, :, None]
         self.k.copy_(torch.where(take, k.gather(2, index), self.k))
         self.v.copy_(torch.where(take, v.gather(2, index), self.v))
+        return attended
 
 
 def static_buffer(tensor: Tensor) -> Tensor:

@@ -240,10 +240,10 @@ class GPT(nn.Module):
                                  f"{shortest}..{longest}.")  # fmt: skip
         cache_write = cache.begin(B, T, lengths, idx.device) if cache is not None else None
         decoding = cache_write is not None and not cache_write.prefill
-        if not decoding:  # positions 0..T-1 (decoding: the caller keeps to the cache's tables)
-            self._check_length(T)
-        if decoding:  # each row at its own positions, over the keys the cache holds
+        if decoding:  # each row at its own positions, over the keys the cache holds (and the tables reserved)
             positions = cache_write.positions
+        else:  # positions 0..T-1
+            self._check_length(T)
         x = self.drop(self.pe.embed(self.wte(idx), positions))  # (B, T, C)
         dropout = self.training and self.config.dropout > 0
         float64 = x.dtype == torch.float64 and not torch.is_autocast_enabled(idx.device.type)
