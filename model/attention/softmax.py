@@ -59,15 +59,17 @@ class SoftmaxAttention(Attention):
 
     layer_cache: ClassVar[type[LayerCache]] = LayerCache
     """A layer's store in the KV cache: keys and values (forgetting attention: each key's gate sum too)."""
+    keys_in_order: ClassVar[bool] = False
+    """Its weights run over the keys in position order (stick-breaking's product): the KV cache never rolls."""
 
     @classmethod
     def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> DecodingCache:
-        contextual = SCHEMES[config.pos_encoding].contextual  # its positions count keys in position order
-        return KVCache(config.n_layer, capacity, None if contextual else mask, cls.layer_cache)  # None: never rolled
+        in_order = cls.keys_in_order or SCHEMES[config.pos_encoding].contextual  # CoPE counts keys in order
+        return KVCache(config.n_layer, capacity, None if in_order else mask, cls.layer_cache)  # None: never rolled
 
     @classmethod
     def constant_memory(cls, mask: AttentionMask) -> bool:
-        return mask.rolling  # a window's rolling cache
+        return mask.rolling and not cls.keys_in_order  # a window's rolling cache
 
 
 def _log_scaling_changes(old: GPTConfig, new: GPTConfig) -> bool:

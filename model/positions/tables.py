@@ -34,13 +34,7 @@ class LearnedPositions(PositionEncoding):
     def lookup_parameters(self) -> list[nn.Parameter]:
         return [self.table.weight]
 
-    def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        if positions is None and x.size(1) > self.table.num_embeddings:
-            # GPT.forward checks lengths first with a friendlier message; this guards direct use.
-            raise ValueError(
-                f"pos_encoding='learned' has embeddings for {self.table.num_embeddings} positions "
-                f"(block_size) but position {x.size(1) - 1} was asked for."
-            )
+    def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:  # GPT checks the length first
         return x + take(self.table.weight, x.size(1), positions)
 
 
