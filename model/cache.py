@@ -44,13 +44,15 @@ class CacheWrite:
 
 
 class DecodingCache:
-    """Each row's next position, in a tensor (the part of a cache every attention function keeps)."""
+    """What decoding keeps: each row's next position, in a tensor, and one store per layer (`layers`: keys and
+    values, or linear attention's running sums), each allocated with `allocate(batch, n_head, head_dim, ...)`."""
 
-    def __init__(self) -> None:
+    def __init__(self, layers: list) -> None:
         self.pos: Tensor | None = None
         """(B,) position of each row's next token."""
         self.empty = True
         """Nothing stored yet: the next forward is a prefill."""
+        self.layers = layers
 
     def reset(self) -> None:
         """Forget every position (the buffers are kept and overwritten by the next prefill)."""
@@ -59,6 +61,8 @@ class DecodingCache:
     def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         """Allocate every tensor decoding changes now, for `batch` rows (static for a CUDA graph)."""
         self.pos = static_buffer(torch.zeros(batch, dtype=torch.long, device=device))
+        for layer in self.layers:
+            layer.allocate(batch, n_head, head_dim, dtype, device)
 
     def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
         """The step of a forward pass of `new_tokens` tokens per row (`lengths`: the real ones, in a prefill)."""
@@ -82,28 +86,32 @@ class DecodingCache:
 
 
 class KVCache(DecodingCache):
-    """Keys and values of every layer, in fixed buffers (see the module docstring)."""
+    """Keys and values of every layer, in fixed buffers (see the module docstring); `layer`: a layer's store."""
 
-    def __init__(self, n_layer: int, capacity: int, mask: AttentionMask | None = None) -> None:
-        super().__init__()
+    def __init__(
+        self, n_layer: int, capacity: int, mask: AttentionMask | None = None, layer: type[LayerCache] | None = None
+    ) -> None:
         self.mask = mask or AttentionMask()
         self.rolling = self.mask.rolling
         self.capacity = self.mask.window + self.mask.sinks if self.rolling else capacity
         """Keys held at most: a rolling cache's S + W, else the longest sequence it takes."""
         self.slot_positions: Tensor | None = None
         """(B, C) the position each slot holds (-1: empty)."""
-        self.layers = [LayerCache(self) for _ in range(n_layer)]
+        super().__init__([(layer or LayerCache)(self) for _ in range(n_layer)])
 
     def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         super().allocate(batch, n_head, head_dim, dtype, device)
         self.slot_positions = static_buffer(torch.full((batch, self.capacity), -1, dtype=torch.long, device=device))
-        for layer in self.layers:
-            layer.allocate((batch, n_head, self.capacity, head_dim), dtype, device)
 
     def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
         write = super().begin(batch, new_tokens, lengths, device)
-        if not self.rolling:
-            self._check_room(write, new_tokens)
+        # refuse positions past a full cache's capacity, which it would drop; not a one-token step's: `generate`
+        # never asks for one past it, and a check would cost every step a device wait
+        end = new_tokens if write.prefill and write.real is None else None
+        if not write.prefill and new_tokens > 1 and not self.rolling and not torch.compiler.is_compiling():
+            end = int(write.end.max())
+        if not self.rolling and end is not None and end > self.capacity:
+            raise ValueError(f"The KV cache holds {self.capacity} positions; {end} do not fit (new_cache(capacity)).")
         if self.slot_positions is None or self.slot_positions.size(0) != batch:
             self.slot_positions = torch.full((batch, self.capacity), -1, dtype=torch.long, device=device)
         start = write.end - write.real.sum(-1) if write.real is not None else write.end - new_tokens
@@ -118,15 +126,6 @@ class KVCache(DecodingCache):
             k_pos = slot_pos
         source = position - start[:, None]
         return CacheWrite(write.prefill, write.positions, write.real, write.end, k_pos, slot_pos, incoming, source)
-
-    def _check_room(self, write: CacheWrite, new_tokens: int) -> None:
-        """Refuse positions past a full cache's capacity, which it would otherwise drop. A one-token step is
-        not checked: `generate` never asks for one past it, and a check would cost every step a device wait."""
-        end = new_tokens if write.prefill and write.real is None else None
-        if not write.prefill and new_tokens > 1 and not torch.compiler.is_compiling():
-            end = int(write.end.max())
-        if end is not None and end > self.capacity:
-            raise ValueError(f"The KV cache holds {self.capacity} positions; {end} do not fit (new_cache(capacity)).")
 
     def commit(self, write: CacheWrite) -> None:
         assert self.slot_positions is not None and write.slot_pos is not None
@@ -163,7 +162,8 @@ class LayerCache:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
 
-    def allocate(self, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device) -> None:
+    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (batch, n_head, self.owner.capacity, head_dim)
         self.k = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
         self.v = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
 
@@ -171,30 +171,24 @@ class LayerCache:
         """Store the (B, H, T, D) new keys and values; those the new tokens attend over."""
         B, H, T, D = k.shape
         if self.k is None or self.k.dtype != k.dtype or self.k.shape[0] != B:
-            self.allocate((B, H, self.owner.capacity, D), k.dtype, k.device)
+            self.allocate(B, H, D, k.dtype, k.device)
         assert self.k is not None and self.v is not None and write.source is not None and write.incoming is not None
-        if write.prefill:
-            self._write(k, v, write)
-            return k, v
-        if T == 1:  # one new key per row, into its slot, in place (an index_put_ that Inductor keeps in place)
+        if not write.prefill and T == 1:  # one key per row, into its slot, in place (an index_put_ Inductor keeps so)
             rows, slot = torch.arange(B, device=k.device), self.owner.slot_of(write.positions[:, 0])
             self.k[rows, :, slot] = k[:, :, 0]
             self.v[rows, :, slot] = v[:, :, 0]
             return self.k, self.v
-        if self.owner.rolling:
-            keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
-            self._write(k, v, write)
-            return keys, values
-        self._write(k, v, write)
-        return self.k, self.v
-
-    def _write(self, k: Tensor, v: Tensor, write: CacheWrite) -> None:
-        assert self.k is not None and self.v is not None and write.source is not None and write.incoming is not None
-        B, H, T, D = k.shape
+        if write.prefill:  # the new tokens attend to each other only
+            attended = k, v
+        elif self.owner.rolling:  # the buffer as it was, then the new keys
+            attended = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        else:  # written first: the buffer holds every key the new tokens see
+            attended = self.k, self.v
         index = write.source.clamp(0, T - 1)[:, None, :, None].expand(B, H, -1, D)
         take = write.incoming[:, None, :, None]
         self.k.copy_(torch.where(take, k.gather(2, index), self.k))
         self.v.copy_(torch.where(take, v.gather(2, index), self.v))
+        return attended
 
 
 def static_buffer(tensor: Tensor) -> Tensor:

@@ -12,13 +12,14 @@ rolling cache stays constant) unless `max_context` asks for one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-from model.attention import Cache
+from model.cache import DecodingCache
 
 if TYPE_CHECKING:
     from model.gpt import GPT
@@ -112,10 +113,7 @@ def stream(
 
     Every row goes on until the caller stops iterating (each row's own stop is the caller's).
     """
-
-    def pick(logits: Tensor) -> Tensor:
-        return next_token(logits, temperature, top_k, top_p, generator)
-
+    pick = functools.partial(next_token, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     for _, token in decode(model, idx, max_new_tokens, pick, use_cache, max_context, lengths):
         yield token
 
@@ -166,7 +164,7 @@ def _bucket(length: int, limit: int | None) -> int:
 
 
 def _prefill(
-    model: GPT, tokens: Tensor, count: Tensor, longest: int, window: int | None, cache: Cache | None
+    model: GPT, tokens: Tensor, count: Tensor, longest: int, window: int | None, cache: DecodingCache | None
 ) -> Tensor:
     """Logits (B, vocab_size) after the last `window` of the first `count[b]` tokens of each row, fed as
     one batch padded on the right to a bucketed width."""
@@ -177,7 +175,7 @@ def _prefill(
     return _forward_last(model, tokens.gather(1, index), cache, seen)
 
 
-def _forward_last(model: GPT, idx: Tensor, cache: Cache | None, lengths: Tensor | None = None) -> Tensor:
+def _forward_last(model: GPT, idx: Tensor, cache: DecodingCache | None, lengths: Tensor | None = None) -> Tensor:
     """Logits (B, vocab_size) for the token after each row of `idx` (its first `lengths[b]`), added to the
     cache if any; the padded vocabulary cut off here, so no sample holds an id the tokenizer lacks."""
     logits, _ = model(idx, cache=cache, last_only=True, lengths=lengths)  # __call__: a compiled model stays so

@@ -6,15 +6,15 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from model.attention import ATTENTIONS, Attention, Cache
-from model.attention.linear import LayerStateCache
-from model.cache import LayerCache
+from model.attention import ATTENTIONS, Attention
+from model.cache import DecodingCache
 from model.config import GPTConfig
 from model.generation import stream
 from model.kernels import Kernel, Plan, Step, WeightsHook
@@ -78,9 +78,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(
-        self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | LayerStateCache | None = None
-    ) -> Tensor:
+    def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: Any = None) -> Tensor:
         x = x + self.attn(self.ln_1(x), pe, plan, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -114,19 +112,10 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """GPT-2 initialisation (Radford et al. 2019), as nanoGPT does it; the position scheme
-        initialises its own parameters (`PositionEncoding.reset_parameters`).
-
-        | parameter                                         | init                          |
-        |---------------------------------------------------|-------------------------------|
-        | Linear and Embedding weights                      | normal(0, 0.02)               |
-        | residual output projections (attn.proj, mlp.proj) | normal(0, 0.02 / sqrt(2 L))   |
-        | Linear biases                                     | 0                             |
-        | LayerNorm weight / bias                           | 1 / 0                         |
-
-        The 2L residual branches add to one stream: scaled down, its variance does not grow with depth.
-        Modules are visited in registration order, which fixes the weights a seed gives.
-        """
+        """GPT-2 initialisation (Radford et al. 2019), as nanoGPT does it: Linear and Embedding weights normal(0, 0.02),
+        biases 0, the residual output projections normal(0, 0.02 / sqrt(2 L)): the 2L branches add to one stream,
+        whose variance then does not grow with depth. The scheme initialises its own (`reset_parameters`); modules
+        are visited in registration order, which fixes the weights a seed gives."""
         for name, module in self.named_modules():
             if module is self.pe:
                 module.reset_parameters()
@@ -147,7 +136,7 @@ class GPT(nn.Module):
         self,
         idx: Tensor,
         targets: Tensor | None = None,
-        cache: Cache | None = None,
+        cache: DecodingCache | None = None,
         last_only: bool = False,
         positions: Tensor | None = None,
         lengths: Tensor | None = None,
@@ -235,7 +224,7 @@ class GPT(nn.Module):
     def _hidden(
         self,
         idx: Tensor,
-        cache: Cache | None,
+        cache: DecodingCache | None,
         visit: Callable[[int], WeightsHook | None] | None = None,
         positions: Tensor | None = None,
         lengths: Tensor | None = None,
@@ -251,10 +240,10 @@ class GPT(nn.Module):
                                  f"{shortest}..{longest}.")  # fmt: skip
         cache_write = cache.begin(B, T, lengths, idx.device) if cache is not None else None
         decoding = cache_write is not None and not cache_write.prefill
-        if not decoding:  # positions 0..T-1 (decoding: the caller keeps to the cache's tables)
-            self._check_length(T)
-        if decoding:  # each row at its own positions, over the keys the cache holds
+        if decoding:  # each row at its own positions, over the keys the cache holds (and the tables reserved)
             positions = cache_write.positions
+        else:  # positions 0..T-1
+            self._check_length(T)
         x = self.drop(self.pe.embed(self.wte(idx), positions))  # (B, T, C)
         dropout = self.training and self.config.dropout > 0
         float64 = x.dtype == torch.float64 and not torch.is_autocast_enabled(idx.device.type)
@@ -294,7 +283,7 @@ class GPT(nn.Module):
             return self.attention.weights_kernel(needs)
         return self.attention.choose_kernel(self.config.attn_backend, needs, device)
 
-    def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> Cache:
+    def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> DecodingCache:
         """What decoding keeps (`Attention.new_cache`), allocated now for `batch` rows when given. Position
         tables grow now to the `longest` position decoding will reach (default `capacity`): a decode step
         never grows them (a rolling cache decodes past its capacity: give it `longest`)."""

@@ -90,19 +90,15 @@ class AttentionMask:
             return [self._earlier_with_replacement(query_block, draw) for draw in range(self.random_blocks)]
         return self._distinct_eligible(query_block)
 
-    def eligible(self, query_block: Tensor) -> tuple[Tensor, Tensor]:
-        """(lo, count): the key blocks lo..lo + count - 1 that query block i may draw under BigBird's
-        rule: no sink token in them, and wholly before the window of the block's first query."""
-        size = self.sparse_block
-        lo = -(-self.sinks // size)  # the first block free of sinks
-        hi = torch.div(query_block * size - self.window + 1, size, rounding_mode="floor")  # exclusive
-        return lo, (hi - lo).clamp(min=0)
-
     def _distinct_eligible(self, query_block: Tensor) -> list[Tensor]:
         """min(R, count) distinct blocks of the eligible range: draw r is uniform among the count - r
         blocks not yet taken (the r-th hash modulo count - r, then moved past each earlier pick at or
         below it, in ascending order), so no block is drawn twice; pointwise, R^2 comparisons."""
-        lo, count = self.eligible(query_block)
+        # the key blocks lo..lo + count - 1 that query block i may draw under BigBird's rule: no sink token in
+        # them, and wholly before the window of the block's first query
+        lo = -(-self.sinks // self.sparse_block)  # the first block free of sinks
+        hi = torch.div(query_block * self.sparse_block - self.window + 1, self.sparse_block, rounding_mode="floor")
+        count = (hi - lo).clamp(min=0)
         taken: list[Tensor] = []  # earlier picks (offsets in the range), ascending
         picks = []
         for draw in range(self.random_blocks):

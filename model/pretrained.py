@@ -22,8 +22,6 @@ from model.positions import SCHEMES
 GPT2_SHAPES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
                "gpt2-xl": (48, 25, 1600)}  # fmt: skip
 """OpenAI's GPT-2 models on the Hugging Face hub (`init_from`): (n_layer, n_head, n_embd)."""
-GPT2_POSITIONS = "learned"
-"""GPT-2's position scheme: a learned table of 1024 positions."""
 WEIGHTS = "model.safetensors"
 HUB_URL = "https://huggingface.co"
 TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -166,7 +164,7 @@ def load_gpt2(model: GPT, weights: dict[str, Tensor]) -> None:
 def from_pretrained(config: GPTConfig) -> GPT:
     """A GPT of `config` holding the weights `config.init_from` names (see the module docstring)."""
     weights = read_weights(check_pretrained(config))
-    as_gpt2 = dataclasses.replace(config, pos_encoding=GPT2_POSITIONS)
+    as_gpt2 = dataclasses.replace(config, pos_encoding="learned")  # GPT-2's: a table of 1024 positions
     model = GPT(as_gpt2)
     with torch.no_grad():
         load_gpt2(model, weights)

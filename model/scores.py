@@ -85,9 +85,6 @@ def per_head(x: Tensor, w: Tensor) -> Tensor:
 class HeadParameters(Score):
     """A score with parameters of its own per head, built from the head count and size."""
 
-    def __init__(self, n_head: int, head_dim: int) -> None:
-        super().__init__()
-
     @classmethod
     def build(cls, config: GPTConfig) -> Score:
         return cls(config.n_head, config.head_dim)
@@ -99,7 +96,7 @@ class General(HeadParameters):
     scale = 1.0
 
     def __init__(self, n_head: int, head_dim: int) -> None:
-        super().__init__(n_head, head_dim)
+        super().__init__()
         self.w = nn.Parameter(torch.empty(n_head, head_dim, head_dim))
         self.reset_parameters()
 
@@ -119,7 +116,7 @@ class Additive(HeadParameters):
     scale = None
 
     def __init__(self, n_head: int, head_dim: int) -> None:
-        super().__init__(n_head, head_dim)
+        super().__init__()
         self.w_q = nn.Parameter(torch.empty(n_head, head_dim, head_dim))
         self.w_k = nn.Parameter(torch.empty(n_head, head_dim, head_dim))
         self.v = nn.Parameter(torch.empty(n_head, head_dim))

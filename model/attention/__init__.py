@@ -9,14 +9,10 @@ from __future__ import annotations
 from model.attention.base import Attention
 from model.attention.differential import DifferentialAttention
 from model.attention.forgetting import ForgettingAttention
-from model.attention.linear import LinearAttention, StateCache
+from model.attention.linear import LinearAttention
 from model.attention.sigmoid import SigmoidAttention
 from model.attention.softmax import SoftmaxAttention
 from model.attention.stick_breaking import StickBreakingAttention
-from model.cache import KVCache
-
-Cache = KVCache | StateCache
-"""What decoding keeps: keys and values (softmax and its kin), or linear attention's running sums."""
 
 ATTENTIONS: dict[str, type[Attention]] = {
     "softmax": SoftmaxAttention,
@@ -28,5 +24,5 @@ ATTENTIONS: dict[str, type[Attention]] = {
 }
 """The attention functions by `attention` name: each a layer class with its own kernels."""
 
-__all__ = ["ATTENTIONS", "Attention", "Cache", "DifferentialAttention", "ForgettingAttention", "LinearAttention",
+__all__ = ["ATTENTIONS", "Attention", "DifferentialAttention", "ForgettingAttention", "LinearAttention",
            "SigmoidAttention", "SoftmaxAttention", "StickBreakingAttention"]  # fmt: skip

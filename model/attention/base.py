@@ -14,7 +14,7 @@ from model.positions import PositionEncoding
 from model.scores import Score, build_score
 
 if TYPE_CHECKING:
-    from model.attention import Cache
+    from model.cache import DecodingCache
     from model.config import GPTConfig
 
 
@@ -159,7 +159,7 @@ class Attention(nn.Module):
         raise KernelError("No kernel here forms the attention weights of this model.")
 
     @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> DecodingCache:
         """What decoding keeps for a model of `config` (see `GPT.new_cache`)."""
         raise NotImplementedError
 

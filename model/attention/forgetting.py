@@ -21,7 +21,6 @@ from torch import Tensor, nn
 from model.attention.softmax import SoftmaxAttention
 from model.cache import CacheWrite, KVCache, LayerCache
 from model.kernels import Plan
-from model.masks import AttentionMask
 from model.positions import PositionEncoding
 
 if TYPE_CHECKING:
@@ -35,9 +34,9 @@ class GateLayerCache(LayerCache):
         super().__init__(owner)
         self.sums = LayerCache(owner)
 
-    def allocate(self, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device) -> None:
-        super().allocate(shape, dtype, device)
-        self.sums.allocate((*shape[:3], 1), torch.float32, device)
+    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().allocate(batch, n_head, head_dim, dtype, device)
+        self.sums.allocate(batch, n_head, 1, torch.float32, device)
 
     def gate_sums(self, log_f: Tensor, write: CacheWrite) -> tuple[Tensor, Tensor]:
         """The new tokens' sums c (B, H, T) from their ln f, and those of the keys they attend over (B, H, Tk)."""
@@ -50,18 +49,10 @@ class GateLayerCache(LayerCache):
         return c, keys[..., 0]
 
 
-class GateCache(KVCache):
-    """The KV cache of forgetting attention: each layer's keys, values and gate sums."""
-
-    def __init__(self, n_layer: int, capacity: int, mask: AttentionMask | None = None) -> None:
-        super().__init__(n_layer, capacity, mask)
-        self.layers = [GateLayerCache(self) for _ in range(n_layer)]
-
-
 class ForgettingAttention(SoftmaxAttention):
     """Forgetting attention (this module): softmax attention's layer and kernels, plus the forget gate."""
 
-    cache_type = GateCache
+    layer_cache = GateLayerCache
     decays = True
 
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:

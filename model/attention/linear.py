@@ -9,8 +9,7 @@ form (running sums across chunks) trains and, one token at a time with its state
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +21,6 @@ from model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, WeightsHoo
 from model.scores import Score
 
 if TYPE_CHECKING:
-    from model.attention import Cache
     from model.config import GPTConfig
     from model.kernels import Plan
     from model.masks import AttentionMask
@@ -42,8 +40,7 @@ def feature_map(x: Tensor) -> Tensor:
     return F.elu(_wide(x)) + 1.0
 
 
-@dataclass
-class LinearState:
+class LinearState(NamedTuple):
     """The running sums after some tokens: S (B, H, D, D) and z (B, H, D)."""
 
     S: Tensor
@@ -81,7 +78,7 @@ def linear_attention_chunked(
     B, H, _, D = rq.shape
     if state is None:
         state = LinearState(rq.new_zeros(B, H, D, vf.size(-1)), rq.new_zeros(B, H, D))
-    S, z = state.S, state.z
+    S, z = state
     outputs = []
     # split once (its backward concatenates): slicing inside the loop would make each slice's
     # backward allocate a gradient of the full length, O(T^2 / C) in all
@@ -131,26 +128,14 @@ LINEAR_KERNELS: dict[str, Kernel] = {
 """Linear attention's kernels by `attn_backend` name: causal by construction, no context, mask or bias."""
 
 
-class StateCache(DecodingCache):
-    """What decoding keeps for linear attention: one `LinearState` per layer, of constant size."""
-
-    def __init__(self, n_layer: int) -> None:
-        super().__init__()
-        self.layers = [LayerStateCache() for _ in range(n_layer)]
-
-    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        super().allocate(batch, n_head, head_dim, dtype, device)
-        for layer in self.layers:
-            layer.allocate(batch, n_head, head_dim, device)
-
-
 class LayerStateCache:
-    """One layer's running sums, updated in place once allocated (a compiled step keeps its tensors)."""
+    """What decoding keeps of one layer of linear attention: its running sums, of constant size, updated in place
+    once allocated (a compiled step keeps its tensors)."""
 
     def __init__(self) -> None:
         self.state: LinearState | None = None
 
-    def allocate(self, batch: int, n_head: int, head_dim: int, device: torch.device) -> None:
+    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         S = torch.zeros(batch, n_head, head_dim, head_dim, device=device)
         self.state = LinearState(static_buffer(S), static_buffer(torch.zeros(batch, n_head, head_dim, device=device)))
 
@@ -163,8 +148,8 @@ class LayerStateCache:
         if self.state is None or self.state.S.shape != new.S.shape or self.state.S.dtype != new.S.dtype:
             self.state = new
         else:
-            self.state.S.copy_(new.S)
-            self.state.z.copy_(new.z)
+            for held, value in zip(self.state, new, strict=True):
+                held.copy_(value)
         return out
 
 
@@ -184,8 +169,8 @@ class LinearAttention(Attention):
         return self.output(y)
 
     @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
-        return StateCache(config.n_layer)
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> DecodingCache:
+        return DecodingCache([LayerStateCache() for _ in range(config.n_layer)])
 
     @classmethod
     def constant_memory(cls, mask: AttentionMask) -> bool:

@@ -46,8 +46,6 @@ class SigmoidEager(EagerKernel):
 class SigmoidFlex(FlexKernel):
     """FlexAttention with the log-sigmoid score, the output rescaled by exp(lse); CUDA only (module docstring)."""
 
-    devices = frozenset({"cuda"})
-
     def score_mod(  # type: ignore[override]  # the bias's n, as SigmoidEager's
         self, bias: ScoreBias | None, mask: AttentionMask, step: Step, length: int | None
     ) -> ScoreMod:

@@ -8,14 +8,13 @@ import torch
 from torch import Tensor
 
 from model.attention.base import Attention
-from model.cache import KVCache, LayerCache
+from model.cache import DecodingCache, KVCache, LayerCache
 from model.kernels import KERNELS, Plan, Step
 from model.masks import AttentionMask
 from model.positions import SCHEMES, PositionEncoding
 from model.scores import LogLengthScale
 
 if TYPE_CHECKING:
-    from model.attention import Cache
     from model.config import GPTConfig
 
 
@@ -58,17 +57,19 @@ class SoftmaxAttention(Attention):
             q = self.log_scale(q, self.mask.seen_keys(query_indices(plan.step)))
         return q, k, v
 
-    cache_type: ClassVar[type[KVCache]] = KVCache
-    """What decoding keeps: keys and values (forgetting attention: each key's gate sum too)."""
+    layer_cache: ClassVar[type[LayerCache]] = LayerCache
+    """A layer's store in the KV cache: keys and values (forgetting attention: each key's gate sum too)."""
+    keys_in_order: ClassVar[bool] = False
+    """Its weights run over the keys in position order (stick-breaking's product): the KV cache never rolls."""
 
     @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
-        contextual = SCHEMES[config.pos_encoding].contextual  # its positions count keys in position order
-        return cls.cache_type(config.n_layer, capacity, None if contextual else mask)  # None: never rolled
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> DecodingCache:
+        in_order = cls.keys_in_order or SCHEMES[config.pos_encoding].contextual  # CoPE counts keys in order
+        return KVCache(config.n_layer, capacity, None if in_order else mask, cls.layer_cache)  # None: never rolled
 
     @classmethod
     def constant_memory(cls, mask: AttentionMask) -> bool:
-        return mask.rolling  # a window's rolling cache
+        return mask.rolling and not cls.keys_in_order  # a window's rolling cache
 
 
 def _log_scaling_changes(old: GPTConfig, new: GPTConfig) -> bool:

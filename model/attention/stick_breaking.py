@@ -17,13 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from model.attention.softmax import SoftmaxAttention
-from model.cache import KVCache
 from model.kernels.base import Kernel
 from model.kernels.eager import EagerKernel
-from model.masks import AttentionMask
 
 if TYPE_CHECKING:
-    from model.attention import Cache
     from model.config import GPTConfig
 
 
@@ -57,15 +54,8 @@ class StickBreakingAttention(SoftmaxAttention):
     """Stick-breaking attention (this module): softmax attention's layer with stick-breaking weights."""
 
     kernels = STICK_BREAKING_KERNELS
+    keys_in_order = True  # its KV cache never rolls (the window still masks)
 
     @classmethod
     def kernel_settings(cls, config: GPTConfig) -> dict[str, Any]:
         return {"remainder": config.sb_remainder == "current"}
-
-    @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> Cache:
-        return KVCache(config.n_layer, capacity)  # never rolling: keys in position order (the window still masks)
-
-    @classmethod
-    def constant_memory(cls, mask: AttentionMask) -> bool:
-        return False

@@ -49,10 +49,6 @@ class Step:
     positions: Tensor | None = None
     k_pos: Tensor | None = None
 
-    @property
-    def k_len(self) -> int:
-        return self.k_pos.size(-1) if self.k_pos is not None else self.q_len
-
 
 class Lack(NamedTuple):
     """One need a kernel cannot meet: in words, and the model setting that asks for it (None: the device)."""

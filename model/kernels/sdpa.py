@@ -31,13 +31,7 @@ def sdpa_attention(
     """
     if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
         with torch.autocast("cpu", enabled=False):
-            return _sdpa(q.float(), k.float(), v.float(), bias, dropout_p, mask, scale).to(q.dtype)
-    return _sdpa(q, k, v, bias, dropout_p, mask, scale)
-
-
-def _sdpa(
-    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float, mask: Tensor | None, scale: float | None
-) -> Tensor:
+            return sdpa_attention(q.float(), k.float(), v.float(), bias, dropout_p, mask, scale).to(q.dtype)
     q_len, k_len = q.size(-2), k.size(-2)
     sdpa = functools.partial(F.scaled_dot_product_attention, dropout_p=dropout_p, scale=scale)
     if bias is not None:

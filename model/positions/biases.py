@@ -24,11 +24,11 @@ class ALiBi(PositionEncoding):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
         self.n_head = config.n_head
-        self.register_buffer("slopes", _alibi_slopes_tensor(config.n_head), persistent=False)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(config.n_head), dtype=torch.float32), persistent=False)
 
     def bias(self, layer: int = 0) -> ScoreBias:
         if self.slopes.dtype != torch.float32:  # e.g. after model.to(torch.bfloat16)
-            self.slopes = _alibi_slopes_tensor(self.n_head, device=self.slopes.device)
+            self.slopes = torch.tensor(alibi_slopes(self.n_head), dtype=torch.float32, device=self.slopes.device)
         slopes = self.slopes
 
         def alibi(h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
@@ -144,10 +144,6 @@ def alibi_slopes(n_head: int) -> list[float]:
         return power_of_two(n_head)
     closest = 2 ** math.floor(math.log2(n_head))
     return power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_head - closest]
-
-
-def _alibi_slopes_tensor(n_head: int, device: torch.device | None = None) -> Tensor:
-    return torch.tensor(alibi_slopes(n_head), dtype=torch.float32, device=device)
 
 
 class FIRE(PositionEncoding):

@@ -34,13 +34,7 @@ class LearnedPositions(PositionEncoding):
     def lookup_parameters(self) -> list[nn.Parameter]:
         return [self.table.weight]
 
-    def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        if positions is None and x.size(1) > self.table.num_embeddings:
-            # GPT.forward checks lengths first with a friendlier message; this guards direct use.
-            raise ValueError(
-                f"pos_encoding='learned' has embeddings for {self.table.num_embeddings} positions "
-                f"(block_size) but position {x.size(1) - 1} was asked for."
-            )
+    def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:  # GPT checks the length first
         return x + take(self.table.weight, x.size(1), positions)
 
 
@@ -57,14 +51,14 @@ class SinusoidalPositions(PositionEncoding):
     def check(cls, config: GPTConfig) -> None:
         require_even(config, config.n_embd, "pairs sin and cos channels, so n_embd must be even")
 
-    def reserve(self, length: int) -> None:
-        if length > self.table.size(0):
-            self.table = sinusoid_table(grown(length), self.n_embd, device=self.table.device)
+    def reserve(self, length: int, device: torch.device | None = None) -> None:
+        if length > self.table.size(0) or self.table.dtype != torch.float32:  # float32 again after model.to(bf16)
+            size = grown(max(length, self.table.size(0)))
+            self.table = sinusoid_table(size, self.n_embd, device=device or self.table.device)
 
     def embed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         end = x.size(1)
-        if (positions is None and end > self.table.size(0)) or self.table.dtype != torch.float32:
-            self.table = sinusoid_table(grown(max(end, self.table.size(0))), self.n_embd, device=x.device)
+        self.reserve(end if positions is None else 0, x.device)  # given positions: reserved by the caller
         return x * math.sqrt(self.n_embd) + take(self.table, end, positions).to(x.dtype)
 
 
@@ -99,14 +93,13 @@ class RotaryPositions(PositionEncoding):
                 "rotate more of them (a larger rope_fraction) or use another rope_scaling."
             )
 
-    def reserve(self, length: int) -> None:
-        if length > self.cos.size(0):
-            self.cos, self.sin = self._cos_sin(grown(length), device=self.cos.device)
+    def reserve(self, length: int, device: torch.device | None = None) -> None:
+        if length > self.cos.size(0) or self.cos.dtype != torch.float32:  # float32 again after model.to(bf16)
+            self.cos, self.sin = self._cos_sin(grown(max(length, self.cos.size(0))), device=device or self.cos.device)
 
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         T = q.size(-2)
-        if (positions is None and T > self.cos.size(0)) or self.cos.dtype != torch.float32:
-            self.cos, self.sin = self._cos_sin(grown(max(T, self.cos.size(0))), device=q.device)
+        self.reserve(T if positions is None else 0, q.device)  # given positions: reserved by the caller
         cos, sin = take(self.cos, T, positions), take(self.sin, T, positions)  # (T, D/2), or (B, T, D/2)
         if positions is not None:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D/2): the same positions for every head
