@@ -1,5 +1,5 @@
 """`posgpt` and its commands: one name for every tool, short help pages, and a non-editable install
-that trains from any directory with the configs it ships."""
+that trains from any directory with the configs it ships, its output a plain log."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 import bench
 from core.cli import Command
@@ -64,11 +65,33 @@ def test_posgpt_help_imports_no_torch():
     assert out.strip().splitlines()[-1] == "[]", out
 
 
+OFFLINE_POSGPT = """
+import sys, urllib.error, urllib.request
+def offline(*args, **kwargs):
+    raise urllib.error.URLError("no network in tests")
+urllib.request.urlopen = offline
+from posgpt.cli import main
+main(sys.argv[1:])
+"""
+
+ALLOWED = [
+    r"Could not download Tiny Shakespeare \(.*\): training on Python's bundled documentation instead .*",
+    r"Wrote prepared/\S+: \d+ train and \d+ val tokens .*",
+    r"[\d.]+M parameters \(1 layers x 32, learned, block 32\) on python-\S+ \([\d,]+ tokens; validation scores "
+    r"[\d,]+ of [\d,]+\); \S+ on cpu; 40 steps x 4 x 32 tokens; run dir \S+; git \S+, torch \S+",
+    r"step \d+/40 \| loss [\d.]+ \| [\d.]+ ms/step \| [\d.]+k? tok/s( \| ETA \d+:\d\d)?",
+    r"step \d+/40 \| val loss [\d.]+ \| [\d.]+ s",
+    r"\{\"run_dir\": .*\}",
+]
+
+
 @pytest.mark.slow
-def test_a_non_editable_install_trains_from_any_directory(tmp_path):
+def test_a_non_editable_install_trains_offline_from_any_directory_into_a_plain_log(tmp_path):
     """Install this tree as pip installs it for a user (a wheel built from a copy, its dependencies those of this
-    environment) into a directory of its own, and run its posgpt from an empty directory: a tiny training run
-    of a shipped config."""
+    environment) into a directory of its own, and run its posgpt from an empty directory, offline, with a shipped
+    config and the default data, stdout and stderr into a file: the offline line once, the prepare line, the
+    settings line, plain progress lines, the sample and the summary; nothing else (no Lightning notices, model
+    table, deprecation warnings, carriage returns or ANSI codes)."""
     source = tmp_path / "src"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "runs", "prepared", "reports", "*.egg-info",
                                                                 "__pycache__", ".*cache"))  # fmt: skip
@@ -79,19 +102,35 @@ def test_a_non_editable_install_trains_from_any_directory(tmp_path):
                     "--target", str(site), str(source), env=env)  # fmt: skip
     assert installed.returncode == 0, installed.stderr
     assert not {"model", "data", "core", "training", "configs"} & {p.name for p in site.iterdir()}  # one name: posgpt
-    env["PYTHONPATH"] = str(site)  # where the install went, in place of site-packages
+    env.update(PYTHONPATH=str(site), POSGPT_CACHE=str(tmp_path / "cache"))  # the install, in place of site-packages
     work = tmp_path / "elsewhere"
     work.mkdir()
-    (work / "t.txt").write_text("the king and the queen said to all men of the land\n" * 200)
     where = run(sys.executable, "-c", "import posgpt, training, configs; print(training.__file__)", cwd=work, env=env)
     assert where.stdout.startswith(str(site / "posgpt" / "_lib")), where  # the installed copy, not this tree
-    trained = run(str(site / "bin" / "posgpt"), "train", "--config", "configs/nanogpt_cpu.yaml", "--data.input",
-                  "t.txt", "--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.block_size",
-                  "16", "--train.max_steps", "3", "--train.batch_size", "2", "--train.eval_interval", "3",
-                  "--train.eval_tokens", "64", "--train.sample_tokens", "0", cwd=work, env=env)  # fmt: skip
-    assert trained.returncode == 0, trained.stderr
-    run_dir = work / "runs" / "t-char-learned"  # the shipped config's scheme
+    args = ["train", "--config", "configs/nanogpt_cpu.yaml", "--model.n_layer", "1", "--model.n_head", "2",
+            "--model.n_embd", "32", "--model.block_size", "32", "--train.batch_size", "4", "--train.max_steps", "40",
+            "--train.eval_interval", "20", "--train.eval_tokens", "1024", "--train.sample_tokens", "20",
+            "--data.prepared_root", "prepared"]  # fmt: skip
+    with open(tmp_path / "log.txt", "w") as log:
+        done = subprocess.run([sys.executable, "-c", OFFLINE_POSGPT, *args], cwd=work, env=env, stdout=log,
+                              stderr=subprocess.STDOUT, timeout=300)  # fmt: skip
+    text = (tmp_path / "log.txt").read_text()
+    assert done.returncode == 0, text
+    assert "\r" not in text and "\x1b[" not in text
+    head, sample, tail = re.split(r"^--- sample ---$|^--------------$", text, flags=re.M)
+    lines = [line for line in (head + tail).splitlines() if line.strip()]
+    for line in lines:
+        assert any(re.fullmatch(pattern, line) for pattern in ALLOWED), f"unexpected line: {line!r}"
+    assert sum("Could not download" in line for line in lines) == 1
+    assert sum(line.startswith("step ") for line in lines) == 6  # every 10 steps (40 / 20, to log's 10) + 2 vals
+    assert sample.strip()
+    run_dir = next((work / "runs").iterdir())
     assert {"last.ckpt", "config.yaml", "metrics.csv", "training.png"} <= {p.name for p in run_dir.iterdir()}
+    used = yaml.safe_load((run_dir / "config.yaml").read_text())
+    asked = yaml.safe_load((run_dir / "requested.yaml").read_text())
+    assert asked["data"]["input"] == "auto" and asked["train"]["precision"] == "auto"
+    assert Path(used["data"]["input"]).name.startswith("python-") and Path(used["data"]["input"]).is_file()
+    assert used["train"]["precision"] in ("bf16-mixed", "32-true") and used["model"]["pos_encoding"] == "learned"
 
 
 def test_the_wheel_installs_every_package_of_the_checkout_under_posgpt():

@@ -1,14 +1,10 @@
-"""What a run prints and keeps, as a newcomer meets it: the lines of `python train.py` in a log file,
-config.yaml as used, resume auto that finds nothing, one metrics file across resumes, TensorBoard,
+"""What a run prints and keeps, as a newcomer meets it (its lines in a log file: test_entry_points.py):
+resume auto that finds nothing, one metrics file across resumes, TensorBoard,
 step-numbered checkpoints (a checkpoint write that fails for a full disk: test_faults.py)."""
 
 from __future__ import annotations
 
 import csv
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,56 +19,6 @@ from training.curves import read_metrics
 from helpers import cli_error, tiny_args
 
 ROOT = Path(__file__).resolve().parents[1]
-
-OFFLINE_TRAIN = """
-import runpy, sys, urllib.error, urllib.request
-def offline(*args, **kwargs):
-    raise urllib.error.URLError("no network in tests")
-urllib.request.urlopen = offline
-sys.argv = ["train.py", *sys.argv[1:]]
-runpy.run_path("train.py", run_name="__main__")
-"""
-
-ALLOWED = [
-    r"Could not download Tiny Shakespeare \(.*\): training on Python's bundled documentation instead .*",
-    r"Wrote prepared/\S+: \d+ train and \d+ val tokens .*",
-    r"[\d.]+M parameters \(1 layers x 32, rope, block 32\) on python-\S+ \([\d,]+ tokens; validation scores "
-    r"[\d,]+ of [\d,]+\); \S+ on cpu; 40 steps x 4 x 32 tokens; run dir \S+; git \S+, torch \S+",
-    r"step \d+/40 \| loss [\d.]+ \| [\d.]+ ms/step \| [\d.]+k? tok/s( \| ETA \d+:\d\d)?",
-    r"step \d+/40 \| val loss [\d.]+ \| [\d.]+ s",
-    r"\{\"run_dir\": .*\}",
-]
-
-
-def test_python_train_in_a_log_file_prints_only_its_own_plain_lines(tmp_path):
-    """The default command offline, stdout and stderr into a file: the offline line once, the prepare
-    line, the settings line, plain progress lines, the sample and the summary; nothing else (no
-    Lightning notices, model table, deprecation warnings, carriage returns or ANSI codes)."""
-    env = {**os.environ, "POSGPT_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    args = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.block_size", "32",
-            "--train.batch_size", "4", "--train.max_steps", "40", "--train.eval_interval", "20",
-            "--train.eval_tokens", "1024", "--train.sample_tokens", "20", "--train.out_dir", str(tmp_path / "runs"),
-            "--data.prepared_root", "prepared"]  # fmt: skip
-    with open(tmp_path / "log.txt", "w") as log:
-        done = subprocess.run([sys.executable, "-c", OFFLINE_TRAIN, *args], cwd=ROOT, env=env, stdout=log,
-                              stderr=subprocess.STDOUT, timeout=300)  # fmt: skip
-    text = (tmp_path / "log.txt").read_text()
-    assert done.returncode == 0, text
-    assert "\r" not in text and "\x1b[" not in text
-    head, sample, tail = re.split(r"^--- sample ---$|^--------------$", text, flags=re.M)
-    lines = [line for line in (head + tail).splitlines() if line.strip()]
-    for line in lines:
-        assert any(re.fullmatch(pattern, line) for pattern in ALLOWED), f"unexpected line: {line!r}"
-    assert sum("Could not download" in line for line in lines) == 1
-    assert sum(line.startswith("step ") for line in lines) == 6  # every 10 steps (40 / 20, to log's 10) + 2 vals
-    assert sample.strip()
-
-    run_dir = next((tmp_path / "runs").iterdir())
-    used = yaml.safe_load((run_dir / "config.yaml").read_text())
-    asked = yaml.safe_load((run_dir / "requested.yaml").read_text())
-    assert asked["data"]["input"] == "auto" and asked["train"]["precision"] == "auto"
-    assert Path(used["data"]["input"]).name.startswith("python-") and Path(used["data"]["input"]).is_file()
-    assert used["train"]["precision"] in ("bf16-mixed", "32-true")
 
 
 def test_resume_auto_with_nothing_to_resume_says_so_and_another_runs_directory_is_refused(

@@ -205,6 +205,7 @@ def test_config_mistakes_fail_clearly():
     assert len(KEYS) == 51
 
 
+@pytest.mark.plot  # the task report's figures rendered
 def test_the_experiment_end_to_end_with_reuse(tmp_path, capsys):
     args = [
         "--config", str(Path(__file__).parents[1] / "configs" / "synthetic_copy.yaml"),
