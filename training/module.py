@@ -19,10 +19,15 @@ from training.config import OptimConfig, RunConfig, lr_factor
 log = logging.getLogger(__name__)
 
 
+def parameter_groups(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """`model`'s trainable parameters: the matrices (weight decay) and the rest (none), AdamW's two groups."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return [p for p in trainable if p.dim() >= 2], [p for p in trainable if p.dim() < 2]
+
+
 def adamw(model: torch.nn.Module, o: OptimConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW over `model`'s trainable parameters, weight decay on matrices only, fused (on a CPU too: ~3 ms a step)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    decay, no_decay = parameter_groups(model)
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=o.lr,
@@ -85,9 +90,8 @@ class GPTModule(L.LightningModule):
         log.info("Step %d: the model switches to %s", self.global_step, self.config.train.switch_model)
         if set(self.model.parameters()) != before:  # AdamW's groups take the new parameters; those kept keep state
             optimizer = self.trainer.strategy.optimizers[0]
-            groups = adamw(self.model, self.config.optim, self.device).param_groups  # decay or not, in AdamW's order
-            for group, new in zip(optimizer.param_groups, groups, strict=True):
-                group["params"] = new["params"]
+            for group, params in zip(optimizer.param_groups, parameter_groups(self.model), strict=True):
+                group["params"] = params
             for gone in set(optimizer.state) - set(self.model.parameters()):
                 del optimizer.state[gone]
 
