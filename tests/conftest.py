@@ -16,6 +16,9 @@ from model import GPTConfig
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `slow` first: pytest-xdist hands the first tests out in turn, so the long ones start at once
+    on every worker and the workers end together, on short tests (the order is the same in every worker)."""
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

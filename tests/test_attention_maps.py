@@ -161,6 +161,7 @@ def _png_ok(path: Path) -> None:
 
 
 @pytest.mark.plot
+@pytest.mark.slow
 def test_heatmaps_and_long_context_figures(runs, tmp_path):
     out = tmp_path / "maps"
     cli.run(maps_script.COMMAND, ["--ckpt", str(runs["window"]), str(runs["learned"]), "--prompt", "The cat sat.",

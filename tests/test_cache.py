@@ -160,6 +160,7 @@ COMPILE_CASES = [  # each decoding path once: a full cache, a rolling one (windo
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fields", COMPILE_CASES, ids=lambda f: "-".join(str(v) for v in f.values()))
 @STATIC_SHAPES
 def test_compiled_generation_is_one_prefill_and_one_decode_graph(fields):
@@ -180,6 +181,7 @@ def test_compiled_generation_is_one_prefill_and_one_decode_graph(fields):
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_inductor_decodes_the_tokens_of_eager():
     """The one real compile of the suite's decoding: a tiny ALiBi model trained 20 steps to count
     (so greedy choices are clear, not near-ties of random weights), compiled for decoding by

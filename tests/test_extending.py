@@ -55,6 +55,7 @@ def test_the_doc_adds_exactly_one_registry_line_each():
         assert names[:-1] == list(registry) and names[-1] not in registry
 
 
+@pytest.mark.slow
 def test_the_new_kernel_is_validated_chosen_and_matched_against_eager(registered, tiny_config):
     config = dataclasses.replace(tiny_config, pos_encoding="alibi", attn_backend="math")
     with pytest.raises(ConfigError, match="attn_backend='math' cannot run attn_score='additive'"):
@@ -107,6 +108,7 @@ def test_the_causality_check_runs_on_the_new_function_with_every_scheme(register
     dataclasses.replace(TINY, attention="relu", dropout=0.1)  # the eager kernel's dropout, inherited
 
 
+@pytest.mark.slow
 def test_the_new_scheme_trains_decodes_matches_every_kernel_and_keeps_its_gradient_in_flex(
     registered, tiny_config, monkeypatch
 ):

@@ -167,6 +167,7 @@ def test_sampling_and_evaluating_a_spoiled_checkpoint_is_one_message(tmp_path, s
 # 3. signals
 
 
+@pytest.mark.slow
 def test_a_sigterm_saves_a_checkpoint_and_exits_143_and_resume_is_exact(tmp_path, text_file):
     """A real process, a real signal from outside."""
     signum = signal.SIGTERM

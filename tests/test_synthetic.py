@@ -175,6 +175,7 @@ def _direct_loop_matches(model: GPT, task: TaskConfig) -> None:
     assert 0 < rows[-1]["accuracy"] < rows[0]["accuracy"] or rows[-1]["accuracy"] == 0  # not a constant
 
 
+@pytest.mark.slow
 def test_a_tiny_model_learns_to_copy_and_its_accuracy_equals_a_direct_loop():
     """One model trained for both (a module fixture would be trained once per xdist worker)."""
     model, task = _learn_copy("rope", 300)
