@@ -76,8 +76,8 @@ def test_the_gpu_recipe_compiles_and_trains_in_bf16_on_cpu_clipping_before_every
     (bf16-mixed, fused AdamW, clipping) used to stop at its first step: here with accumulation, every optimizer
     step is fused and follows the clipping. The backend is Inductor's graph pipeline without its code generation
     (aot_eager_decomp_partition: Dynamo, AOTAutograd, Inductor's decompositions and partitioner): its CPU
-    code (half a minute of C++ compiles for three graphs on a fresh machine) is not what a GPU runs; test_gpu.py
-    runs the real recipe, and test_cache.py Inductor's CPU code in the one place a CPU user compiles, decoding."""
+    code (half a minute of C++ compiles for three graphs on a fresh machine) is not what a GPU runs: test_gpu.py
+    runs the real recipe on a GPU, and test_cache.py runs Inductor's CPU code in compiled decoding."""
     graphs_with_grad: list[bool] = []  # per graph compiled: traced for training (True) or for validation
     real_compile = torch.nn.Module.compile
 
