@@ -65,14 +65,13 @@ def test_posgpt_help_imports_no_torch():
     assert out.strip().splitlines()[-1] == "[]", out
 
 
-OFFLINE_POSGPT = """
-import sys, urllib.error, urllib.request
+OFFLINE = """
+import urllib.error, urllib.request
 def offline(*args, **kwargs):
     raise urllib.error.URLError("no network in tests")
 urllib.request.urlopen = offline
-from posgpt.cli import main
-main(sys.argv[1:])
 """
+"""A sitecustomize.py: every Python process started with its folder on PYTHONPATH has no network."""
 
 ALLOWED = [
     r"Could not download Tiny Shakespeare \(.*\): training on Python's bundled documentation instead .*",
@@ -102,7 +101,11 @@ def test_a_non_editable_install_trains_offline_from_any_directory_into_a_plain_l
                     "--target", str(site), str(source), env=env)  # fmt: skip
     assert installed.returncode == 0, installed.stderr
     assert not {"model", "data", "core", "training", "configs"} & {p.name for p in site.iterdir()}  # one name: posgpt
-    env.update(PYTHONPATH=str(site), POSGPT_CACHE=str(tmp_path / "cache"))  # the install, in place of site-packages
+    offline = tmp_path / "offline"
+    offline.mkdir()
+    (offline / "sitecustomize.py").write_text(OFFLINE)
+    # the install in place of site-packages, with no network
+    env.update(PYTHONPATH=os.pathsep.join([str(offline), str(site)]), POSGPT_CACHE=str(tmp_path / "cache"))
     work = tmp_path / "elsewhere"
     work.mkdir()
     where = run(sys.executable, "-c", "import posgpt, training, configs; print(training.__file__)", cwd=work, env=env)
@@ -112,8 +115,9 @@ def test_a_non_editable_install_trains_offline_from_any_directory_into_a_plain_l
             "--train.eval_interval", "20", "--train.eval_tokens", "1024", "--train.sample_tokens", "20",
             "--data.prepared_root", "prepared"]  # fmt: skip
     with open(tmp_path / "log.txt", "w") as log:
-        done = subprocess.run([sys.executable, "-c", OFFLINE_POSGPT, *args], cwd=work, env=env, stdout=log,
-                              stderr=subprocess.STDOUT, timeout=300)  # fmt: skip
+        posgpt_script = site / "bin" / "posgpt"  # the console script pip wrote
+        done = subprocess.run([str(posgpt_script), *args], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=300)  # fmt: skip
     text = (tmp_path / "log.txt").read_text()
     assert done.returncode == 0, text
     assert "\r" not in text and "\x1b[" not in text

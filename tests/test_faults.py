@@ -25,7 +25,7 @@ from core.files import directory_lock
 from data.dataset import prepare_dir
 from data.tokenizer import RANKS_ENV
 from evaluation.checkpoint import load_checkpoint
-from training.config import lr_factor
+from training.config import OptimConfig, TrainConfig, lr_factor
 
 from helpers import cli_error, exits_with, signal_during, tiny_args
 
@@ -306,6 +306,16 @@ def test_run_settings_out_of_range_are_one_message(tmp_path, text_file, capsys, 
     message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, *args))
     assert needle in message
     assert not (tmp_path / "runs").exists() and not (tmp_path / "prepared").exists()
+
+
+def test_a_setting_left_unset_is_refused_unless_its_type_allows_none():
+    """A study's variant builds its settings with `dataclasses.replace`, past the parser's types: a None where a
+    number is needed is refused at once, not deep inside training; the settings that may be unset stay so."""
+    with pytest.raises(ValueError, match="train.batch_size must be at least 1, got None"):
+        TrainConfig(batch_size=None)
+    with pytest.raises(ValueError, match="optim.grad_clip must be at least 0, got None"):
+        OptimConfig(grad_clip=None)
+    assert TrainConfig(eval_tokens=None).eval_tokens is None and OptimConfig(decay_steps=None).decay_steps is None
 
 
 @pytest.mark.parametrize(

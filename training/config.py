@@ -17,13 +17,17 @@ PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "1
 
 
 def check_ranges(cfg: Any, section: str, at_least: dict[str, float], fractions: tuple[str, ...] = ()) -> None:
-    """Each field of `fractions` in [0, 1); each of `at_least` a number at least its bound (None: unset, allowed)."""
+    """Each field of `fractions` in [0, 1); each of `at_least` a number at least its bound, or None where its type
+    allows None (unset). A study's variant reaches here through `dataclasses.replace`, not the parser's types."""
+    nullable = {f.name for f in dataclasses.fields(cfg) if "None" in str(f.type)}
     for name in fractions:
         if not 0.0 <= getattr(cfg, name) < 1.0:
             raise ValueError(f"{section}.{name} must be in [0, 1), got {getattr(cfg, name)!r}.")
     for name, low in at_least.items():
         value = getattr(cfg, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < low):
+        if value is None and name in nullable:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
             raise ValueError(f"{section}.{name} must be at least {low}, got {value!r}.")
 
 
