@@ -6,6 +6,7 @@ of a split for evaluation (so a val loss is comparable across runs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -22,7 +23,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from core.checkpoint import CheckpointError
 from data.errors import DataError
-from data.prepare import FORMAT_VERSION, VAL_MAX_TOKENS, PrepareConfig, fingerprint, prepare, resolve_sources
+from data.prepare import FORMAT_VERSION, VAL_MAX_TOKENS, PrepareConfig, fingerprint, prepare_sources, resolve_sources
 from data.sources import Source, corpus_name, modified_after
 from data.tokenizer import RANKS_ENV, Tokenizer, tokenizer_from_meta
 
@@ -118,7 +119,7 @@ def prepare_dir(inputs: str | list[str] | list[Source], prepared: str | None, pr
         settings.append(f"val_max_tokens={cfg.val_max_tokens}")
     key = hashlib.sha256("\n".join(settings).encode()).hexdigest()[:10]
     out = Path(prepared_root) / f"{corpus_name(sources)}-{cfg.tokenizer}-{key}"
-    prepare(**{**vars(cfg), "inputs": sources, "out_dir": str(out)})
+    prepare_sources(dataclasses.replace(cfg, out_dir=str(out)), sources)
     return load_prepared(out)
 
 

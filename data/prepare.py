@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -126,9 +126,13 @@ class PrepareConfig:
 def prepare(inputs: Inputs, out_dir: str, tokenizer: str = "char", **options: Any) -> dict[str, Any]:
     """Tokenize `inputs` (or resolved `Source`s) into `out_dir` with `PrepareConfig`'s other fields; its metadata."""
     cfg = PrepareConfig(inputs, out_dir, tokenizer, **options)  # type: ignore[arg-type]
-    sources = resolve_sources(inputs, cfg.glob, cfg.text_column)
-    out = Path(out_dir)
-    settings = {"tokenizer": tokenizer, "val_fraction": cfg.val_fraction, "errors": cfg.errors}
+    return prepare_sources(cfg, resolve_sources(inputs, cfg.glob, cfg.text_column))
+
+
+def prepare_sources(cfg: PrepareConfig, sources: list[Source]) -> dict[str, Any]:
+    """`prepare` of sources already resolved from `cfg.inputs`."""
+    out = Path(cfg.out_dir)
+    settings = {"tokenizer": cfg.tokenizer, "val_fraction": cfg.val_fraction, "errors": cfg.errors}
     try:
         with waiting_lock(out, tidy=True):  # a failed prepare into a new directory leaves nothing
             existing = _reusable(out, sources, settings, cfg.val_max_tokens)
@@ -375,7 +379,7 @@ def _encoded(sources: list[Source], tok: Tokenizer, errors: str, workers: int) -
 
 
 def main(cfg: PrepareConfig) -> None:
-    meta = prepare(**asdict(cfg))
+    meta = prepare_sources(cfg, resolve_sources(cfg.inputs, cfg.glob, cfg.text_column))
     print(json.dumps({k: meta[k] for k in ("train_tokens", "val_tokens", "val_capped", "dtype")}))
 
 

@@ -99,7 +99,7 @@ class GPTConfig:
     """s of attn_log_scaling (default 1 / ln(block_size): at the training length the scale is 1)."""
     chunked_loss: bool = False
     """Loss through the output layer in chunks of rows, never forming the (B, T, V) logits (forward returns none)."""
-    gelu_approximate: str = "none"
+    gelu_approximate: Literal["none", "tanh"] = "none"
     """The MLP's GELU: none (exact, erf; nanoGPT's) or tanh (the approximation GPT-2 was trained with)."""
     init_from: str | None = None
     """Start from GPT-2 weights: gpt2 | gpt2-medium | gpt2-large | gpt2-xl (Hugging Face cache) or a directory with
@@ -123,7 +123,7 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}.")
-        for name, choices in [*_literal_fields().items(), ("gelu_approximate", ("none", "tanh"))]:
+        for name, choices in _literal_fields().items():
             if getattr(self, name) not in choices:
                 raise ConfigError(f"GPTConfig.{name} must be one of {list(choices)}, got {getattr(self, name)!r}.")
         if self.rope_scaling_factor < 1.0:

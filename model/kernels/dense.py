@@ -80,8 +80,15 @@ class DenseContext:
         return [slice(c, min(c + step, q_len)) for c in range(0, q_len, step)]
 
 
-def dense_context(bias: ScoreBias | None, mask: AttentionMask, step: Step, shortcut: bool) -> DenseContext:
-    """The dense context of one forward pass; with `shortcut`, plain causal attention needs no mask."""
+def dense_context(
+    bias: ScoreBias | None,
+    mask: AttentionMask,
+    step: Step,
+    shortcut: bool,
+    weigh: Callable[[Tensor, Tensor], Tensor] | None = None,
+) -> DenseContext:
+    """The dense context of one forward pass; with `shortcut`, plain causal attention needs no mask; `weigh`: the
+    eager kernel's weights."""
     device = step.device
     if step.k_pos is not None:  # decoding through a cache: each row's own positions
         assert step.positions is not None
@@ -90,7 +97,7 @@ def dense_context(bias: ScoreBias | None, mask: AttentionMask, step: Step, short
         q_pos = k_pos = torch.arange(step.q_len, device=device)[None]
         q_ids = k_ids = step.positions if step.positions is not None else q_pos
     plain = shortcut and mask.causal_only and step.k_pos is None
-    context = DenseContext(bias, mask, step.n_head, q_pos, k_pos, q_ids, k_ids, plain)
+    context = DenseContext(bias, mask, step.n_head, q_pos, k_pos, q_ids, k_ids, plain, weigh=weigh)
     if context.rows_per_block < step.q_len:
         return context  # formed block by block
     return dataclasses.replace(context, whole=context.block(slice(0, step.q_len)))

@@ -3,7 +3,6 @@ against, and the one that forms the attention weights (attention maps)."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -99,7 +98,7 @@ class EagerKernel(Kernel):
         self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, **settings: Any
     ) -> DenseContext:
         weigh = functools.partial(self.weigh, **settings) if settings else self.weigh
-        return dataclasses.replace(dense_context(bias, mask, step, shortcut=False), weigh=weigh)
+        return dense_context(bias, mask, step, shortcut=False, weigh=weigh)
 
     def run(
         self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,
@@ -107,12 +106,11 @@ class EagerKernel(Kernel):
     ) -> Tensor:  # fmt: skip
         """`eager_attention` with the context's weights, a block of query rows at a time."""
         outs, term = [], context.bias.from_scores if context.bias is not None else None
+        weigh = context.weigh or self.weigh  # a context built by another dense kernel (SDPA's) has none
         for rows in context.blocks(q.size(-2)):  # one block unless the mask and bias would be large
             visible, bias = context.block(rows)
             hook = _shifted(on_weights, rows.start) if on_weights is not None else None
-            outs.append(
-                eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, context.weigh, term)
-            )
+            outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, weigh, term))
         return torch.cat(outs, dim=2)
 
 
