@@ -145,6 +145,14 @@ def direct_loss(model: GPT, tokens: np.ndarray, length: int, stride: int, budget
     return sum(losses) / len(losses)
 
 
+def assert_png(path: Path) -> None:
+    """`path` decodes as a picture of some size: rendered, not the PNG signature that unmarked tests write."""
+    import matplotlib.image
+
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and min(image.shape[:2]) > 100, (path, image.shape)
+
+
 TINY = [
     "--model.n_layer", "2", "--model.n_head", "4", "--model.n_embd", "32", "--model.block_size", "32",
     "--train.batch_size", "8", "--train.log_interval", "5", "--train.progress_bar", "false",

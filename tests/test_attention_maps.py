@@ -8,7 +8,6 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib.image
 import numpy as np
 import pytest
 import torch
@@ -22,7 +21,7 @@ from model import GPT, SCHEMES, GPTConfig
 from model.attention import linear as linear_attention
 from model.kernels import eager
 
-from helpers import cli_error, train_tiny
+from helpers import assert_png, cli_error, train_tiny
 
 MASKS = {"causal": {}, "window": {"attn_window": 5}, "window+sinks": {"attn_window": 5, "attn_sinks": 2}}
 
@@ -155,11 +154,6 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-def _png_ok(path: Path) -> None:
-    image = matplotlib.image.imread(path)  # decodes the file: a valid PNG
-    assert image.ndim == 3 and min(image.shape[:2]) > 100
-
-
 @pytest.mark.plot
 @pytest.mark.slow
 def test_heatmaps_and_long_context_figures(runs, tmp_path):
@@ -169,7 +163,7 @@ def test_heatmaps_and_long_context_figures(runs, tmp_path):
                       "--progress", "false"])  # fmt: skip
     for name in ("window/layer1.png", "window/layers_mean.png", "learned/layer1.png", "attention_L8.png",
                  "attention_L32.png"):  # fmt: skip
-        _png_ok(out / name)
+        assert_png(out / name)
     assert not (out / "window" / "layer0.png").exists()  # --layers 1 only
     doc = json.loads((out / "results.json").read_text())
     prompt = doc["prompts"][0]

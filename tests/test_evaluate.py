@@ -23,7 +23,7 @@ from model import GPTConfig
 from training.config import DataConfig, RunConfig, TrainConfig
 from training.run import train
 
-from helpers import cli_error, direct_loss, train_tiny
+from helpers import assert_png, cli_error, direct_loss, train_tiny
 
 BLOCK = 16
 
@@ -86,7 +86,7 @@ def test_output_files_and_not_applicable_rows(runs, tmp_path, monkeypatch):
     for name in ("results.json", "results.md", "ppl_vs_length.png", "loss_by_position.png"):
         assert (out / name).stat().st_size > 0
     for name in ("ppl_vs_length.png", "loss_by_position.png"):
-        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert_png(out / name)
     assert doc["settings"]["lengths"] == lengths and doc["settings"]["token_budget"] == 128
     assert [run["label"] for run in doc["runs"]] == ["rope", "learned"]
     for run in doc["runs"]:
@@ -124,12 +124,14 @@ def test_dynamic_rope_scaling_acts_beyond_the_training_length_only(runs, tmp_pat
     assert "RoPE scaling factor" in (tmp_path / "out" / "results.md").read_text()
 
 
+@pytest.mark.plot  # the perplexity figure's error bars over seeds, rendered
 def test_checkpoints_sharing_a_label_are_seeds(runs, tmp_path):
     _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["rope_seed2"]), "--labels", "rope", "rope",
               "--eval.lengths", "[16,32]", "--eval.token_budget", "64")  # fmt: skip
     table = (tmp_path / "out" / "results.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| rope |"))
     assert "| 2 |" in row and row.count("±") == 2 and "mean ± standard deviation" in table
+    assert_png(tmp_path / "out" / "ppl_vs_length.png")
 
 
 def _scored_line(tmp: Path) -> str:

@@ -18,8 +18,6 @@ from training.curves import read_metrics
 
 from helpers import cli_error, tiny_args
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def test_resume_auto_with_nothing_to_resume_says_so_and_another_runs_directory_is_refused(
     tmp_path, text_file, capsys, caplog
