@@ -166,19 +166,21 @@ def runs_at(model: GPT, length: int) -> bool:
 
 
 def long_context_stats(
-    models: list[tuple[str, LoadedCheckpoint, np.ndarray]],
+    labels: list[str],
+    loaded: list[LoadedCheckpoint],
+    texts: list[tuple[np.ndarray, dict]],
     lengths: list[int],
     tokens: int,
     sink_tokens: int,
     device: torch.device,
     progress: bool,
 ) -> list[dict[str, Any]]:
-    """The statistics of every (label, checkpoint, its text) at every length its model can run, on `device`,
-    on the first max(1, tokens // length) non-overlapping windows of the text."""
+    """The statistics of every checkpoint (its label, its text's tokens and record as `load_texts` gives them) at
+    every length its model can run, on `device`, on the first max(1, tokens // length) non-overlapping windows."""
     plan = [
         (label, ckpt, text, length, min(max(1, tokens // length), len(text) // length))
         for length in lengths
-        for label, ckpt, text in models
+        for label, ckpt, (text, _) in zip(labels, loaded, texts, strict=True)
         if runs_at(ckpt.model, length)
     ]
     entries = []
@@ -307,8 +309,8 @@ def run(cfg: MapsConfig) -> list[Path]:
     if cfg.lengths:
         from evaluation.report import stats_pngs
 
-        models = [(label, c, tokens) for label, c, (tokens, _) in zip(labels, loaded, texts, strict=True)]
-        doc["lengths"] = long_context_stats(models, cfg.lengths, cfg.tokens, cfg.sink_tokens, device, cfg.progress)
+        doc["lengths"] = long_context_stats(labels, loaded, texts, cfg.lengths, cfg.tokens, cfg.sink_tokens, device,
+                                            cfg.progress)  # fmt: skip
         files.update({out / name: png for name, png in stats_pngs(doc["lengths"]).items()})
     doc["files"] = sorted(path.relative_to(out).as_posix() for path in files)
     files[out / "results.json"] = json.dumps(doc, indent=1, allow_nan=False).encode()

@@ -18,7 +18,7 @@ from core.cli import Command
 from core.device import pick_device_dtype
 from core.errors import UserError
 from data.dataset import window_starts
-from evaluation.attention import long_context_stats
+from evaluation.attention import long_context_stats, runs_at
 from evaluation.checkpoint import (
     EvalData,
     LoadedCheckpoint,
@@ -125,7 +125,7 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
         int(window_starts(len(text[0]), n, settings.stride or n, settings.token_budget).size)
         for _, ckpt, text, _ in plan
         for n in settings.lengths
-        if ckpt.model.pe.max_positions is None or n <= ckpt.model.pe.max_positions
+        if runs_at(ckpt.model, n)
     )
 
     def evaluate_one(name: str, ckpt: LoadedCheckpoint, text: tuple[np.ndarray, dict], scaling: str) -> dict[str, Any]:
@@ -176,9 +176,9 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
         "runs": runs,
     }
     if settings.attention_stats:  # each model as trained (`evaluate_one` scales views of it, never the model)
-        models = [(label, c, tokens) for label, c, (tokens, _) in zip(labels, loaded, texts, strict=True)]
-        doc["attention"] = long_context_stats(models, settings.lengths, min(settings.token_budget, ATTENTION_TOKENS),
-                                              SINK_TOKENS, device, settings.progress)  # fmt: skip
+        doc["attention"] = long_context_stats(labels, loaded, texts, settings.lengths,
+                                              min(settings.token_budget, ATTENTION_TOKENS), SINK_TOKENS, device,
+                                              settings.progress)  # fmt: skip
     return doc
 
 
