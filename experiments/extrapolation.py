@@ -38,7 +38,7 @@ class ExperimentConfig(Study):
     run: RunConfig = field(default_factory=RunConfig)
     """The training run shared by every scheme (model.pos_encoding and train.seed are set per run)."""
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(attention_stats=True))
-    """The evaluation of every final checkpoint, with the attention statistics (entropy, sink rate) by default."""
+    """The evaluation of every final checkpoint, attention statistics (entropy, sink mass, sink rate) on by default."""
     eval_data: EvalData = field(default_factory=EvalData)
     """Evaluation text (default: the validation split of the training data)."""
     max_minutes: float = 0.0
