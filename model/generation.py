@@ -33,7 +33,7 @@ def context_window(model: GPT, max_context: int | None = None) -> int | None:
     """How many of the last tokens the model sees when generating (see the module docstring);
     None: all of them (a sliding-window model whose scheme extrapolates)."""
     learned = model.pe.max_positions
-    constant_memory = model.attention.constant_memory(model.mask)
+    constant_memory = model.attention.constant_memory(model.config, model.mask)
     if learned is None and max_context is None and constant_memory:
         return None
     limit = max_context or DEFAULT_CONTEXT_MULTIPLE * model.config.block_size

@@ -203,7 +203,7 @@ class GPT(nn.Module):
 
     def switch_replaces_parameters(self, config: GPTConfig) -> bool:
         """Whether `switch(config)` would replace parameters (a scheme's own, a learned log-length
-        scale) by new ones: an optimizer must then be rebuilt, and DDP or FSDP cannot follow."""
+        scale) by new ones: an optimizer must then be given them, and DDP or FSDP cannot follow."""
         if _rebuilds_scheme(self.config, config):
             with torch.device("meta"):
                 if any(True for _ in build_positions(config).parameters()) or any(True for _ in self.pe.parameters()):

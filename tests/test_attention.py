@@ -36,10 +36,12 @@ def test_blocks_are_built_from_the_attention_function(tiny_config):
     assert isinstance(GPT(tiny_config).new_cache(8, batch=2), KVCache)
     state = GPT(_linear(tiny_config, "rope")).new_cache(8, batch=2)  # linear attention keeps a state, no keys
     assert type(state) is DecodingCache and all(type(layer) is LayerStateCache for layer in state.layers)
-    assert SoftmaxAttention.constant_memory(AttentionMask(window=4)) and not SoftmaxAttention.constant_memory(
-        AttentionMask()
-    )
-    assert LinearAttention.constant_memory(AttentionMask())
+    window = AttentionMask(window=4)
+    assert SoftmaxAttention.constant_memory(tiny_config, window)
+    assert not SoftmaxAttention.constant_memory(tiny_config, AttentionMask())
+    cope = GPT(dataclasses.replace(tiny_config, pos_encoding="cope", attn_window=4))  # counts its keys in order
+    assert not cope.attention.constant_memory(cope.config, cope.mask) and not cope.new_cache(8).rolling
+    assert LinearAttention.constant_memory(tiny_config, AttentionMask())
 
 
 @pytest.mark.parametrize("scheme", LINEAR_SCHEMES)

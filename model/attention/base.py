@@ -164,6 +164,6 @@ class Attention(nn.Module):
         raise NotImplementedError
 
     @classmethod
-    def constant_memory(cls, mask: AttentionMask) -> bool:
+    def constant_memory(cls, config: GPTConfig, mask: AttentionMask) -> bool:
         """Whether what decoding keeps stays the same size however long it runs."""
         raise NotImplementedError

@@ -173,5 +173,5 @@ class LinearAttention(Attention):
         return DecodingCache([LayerStateCache() for _ in range(config.n_layer)])
 
     @classmethod
-    def constant_memory(cls, mask: AttentionMask) -> bool:
+    def constant_memory(cls, config: GPTConfig, mask: AttentionMask) -> bool:
         return True

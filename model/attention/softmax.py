@@ -63,13 +63,18 @@ class SoftmaxAttention(Attention):
     """Its weights run over the keys in position order (stick-breaking's product): the KV cache never rolls."""
 
     @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> DecodingCache:
-        in_order = cls.keys_in_order or SCHEMES[config.pos_encoding].contextual  # CoPE counts keys in order
-        return KVCache(config.n_layer, capacity, None if in_order else mask, cls.layer_cache)  # None: never rolled
+    def _rolls(cls, config: GPTConfig, mask: AttentionMask) -> bool:
+        """Whether the KV cache rolls: a window's, unless the weights read the keys in order (CoPE counts them)."""
+        return mask.rolling and not (cls.keys_in_order or SCHEMES[config.pos_encoding].contextual)
 
     @classmethod
-    def constant_memory(cls, mask: AttentionMask) -> bool:
-        return mask.rolling and not cls.keys_in_order  # a window's rolling cache
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> DecodingCache:
+        rolls = cls._rolls(config, mask)
+        return KVCache(config.n_layer, capacity, mask if rolls else None, cls.layer_cache)  # None: never rolled
+
+    @classmethod
+    def constant_memory(cls, config: GPTConfig, mask: AttentionMask) -> bool:
+        return cls._rolls(config, mask)  # a window's rolling cache
 
 
 def _log_scaling_changes(old: GPTConfig, new: GPTConfig) -> bool:
