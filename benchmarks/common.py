@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from core.device import pick_device_dtype
-from core.errors import ConfigError, did_you_mean
-from model import GPTConfig
+from posgpt.core.device import pick_device_dtype
+from posgpt.core.errors import ConfigError, did_you_mean
+from posgpt.model import GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PEER = ROOT.parent / "shared" / "peers" / "nanoGPT"

@@ -12,11 +12,11 @@ from typing import Literal
 import torch
 from torch._dynamo.utils import counters
 
-from benchmarks.common import Bench, cell, check_at_least, check_schemes, device_name, table_head, table_line
-from core.cli import Command
-from core.errors import ConfigError
-from model import GPT, POS_ENCODINGS, GPTConfig
-from model.generation import compile_for_decoding, stream
+from posgpt.benchmarks.common import Bench, cell, check_at_least, check_schemes, device_name, table_head, table_line
+from posgpt.core.cli import Command
+from posgpt.core.errors import ConfigError
+from posgpt.model import GPT, POS_ENCODINGS, GPTConfig
+from posgpt.model.generation import compile_for_decoding, stream
 
 SHAPES: dict[str, dict[str, int]] = {
     "gpt2": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50257},  # GPT-2 124M

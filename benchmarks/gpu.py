@@ -25,18 +25,18 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import TensorDataset
 
-from benchmarks.common import Bench, cell, check_at_least, check_schemes, device_name, table_head, table_line
-from core.cli import Command
-from core.errors import ConfigError
-from data.dataset import SeededStream
-from data.tokenizer import CharTokenizer
-from model import GPT, POS_ENCODINGS, GPTConfig
-from model.gpt import training_flops_per_token
-from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
-from training.hardware import check_fp8, convert_to_fp8, peak_flops
-from training.logs import metrics_file
-from training.module import adamw
-from training.run import TrainingData, train
+from posgpt.benchmarks.common import Bench, cell, check_at_least, check_schemes, device_name, table_head, table_line
+from posgpt.core.cli import Command
+from posgpt.core.errors import ConfigError
+from posgpt.data.dataset import SeededStream
+from posgpt.data.tokenizer import CharTokenizer
+from posgpt.model import GPT, POS_ENCODINGS, GPTConfig
+from posgpt.model.gpt import training_flops_per_token
+from posgpt.training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
+from posgpt.training.hardware import check_fp8, convert_to_fp8, peak_flops
+from posgpt.training.logs import metrics_file
+from posgpt.training.module import adamw
+from posgpt.training.run import TrainingData, train
 
 SCHEMES: dict[str, dict[str, Any]] = {
     **{scheme: {"pos_encoding": scheme} for scheme in POS_ENCODINGS},

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.measure FILE MODULE ARGS...`: run `python -m MODULE ARGS` in this process, then
+"""`python -m posgpt.benchmarks.measure FILE MODULE ARGS...`: run `python -m MODULE ARGS` in this process, then
 write the peak CUDA memory it allocated to FILE (null where it used no GPU). The process of each job of
 `bench.py report`; it imports nothing itself, so that a job costs what its command costs."""
 

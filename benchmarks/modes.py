@@ -10,24 +10,26 @@
 
 from __future__ import annotations
 
-from core.modes import Lazy, Modes
+from posgpt.core.modes import Lazy, Modes
 
 DESCRIPTION = __doc__
 MODES: Modes = {
     "decode": Lazy(
-        "benchmarks.decoding",
+        "posgpt.benchmarks.decoding",
         "DECODE",
         "Decoding per scheme, eager and compiled, against nanoGPT's generate; CPU or GPU.",
     ),
     "gpu": Lazy(
-        "benchmarks.gpu",
+        "posgpt.benchmarks.gpu",
         "GPU",
         "Training tokens/s, MFU, peak memory and compile time per scheme and shape; the Lightning trainer's overhead; "
         "nanoGPT's step beside ours.",
     ),
-    "vs-nanogpt": Lazy("benchmarks.nanogpt", "VS_NANOGPT", "Our train.py against nanoGPT's, per-step cost, CPU."),
+    "vs-nanogpt": Lazy(
+        "posgpt.benchmarks.nanogpt", "VS_NANOGPT", "Our train.py against nanoGPT's, per-step cost, CPU."
+    ),
     "report": Lazy(
-        "benchmarks.report",
+        "posgpt.benchmarks.report",
         "REPORT",
         "What this machine does with posgpt: kernel checks, training, decoding and long-context speed, one job "
         "per process, each line of --out written as it finishes, and a markdown report of them.",

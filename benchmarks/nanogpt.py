@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from benchmarks.common import ROOT
-from benchmarks.gpu import logged_tokens_per_s
-from core.cli import Command
-from data.prepare import prepare
+from posgpt.benchmarks.common import ROOT
+from posgpt.benchmarks.gpu import logged_tokens_per_s
+from posgpt.core.cli import Command
+from posgpt.data.prepare import prepare
 
 SHAPES = {
     # nanoGPT's README laptop command

@@ -20,14 +20,14 @@ from typing import Any, Literal
 
 import torch
 
-from benchmarks import decoding
-from benchmarks.common import DEFAULT_PEER, ROOT, cell, device_name, table_head, table_line
-from benchmarks.gpu import HEAD, SCHEMES, ratios, row_line
-from benchmarks.gpu import Row as TrainRow
-from core.cli import Command
-from core.errors import ConfigError
-from core.files import atomic_write_bytes
-from data.corpora import python_docs_path
+from posgpt.benchmarks import decoding
+from posgpt.benchmarks.common import DEFAULT_PEER, ROOT, cell, device_name, table_head, table_line
+from posgpt.benchmarks.gpu import HEAD, SCHEMES, ratios, row_line
+from posgpt.benchmarks.gpu import Row as TrainRow
+from posgpt.core.cli import Command
+from posgpt.core.errors import ConfigError
+from posgpt.core.files import atomic_write_bytes
+from posgpt.data.corpora import python_docs_path
 
 DECODE_SCHEMES = ("learned", "rope", "alibi")
 LONG_EVAL = ("rope", "alibi")
@@ -147,7 +147,7 @@ def run_job(job: Job, limit: float, work: Path) -> dict[str, Any] | None:
     for stale in (measure, *([Path(job.rows)] if job.rows else [])):
         stale.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "benchmarks.measure", str(measure), job.module, *job.argv]
+    command = [sys.executable, "-m", "posgpt.benchmarks.measure", str(measure), job.module, *job.argv]
     started = time.perf_counter()
     with open(log, "w", encoding="utf-8") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,

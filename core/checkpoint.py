@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from core.errors import UserError
+from posgpt.core.errors import UserError
 
 
 class CheckpointError(UserError, ValueError):

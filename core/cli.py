@@ -22,8 +22,8 @@ from typing import Any, Generic, TypeVar
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
-import configs
-from core.errors import ConfigError, UserError, did_you_mean
+from posgpt import configs
+from posgpt.core.errors import ConfigError, UserError, did_you_mean
 
 C = TypeVar("C")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from core.errors import UserError
+from posgpt.core.errors import UserError
 
 
 class DeviceError(UserError, ValueError):

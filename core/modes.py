@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Union
 
-from core.cli import Command, UsageError, run
-from core.errors import did_you_mean
+from posgpt.core.cli import Command, UsageError, run
+from posgpt.core.errors import did_you_mean
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.files import atomic_file, atomic_write_bytes, sha256_file, waiting_lock
-from data.errors import DataError
-from data.sources import Source
+from posgpt.core.files import atomic_file, atomic_write_bytes, sha256_file, waiting_lock
+from posgpt.data.errors import DataError
+from posgpt.data.sources import Source
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from data.dataset import Batch, FixedWindows, PreparedData, SeededStream, random_windows
-from data.errors import DataError
-from data.tasks import TaskConfig, encode, tokenizer_for, training_batch, validation_set
-from data.tokenizer import CharTokenizer
+from posgpt.data.dataset import Batch, FixedWindows, PreparedData, SeededStream, random_windows
+from posgpt.data.errors import DataError
+from posgpt.data.tasks import TaskConfig, encode, tokenizer_for, training_batch, validation_set
+from posgpt.data.tokenizer import CharTokenizer
 
 
 class _ResumableDataModule(L.LightningDataModule):

@@ -21,11 +21,18 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from core.checkpoint import CheckpointError
-from data.errors import DataError
-from data.prepare import FORMAT_VERSION, VAL_MAX_TOKENS, PrepareConfig, fingerprint, prepare_sources, resolve_sources
-from data.sources import Source, corpus_name, modified_after
-from data.tokenizer import RANKS_ENV, Tokenizer, tokenizer_from_meta
+from posgpt.core.checkpoint import CheckpointError
+from posgpt.data.errors import DataError
+from posgpt.data.prepare import (
+    FORMAT_VERSION,
+    VAL_MAX_TOKENS,
+    PrepareConfig,
+    fingerprint,
+    prepare_sources,
+    resolve_sources,
+)
+from posgpt.data.sources import Source, corpus_name, modified_after
+from posgpt.data.tokenizer import RANKS_ENV, Tokenizer, tokenizer_from_meta
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +81,18 @@ def load_prepared(path: str | Path) -> PreparedData:
     if not path.is_dir():
         raise DataError(
             f"{path} is not a prepared dataset directory ({'a file' if path.exists() else 'not found'}). "
-            "Pass a directory written by `python -m data.prepare`, or the text itself with --data.input FILE."
+            "Pass a directory written by `posgpt prepare`, or the text itself with --data.input FILE."
         )
     try:
         meta = json.loads((path / "meta.json").read_text())
     except FileNotFoundError:
         raise DataError(
             f"{path} is not a prepared dataset (no meta.json; an interrupted prepare leaves none). "
-            "Run `python -m data.prepare` on your text, or pass --data.input FILE instead."
+            "Run `posgpt prepare` on your text, or pass --data.input FILE instead."
         ) from None
     except (OSError, ValueError) as error:
         raise DataError(
-            f"{path}/meta.json is unreadable or corrupt ({error}); re-run `python -m data.prepare`."
+            f"{path}/meta.json is unreadable or corrupt ({error}); re-run `posgpt prepare`."
         ) from None
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
         version = meta.get("format_version") if isinstance(meta, dict) else None
@@ -95,11 +102,11 @@ def load_prepared(path: str | Path) -> PreparedData:
         sizes = {split: meta[f"{split}_tokens"] * data.dtype.itemsize for split in ("train", "val")}
         _ = meta["tokenizer"]["kind"]
     except (KeyError, TypeError, ValueError) as error:
-        raise DataError(f"{path}/meta.json lacks or garbles {error}; re-run `python -m data.prepare`.") from None
+        raise DataError(f"{path}/meta.json lacks or garbles {error}; re-run `posgpt prepare`.") from None
     for split, expected in sizes.items():
         file = path / f"{split}.bin"
         if not file.is_file() or file.stat().st_size != expected:
-            raise DataError(f"{file} is missing or incomplete; re-run `python -m data.prepare`.")
+            raise DataError(f"{file} is missing or incomplete; re-run `posgpt prepare`.")
     return data
 
 
@@ -214,7 +221,7 @@ def recorded_data(
     if record is not None and "task" in record:
         raise DataError(
             f"{checkpoint} was trained on the synthetic task {record['task']['name']!r}, which has no text split: "
-            "test it with python -m experiments.synthetic, or pass a text with --eval_data.input FILE."
+            "test it with posgpt study synthetic, or pass a text with --eval_data.input FILE."
         )
     if record is None:
         # written before checkpoints recorded their data (so before the cap: the whole last val_fraction), and

@@ -1,6 +1,6 @@
 """The error type for problems a user can fix in their data or data options."""
 
-from core.errors import UserError
+from posgpt.core.errors import UserError
 
 
 class DataError(UserError, ValueError):

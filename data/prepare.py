@@ -31,12 +31,21 @@ from typing import Any, Literal
 import numpy as np
 from tqdm import tqdm
 
-from core.cli import Command, run
-from core.files import atomic_file, atomic_write_bytes, tmp_path, waiting_lock
-from data.corpora import NAMED
-from data.errors import DataError
-from data.sources import CHUNK_CHARS, HUB_PREFIX, HUB_SYNTAX, Source, corpus_name, file_source, hub_source, path_sources
-from data.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer
+from posgpt.core.cli import Command
+from posgpt.core.files import atomic_file, atomic_write_bytes, tmp_path, waiting_lock
+from posgpt.data.corpora import NAMED
+from posgpt.data.errors import DataError
+from posgpt.data.sources import (
+    CHUNK_CHARS,
+    HUB_PREFIX,
+    HUB_SYNTAX,
+    Source,
+    corpus_name,
+    file_source,
+    hub_source,
+    path_sources,
+)
+from posgpt.data.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +94,7 @@ def resolve_sources(inputs: Inputs, glob: str = "*.txt", text_column: str = "tex
 
 @dataclass
 class PrepareConfig:
-    """What to tokenize, into which directory, how (`python -m data.prepare`)."""
+    """What to tokenize, into which directory, how (`posgpt prepare`)."""
 
     inputs: str | list[str]
     """Text, JSON-lines (.jsonl, .jsonl.gz) or Parquet file(s), directory(ies) (searched with `glob`), a dataset
@@ -384,7 +393,7 @@ def main(cfg: PrepareConfig) -> None:
 
 
 COMMAND = Command(
-    "python -m data.prepare",
+    "posgpt prepare",
     PrepareConfig,
     main,
     "Tokenize text into train.bin / val.bin / meta.json.",
@@ -392,5 +401,5 @@ COMMAND = Command(
     aliases={"data.input": "inputs", "data.prepared_root": "out_dir", "data.": ""},
 )
 
-if __name__ == "__main__":
-    run(COMMAND)
+if __name__ == "__main__":  # `python -m` would load this module under a second name, __main__
+    raise SystemExit("error: run `posgpt prepare` (or `python -m posgpt prepare`).")

@@ -24,8 +24,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, NamedTuple
 
-from core.files import sha256_file
-from data.errors import DataError
+from posgpt.core.files import sha256_file
+from posgpt.data.errors import DataError
 
 Format = Literal["text", "jsonl", "parquet", "saved-dataset", "hub"]
 DOCUMENT_SUFFIXES: dict[str, Format] = {".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".parquet": "parquet"}

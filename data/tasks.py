@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from core.errors import did_you_mean
-from data.tokenizer import CharTokenizer
+from posgpt.core.errors import did_you_mean
+from posgpt.data.tokenizer import CharTokenizer
 
 BOS, SEP, QUERY = "^", "|", "?"
 SYMBOLS = "abcdefghijklmnopqrstuvwxyz"

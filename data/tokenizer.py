@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from data.errors import DataError
+from posgpt.data.errors import DataError
 
 RANKS_ENV = "POSGPT_TIKTOKEN_RANKS"  # a local GPT-2 ranks file (`r50k_base.tiktoken`), for offline BPE
 R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"

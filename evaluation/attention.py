@@ -28,11 +28,11 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from core.cli import Command
-from core.device import pick_device
-from core.errors import ConfigError, UserError
-from core.files import atomic_write_bytes
-from evaluation.checkpoint import (
+from posgpt.core.cli import Command
+from posgpt.core.device import pick_device
+from posgpt.core.errors import ConfigError, UserError
+from posgpt.core.files import atomic_write_bytes
+from posgpt.evaluation.checkpoint import (
     EvalData,
     LoadedCheckpoint,
     check_output_dir,
@@ -41,9 +41,9 @@ from evaluation.checkpoint import (
     load_texts,
     results_header,
 )
-from evaluation.sampling import prompt_text
-from model.gpt import GPT
-from model.kernels import WeightsHook
+from posgpt.evaluation.sampling import prompt_text
+from posgpt.model.gpt import GPT
+from posgpt.model.kernels import WeightsHook
 
 SINK_RATE_THRESHOLD = 0.3
 """Gu et al.'s epsilon: a head with alpha_0 above it in a window is a sink in that window."""
@@ -307,7 +307,7 @@ def run(cfg: MapsConfig) -> list[Path]:
             for label, c, ids, folder in zip(labels, loaded, prompts, folders, strict=True)
         ]
     if cfg.lengths:
-        from evaluation.report import stats_pngs
+        from posgpt.evaluation.report import stats_pngs
 
         doc["lengths"] = long_context_stats(labels, loaded, texts, cfg.lengths, cfg.tokens, cfg.sink_tokens, device,
                                             cfg.progress)  # fmt: skip
@@ -358,7 +358,7 @@ def _draw_prompt(
 ) -> dict[str, Any]:
     """The heatmaps of one checkpoint on the prompt, into `folder`; the plotted numbers (matplotlib imported to
     draw, not for --help)."""
-    from evaluation.report import heatmaps_figure, png_bytes, printable
+    from posgpt.evaluation.report import heatmaps_figure, png_bytes, printable
 
     model = ckpt.model
     idx = torch.tensor([ids], device=model.wte.weight.device)

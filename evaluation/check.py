@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
-from core.cli import Command
-from core.device import pick_device
-from core.errors import ConfigError, UserError
-from core.files import atomic_write_bytes
-from model import ATTENTIONS, GPT, SCHEMES, GPTConfig
-from model.kernels import KernelError
-from model.scores import SCORES
+from posgpt.core.cli import Command
+from posgpt.core.device import pick_device
+from posgpt.core.errors import ConfigError, UserError
+from posgpt.core.files import atomic_write_bytes
+from posgpt.model import ATTENTIONS, GPT, SCHEMES, GPTConfig
+from posgpt.model.kernels import KernelError
+from posgpt.model.scores import SCORES
 
 BASE: dict[str, Any] = {"vocab_size": 64, "block_size": 128, "n_layer": 2, "n_head": 2, "n_embd": 64}
 """Heads of 32: FlexAttention on CUDA needs 16 or more, and differential attention halves them."""

@@ -17,15 +17,15 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from core.checkpoint import CheckpointError, read_checkpoint
-from core.errors import ConfigError
-from core.files import sha256_file, shown_path
-from core.repo import git_sha
-from data.dataset import checkpoint_tokenizer, load_prepared, recorded_data
-from data.errors import DataError
-from data.prepare import token_dtype
-from data.tokenizer import CharTokenizer, Tokenizer
-from model import GPT, GPTConfig
+from posgpt.core.checkpoint import CheckpointError, read_checkpoint
+from posgpt.core.errors import ConfigError
+from posgpt.core.files import sha256_file, shown_path
+from posgpt.core.repo import git_sha
+from posgpt.data.dataset import checkpoint_tokenizer, load_prepared, recorded_data
+from posgpt.data.errors import DataError
+from posgpt.data.prepare import token_dtype
+from posgpt.data.tokenizer import CharTokenizer, Tokenizer
+from posgpt.model import GPT, GPTConfig
 
 PREFIX = "model."
 """Where the `GPTModule` keeps the GPT's weights in its state dict."""
@@ -101,7 +101,7 @@ class EvalData:
     input: str | None = None
     """A text file, tokenized with each checkpoint's own tokenizer."""
     dir: str | None = None
-    """A directory written by `python -m data.prepare` (its tokenizer must be the checkpoints')."""
+    """A directory written by `posgpt prepare` (its tokenizer must be the checkpoints')."""
     split: Literal["val", "train"] = "val"
     """Split of a prepared directory (or of each checkpoint's own data)."""
     tiktoken_ranks: str | None = None

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data.dataset import window_starts
-from model import GPT
+from posgpt.data.dataset import window_starts
+from posgpt.model import GPT
 
 LOGIT_ELEMENTS = 1 << 25
 """Most logits formed at once (128 MiB in float32)."""

@@ -26,8 +26,8 @@ import torch  # noqa: E402
 from matplotlib.colors import PowerNorm, TwoSlopeNorm  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
-from core.files import atomic_write_bytes  # noqa: E402
-from evaluation.attention import SINK_RATE_DEFINITION, bucket_means  # noqa: E402
+from posgpt.core.files import atomic_write_bytes  # noqa: E402
+from posgpt.evaluation.attention import SINK_RATE_DEFINITION, bucket_means  # noqa: E402
 
 MAX_PANELS = 6
 """Lengths shown in loss_by_position.png (evenly chosen, the longest among them)."""

@@ -14,12 +14,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from core.cli import Command
-from core.device import pick_device_dtype
-from core.errors import UserError
-from data.dataset import window_starts
-from evaluation.attention import long_context_stats, runs_at
-from evaluation.checkpoint import (
+from posgpt.core.cli import Command
+from posgpt.core.device import pick_device_dtype
+from posgpt.core.errors import UserError
+from posgpt.data.dataset import window_starts
+from posgpt.evaluation.attention import long_context_stats, runs_at
+from posgpt.evaluation.checkpoint import (
     EvalData,
     LoadedCheckpoint,
     check_output_dir,
@@ -29,8 +29,8 @@ from evaluation.checkpoint import (
     results_header,
     tokenizer_name,
 )
-from evaluation.extrapolation import evaluate_length
-from model.config import RopeScaling
+from posgpt.evaluation.extrapolation import evaluate_length
+from posgpt.model.config import RopeScaling
 
 FORMAT = "posgpt-extrapolation/1"
 ATTENTION_TOKENS = 8192
@@ -193,7 +193,7 @@ def merge_documents(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def evaluate_main(cfg: EvaluateConfig) -> None:
-    from evaluation.report import write_report  # matplotlib: imported to draw, not for --help
+    from posgpt.evaluation.report import write_report  # matplotlib: imported to draw, not for --help
 
     check_output_dir(cfg.out)
     doc = evaluate_checkpoints(cfg.ckpt, cfg.labels or default_labels(cfg.ckpt), cfg.eval, cfg.eval_data)

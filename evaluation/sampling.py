@@ -20,14 +20,14 @@ from typing import Literal
 
 import torch
 
-from core.cli import Command
-from core.device import pick_device_dtype
-from core.errors import ConfigError
-from data.errors import DataError
-from data.tokenizer import CharTokenizer, Tokenizer
-from evaluation.checkpoint import load_checkpoint
-from model.generation import compile_for_decoding, pad_prompts, stream
-from model.gpt import GPT
+from posgpt.core.cli import Command
+from posgpt.core.device import pick_device_dtype
+from posgpt.core.errors import ConfigError
+from posgpt.data.errors import DataError
+from posgpt.data.tokenizer import CharTokenizer, Tokenizer
+from posgpt.evaluation.checkpoint import load_checkpoint
+from posgpt.model.generation import compile_for_decoding, pad_prompts, stream
+from posgpt.model.gpt import GPT
 
 SEPARATOR = "\n---------------\n"
 WARM_UP_TOKENS = 3

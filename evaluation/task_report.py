@@ -13,8 +13,8 @@ matplotlib.use("Agg")  # files only, no display; before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from data.tasks import TASKS  # noqa: E402
-from evaluation.report import group_runs, line_style, mean_sd, png_bytes, study_lines, write_files  # noqa: E402
+from posgpt.data.tasks import TASKS  # noqa: E402
+from posgpt.evaluation.report import group_runs, line_style, mean_sd, png_bytes, study_lines, write_files  # noqa: E402
 
 
 def length_accuracy(run: dict[str, Any], length: int, key: str = "accuracy") -> float | None:

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from data.tasks import TASKS, Example, TaskConfig, eval_set
-from data.tokenizer import CharTokenizer
-from model.gpt import GPT
+from posgpt.data.tasks import TASKS, Example, TaskConfig, eval_set
+from posgpt.data.tokenizer import CharTokenizer
+from posgpt.model.gpt import GPT
 
 
 @torch.no_grad()

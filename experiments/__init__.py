@@ -1,1 +1,1 @@
-"""Experiments that combine training and evaluation: `python -m experiments.<name> --config ...`."""
+"""Experiments that combine training and evaluation: `posgpt study NAME --config ...`."""

@@ -22,18 +22,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 import yaml
 
-from core.checkpoint import CheckpointError, read_checkpoint
-from core.cli import Command
-from core.errors import TIME_LIMIT_EXIT, ConfigError, TrainingStopped, did_you_mean
-from core.files import atomic_write_bytes
-from core.repo import git_sha
-from core.units import format_seconds, progress_line
-from model import GPT, GPTConfig
-from training.config import RunConfig
-from training.hardware import peak_flops, resolve_precision, uses_cuda
+from posgpt.core.checkpoint import CheckpointError, read_checkpoint
+from posgpt.core.cli import Command
+from posgpt.core.errors import TIME_LIMIT_EXIT, ConfigError, TrainingStopped, did_you_mean
+from posgpt.core.files import atomic_write_bytes
+from posgpt.core.repo import git_sha
+from posgpt.core.units import format_seconds, progress_line
+from posgpt.model import GPT, GPTConfig
+from posgpt.training.config import RunConfig
+from posgpt.training.hardware import peak_flops, resolve_precision, uses_cuda
 
 if TYPE_CHECKING:
-    from training.run import TrainingData
+    from posgpt.training.run import TrainingData
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ class Launch:
         """Train every model of the study with every seed after printing the plan and its estimate, reusing
         finished runs and resuming interrupted ones; `data_for` gives a run's data (default: its corpus). Every run
         gets what is left of the time. Returns the runs."""
-        from training.run import corpus_data, preflight, prepared_data, train  # Lightning: not for the --help
+        from posgpt.training.run import corpus_data, preflight, prepared_data, train  # Lightning: not for the --help
 
         out_dir, plan = self.study.out_dir, self.trained
         for seed in self.study.seeds:  # seeds outer, so that a partial study has whole seeds

@@ -1,4 +1,4 @@
-"""Train short, test long, in one command: `python -m experiments.extrapolation --config configs/X.yaml`.
+"""Train short, test long, in one command: `posgpt study extrapolation --config configs/X.yaml`.
 
 One model per scheme in `schemes`, per variant in `variants` and per seed, identical otherwise; every final
 checkpoint is evaluated at every length into one report directory (<out_dir>/results.md, results.json, the
@@ -12,12 +12,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.cli import run
-from evaluation.checkpoint import EvalData
-from evaluation.run import EvalSettings, evaluate_checkpoints, merge_documents
-from experiments.common import Launch, Study, Variant, experiment_command
-from model import POS_ENCODINGS
-from training.config import RunConfig
+from posgpt.evaluation.checkpoint import EvalData
+from posgpt.evaluation.run import EvalSettings, evaluate_checkpoints, merge_documents
+from posgpt.experiments.common import Launch, Study, Variant, experiment_command
+from posgpt.model import POS_ENCODINGS
+from posgpt.training.config import RunConfig
 
 QUICK_CONFIG = "configs/extrapolation_quick.yaml"
 """The study a newcomer runs first: three schemes in about 5 minutes on a 2-core CPU (the README's table)."""
@@ -49,7 +48,7 @@ class ExperimentConfig(Study):
 def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     """Train what is not trained yet, evaluate everything, write the report and print its table;
     returns its document."""
-    from evaluation.report import write_report  # matplotlib: imported to draw, not for the command's --help
+    from posgpt.evaluation.report import write_report  # matplotlib: imported to draw, not for the command's --help
 
     launch = Launch(cfg)
     launch.train(shorter=QUICK_CONFIG)
@@ -61,11 +60,11 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 COMMAND = experiment_command(
-    "python -m experiments.extrapolation",
+    "posgpt study extrapolation",
     ExperimentConfig,
     run_experiment,
     "Train one model per position scheme, evaluate them all at every length, write a report.",
 )
 
-if __name__ == "__main__":
-    run(COMMAND)
+if __name__ == "__main__":  # `python -m` would load this module under a second name, __main__
+    raise SystemExit("error: run `posgpt study extrapolation` (or `python -m posgpt study extrapolation`).")

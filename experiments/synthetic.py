@@ -1,7 +1,7 @@
 """Length generalisation on a synthetic task, in one command: one model per position scheme (and
 variant) and seed, trained on short inputs, tested for exact-match accuracy on long ones.
 
-    python -m experiments.synthetic --config configs/synthetic_copy.yaml --schemes rope alibi --seeds 1 2
+    posgpt study synthetic --config configs/synthetic_copy.yaml --schemes rope alibi --seeds 1 2
 
 The task (`data.tasks`) and its lengths are the `task:` section. Writes <out_dir>/results.md, results.json,
 accuracy_vs_length.png (and passkey_depth.png), experiment.yaml and runs/; reuses and resumes runs as
@@ -18,14 +18,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from core.cli import run
-from core.device import pick_device
-from data.tasks import TASKS, TaskConfig, eval_set, tokenizer_for
-from evaluation.checkpoint import load_checkpoint, results_header
-from evaluation.tasks import evaluate_task
-from experiments.common import Launch, PlannedRun, Study, Variant, experiment_command
-from model import POS_ENCODINGS
-from training.config import RunConfig
+from posgpt.core.device import pick_device
+from posgpt.data.tasks import TASKS, TaskConfig, eval_set, tokenizer_for
+from posgpt.evaluation.checkpoint import load_checkpoint, results_header
+from posgpt.evaluation.tasks import evaluate_task
+from posgpt.experiments.common import Launch, PlannedRun, Study, Variant, experiment_command
+from posgpt.model import POS_ENCODINGS
+from posgpt.training.config import RunConfig
 
 FORMAT = "posgpt-synthetic/1"
 
@@ -68,8 +67,8 @@ class SyntheticConfig(Study):
 def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
     """Train what is not trained yet, test every model at every length, write the report and print
     its table; returns its document."""
-    from evaluation.task_report import write_task_report  # matplotlib and Lightning: imported to run, not for
-    from training.run import task_data  # the command's --help
+    from posgpt.evaluation.task_report import write_task_report  # matplotlib and Lightning: imported to run, not for
+    from posgpt.training.run import task_data  # the command's --help
 
     launch = Launch(cfg)
     tokenizer = tokenizer_for(cfg.task)
@@ -105,11 +104,11 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
 
 
 COMMAND = experiment_command(
-    "python -m experiments.synthetic",
+    "posgpt study synthetic",
     SyntheticConfig,
     run_synthetic,
     "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
 )
 
-if __name__ == "__main__":
-    run(COMMAND)
+if __name__ == "__main__":  # `python -m` would load this module under a second name, __main__
+    raise SystemExit("error: run `posgpt study synthetic` (or `python -m posgpt study synthetic`).")

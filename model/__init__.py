@@ -7,14 +7,14 @@ torch's FlexAttention): the model and the registries are imported when first nam
 from importlib import import_module
 from typing import Any
 
-from model.config import GPTConfig
+from posgpt.model.config import GPTConfig
 
-_WHERE = {"GPT": "model.gpt", "ATTENTIONS": "model.attention", "SCHEMES": "model.positions"}
+_WHERE = {"GPT": "posgpt.model.gpt", "ATTENTIONS": "posgpt.model.attention", "SCHEMES": "posgpt.model.positions"}
 
 
 def __getattr__(name: str) -> Any:
     if name == "POS_ENCODINGS":  # the position schemes' names (`model.positions.SCHEMES`)
-        return tuple(import_module("model.positions").SCHEMES)
+        return tuple(import_module("posgpt.model.positions").SCHEMES)
     if name in _WHERE:
         return getattr(import_module(_WHERE[name]), name)
     raise AttributeError(f"module 'model' has no attribute {name!r}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from model.masks import AttentionMask
+from posgpt.model.masks import AttentionMask
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import functools
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from core.errors import ConfigError
+from posgpt.core.errors import ConfigError
 
 RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
@@ -158,7 +158,7 @@ class GPTConfig:
                 f"GPTConfig.attn_sparse_block must be a positive divisor of block_size {self.block_size}, got "
                 f"{self.attn_sparse_block!r}: pick one of {divisors}."
             )
-        from model.validation import check_config  # the registries, and their kernels: at the first config
+        from posgpt.model.validation import check_config  # the registries, and their kernels: at the first config
 
         check_config(self)  # the registries' half: names, each scheme's needs, a kernel for the combination
 
@@ -170,7 +170,7 @@ class GPTConfig:
     @property
     def rotary_dim(self) -> int:
         """Width of the vectors RoPE rotates as one (`Attention.rotary_dim`)."""
-        from model.attention import ATTENTIONS
+        from posgpt.model.attention import ATTENTIONS
 
         return ATTENTIONS[self.attention].rotary_dim(self)
 

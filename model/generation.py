@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from model.cache import DecodingCache
+from posgpt.model.cache import DecodingCache
 
 if TYPE_CHECKING:
-    from model.gpt import GPT
+    from posgpt.model.gpt import GPT
 
 
 DEFAULT_CONTEXT_MULTIPLE = 4

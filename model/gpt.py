@@ -13,15 +13,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from model.attention import ATTENTIONS, Attention
-from model.cache import DecodingCache
-from model.config import GPTConfig
-from model.generation import stream
-from model.kernels import Kernel, Plan, Step, WeightsHook
-from model.loss import linear_cross_entropy
-from model.masks import AttentionMask
-from model.positions import SCHEMES, PositionEncoding, build_positions
-from model.scores import SCORES
+from posgpt.model.attention import ATTENTIONS, Attention
+from posgpt.model.cache import DecodingCache
+from posgpt.model.config import GPTConfig
+from posgpt.model.generation import stream
+from posgpt.model.kernels import Kernel, Plan, Step, WeightsHook
+from posgpt.model.loss import linear_cross_entropy
+from posgpt.model.masks import AttentionMask
+from posgpt.model.positions import SCHEMES, PositionEncoding, build_positions
+from posgpt.model.scores import SCORES
 
 
 def training_flops_per_token(n_params: int, n_layer: int, n_embd: int, keys: int, value_passes: int = 1) -> int:

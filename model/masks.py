@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from model.config import GPTConfig
+    from posgpt.model.config import GPTConfig
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from core.errors import ConfigError, UserError
-from model.config import GPTConfig
-from model.gpt import GPT
-from model.positions import SCHEMES
+from posgpt.core.errors import ConfigError, UserError
+from posgpt.model.config import GPTConfig
+from posgpt.model.gpt import GPT
+from posgpt.model.positions import SCHEMES
 
 GPT2_SHAPES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
                "gpt2-xl": (48, 25, 1600)}  # fmt: skip

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from model.config import GPTConfig
+    from posgpt.model.config import GPTConfig
 
 ADDITIVE_CHUNK_ELEMENTS = 1 << 24
 """Largest (B, H, chunk, Tk, D) tensor the additive score forms at once (64 MiB in float32)."""

@@ -6,15 +6,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from core.errors import ConfigError, did_you_mean
-from model.attention import ATTENTIONS
-from model.kernels import AUTO, Lack
-from model.masks import AttentionMask
-from model.positions import SCHEMES
-from model.scores import SCORES
+from posgpt.core.errors import ConfigError, did_you_mean
+from posgpt.model.attention import ATTENTIONS
+from posgpt.model.kernels import AUTO, Lack
+from posgpt.model.masks import AttentionMask
+from posgpt.model.positions import SCHEMES
+from posgpt.model.scores import SCORES
 
 if TYPE_CHECKING:
-    from model.config import GPTConfig
+    from posgpt.model.config import GPTConfig
 
 
 def kernel_names() -> list[str]:

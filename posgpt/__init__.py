@@ -1,13 +1,12 @@
 """posgpt: a small decoder-only GPT trainer for positional-encoding research; `posgpt` (posgpt/cli.py) runs every tool.
 
-Importing it puts the project's packages (model, data, core, ...) on sys.path: an installed wheel's
-posgpt/_lib/, so that it claims no generic top-level name, or a checkout's top.
+Its packages are `posgpt.model`, `posgpt.data`, `posgpt.training`, ...: an installed wheel holds them under posgpt/,
+and a checkout keeps them at its top (model/, data/, ...), which this package's path then covers. So the project
+claims one top-level name, and puts nothing on sys.path.
 """
 
-import sys
 from pathlib import Path
 
-_here = Path(__file__).resolve().parent
-_packages = str(_here / "_lib" if (_here / "_lib").is_dir() else _here.parent)
-if _packages not in sys.path:
-    sys.path.insert(0, _packages)
+_checkout = Path(__file__).resolve().parent.parent
+if not (Path(__file__).parent / "model").is_dir() and (_checkout / "model" / "__init__.py").is_file():
+    __path__.append(str(_checkout))

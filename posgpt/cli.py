@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core.modes import Lazy, Modes, run_modes
+from posgpt.core.modes import Lazy, Modes, run_modes
 
 DESCRIPTION = (
     "A small decoder-only GPT trainer for positional-encoding research: train short, evaluate long, look inside."
@@ -13,43 +13,45 @@ DESCRIPTION = (
 
 MODES: Modes = {
     "train": Lazy(
-        "training.command", "COMMAND", "Train a GPT on any text; the position scheme is --model.pos_encoding."
+        "posgpt.training.command", "COMMAND", "Train a GPT on any text; the position scheme is --model.pos_encoding."
     ),
     "sample": Lazy(
-        "evaluation.sampling",
+        "posgpt.evaluation.sampling",
         "COMMAND",
         "Sample from a trained checkpoint: --ckpt runs/NAME/last.ckpt --prompt 'ROMEO:'.",
     ),
     "evaluate": Lazy(
-        "evaluation.run",
+        "posgpt.evaluation.run",
         "COMMAND",
         "Perplexity against context length: --ckpt A.ckpt [B.ckpt ...] --eval.lengths 128 4096.",
     ),
     "attention": Lazy(
-        "evaluation.attention", "COMMAND", 'Look inside trained models: --ckpt A.ckpt --prompt "ROMEO:" --out maps.'
+        "posgpt.evaluation.attention",
+        "COMMAND",
+        'Look inside trained models: --ckpt A.ckpt --prompt "ROMEO:" --out maps.',
     ),
-    "prepare": Lazy("data.prepare", "COMMAND", "Tokenize text into train.bin / val.bin / meta.json."),
+    "prepare": Lazy("posgpt.data.prepare", "COMMAND", "Tokenize text into train.bin / val.bin / meta.json."),
     "plot": Lazy(
-        "training.curves",
+        "posgpt.training.curves",
         "COMMAND",
         "Draw a run's training curves (train and validation loss against steps and tokens, learning rate) into "
         "<run dir>/training.png.",
     ),
     "study": {
         "extrapolation": Lazy(
-            "experiments.extrapolation",
+            "posgpt.experiments.extrapolation",
             "COMMAND",
             "Train one model per position scheme, evaluate them all at every length, write a report.",
         ),
         "synthetic": Lazy(
-            "experiments.synthetic",
+            "posgpt.experiments.synthetic",
             "COMMAND",
             "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
         ),
     },
-    "bench": Lazy("benchmarks.modes", "MODES", "decode | gpu | vs-nanogpt | report"),
+    "bench": Lazy("posgpt.benchmarks.modes", "MODES", "decode | gpu | vs-nanogpt | report"),
     "check": Lazy(
-        "evaluation.check",
+        "posgpt.evaluation.check",
         "COMMAND",
         "Check every attention kernel this device runs against the float32 reference: run it first on a new GPU or "
         "a new torch.",

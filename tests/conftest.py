@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import GPTConfig
+from posgpt.model import GPTConfig
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -57,7 +57,7 @@ def _one_parser_per_command() -> Iterator[None]:
     """Each command's parser is built once per worker, not at every run (building jsonargparse's parser from the
     dataclasses takes a few tenths of a second, and the suite parses some hundreds of command lines); parsing
     itself is untouched."""
-    from core import cli
+    from posgpt.core import cli
 
     build, parsers = cli.build_parser, {}
 

@@ -59,8 +59,8 @@ increasing random subset of [0, N))."""
 def model_curve(settings: dict[str, Any], steps: int = STEPS) -> list[float]:
     """The first `steps` losses of a 2-layer, 4-head, 32-wide model with `settings`, trained by AdamW
     on batches of 4 windows of 32 tokens of a random text, all drawn from a fixed generator."""
-    from model import GPT, GPTConfig
-    from model.positions import random_positions
+    from posgpt.model import GPT, GPTConfig
+    from posgpt.model.positions import random_positions
 
     fields = {k: v for k, v in settings.items() if k != "random_positions"}
     torch.manual_seed(1337)
@@ -88,8 +88,8 @@ def trainer_curve(tmp: Path, text_file: Path, steps: int = STEPS) -> list[float]
     """The first `steps` train/loss values that `train.py` logs for a tiny RoPE model with dropout and
     two micro-batches per step, float32 on the CPU."""
     import train as train_script
-    from core import cli
-    from training.logs import metrics_file
+    from posgpt.core import cli
+    from posgpt.training.logs import metrics_file
 
     cli.run(train_script.COMMAND, [
         "--model.n_layer", "2", "--model.n_head", "4", "--model.n_embd", "32", "--model.block_size", "32",

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model import ATTENTIONS, GPT, SCHEMES, GPTConfig
+from posgpt.model import ATTENTIONS, GPT, SCHEMES, GPTConfig
 
 
 def lengths(config: GPTConfig, odd_len: int) -> list[int]:
@@ -61,7 +61,7 @@ def run_pair(config: GPTConfig, scheme: str, backend: str, device: torch.device,
 
 def is_flex(kernel: Any) -> bool:
     """A FlexAttention kernel (softmax's, sigmoid's): on a CPU it runs only under `uncompiled_flex`."""
-    from model.kernels.flex import FlexKernel
+    from posgpt.model.kernels.flex import FlexKernel
 
     return isinstance(kernel, FlexKernel)
 
@@ -75,8 +75,8 @@ def uncompiled_flex(monkeypatch) -> None:
     same computation, without seconds of tracing for every new model and length."""
     import torch.nn.attention.flex_attention as torch_flex
 
-    import model.attention.sigmoid as sigmoid
-    import model.kernels.flex as flex
+    import posgpt.model.attention.sigmoid as sigmoid
+    import posgpt.model.kernels.flex as flex
 
     monkeypatch.setattr(torch_flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
     flex_attention = torch_flex.flex_attention
@@ -174,8 +174,8 @@ def tiny_args(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
 def straight_and_resumed(tmp_path: Path, text_file: Path, steps: int, *extra: str) -> tuple[dict, dict]:
     """State dicts of a `steps`-step tiny run, and of the same run stopped halfway and resumed."""
     import train as train_script
-    from core import cli
-    from core.checkpoint import read_checkpoint
+    from posgpt.core import cli
+    from posgpt.core.checkpoint import read_checkpoint
 
     straight, split = tmp_path / "straight", tmp_path / "split"
     cli.run(train_script.COMMAND, tiny_args(straight, text_file, *extra, "--train.max_steps", str(steps)))
@@ -189,8 +189,8 @@ def straight_and_resumed(tmp_path: Path, text_file: Path, steps: int, *extra: st
 
 def train_tiny(tmp: Path, text: Path, name: str, seed: int = 1337, **model_fields: Any) -> Path:
     """A 25-step run of a 2-layer, 4-head model on `text` (runs under tmp/runs/<name>); its last.ckpt."""
-    from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
-    from training.run import train
+    from posgpt.training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
+    from posgpt.training.run import train
 
     model = {"block_size": 16, "n_layer": 2, "n_head": 4, "n_embd": 32, "bias": False, **model_fields}
     cfg = RunConfig(
@@ -208,7 +208,7 @@ def cli_error(capsys, command, argv: list[str], code: int = 2) -> str:
     may have logged before it), after exit status `code` and no traceback."""
     import pytest
 
-    from core import cli
+    from posgpt.core import cli
 
     with pytest.raises(SystemExit) as info:
         cli.run(command, argv)
@@ -223,7 +223,7 @@ def eager_with_weights(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The eager reference's output and its whole (B, H, Tq, Tk) weights, gathered from its hook."""
-    from model.kernels import eager_attention
+    from posgpt.model.kernels import eager_attention
 
     chunks: list[torch.Tensor] = []
     out = eager_attention(q, k, v, on_weights=lambda rows, weights: chunks.append(weights), **kwargs)
@@ -239,7 +239,7 @@ def signal_during(
     import os
     import signal
 
-    from training.module import GPTModule
+    from posgpt.training.module import GPTModule
 
     original = getattr(GPTModule, method)
 
@@ -255,7 +255,7 @@ def exits_with(capsys, command, argv: list[str], code: int) -> str:
     """Run `command` expecting it to exit with `code`; its stderr."""
     import pytest
 
-    from core import cli
+    from posgpt.core import cli
 
     with pytest.raises(SystemExit) as info:
         cli.run(command, argv)
@@ -286,8 +286,8 @@ def comparable_report(report: Path, root: Path) -> dict:
 
 def loaded(modes):
     """`modes` with every `Lazy` imported: the whole tree of commands (for the tests that walk them all)."""
-    from core.cli import Command
-    from core.modes import Lazy
+    from posgpt.core.cli import Command
+    from posgpt.core.modes import Lazy
 
     out = {}
     for name, mode in modes.items():

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.errors import ConfigError
-from model import ATTENTIONS, GPT, SCHEMES, GPTConfig
-from model.attention import LinearAttention, SoftmaxAttention
-from model.attention.linear import LayerStateCache
-from model.cache import DecodingCache, KVCache
-from model.kernels import Plan, Step
-from model.masks import AttentionMask
+from posgpt.core.errors import ConfigError
+from posgpt.model import ATTENTIONS, GPT, SCHEMES, GPTConfig
+from posgpt.model.attention import LinearAttention, SoftmaxAttention
+from posgpt.model.attention.linear import LayerStateCache
+from posgpt.model.cache import DecodingCache, KVCache
+from posgpt.model.kernels import Plan, Step
+from posgpt.model.masks import AttentionMask
 
 from helpers import overfit
 
@@ -113,7 +113,7 @@ def test_a_combination_no_kernel_runs_is_refused_at_validation_in_one_line(tiny_
 
 def test_train_refuses_such_a_combination_before_preparing_any_data(tmp_path, text_file, capsys):
     import train as train_script
-    from core import cli
+    from posgpt.core import cli
 
     argv = ["--model.attention", "linear", "--model.pos_encoding", "alibi", "--data.input", str(text_file),
             "--data.prepared_root", str(tmp_path / "prepared"), "--train.out_dir", str(tmp_path / "runs")]  # fmt: skip

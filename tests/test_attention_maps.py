@@ -15,11 +15,11 @@ from conftest import make_text
 
 import attention_maps as maps_script
 import evaluate as evaluate_script
-from core import cli
-from evaluation.attention import AttentionStats, bucket_means, log_edges, prompt_weights, visible_keys
-from model import GPT, SCHEMES, GPTConfig
-from model.attention import linear as linear_attention
-from model.kernels import eager
+from posgpt.core import cli
+from posgpt.evaluation.attention import AttentionStats, bucket_means, log_edges, prompt_weights, visible_keys
+from posgpt.model import GPT, SCHEMES, GPTConfig
+from posgpt.model.attention import linear as linear_attention
+from posgpt.model.kernels import eager
 
 from helpers import assert_png, cli_error, train_tiny
 
@@ -178,7 +178,7 @@ def test_heatmaps_and_long_context_figures(runs, tmp_path):
 
 
 def test_a_failed_write_ends_in_one_line_and_leaves_no_results_json(runs, tmp_path, monkeypatch, capsys):
-    from evaluation import attention
+    from posgpt.evaluation import attention
 
     out = tmp_path / "maps"
     real_write = attention.atomic_write_bytes

@@ -9,8 +9,8 @@ import json
 import pytest
 
 import bench
-from benchmarks.common import DEFAULT_PEER
-from core.modes import run_modes
+from posgpt.benchmarks.common import DEFAULT_PEER
+from posgpt.core.modes import run_modes
 
 TINY = ["decode", "--shape", "tiny", "--batches", "1", "2", "--tokens", "8", "--modes", "eager"]
 

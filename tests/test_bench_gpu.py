@@ -9,10 +9,10 @@ import json
 import pytest
 
 import bench
-from benchmarks.common import DEFAULT_PEER
-from benchmarks.gpu import GPU_SHAPES, Row, ratios
-from benchmarks.report import render
-from core.modes import run_modes
+from posgpt.benchmarks.common import DEFAULT_PEER
+from posgpt.benchmarks.gpu import GPU_SHAPES, Row, ratios
+from posgpt.benchmarks.report import render
+from posgpt.core.modes import run_modes
 
 CPU_MODE = ["gpu", "--device", "cpu", "--compile", "false", "--steps", "2", "--warmup", "1"]
 
@@ -77,7 +77,7 @@ def test_ratios_put_each_scheme_beside_rope_the_trainer_beside_the_bare_step_and
 
 
 def test_a_failing_row_is_recorded_and_the_table_goes_on(tmp_path, capsys, monkeypatch):
-    import benchmarks.gpu as gpu
+    import posgpt.benchmarks.gpu as gpu
 
     real = gpu.run_step
 

@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-import benchmarks.report as report
-from benchmarks.gpu import SCHEMES, Row
-from benchmarks.report import Job, ReportConfig, plan, render, run_job
-from core.modes import run_modes
+import posgpt.benchmarks.report as report
+from posgpt.benchmarks.gpu import SCHEMES, Row
+from posgpt.benchmarks.report import Job, ReportConfig, plan, render, run_job
+from posgpt.core.modes import run_modes
 
 QUICK = Job("quick/platform", "platform", [], 60)  # `python -m platform`: prints this machine, exits 0
 SLOW = Job("slow/sleep", "timeit", ["-n", "1", "import time; time.sleep(60)"], 60)

@@ -13,9 +13,9 @@ import dataclasses
 import pytest
 import torch
 
-from core.errors import ConfigError
-from model import GPT, GPTConfig
-from model.masks import AttentionMask
+from posgpt.core.errors import ConfigError
+from posgpt.model import GPT, GPTConfig
+from posgpt.model.masks import AttentionMask
 
 from helpers import assert_flex_matches_eager, uncompiled_flex
 

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from core.errors import ConfigError
-from model import ATTENTIONS, GPT, SCHEMES, GPTConfig
-from model.config import ROPE_SCALINGS
-from model.generation import compile_for_decoding, context_window, decode, pad_prompts
-from model.scores import SCORES
+from posgpt.core.errors import ConfigError
+from posgpt.model import ATTENTIONS, GPT, SCHEMES, GPTConfig
+from posgpt.model.config import ROPE_SCALINGS
+from posgpt.model.generation import compile_for_decoding, context_window, decode, pad_prompts
+from posgpt.model.scores import SCORES
 
 MASKS: dict[str, dict[str, int]] = {
     "causal": {},

@@ -8,10 +8,10 @@ from typing import Any
 import lightning as L
 import pytest
 
+import posgpt.training.run as run
 import train as train_script
-import training.run as run
-from core import cli
-from training.callbacks import optimizer_stepped
+from posgpt.core import cli
+from posgpt.training.callbacks import optimizer_stepped
 
 from helpers import tiny_args
 
@@ -63,7 +63,7 @@ def test_optimizer_stepped_is_true_exactly_when_the_optimizer_stepped(tmp_path, 
 def test_a_steps_speed_reading_is_taken_before_its_checkpoint_is_written(tmp_path, text_file, monkeypatch):
     """The tokens/s of an interval leave out the checkpoint written at its last step (the run's final
     one put a 124M trainer at 0.25 of its bare step on an H200): SpeedMonitor reads the clock first."""
-    from training import callbacks
+    from posgpt.training import callbacks
 
     events: list[tuple[str, int]] = []
     read, save = callbacks.SpeedMonitor.on_train_batch_end, callbacks.LastCheckpoint._save

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from core import cli
-from evaluation import check
-from model import ATTENTIONS, SCHEMES
-from model.kernels import sdpa
-from model.scores import SCORES
+from posgpt.core import cli
+from posgpt.evaluation import check
+from posgpt.model import ATTENTIONS, SCHEMES
+from posgpt.model.kernels import sdpa
+from posgpt.model.scores import SCORES
 
 from helpers import exits_with, loaded
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from evaluation.checkpoint import gpt_from_checkpoint, load_checkpoint
-from model import GPT, GPTConfig
-from model.config import REMOVED_FIELDS
+from posgpt.evaluation.checkpoint import gpt_from_checkpoint, load_checkpoint
+from posgpt.model import GPT, GPTConfig
+from posgpt.model.config import REMOVED_FIELDS
 
 BUNDLE = torch.load(Path(__file__).resolve().parent / "assets" / "pre-redesign.pt", weights_only=False)
 

@@ -19,11 +19,11 @@ import bench
 import evaluate
 import sample
 import train
-from core import cli
-from core.errors import TrainingDiverged, TrainingStopped, UserError
-from core.modes import run_modes
-from data import prepare
-from experiments import extrapolation, synthetic
+from posgpt.core import cli
+from posgpt.core.errors import TrainingDiverged, TrainingStopped, UserError
+from posgpt.core.modes import run_modes
+from posgpt.data import prepare
+from posgpt.experiments import extrapolation, synthetic
 
 from helpers import cli_error, loaded
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from model import ATTENTIONS, POS_ENCODINGS, GPTConfig
-from model.validation import kernel_names
+from posgpt.model import ATTENTIONS, POS_ENCODINGS, GPTConfig
+from posgpt.model.validation import kernel_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,14 +78,15 @@ def test_import_boundaries():
     """Importing GPTConfig imports no kernel and no FlexAttention; `model` never imports Lightning;
     evaluation and sampling import neither Lightning nor `training`."""
     code = (
-        "import sys; from model import GPTConfig; "
-        "bad = [m for m in sys.modules if m.startswith(('model.kernels', 'torch.nn.attention.flex'))]; "
+        "import sys; from posgpt.model import GPTConfig; "
+        "bad = [m for m in sys.modules if m.startswith(('posgpt.model.kernels', 'torch.nn.attention.flex'))]; "
         "assert not bad, ('GPTConfig', bad); "
-        "from model import GPT; GPTConfig(); "
+        "from posgpt.model import GPT; GPTConfig(); "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')]; "
         "assert not bad, ('model', bad); "
-        "import evaluate, sample, evaluation.run, evaluation.report; "
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning', 'training')]; "
+        "import evaluate, sample, posgpt.evaluation.run, posgpt.evaluation.report; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning') "
+        "or m.startswith('posgpt.training')]; "
         "assert not bad, ('evaluation', bad)"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -114,7 +115,7 @@ def _imports(path: Path) -> set[str]:
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return ".".join(("posgpt", *(parts[:-1] if parts[-1] == "__init__" else parts)))
 
 
 def test_no_import_cycle_inside_model():
@@ -144,15 +145,15 @@ def test_lower_packages_import_nothing_above_them(package):
         f"{path.relative_to(ROOT)} imports {name}"
         for path in (ROOT / package).glob("*.py")
         for name in _imports(path)
-        if name.split(".")[0] in above
+        if name.split(".")[:2] in (["posgpt", package] for package in above)
     )
     assert not bad, bad
 
 
 def test_run_config_defaults_are_the_default_run():
     import train as train_script
-    from core import cli
-    from training.config import RunConfig
+    from posgpt.core import cli
+    from posgpt.training.config import RunConfig
 
     parsed = cli.parse(train_script.COMMAND, [])
     defaults = RunConfig()

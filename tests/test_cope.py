@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from core.errors import ConfigError
-from model import GPT, GPTConfig
+from posgpt.core.errors import ConfigError
+from posgpt.model import GPT, GPTConfig
 
 from helpers import assert_model_is_its_formula
 

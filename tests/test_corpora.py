@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 import train as train_script
-from core import cli
-from data import corpora
-from data.errors import DataError
-from data.prepare import resolve_sources
+from posgpt.core import cli
+from posgpt.data import corpora
+from posgpt.data.errors import DataError
+from posgpt.data.prepare import resolve_sources
 
 from helpers import TINY, cli_error
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from core import cli
-from core.errors import UserError
-from evaluation.report import Group
-from training import curves
+from posgpt.core import cli
+from posgpt.core.errors import UserError
+from posgpt.evaluation.report import Group
+from posgpt.training import curves
 
 HEADER = "epoch,lr,step,train/loss,train/tokens,val/loss\n"
 
@@ -107,7 +107,7 @@ def test_the_tokens_axis_is_drawn_from_the_logged_counts_and_only_then():
 
 
 def test_the_perplexity_figures_legend_lies_below_the_axes_inside_the_figure():
-    from evaluation.report import ppl_figure
+    from posgpt.evaluation.report import ppl_figure
 
     labels = [f"rope + yarn, attn_window 64, variant number {i}" for i in range(12)]
     runs = [{"label": label, "train_length": 32, "results": [{"length": n, "ppl": 10.0 + i + n / 64}

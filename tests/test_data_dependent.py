@@ -13,7 +13,7 @@ import torch
 import attention_maps as maps_script
 import sample as sample_script
 import train as train_script
-from core import cli
+from posgpt.core import cli
 
 from helpers import tiny_args
 

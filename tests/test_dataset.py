@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from data.dataset import FixedWindows, SeededStream, load_prepared, random_windows
-from data.prepare import prepare
+from posgpt.data.dataset import FixedWindows, SeededStream, load_prepared, random_windows
+from posgpt.data.prepare import prepare
 
 
 @pytest.fixture

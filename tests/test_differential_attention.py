@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from core.errors import ConfigError
-from model import GPT, GPTConfig
+from posgpt.core.errors import ConfigError
+from posgpt.model import GPT, GPTConfig
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=False,
                    attention="differential", pos_encoding="alibi")  # fmt: skip

@@ -3,6 +3,7 @@ that trains from any directory with the configs it ships, its output a plain log
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -14,9 +15,9 @@ import pytest
 import yaml
 
 import bench
-from core.cli import Command
-from core.modes import Lazy, mode_summary
 from posgpt import cli as posgpt
+from posgpt.core.cli import Command
+from posgpt.core.modes import Lazy, mode_summary
 
 from helpers import loaded
 
@@ -65,6 +66,42 @@ def test_posgpt_help_imports_no_torch():
     assert out.strip().splitlines()[-1] == "[]", out
 
 
+TWICE = """
+import atexit, collections, os, sys
+def report():
+    files = collections.Counter(os.path.realpath(m.__file__) for name, m in list(sys.modules.items())
+                                if getattr(m, "__file__", None) and name != "__mp_main__")  # multiprocessing's alias
+    root = os.path.realpath(os.environ["POSGPT_ROOT"]) + os.sep
+    with open(os.environ["POSGPT_TWICE"], "w") as out:
+        out.write("\\n".join(sorted(f for f, n in files.items() if n > 1 and f.startswith(root))))
+atexit.register(report)
+"""
+"""A sitecustomize.py: at exit, writes the files the process loaded as modules under two names."""
+
+
+def test_no_command_loads_a_module_under_two_names(tmp_path):
+    """The documented ways to run the commands, `python -m posgpt ...` and the benchmark report's job process
+    (`python -m posgpt.benchmarks.measure`), load each module once; the modules' old `python -m` names say where
+    the command went."""
+    (tmp_path / "sitecustomize.py").write_text(TWICE)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+        "POSGPT_TWICE": str(tmp_path / "t"),
+        "POSGPT_ROOT": str(ROOT),
+    }
+    for argv in (
+        ["posgpt", "study", "synthetic", "--help"],
+        ["posgpt.benchmarks.measure", str(tmp_path / "m.json"), "posgpt", "study", "extrapolation", "--help"],
+    ):
+        done = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert done.returncode == 0 and "--config" in done.stdout, done.stderr
+        assert (tmp_path / "t").read_text() == "", argv
+    moved = subprocess.run([sys.executable, "-m", "experiments.extrapolation"], cwd=ROOT, capture_output=True,
+                           text=True)  # fmt: skip
+    assert moved.returncode == 1 and "run `posgpt study extrapolation`" in moved.stderr, moved.stderr
+
+
 OFFLINE = """
 import urllib.error, urllib.request
 def offline(*args, **kwargs):
@@ -108,8 +145,7 @@ def test_a_non_editable_install_trains_offline_from_any_directory_into_a_plain_l
     env.update(PYTHONPATH=os.pathsep.join([str(offline), str(site)]), POSGPT_CACHE=str(tmp_path / "cache"))
     work = tmp_path / "elsewhere"
     work.mkdir()
-    where = run(sys.executable, "-c", "import posgpt, training, configs; print(training.__file__)", cwd=work, env=env)
-    assert where.stdout.startswith(str(site / "posgpt" / "_lib")), where  # the installed copy, not this tree
+    assert _shadowed(work, env) == [], "the installed posgpt puts names of the checkout on the path"
     args = ["train", "--config", "configs/nanogpt_cpu.yaml", "--model.n_layer", "1", "--model.n_head", "2",
             "--model.n_embd", "32", "--model.block_size", "32", "--train.batch_size", "4", "--train.max_steps", "40",
             "--train.eval_interval", "20", "--train.eval_tokens", "1024", "--train.sample_tokens", "20",
@@ -137,22 +173,42 @@ def test_a_non_editable_install_trains_offline_from_any_directory_into_a_plain_l
     assert used["train"]["precision"] in ("bf16-mixed", "32-true") and used["model"]["pos_encoding"] == "learned"
 
 
-def test_the_wheel_installs_every_package_of_the_checkout_under_posgpt():
-    """pyproject.toml lists the packages (a wheel puts them under posgpt/_lib/): a new one must be added there."""
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    files = subprocess.run(["git", "ls-files", "*__init__.py"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    if not files:
-        pytest.skip("not a git checkout")
-    found = {Path(f).parent.as_posix().replace("/", ".") for f in files} - {"tests", "posgpt"}
-    assert listed == {"posgpt"} | {f"posgpt._lib.{name}" for name in found}
+def _shadowed(cwd: Path, env: dict[str, str]) -> list[str]:
+    """The top-level names of this checkout (its folders and scripts) that a Python started in `cwd` finds after
+    `import posgpt` here or in the installed copy: none may be found but posgpt, except outside both (another
+    package's own `tests`, say)."""
+    tops = {Path(f).parts[0] for f in subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True,
+                                                     text=True).stdout.split()}  # fmt: skip
+    names = sorted(n.removesuffix(".py") for n in tops if n.removesuffix(".py").isidentifier()) or pytest.skip("no git")
+    code = (
+        "import importlib.util, json, pathlib, posgpt\n"
+        "home = [pathlib.Path(p).resolve() for p in posgpt.__path__]\n"
+        f"found = {{n: importlib.util.find_spec(n) for n in {names!r} if n != 'posgpt'}}\n"
+        "inside = lambda s: s.origin and any(pathlib.Path(s.origin).resolve().is_relative_to(h) for h in home)\n"
+        "print(json.dumps(sorted(n for n, s in found.items() if s and (inside(s) or not s.origin or "
+        f"pathlib.Path(s.origin).resolve().is_relative_to({str(ROOT)!r})))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_editable_install_claims_one_top_level_name(tmp_path):
+    """With the README's `pip install -e .`, a Python outside the checkout imports posgpt from it, and finds none of
+    the checkout's other top-level names (evaluate, train, model, tests, ...)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    origin = subprocess.run([sys.executable, "-c", "import posgpt; print(posgpt.__file__)"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True)  # fmt: skip
+    if origin.returncode or not Path(origin.stdout.strip()).resolve().is_relative_to(ROOT):
+        pytest.skip("posgpt is not installed editable from this checkout")
+    assert _shadowed(tmp_path, env) == []
 
 
 def test_the_config_reference_lists_every_option_of_every_command():
     """docs/config.md's tables are written from the fields' docstrings: a field added without them fails here."""
     import typing
 
-    from core import cli
+    from posgpt.core import cli
 
     page = (ROOT / "docs" / "config.md").read_text()
     modes = loaded(posgpt.MODES)

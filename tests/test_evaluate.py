@@ -13,15 +13,15 @@ import pytest
 from conftest import make_text
 
 import evaluate as evaluate_script
-from core import cli
-from data.dataset import load_prepared
-from evaluation.attention import log_edges
-from evaluation.checkpoint import EvalData, default_labels, load_checkpoint
-from evaluation.report import TRAIN_LENGTH_LINE, Group, line_style, position_figure, stats_figure
-from evaluation.run import EvalSettings, evaluate_checkpoints
-from model import GPTConfig
-from training.config import DataConfig, RunConfig, TrainConfig
-from training.run import train
+from posgpt.core import cli
+from posgpt.data.dataset import load_prepared
+from posgpt.evaluation.attention import log_edges
+from posgpt.evaluation.checkpoint import EvalData, default_labels, load_checkpoint
+from posgpt.evaluation.report import TRAIN_LENGTH_LINE, Group, line_style, position_figure, stats_figure
+from posgpt.evaluation.run import EvalSettings, evaluate_checkpoints
+from posgpt.model import GPTConfig
+from posgpt.training.config import DataConfig, RunConfig, TrainConfig
+from posgpt.training.run import train
 
 from helpers import assert_png, cli_error, direct_loss, train_tiny
 
@@ -213,7 +213,7 @@ def test_default_labels_name_the_run_directory():
 
 def test_memory_is_bounded_by_batch_tokens(runs, monkeypatch):
     """A long length runs in batches of one window when batch_tokens is small (and gives the same loss)."""
-    from model import GPT
+    from posgpt.model import GPT
 
     batch_sizes: list[int] = []
     hidden_states = GPT.hidden_states

@@ -1,4 +1,4 @@
-"""`python -m experiments.extrapolation`: a tiny experiment end to end with the shipped CPU config
+"""`posgpt study extrapolation`: a tiny experiment end to end with the shipped CPU config
 shrunk from the command line, run reuse, and the configs in configs/ parse."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from core import cli
-from experiments import extrapolation as experiment
+from posgpt.core import cli
+from posgpt.experiments import extrapolation as experiment
 
 from helpers import cli_error, comparable_report, exits_with, signal_during
 
@@ -176,13 +176,13 @@ def test_a_variant_with_a_fraction_that_makes_no_whole_pairs_is_refused_before_t
 def test_a_plan_of_hours_on_a_cpu_names_the_quick_study(config, named, tmp_path, text_file, monkeypatch, capsys):
     """The README's full study on a CPU is many hours: its plan says so before anything is prepared, and names
     the five-minute one (whose own plan does not)."""
-    from training import run
+    from posgpt.training import run
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(run, "prepared_data", stop)
-    monkeypatch.setattr("experiments.common.sustained_flops", lambda device, precision: 10e9)  # a 2-core CPU
+    monkeypatch.setattr("posgpt.experiments.common.sustained_flops", lambda device, precision: 10e9)  # a 2-core CPU
     argv = ["--config", f"configs/{config}.yaml", "--out_dir", str(tmp_path), "--run.data.input", str(text_file),
             "--run.train.accelerator", "cpu"]  # fmt: skip
     with pytest.raises(SystemExit):

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.errors import ConfigError
-from model import ATTENTIONS, GPT, SCHEMES
-from model.kernels import KERNELS
-from model.scores import SCORES
+from posgpt.core.errors import ConfigError
+from posgpt.model import ATTENTIONS, GPT, SCHEMES
+from posgpt.model.kernels import KERNELS
+from posgpt.model.scores import SCORES
 
 import test_kernels
 from helpers import overfit, uncompiled_flex

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from data.dataset import window_starts
-from evaluation.extrapolation import evaluate_length
-from model import GPT
+from posgpt.data.dataset import window_starts
+from posgpt.evaluation.extrapolation import evaluate_length
+from posgpt.model import GPT
 
 from helpers import direct_loss
 
@@ -66,7 +66,7 @@ def test_a_length_longer_than_the_text_is_refused(tiny_config, text_tokens):
 
 
 def test_out_of_memory_halves_the_batch_and_gives_the_same_result(tiny_config, text_tokens, monkeypatch):
-    import evaluation.extrapolation as engine
+    import posgpt.evaluation.extrapolation as engine
 
     model = _model(tiny_config, "rope")
     expected = evaluate_length(model, text_tokens, 32, token_budget=256, batch_tokens=8 * 32)

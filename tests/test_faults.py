@@ -19,13 +19,13 @@ from conftest import make_text
 import evaluate as evaluate_script
 import sample as sample_script
 import train as train_script
-from core import cli
-from core.checkpoint import CheckpointError, read_checkpoint
-from core.files import directory_lock
-from data.dataset import prepare_dir
-from data.tokenizer import RANKS_ENV
-from evaluation.checkpoint import load_checkpoint
-from training.config import OptimConfig, TrainConfig, lr_factor
+from posgpt.core import cli
+from posgpt.core.checkpoint import CheckpointError, read_checkpoint
+from posgpt.core.files import directory_lock
+from posgpt.data.dataset import prepare_dir
+from posgpt.data.tokenizer import RANKS_ENV
+from posgpt.evaluation.checkpoint import load_checkpoint
+from posgpt.training.config import OptimConfig, TrainConfig, lr_factor
 
 from helpers import cli_error, exits_with, signal_during, tiny_args
 
@@ -225,7 +225,7 @@ def test_resume_applies_a_new_learning_rate_schedule_says_so_and_removes_tempora
     min_lr) in one line; the temporary checkpoint a killed run left is removed."""
     stale = trained / ".last.ckpt.tmp999999"
     stale.write_bytes(b"partial")
-    with caplog.at_level("INFO", logger="training.run"):
+    with caplog.at_level("INFO", logger="posgpt.training.run"):
         _run(tmp_path, text_file, "--train.max_steps", "8", "--train.resume", "auto", "--optim.lr", "1e-3",
              "--optim.min_lr", "1e-5", "--optim.beta2", "0.9")  # fmt: skip
     assert not stale.exists()
@@ -363,7 +363,7 @@ def test_file_system_mistakes_are_one_message(tmp_path, text_file, shared, capsy
 def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(tmp_path, text_file, trained, capsys, monkeypatch):
     """ENOSPC, and what torch.save into a file object on a full disk raises instead: a RuntimeError from its zip
     writer. Each ends in one line naming the disk, the intact previous checkpoint and the resume."""
-    import training.callbacks as callbacks
+    import posgpt.training.callbacks as callbacks
 
     before = (trained / "last.ckpt").read_bytes()
 

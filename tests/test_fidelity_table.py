@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from model import GPT, GPTConfig
-from model.attention import ATTENTIONS
-from model.positions import SCHEMES
-from model.scores import SCORES
+from posgpt.model import GPT, GPTConfig
+from posgpt.model.attention import ATTENTIONS
+from posgpt.model.positions import SCHEMES
+from posgpt.model.scores import SCORES
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADING = "## Fidelity: each scheme against its paper's code"

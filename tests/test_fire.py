@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from core.errors import ConfigError
-from model import GPT, GPTConfig
+from posgpt.core.errors import ConfigError
+from posgpt.model import GPT, GPTConfig
 
 from helpers import assert_flex_matches_eager, scheme_gradients, uncompiled_flex
 
@@ -90,9 +90,9 @@ def test_every_fire_parameter_gets_the_same_gradient_on_eager_and_sdpa():
 
 
 def test_the_flex_score_mod_is_the_dense_bias():
-    from model.kernels import KERNELS, Step
-    from model.kernels.flex import score_mod_of
-    from model.masks import AttentionMask
+    from posgpt.model.kernels import KERNELS, Step
+    from posgpt.model.kernels.flex import score_mod_of
+    from posgpt.model.masks import AttentionMask
 
     model = GPT(CONFIG)
     pe, n_head, q_len, k_len = model.pe, CONFIG.n_head, 5, 30

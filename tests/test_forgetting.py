@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig
+from posgpt.model import GPT, GPTConfig
 
 from helpers import assert_model_is_its_formula
 

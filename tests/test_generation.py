@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from model import GPT, GPTConfig
-from model.generation import context_window, filter_logits, next_token
+from posgpt.model import GPT, GPTConfig
+from posgpt.model.generation import context_window, filter_logits, next_token
 
 
 def _model(tiny_config, scheme: str) -> GPT:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, POS_ENCODINGS, SCHEMES, GPTConfig
+from posgpt.model import GPT, POS_ENCODINGS, SCHEMES, GPTConfig
 
 from helpers import overfit, uncompiled_flex
 

@@ -18,13 +18,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import evaluate as evaluate_script
 import sample as sample_script
 import train as train_script
-from core import cli
-from core.checkpoint import read_checkpoint
-from core.errors import ConfigError
-from model import GPT, POS_ENCODINGS, GPTConfig
-from model.kernels import compiled_flex_attention
-from model.positions import random_positions
-from training.logs import metrics_file
+from posgpt.core import cli
+from posgpt.core.checkpoint import read_checkpoint
+from posgpt.core.errors import ConfigError
+from posgpt.model import GPT, POS_ENCODINGS, GPTConfig
+from posgpt.model.kernels import compiled_flex_attention
+from posgpt.model.positions import random_positions
+from posgpt.training.logs import metrics_file
 
 from helpers import build, relative_error, run_pair, straight_and_resumed, tiny_args
 
@@ -115,8 +115,8 @@ def test_bias_free_sdpa_runs_the_flash_kernel(gpu_config):
 
 
 def test_auto_alibi_trains_through_compiled_flex_on_cuda(gpu_config):
-    from model.kernels import KERNELS
-    from model.scores import SCORES
+    from posgpt.model.kernels import KERNELS
+    from posgpt.model.scores import SCORES
 
     model = GPT(dataclasses.replace(gpu_config, pos_encoding="alibi"))
     needs = model.attention.needs(model.pe, model.mask, SCORES["scaled_dot"], CUDA, needs_grad=True)
@@ -378,7 +378,7 @@ def test_compiled_decoding_runs_as_cuda_graphs_and_gives_eager_tokens(gpu_config
     H200 run of 2026-11-26 failed five schemes of eight in float32 with no message kept)."""
     from torch._dynamo.utils import counters
 
-    from model.generation import compile_for_decoding, pad_prompts
+    from posgpt.model.generation import compile_for_decoding, pad_prompts
 
     model = GPT(dataclasses.replace(gpu_config, **fields)).to(CUDA, torch.float64).eval()
     idx, lengths = pad_prompts([[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12]], CUDA)
@@ -394,6 +394,6 @@ def test_compiled_decoding_runs_as_cuda_graphs_and_gives_eager_tokens(gpu_config
 
 
 def model_stream(model: GPT, idx: torch.Tensor, lengths: torch.Tensor):
-    from model.generation import stream
+    from posgpt.model.generation import stream
 
     return stream(model, idx, 100, temperature=0, lengths=lengths)

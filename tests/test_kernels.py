@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from core.errors import ConfigError
-from model import ATTENTIONS, GPT, SCHEMES, GPTConfig
-from model.kernels import KERNELS, Kernel, KernelError, causal_mask, eager_attention, sdpa_attention
-from model.masks import AttentionMask
-from model.scores import SCORES, build_score
+from posgpt.core.errors import ConfigError
+from posgpt.model import ATTENTIONS, GPT, SCHEMES, GPTConfig
+from posgpt.model.kernels import KERNELS, Kernel, KernelError, causal_mask, eager_attention, sdpa_attention
+from posgpt.model.masks import AttentionMask
+from posgpt.model.scores import SCORES, build_score
 
 from helpers import build, eager_with_weights, is_flex, lengths, run_pair, uncompiled_flex
 
@@ -272,7 +272,7 @@ def test_auto_trains_alibi_on_cpu(tiny_config):
 def test_sdpa_under_cpu_bf16_autocast_attends_in_float32_and_matches_the_reference(tiny_config, scheme, monkeypatch):
     """bf16 training on a CPU: the projections run in bf16, the fused attention in float32 (its bf16
     kernel is the slower one there); logits and gradients stay close to the float32 reference."""
-    import model.kernels.sdpa as sdpa
+    import posgpt.model.kernels.sdpa as sdpa
 
     seen: list[torch.dtype] = []
     real = sdpa.F.scaled_dot_product_attention
@@ -319,8 +319,8 @@ def test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, fields):
     from torch._dynamo.backends.common import aot_autograd
     from torch.nn.attention.flex_attention import flex_attention
 
-    from model.kernels import Step
-    from model.kernels.flex import build_block_mask, score_mod_of
+    from posgpt.model.kernels import Step
+    from posgpt.model.kernels.flex import build_block_mask, score_mod_of
 
     config = dataclasses.replace(tiny_config, **fields, fire_width=4)  # FIRE: 16 tensors read once, not 100
     pe, layer = GPT(config).pe, config.n_layer - 1
@@ -345,9 +345,9 @@ def test_flex_runs_t5_with_the_tiles_its_bias_declares(tiny_config, monkeypatch)
     """T5's score_mod did not fit FlexAttention's default tiles on an H200 (model/positions/biases.py,
     T5_TILES): its bias declares smaller ones, and the flex kernel passes them to the compiled call;
     a bias that declares none passes none."""
-    import model.kernels.flex as flex
-    from model.kernels import Step
-    from model.positions.biases import T5_TILES
+    import posgpt.model.kernels.flex as flex
+    from posgpt.model.kernels import Step
+    from posgpt.model.positions.biases import T5_TILES
 
     seen = []
     monkeypatch.setattr(flex, "compiled_flex_attention", lambda: lambda q, k, v, **kw: seen.append(kw) or q)

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from posgpt.model import GPT, GPTConfig
 
 from helpers import scheme_gradients
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from data import corpora
-from data.dataset import load_prepared
-from data.prepare import prepare, resolve_sources
-from data.tokenizer import GPT2Tokenizer
+from posgpt.data import corpora
+from posgpt.data.dataset import load_prepared
+from posgpt.data.prepare import prepare, resolve_sources
+from posgpt.data.tokenizer import GPT2Tokenizer
 
 ENVIRONMENT = {"python": "3.11.7", "implementation": "cpython", "distributions": {"numpy": "2.1.0"}}
 

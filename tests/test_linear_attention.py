@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.attention.linear import feature_map, linear_attention_chunked, linear_attention_quadratic
-from model.positions.tables import apply_rope, rope_cos_sin
+from posgpt.model.attention.linear import feature_map, linear_attention_chunked, linear_attention_quadratic
+from posgpt.model.positions.tables import apply_rope, rope_cos_sin
 
 
 def _inputs(T: int, D: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from core.errors import ConfigError
-from model import GPT, GPTConfig
-from model.masks import AttentionMask
+from posgpt.core.errors import ConfigError
+from posgpt.model import GPT, GPTConfig
+from posgpt.model.masks import AttentionMask
 
 BASE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, bias=False, pos_encoding="none",
                  attn_log_scaling="fixed")  # fmt: skip

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from model import GPT
-from model.kernels import dense
+from posgpt.model import GPT
+from posgpt.model.kernels import dense
 
 T = 256
 

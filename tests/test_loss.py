@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT
-from model import loss as chunked
+from posgpt.model import GPT
+from posgpt.model import loss as chunked
 
 
 @pytest.mark.parametrize("chunk_elements", [1 << 24, 70 * 3])  # one chunk; chunks of 3 rows (the last of 2)

@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from model import GPT, GPTConfig
-from model.kernels import Step
-from model.kernels.flex import build_block_mask
-from model.masks import AttentionMask
+from posgpt.model import GPT, GPTConfig
+from posgpt.model.kernels import Step
+from posgpt.model.kernels.flex import build_block_mask
+from posgpt.model.masks import AttentionMask
 
 from helpers import overfit, run_pair, uncompiled_flex
 
@@ -120,7 +120,7 @@ def test_the_block_mask_built_in_chunks_is_create_block_masks(monkeypatch, mask,
     whole dense mask, whether the visibility is formed at once or a few query tiles at a time."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from model.kernels import block_mask
+    from posgpt.model.kernels import block_mask
 
     monkeypatch.setattr(block_mask, "DENSE_ELEMENTS", limit)
     expected = create_block_mask(mask.mask_mod(), None, None, length, length, device="cpu")
@@ -137,16 +137,16 @@ def test_a_compiled_model_builds_its_block_mask_eagerly(monkeypatch, tiny_config
     import dataclasses
     import sys
 
-    from model import GPT
+    from posgpt.model import GPT
 
     uncompiled_flex(monkeypatch)
-    monkeypatch.delitem(sys.modules, "model.kernels.block_mask", raising=False)
+    monkeypatch.delitem(sys.modules, "posgpt.model.kernels.block_mask", raising=False)
     config = dataclasses.replace(tiny_config, pos_encoding="alibi", attn_backend="flex", attn_window=6, n_layer=1)
     model = GPT(config).eval()
     idx = torch.randint(0, tiny_config.vocab_size, (2, 40))
     with torch.no_grad():
         compiled, _ = torch.compile(model, backend="eager")(idx)
-        assert "model.kernels.block_mask" in sys.modules
+        assert "posgpt.model.kernels.block_mask" in sys.modules
         torch._dynamo.reset()
         expected, _ = model(idx)
     torch.testing.assert_close(compiled, expected, atol=1e-5, rtol=1e-5)

@@ -10,8 +10,8 @@ from pathlib import Path
 from test_cli import COMMANDS
 
 import bench
-from core import cli
 from posgpt import cli as posgpt
+from posgpt.core import cli
 
 from helpers import loaded
 

@@ -8,9 +8,9 @@ import types
 import pytest
 import torch
 
-from model import GPTConfig
-from training.config import RunConfig, TrainConfig, lr_factor
-from training.module import GPTModule, clip_grad_norm
+from posgpt.model import GPTConfig
+from posgpt.training.config import RunConfig, TrainConfig, lr_factor
+from posgpt.training.module import GPTModule, clip_grad_norm
 
 
 def _module(scheme: str = "rope", **train: object) -> GPTModule:

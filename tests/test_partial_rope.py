@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from core.errors import ConfigError
-from model import GPT, GPTConfig
+from posgpt.core.errors import ConfigError
+from posgpt.model import GPT, GPTConfig
 
 BASE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False, pos_encoding="rope")
 D = BASE.head_dim  # 16: 8 frequency pairs (i, i + 8)

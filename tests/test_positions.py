@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from model import GPT, POS_ENCODINGS, SCHEMES
-from model.positions import (
+from posgpt.model import GPT, POS_ENCODINGS, SCHEMES
+from posgpt.model.positions import (
     ALiBi,
     RotaryPositions,
     SinusoidalPositions,
@@ -19,7 +19,7 @@ from model.positions import (
     sinusoid_table,
     t5_bucket,
 )
-from model.positions.tables import apply_rope, rope_cos_sin, yarn_correction_range
+from posgpt.model.positions.tables import apply_rope, rope_cos_sin, yarn_correction_range
 
 
 def test_alibi_slopes_for_8_heads_are_the_papers_geometric_sequence():
@@ -43,9 +43,9 @@ def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two():
 def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
     """The two derivations of one formula (`ScoreBias`): eager/SDPA's dense (H, Tq, Tk) tensor
     and FlexAttention's score_mod, for queries that are the last Tq of Tk positions (as decoding puts them)."""
-    from model.kernels import KERNELS, Step
-    from model.kernels.flex import score_mod_of
-    from model.masks import AttentionMask
+    from posgpt.model.kernels import KERNELS, Step
+    from posgpt.model.kernels.flex import score_mod_of
+    from posgpt.model.masks import AttentionMask
 
     pe = ALiBi(dataclasses.replace(tiny_config, pos_encoding="alibi"))
     n_head, start = tiny_config.n_head, k_len - q_len
@@ -67,9 +67,9 @@ def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
 @pytest.mark.parametrize("scheme", ["alibi", "t5", "kerple", "fire"])
 def test_with_positions_per_row_the_dense_bias_and_the_score_mod_agree(tiny_config, scheme):
     """Randomized positions: both derivations read each row's own positions (B, H, T, T)."""
-    from model.kernels import KERNELS, Step
-    from model.kernels.flex import score_mod_of
-    from model.masks import AttentionMask
+    from posgpt.model.kernels import KERNELS, Step
+    from posgpt.model.kernels.flex import score_mod_of
+    from posgpt.model.masks import AttentionMask
 
     pe = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).pe
     ids = random_positions(3, 9, 40, torch.Generator().manual_seed(0))
@@ -207,7 +207,7 @@ def test_yarn_frequencies_ramp_linearly_in_the_pair_index():
 
 
 def test_rope_scaling_is_validated():
-    from model import GPTConfig
+    from posgpt.model import GPTConfig
 
     with pytest.raises(ValueError, match="rope_scaling"):
         GPTConfig(rope_scaling="dynamic")
@@ -244,7 +244,7 @@ def test_t5_bias_is_a_learned_table_lookup_that_saturates(tiny_config):
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_t5_gradients_reach_the_table(tiny_config, backend):
-    from model import GPT
+    from posgpt.model import GPT
 
     model = GPT(dataclasses.replace(tiny_config, pos_encoding="t5", attn_backend=backend))
     idx = torch.randint(0, tiny_config.vocab_size, (2, 40))  # past block_size: distances 0..39

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from conftest import make_text
 
-from core import files as files_module
-from core.files import LockedError, directory_lock
-from data import prepare as prepare_module
-from data.dataset import load_prepared
-from data.errors import DataError
-from data.prepare import prepare, resolve_sources, token_dtype
-from data.tokenizer import EOT, CharTokenizer, GPT2Tokenizer
+from posgpt.core import files as files_module
+from posgpt.core.files import LockedError, directory_lock
+from posgpt.data import prepare as prepare_module
+from posgpt.data.dataset import load_prepared
+from posgpt.data.errors import DataError
+from posgpt.data.prepare import prepare, resolve_sources, token_dtype
+from posgpt.data.tokenizer import EOT, CharTokenizer, GPT2Tokenizer
 
 from helpers import cli_error
 
@@ -286,7 +286,7 @@ def test_concurrent_prepares_of_one_corpus_both_succeed_and_agree(tmp_path):
     corpus = tmp_path / "big.txt"
     corpus.write_text(make_text(300000))  # a few seconds to prepare: the two overlap
     out = tmp_path / "prepared"
-    cmd = [sys.executable, "-m", "data.prepare", "--inputs", str(corpus), "--out_dir", str(out)]
+    cmd = [sys.executable, "-m", "posgpt", "prepare", "--inputs", str(corpus), "--out_dir", str(out)]
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"]
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results

@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from core import cli
-from core.errors import ConfigError
-from experiments import extrapolation
-from model import GPTConfig
-from model.gpt import MLP
-from model.pretrained import PretrainedError, from_pretrained, hub_cache, weights_file
-from training.command import COMMAND as TRAIN
-from training.config import DataConfig, RunConfig
+from posgpt.core import cli
+from posgpt.core.errors import ConfigError
+from posgpt.experiments import extrapolation
+from posgpt.model import GPTConfig
+from posgpt.model.gpt import MLP
+from posgpt.model.pretrained import PretrainedError, from_pretrained, hub_cache, weights_file
+from posgpt.training.command import COMMAND as TRAIN
+from posgpt.training.config import DataConfig, RunConfig
 
 from helpers import cli_error
 
@@ -252,7 +252,7 @@ def test_train_checks_tokenizer_and_weights_before_it_prepares_the_corpus(
     """Offline, `init_from gpt2` without GPT-2's ranks file or weights (or with weights of another shape)
     stops before the text is tokenized, which for `python-library` takes minutes. (The ranks file is
     needed only past the tokenizer's check: that case runs without ../shared.)"""
-    from training import run
+    from posgpt.training import run
 
     gpt2_ranks = None if missing == "tokenizer" else request.getfixturevalue("gpt2_ranks")
     monkeypatch.setattr(run, "prepared_data", _never)
@@ -274,8 +274,8 @@ def test_train_checks_tokenizer_and_weights_before_it_prepares_the_corpus(
 
 def test_a_study_checks_the_weights_before_it_prepares_the_corpus(tmp_path, gpt2_ranks, capsys, monkeypatch):
     """configs/finetune_gpt2.yaml offline: the weights are missing, said before python-library is built."""
-    from data import corpora
-    from training import run
+    from posgpt.data import corpora
+    from posgpt.training import run
 
     monkeypatch.setattr(run, "prepared_data", _never)
     monkeypatch.setattr(corpora, "build", _never)

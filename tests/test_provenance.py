@@ -11,11 +11,11 @@ import pytest
 
 import evaluate as evaluate_script
 import train as train_script
-from core import cli
-from data.dataset import prepare_dir, recorded_data, tiktoken_ranks
-from data.errors import DataError
-from data.tokenizer import RANKS_ENV
-from evaluation.checkpoint import load_checkpoint
+from posgpt.core import cli
+from posgpt.data.dataset import prepare_dir, recorded_data, tiktoken_ranks
+from posgpt.data.errors import DataError
+from posgpt.data.tokenizer import RANKS_ENV
+from posgpt.evaluation.checkpoint import load_checkpoint
 
 from helpers import tiny_args
 

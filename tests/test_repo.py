@@ -138,7 +138,7 @@ def test_the_docs_name_every_config_field_and_every_module():
     a new field or file that the docs miss fails here."""
     import dataclasses
 
-    from model import GPTConfig
+    from posgpt.model import GPTConfig
 
     model_doc = (ROOT / "docs" / "model.md").read_text()
     assert [f.name for f in dataclasses.fields(GPTConfig) if f"`{f.name}`" not in model_doc] == []

@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 import train as train_script
-from core import cli
-from core.checkpoint import read_checkpoint
-from training.curves import COMMAND as plot_command
-from training.curves import read_metrics
+from posgpt.core import cli
+from posgpt.core.checkpoint import read_checkpoint
+from posgpt.training.curves import COMMAND as plot_command
+from posgpt.training.curves import read_metrics
 
 from helpers import cli_error, tiny_args
 

@@ -12,11 +12,11 @@ import torch
 
 import sample as sample_script
 import train as train_script
-from core import cli
-from data.tokenizer import CharTokenizer, GPT2Tokenizer
-from evaluation import sampling
-from evaluation.checkpoint import load_checkpoint
-from evaluation.sampling import Rows, stop_text
+from posgpt.core import cli
+from posgpt.data.tokenizer import CharTokenizer, GPT2Tokenizer
+from posgpt.evaluation import sampling
+from posgpt.evaluation.checkpoint import load_checkpoint
+from posgpt.evaluation.sampling import Rows, stop_text
 
 from helpers import cli_error
 

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-import model.scores as scores
-from model import GPT
-from model.kernels import eager_attention
-from model.scores import Additive, Dot, General, ScaledDot
+import posgpt.model.scores as scores
+from posgpt.model import GPT
+from posgpt.model.kernels import eager_attention
+from posgpt.model.scores import Additive, Dot, General, ScaledDot
 
 from helpers import eager_with_weights, overfit
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-import model.attention.sigmoid as sigmoid_module
-from model import GPT, GPTConfig
-from model.kernels import KernelError
+import posgpt.model.attention.sigmoid as sigmoid_module
+from posgpt.model import GPT, GPTConfig
+from posgpt.model.kernels import KernelError
 
 from helpers import assert_flex_matches_eager
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import Tensor
 
-from evaluation.attention import SINK_RATE_DEFINITION, AttentionStats
-from evaluation.report import sink_rate_table
-from model import GPT, GPTConfig
-from model.kernels import eager
+from posgpt.evaluation.attention import SINK_RATE_DEFINITION, AttentionStats
+from posgpt.evaluation.report import sink_rate_table
+from posgpt.model import GPT, GPTConfig
+from posgpt.model.kernels import eager
 
 EPSILON = 0.3
 

@@ -15,13 +15,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from core import cli
-from data import prepare as prepare_module
-from data.dataset import load_prepared, prepare_dir, recorded_data
-from data.errors import DataError
-from data.prepare import fingerprint, prepare, resolve_sources
-from data.sources import HubSpec
-from data.tokenizer import GPT2Tokenizer
+from posgpt.core import cli
+from posgpt.data import prepare as prepare_module
+from posgpt.data.dataset import load_prepared, prepare_dir, recorded_data
+from posgpt.data.errors import DataError
+from posgpt.data.prepare import fingerprint, prepare, resolve_sources
+from posgpt.data.sources import HubSpec
+from posgpt.data.tokenizer import GPT2Tokenizer
 
 DOCS = ["The king speaks of the crown.", "A fool loves the sea.\nSecond line.", "Ünïcödé ✓ — text", "last one\n"]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -268,10 +268,10 @@ def test_hub_errors_name_the_column_and_the_missing_package(tmp_path, hub, monke
 
 
 def test_a_json_lines_corpus_trains_and_its_checkpoint_records_it(tmp_path):
-    from core.checkpoint import read_checkpoint
-    from model import GPTConfig
-    from training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
-    from training.run import train
+    from posgpt.core.checkpoint import read_checkpoint
+    from posgpt.model import GPTConfig
+    from posgpt.training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
+    from posgpt.training.run import train
 
     rows = [{"text": line} for line in (" ".join(DOCS[:2]) + " ").split(".") * 40 if line.strip()]
     path = _jsonl(tmp_path / "train.jsonl", rows)
@@ -312,7 +312,7 @@ def test_bpe_pieces_are_encoded_on_threads_each_on_its_own(gpt2_ranks):
 def test_progress_is_logged_every_tenth_where_there_is_no_terminal(monkeypatch, caplog):
     monkeypatch.setattr(prepare_module, "QUIET_SECONDS", 0.0)
     progress = prepare_module.Progress("tokenizing", 4_000_000, interactive=False)
-    with caplog.at_level(logging.INFO, logger="data.prepare"):
+    with caplog.at_level(logging.INFO, logger="posgpt.data.prepare"):
         for read in range(100_000, 4_000_001, 100_000):
             progress.update(read, read // 4)
     lines = [r.getMessage() for r in caplog.records]
@@ -323,8 +323,8 @@ def test_progress_is_logged_every_tenth_where_there_is_no_terminal(monkeypatch, 
 def test_documents_in_two_formats_get_two_run_directories(tmp_path):
     """code.jsonl and code.parquet are two corpora: two prepared and two run directories, not one."""
     import train as train_script
-    from core import cli
-    from training.run import corpus_data, run_dir_of
+    from posgpt.core import cli
+    from posgpt.training.run import corpus_data, run_dir_of
 
     from helpers import tiny_args
 

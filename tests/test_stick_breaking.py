@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from core.errors import ConfigError
-from model import GPT, GPTConfig
-from model.attention.stick_breaking import stick_breaking_weights
+from posgpt.core.errors import ConfigError
+from posgpt.model import GPT, GPTConfig
+from posgpt.model.attention.stick_breaking import stick_breaking_weights
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=False,
                    attention="stick_breaking", pos_encoding="none")  # fmt: skip

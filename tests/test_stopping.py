@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import train as train_script
-from core import cli
-from core.checkpoint import read_checkpoint
+from posgpt.core import cli
+from posgpt.core.checkpoint import read_checkpoint
 
 from helpers import tiny_args
 
@@ -38,7 +38,7 @@ def test_a_sigterm_during_validation_and_a_time_limit_stop_with_a_checkpoint_and
     """A SIGTERM in the middle of a validation (a real signal, sent from its second batch) stops the run
     there, with the step saved before the validation began; `--train.max_minutes` stops one with status 75.
     Each resumed run ends where an uninterrupted one does."""
-    from training.module import GPTModule
+    from posgpt.training.module import GPTModule
 
     common = ["--train.logger", "none", "--train.eval_interval", "8", "--train.ckpt_interval", "100",
               "--train.eval_tokens", "0", "--train.max_steps", "12"]  # fmt: skip

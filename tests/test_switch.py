@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import train as train_script
-from core import cli
-from core.checkpoint import read_checkpoint
-from evaluation.checkpoint import load_checkpoint
-from model import GPT, GPTConfig
-from training.config import RunConfig, TrainConfig
+from posgpt.core import cli
+from posgpt.core.checkpoint import read_checkpoint
+from posgpt.evaluation.checkpoint import load_checkpoint
+from posgpt.model import GPT, GPTConfig
+from posgpt.training.config import RunConfig, TrainConfig
 
 from helpers import cli_error, tiny_args
 
@@ -108,8 +108,8 @@ def test_resumed_before_and_after_the_switch_a_run_ends_where_an_uninterrupted_o
 def test_a_switch_that_adds_parameters_is_refused_on_several_devices():
     from types import SimpleNamespace
 
-    from core.errors import ConfigError
-    from training.module import GPTModule
+    from posgpt.core.errors import ConfigError
+    from posgpt.training.module import GPTModule
 
     for changes, refused in (({"pos_encoding": "t5"}, True), ({"pos_encoding": "none", "attn_log_scaling": "fixed"},
                                                                 False)):  # fmt: skip

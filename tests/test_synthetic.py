@@ -1,5 +1,5 @@
 """Synthetic length-generalisation tasks: the generators against plain checks, loss masking, a tiny
-model that learns to copy, accuracy against a direct loop, and `python -m experiments.synthetic` end to end
+model that learns to copy, accuracy against a direct loop, and `posgpt study synthetic` end to end
 (randomized positions resume exactly: test_gpu_paths.py's resume test)."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import torch
 import torch.nn.functional as F
 
 import evaluate as evaluate_script
-from core import cli
-from data import tasks as registry
-from data.datamodule import task_batches
-from data.tasks import KEYS, TaskConfig, encode, eval_set, make_example, tokenizer_for, training_batch
-from evaluation.tasks import evaluate_task
-from experiments import synthetic
-from model import GPT, GPTConfig
+from posgpt.core import cli
+from posgpt.data import tasks as registry
+from posgpt.data.datamodule import task_batches
+from posgpt.data.tasks import KEYS, TaskConfig, encode, eval_set, make_example, tokenizer_for, training_batch
+from posgpt.evaluation.tasks import evaluate_task
+from posgpt.experiments import synthetic
+from posgpt.model import GPT, GPTConfig
 
 from helpers import assert_png, cli_error, comparable_report, exits_with, signal_during
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from core import cli
-from data.tasks import TaskConfig, encode, eval_set, make_example, tokenizer_for
-from evaluation.tasks import correct, evaluate_task
-from experiments import synthetic
-from model import GPT, GPTConfig
+from posgpt.core import cli
+from posgpt.data.tasks import TaskConfig, encode, eval_set, make_example, tokenizer_for
+from posgpt.evaluation.tasks import correct, evaluate_task
+from posgpt.experiments import synthetic
+from posgpt.model import GPT, GPTConfig
 
 
 def test_flipflop_reads_the_last_write_and_trains_on_every_read():
@@ -103,7 +103,7 @@ def test_flipflop_and_counting_are_scored_per_length_and_ignore_rate():
 
 
 def test_a_shrunk_flipflop_study_of_cope_and_forgetting_attention(tmp_path):
-    """`python -m experiments.synthetic` on a task scored per length and ignore probability: each model trained
+    """`posgpt study synthetic` on a task scored per length and ignore probability: each model trained
     from the command line and tested with its KV cache."""
     args = [
         "--config", str(Path(__file__).parents[1] / "configs" / "synthetic_flipflop.yaml"),

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import train as train_script
-from core import cli
-from core.checkpoint import read_checkpoint
-from evaluation.checkpoint import load_checkpoint
-from training.config import lr_factor
-from training.logs import metrics_file
+from posgpt.core import cli
+from posgpt.core.checkpoint import read_checkpoint
+from posgpt.evaluation.checkpoint import load_checkpoint
+from posgpt.training.config import lr_factor
+from posgpt.training.logs import metrics_file
 
 from helpers import cli_error, tiny_args
 

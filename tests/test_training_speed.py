@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import train as train_script
-from model import GPT, GPTConfig
-from training import hardware
-from training.run import dropout_fallback
+from posgpt.model import GPT, GPTConfig
+from posgpt.training import hardware
+from posgpt.training.run import dropout_fallback
 
 from helpers import cli_error, tiny_args
 
@@ -127,8 +127,8 @@ def test_fp8_converts_the_blocks_linear_layers_and_trains_close_to_bf16(monkeypa
 
 
 def test_train_py_compiles_in_the_mode_asked_and_recomputes_blocks_when_asked(tmp_path, text_file, monkeypatch):
-    import model.gpt as gpt_module
-    from core import cli
+    import posgpt.model.gpt as gpt_module
+    from posgpt.core import cli
 
     modes, recomputed = [], []
     monkeypatch.setattr(GPT, "compile", lambda self, mode=None: modes.append(mode))  # the mode, not minutes of Inductor

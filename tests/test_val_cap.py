@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.files import sha256_file
-from data import sources as sources_module
-from data.dataset import load_prepared, prepare_dir, recorded_data
-from data.prepare import VAL_MAX_TOKENS, fingerprint, prepare, resolve_sources, split_sizes
-from data.sources import Source
-from training.config import DataConfig
+from posgpt.core.files import sha256_file
+from posgpt.data import sources as sources_module
+from posgpt.data.dataset import load_prepared, prepare_dir, recorded_data
+from posgpt.data.prepare import VAL_MAX_TOKENS, fingerprint, prepare, resolve_sources, split_sizes
+from posgpt.data.sources import Source
+from posgpt.training.config import DataConfig
 
 SETTINGS = {"tokenizer": "char", "val_fraction": 0.1, "errors": "strict"}
 

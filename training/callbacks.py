@@ -21,11 +21,11 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from core.errors import TIME_LIMIT_EXIT, TrainingDiverged, TrainingStopped, UserError
-from core.files import atomic_file
-from core.units import format_count, progress_line
-from training.config import TrainConfig
-from training.hardware import peak_flops
+from posgpt.core.errors import TIME_LIMIT_EXIT, TrainingDiverged, TrainingStopped, UserError
+from posgpt.core.files import atomic_file
+from posgpt.core.units import format_count, progress_line
+from posgpt.training.config import TrainConfig
+from posgpt.training.hardware import peak_flops
 
 log = logging.getLogger(__name__)
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import errno
 
-from configs import shipped
-from core.cli import Command
-from training.config import RunConfig
+from posgpt.configs import shipped
+from posgpt.core.cli import Command
+from posgpt.training.config import RunConfig
 
 DEFAULT_CONFIG = shipped("shakespeare_char.yaml")  # `python train.py` with no options
 
 
 def main(cfg: RunConfig) -> None:
     """Train, then print the sample and where the checkpoints are (Lightning imported here, not for --help)."""
-    from training.run import RunError, result_summary, train
+    from posgpt.training.run import RunError, result_summary, train
 
     try:
         result = train(cfg)

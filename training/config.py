@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from core.errors import ConfigError
-from model import SCHEMES, GPTConfig
-from model.gpt import SWITCHABLE_FIELDS
-from model.pretrained import check_gpt2_shape
+from posgpt.core.errors import ConfigError
+from posgpt.model import SCHEMES, GPTConfig
+from posgpt.model.gpt import SWITCHABLE_FIELDS
+from posgpt.model.pretrained import check_gpt2_shape
 
 EVAL_BATCHES = 200  # of the default validation budget, as nanoGPT's eval_iters
 PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "64")
@@ -39,7 +39,7 @@ class DataConfig:
     """Text, JSON-lines or Parquet file(s), directory(ies), a saved dataset, hf:NAME[:CONFIG]:SPLIT[@REVISION],
     or a named corpus: shakespeare, python-docs, python-library, auto (docs/data.md)."""
     dir: str | None = None
-    """A directory written by `python -m data.prepare`; used instead of `input` when given."""
+    """A directory written by `posgpt prepare`; used instead of `input` when given."""
     tokenizer: Literal["char", "gpt2"] = "char"
     """char: one id per character of the corpus; gpt2: tiktoken's GPT-2 BPE."""
     glob: str = "*.txt"

@@ -12,10 +12,10 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from core.cli import Command, run
-from core.errors import UserError
-from core.files import atomic_write_bytes
-from core.units import format_count
+from posgpt.core.cli import Command
+from posgpt.core.errors import UserError
+from posgpt.core.files import atomic_write_bytes
+from posgpt.core.units import format_count
 
 PLOT_FILE = "training.png"
 METRICS_FILE = "metrics.csv"  # a file, and a directory, for all the launches (training.logs writes them)
@@ -147,12 +147,12 @@ def main(cfg: PlotConfig) -> None:
 
 
 COMMAND = Command(
-    "python -m training.curves",
+    "posgpt plot",
     PlotConfig,
     main,
     "Draw a run's training curves (train and validation loss against steps and tokens, learning rate) into "
     "<run dir>/training.png.",
 )
 
-if __name__ == "__main__":
-    run(COMMAND)
+if __name__ == "__main__":  # `python -m` would load this module under a second name, __main__
+    raise SystemExit("error: run `posgpt plot` (or `python -m posgpt plot`).")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from core.device import DeviceError, auto_dtype
+from posgpt.core.device import DeviceError, auto_dtype
 
 HardwareError = DeviceError  # a setting that this machine's devices cannot run
 

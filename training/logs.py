@@ -15,8 +15,8 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, Wand
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_only
 
-from core.errors import UserError
-from training.curves import METRICS_FILE, TENSORBOARD_DIR, cell_number, metric_files
+from posgpt.core.errors import UserError
+from posgpt.training.curves import METRICS_FILE, TENSORBOARD_DIR, cell_number, metric_files
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ from typing import Any
 import lightning as L
 import torch
 
-from core.errors import ConfigError
-from data.dataset import Batch
-from model import GPT
-from model.positions import random_positions
-from training.config import OptimConfig, RunConfig, lr_factor
+from posgpt.core.errors import ConfigError
+from posgpt.data.dataset import Batch
+from posgpt.model import GPT
+from posgpt.model.positions import random_positions
+from posgpt.training.config import OptimConfig, RunConfig, lr_factor
 
 log = logging.getLogger(__name__)
 

@@ -16,26 +16,26 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_only
 
-from core.checkpoint import read_checkpoint
-from core.cli import quiet_libraries
-from core.errors import UserError
-from core.files import LockedError, directory_lock
-from core.repo import git_sha
-from data.corpora import AUTO as AUTO_CORPUS
-from data.datamodule import TaskDataModule, TokenDataModule
-from data.dataset import PreparedData, prepare_dir
-from data.tasks import TaskConfig
-from data.tokenizer import GPT2Tokenizer, Tokenizer
-from model import GPT
-from model.kernels import AUTO
-from model.pretrained import check_pretrained, from_pretrained, weights_file
-from training.callbacks import AtomicCheckpointIO, LastCheckpoint, ProgressBar, SpeedMonitor, progress_callback
-from training.config import DataConfig, RunConfig
-from training.curves import write_training_plot
-from training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision
-from training.logs import make_logger
-from training.module import GPTModule
-from training.rundir import RunError, check_resume, check_writable, claim_run_dir, resume_path, write_configs
+from posgpt.core.checkpoint import read_checkpoint
+from posgpt.core.cli import quiet_libraries
+from posgpt.core.errors import UserError
+from posgpt.core.files import LockedError, directory_lock
+from posgpt.core.repo import git_sha
+from posgpt.data.corpora import AUTO as AUTO_CORPUS
+from posgpt.data.datamodule import TaskDataModule, TokenDataModule
+from posgpt.data.dataset import PreparedData, prepare_dir
+from posgpt.data.tasks import TaskConfig
+from posgpt.data.tokenizer import GPT2Tokenizer, Tokenizer
+from posgpt.model import GPT
+from posgpt.model.kernels import AUTO
+from posgpt.model.pretrained import check_pretrained, from_pretrained, weights_file
+from posgpt.training.callbacks import AtomicCheckpointIO, LastCheckpoint, ProgressBar, SpeedMonitor, progress_callback
+from posgpt.training.config import DataConfig, RunConfig
+from posgpt.training.curves import write_training_plot
+from posgpt.training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision
+from posgpt.training.logs import make_logger
+from posgpt.training.module import GPTModule
+from posgpt.training.rundir import RunError, check_resume, check_writable, claim_run_dir, resume_path, write_configs
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import yaml
 
-from core.checkpoint import CheckpointError
-from core.errors import UserError
-from core.files import atomic_write_bytes, remove_stale_tmp
-from data.corpora import AUTO as AUTO_CORPUS
-from model import GPTConfig
-from training.config import RunConfig, lr_factor
+from posgpt.core.checkpoint import CheckpointError
+from posgpt.core.errors import UserError
+from posgpt.core.files import atomic_write_bytes, remove_stale_tmp
+from posgpt.data.corpora import AUTO as AUTO_CORPUS
+from posgpt.model import GPTConfig
+from posgpt.training.config import RunConfig, lr_factor
 
 log = logging.getLogger(__name__)
 

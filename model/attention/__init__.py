@@ -6,13 +6,13 @@ asking which kernel it has; its class declares what the function is (see docs/ex
 
 from __future__ import annotations
 
-from model.attention.base import Attention
-from model.attention.differential import DifferentialAttention
-from model.attention.forgetting import ForgettingAttention
-from model.attention.linear import LinearAttention
-from model.attention.sigmoid import SigmoidAttention
-from model.attention.softmax import SoftmaxAttention
-from model.attention.stick_breaking import StickBreakingAttention
+from posgpt.model.attention.base import Attention
+from posgpt.model.attention.differential import DifferentialAttention
+from posgpt.model.attention.forgetting import ForgettingAttention
+from posgpt.model.attention.linear import LinearAttention
+from posgpt.model.attention.sigmoid import SigmoidAttention
+from posgpt.model.attention.softmax import SoftmaxAttention
+from posgpt.model.attention.stick_breaking import StickBreakingAttention
 
 ATTENTIONS: dict[str, type[Attention]] = {
     "softmax": SoftmaxAttention,

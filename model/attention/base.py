@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from model.kernels import AUTO, Kernel, KernelError, Needs, Step
-from model.masks import AttentionMask
-from model.positions import PositionEncoding
-from model.scores import Score, build_score
+from posgpt.model.kernels import AUTO, Kernel, KernelError, Needs, Step
+from posgpt.model.masks import AttentionMask
+from posgpt.model.positions import PositionEncoding
+from posgpt.model.scores import Score, build_score
 
 if TYPE_CHECKING:
-    from model.cache import DecodingCache
-    from model.config import GPTConfig
+    from posgpt.model.cache import DecodingCache
+    from posgpt.model.config import GPTConfig
 
 
 class Attention(nn.Module):

@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from core.errors import ConfigError
-from model.attention.softmax import SoftmaxAttention
-from model.cache import LayerCache
-from model.kernels import Plan, Step, WeightsHook
-from model.positions import SCHEMES, PositionEncoding
-from model.scores import SCORES
+from posgpt.core.errors import ConfigError
+from posgpt.model.attention.softmax import SoftmaxAttention
+from posgpt.model.cache import LayerCache
+from posgpt.model.kernels import Plan, Step, WeightsHook
+from posgpt.model.positions import SCHEMES, PositionEncoding
+from posgpt.model.scores import SCORES
 
 if TYPE_CHECKING:
-    from model.config import GPTConfig
+    from posgpt.model.config import GPTConfig
 
 
 class DifferentialAttention(SoftmaxAttention):

@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.attention.softmax import SoftmaxAttention
-from model.cache import CacheWrite, KVCache, LayerCache
-from model.kernels import Plan
-from model.positions import PositionEncoding
+from posgpt.model.attention.softmax import SoftmaxAttention
+from posgpt.model.cache import CacheWrite, KVCache, LayerCache
+from posgpt.model.kernels import Plan
+from posgpt.model.positions import PositionEncoding
 
 if TYPE_CHECKING:
-    from model.config import GPTConfig
+    from posgpt.model.config import GPTConfig
 
 
 class GateLayerCache(LayerCache):

@@ -15,16 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.attention.base import Attention
-from model.cache import CacheWrite, DecodingCache, static_buffer
-from model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, WeightsHook
-from model.scores import Score
+from posgpt.model.attention.base import Attention
+from posgpt.model.cache import CacheWrite, DecodingCache, static_buffer
+from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, WeightsHook
+from posgpt.model.scores import Score
 
 if TYPE_CHECKING:
-    from model.config import GPTConfig
-    from model.kernels import Plan
-    from model.masks import AttentionMask
-    from model.positions import PositionEncoding
+    from posgpt.model.config import GPTConfig
+    from posgpt.model.kernels import Plan
+    from posgpt.model.masks import AttentionMask
+    from posgpt.model.positions import PositionEncoding
 
 CHUNK = 64
 """Queries per chunk of the chunked form."""

@@ -17,16 +17,16 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest
 
-from model.attention.softmax import SoftmaxAttention
-from model.kernels.base import Kernel, Step, WeightsHook
-from model.kernels.eager import EagerKernel
-from model.kernels.flex import FlexContext, FlexKernel, ScoreMod, compiled_flex_attention
-from model.masks import AttentionMask
-from model.positions import ScoreBias
-from model.scores import Score
+from posgpt.model.attention.softmax import SoftmaxAttention
+from posgpt.model.kernels.base import Kernel, Step, WeightsHook
+from posgpt.model.kernels.eager import EagerKernel
+from posgpt.model.kernels.flex import FlexContext, FlexKernel, ScoreMod, compiled_flex_attention
+from posgpt.model.masks import AttentionMask
+from posgpt.model.positions import ScoreBias
+from posgpt.model.scores import Score
 
 if TYPE_CHECKING:
-    from model.config import GPTConfig
+    from posgpt.model.config import GPTConfig
 
 
 def sigmoid_weights(scores: Tensor, visible: Tensor, length: int | None) -> Tensor:

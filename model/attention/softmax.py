@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import Tensor
 
-from model.attention.base import Attention
-from model.cache import DecodingCache, KVCache, LayerCache
-from model.kernels import KERNELS, Plan, Step
-from model.masks import AttentionMask
-from model.positions import SCHEMES, PositionEncoding
-from model.scores import LogLengthScale
+from posgpt.model.attention.base import Attention
+from posgpt.model.cache import DecodingCache, KVCache, LayerCache
+from posgpt.model.kernels import KERNELS, Plan, Step
+from posgpt.model.masks import AttentionMask
+from posgpt.model.positions import SCHEMES, PositionEncoding
+from posgpt.model.scores import LogLengthScale
 
 if TYPE_CHECKING:
-    from model.config import GPTConfig
+    from posgpt.model.config import GPTConfig
 
 
 class SoftmaxAttention(Attention):

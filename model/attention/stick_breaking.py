@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.attention.softmax import SoftmaxAttention
-from model.kernels.base import Kernel
-from model.kernels.eager import EagerKernel
+from posgpt.model.attention.softmax import SoftmaxAttention
+from posgpt.model.kernels.base import Kernel
+from posgpt.model.kernels.eager import EagerKernel
 
 if TYPE_CHECKING:
-    from model.config import GPTConfig
+    from posgpt.model.config import GPTConfig
 
 
 def stick_breaking_weights(scores: Tensor, visible: Tensor, remainder: bool) -> Tensor:

@@ -10,11 +10,11 @@ What `attn_backend="auto"` picks (each kernel's declared capabilities and `rank`
 | the additive score                                      | eager (chunked over queries)          | eager       |
 """
 
-from model.kernels.base import AUTO, Kernel, KernelError, Lack, Needs, Plan, Step, WeightsHook
-from model.kernels.dense import DenseContext, causal_mask
-from model.kernels.eager import EagerKernel, eager_attention
-from model.kernels.flex import FlexKernel, compiled_flex_attention
-from model.kernels.sdpa import SdpaKernel, sdpa_attention
+from posgpt.model.kernels.base import AUTO, Kernel, KernelError, Lack, Needs, Plan, Step, WeightsHook
+from posgpt.model.kernels.dense import DenseContext, causal_mask
+from posgpt.model.kernels.eager import EagerKernel, eager_attention
+from posgpt.model.kernels.flex import FlexKernel, compiled_flex_attention
+from posgpt.model.kernels.sdpa import SdpaKernel, sdpa_attention
 
 KERNELS: dict[str, Kernel] = {
     "eager": EagerKernel(),

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import Tensor
 
-from core.errors import UserError
+from posgpt.core.errors import UserError
 
 if TYPE_CHECKING:
-    from model.cache import CacheWrite
-    from model.masks import AttentionMask
-    from model.positions import ScoreBias
-    from model.scores import Score
+    from posgpt.model.cache import CacheWrite
+    from posgpt.model.masks import AttentionMask
+    from posgpt.model.positions import ScoreBias
+    from posgpt.model.scores import Score
 
 AUTO = "auto"
 """The `attn_backend` that lets `choose_kernel` pick (any other value names a kernel)."""

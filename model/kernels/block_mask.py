@@ -7,9 +7,9 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-from model.kernels.base import Step
-from model.kernels.dense import DENSE_ELEMENTS
-from model.masks import AttentionMask
+from posgpt.model.kernels.base import Step
+from posgpt.model.kernels.dense import DENSE_ELEMENTS
+from posgpt.model.masks import AttentionMask
 
 BLOCK = 128
 """FlexAttention's sparse block: a block mask says which BLOCK x BLOCK tiles of the scores to compute."""

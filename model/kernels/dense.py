@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from model.kernels.base import Step
-from model.masks import AttentionMask
-from model.positions import ScoreBias
+from posgpt.model.kernels.base import Step
+from posgpt.model.masks import AttentionMask
+from posgpt.model.positions import ScoreBias
 
 DENSE_ELEMENTS = 1 << 24
 """Largest mask or bias (elements, over every batch row and head) formed at once: 64 MiB in float32."""

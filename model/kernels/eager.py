@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, Step, WeightsHook
-from model.kernels.dense import DenseContext, causal_mask, dense_context
-from model.masks import AttentionMask
-from model.positions import ScoreBias, ScoresTerm
-from model.scores import ScaledDot, Score
+from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, Step, WeightsHook
+from posgpt.model.kernels.dense import DenseContext, causal_mask, dense_context
+from posgpt.model.masks import AttentionMask
+from posgpt.model.positions import ScoreBias, ScoresTerm
+from posgpt.model.scores import ScaledDot, Score
 
 Weigh = Callable[[Tensor, Tensor], Tensor]
 """(scores (B, H, rows, Tk) with -inf where a key is not visible, visibility (.., rows, Tk) bool)

@@ -26,10 +26,10 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from model.kernels.base import Kernel, Needs, Step, WeightsHook
-from model.masks import AttentionMask
-from model.positions import ScoreBias
-from model.scores import Score
+from posgpt.model.kernels.base import Kernel, Needs, Step, WeightsHook
+from posgpt.model.masks import AttentionMask
+from posgpt.model.positions import ScoreBias
+from posgpt.model.scores import Score
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -60,7 +60,7 @@ def score_mod_of(bias: ScoreBias, step: Step) -> ScoreMod:
 
 def build_block_mask(mask: AttentionMask, step: Step, cache: dict | None) -> BlockMask:
     """The block mask of `mask` for a forward pass (block_mask.py, imported here: it imports Dynamo, 2 s)."""
-    from model.kernels.block_mask import eager_block_mask
+    from posgpt.model.kernels.block_mask import eager_block_mask
 
     return eager_block_mask(mask, step, cache)
 

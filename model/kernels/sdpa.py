@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.kernels.base import Kernel, Step, WeightsHook
-from model.kernels.dense import DenseContext, causal_mask, dense_context
-from model.masks import AttentionMask
-from model.positions import ScoreBias
-from model.scores import Score
+from posgpt.model.kernels.base import Kernel, Step, WeightsHook
+from posgpt.model.kernels.dense import DenseContext, causal_mask, dense_context
+from posgpt.model.masks import AttentionMask
+from posgpt.model.positions import ScoreBias
+from posgpt.model.scores import Score
 
 
 def sdpa_attention(

@@ -10,12 +10,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from model.positions.base import NoPositions, PositionEncoding, ScoreBias, ScoresTerm, random_positions, separate, take
-from model.positions.biases import FIRE, ALiBi, ContextualPositions, Kerple, T5Bias, alibi_slopes, t5_bucket
-from model.positions.tables import LearnedPositions, RotaryPositions, SinusoidalPositions, sinusoid_table
+from posgpt.model.positions.base import (
+    NoPositions,
+    PositionEncoding,
+    ScoreBias,
+    ScoresTerm,
+    random_positions,
+    separate,
+    take,
+)
+from posgpt.model.positions.biases import FIRE, ALiBi, ContextualPositions, Kerple, T5Bias, alibi_slopes, t5_bucket
+from posgpt.model.positions.tables import LearnedPositions, RotaryPositions, SinusoidalPositions, sinusoid_table
 
 if TYPE_CHECKING:
-    from model.config import GPTConfig
+    from posgpt.model.config import GPTConfig
 
 SCHEMES: dict[str, type[PositionEncoding]] = {
     "learned": LearnedPositions,

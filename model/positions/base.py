@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from core.errors import ConfigError
+from posgpt.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from model.config import GPTConfig
+    from posgpt.model.config import GPTConfig
 
 
 ScoresTerm = Callable[[Tensor, Tensor, Tensor], Tensor]

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from core.errors import ConfigError
-from model.positions.base import PositionEncoding, grown, require_even, take
+from posgpt.core.errors import ConfigError
+from posgpt.model.positions.base import PositionEncoding, grown, require_even, take
 
 if TYPE_CHECKING:
-    from model.config import GPTConfig
+    from posgpt.model.config import GPTConfig
 
 
 class LearnedPositions(PositionEncoding):

@@ -20,9 +20,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from conftest import make_text  # noqa: E402
 
 import train as train_script  # noqa: E402
-from core import cli  # noqa: E402
-from evaluation.checkpoint import load_checkpoint  # noqa: E402
-from model import POS_ENCODINGS  # noqa: E402
+from posgpt.core import cli  # noqa: E402
+from posgpt.evaluation.checkpoint import load_checkpoint  # noqa: E402
+from posgpt.model import POS_ENCODINGS  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -16,7 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT)]
 
-from model import GPT, GPTConfig  # noqa: E402
+from posgpt.model import GPT, GPTConfig  # noqa: E402
 
 SHAPE = {"vocab_size": 32, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 16, "bias": False}
 CASES = {
