@@ -22,7 +22,7 @@ def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"Checkpoint not found: {path}." + (" It is a directory." if path.is_dir() else ""))
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)  # plain data: no module path
     except Exception as error:  # a truncated or foreign file fails in many ways inside torch.load
         raise CheckpointError(
             f"{path} is not a readable checkpoint (truncated or corrupt?): {type(error).__name__}: {error}. "
