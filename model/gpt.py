@@ -17,7 +17,7 @@ from posgpt.model.attention import ATTENTIONS, Attention
 from posgpt.model.cache import DecodingCache
 from posgpt.model.config import GPTConfig
 from posgpt.model.generation import stream
-from posgpt.model.kernels import Kernel, Plan, Step, WeightsHook
+from posgpt.model.kernels import Kernel, Placement, Plan, WeightsHook
 from posgpt.model.loss import linear_cross_entropy
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import SCHEMES, PositionEncoding, build_positions
@@ -248,17 +248,17 @@ class GPT(nn.Module):
         dropout = self.training and self.config.dropout > 0
         float64 = x.dtype == torch.float64 and not torch.is_autocast_enabled(idx.device.type)
         kernel = self.kernel(idx.device, dropout, x.requires_grad, decoding, weights=visit is not None, float64=float64)
-        step = Step(T, self.config.n_head, idx.device, positions, cache_write.k_pos if decoding else None)
+        placement = Placement(T, self.config.n_head, idx.device, positions, cache_write.k_pos if decoding else None)
         memo = self._kernel_memos[type(kernel)]
-        bias = self.pe.bias if self.pe.score_bias else lambda layer: None  # from the parameters as they are now
+        bias = self.pe.bias if self.pe.terms else lambda layer: None  # from the parameters as they are now
         settings = self.attention.kernel_settings(self.config)
-        context = kernel.context(bias(0), self.mask, step, memo, **settings)
-        plan = Plan(kernel, context, step, cache_write=cache_write)
+        context = kernel.context(bias(0), self.mask, placement, memo, **settings)
+        plan = Plan(kernel, context, placement, cache_write=cache_write)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, block in enumerate(self.blocks):
             layer_plan = dataclasses.replace(plan, on_weights=visit(i)) if visit else plan
             if self.pe.bias_layers > 1 and i > 0:  # a bias of its own: its own context (layer 0's is built)
-                context = kernel.context(bias(i), self.mask, step, memo, **settings)
+                context = kernel.context(bias(i), self.mask, placement, memo, **settings)
                 layer_plan = dataclasses.replace(layer_plan, context=context)
             if recompute:
                 x = checkpoint(block, x, self.pe, layer_plan, use_reentrant=False)

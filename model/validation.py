@@ -3,7 +3,7 @@ needs, and a kernel for the combination, refused in one line naming the settings
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import copy
 from typing import TYPE_CHECKING, Any
 
 from posgpt.core.errors import ConfigError, did_you_mean
@@ -53,7 +53,7 @@ def check_config(config: GPTConfig) -> None:
             f"attn_backend={config.attn_backend!r} is not a kernel of attention={config.attention!r}, whose "
             f"kernels are {', '.join([AUTO, *layer.kernels])}; {_alternatives(config, 'attention')}."
         )
-    missing = _unmet(config.to_dict())
+    missing = _unmet(config)
     if missing:
         raise ConfigError(_refusal(config, missing))
 
@@ -64,32 +64,33 @@ def _check_name(field: str, value: Any, names: list[str]) -> None:
         raise ConfigError(f"GPTConfig.{field} must be one of {names}, got {value!r}{hint}")
 
 
-def _unmet(settings: dict[str, Any]) -> list[Lack]:
-    """The fewest needs of `settings` that a kernel they allow lacks, on any device (empty: runnable); for a
+def _unmet(config: GPTConfig) -> list[Lack]:
+    """The fewest needs of `config` that a kernel it allows lacks, on any device (empty: runnable); for a
     function that scores no pairs, a score other than the standard one (it would be ignored)."""
-    layer = ATTENTIONS[settings["attention"]]
-    if not layer.scored and not SCORES[settings["attn_score"]].standard:
+    layer = ATTENTIONS[config.attention]
+    if not layer.scored and not SCORES[config.attn_score].standard:
         return [Lack("a scoring function (it scores no query-key pairs)", "attn_score")]
-    mask = AttentionMask(settings["attn_window"], settings["attn_sinks"], settings["attn_random_blocks"])
-    needs = layer.needs(SCHEMES[settings["pos_encoding"]], mask, SCORES[settings["attn_score"]],
-                        dropout_active=settings["dropout"] > 0)  # fmt: skip
-    backend = settings["attn_backend"]
-    kernels = layer.kernels.values() if backend == AUTO else [layer.kernels[backend]]
+    needs = layer.needs(SCHEMES[config.pos_encoding], AttentionMask.of(config), SCORES[config.attn_score],
+                        dropout_active=config.dropout > 0)  # fmt: skip
+    kernels = layer.kernels.values() if config.attn_backend == AUTO else [layer.kernels[config.attn_backend]]
     return min((needs.unmet(kernel) for kernel in kernels), key=len)
 
 
 def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
     """Whether `config` with `field` set to `value` would run."""
-    settings = {**config.to_dict(), field: value}
+    changes = {field: value}
     if field == "attn_window":
-        settings["attn_sinks"] = settings["attn_random_blocks"] = 0
-    if field == "attention" and settings["attn_backend"] not in ATTENTIONS[value].kernels:
-        settings["attn_backend"] = AUTO
+        changes.update(attn_sinks=0, attn_random_blocks=0)
+    if field == "attention" and config.attn_backend not in ATTENTIONS[value].kernels:
+        changes["attn_backend"] = AUTO
+    candidate = copy.copy(config)  # not validated: the question is what would
+    for name, changed in changes.items():
+        object.__setattr__(candidate, name, changed)
     try:  # what the attention function itself refuses (differential attention: the head size, the score)
-        ATTENTIONS[settings["attention"]].check(SimpleNamespace(**settings, head_dim=config.head_dim))
+        ATTENTIONS[candidate.attention].check(candidate)
     except ConfigError:
         return False
-    return not _unmet(settings)
+    return not _unmet(candidate)
 
 
 def _alternatives(config: GPTConfig, field: str) -> str:

@@ -15,13 +15,13 @@ from posgpt.model import ATTENTIONS, GPT, SCHEMES, GPTConfig
 from posgpt.model.attention import LinearAttention, SoftmaxAttention
 from posgpt.model.attention.linear import LayerStateCache
 from posgpt.model.cache import DecodingCache, KVCache
-from posgpt.model.kernels import Plan, Step
+from posgpt.model.kernels import Placement, Plan
 from posgpt.model.masks import AttentionMask
 
 from helpers import overfit
 
 ROOT = Path(__file__).resolve().parents[1]
-LINEAR_SCHEMES = [name for name, scheme in SCHEMES.items() if not scheme.score_bias]
+LINEAR_SCHEMES = [name for name, scheme in SCHEMES.items() if not scheme.terms]
 """The schemes linear attention runs with (a score bias needs the scores it never forms): read from the registry."""
 
 
@@ -68,7 +68,7 @@ def test_rope_in_the_numerator_depends_on_relative_positions_only(tiny_config):
     x = torch.randn(1, 9, tiny_config.n_embd)
     outs = []
     for start in (0, 7):  # the 9 tokens at positions 0..8, then at 7..15 (no earlier tokens either time)
-        step = Step(9, tiny_config.n_head, x.device, torch.arange(start, start + 9)[None])
+        step = Placement(9, tiny_config.n_head, x.device, torch.arange(start, start + 9)[None])
         with torch.no_grad():
             outs.append(attention(x, model.pe, Plan(LinearAttention.kernels["eager"], None, step)))
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)

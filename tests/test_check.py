@@ -13,6 +13,7 @@ from posgpt.evaluation import check
 from posgpt.model import ATTENTIONS, SCHEMES
 from posgpt.model.kernels import sdpa
 from posgpt.model.scores import SCORES
+from posgpt.model.terms import Term
 
 from helpers import exits_with, loaded
 
@@ -42,7 +43,7 @@ def test_quick_passes_on_this_cpu_with_alibi(capsys):
     names = {r.case for r in ran}
     for function, layer in ATTENTIONS.items():  # every function with a kernel beside its reference is compared
         if any(not k.weights and (k.devices is None or "cpu" in k.devices) for k in layer.kernels.values()):
-            biased = any(k.score_bias for k in layer.kernels.values())  # linear attention refuses ALiBi
+            biased = any(Term.POSITIONS in k.terms for k in layer.kernels.values())  # linear attention refuses ALiBi
             assert any(name.startswith(f"{function}/") for name in names) or not biased, function
     assert all(any(f"/{score}/" in name for name in names) for score, kind in SCORES.items() if kind.dot_product)
     assert all(any(f"/{score}/" in r.case for r in results) for score in SCORES)  # additive: eager only, listed

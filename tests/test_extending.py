@@ -16,6 +16,7 @@ from posgpt.core.errors import ConfigError
 from posgpt.model import ATTENTIONS, GPT, SCHEMES
 from posgpt.model.kernels import KERNELS
 from posgpt.model.scores import SCORES
+from posgpt.model.terms import Term
 
 import test_kernels
 from helpers import overfit, uncompiled_flex
@@ -65,7 +66,9 @@ def test_the_new_kernel_is_validated_chosen_and_matched_against_eager(registered
     # every scheme, with no mask and each of test_kernels' masks; each other dot-product score (dot, general)
     # on 3 schemes; for each function whose kernels are softmax's (softmax, differential, forgetting)
     functions = [name for name, layer in ATTENTIONS.items() if layer.kernels is KERNELS]
-    fused = [name for name, scheme in SCHEMES.items() if not scheme.contextual]  # CoPE: kernels that form scores
+    fused = [
+        name for name, scheme in SCHEMES.items() if Term.FROM_SCORES not in scheme.terms
+    ]  # CoPE: kernels that form scores
     per_function = 3 * len(other_dot_scores) + len(fused)  # the scores on 3 schemes; every scheme unmasked
     masked = len(fused) + (len(functions) - 1) * len(test_kernels.SCORE_SCHEMES)  # softmax: every scheme
     assert len(cases) == len(functions) * per_function + masked * len(test_kernels.MASKS)
@@ -114,7 +117,7 @@ def test_the_new_scheme_trains_decodes_matches_every_kernel_and_keeps_its_gradie
 ):
     config = dataclasses.replace(tiny_config, pos_encoding="learned_slopes")
     model = GPT(config)
-    assert type(model.pe) is registered["LearnedSlopes"] and model.pe.score_bias
+    assert type(model.pe) is registered["LearnedSlopes"] and model.pe.terms == {Term.POSITIONS}
     _, final = overfit(model, steps=60, lr=1e-2)
     assert final < 0.5 and model.pe.slopes.grad is not None
     model.eval()

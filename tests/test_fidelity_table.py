@@ -82,7 +82,7 @@ def test_learned_positions_add_their_row_and_nope_adds_nothing():
     nope = GPT(dataclasses.replace(BASE, pos_encoding="none")).pe
     q, k = torch.randn(2, 1, 2, 5, 8).unbind(0)
     assert nope.embed(x) is x and all(a is b for a, b in zip(nope.rotate(q, k), (q, k), strict=True))
-    assert not nope.score_bias and not nope.uses_positions and not list(nope.parameters())
+    assert not nope.terms and not nope.uses_positions and not list(nope.parameters())
 
 
 def test_rope_turns_pair_i_and_i_plus_half_by_position_times_base_to_the_minus_2i_over_d():

@@ -90,7 +90,7 @@ def test_every_fire_parameter_gets_the_same_gradient_on_eager_and_sdpa():
 
 
 def test_the_flex_score_mod_is_the_dense_bias():
-    from posgpt.model.kernels import KERNELS, Step
+    from posgpt.model.kernels import KERNELS, Placement
     from posgpt.model.kernels.flex import score_mod_of
     from posgpt.model.masks import AttentionMask
 
@@ -98,7 +98,7 @@ def test_the_flex_score_mod_is_the_dense_bias():
     pe, n_head, q_len, k_len = model.pe, CONFIG.n_head, 5, 30
     # the last 5 of 30 positions, over all 30 keys: as decoding through a cache puts them
     positions, k_pos = torch.arange(k_len - q_len, k_len)[None], torch.arange(k_len)[None]
-    step = Step(q_len, n_head, torch.device("cpu"), positions, k_pos)
+    step = Placement(q_len, n_head, torch.device("cpu"), positions, k_pos)
     _, bias = KERNELS["eager"].context(pe.bias(), AttentionMask(), step, {}).block(slice(0, q_len))
     h, q_idx, kv_idx = torch.arange(n_head)[:, None, None], torch.arange(q_len)[None, :, None], torch.arange(k_len)
     score_mod = score_mod_of(pe.bias(), step)

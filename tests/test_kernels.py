@@ -13,9 +13,10 @@ import torch
 
 from posgpt.core.errors import ConfigError
 from posgpt.model import ATTENTIONS, GPT, SCHEMES, GPTConfig
-from posgpt.model.kernels import KERNELS, Kernel, KernelError, causal_mask, eager_attention, sdpa_attention
+from posgpt.model.kernels import KERNELS, Kernel, KernelError, Plan, causal_mask, eager_attention, sdpa_attention
 from posgpt.model.masks import AttentionMask
 from posgpt.model.scores import SCORES, build_score
+from posgpt.model.terms import Term
 
 from helpers import build, eager_with_weights, is_flex, lengths, run_pair, uncompiled_flex
 
@@ -104,7 +105,7 @@ def test_the_matrix_covers_every_kernel_scheme_mask_and_score():
                 continue
             mine = [label for label in labels if label.startswith(f"{function}-{name}-")]
             assert mine, f"{function}-{name} is never checked"
-            if kernel.sparse_masks:
+            if Term.MASK in kernel.terms:
                 schemes = SCHEMES if every_scheme_masked(function, kernel) else SCORE_SCHEMES
                 fields = {"attention": function, "attn_backend": name, **MASKS["window+sinks"]}
                 expected = sum(runnable(TINY, pos_encoding=s, **fields) is not None for s in schemes)
@@ -305,7 +306,9 @@ def _checked_backward(gm: torch.fx.GraphModule, inputs: list) -> Any:
 
 
 LEARNED_BIASES = [
-    {"pos_encoding": name} for name, scheme in SCHEMES.items() if scheme.learned_bias and not scheme.contextual
+    {"pos_encoding": name}
+    for name, scheme in SCHEMES.items()
+    if scheme.learned_bias and Term.FROM_SCORES not in scheme.terms
 ] + [{"pos_encoding": "fire", "fire_per_layer": True, "n_layer": 2}]
 
 
@@ -319,7 +322,7 @@ def test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, fields):
     from torch._dynamo.backends.common import aot_autograd
     from torch.nn.attention.flex_attention import flex_attention
 
-    from posgpt.model.kernels import Step
+    from posgpt.model.kernels import Placement
     from posgpt.model.kernels.flex import build_block_mask, score_mod_of
 
     config = dataclasses.replace(tiny_config, **fields, fire_width=4)  # FIRE: 16 tensors read once, not 100
@@ -327,7 +330,7 @@ def test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, fields):
     torch.manual_seed(0)
     T, H = 40, config.n_head
     q, k, v = (torch.randn(2, H, T, config.head_dim) for _ in range(3))  # no gradient: flex on a CPU has none
-    step, weights = Step(T, H, torch.device("cpu")), torch.randn(2, H, T, config.head_dim)
+    step, weights = Placement(T, H, torch.device("cpu")), torch.randn(2, H, T, config.head_dim)
     checked = aot_autograd(fw_compiler=lambda gm, inputs: make_boxed_func(gm), bw_compiler=_checked_backward)
     flex = torch.compile(flex_attention, backend=checked, fullgraph=True)
     score_mod, block_mask = score_mod_of(pe.bias(layer), step), build_block_mask(AttentionMask(), step, {})
@@ -335,7 +338,7 @@ def test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, fields):
     got = {name: p.grad.clone() for name, p in pe.named_parameters() if p.grad is not None}
     pe.zero_grad(set_to_none=True)
     context = KERNELS["eager"].context(pe.bias(layer), AttentionMask(), step, {})
-    (KERNELS["eager"].run(q, k, v, context, build_score(config), 0.0, None) * weights).sum().backward()
+    (Plan(KERNELS["eager"], context, step).attend(q, k, v, build_score(config), 0.0) * weights).sum().backward()
     assert got.keys() == {name for name, _ in pe.named_parameters()}  # a view would have none
     for name, p in pe.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)  # b2: 0 (softmax shift)
@@ -346,14 +349,14 @@ def test_flex_runs_t5_with_the_tiles_its_bias_declares(tiny_config, monkeypatch)
     T5_TILES): its bias declares smaller ones, and the flex kernel passes them to the compiled call;
     a bias that declares none passes none."""
     import posgpt.model.kernels.flex as flex
-    from posgpt.model.kernels import Step
+    from posgpt.model.kernels import Placement
     from posgpt.model.positions.biases import T5_TILES
 
     seen = []
     monkeypatch.setattr(flex, "compiled_flex_attention", lambda: lambda q, k, v, **kw: seen.append(kw) or q)
-    step, q = Step(8, tiny_config.n_head, torch.device("cpu")), torch.zeros(1, tiny_config.n_head, 8, 16)
+    step, q = Placement(8, tiny_config.n_head, torch.device("cpu")), torch.zeros(1, tiny_config.n_head, 8, 16)
     for scheme in ("t5", "alibi"):
         pe = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).pe
         context = KERNELS["flex"].context(pe.bias(0), AttentionMask(), step, {})
-        KERNELS["flex"].run(q, q, q, context, build_score(tiny_config), 0.0, None)
+        Plan(KERNELS["flex"], context, step).attend(q, q, q, build_score(tiny_config), 0.0)
     assert [kw["kernel_options"] for kw in seen] == [T5_TILES, None]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from posgpt.model import GPT, GPTConfig
-from posgpt.model.kernels import Step
+from posgpt.model.kernels import Placement
 from posgpt.model.kernels.flex import build_block_mask
 from posgpt.model.masks import AttentionMask
 
@@ -49,7 +49,7 @@ def test_the_flex_block_mask_is_the_dense_mask(mask, q_len):
     key is skipped (block sparsity never drops a key); 300 keys span several 128-key blocks."""
     description = AttentionMask(**{k.removeprefix("attn_"): v for k, v in MASKS[mask].items()})
     description = dataclasses.replace(description, window=100)  # wider than a block
-    block_mask = build_block_mask(description, Step(q_len, 1, torch.device("cpu")), None)
+    block_mask = build_block_mask(description, Placement(q_len, 1, torch.device("cpu")), None)
     q_idx, kv_idx = torch.arange(q_len)[:, None], torch.arange(q_len)[None, :]
     dense = description.dense(torch.arange(q_len), torch.arange(q_len))
     zero = torch.zeros((), dtype=torch.int64)

@@ -20,6 +20,7 @@ from posgpt.model.positions import (
     t5_bucket,
 )
 from posgpt.model.positions.tables import apply_rope, rope_cos_sin, yarn_correction_range
+from posgpt.model.terms import Term
 
 
 def test_alibi_slopes_for_8_heads_are_the_papers_geometric_sequence():
@@ -43,13 +44,13 @@ def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two():
 def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
     """The two derivations of one formula (`ScoreBias`): eager/SDPA's dense (H, Tq, Tk) tensor
     and FlexAttention's score_mod, for queries that are the last Tq of Tk positions (as decoding puts them)."""
-    from posgpt.model.kernels import KERNELS, Step
+    from posgpt.model.kernels import KERNELS, Placement
     from posgpt.model.kernels.flex import score_mod_of
     from posgpt.model.masks import AttentionMask
 
     pe = ALiBi(dataclasses.replace(tiny_config, pos_encoding="alibi"))
     n_head, start = tiny_config.n_head, k_len - q_len
-    step = Step(q_len, n_head, torch.device("cpu"), torch.arange(start, k_len)[None], torch.arange(k_len)[None])
+    step = Placement(q_len, n_head, torch.device("cpu"), torch.arange(start, k_len)[None], torch.arange(k_len)[None])
     _, bias = KERNELS["eager"].context(pe.bias(), AttentionMask(), step, {}).block(slice(0, q_len))
     bias = bias[0]  # (H, Tq, Tk): the same for every batch row
     h = torch.arange(n_head)[:, None, None]
@@ -67,14 +68,14 @@ def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
 @pytest.mark.parametrize("scheme", ["alibi", "t5", "kerple", "fire"])
 def test_with_positions_per_row_the_dense_bias_and_the_score_mod_agree(tiny_config, scheme):
     """Randomized positions: both derivations read each row's own positions (B, H, T, T)."""
-    from posgpt.model.kernels import KERNELS, Step
+    from posgpt.model.kernels import KERNELS, Placement
     from posgpt.model.kernels.flex import score_mod_of
     from posgpt.model.masks import AttentionMask
 
     pe = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).pe
     ids = random_positions(3, 9, 40, torch.Generator().manual_seed(0))
     n_head = tiny_config.n_head
-    step = Step(9, n_head, torch.device("cpu"), ids)
+    step = Placement(9, n_head, torch.device("cpu"), ids)
     _, bias = KERNELS["eager"].context(pe.bias(), AttentionMask(), step, {}).block(slice(0, 9))
     assert bias.shape == (3, n_head, 9, 9)
     score_mod = score_mod_of(pe.bias(), step)
@@ -262,14 +263,14 @@ def test_t5_gradients_reach_the_table(tiny_config, backend):
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 @pytest.mark.parametrize("scheme", POS_ENCODINGS)
 def test_contiguous_positions_give_exactly_todays_logits(tiny_config, scheme, backend):
-    if SCHEMES[scheme].contextual and backend == "sdpa":
+    if Term.FROM_SCORES in SCHEMES[scheme].terms and backend == "sdpa":
         pytest.skip("CoPE runs on the eager kernel only")
     model = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme, attn_backend=backend)).eval()
     idx = torch.randint(0, tiny_config.vocab_size, (3, 13))
     contiguous = torch.arange(13).expand(3, 13)
     with torch.no_grad():
         given, plain = model(idx, positions=contiguous)[0], model(idx)[0]
-    if backend == "sdpa" and model.pe.score_bias:  # a per-row (B, H, T, T) bias: SDPA's CPU kernel
+    if backend == "sdpa" and model.pe.terms:  # a per-row (B, H, T, T) bias: SDPA's CPU kernel
         torch.testing.assert_close(given, plain, rtol=1e-6, atol=1e-6)  # takes another path (rounding)
     else:
         assert torch.equal(given, plain)

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posgpt.model.kernels import AUTO, Kernel, KernelError, Needs, Step
+from posgpt.model.kernels import AUTO, Kernel, KernelError, Needs, Placement
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import PositionEncoding
 from posgpt.model.scores import Score, build_score
+from posgpt.model.terms import Term
 
 if TYPE_CHECKING:
     from posgpt.model.cache import DecodingCache
@@ -30,8 +31,8 @@ class Attention(nn.Module):
     """It scores query-key pairs with `config.attn_score`."""
     value_passes: ClassVar[int] = 1
     """Weighted sums of the values per query (the FLOP count's): two for differential attention."""
-    decays: ClassVar[bool] = False
-    """It adds a learned term of its own to the scores (FoX's gate sums): kernels count it as a learned bias."""
+    terms: ClassVar[frozenset[Term]] = frozenset()
+    """What it does to the scores itself (`model.terms`; FoX: `TOKENS`, its gate sums, learned)."""
 
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
@@ -73,9 +74,9 @@ class Attention(nn.Module):
         """The function's own settings its kernels' `context` takes as keywords (none by default)."""
         return {}
 
-    def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, step: Step) -> tuple[Tensor, Tensor]:
-        """The scheme's rotation of queries and keys (B, H, T, D) at the step's positions."""
-        return pe.rotate(q, k, step.positions)
+    def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, placement: Placement) -> tuple[Tensor, Tensor]:
+        """The scheme's rotation of queries and keys (B, H, T, D) at the pass's positions."""
+        return pe.rotate(q, k, placement.positions)
 
     def reconfigure(self, old: GPTConfig, config: GPTConfig) -> None:
         """Take the mask and scaling of `config` (`GPT.switch`), keeping the weights."""
@@ -99,13 +100,11 @@ class Attention(nn.Module):
     ) -> Needs:
         """What a forward pass with scheme `pe`, `mask` and `score` asks of the kernels (no device: any)."""
         return Needs(
-            score_bias=pe.score_bias or cls.decays,
-            scores_term=pe.contextual,
-            bias_gradients=(pe.learned_bias or cls.decays) and needs_grad,
+            terms=pe.terms | cls.terms | ({Term.MASK} if not mask.causal_only else set()),
+            term_gradients=(pe.learned_bias or bool(cls.terms)) and needs_grad,
             dropout=dropout_active and cls.drops_weights,
             backward_on=device.type if needs_grad and device is not None else None,
             runs_on=device.type if device is not None else None,
-            sparse_mask=not mask.causal_only,
             decoding=decoding,
             dot_score=score.dot_product or not cls.scored,
             head_size=head_size,

@@ -12,9 +12,10 @@ from torch import Tensor, nn
 from posgpt.core.errors import ConfigError
 from posgpt.model.attention.softmax import SoftmaxAttention
 from posgpt.model.cache import LayerCache
-from posgpt.model.kernels import Plan, Step, WeightsHook
+from posgpt.model.kernels import Placement, Plan, WeightsHook
 from posgpt.model.positions import SCHEMES, PositionEncoding
 from posgpt.model.scores import SCORES
+from posgpt.model.terms import Term
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
@@ -51,7 +52,7 @@ class DifferentialAttention(SoftmaxAttention):
                 f"attention='differential' splits each head in two halves of whole RoPE pairs, so the head size "
                 f"n_embd / n_head = {config.head_dim} must be a multiple of 4: change n_embd or n_head."
             )
-        if SCHEMES[config.pos_encoding].contextual:
+        if Term.FROM_SCORES in SCHEMES[config.pos_encoding].terms:
             raise ConfigError(
                 f"attention='differential' scores half-heads, and pos_encoding={config.pos_encoding!r} reads its "
                 "positions from whole heads' scores: use another pos_encoding, or an attention function that scores "
@@ -77,12 +78,12 @@ class DifferentialAttention(SoftmaxAttention):
     def rotary_dim(cls, config: GPTConfig) -> int:
         return config.head_dim // 2 if config.diff_split == "half_heads" else config.head_dim
 
-    def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, step: Step) -> tuple[Tensor, Tensor]:
+    def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, placement: Placement) -> tuple[Tensor, Tensor]:
         if self.split != "half_heads":
-            return super().rotate(pe, q, k, step)
+            return super().rotate(pe, q, k, placement)
         B, H, T, D = q.shape
         halves = [t.unflatten(-1, (2, D // 2)).transpose(2, 3).flatten(1, 2) for t in (q, k)]  # (B, 2H, T, d)
-        q2, k2 = pe.rotate(*halves, step.positions)
+        q2, k2 = pe.rotate(*halves, placement.positions)
         return tuple(t.unflatten(1, (H, 2)).transpose(2, 3).flatten(-2) for t in (q2, k2))  # (B, H, T, D)
 
     def weight(self) -> Tensor:

@@ -5,13 +5,14 @@ input, and with c_i = sum_{l<=i} ln f_l the score of key j for query i is q_i . 
 the gates of the tokens after the key, up to and with the query's own. Gate weights start at N(0, 0.02),
 its bias at 0 (f about 0.5), as the official `fgate_proj`; the sums are float32, as its kernel asserts.
 
-The term c_i - c_j is one layer's, one batch's: the layer hands its sums to the kernel's context (`decayed`), where
-SDPA and eager add it in row blocks with any scheme's bias, and flex in its score_mod. Decoding keeps each
-key's c in the cache beside it; a new query's c is its predecessor's plus its own ln f.
+The term c_i - c_j is one layer's, one batch's: the layer hands its sums to the kernels as its plan's
+`Term.TOKENS` (`model.terms`), which SDPA and eager add in row blocks with any scheme's bias, and flex in its
+score_mod. Decoding keeps each key's c in the cache beside it; a new query's c is its predecessor's plus its own ln f.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,6 +23,7 @@ from posgpt.model.attention.softmax import SoftmaxAttention
 from posgpt.model.cache import CacheWrite, KVCache, LayerCache
 from posgpt.model.kernels import Plan
 from posgpt.model.positions import PositionEncoding
+from posgpt.model.terms import Term, TokenTerms
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
@@ -53,7 +55,7 @@ class ForgettingAttention(SoftmaxAttention):
     """Forgetting attention (this module): softmax attention's layer and kernels, plus the forget gate."""
 
     layer_cache = GateLayerCache
-    decays = True
+    terms = frozenset({Term.TOKENS})
 
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__(config, layer)
@@ -65,9 +67,8 @@ class ForgettingAttention(SoftmaxAttention):
         log_f = F.logsigmoid(gate.to(torch.promote_types(gate.dtype, torch.float32))).transpose(1, 2)  # (B, H, T)
         if cache is not None:
             c_q, c_k = cache.gate_sums(log_f, plan.cache_write)
-        else:  # two tensors: compiled flex refuses a gradient tensor read twice in a score_mod
+        else:
             c_q = log_f.cumsum(-1)
-            c_k = c_q.clone()
-        dropout = self.dropout if self.training else 0.0
-        y = plan.kernel.run(q, k, v, plan.context.decayed(c_q, c_k), self.score, dropout, plan.on_weights)
-        return self.output(y)
+            c_k = c_q.clone()  # two tensors (`TokenTerms`)
+        plan = dataclasses.replace(plan, tokens=TokenTerms(c_q, c_k))
+        return self.output(plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0))

@@ -9,7 +9,7 @@ form (running sums across chunks) trains and, one token at a time with its state
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -17,12 +17,11 @@ from torch import Tensor
 
 from posgpt.model.attention.base import Attention
 from posgpt.model.cache import CacheWrite, DecodingCache, static_buffer
-from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, WeightsHook
+from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, Plan, WeightsHook
 from posgpt.model.scores import Score
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
-    from posgpt.model.kernels import Plan
     from posgpt.model.masks import AttentionMask
     from posgpt.model.positions import PositionEncoding
 
@@ -104,20 +103,14 @@ class LinearReference(Kernel):
     def rank(self, needs: Needs, device: torch.device) -> float:
         return 2.0
 
-    def run(
-        self, q: Tensor, k: Tensor, v: Tensor, context: Any, score: Score, dropout_p: float,
-        on_weights: WeightsHook | None,
-    ) -> Tensor:  # fmt: skip
-        return linear_attention_quadratic(q, k, v, on_weights=on_weights)
+    def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
+        return linear_attention_quadratic(q, k, v, on_weights=plan.on_weights)
 
 
 class LinearChunked(Kernel):
     """The chunked form: O(T) time and memory."""
 
-    def run(
-        self, q: Tensor, k: Tensor, v: Tensor, context: Any, score: Score, dropout_p: float,
-        on_weights: WeightsHook | None,
-    ) -> Tensor:  # fmt: skip
+    def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
         return linear_attention_chunked(q, k, v)[0]
 
 
@@ -163,7 +156,7 @@ class LinearAttention(Attention):
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerStateCache | None = None) -> Tensor:
         q, k, v = self.project(x)
         fq, fk = feature_map(q), feature_map(k)
-        rq, rk = pe.rotate(fq, fk, plan.step.positions)
+        rq, rk = pe.rotate(fq, fk, plan.placement.positions)
         q2, k2 = torch.cat([rq, fq], dim=-1), torch.cat([rk, fk], dim=-1)
         y = cache.attend(q2, k2, v, plan.cache_write) if cache is not None else plan.attend(q2, k2, v, self.score, 0.0)
         return self.output(y)

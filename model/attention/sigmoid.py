@@ -18,11 +18,10 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest
 
 from posgpt.model.attention.softmax import SoftmaxAttention
-from posgpt.model.kernels.base import Kernel, Step, WeightsHook
+from posgpt.model.kernels.base import Kernel, Placement, Plan
 from posgpt.model.kernels.eager import EagerKernel
 from posgpt.model.kernels.flex import FlexContext, FlexKernel, ScoreMod, compiled_flex_attention
 from posgpt.model.masks import AttentionMask
-from posgpt.model.positions import ScoreBias
 from posgpt.model.scores import Score
 
 if TYPE_CHECKING:
@@ -46,16 +45,14 @@ class SigmoidEager(EagerKernel):
 class SigmoidFlex(FlexKernel):
     """FlexAttention with the log-sigmoid score, the output rescaled by exp(lse); CUDA only (module docstring)."""
 
-    def score_mod(  # type: ignore[override]  # the bias's n, as SigmoidEager's
-        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, length: int | None
-    ) -> ScoreMod:
-        """ln sigmoid(score + the scheme's bias - ln n), n = `length`, or with None the keys the query sees."""
-        biased = super().score_mod(bias, mask, step)
-        q_pos = step.positions if step.k_pos is not None else None  # decoding: the cache positions
+    def weights_mod(self, mask: AttentionMask, placement: Placement, **settings: Any) -> ScoreMod:
+        """ln sigmoid(z - ln n), z the score with its terms, n `length` (`SigmoidAttention.kernel_settings`), or with
+        None the keys the query sees."""
+        length: int | None = settings["length"]
+        q_pos = placement.positions if placement.k_pos is not None else None  # decoding: the cache positions
         log_length = math.log(length) if length is not None else None
 
-        def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            z = biased(score, b, h, q_idx, kv_idx) if biased is not None else score
+        def score_mod(z: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             if log_length is not None:
                 return F.logsigmoid(z - log_length)
             query = q_pos[b, q_idx] if q_pos is not None else q_idx
@@ -63,12 +60,10 @@ class SigmoidFlex(FlexKernel):
 
         return score_mod
 
-    def run(
-        self, q: Tensor, k: Tensor, v: Tensor, context: FlexContext, score: Score, dropout_p: float,
-        on_weights: WeightsHook | None,
-    ) -> Tensor:  # fmt: skip
+    def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
+        context: FlexContext = plan.context
         out, aux = compiled_flex_attention()(
-            q, k, v, score_mod=context.score_mod, block_mask=context.block_mask, scale=score.scale,
+            q, k, v, score_mod=context.score_mod(plan.tokens), block_mask=context.block_mask, scale=score.scale,
             return_aux=AuxRequest(lse=True), kernel_options=context.kernel_options,
         )  # fmt: skip
         return (out.float() * aux.lse.exp()[..., None]).to(q.dtype)

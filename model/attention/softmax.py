@@ -9,10 +9,11 @@ from torch import Tensor
 
 from posgpt.model.attention.base import Attention
 from posgpt.model.cache import DecodingCache, KVCache, LayerCache
-from posgpt.model.kernels import KERNELS, Plan, Step
+from posgpt.model.kernels import KERNELS, Placement, Plan
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import SCHEMES, PositionEncoding
 from posgpt.model.scores import LogLengthScale
+from posgpt.model.terms import Term
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
@@ -50,11 +51,11 @@ class SoftmaxAttention(Attention):
         over (rotated, with the cache's)."""
         q, k, v = self.project(x)
         q = self.score.queries(q)  # what the kernels score, rotated like q
-        q, k = self.rotate(pe, q, k, plan.step)
+        q, k = self.rotate(pe, q, k, plan.placement)
         if cache is not None:
             k, v = cache.update(k, v, plan.cache_write)  # the keys and values the plan describes
         if self.log_scale is not None:
-            q = self.log_scale(q, self.mask.seen_keys(query_indices(plan.step)))
+            q = self.log_scale(q, self.mask.seen_keys(query_indices(plan.placement)))
         return q, k, v
 
     layer_cache: ClassVar[type[LayerCache]] = LayerCache
@@ -65,7 +66,7 @@ class SoftmaxAttention(Attention):
     @classmethod
     def _rolls(cls, config: GPTConfig, mask: AttentionMask) -> bool:
         """Whether the KV cache rolls: a window's, unless the weights read the keys in order (CoPE counts them)."""
-        return mask.rolling and not (cls.keys_in_order or SCHEMES[config.pos_encoding].contextual)
+        return mask.rolling and not (cls.keys_in_order or Term.FROM_SCORES in SCHEMES[config.pos_encoding].terms)
 
     @classmethod
     def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> DecodingCache:
@@ -81,8 +82,8 @@ def _log_scaling_changes(old: GPTConfig, new: GPTConfig) -> bool:
     return (old.attn_log_scaling, old.attn_log_scale) != (new.attn_log_scaling, new.attn_log_scale)
 
 
-def query_indices(step: Step) -> Tensor:
-    """Where the step's queries stand among the keys: each row's cache positions when decoding, else 0..Tq-1."""
-    if step.k_pos is not None:
-        return step.positions
-    return torch.arange(step.q_len, device=step.device)
+def query_indices(placement: Placement) -> Tensor:
+    """Where the pass's queries stand among the keys: each row's cache positions when decoding, else 0..Tq-1."""
+    if placement.k_pos is not None:
+        return placement.positions
+    return torch.arange(placement.q_len, device=placement.device)

@@ -10,7 +10,7 @@ What `attn_backend="auto"` picks (each kernel's declared capabilities and `rank`
 | the additive score                                      | eager (chunked over queries)          | eager       |
 """
 
-from posgpt.model.kernels.base import AUTO, Kernel, KernelError, Lack, Needs, Plan, Step, WeightsHook
+from posgpt.model.kernels.base import AUTO, Kernel, KernelError, Lack, Needs, Placement, Plan, WeightsHook
 from posgpt.model.kernels.dense import DenseContext, causal_mask
 from posgpt.model.kernels.eager import EagerKernel, eager_attention
 from posgpt.model.kernels.flex import FlexKernel, compiled_flex_attention
@@ -24,6 +24,7 @@ KERNELS: dict[str, Kernel] = {
 """Softmax attention's kernels by `attn_backend` name."""
 
 __all__ = [
-    "AUTO", "KERNELS", "DenseContext", "EagerKernel", "FlexKernel", "Kernel", "KernelError", "Lack", "Needs", "Plan",
-    "SdpaKernel", "Step", "WeightsHook", "causal_mask", "compiled_flex_attention", "eager_attention", "sdpa_attention",
+    "AUTO", "KERNELS", "DenseContext", "EagerKernel", "FlexKernel", "Kernel", "KernelError", "Lack", "Needs",
+    "Placement", "Plan", "SdpaKernel", "WeightsHook", "causal_mask", "compiled_flex_attention", "eager_attention",
+    "sdpa_attention",
 ]  # fmt: skip

@@ -15,12 +15,13 @@ import torch
 from torch import Tensor
 
 from posgpt.core.errors import UserError
+from posgpt.model.terms import Term
 
 if TYPE_CHECKING:
     from posgpt.model.cache import CacheWrite
     from posgpt.model.masks import AttentionMask
-    from posgpt.model.positions import ScoreBias
     from posgpt.model.scores import Score
+    from posgpt.model.terms import ScoreBias, TokenTerms
 
 AUTO = "auto"
 """The `attn_backend` that lets `choose_kernel` pick (any other value names a kernel)."""
@@ -38,7 +39,7 @@ class KernelError(UserError, RuntimeError):
 
 
 @dataclass(frozen=True)
-class Step:
+class Placement:
     """Where the queries and keys of one forward pass sit. Without a cache: Tq tokens attending to each
     other at 0..Tq-1, or at `positions` (B, Tq) for the scheme only (the mask stays on token order).
     Decoding (`k_pos` given): queries at `positions` (B, Tq), keys at `k_pos` (B, Tk), -1 an empty slot."""
@@ -61,32 +62,27 @@ class Lack(NamedTuple):
 class Needs:
     """What one forward pass asks of a kernel."""
 
-    score_bias: bool = False
-    bias_gradients: bool = False
+    terms: frozenset[Term] = frozenset()
+    """What is done to the scores (`model.terms`)."""
+    term_gradients: bool = False
+    """Gradients through learned terms (a learned bias, FoX's gates)."""
     dropout: bool = False
     backward_on: str | None = None
     runs_on: str | None = None
     """The device of the forward pass (None: any, as a config's validation asks)."""
-    sparse_mask: bool = False
     decoding: bool = False
     dot_score: bool = True
     """The score is a scaled dot product (`Score.dot_product`)."""
     head_size: int | None = None
     """The head size the kernel sees (the model's; half of it for differential attention); None: any."""
-    scores_term: bool = False
-    """A position term computed from the scores (`ScoreBias.from_scores`)."""
     float64: bool = False
     """The kernel computes in float64 (float64 weights, no autocast)."""
 
     def unmet(self, kernel: Kernel) -> list[Lack]:
         """What `kernel` cannot do of these needs."""
-        missing = []
-        if self.score_bias and not kernel.score_bias:
-            missing.append(Lack("a position score bias", "pos_encoding"))
-        if self.scores_term and not kernel.scores_term:
-            missing.append(Lack("positions computed from the scores", "pos_encoding"))
-        if self.bias_gradients and not kernel.bias_gradients:
-            missing.append(Lack("gradients through a learned score bias", "pos_encoding"))
+        missing = [Lack(term.words, term.setting) for term in Term if term in self.terms - kernel.terms]
+        if self.term_gradients and not kernel.term_gradients:
+            missing.append(Lack("gradients through learned score terms", "pos_encoding"))
         if self.dropout and not kernel.dropout:
             missing.append(Lack("attention dropout", "dropout"))
         if self.runs_on and kernel.devices is not None and self.runs_on not in kernel.devices:
@@ -96,8 +92,6 @@ class Needs:
             missing.append(Lack(f"a backward pass on {self.backward_on}", None))
         if not self.dot_score and not kernel.any_score:
             missing.append(Lack("a score other than a scaled dot product", "attn_score"))
-        if self.sparse_mask and not kernel.sparse_masks:
-            missing.append(Lack("a mask beyond causal (attn_window, attn_sinks)", "attn_window"))
         if self.float64 and self.runs_on in kernel.no_float64_on:
             missing.append(Lack(f"float64 on {self.runs_on} ({kernel.no_float64_on[self.runs_on]})", None))
         least = kernel.min_head_size.get(self.runs_on or "", 0)
@@ -110,8 +104,10 @@ class Needs:
 class Kernel:
     """An attention kernel: its declared capabilities, its context, its run (see the module docstring)."""
 
-    score_bias: bool = False
-    bias_gradients: bool = False
+    terms: frozenset[Term] = frozenset()
+    """What it does to the scores on request (`model.terms`), in the order `model.terms` gives."""
+    term_gradients: bool = False
+    """Carries gradients through learned terms."""
     dropout: bool = False
     devices: frozenset[str] | None = None
     """Devices it runs on at all (None: every device)."""
@@ -125,28 +121,25 @@ class Kernel:
     """Device types where it has no float64 kernel, with the reason said in the refusal."""
     auto_devices: frozenset[str] | None = None
     """Devices where `auto` may pick it (None: every device)."""
-    sparse_masks: bool = False
     weights: bool = False
     """Forms the attention weights, handing them to `on_weights` (the reference path of its function)."""
     any_score: bool = False
     """Runs any scoring function, not only a scaled dot product."""
-    scores_term: bool = False
-    """Adds a term computed from the scores where it forms them (`ScoreBias.from_scores`)."""
 
     def rank(self, needs: Needs, device: torch.device) -> float:
         """Preference of `auto` among the kernels that can run `needs` on `device`: lowest first."""
         return 1.0
 
-    def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, **settings: Any) -> Any:
-        """What a layer's call of this kernel needs for one forward pass (None: nothing); `settings`: the attention
-        function's own options (`Attention.kernel_settings`)."""
+    def context(
+        self, bias: ScoreBias | None, mask: AttentionMask, placement: Placement, memo: dict, **settings: Any
+    ) -> Any:
+        """What a layer's call of this kernel needs for one forward pass (None: nothing): the position terms `bias`
+        and the `mask` made ready; `settings`: the attention function's own options (`Attention.kernel_settings`)."""
         return None
 
-    def run(
-        self, q: Tensor, k: Tensor, v: Tensor, context: Any, score: Score, dropout_p: float,
-        on_weights: WeightsHook | None,
-    ) -> Tensor:  # fmt: skip
-        """The (B, H, Tq, D) output for (B, H, Tq, D) queries and (B, H, Tk, D) keys and values."""
+    def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
+        """The (B, H, Tq, D) output for (B, H, Tq, D) queries and (B, H, Tk, D) keys and values, by `plan`: its
+        context, the layer's own terms and who receives the weights."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -156,14 +149,16 @@ class Kernel:
 @dataclass(frozen=True)
 class Plan:
     """One forward pass's attention: the kernel, its context, where the tokens sit and who receives the
-    weights; shared by every layer, or a copy per layer (attention maps, a bias per layer)."""
+    weights; shared by every layer, or a copy per layer (attention maps, a bias per layer, a layer's own terms)."""
 
     kernel: Kernel
     context: Any
-    step: Step
+    placement: Placement
     on_weights: WeightsHook | None = None
     cache_write: CacheWrite | None = None
     """Decoding: where the new tokens go in the cache (`model.cache`)."""
+    tokens: TokenTerms | None = None
+    """The layer's own `Term.TOKENS` (set by the layer that attends)."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, score: Score, dropout_p: float) -> Tensor:
-        return self.kernel.run(q, k, v, self.context, score, dropout_p, self.on_weights)
+        return self.kernel.run(q, k, v, self, score, dropout_p)

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-from posgpt.model.kernels.base import Step
+from posgpt.model.kernels.base import Placement
 from posgpt.model.kernels.dense import DENSE_ELEMENTS
 from posgpt.model.masks import AttentionMask
 
@@ -16,11 +16,11 @@ BLOCK = 128
 
 
 @torch.compiler.disable  # built eagerly, also inside a compiled model: see `block_mask_in_chunks`
-def eager_block_mask(mask: AttentionMask, step: Step, cache: dict | None) -> BlockMask:
+def eager_block_mask(mask: AttentionMask, placement: Placement, cache: dict | None) -> BlockMask:
     """The block mask of `mask` for a forward pass, kept per shape in `cache`; decoding builds one per step."""
-    q_len, device = step.q_len, step.device
-    if step.k_pos is not None:
-        q_pos, k_pos = step.positions, step.k_pos
+    q_len, device = placement.q_len, placement.device
+    if placement.k_pos is not None:
+        q_pos, k_pos = placement.positions, placement.k_pos
 
         def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             k = k_pos[b, kv_idx]

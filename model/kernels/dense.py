@@ -1,6 +1,6 @@
-"""The dense context of the eager and SDPA kernels: the visibility mask and the scheme's score bias as
-tensors. A (H, Tq, Tk) bias is formed whole only while small (`DENSE_ELEMENTS`); past that, for blocks of
-query rows as they come, so memory grows linearly with the length.
+"""The dense context of the eager and SDPA kernels: the visibility mask and the additive score terms (the
+scheme's position bias, a layer's token terms) as tensors. A (H, Tq, Tk) bias is formed whole only while small
+(`DENSE_ELEMENTS`); past that, for blocks of query rows as they come, so memory grows linearly with the length.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posgpt.model.kernels.base import Step
+from posgpt.model.kernels.base import Placement
 from posgpt.model.masks import AttentionMask
-from posgpt.model.positions import ScoreBias
+from posgpt.model.terms import ScoreBias, TokenTerms
 
 DENSE_ELEMENTS = 1 << 24
 """Largest mask or bias (elements, over every batch row and head) formed at once: 64 MiB in float32."""
@@ -24,9 +24,8 @@ DENSE_ELEMENTS = 1 << 24
 class DenseContext:
     """What eager and SDPA need of one forward pass: the positions the mask sees (`q_pos` (Bq, Tq), `k_pos`
     (Bk, Tk), -1 an empty slot), those the bias sees (`q_ids`, `k_ids`), the whole mask and bias when small
-    (`whole`); `plain`: causal with no bias, which SDPA runs with no mask at all; `decay`: one layer's
-    per-row sums (c_q (B, H, Tq), c_k (B, H, Tk)) whose difference c_i - c_j is added to the scores (FoX);
-    `weigh`: the eager kernel's weights of the masked scores (`model.kernels.eager.Weigh`), options bound."""
+    (`whole`); `plain`: causal with no bias, which SDPA runs with no mask at all; `weigh`: the eager kernel's
+    weights of the masked scores (`model.kernels.eager.Weigh`), options bound."""
 
     bias: ScoreBias | None
     mask: AttentionMask
@@ -37,22 +36,19 @@ class DenseContext:
     k_ids: Tensor
     plain: bool
     whole: tuple[Tensor | None, Tensor | None] | None = None
-    decay: tuple[Tensor, Tensor] | None = None
     weigh: Callable[[Tensor, Tensor], Tensor] | None = None
 
-    @property
-    def rows_per_block(self) -> int:
-        """Query rows whose mask and bias stay within `DENSE_ELEMENTS`."""
-        batch = max(
-            self.q_pos.size(0), self.k_pos.size(0), self.q_ids.size(0), self.decay[0].size(0) if self.decay else 1
-        )
-        heads = (self.bias.elements if self.bias is not None else 1) + (self.n_head if self.decay else 0)
+    def rows_per_block(self, tokens: TokenTerms | None = None) -> int:
+        """Query rows whose mask and additive terms (with a layer's `tokens`) stay within `DENSE_ELEMENTS`."""
+        batch = max(self.q_pos.size(0), self.k_pos.size(0), self.q_ids.size(0), tokens.q.size(0) if tokens else 1)
+        heads = (self.bias.elements if self.bias is not None else 1) + (self.n_head if tokens else 0)
         return max(1, DENSE_ELEMENTS // (batch * heads * self.k_pos.size(-1)))
 
-    def block(self, rows: slice) -> tuple[Tensor | None, Tensor | None]:
-        """Of query rows `rows`: the visibility (Bq, 1, rows, Tk) (None when `plain`) and the bias (B?, H,
-        rows, Tk) with -inf where not visible (None without one)."""
-        if self.whole is not None and rows == slice(0, self.q_pos.size(-1)):
+    def block(self, rows: slice, tokens: TokenTerms | None = None) -> tuple[Tensor | None, Tensor | None]:
+        """Of query rows `rows`: the visibility (Bq, 1, rows, Tk) (None when `plain`) and the additive terms
+        (B?, H, rows, Tk) in `model.terms`' order, the position bias and the layer's `tokens`, with -inf where
+        not visible (None without either)."""
+        if tokens is None and self.whole is not None and rows == slice(0, self.q_pos.size(-1)):
             return self.whole
         visible = self.mask.visible(self.q_pos[:, None, rows, None], self.k_pos[:, None, None, :])
         visible = visible & (self.k_pos >= 0)[:, None, None, :]
@@ -61,46 +57,40 @@ class DenseContext:
             heads = torch.arange(self.n_head, device=self.q_pos.device)[:, None, None]
             query = self.q_ids[:, None, rows, None]
             bias = self.bias(heads, query - self.k_ids[:, None, None, :], query)  # the formula, once
-        if self.decay is not None:
-            c_q, c_k = self.decay
-            term = c_q[:, :, rows, None] - c_k[:, :, None, :]
+        if tokens is not None:
+            term = tokens.q[:, :, rows, None] - tokens.k[:, :, None, :]
             bias = term if bias is None else bias + term
         if bias is not None:
             bias = bias.masked_fill(~visible, float("-inf"))
         return (None if self.plain else visible), bias
 
-    def decayed(self, c_q: Tensor, c_k: Tensor) -> DenseContext:
-        """This context with c_q[b, h, i] - c_k[b, h, j] added to the scores: one layer's terms of one batch
-        (FoX's forget-gate sums), formed with the bias block by block."""
-        return dataclasses.replace(self, decay=(c_q, c_k), plain=False, whole=None)
-
-    def blocks(self, q_len: int, most: int | None = None) -> list[slice]:
+    def blocks(self, q_len: int, most: int | None = None, tokens: TokenTerms | None = None) -> list[slice]:
         """Blocks of query rows covering 0..q_len, each at most `most` rows (and `rows_per_block`)."""
-        step = min(self.rows_per_block, most or q_len, q_len)
+        step = min(self.rows_per_block(tokens), most or q_len, q_len)
         return [slice(c, min(c + step, q_len)) for c in range(0, q_len, step)]
 
 
 def dense_context(
     bias: ScoreBias | None,
     mask: AttentionMask,
-    step: Step,
+    placement: Placement,
     shortcut: bool,
     weigh: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> DenseContext:
     """The dense context of one forward pass; with `shortcut`, plain causal attention needs no mask; `weigh`: the
     eager kernel's weights."""
-    device = step.device
-    if step.k_pos is not None:  # decoding through a cache: each row's own positions
-        assert step.positions is not None
-        q_pos, k_pos, q_ids, k_ids = step.positions, step.k_pos, step.positions, step.k_pos
+    device = placement.device
+    if placement.k_pos is not None:  # decoding through a cache: each row's own positions
+        assert placement.positions is not None
+        q_pos, k_pos, q_ids, k_ids = placement.positions, placement.k_pos, placement.positions, placement.k_pos
     else:
-        q_pos = k_pos = torch.arange(step.q_len, device=device)[None]
-        q_ids = k_ids = step.positions if step.positions is not None else q_pos
-    plain = shortcut and mask.causal_only and step.k_pos is None
-    context = DenseContext(bias, mask, step.n_head, q_pos, k_pos, q_ids, k_ids, plain, weigh=weigh)
-    if context.rows_per_block < step.q_len:
+        q_pos = k_pos = torch.arange(placement.q_len, device=device)[None]
+        q_ids = k_ids = placement.positions if placement.positions is not None else q_pos
+    plain = shortcut and mask.causal_only and placement.k_pos is None
+    context = DenseContext(bias, mask, placement.n_head, q_pos, k_pos, q_ids, k_ids, plain, weigh=weigh)
+    if context.rows_per_block() < placement.q_len:
         return context  # formed block by block
-    return dataclasses.replace(context, whole=context.block(slice(0, step.q_len)))
+    return dataclasses.replace(context, whole=context.block(slice(0, placement.q_len)))
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:

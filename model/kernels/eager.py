@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, Step, WeightsHook
+from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, Placement, Plan, WeightsHook
 from posgpt.model.kernels.dense import DenseContext, causal_mask, dense_context
 from posgpt.model.masks import AttentionMask
-from posgpt.model.positions import ScoreBias, ScoresTerm
 from posgpt.model.scores import ScaledDot, Score
+from posgpt.model.terms import ScoreBias, ScoresTerm, Term
 
 Weigh = Callable[[Tensor, Tensor], Tensor]
 """(scores (B, H, rows, Tk) with -inf where a key is not visible, visibility (.., rows, Tk) bool)
@@ -49,7 +49,7 @@ def eager_attention(
         score: the scoring function (default: scaled dot product).
         on_weights: called with each chunk of weights (query rows, (B, H, rows, Tk), after dropout).
         weigh: the weights of the masked scores (default: the softmax).
-        term: a term computed from the masked scores, added to them (`ScoreBias.from_scores`: CoPE).
+        term: a term computed from the masked scores, added to them (`Term.FROM_SCORES`: CoPE).
     """
     q_len, k_len = q.size(-2), k.size(-2)
     dtype = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 if given float64
@@ -78,38 +78,35 @@ def eager_attention(
 
 
 class EagerKernel(Kernel):
-    """Everything, slowly: any score, bias, mask and dropout, on every device, and the weights. Another
+    """Everything, slowly: any score, term, mask and dropout, on every device, and the weights. Another
     function of the scores reuses it with its own `weigh`, its options (`Attention.kernel_settings`) bound."""
 
     weigh: Weigh = staticmethod(softmax_weights)
 
-    score_bias = True
-    bias_gradients = True
+    terms = frozenset(Term)
+    term_gradients = True
     dropout = True
-    sparse_masks = True
     weights = True
     any_score = True
-    scores_term = True
 
     def rank(self, needs: Needs, device: torch.device) -> float:
         return 2.0  # the reference: only when no fused kernel can
 
     def context(
-        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, **settings: Any
+        self, bias: ScoreBias | None, mask: AttentionMask, placement: Placement, memo: dict, **settings: Any
     ) -> DenseContext:
         weigh = functools.partial(self.weigh, **settings) if settings else self.weigh
-        return dense_context(bias, mask, step, shortcut=False, weigh=weigh)
+        return dense_context(bias, mask, placement, shortcut=False, weigh=weigh)
 
-    def run(
-        self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,
-        on_weights: WeightsHook | None,
-    ) -> Tensor:  # fmt: skip
+    def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
         """`eager_attention` with the context's weights, a block of query rows at a time."""
-        outs, term = [], context.bias.from_scores if context.bias is not None else None
+        context: DenseContext = plan.context
+        term = context.bias.from_scores if context.bias is not None else None
         weigh = context.weigh or self.weigh  # a context built by another dense kernel (SDPA's) has none
-        for rows in context.blocks(q.size(-2)):  # one block unless the mask and bias would be large
-            visible, bias = context.block(rows)
-            hook = _shifted(on_weights, rows.start) if on_weights is not None else None
+        outs = []
+        for rows in context.blocks(q.size(-2), tokens=plan.tokens):  # one block unless the terms would be large
+            visible, bias = context.block(rows, plan.tokens)
+            hook = _shifted(plan.on_weights, rows.start) if plan.on_weights is not None else None
             outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, weigh, term))
         return torch.cat(outs, dim=2)
 

@@ -16,7 +16,6 @@ Uncompiled flex is exact on a CPU: the tests run this kernel's block masks and s
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,10 +25,10 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from posgpt.model.kernels.base import Kernel, Needs, Step, WeightsHook
+from posgpt.model.kernels.base import Kernel, Needs, Placement, Plan
 from posgpt.model.masks import AttentionMask
-from posgpt.model.positions import ScoreBias
 from posgpt.model.scores import Score
+from posgpt.model.terms import ScoreBias, Term, TokenTerms
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -40,11 +39,11 @@ def compiled_flex_attention() -> Callable[..., Tensor]:
     return torch.compile(flex_attention)
 
 
-def score_mod_of(bias: ScoreBias, step: Step) -> ScoreMod:
+def score_mod_of(bias: ScoreBias, placement: Placement) -> ScoreMod:
     """The scheme's bias as a FlexAttention score_mod: the same formula as the dense path's."""
-    positions = step.positions
+    positions = placement.positions
     if positions is not None:  # each row at its own positions: its keys' in the cache, or its own
-        keys = step.k_pos if step.k_pos is not None else positions
+        keys = placement.k_pos if placement.k_pos is not None else positions
 
         def score_mod_rows(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             query = positions[b, q_idx]
@@ -58,60 +57,70 @@ def score_mod_of(bias: ScoreBias, step: Step) -> ScoreMod:
     return score_mod
 
 
-def build_block_mask(mask: AttentionMask, step: Step, cache: dict | None) -> BlockMask:
+def build_block_mask(mask: AttentionMask, placement: Placement, cache: dict | None) -> BlockMask:
     """The block mask of `mask` for a forward pass (block_mask.py, imported here: it imports Dynamo, 2 s)."""
     from posgpt.model.kernels.block_mask import eager_block_mask
 
-    return eager_block_mask(mask, step, cache)
+    return eager_block_mask(mask, placement, cache)
 
 
 @dataclass(frozen=True)
 class FlexContext:
+    """The block mask, the position terms (`positions`) and the function's weights of the scores (`weights`, as a
+    log: None for softmax) as score_mods."""
+
     block_mask: BlockMask
-    score_mod: ScoreMod | None
+    positions: ScoreMod | None
+    weights: ScoreMod | None = None
     kernel_options: dict[str, int] | None = None
 
-    def decayed(self, c_q: Tensor, c_k: Tensor) -> FlexContext:
-        """This context with c_q[b, h, i] - c_k[b, h, j] added to the scores in the score_mod (FoX's gate sums)."""
-        inner = self.score_mod
+    def score_mod(self, tokens: TokenTerms | None) -> ScoreMod | None:
+        """The score_mod of a layer: its position terms, its `tokens`, then the function's weights (`model.terms`'
+        order; the mask is the block mask's)."""
+        if tokens is None and self.weights is None:
+            return self.positions
+        positions, weights = self.positions, self.weights
 
         def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            scored = inner(score, b, h, q_idx, kv_idx) if inner is not None else score
-            return scored + c_q[b, h, q_idx] - c_k[b, h, kv_idx]
+            if positions is not None:
+                score = positions(score, b, h, q_idx, kv_idx)
+            if tokens is not None:
+                score = score + tokens.q[b, h, q_idx] - tokens.k[b, h, kv_idx]
+            return weights(score, b, h, q_idx, kv_idx) if weights is not None else score
 
-        return dataclasses.replace(self, score_mod=score_mod)
+        return score_mod
 
 
 class FlexKernel(Kernel):
-    """Fused with a block-sparse mask and an in-kernel bias; no dropout; CUDA only (module docstring)."""
+    """Fused with a block-sparse mask and in-kernel additive terms; no dropout; CUDA only (module docstring)."""
 
-    score_bias = True
-    bias_gradients = True
+    terms = frozenset({Term.POSITIONS, Term.TOKENS, Term.MASK})
+    term_gradients = True
     devices = frozenset({"cuda"})
     device_notes = {"cpu": "compiled FlexAttention returns wrong numbers on a CPU in torch 2.13"}
     backward_devices = frozenset({"cuda"})
     min_head_size = {"cuda": 16}  # torch 2.11's Triton kernel: "embedding dimension ... must be at least 16"
     no_float64_on = {"cuda": "Triton's FlexAttention template has no float64 matmul"}  # H200, torch 2.11
     auto_devices = frozenset({"cuda"})
-    sparse_masks = True
 
     def rank(self, needs: Needs, device: torch.device) -> float:
         # first for a bias or a window on CUDA when the lengths repeat; after SDPA otherwise
-        return 0.0 if (needs.score_bias or needs.sparse_mask) and not needs.decoding else 1.5
+        return 0.0 if needs.terms and not needs.decoding else 1.5
 
     def context(
-        self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict, **settings: Any
+        self, bias: ScoreBias | None, mask: AttentionMask, placement: Placement, memo: dict, **settings: Any
     ) -> FlexContext:
         options = bias.kernel_options if bias is not None else None
-        return FlexContext(build_block_mask(mask, step, memo), self.score_mod(bias, mask, step, **settings), options)
+        positions = score_mod_of(bias, placement) if bias is not None else None
+        weights = self.weights_mod(mask, placement, **settings)
+        return FlexContext(build_block_mask(mask, placement, memo), positions, weights, options)
 
-    def score_mod(self, bias: ScoreBias | None, mask: AttentionMask, step: Step) -> ScoreMod | None:
-        """What the kernel makes of the scores: the scheme's bias added (None: nothing)."""
-        return score_mod_of(bias, step) if bias is not None else None
+    def weights_mod(self, mask: AttentionMask, placement: Placement, **settings: Any) -> ScoreMod | None:
+        """The attention function's weights of the scores as a score_mod, their log (None: the softmax's own)."""
+        return None
 
-    def run(
-        self, q: Tensor, k: Tensor, v: Tensor, context: FlexContext, score: Score, dropout_p: float,
-        on_weights: WeightsHook | None,
-    ) -> Tensor:  # fmt: skip
-        return compiled_flex_attention()(q, k, v, score_mod=context.score_mod, block_mask=context.block_mask,
-                                         scale=score.scale, kernel_options=context.kernel_options)  # fmt: skip
+    def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
+        context: FlexContext = plan.context
+        return compiled_flex_attention()(q, k, v, score_mod=context.score_mod(plan.tokens),
+                                         block_mask=context.block_mask, scale=score.scale,
+                                         kernel_options=context.kernel_options)  # fmt: skip

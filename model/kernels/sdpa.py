@@ -4,16 +4,17 @@ no bias and no mask beyond causal)."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posgpt.model.kernels.base import Kernel, Step, WeightsHook
+from posgpt.model.kernels.base import Kernel, Placement, Plan
 from posgpt.model.kernels.dense import DenseContext, causal_mask, dense_context
 from posgpt.model.masks import AttentionMask
-from posgpt.model.positions import ScoreBias
 from posgpt.model.scores import Score
+from posgpt.model.terms import ScoreBias, Term
 
 
 def sdpa_attention(
@@ -46,24 +47,23 @@ def sdpa_attention(
 
 
 class SdpaKernel(Kernel):
-    """Fused, on every device, with every bias, mask and dropout; dot-product scores only."""
+    """Fused, on every device, with every additive term, mask and dropout; dot-product scores only."""
 
-    score_bias = True
-    bias_gradients = True
+    terms = frozenset({Term.POSITIONS, Term.TOKENS, Term.MASK})
+    term_gradients = True
     dropout = True
-    sparse_masks = True
 
-    def context(self, bias: ScoreBias | None, mask: AttentionMask, step: Step, memo: dict) -> DenseContext:
-        return dense_context(bias, mask, step, shortcut=True)
+    def context(
+        self, bias: ScoreBias | None, mask: AttentionMask, placement: Placement, memo: dict, **settings: Any
+    ) -> DenseContext:
+        return dense_context(bias, mask, placement, shortcut=True)
 
-    def run(
-        self, q: Tensor, k: Tensor, v: Tensor, context: DenseContext, score: Score, dropout_p: float,
-        on_weights: WeightsHook | None,
-    ) -> Tensor:  # fmt: skip
-        if context.plain and context.bias is None:  # causal over every key: no mask at all
+    def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
+        context: DenseContext = plan.context
+        if context.plain and context.bias is None and plan.tokens is None:  # causal over every key: no mask at all
             return sdpa_attention(q, k, v, None, dropout_p, scale=score.scale)
         outs = []
-        for rows in context.blocks(q.size(-2)):  # one block unless the mask and bias would be large
-            visible, bias = context.block(rows)
+        for rows in context.blocks(q.size(-2), tokens=plan.tokens):  # one block unless the terms would be large
+            visible, bias = context.block(rows, plan.tokens)
             outs.append(sdpa_attention(q[:, :, rows], k, v, bias, dropout_p, mask=visible, scale=score.scale))
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]

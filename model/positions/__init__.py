@@ -10,15 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from posgpt.model.positions.base import (
-    NoPositions,
-    PositionEncoding,
-    ScoreBias,
-    ScoresTerm,
-    random_positions,
-    separate,
-    take,
-)
+from posgpt.model.positions.base import NoPositions, PositionEncoding, random_positions, separate, take
 from posgpt.model.positions.biases import FIRE, ALiBi, ContextualPositions, Kerple, T5Bias, alibi_slopes, t5_bucket
 from posgpt.model.positions.tables import LearnedPositions, RotaryPositions, SinusoidalPositions, sinusoid_table
 
@@ -46,6 +38,6 @@ def build_positions(config: GPTConfig) -> PositionEncoding:
 
 __all__ = [
     "ALiBi", "ContextualPositions", "FIRE", "Kerple", "LearnedPositions", "NoPositions", "PositionEncoding",
-    "RotaryPositions", "SCHEMES", "ScoreBias", "ScoresTerm", "SinusoidalPositions", "T5Bias", "alibi_slopes",
+    "RotaryPositions", "SCHEMES", "SinusoidalPositions", "T5Bias", "alibi_slopes",
     "build_positions", "random_positions", "separate", "sinusoid_table", "t5_bucket", "take",
 ]  # fmt: skip

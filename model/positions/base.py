@@ -2,45 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from posgpt.core.errors import ConfigError
+from posgpt.model.terms import ScoreBias, Term
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
-
-
-ScoresTerm = Callable[[Tensor, Tensor, Tensor], Tensor]
-"""(queries (B, H, rows, D), their scores (B, H, rows, Tk) with -inf where a key is not visible, the visibility)
--> a term (B, H, rows, Tk) added to the scores: positions that depend on the content (CoPE)."""
-
-
-@dataclass(frozen=True)
-class ScoreBias:
-    """One layer's position bias on the scores, for one forward pass: `formula(h, distance, query)`, the
-    float32 bias of head(s) `h` for a key `distance` = i - j before a query at position i (broadcasting
-    tensors), called on index grids by eager and SDPA and inside FlexAttention's score_mod.
-
-    The formula reads tensors computed beforehand, each on its own and through one index by head:
-    compiled FlexAttention refuses a gradient tensor read twice or transformed inside a score_mod
-    (`validate_joint_graph`, torch 2.11 to 2.13), and gives a view of a parameter no gradient (`separate`)."""
-
-    formula: Callable[[Tensor, Tensor, Tensor], Tensor] | None
-    elements: int
-    """Float32 values the formula forms per query-key pair for all heads: sizes a dense kernel's row blocks."""
-    kernel_options: dict[str, int] | None = None
-    """FlexAttention's tile options on CUDA, for a formula that does not fit the default tiles' shared memory."""
-    from_scores: ScoresTerm | None = None
-    """A term computed from the scores themselves (`PositionEncoding.contextual`), added where they are formed."""
-
-    def __call__(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
-        assert self.formula is not None
-        return self.formula(h, distance, query)
 
 
 def separate(rows: Tensor) -> list[Tensor]:
@@ -53,14 +24,13 @@ def separate(rows: Tensor) -> list[Tensor]:
 class PositionEncoding(nn.Module):
     """Base class: no position information at all (this is also NoPE)."""
 
-    score_bias: bool = False
-    """Whether the scheme biases attention scores (`bias`)."""
+    terms: frozenset[Term] = frozenset()
+    """What its `bias` does to the scores (`model.terms`): `POSITIONS`, a formula of positions (ALiBi), or
+    `FROM_SCORES`, a term computed from the scores (CoPE: only a kernel that forms them runs it)."""
     learned_bias: bool = False
     """Whether that bias has parameters (a kernel must then carry gradients through it)."""
     uses_positions: bool = True
     """Whether the scheme reads positions at all (NoPE does not)."""
-    contextual: bool = False
-    """Whether its bias is computed from the scores (`ScoreBias.from_scores`): only a kernel that forms them runs it."""
     rescalable: bool = False
     """Whether `config.rope_scaling` applies: its angles can be stretched at evaluation (RoPE)."""
     partial_rotation: bool = False
@@ -89,7 +59,7 @@ class PositionEncoding(nn.Module):
         return q, k
 
     def bias(self, layer: int = 0) -> ScoreBias:
-        """Layer `layer`'s score bias for one forward pass, from the parameters as they are now."""
+        """Layer `layer`'s score terms (`terms`) for one forward pass, from the parameters as they are now."""
         raise NotImplementedError(f"{type(self).__name__} has no score bias.")
 
     fields: tuple[str, ...] = ()

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from posgpt.core.errors import ConfigError
-from posgpt.model.positions.base import PositionEncoding, ScoreBias, separate
+from posgpt.model.positions.base import PositionEncoding, separate
+from posgpt.model.terms import ScoreBias, Term
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 class ALiBi(PositionEncoding):
     """ALiBi (Press et al. 2022): head h adds -m_h * (i - j) to the score of query i on key j."""
 
-    score_bias = True
+    terms = frozenset({Term.POSITIONS})
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
@@ -49,7 +50,7 @@ class T5Bias(PositionEncoding):
     distances where the log-spaced buckets start, so the kernel gathers from the table alone (a gather of an
     int64 bucket table per score ran out of shared memory in flex on an H200)."""
 
-    score_bias = True
+    terms = frozenset({Term.POSITIONS})
     learned_bias = True
     fields = ("t5_num_buckets", "t5_max_distance")
 
@@ -96,7 +97,7 @@ class Kerple(PositionEncoding):
     r1, r2 are used at least `EPS` with a straight-through gradient (their code clamps the parameters
     in place), so a parameter pushed below EPS can come back."""
 
-    score_bias = True
+    terms = frozenset({Term.POSITIONS})
     learned_bias = True
     EPS = 1e-2
 
@@ -152,7 +153,7 @@ class FIRE(PositionEncoding):
     L = |m L0| with m learned from 1 and L0 = block_size / 4 (their code: 512 for 2048 tokens, an assumption
     here); 1e-6 added to the normalizer keeps c -> 0 finite. Shared by every layer (FIRE-S), or per layer."""
 
-    score_bias = True
+    terms = frozenset({Term.POSITIONS})
     learned_bias = True
     fields = ("fire_width", "fire_per_layer")
 
@@ -227,9 +228,8 @@ class ContextualPositions(PositionEncoding):
     The term needs the scores, so only a kernel that forms them runs it (eager); keys must be in position
     order, so its KV cache never rolls (`SoftmaxAttention.new_cache`)."""
 
-    score_bias = True
+    terms = frozenset({Term.FROM_SCORES})
     learned_bias = True
-    contextual = True
     uses_positions = False  # it counts what the query attends to, not indices
     fields = ("cope_positions", "cope_divide")
 
