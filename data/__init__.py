@@ -1,1 +1,1 @@
-"""The corpus pipeline: text -> token files (`prepare`), token files -> batches (`dataset`, `datamodule`)."""
+"""The corpus pipeline: text -> token files (`prepare`), token files -> windows (`dataset`), and the synthetic tasks."""

@@ -91,9 +91,7 @@ def load_prepared(path: str | Path) -> PreparedData:
             "Run `posgpt prepare` on your text, or pass --data.input FILE instead."
         ) from None
     except (OSError, ValueError) as error:
-        raise DataError(
-            f"{path}/meta.json is unreadable or corrupt ({error}); re-run `posgpt prepare`."
-        ) from None
+        raise DataError(f"{path}/meta.json is unreadable or corrupt ({error}); re-run `posgpt prepare`.") from None
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
         version = meta.get("format_version") if isinstance(meta, dict) else None
         raise DataError(f"{path} was prepared by another version (format {version}); re-run prepare.")

@@ -35,8 +35,8 @@ from posgpt.core.cli import Command
 from posgpt.core.files import atomic_file, atomic_write_bytes, tmp_path, waiting_lock
 from posgpt.data.corpora import NAMED
 from posgpt.data.errors import DataError
+from posgpt.data.readers import CHUNK_CHARS
 from posgpt.data.sources import (
-    CHUNK_CHARS,
     HUB_PREFIX,
     HUB_SYNTAX,
     Source,
@@ -183,7 +183,7 @@ def _write(sources: list[Source], cfg: PrepareConfig, settings: dict[str, Any]) 
     tmp = tmp_path(out / "tokens.bin")
     try:
         total, n_chars = 0, 0  # tokens, and characters of text read (separators and <|endoftext|> not counted)
-        with Progress("tokenizing", _total_size(sources)) as progress, open(tmp, "wb") as f:
+        with ReadProgress("tokenizing", _total_size(sources)) as progress, open(tmp, "wb") as f:
             for ids, read, chars in _encoded(sources, tok, errors, cfg.workers or os.cpu_count() or 1):
                 array = np.asarray(ids, dtype=dtype)
                 f.write(array.tobytes())
@@ -280,7 +280,7 @@ def _reusable(out: Path, sources: list[Source], settings: dict[str, Any], cap: i
     return meta
 
 
-class Progress(AbstractContextManager):
+class ReadProgress(AbstractContextManager):
     """How far a pass over the sources is: a tqdm bar on a terminal, else an INFO line every tenth (or minute)."""
 
     def __init__(self, what: str, total: int | None, interactive: bool | None = None) -> None:
@@ -361,7 +361,7 @@ def _batches(
 def _char_set(sources: list[Source], errors: str) -> set[str]:
     """The characters of the whole stream (the char tokenizer's vocabulary), read in a first pass; none is an error."""
     chars: set[str] = set()
-    with Progress("reading characters", _total_size(sources)) as progress:
+    with ReadProgress("reading characters", _total_size(sources)) as progress:
         for texts, ends, read, _ in _batches(sources, errors, False, 1):
             chars.update(*texts)
             if any(ends):

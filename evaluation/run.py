@@ -18,7 +18,7 @@ from posgpt.core.cli import Command
 from posgpt.core.device import pick_device_dtype
 from posgpt.core.errors import UserError
 from posgpt.data.dataset import window_starts
-from posgpt.evaluation.attention import long_context_stats, runs_at
+from posgpt.evaluation.attention_stats import long_context_stats, runs_at
 from posgpt.evaluation.checkpoint import (
     EvalData,
     LoadedCheckpoint,

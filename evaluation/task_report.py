@@ -7,14 +7,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # files only, no display; before pyplot is imported
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from posgpt.data.tasks import TASKS  # noqa: E402
-from posgpt.evaluation.report import group_runs, line_style, mean_sd, png_bytes, study_lines, write_files  # noqa: E402
+from posgpt.data.tasks import TASKS
+from posgpt.evaluation.figures import line_style, plt, png_bytes
+from posgpt.evaluation.report import group_runs, mean_sd, study_lines, write_files
 
 
 def length_accuracy(run: dict[str, Any], length: int, key: str = "accuracy") -> float | None:

@@ -161,7 +161,7 @@ def sustained_flops(device: torch.device, precision: str = "bf16-mixed") -> floa
     return peak * UTILISATION
 
 
-class Progress:
+class TrainingEstimate:
     """Run k of n, and the ETA of what is left, recalibrated by the runs that finished."""
 
     def __init__(self, seconds_per_flop: float, step_flops: dict[str, float], device: str) -> None:
@@ -169,7 +169,7 @@ class Progress:
         self.measured = [0.0, 0.0]  # seconds and FLOPs of the runs trained here
 
     @classmethod
-    def of_plan(cls, plan: list[PlannedRun], vocab_size: int | None) -> Progress:
+    def of_plan(cls, plan: list[PlannedRun], vocab_size: int | None) -> TrainingEstimate:
         """Before any run of `plan` (all on one device): the estimate from the FLOPs that device sustains."""
         t = plan[0].config.train
         device = torch.device("cuda" if uses_cuda(t.accelerator) else "cpu")
@@ -195,7 +195,7 @@ LONG_ON_CPU = 3600.0
 """Seconds of estimated training past which a plan on a CPU names a shorter config."""
 
 
-def describe(plan: list[PlannedRun], progress: Progress, shorter: str = "") -> str:
+def describe(plan: list[PlannedRun], progress: TrainingEstimate, shorter: str = "") -> str:
     """The plan, a line a run, and the estimate of its training time; on a CPU past an hour, `shorter` (a config)."""
     device = progress.device
     lines = [f"Plan: {len(plan)} training run(s) on {device}"]
@@ -298,7 +298,7 @@ class Launch:
             for planned in plan:
                 if not planned.done:
                     preflight(planned.config, resuming=planned.step > 0)
-        progress = Progress.of_plan(plan, vocab_size)
+        progress = TrainingEstimate.of_plan(plan, vocab_size)
         print(describe(plan, progress, shorter), flush=True)
         wall, prepared = self.train_wall, None
         for k, planned in enumerate(plan, 1):

@@ -16,7 +16,8 @@ from conftest import make_text
 import attention_maps as maps_script
 import evaluate as evaluate_script
 from posgpt.core import cli
-from posgpt.evaluation.attention import AttentionStats, bucket_means, log_edges, prompt_weights, visible_keys
+from posgpt.evaluation.attention import prompt_weights, visible_keys
+from posgpt.evaluation.attention_stats import AttentionStats, bucket_means, log_edges
 from posgpt.model import GPT, SCHEMES, GPTConfig
 from posgpt.model.attention import linear as linear_attention
 from posgpt.model.kernels import eager

@@ -15,9 +15,10 @@ from conftest import make_text
 import evaluate as evaluate_script
 from posgpt.core import cli
 from posgpt.data.dataset import load_prepared
-from posgpt.evaluation.attention import log_edges
+from posgpt.evaluation.attention_stats import log_edges
 from posgpt.evaluation.checkpoint import EvalData, default_labels, load_checkpoint
-from posgpt.evaluation.report import TRAIN_LENGTH_LINE, Group, line_style, position_figure, stats_figure
+from posgpt.evaluation.figures import line_style, stats_figure
+from posgpt.evaluation.report import TRAIN_LENGTH_LINE, Group, position_figure
 from posgpt.evaluation.run import EvalSettings, evaluate_checkpoints
 from posgpt.model import GPTConfig
 from posgpt.training.config import DataConfig, RunConfig, TrainConfig

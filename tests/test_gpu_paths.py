@@ -16,11 +16,11 @@ from torch._dynamo.backends.registry import lookup_backend
 import train as train_script
 from posgpt.core import cli
 from posgpt.core.checkpoint import read_checkpoint
-from posgpt.data.datamodule import TokenDataModule
 from posgpt.data.dataset import load_prepared
 from posgpt.data.prepare import prepare
 from posgpt.training import hardware
 from posgpt.training.callbacks import SpeedMonitor
+from posgpt.training.datamodule import TokenDataModule
 from posgpt.training.logs import metrics_file
 
 from helpers import cli_error, straight_and_resumed, tiny_args

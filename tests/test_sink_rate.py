@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from posgpt.evaluation.attention import SINK_RATE_DEFINITION, AttentionStats
+from posgpt.evaluation.attention_stats import SINK_RATE_DEFINITION, AttentionStats
 from posgpt.evaluation.report import sink_rate_table
 from posgpt.model import GPT, GPTConfig
 from posgpt.model.kernels import eager

@@ -311,7 +311,7 @@ def test_bpe_pieces_are_encoded_on_threads_each_on_its_own(gpt2_ranks):
 
 def test_progress_is_logged_every_tenth_where_there_is_no_terminal(monkeypatch, caplog):
     monkeypatch.setattr(prepare_module, "QUIET_SECONDS", 0.0)
-    progress = prepare_module.Progress("tokenizing", 4_000_000, interactive=False)
+    progress = prepare_module.ReadProgress("tokenizing", 4_000_000, interactive=False)
     with caplog.at_level(logging.INFO, logger="posgpt.data.prepare"):
         for read in range(100_000, 4_000_001, 100_000):
             progress.update(read, read // 4)

@@ -19,11 +19,11 @@ import torch.nn.functional as F
 import evaluate as evaluate_script
 from posgpt.core import cli
 from posgpt.data import tasks as registry
-from posgpt.data.datamodule import task_batches
 from posgpt.data.tasks import KEYS, TaskConfig, encode, eval_set, make_example, tokenizer_for, training_batch
 from posgpt.evaluation.tasks import evaluate_task
 from posgpt.experiments import synthetic
 from posgpt.model import GPT, GPTConfig
+from posgpt.training.datamodule import task_batches
 
 from helpers import assert_png, cli_error, comparable_report, exits_with, signal_during
 

@@ -22,7 +22,6 @@ from posgpt.core.errors import UserError
 from posgpt.core.files import LockedError, directory_lock
 from posgpt.core.repo import git_sha
 from posgpt.data.corpora import AUTO as AUTO_CORPUS
-from posgpt.data.datamodule import TaskDataModule, TokenDataModule
 from posgpt.data.dataset import PreparedData, prepare_dir
 from posgpt.data.tasks import TaskConfig
 from posgpt.data.tokenizer import GPT2Tokenizer, Tokenizer
@@ -32,6 +31,7 @@ from posgpt.model.pretrained import check_pretrained, from_pretrained, weights_f
 from posgpt.training.callbacks import AtomicCheckpointIO, LastCheckpoint, ProgressBar, SpeedMonitor, progress_callback
 from posgpt.training.config import DataConfig, RunConfig
 from posgpt.training.curves import write_training_plot
+from posgpt.training.datamodule import TaskDataModule, TokenDataModule
 from posgpt.training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision
 from posgpt.training.logs import make_logger
 from posgpt.training.module import GPTModule
