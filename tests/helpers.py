@@ -11,6 +11,22 @@ import torch
 import torch.nn.functional as F
 
 from posgpt.model import ATTENTIONS, GPT, SCHEMES, GPTConfig
+from posgpt.model.positions import PositionEncoding
+from posgpt.model.terms import Term
+
+
+def scheme_kinds() -> dict[str, str]:
+    """One registered scheme of each kind, read from what the schemes declare and implement (never their names):
+    the first that rotates queries and keys, the first fixed score bias and the first learned one."""
+
+    def first(kind: Any) -> str:
+        return next(name for name, scheme in SCHEMES.items() if kind(scheme))
+
+    return {
+        "rotation": first(lambda s: s.rotate is not PositionEncoding.rotate),
+        "fixed bias": first(lambda s: Term.POSITIONS in s.terms and not s.learned_bias),
+        "learned bias": first(lambda s: Term.POSITIONS in s.terms and s.learned_bias),
+    }
 
 
 def lengths(config: GPTConfig, odd_len: int) -> list[int]:
@@ -311,10 +327,12 @@ def one_block_logits(model: GPT, idx: torch.Tensor, head: Any) -> torch.Tensor:
     return model.lm_head(model.ln_f(x))
 
 
-def assert_model_is_its_formula(model: GPT, idx: torch.Tensor, head: Any) -> dict[str, torch.Tensor]:
+def assert_model_is_its_formula(
+    model: GPT, idx: torch.Tensor, head: Any, tolerance: float = 1e-10
+) -> dict[str, torch.Tensor]:
     """A float64 1-layer model's logits and every parameter's gradient (of a random weighting of the logits) equal
-    those of the same model with its attention written out from a paper, a head at a time (`one_block_logits`);
-    the model's gradients."""
+    those of the same model with its attention written out from a paper, a head at a time (`one_block_logits`), to
+    `tolerance` (relative: float64's, or float32's where the model forms a term in float32); the model's gradients."""
     logits, _ = model(idx)
     weight = torch.randn_like(logits)
     (logits * weight).sum().backward()
@@ -322,7 +340,7 @@ def assert_model_is_its_formula(model: GPT, idx: torch.Tensor, head: Any) -> dic
     model.zero_grad()
     expected = one_block_logits(model, idx, head)
     (expected * weight).sum().backward()
-    torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(logits, expected, rtol=tolerance, atol=tolerance)
     for name, p in model.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, rtol=1e-9, atol=1e-10, msg=name)
+        torch.testing.assert_close(grads[name], p.grad, rtol=10 * tolerance, atol=tolerance, msg=name)
     return grads

@@ -17,6 +17,8 @@ from posgpt.model.config import ROPE_SCALINGS
 from posgpt.model.generation import compile_for_decoding, context_window, decode, pad_prompts
 from posgpt.model.scores import SCORES
 
+from helpers import scheme_kinds
+
 MASKS: dict[str, dict[str, int]] = {
     "causal": {},
     "window": {"attn_window": 5},
@@ -31,17 +33,20 @@ def decoding_cases(config: GPTConfig) -> Iterator[Any]:
     (with a rotation and a bias): each a pytest param, read from the registries."""
     fields: list[tuple[str, dict[str, Any]]] = []
     first = next(iter(ATTENTIONS))
+    kinds = scheme_kinds()
+    shown = (kinds["rotation"], kinds["fixed bias"])  # what a cache that drops or misplaces keys shows
     for function in ATTENTIONS:
         for scheme in SCHEMES:
-            masks = MASKS if function == first or scheme in ("rope", "alibi") else {"causal": {}}
-            if scheme not in ("rope", "alibi"):  # BigBird's cache is the full one: a rotation and a bias show it
+            masks = MASKS if function == first or scheme in shown else {"causal": {}}
+            if scheme not in shown:  # BigBird's cache is the full one: a rotation and a bias show it
                 masks = {name: extra for name, extra in masks.items() if name != "bigbird"}
             fields += [(f"{function}-{scheme}-{mask}", {"attention": function, "pos_encoding": scheme, **extra})
                        for mask, extra in masks.items()]  # fmt: skip
-    fields += [(f"rope-{s}", {"pos_encoding": "rope", "rope_scaling": s, "rope_scaling_factor": 2.0})
+    fields += [(f"{scheme}-{s}", {"pos_encoding": scheme, "rope_scaling": s, "rope_scaling_factor": 2.0})
+               for scheme, declared in SCHEMES.items() if declared.rescalable
                for s in ROPE_SCALINGS if s != "none"]  # fmt: skip
     fields += [(f"{score}-{scheme}", {"attn_score": score, "pos_encoding": scheme})
-               for score in SCORES if score != GPTConfig.attn_score for scheme in ("rope", "alibi")]  # fmt: skip
+               for score in SCORES if score != GPTConfig.attn_score for scheme in shown]  # fmt: skip
     for name, extra in fields:
         try:
             yield pytest.param(dataclasses.replace(config, **extra), id=name)

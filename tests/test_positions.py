@@ -65,7 +65,7 @@ def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
     torch.testing.assert_close(bias[:, -1, 0], -slopes * (k_len - 1))
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "t5", "kerple", "fire"])
+@pytest.mark.parametrize("scheme", [name for name, scheme in SCHEMES.items() if Term.POSITIONS in scheme.terms])
 def test_with_positions_per_row_the_dense_bias_and_the_score_mod_agree(tiny_config, scheme):
     """Randomized positions: both derivations read each row's own positions (B, H, T, T)."""
     from posgpt.model.kernels import KERNELS, Placement
@@ -288,7 +288,7 @@ def test_each_row_is_at_its_own_positions(tiny_config, scheme):
         plain = model(idx)[0]
     torch.testing.assert_close(logits[0], plain[0], rtol=0, atol=0)
     shifted = (logits[1] - plain[1]).abs().max()
-    if scheme in ("rope", "alibi", "t5", "kerple") or not model.pe.uses_positions:  # only distances matter
+    if model.pe.relative or not model.pe.uses_positions:  # only distances matter
         assert shifted < 1e-5
     else:
         assert shifted > 1e-3

@@ -117,11 +117,10 @@ def test_the_check_above_can_fail():
     assert not _compares_a_name_to_a_literal(ast.parse('config.rope_scaling == "ntk"').body[0].value)
 
 
-def test_the_readme_is_short_and_its_links_lead_somewhere():
-    """The README starts where users start (under 200 lines); the reference lives in docs/, and every
-    relative link of the README and of docs/*.md names a file or directory that exists."""
+def test_the_links_of_the_readme_and_the_docs_lead_somewhere():
+    """The README starts where users start; the reference lives in docs/, and every relative link of the README and
+    of docs/*.md names a file or directory that exists."""
     readme = ROOT / "README.md"
-    assert len(readme.read_text().splitlines()) < 200
     pages = [readme, *sorted((ROOT / "docs").glob("*.md"))]
     assert len(pages) > 5
     broken = []

@@ -31,6 +31,8 @@ class PositionEncoding(nn.Module):
     """Whether that bias has parameters (a kernel must then carry gradients through it)."""
     uses_positions: bool = True
     """Whether the scheme reads positions at all (NoPE does not)."""
+    relative: bool = False
+    """Whether it reads positions only as distances i - j: shifting all of them changes nothing (RoPE, ALiBi)."""
     rescalable: bool = False
     """Whether `config.rope_scaling` applies: its angles can be stretched at evaluation (RoPE)."""
     partial_rotation: bool = False

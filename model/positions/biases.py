@@ -21,6 +21,7 @@ class ALiBi(PositionEncoding):
     """ALiBi (Press et al. 2022): head h adds -m_h * (i - j) to the score of query i on key j."""
 
     terms = frozenset({Term.POSITIONS})
+    relative = True
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
@@ -51,6 +52,7 @@ class T5Bias(PositionEncoding):
     int64 bucket table per score ran out of shared memory in flex on an H200)."""
 
     terms = frozenset({Term.POSITIONS})
+    relative = True
     learned_bias = True
     fields = ("t5_num_buckets", "t5_max_distance")
 
@@ -98,6 +100,7 @@ class Kerple(PositionEncoding):
     in place), so a parameter pushed below EPS can come back."""
 
     terms = frozenset({Term.POSITIONS})
+    relative = True
     learned_bias = True
     EPS = 1e-2
 
