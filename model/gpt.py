@@ -29,22 +29,11 @@ def training_flops_per_token(n_params: int, n_layer: int, n_embd: int, keys: int
     return 6 * n_params + 6 * n_layer * n_embd * keys * (1 + value_passes)
 
 
-SWITCHABLE_FIELDS = frozenset(
-    {
-        "pos_encoding",
-        *(f for scheme in SCHEMES.values() for f in scheme.fields),
-        "attn_window",
-        "attn_sinks",
-        "attn_random_blocks",
-        "attn_sparse_block",
-        "attn_random_seed",
-        "attn_random_draw",
-        "attn_log_scaling",
-        "attn_log_scale",
-        "attn_backend",
-        "chunked_loss",
-    }  # fmt: skip
-)
+SWITCHABLE_FIELDS = frozenset({
+    "pos_encoding", *(f for scheme in SCHEMES.values() for f in scheme.fields), "attn_window", "attn_sinks",
+    "attn_random_blocks", "attn_sparse_block", "attn_random_seed", "attn_random_draw", "attn_log_scaling",
+    "attn_log_scale", "attn_backend", "chunked_loss",
+})  # fmt: skip
 """What `GPT.switch` may change: everything but the blocks' weights and how they are computed."""
 
 

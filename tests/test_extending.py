@@ -58,10 +58,10 @@ def registered(monkeypatch) -> dict[str, object]:
 def test_the_doc_adds_exactly_one_registry_line_each():
     blocks = [b for b in _blocks() if b.split(":", 1)[0] in REGISTRIES]
     assert len(blocks) == len(REGISTRIES)
-    for block in blocks:  # the registry as it stands, plus the new line
+    for block in blocks:  # the registry as it stands, plus the new line (or with it, once added for real)
         registry = REGISTRIES[block.split(":", 1)[0]]
         names = re.findall(r'"(\w+)":', block)
-        assert names[:-1] == list(registry) and names[-1] not in registry
+        assert names[:-1] == [name for name in registry if name != names[-1]]
 
 
 def test_the_docs_checks_pass_with_the_rows_and_names_the_doc_adds(registered):
@@ -70,10 +70,12 @@ def test_the_docs_checks_pass_with_the_rows_and_names_the_doc_adds(registered):
     model_doc = (ROOT / "docs" / "model.md").read_text()
     docstrings = test_config.field_docstrings()
     missing = test_config.undocumented(model_doc, docstrings)
-    assert missing == ["pos_encoding: learned_slopes", "attention: relu", "attn_backend: math"]
-    assert test_fidelity_table.fidelity_problems(model_doc) == [
-        "no row for pos_encoding learned_slopes", "no row for attention relu"]  # fmt: skip
+    assert set(missing) <= {"pos_encoding: learned_slopes", "attention: relu", "attn_backend: math"}
+    unpinned = test_fidelity_table.fidelity_problems(model_doc)
+    assert set(unpinned) <= {"no row for pos_encoding learned_slopes", "no row for attention relu"}
+    assert missing or "learned_slopes" in docstrings["pos_encoding"]  # caught, unless added for real
     rows = [line for block in _blocks("markdown") for line in block.splitlines() if line.startswith("|")]
+    rows = [row for row in rows if row not in model_doc]
     fidelity = [row for row in rows if re.match(r"\| `\w+: ", row)]
     heading = model_doc.index(test_fidelity_table.HEADING)
     end = model_doc.index("\n\n", model_doc.index("\n|", heading))  # the table's last row
