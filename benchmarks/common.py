@@ -149,8 +149,8 @@ def device_name(device: torch.device) -> str:
     return f"{os.cpu_count()}-core CPU ({name}), {threads} thread{'s' if threads > 1 else ''}"
 
 
-def cell(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+def cell(value: float | None, fmt: str, scale: float = 1) -> str:
+    return "-" if value is None else format(value * scale, fmt)
 
 
 def table_line(cells: list[str]) -> str:

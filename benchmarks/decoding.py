@@ -154,10 +154,9 @@ def run_nanogpt(setup: Setup, batch: int) -> Row:
 
 
 def row_line(row: Row) -> str:
-    cells = [row.model, row.scheme, row.mode, str(row.batch), cell(row.tokens_per_s, ",.1f"),
-             cell(row.first_token_ms, ",.1f"), cell(row.compile_s, ",.1f"), cell(row.peak_mib, ",.0f"),
-             cell(row.graphs, "d")]  # fmt: skip
-    return table_line(cells)
+    return table_line([row.model, row.scheme, row.mode, str(row.batch), cell(row.tokens_per_s, ",.1f"),
+                       cell(row.first_token_ms, ",.1f"), cell(row.compile_s, ",.1f"), cell(row.peak_mib, ",.0f"),
+                       cell(row.graphs, "d")])  # fmt: skip
 
 
 def summary(rows: list[Row], batches: list[int]) -> list[str]:
@@ -181,14 +180,6 @@ def summary(rows: list[Row], batches: list[int]) -> list[str]:
     return lines
 
 
-def record(setup: Setup, row: Row) -> None:
-    """Print the row and append it to --json (with what a reader needs to reproduce it)."""
-    a = setup.args
-    setup.add(row, row_line(row), {"device": device_name(setup.device), "dtype": setup.dtype_name, "shape": setup.shape,
-              **SHAPES[setup.shape], "prompt_tokens": a.prompt_tokens, "new_tokens": setup.tokens,
-              "temperature": a.temperature, "top_k": a.top_k, **asdict(row)})  # fmt: skip
-
-
 def bench_decode(args: DecodeBenchConfig) -> None:
     setup = Setup(args)
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_k {args.top_k or 'all'}"
@@ -198,10 +189,13 @@ def bench_decode(args: DecodeBenchConfig) -> None:
     setup.load_peer(args.peer)
     head = ["model", "scheme", "mode", "batch", "tokens/s", "first token ms", "compile s", setup.memory_label, "graphs"]
     print("\n".join(table_head(head)), flush=True)
-    for scheme, mode, batch in itertools.product(args.schemes, args.modes, args.batches):
-        record(setup, run_ours(setup, scheme, mode, batch))
-    for batch in args.batches if setup.peer is not None else []:
-        record(setup, run_nanogpt(setup, batch))
+    ours = (run_ours(setup, *key) for key in itertools.product(args.schemes, args.modes, args.batches))
+    nanogpt = (run_nanogpt(setup, batch) for batch in (args.batches if setup.peer is not None else []))
+    for row in itertools.chain(ours, nanogpt):
+        setup.add(row, row_line(row), {"device": device_name(setup.device), "dtype": setup.dtype_name,
+                  "shape": setup.shape, **SHAPES[setup.shape], "prompt_tokens": args.prompt_tokens,
+                  "new_tokens": setup.tokens, "temperature": args.temperature, "top_k": args.top_k,
+                  **asdict(row)})  # fmt: skip
     print(f"\nSummary (peak MiB: {setup.memory}; nanoGPT: its generate, no KV cache):")
     print("\n".join(summary(setup.rows, args.batches)))
 

@@ -10,7 +10,6 @@ import contextlib
 import csv
 import dataclasses
 import io
-import itertools
 import tempfile
 import traceback
 import warnings
@@ -184,18 +183,16 @@ def logged_tokens_per_s(run_dir: Path) -> list[float]:
 
 
 def timed(setup: Setup, row: Row, model: nn.Module, optimizer: torch.optim.Optimizer, vocab: int, flops: int) -> Row:
-    """`row` with the figures of train.py's step, the model compiled as --train.compile true does: a random batch
-    copied to the device as a trainer's loader hands it over (pinned on a GPU), forward (bf16 autocast on a GPU),
-    backward, clipping of the global gradient norm, the optimizer step; --warmup steps, then --steps timed ones,
-    the peak-memory mark reset between them."""
+    """`row` with the figures of train.py's step (the model compiled as --train.compile true does, a random batch
+    copied to the device as a trainer's loader hands it over): --warmup steps, then --steps timed ones."""
     if setup.args.compile:
         torch._dynamo.reset()  # this row's compilation is its own
         model.compile(mode=setup.args.compile_mode)
-    stream, index = random_tokens(vocab, row.context, row.batch), itertools.count()
+    batches = iter(random_tokens(vocab, row.context, row.batch))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if setup.cuda else contextlib.nullcontext()
 
     def step() -> None:
-        x, y = (t.pin_memory() if setup.cuda else t for t in stream.batch(next(index)))
+        x, y = (t.pin_memory() if setup.cuda else t for t in next(batches))
         with setup.sdpa(), autocast:
             _, loss = model(x.to(setup.device, non_blocking=True), y.to(setup.device, non_blocking=True))
         loss.backward()
@@ -284,9 +281,6 @@ def guarded(setup: Setup, label: Row) -> Row:
     except Exception as error:  # noqa: BLE001 - a benchmark table records the failure and goes on
         traceback.print_exc()
         note = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
-    finally:
-        if setup.cuda:
-            torch.cuda.empty_cache()
     return dataclasses.replace(label, note=note)
 
 
@@ -294,20 +288,9 @@ HEAD = ["model", "scheme", "kernel", "B x T", "ms/step", "tokens/s", "MFU", "pea
 
 
 def row_line(row: Row) -> str:
-    cells = [row.model, row.scheme, row.kernel, f"{row.batch} x {row.context}", cell(row.ms_per_step, ".1f"),
-             cell(row.tokens_per_s, ",.0f"), cell(None if row.mfu is None else 100 * row.mfu, ".1f"),
-             cell(None if row.peak_mib is None else row.peak_mib / 1024, ".2f"), cell(row.compile_s, ".1f"),
-             row.note]  # fmt: skip
-    return table_line(cells)
-
-
-def record(setup: Setup, row: Row) -> None:
-    a = setup.args
-    setup.add(row, row_line(row), {"device": device_name(setup.device), "precision": setup.precision,
-              "shape": setup.model, **MODELS[setup.model], **dataclasses.asdict(row), "compile": a.compile,
-              "compile_mode": a.compile_mode, "sdpa_backend": a.sdpa_backend, "chunked_loss": a.chunked_loss,
-              "activation_checkpointing": a.activation_checkpointing, "fp8": a.fp8, "steps": setup.steps,
-              "warmup": a.warmup})  # fmt: skip
+    return table_line([row.model, row.scheme, row.kernel, f"{row.batch} x {row.context}", cell(row.ms_per_step, ".1f"),
+                       cell(row.tokens_per_s, ",.0f"), cell(row.mfu, ".1f", 100), cell(row.peak_mib, ".2f", 1 / 1024),
+                       cell(row.compile_s, ".1f"), row.note])  # fmt: skip
 
 
 def ratios(rows: list[Row]) -> list[str]:
@@ -343,7 +326,12 @@ def bench_gpu(args: GpuBenchConfig) -> None:
     for batch, context in setup.shapes:  # ours per scheme, the trainer's, nanoGPT's
         planned = [*(("posgpt", s) for s in args.schemes), *(("lightning", s) for s in args.trainer)]
         for model, scheme in [*planned, *([("nanoGPT", "learned")] if setup.peer else [])]:
-            record(setup, guarded(setup, Row(model, scheme, "sdpa" if model == "nanoGPT" else "", batch, context)))
+            row = guarded(setup, Row(model, scheme, "sdpa" if model == "nanoGPT" else "", batch, context))
+            setup.add(row, row_line(row), {"device": device_name(setup.device), "precision": setup.precision,
+                      "shape": setup.model, **MODELS[setup.model], **dataclasses.asdict(row), "compile": args.compile,
+                      "compile_mode": args.compile_mode, "sdpa_backend": args.sdpa_backend,
+                      "chunked_loss": args.chunked_loss, "activation_checkpointing": args.activation_checkpointing,
+                      "fp8": args.fp8, "steps": setup.steps, "warmup": args.warmup})  # fmt: skip
     print("\n" + "\n".join(ratios(setup.rows)))
     switches = [name for name in ("chunked_loss", "activation_checkpointing", "fp8") if getattr(args, name)]
     if switches and setup.peer is not None:
