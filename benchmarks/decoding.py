@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch._dynamo.utils import counters
 
-from posgpt.benchmarks.common import Bench, cell, check_at_least, check_schemes, device_name, table_head, table_line
+from posgpt.benchmarks.common import SEED, Bench, cell, check_at_least, check_schemes, table_head, table_line
 from posgpt.core.cli import Command
 from posgpt.core.errors import ConfigError
 from posgpt.model import GPT, POS_ENCODINGS, GPTConfig
@@ -23,7 +23,6 @@ SHAPES: dict[str, dict[str, int]] = {
     "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "vocab_size": 65},  # shakespeare_char
     "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "vocab_size": 64},  # the test's
 }
-SEED = 1337
 WARMUP_TOKENS = 4
 """Tokens decoded before each timed run: compilation and first-call costs (CUDA handles, oneDNN primitives)."""
 
@@ -183,19 +182,17 @@ def summary(rows: list[Row], batches: list[int]) -> list[str]:
 def bench_decode(args: DecodeBenchConfig) -> None:
     setup = Setup(args)
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_k {args.top_k or 'all'}"
-    print(f"{device_name(setup.device)}, {setup.dtype_name}, torch {torch.__version__}; "
-          f"shape {setup.shape} {SHAPES[setup.shape]}, no biases; prompt {args.prompt_tokens} tokens, "
-          f"{setup.tokens} new tokens, {sampling}")  # fmt: skip
+    print(f"{setup.name}, {setup.dtype_name}, torch {torch.__version__}; shape {setup.shape} {SHAPES[setup.shape]}, "
+          f"no biases; prompt {args.prompt_tokens} tokens, {setup.tokens} new tokens, {sampling}")  # fmt: skip
     setup.load_peer(args.peer)
     head = ["model", "scheme", "mode", "batch", "tokens/s", "first token ms", "compile s", setup.memory_label, "graphs"]
     print("\n".join(table_head(head)), flush=True)
     ours = (run_ours(setup, *key) for key in itertools.product(args.schemes, args.modes, args.batches))
     nanogpt = (run_nanogpt(setup, batch) for batch in (args.batches if setup.peer is not None else []))
     for row in itertools.chain(ours, nanogpt):
-        setup.add(row, row_line(row), {"device": device_name(setup.device), "dtype": setup.dtype_name,
-                  "shape": setup.shape, **SHAPES[setup.shape], "prompt_tokens": args.prompt_tokens,
-                  "new_tokens": setup.tokens, "temperature": args.temperature, "top_k": args.top_k,
-                  **asdict(row)})  # fmt: skip
+        setup.add(row, row_line(row), {"dtype": setup.dtype_name, "shape": setup.shape, **SHAPES[setup.shape],
+                  "prompt_tokens": args.prompt_tokens, "new_tokens": setup.tokens, "temperature": args.temperature,
+                  "top_k": args.top_k, **asdict(row)})  # fmt: skip
     print(f"\nSummary (peak MiB: {setup.memory}; nanoGPT: its generate, no KV cache):")
     print("\n".join(summary(setup.rows, args.batches)))
 

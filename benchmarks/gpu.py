@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import TensorDataset
 
-from posgpt.benchmarks.common import Bench, cell, check_at_least, check_schemes, device_name, table_head, table_line
+from posgpt.benchmarks.common import SEED, Bench, cell, check_at_least, check_schemes, table_head, table_line
 from posgpt.core.cli import Command
 from posgpt.core.errors import ConfigError
 from posgpt.data.dataset import SeededStream
@@ -61,7 +61,6 @@ SDPA_BACKENDS = {
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
     "math": SDPBackend.MATH,
 }
-SEED = 1337
 
 
 @dataclass
@@ -315,7 +314,7 @@ def ratios(rows: list[Row]) -> list[str]:
 
 def bench_gpu(args: GpuBenchConfig) -> None:
     setup = Setup(args)
-    print(f"{device_name(setup.device)}, {setup.precision}, torch {torch.__version__}; model {setup.model} "
+    print(f"{setup.name}, {setup.precision}, torch {torch.__version__}; model {setup.model} "
           f"{MODELS[setup.model]}, no biases; {args.warmup} warm-up + {setup.steps} timed steps; compile "
           f"{args.compile} ({args.compile_mode}), SDPA backend {args.sdpa_backend}, chunked loss {args.chunked_loss}, "
           f"activation checkpointing {args.activation_checkpointing}, fp8 {args.fp8}; window row: RoPE, window "
@@ -327,11 +326,11 @@ def bench_gpu(args: GpuBenchConfig) -> None:
         planned = [*(("posgpt", s) for s in args.schemes), *(("lightning", s) for s in args.trainer)]
         for model, scheme in [*planned, *([("nanoGPT", "learned")] if setup.peer else [])]:
             row = guarded(setup, Row(model, scheme, "sdpa" if model == "nanoGPT" else "", batch, context))
-            setup.add(row, row_line(row), {"device": device_name(setup.device), "precision": setup.precision,
-                      "shape": setup.model, **MODELS[setup.model], **dataclasses.asdict(row), "compile": args.compile,
-                      "compile_mode": args.compile_mode, "sdpa_backend": args.sdpa_backend,
-                      "chunked_loss": args.chunked_loss, "activation_checkpointing": args.activation_checkpointing,
-                      "fp8": args.fp8, "steps": setup.steps, "warmup": args.warmup})  # fmt: skip
+            setup.add(row, row_line(row), {"precision": setup.precision, "shape": setup.model, **MODELS[setup.model],
+                      **dataclasses.asdict(row), "compile": args.compile, "compile_mode": args.compile_mode,
+                      "sdpa_backend": args.sdpa_backend, "chunked_loss": args.chunked_loss,
+                      "activation_checkpointing": args.activation_checkpointing, "fp8": args.fp8, "steps": setup.steps,
+                      "warmup": args.warmup})  # fmt: skip
     print("\n" + "\n".join(ratios(setup.rows)))
     switches = [name for name in ("chunked_loss", "activation_checkpointing", "fp8") if getattr(args, name)]
     if switches and setup.peer is not None:
