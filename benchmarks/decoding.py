@@ -88,8 +88,6 @@ class Row:
 
 
 class Setup(Bench):
-    """The resolved run: what every row shares."""
-
     args: DecodeBenchConfig
 
     def __init__(self, args: DecodeBenchConfig) -> None:
@@ -106,7 +104,6 @@ class Setup(Bench):
 
 
 def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
-    args = setup.args
     setup.free()
     torch.manual_seed(SEED)
     config = GPTConfig(**SHAPES[setup.shape], pos_encoding=scheme, bias=False, dropout=0.0)
@@ -118,13 +115,13 @@ def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
     idx = setup.prompt(batch)
     graphs_before = counters["stats"]["unique_graphs"]
 
-    def decode(n: int) -> Iterator[torch.Tensor]:
+    def decode() -> Iterator[torch.Tensor]:
         generator = torch.Generator(device=setup.device).manual_seed(SEED)
-        return stream(model, idx, n, args.temperature, args.top_k or None, generator=generator)
+        return stream(model, idx, setup.tokens, setup.args.temperature, setup.args.top_k or None, generator=generator)
 
-    warmup = setup.time_tokens(itertools.islice(decode(setup.tokens), WARMUP_TOKENS))[1]  # the run's cache size
+    warmup = setup.time_tokens(itertools.islice(decode(), WARMUP_TOKENS))[1]  # the run's cache size
     setup.reset_peak()
-    first, total = setup.time_tokens(decode(setup.tokens))
+    first, total = setup.time_tokens(decode())
     compiled = mode == "compiled"
     graphs = counters["stats"]["unique_graphs"] - graphs_before if compiled else None
     return Row("posgpt", scheme, mode, batch, batch * setup.tokens / total, 1000 * first,

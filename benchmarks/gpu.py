@@ -140,8 +140,6 @@ class Row:
 
 
 class Setup(Bench):
-    """The resolved run: what every row shares."""
-
     args: GpuBenchConfig
 
     def __init__(self, args: GpuBenchConfig) -> None:
@@ -176,7 +174,6 @@ def random_tokens(vocab: int, context: int, batch_size: int) -> SeededStream:
 
 
 def logged_tokens_per_s(run_dir: Path) -> list[float]:
-    """The tokens/s readings a run logged in its metrics file."""
     with open(metrics_file(run_dir), encoding="utf-8") as file:
         return [float(row["perf/tokens_per_s"]) for row in csv.DictReader(file) if row["perf/tokens_per_s"]]
 

@@ -292,7 +292,6 @@ def long_lines(entries: list[dict[str, Any]]) -> list[str]:
 
 
 def render(entries: list[dict[str, Any]]) -> str:
-    """The report: machine, jobs, then each part that has lines."""
     if not entries:
         return "# posgpt bench report\n\nNo job has finished yet.\n"
     first = entries[0]
@@ -319,7 +318,6 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def write_report(path: Path) -> None:
-    """Render `path` to `path`.md and print it."""
     text = render(read_lines(path))
     atomic_write_bytes(path.with_suffix(".md"), text.encode())
     print(text)
