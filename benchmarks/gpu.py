@@ -54,7 +54,6 @@ MODELS: dict[str, dict[str, int]] = {
     "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 64, "vocab_size": 256},  # the suite's CPU mode
 }
 GPU_SHAPES = ["16x1024", "32x1024", "4x4096", "1x16384", "1x32768"]
-CPU_SHAPES = ["4x64"]
 SDPA_BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -145,7 +144,7 @@ class Setup(Bench):
     def __init__(self, args: GpuBenchConfig) -> None:
         super().__init__(args)
         self.model = args.model if args.model != "auto" else ("gpt2" if self.cuda else "tiny")
-        self.shapes = [parse_shape(s) for s in (args.shapes or (GPU_SHAPES if self.cuda else CPU_SHAPES))]
+        self.shapes = [parse_shape(s) for s in (args.shapes or (GPU_SHAPES if self.cuda else ["4x64"]))]
         self.steps = args.steps or (20 if self.cuda else 3)
         self.precision = "bf16-mixed" if self.cuda else "32-true"
         if args.fp8:
