@@ -29,6 +29,7 @@ from posgpt.model import GPTConfig
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PEER = ROOT.parent / "shared" / "peers" / "nanoGPT"
 CLEAR_REFS = Path("/proc/self/clear_refs")
+SEED = 1337
 
 
 def check_schemes(schemes: list[str], known: Sequence[str], prefix: str = "") -> None:
@@ -52,6 +53,7 @@ class Bench:
     def __init__(self, args: Any, dtype: str = "auto") -> None:
         self.args = args
         self.device, self.dtype = pick_device_dtype(args.device, dtype)
+        self.name = device_name(self.device)
         self.cuda = self.device.type == "cuda"
         self.rss = not self.cuda and CLEAR_REFS.exists()
         if self.cuda:
@@ -128,12 +130,12 @@ class Bench:
 
     def add(self, row: Any, line: str, entry: dict[str, Any]) -> None:
         """Keep `row`, print its `line`, and append `entry` (the row and what a reader needs to reproduce it) to
-        --json, with the date, torch version and the command that made it."""
+        --json, with the date, device, torch version and the command that made it."""
         self.rows.append(row)
         print(line, flush=True)
         if self.args.json is None:
             return
-        entry = {"date": datetime.date.today().isoformat(), **entry, "memory": self.memory_label,
+        entry = {"date": datetime.date.today().isoformat(), "device": self.name, **entry, "memory": self.memory_label,
                  "torch": torch.__version__, "command": shlex.join(["python", *sys.argv])}  # fmt: skip
         with open(self.args.json, "a", encoding="utf-8") as file:
             file.write(json.dumps(entry) + "\n")
@@ -149,8 +151,8 @@ def device_name(device: torch.device) -> str:
     return f"{os.cpu_count()}-core CPU ({name}), {threads} thread{'s' if threads > 1 else ''}"
 
 
-def cell(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+def cell(value: float | None, fmt: str, scale: float = 1) -> str:
+    return "-" if value is None else format(value * scale, fmt)
 
 
 def table_line(cells: list[str]) -> str:

@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch._dynamo.utils import counters
 
-from posgpt.benchmarks.common import Bench, cell, check_at_least, check_schemes, device_name, table_head, table_line
+from posgpt.benchmarks.common import SEED, Bench, cell, check_at_least, check_schemes, table_head, table_line
 from posgpt.core.cli import Command
 from posgpt.core.errors import ConfigError
 from posgpt.model import GPT, POS_ENCODINGS, GPTConfig
@@ -23,7 +23,6 @@ SHAPES: dict[str, dict[str, int]] = {
     "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "vocab_size": 65},  # shakespeare_char
     "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "vocab_size": 64},  # the test's
 }
-SEED = 1337
 WARMUP_TOKENS = 4
 """Tokens decoded before each timed run: compilation and first-call costs (CUDA handles, oneDNN primitives)."""
 
@@ -89,8 +88,6 @@ class Row:
 
 
 class Setup(Bench):
-    """The resolved run: what every row shares."""
-
     args: DecodeBenchConfig
 
     def __init__(self, args: DecodeBenchConfig) -> None:
@@ -107,7 +104,6 @@ class Setup(Bench):
 
 
 def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
-    args = setup.args
     setup.free()
     torch.manual_seed(SEED)
     config = GPTConfig(**SHAPES[setup.shape], pos_encoding=scheme, bias=False, dropout=0.0)
@@ -119,13 +115,13 @@ def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
     idx = setup.prompt(batch)
     graphs_before = counters["stats"]["unique_graphs"]
 
-    def decode(n: int) -> Iterator[torch.Tensor]:
+    def decode() -> Iterator[torch.Tensor]:
         generator = torch.Generator(device=setup.device).manual_seed(SEED)
-        return stream(model, idx, n, args.temperature, args.top_k or None, generator=generator)
+        return stream(model, idx, setup.tokens, setup.args.temperature, setup.args.top_k or None, generator=generator)
 
-    warmup = setup.time_tokens(itertools.islice(decode(setup.tokens), WARMUP_TOKENS))[1]  # the run's cache size
+    warmup = setup.time_tokens(itertools.islice(decode(), WARMUP_TOKENS))[1]  # the run's cache size
     setup.reset_peak()
-    first, total = setup.time_tokens(decode(setup.tokens))
+    first, total = setup.time_tokens(decode())
     compiled = mode == "compiled"
     graphs = counters["stats"]["unique_graphs"] - graphs_before if compiled else None
     return Row("posgpt", scheme, mode, batch, batch * setup.tokens / total, 1000 * first,
@@ -154,10 +150,9 @@ def run_nanogpt(setup: Setup, batch: int) -> Row:
 
 
 def row_line(row: Row) -> str:
-    cells = [row.model, row.scheme, row.mode, str(row.batch), cell(row.tokens_per_s, ",.1f"),
-             cell(row.first_token_ms, ",.1f"), cell(row.compile_s, ",.1f"), cell(row.peak_mib, ",.0f"),
-             cell(row.graphs, "d")]  # fmt: skip
-    return table_line(cells)
+    return table_line([row.model, row.scheme, row.mode, str(row.batch), cell(row.tokens_per_s, ",.1f"),
+                       cell(row.first_token_ms, ",.1f"), cell(row.compile_s, ",.1f"), cell(row.peak_mib, ",.0f"),
+                       cell(row.graphs, "d")])  # fmt: skip
 
 
 def summary(rows: list[Row], batches: list[int]) -> list[str]:
@@ -181,27 +176,20 @@ def summary(rows: list[Row], batches: list[int]) -> list[str]:
     return lines
 
 
-def record(setup: Setup, row: Row) -> None:
-    """Print the row and append it to --json (with what a reader needs to reproduce it)."""
-    a = setup.args
-    setup.add(row, row_line(row), {"device": device_name(setup.device), "dtype": setup.dtype_name, "shape": setup.shape,
-              **SHAPES[setup.shape], "prompt_tokens": a.prompt_tokens, "new_tokens": setup.tokens,
-              "temperature": a.temperature, "top_k": a.top_k, **asdict(row)})  # fmt: skip
-
-
 def bench_decode(args: DecodeBenchConfig) -> None:
     setup = Setup(args)
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_k {args.top_k or 'all'}"
-    print(f"{device_name(setup.device)}, {setup.dtype_name}, torch {torch.__version__}; "
-          f"shape {setup.shape} {SHAPES[setup.shape]}, no biases; prompt {args.prompt_tokens} tokens, "
-          f"{setup.tokens} new tokens, {sampling}")  # fmt: skip
+    print(f"{setup.name}, {setup.dtype_name}, torch {torch.__version__}; shape {setup.shape} {SHAPES[setup.shape]}, "
+          f"no biases; prompt {args.prompt_tokens} tokens, {setup.tokens} new tokens, {sampling}")  # fmt: skip
     setup.load_peer(args.peer)
     head = ["model", "scheme", "mode", "batch", "tokens/s", "first token ms", "compile s", setup.memory_label, "graphs"]
     print("\n".join(table_head(head)), flush=True)
-    for scheme, mode, batch in itertools.product(args.schemes, args.modes, args.batches):
-        record(setup, run_ours(setup, scheme, mode, batch))
-    for batch in args.batches if setup.peer is not None else []:
-        record(setup, run_nanogpt(setup, batch))
+    ours = (run_ours(setup, *key) for key in itertools.product(args.schemes, args.modes, args.batches))
+    nanogpt = (run_nanogpt(setup, batch) for batch in (args.batches if setup.peer is not None else []))
+    for row in itertools.chain(ours, nanogpt):
+        setup.add(row, row_line(row), {"dtype": setup.dtype_name, "shape": setup.shape, **SHAPES[setup.shape],
+                  "prompt_tokens": args.prompt_tokens, "new_tokens": setup.tokens, "temperature": args.temperature,
+                  "top_k": args.top_k, **asdict(row)})  # fmt: skip
     print(f"\nSummary (peak MiB: {setup.memory}; nanoGPT: its generate, no KV cache):")
     print("\n".join(summary(setup.rows, args.batches)))
 

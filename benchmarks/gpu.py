@@ -10,7 +10,6 @@ import contextlib
 import csv
 import dataclasses
 import io
-import itertools
 import tempfile
 import traceback
 import warnings
@@ -25,7 +24,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import TensorDataset
 
-from posgpt.benchmarks.common import Bench, cell, check_at_least, check_schemes, device_name, table_head, table_line
+from posgpt.benchmarks.common import SEED, Bench, cell, check_at_least, check_schemes, table_head, table_line
 from posgpt.core.cli import Command
 from posgpt.core.errors import ConfigError
 from posgpt.data.dataset import SeededStream
@@ -55,14 +54,12 @@ MODELS: dict[str, dict[str, int]] = {
     "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 64, "vocab_size": 256},  # the suite's CPU mode
 }
 GPU_SHAPES = ["16x1024", "32x1024", "4x4096", "1x16384", "1x32768"]
-CPU_SHAPES = ["4x64"]
 SDPA_BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
     "math": SDPBackend.MATH,
 }
-SEED = 1337
 
 
 @dataclass
@@ -142,14 +139,12 @@ class Row:
 
 
 class Setup(Bench):
-    """The resolved run: what every row shares."""
-
     args: GpuBenchConfig
 
     def __init__(self, args: GpuBenchConfig) -> None:
         super().__init__(args)
         self.model = args.model if args.model != "auto" else ("gpt2" if self.cuda else "tiny")
-        self.shapes = [parse_shape(s) for s in (args.shapes or (GPU_SHAPES if self.cuda else CPU_SHAPES))]
+        self.shapes = [parse_shape(s) for s in (args.shapes or (GPU_SHAPES if self.cuda else ["4x64"]))]
         self.steps = args.steps or (20 if self.cuda else 3)
         self.precision = "bf16-mixed" if self.cuda else "32-true"
         if args.fp8:
@@ -178,24 +173,21 @@ def random_tokens(vocab: int, context: int, batch_size: int) -> SeededStream:
 
 
 def logged_tokens_per_s(run_dir: Path) -> list[float]:
-    """The tokens/s readings a run logged in its metrics file."""
     with open(metrics_file(run_dir), encoding="utf-8") as file:
         return [float(row["perf/tokens_per_s"]) for row in csv.DictReader(file) if row["perf/tokens_per_s"]]
 
 
 def timed(setup: Setup, row: Row, model: nn.Module, optimizer: torch.optim.Optimizer, vocab: int, flops: int) -> Row:
-    """`row` with the figures of train.py's step, the model compiled as --train.compile true does: a random batch
-    copied to the device as a trainer's loader hands it over (pinned on a GPU), forward (bf16 autocast on a GPU),
-    backward, clipping of the global gradient norm, the optimizer step; --warmup steps, then --steps timed ones,
-    the peak-memory mark reset between them."""
+    """`row` with the figures of train.py's step (the model compiled as --train.compile true does, a random batch
+    copied to the device as a trainer's loader hands it over): --warmup steps, then --steps timed ones."""
     if setup.args.compile:
         torch._dynamo.reset()  # this row's compilation is its own
         model.compile(mode=setup.args.compile_mode)
-    stream, index = random_tokens(vocab, row.context, row.batch), itertools.count()
+    batches = iter(random_tokens(vocab, row.context, row.batch))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if setup.cuda else contextlib.nullcontext()
 
     def step() -> None:
-        x, y = (t.pin_memory() if setup.cuda else t for t in stream.batch(next(index)))
+        x, y = (t.pin_memory() if setup.cuda else t for t in next(batches))
         with setup.sdpa(), autocast:
             _, loss = model(x.to(setup.device, non_blocking=True), y.to(setup.device, non_blocking=True))
         loss.backward()
@@ -284,9 +276,6 @@ def guarded(setup: Setup, label: Row) -> Row:
     except Exception as error:  # noqa: BLE001 - a benchmark table records the failure and goes on
         traceback.print_exc()
         note = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
-    finally:
-        if setup.cuda:
-            torch.cuda.empty_cache()
     return dataclasses.replace(label, note=note)
 
 
@@ -294,20 +283,9 @@ HEAD = ["model", "scheme", "kernel", "B x T", "ms/step", "tokens/s", "MFU", "pea
 
 
 def row_line(row: Row) -> str:
-    cells = [row.model, row.scheme, row.kernel, f"{row.batch} x {row.context}", cell(row.ms_per_step, ".1f"),
-             cell(row.tokens_per_s, ",.0f"), cell(None if row.mfu is None else 100 * row.mfu, ".1f"),
-             cell(None if row.peak_mib is None else row.peak_mib / 1024, ".2f"), cell(row.compile_s, ".1f"),
-             row.note]  # fmt: skip
-    return table_line(cells)
-
-
-def record(setup: Setup, row: Row) -> None:
-    a = setup.args
-    setup.add(row, row_line(row), {"device": device_name(setup.device), "precision": setup.precision,
-              "shape": setup.model, **MODELS[setup.model], **dataclasses.asdict(row), "compile": a.compile,
-              "compile_mode": a.compile_mode, "sdpa_backend": a.sdpa_backend, "chunked_loss": a.chunked_loss,
-              "activation_checkpointing": a.activation_checkpointing, "fp8": a.fp8, "steps": setup.steps,
-              "warmup": a.warmup})  # fmt: skip
+    return table_line([row.model, row.scheme, row.kernel, f"{row.batch} x {row.context}", cell(row.ms_per_step, ".1f"),
+                       cell(row.tokens_per_s, ",.0f"), cell(row.mfu, ".1f", 100), cell(row.peak_mib, ".2f", 1 / 1024),
+                       cell(row.compile_s, ".1f"), row.note])  # fmt: skip
 
 
 def ratios(rows: list[Row]) -> list[str]:
@@ -332,7 +310,7 @@ def ratios(rows: list[Row]) -> list[str]:
 
 def bench_gpu(args: GpuBenchConfig) -> None:
     setup = Setup(args)
-    print(f"{device_name(setup.device)}, {setup.precision}, torch {torch.__version__}; model {setup.model} "
+    print(f"{setup.name}, {setup.precision}, torch {torch.__version__}; model {setup.model} "
           f"{MODELS[setup.model]}, no biases; {args.warmup} warm-up + {setup.steps} timed steps; compile "
           f"{args.compile} ({args.compile_mode}), SDPA backend {args.sdpa_backend}, chunked loss {args.chunked_loss}, "
           f"activation checkpointing {args.activation_checkpointing}, fp8 {args.fp8}; window row: RoPE, window "
@@ -343,7 +321,12 @@ def bench_gpu(args: GpuBenchConfig) -> None:
     for batch, context in setup.shapes:  # ours per scheme, the trainer's, nanoGPT's
         planned = [*(("posgpt", s) for s in args.schemes), *(("lightning", s) for s in args.trainer)]
         for model, scheme in [*planned, *([("nanoGPT", "learned")] if setup.peer else [])]:
-            record(setup, guarded(setup, Row(model, scheme, "sdpa" if model == "nanoGPT" else "", batch, context)))
+            row = guarded(setup, Row(model, scheme, "sdpa" if model == "nanoGPT" else "", batch, context))
+            setup.add(row, row_line(row), {"precision": setup.precision, "shape": setup.model, **MODELS[setup.model],
+                      **dataclasses.asdict(row), "compile": args.compile, "compile_mode": args.compile_mode,
+                      "sdpa_backend": args.sdpa_backend, "chunked_loss": args.chunked_loss,
+                      "activation_checkpointing": args.activation_checkpointing, "fp8": args.fp8, "steps": setup.steps,
+                      "warmup": args.warmup})  # fmt: skip
     print("\n" + "\n".join(ratios(setup.rows)))
     switches = [name for name in ("chunked_loss", "activation_checkpointing", "fp8") if getattr(args, name)]
     if switches and setup.peer is not None:

@@ -31,7 +31,7 @@ SHAPES = {
 }
 
 
-def nanogpt_command(peer: Path, shape: dict[str, int], steps: int, out: Path) -> list[str]:
+def nanogpt_command(shape: dict[str, int], steps: int, out: Path) -> list[str]:
     """nanoGPT's laptop command at `shape`, evaluating only at step 0 and saving nothing."""
     flags = {**shape, "device": "cpu", "compile": False, "eval_iters": 20, "log_interval": 1, "dropout": 0.0,
              "max_iters": steps, "lr_decay_iters": steps, "eval_interval": 10**9, "out_dir": str(out)}  # fmt: skip
@@ -41,9 +41,8 @@ def nanogpt_command(peer: Path, shape: dict[str, int], steps: int, out: Path) ->
 def our_command(data_dir: Path, shape: dict[str, int], steps: int, out: Path, extra: list[str]) -> list[str]:
     """Our train.py with its default flags at `shape` (learned positions, as nanoGPT), one evaluation
     (at the end, 20 batches as nanoGPT's) and one checkpoint."""
-    model = {k: shape[k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
     eval_tokens = 20 * shape["batch_size"] * shape["block_size"]
-    args = [f"--model.{k}={v}" for k, v in model.items()] + [
+    args = [f"--model.{k}={v}" for k, v in shape.items() if k != "batch_size"] + [
         f"--train.batch_size={shape['batch_size']}", "--model.pos_encoding=learned", f"--data.dir={data_dir}",
         f"--train.max_steps={steps}", f"--train.eval_interval={steps}", f"--train.ckpt_interval={steps}",
         f"--train.eval_tokens={eval_tokens}", "--train.sample_tokens=0", f"--train.out_dir={out}",
@@ -104,7 +103,7 @@ def bench_vs_nanogpt(args: VsNanoGPTConfig) -> None:
         ours_data, ours_runs = Path(tmp) / "ours-data", Path(tmp) / "runs"
         prepare(args.input, str(ours_data), "char")
         commands = {
-            "nanoGPT": lambda n: (nanogpt_command(peer, shape, n, Path(tmp) / f"nano-{n}"), peer),
+            "nanoGPT": lambda n: (nanogpt_command(shape, n, Path(tmp) / f"nano-{n}"), peer),
             "ours": lambda n: (our_command(ours_data, shape, n, ours_runs, args.ours_args), ROOT),
         }
         for kind in ("ours", "nanoGPT", "nanoGPT", "ours") * args.rounds:

@@ -124,7 +124,6 @@ def long_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
                       *(f"1x{n}" for n in lengths), "--steps", "1", "--warmup", "1") for scheme in SCHEMES]  # fmt: skip
     shape = ["12", "12", "768", "1024"] if gpu else ["2", "2", "32", "64"]
     fields = dict(zip(["n_layer", "n_head", "n_embd", "block_size"], shape, strict=True))
-    checkpoints = []
     for scheme in LONG_EVAL:
         run = ["train", "--data.input", str(python_docs_path()), "--data.prepared_root", str(work / "prepared"),
                "--model.pos_encoding", scheme, *(a for k, v in fields.items() for a in (f"--model.{k}", v)),
@@ -132,7 +131,7 @@ def long_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
                "--train.run_name", scheme, "--train.sample_tokens", "0",
                "--train.progress_bar", "false", "--train.logger", "csv"]  # fmt: skip
         jobs.append(Job(f"long/checkpoint-{scheme}", "posgpt", run, 300))
-        checkpoints.append(str(work / "runs" / scheme / "last.ckpt"))
+    checkpoints = [str(work / "runs" / scheme / "last.ckpt") for scheme in LONG_EVAL]
     evaluate = ["evaluate", "--ckpt", *checkpoints, "--labels", *LONG_EVAL, "--out", str(work / "eval"),
                 "--eval.lengths", *lengths, "--eval.progress", "false"]  # fmt: skip
     return [*jobs, Job("long/evaluate", "posgpt", evaluate, 300)]
@@ -181,13 +180,8 @@ def run_job(job: Job, limit: float, work: Path) -> dict[str, Any] | None:
 def failures(lines: list[str]) -> list[str]:
     """Each failed test of a pytest log once, as 'FAILED test-id', whether pytest -v printed it before its
     outcome (one process), after it (xdist's workers) or in the closing summary."""
-    found = []
-    for line in lines:
-        match = re.search(r"\b(FAILED|ERROR) (\S+::\S+)|(\S+::\S+) (FAILED|ERROR)\b", line)
-        if match:
-            outcome, test = (match[1], match[2]) if match[1] else (match[4], match[3])
-            found.append(f"{outcome} {test}")
-    return list(dict.fromkeys(found))
+    matches = (re.search(r"\b(FAILED|ERROR) (\S+::\S+)|(\S+::\S+) (FAILED|ERROR)\b", line) for line in lines)
+    return list(dict.fromkeys(f"{m[1] or m[4]} {m[2] or m[3]}" for m in matches if m))
 
 
 def status(rc: int | None, tail: list[str]) -> str:
@@ -282,9 +276,8 @@ def long_lines(entries: list[dict[str, Any]]) -> list[str]:
     rows = [row for _, row in _rows(entries, "long/", TrainRow)]
     lines = ["| scheme | kernel | B x T | ms/step | peak GiB | compile s | note |", "|---|---|---|---:|---:|---:|---|"]
     for r in rows:
-        peak = None if r.peak_mib is None else r.peak_mib / 1024
         lines.append(table_line([r.scheme, r.kernel, f"{r.batch} x {r.context}", cell(r.ms_per_step, ",.0f"),
-                                 cell(peak, ".2f"), cell(r.compile_s, ".0f"), r.note]))  # fmt: skip
+                                 cell(r.peak_mib, ".2f", 1 / 1024), cell(r.compile_s, ".0f"), r.note]))  # fmt: skip
     if rows:
         longest = max(r.context for r in rows)
         at_longest = [r for r in rows if r.context == longest]
@@ -299,7 +292,6 @@ def long_lines(entries: list[dict[str, Any]]) -> list[str]:
 
 
 def render(entries: list[dict[str, Any]]) -> str:
-    """The report: machine, jobs, then each part that has lines."""
     if not entries:
         return "# posgpt bench report\n\nNo job has finished yet.\n"
     first = entries[0]
@@ -326,7 +318,6 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def write_report(path: Path) -> None:
-    """Render `path` to `path`.md and print it."""
     text = render(read_lines(path))
     atomic_write_bytes(path.with_suffix(".md"), text.encode())
     print(text)
