@@ -199,11 +199,9 @@ class LastCheckpoint(L.Callback):
         self.teardown(trainer, pl_module, "fit")  # Lightning calls no teardown hook when fit raises (TrainingStopped)
 
     def _diverged(self, step: int) -> TrainingDiverged:
-        saved = (
-            f"the last good checkpoint is {self.path} (step {self.saved_step})"
-            if self.saved_step >= 0
-            else (f"{self.path} is from before this launch" if self.path.is_file() else "no checkpoint was written")
-        )
+        saved = f"{self.path} is from before this launch" if self.path.is_file() else "no checkpoint was written"
+        if self.saved_step >= 0:
+            saved = f"the last good checkpoint is {self.path} (step {self.saved_step})"
         return TrainingDiverged(
             f"Training diverged: the loss or the weights are NaN or inf by step {step}; {saved}, and it was not "
             "overwritten. Try a lower --optim.lr, a smaller --optim.grad_clip or a longer --optim.warmup_steps, "
