@@ -101,8 +101,7 @@ def _default_corpus(cache: Path) -> Path:
 def python_library() -> Source:
     """`python-library` of this installation, built into the cache the first time."""
     roots, cache = library_roots(), cache_dir()
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
+    try:  # the cache directory is made where missing by the lock on it
         return library_corpus(roots, cache, installed_environment(roots), exclude=[Path("prepared"), Path("runs")])
     except OSError as error:
         raise DataError(f"Cannot write {cache} ({error}); set {CACHE_ENV} to a writable directory.") from None
@@ -142,11 +141,6 @@ def _write_to_cache(path: Path, payload: bytes) -> None:
         raise DataError(f"Cannot write {path} ({error}); set {CACHE_ENV} to a writable directory.") from None
 
 
-def tabbed(text: str) -> str:
-    """`text` with each line's leading groups of four spaces as tabs: GPT-2's BPE spends a token per space."""
-    return INDENTATION.sub(lambda match: "\t" * (len(match.group(0)) // 4), text)
-
-
 def library_roots() -> list[Path]:
     """The standard library and every site-packages directory (system, user, virtual environment)."""
     paths = sysconfig.get_paths()
@@ -161,8 +155,7 @@ def installed_environment(roots: Sequence[Path]) -> dict[str, Any]:
     """What the corpus depends on besides its roots: the Python version and the distributions in the roots."""
     distributions: dict[str, str] = {}
     for dist in importlib.metadata.distributions(path=[str(root) for root in roots]):
-        name = dist.metadata["Name"]
-        if name:
+        if name := dist.metadata["Name"]:
             distributions.setdefault(name, dist.version)
     return {
         "python": platform.python_version(),
@@ -214,10 +207,10 @@ def build(roots: list[Path], out: Path, environment: dict[str, Any], exclude: It
                 data = b""
             if hashlib.sha256(data).hexdigest() != digest:
                 raise DataError(f"{path} changed while the {LIBRARY} corpus was being built; run the command again.")
-            text = tabbed(data.decode("utf-8"))
+            # each line's leading groups of four spaces as tabs: GPT-2's BPE spends a token per space
+            text = INDENTATION.sub(lambda match: "\t" * (len(match.group(0)) // 4), data.decode("utf-8"))
             label = f"{root.name}/{path.relative_to(root).as_posix()}"  # python3.11/json/decoder.py
-            line = json.dumps({"text": text, "path": label}, ensure_ascii=False)
-            payload = (line + "\n").encode("utf-8")
+            payload = (json.dumps({"text": text, "path": label}, ensure_ascii=False) + "\n").encode("utf-8")
             f.write(payload)
             whole.update(payload)
             text_bytes += len(text.encode("utf-8"))

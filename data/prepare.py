@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from collections import deque
@@ -165,11 +166,9 @@ def _os_error(error: OSError, out: Path) -> DataError:
     name = Path(error.filename) if error.filename else out
     reason = error.strerror or str(error)
     if out.resolve() in (name.resolve(), *name.resolve().parents):
-        fix = (
-            "Free some space and run it again (what was written is discarded)"
-            if error.errno == errno.ENOSPC
-            else "Pass a directory you can write (--data.prepared_root DIR)"
-        )
+        fix = "Pass a directory you can write (--data.prepared_root DIR)"
+        if error.errno == errno.ENOSPC:
+            fix = "Free some space and run it again (what was written is discarded)"
         return DataError(f"Cannot write prepared data to {out} ({name}: {reason}). {fix}.")
     return DataError(f"Cannot read {name}: {reason}. Check the path and its permissions.")
 
@@ -237,14 +236,11 @@ def split_sizes(total: int, val_fraction: float, cap: int | None) -> tuple[int, 
 
 def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
     """Last tokens -> val.bin; the file itself, truncated to the first n_train, -> train.bin."""
-    all_tokens = np.memmap(tokens, dtype=dtype, mode="r")
-    with atomic_file(out / "val.bin") as f:
-        for start in range(n_train, all_tokens.size, 1 << 24):
-            f.write(np.asarray(all_tokens[start : start + (1 << 24)]).tobytes())
-    del all_tokens
     with open(tokens, "r+b") as f:
+        f.seek(n_train * dtype.itemsize)
+        with atomic_file(out / "val.bin") as val:
+            shutil.copyfileobj(f, val)
         f.truncate(n_train * dtype.itemsize)
-        f.flush()
         os.fsync(f.fileno())
     os.replace(tokens, out / "train.bin")
 
@@ -273,11 +269,8 @@ def _reusable(out: Path, sources: list[Source], settings: dict[str, Any], cap: i
     if meta.get("fingerprint") != fingerprint(sources, settings):
         return None
     itemsize = np.dtype(meta["dtype"]).itemsize
-    for split in ("train", "val"):
-        file = out / f"{split}.bin"
-        if not file.is_file() or file.stat().st_size != meta[f"{split}_tokens"] * itemsize:
-            return None
-    return meta
+    sizes = {out / f"{split}.bin": meta[f"{split}_tokens"] * itemsize for split in ("train", "val")}
+    return meta if all(file.is_file() and file.stat().st_size == size for file, size in sizes.items()) else None
 
 
 class ReadProgress(AbstractContextManager):

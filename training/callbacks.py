@@ -189,24 +189,19 @@ class LastCheckpoint(L.Callback):
         self._save(trainer, pl_module)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._restore_signals()
-
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._restore_signals()  # Lightning calls no teardown hook when fit raises (our TrainingStopped, say)
-
-    def _restore_signals(self) -> None:
-        """The handlers from before training, for a process that goes on after the run (a test, a notebook)."""
+        """Put back the handlers from before training, for a process that goes on after the run (a test, a notebook)."""
         for signum, handler in self._previous.items():
             if handler is not None:  # None: a handler not set from Python, which cannot be put back
                 signal.signal(signum, handler)
         self._previous = {}
 
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.teardown(trainer, pl_module, "fit")  # Lightning calls no teardown hook when fit raises (TrainingStopped)
+
     def _diverged(self, step: int) -> TrainingDiverged:
-        saved = (
-            f"the last good checkpoint is {self.path} (step {self.saved_step})"
-            if self.saved_step >= 0
-            else (f"{self.path} is from before this launch" if self.path.is_file() else "no checkpoint was written")
-        )
+        saved = f"{self.path} is from before this launch" if self.path.is_file() else "no checkpoint was written"
+        if self.saved_step >= 0:
+            saved = f"the last good checkpoint is {self.path} (step {self.saved_step})"
         return TrainingDiverged(
             f"Training diverged: the loss or the weights are NaN or inf by step {step}; {saved}, and it was not "
             "overwritten. Try a lower --optim.lr, a smaller --optim.grad_clip or a longer --optim.warmup_steps, "
@@ -233,23 +228,20 @@ class SpeedMonitor(L.Callback):
     ) -> None:
         if not optimizer_stepped(trainer, batch_idx):
             return
-        cuda = trainer.strategy.root_device.type == "cuda"
-        if self._t0 is None:  # the first step (and the first after validation) includes warm-up: skip it
-            if cuda:
-                torch.cuda.synchronize()
-            self._t0, self._steps, self._tokens0 = time.perf_counter(), 0, pl_module.tokens_seen
-            return
-        self._steps += 1
-        if self._steps >= self.log_every:  # synchronise only here: a sync every step would stall the GPU queue
-            if cuda:
-                torch.cuda.synchronize()
-            now = time.perf_counter()
+        if self._t0 is not None:  # else the first step (and the first after validation): warm-up, not timed
+            self._steps += 1
+            if self._steps < self.log_every:  # synchronise only to read: a sync every step would stall the GPU queue
+                return
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        if self._t0 is not None:
             tokens_per_s = (pl_module.tokens_seen - self._tokens0) / (now - self._t0)
             pl_module.log("perf/tokens_per_s", tokens_per_s, prog_bar=True, rank_zero_only=True)
             if self._peak:
                 per_device = tokens_per_s / trainer.world_size
                 pl_module.log("perf/mfu", per_device * self.flops_per_token / self._peak, rank_zero_only=True)
-            self._t0, self._steps, self._tokens0 = now, 0, pl_module.tokens_seen
+        self._t0, self._steps, self._tokens0 = now, 0, pl_module.tokens_seen
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t0 = None

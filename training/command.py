@@ -19,14 +19,13 @@ def main(cfg: RunConfig) -> None:
         result = train(cfg)
     except OSError as error:  # disk full, a directory that cannot be written: a user can fix it
         where = f" ({error.filename})" if error.filename else ""
+        message = f"{error.strerror or error}{where}. Check that the run and data directories can be written."
         if error.errno == errno.ENOSPC:
-            raise RunError(
+            message = (
                 f"no space left on the device{where}. Checkpoints are written atomically, so the previous last.ckpt "
                 "is intact: free some space and continue with the same command and --train.resume auto."
-            ) from error
-        raise RunError(
-            f"{error.strerror or error}{where}. Check that the run and data directories can be written."
-        ) from error
+            )
+        raise RunError(message) from error
     if result.sample is not None:
         print(f"\n--- sample ---\n{result.sample}\n--------------")
     print(result_summary(result))

@@ -90,8 +90,7 @@ def training_figure(metrics: Metrics, title: str) -> Figure:
     loss_ax, lr_ax = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
     for name, label, style in (("train/loss", "train", {"color": "C0", "lw": 1.0}),
                                ("val/loss", "validation", {"color": "C3", "marker": "o", "ms": 3.5})):  # fmt: skip
-        points = metrics.get(name) or []
-        if points:
+        if points := metrics.get(name):
             steps, values = zip(*points, strict=True)
             loss_ax.plot(steps, values, label=f"{label} (last {values[-1]:.3f})", **style)
     loss_ax.set_ylabel("loss (nats)")
@@ -105,8 +104,7 @@ def training_figure(metrics: Metrics, title: str) -> Figure:
         axis.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_count(v)))
         axis.set_xlabel("tokens seen", fontsize=8)
         axis.tick_params(labelsize=7)
-    lr = metrics.get("lr") or []
-    if lr:
+    if lr := metrics.get("lr"):
         steps, values = zip(*lr, strict=True)
         lr_ax.plot(steps, values, color="C2", lw=1.0)
     lr_ax.set_ylabel("learning rate", fontsize=8)

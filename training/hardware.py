@@ -95,8 +95,7 @@ def check_fp8(accelerator: str, precision: str, option: str = "--train.fp8") -> 
     try:
         import torchao.float8  # noqa: F401
     except ImportError:
-        message = f"{option} true needs torchao: pip install torchao (or leave {option} false)."
-        raise HardwareError(message) from None
+        raise HardwareError(f"{option} true needs torchao: pip install torchao (or leave {option} false).") from None
 
 
 def fp8_eligible(module: nn.Module, name: str) -> bool:

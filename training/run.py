@@ -53,8 +53,7 @@ class RunResult:
 def preflight(cfg: RunConfig, resuming: bool) -> None:
     """Check what a run needs besides its text before preparing it (minutes for a large corpus): the checkpoint to
     resume from, GPT-2's tokenizer, and, unless `resuming` (its own weights), the weights `init_from` names."""
-    if cfg.train.resume not in (None, "auto"):
-        resume_path(cfg.train.resume, Path(cfg.train.out_dir))
+    resume_path(cfg.train.resume, Path(cfg.train.out_dir))  # a path must exist ('auto' may find none)
     if cfg.data.tokenizer == "gpt2":
         vocab_size = GPT2Tokenizer(cfg.data.tiktoken_ranks).vocab_size
         if cfg.model.init_from and not resuming:
@@ -226,10 +225,9 @@ def _fit(
     best = trainer.checkpoint_callback
     best_path = run_dir / Path(best.best_model_path).name if best and best.best_model_path else None
     best_loss = float(best.best_model_score) if best and best.best_model_score is not None else None
-    sample = (
-        sample_text(module, data.tokenizer, t.sample_tokens) if trainer.is_global_zero and t.sample_tokens else None
-    )
-    plot = None
+    sample, plot = None, None
+    if trainer.is_global_zero and t.sample_tokens:
+        sample = sample_text(module, data.tokenizer, t.sample_tokens)
     if trainer.is_global_zero and t.logger in ("csv", "tensorboard"):
         trainer.logger.save()  # the rows still buffered (csv), the events flushed (tensorboard)
         try:
