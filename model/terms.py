@@ -35,14 +35,6 @@ class Term(Enum):
     MASK = ("a mask beyond causal (attn_window, attn_sinks)", "attn_window")
     FROM_SCORES = ("positions computed from the scores", "pos_encoding")
 
-    @property
-    def words(self) -> str:
-        return self.value[0]
-
-    @property
-    def setting(self) -> str:
-        return self.value[1]
-
 
 ScoresTerm = Callable[[Tensor, Tensor, Tensor], Tensor]
 """(queries (B, H, rows, D), their scores (B, H, rows, Tk) with -inf where a key is not visible, the visibility)

@@ -80,7 +80,7 @@ class Needs:
 
     def unmet(self, kernel: Kernel) -> list[Lack]:
         """What `kernel` cannot do of these needs."""
-        missing = [Lack(term.words, term.setting) for term in Term if term in self.terms - kernel.terms]
+        missing = [Lack(*term.value) for term in Term if term in self.terms - kernel.terms]
         if self.term_gradients and not kernel.term_gradients:
             missing.append(Lack("gradients through learned score terms", "pos_encoding"))
         if self.dropout and not kernel.dropout:
