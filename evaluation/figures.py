@@ -131,18 +131,17 @@ def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | 
             ax.tick_params(labelsize=7)
             ax.grid(True, which="major", alpha=0.3)
         axes[-1, col].set_xlabel(xlabel, fontsize=8)
-    handles, names = axes[0, 1].get_legend_handles_labels()
-    legend_below(fig, handles, names)
+    legend_below(fig, *axes[0, 1].get_legend_handles_labels())
     fig.suptitle(f"Where attention goes at L = {length} (dashed: training length)", fontsize=10)
     return fig
 
 
-def legend_below(fig: plt.Figure, handles: Sequence[Any], labels: Sequence[str], max_cols: int = 6) -> Any:
+def legend_below(fig: plt.Figure, handles: Sequence[Any], labels: Sequence[str], max_cols: int = 6) -> None:
     """A legend under the panels of constrained-layout `fig`, inside it: as many columns as fit, labels
     wrapped where one column is too wide, the figure widened where that still does not fit, and taller
     by the legend's height so the panels keep theirs."""
     if not handles:
-        return None
+        return
     renderer = fig.canvas.get_renderer()
     wrapped = [textwrap.fill(label, LEGEND_WRAP) for label in labels]
     for names, ncol in itertools.product((list(labels), wrapped), range(min(len(labels), max_cols), 0, -1)):
@@ -154,7 +153,6 @@ def legend_below(fig: plt.Figure, handles: Sequence[Any], labels: Sequence[str],
         legend = fig.legend(handles, wrapped, loc="outside lower center", ncol=1, fontsize=8, frameon=False)
         fig.set_figwidth(legend.get_window_extent(renderer).width / fig.dpi / 0.96)
     fig.set_figheight(fig.get_figheight() + legend.get_window_extent(renderer).height / fig.dpi)
-    return legend
 
 
 def stats_pngs(entries: list[dict[str, Any]]) -> dict[str, bytes]:

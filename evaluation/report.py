@@ -207,8 +207,7 @@ def study_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def _one_or_list(values: list[Any]) -> str:
-    distinct = list(dict.fromkeys(values))
-    return str(distinct[0]) if len(distinct) == 1 else ", ".join(map(str, distinct))
+    return ", ".join(map(str, dict.fromkeys(values)))  # each value once
 
 
 def ppl_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
@@ -223,9 +222,8 @@ def ppl_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
                     marker="o", ms=3.5, capsize=2, label=g.label, **line_style(i))  # fmt: skip
     _mark_train_lengths(ax, groups)
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(lengths))
+    ax.set_xticks(lengths, [str(n) for n in lengths], fontsize=8)
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticklabels([str(n) for n in lengths], fontsize=8)
     low, high = ax.get_ylim()
     if low > 0 and high / low > 4:  # a scheme that breaks down spans decades: log scale, plain labels
         ax.set_yscale("log")
@@ -275,10 +273,8 @@ def position_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
         ax.set_xlabel("position in window", fontsize=8)
     for ax in axes[:, 0]:
         ax.set_ylabel("loss (nats)", fontsize=8)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    if not handles:  # the first panel may have no applicable model
-        handles, labels = next((a.get_legend_handles_labels() for a in axes.flat if a.lines), ([], []))
-    legend_below(fig, handles, labels)
+    # the first panel with curves: the first may have no applicable model
+    legend_below(fig, *next((a.get_legend_handles_labels() for a in axes.flat if a.lines), ([], [])))
     fig.suptitle("Loss by position inside the window", fontsize=10)
     return fig
 
