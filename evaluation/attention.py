@@ -192,9 +192,8 @@ def _prompt_ids(ckpt: LoadedCheckpoint, prompt: str) -> list[int]:
 def _draw_prompt(
     label: str, ckpt: LoadedCheckpoint, ids: list[int], cfg: MapsConfig, folder: Path, files: dict[Path, bytes]
 ) -> dict[str, Any]:
-    """The heatmaps of one checkpoint on the prompt, into `folder`; the plotted numbers (matplotlib imported to
-    draw, not for --help)."""
-    from posgpt.evaluation.figures import heatmaps_figure, png_bytes, printable
+    """The heatmaps of one checkpoint on the prompt, into `folder`; the plotted numbers."""
+    from posgpt.evaluation.figures import heatmaps_figure, png_bytes, printable  # matplotlib: not for --help
 
     model = ckpt.model
     idx = torch.tensor([ids], device=model.wte.weight.device)

@@ -170,12 +170,10 @@ def long_context_stats(
             bar.set_description(f"attention {label} L={length}")
             model = ckpt.model.to(device).eval()
             stats = AttentionStats(model.config.n_layer, model.config.n_head, length, sink_tokens, device)
-            batch = max(1, WINDOW_TOKENS // length)
-            for start in range(0, count, batch):  # the first `count` non-overlapping windows
-                n = min(batch, count - start)
-                rows = text[start * length : (start + n) * length].astype(np.int64).reshape(n, length)
-                stats.add_windows(model, torch.from_numpy(rows).to(device))
-                bar.update(n)
+            windows = torch.from_numpy(text[: count * length].astype(np.int64)).view(count, length)
+            for batch in windows.split(max(1, WINDOW_TOKENS // length)):
+                stats.add_windows(model, batch.to(device))
+                bar.update(batch.size(0))
             entries.append({"length": length, "label": label, "ckpt": ckpt.path,
                             "train_length": model.config.block_size, "summary": stats.summary()})  # fmt: skip
     return entries

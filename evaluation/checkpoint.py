@@ -83,8 +83,7 @@ def weights_misfit(expected: dict[str, torch.Tensor], state: dict[str, torch.Ten
 
 
 def load_checkpoint(path: str | Path, ranks_path: str | None = None) -> LoadedCheckpoint:
-    """The model (on CPU, eval mode) and tokenizer a checkpoint holds; `ranks_path` overrides the recorded
-    GPT-2 ranks file."""
+    """The model (on CPU, eval mode) and tokenizer a checkpoint holds; `ranks_path` overrides its GPT-2 ranks file."""
     ckpt = read_checkpoint(path)
     hparams = ckpt["hyper_parameters"]
     model = gpt_from_checkpoint(ckpt, path)
@@ -144,9 +143,7 @@ def check_output_dir(out: str) -> None:
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--out {out} is a file; pass a directory (created if needed) for the results.")
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))  # the nearest that exists
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {out}: {existing} cannot be written; pass a directory you can write.")
 

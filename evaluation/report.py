@@ -111,8 +111,7 @@ def sink_rate_table(entries: list[dict[str, Any]], lengths: list[int]) -> list[s
     tables: dict[bool, dict[str, dict[int, list[float]]]] = {True: {}, False: {}}
     threshold: dict[bool, float] = {}
     for entry in entries:
-        rate = entry["summary"].get("sink_rate")
-        if rate is not None:
+        if (rate := entry["summary"].get("sink_rate")) is not None:
             gu = rate.get("definition") == SINK_RATE_DEFINITION
             threshold[gu] = rate["threshold"]
             tables[gu].setdefault(entry["label"], {}).setdefault(entry["length"], []).append(rate["model"])

@@ -110,8 +110,7 @@ class EvaluateConfig:
 
 
 def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSettings, data: EvalData) -> dict[str, Any]:
-    """Every checkpoint (its rows labelled; a shared label marks seeds of one model) at every length; returns the
-    results document that `evaluation.report` writes."""
+    """Every checkpoint (a shared label marks seeds of one model) at every length: what `evaluation.report` writes."""
     loaded = [load_checkpoint(path, data.tiktoken_ranks) for path in paths]  # all checked before any work
     texts = load_texts(loaded, data, settings.lengths[-1])
     device, dtype = pick_device_dtype(settings.device, settings.dtype)

@@ -260,8 +260,7 @@ class Launch:
         return 0.0 if self.end is None else max(1e-3, (self.end - time.monotonic()) / 60)
 
     def check_time(self, what: str, takes: float = 0.0) -> None:
-        """Stop the study when too little of its time is left to begin `what` (which may take `takes` seconds,
-        as measured on its likes)."""
+        """Stop the study when too little time is left to begin `what` (`takes` seconds, as its likes took)."""
         reserve = max(min(STARTUP_RESERVE_S, 6 * self.max_minutes), takes)
         if self.end is not None and time.monotonic() + reserve >= self.end:
             stop = TrainingStopped("Time limit (--max_minutes) reached;", TIME_LIMIT_EXIT)
@@ -273,9 +272,8 @@ class Launch:
         vocab_size: int | None = None,
         shorter: str = "",
     ) -> list[PlannedRun]:
-        """Train every model of the study with every seed after printing the plan and its estimate, reusing
-        finished runs and resuming interrupted ones; `data_for` gives a run's data (default: its corpus). Every run
-        gets what is left of the time. Returns the runs."""
+        """Print the plan and its estimate, then train every model with every seed within what is left of the time,
+        reusing finished runs and resuming interrupted ones; `data_for` gives a run's data (default: its corpus)."""
         from posgpt.training.run import corpus_data, preflight, prepared_data, train  # Lightning: not for the --help
 
         out_dir, plan = self.study.out_dir, self.trained
@@ -348,8 +346,7 @@ class Launch:
 
     def finish(self, doc: dict[str, Any], write: Callable[[dict[str, Any], str], object]) -> dict[str, Any]:
         """`doc` with its `experiment` entry (the resolved config, every run's steps, tokens and time, and where this
-        command's time went), written by `write` into the report directory; prints the table of results.md and
-        that time."""
+        command's time went), written by `write` into the report directory and printed."""
         doc["experiment"] = wall = {
             "config": dataclasses.asdict(self.study),
             "runs": [run_record(r) for r in self.trained],

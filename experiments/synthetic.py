@@ -65,8 +65,7 @@ class SyntheticConfig(Study):
 
 
 def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
-    """Train what is not trained yet, test every model at every length, write the report and print
-    its table; returns its document."""
+    """Train what is not trained yet, test every model at every length, write and print the report; its document."""
     from posgpt.evaluation.task_report import write_task_report  # matplotlib and Lightning: imported to run, not for
     from posgpt.training.run import task_data  # the command's --help
 
