@@ -36,6 +36,11 @@ from posgpt.evaluation.sampling import prompt_text
 from posgpt.model.gpt import GPT
 from posgpt.model.kernels import WeightsHook
 
+FORMAT = "posgpt-attention/1"
+log = logging.getLogger(__name__)
+MAX_PROMPT_TOKENS = 64
+"""Longest prompt drawn as a heatmap: past it the token labels cannot be read."""
+
 
 def prompt_weights(model: GPT, idx: Tensor) -> list[Tensor]:
     """Every layer's weights (H, T, T) for one short prompt `idx` (1, T), for heatmaps."""
@@ -52,12 +57,6 @@ def visible_keys(model: GPT, length: int) -> Tensor:
     """(T, T) bool: which keys each query may attend to."""
     pos = torch.arange(length)
     return model.mask.dense(pos, pos)
-
-
-FORMAT = "posgpt-attention/1"
-log = logging.getLogger(__name__)
-MAX_PROMPT_TOKENS = 64
-"""Longest prompt drawn as a heatmap: past it the token labels cannot be read."""
 
 
 @dataclass

@@ -31,6 +31,8 @@ SINK_RATE_DEFINITION = "per-window alpha_0 > threshold (Gu et al. 2025)"
 """Marks Gu et al.'s metric: summaries from before issue 33 thresholded alpha_0 averaged over windows."""
 PER_OCTAVE = 4
 """Buckets per doubling of distance or position in the summaries (the plots are log-x)."""
+WINDOW_TOKENS = 16384
+"""Tokens per forward pass of the long-context statistics."""
 
 
 def log_edges(n: int, per_octave: int = PER_OCTAVE) -> list[int]:
@@ -134,10 +136,6 @@ class AttentionStats:
 def rounded(values: np.ndarray, digits: int = 6) -> list:
     """`values` as nested lists of floats of `digits` significant digits (results.json stays readable)."""
     return np.vectorize(lambda v: float(f"{v:.{digits}g}"), otypes=[float])(values).tolist()
-
-
-WINDOW_TOKENS = 16384
-"""Tokens per forward pass of the long-context statistics."""
 
 
 def runs_at(model: GPT, length: int) -> bool:

@@ -63,6 +63,9 @@ NUMERIC: dict[str, dict[str, Any]] = {"rope_fraction=0.5": {"rope_fraction": 0.5
 """Numeric options that change the attention math, at one value each."""
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
 """Largest error that passes, by the candidate's dtype."""
+GRADIENT_FLOOR = 1e-3
+"""A gradient's scale is at least this share of the model's largest: a gradient zero in exact arithmetic
+(FIRE's output bias, which the softmax ignores) is float noise, not a scale to divide by."""
 
 
 @dataclass
@@ -134,11 +137,6 @@ def error_of(actual: torch.Tensor, expected: torch.Tensor, floor: float = 0.0) -
     scale = max(expected.abs().max().item() if expected.numel() else 0.0, floor)
     diff = (actual - expected).abs().max().item() if expected.numel() else 0.0
     return diff / scale if scale > 0 else diff
-
-
-GRADIENT_FLOOR = 1e-3
-"""A gradient's scale is at least this share of the model's largest: a gradient zero in exact arithmetic
-(FIRE's output bias, which the softmax ignores) is float noise, not a scale to divide by."""
 
 
 def run_model(model: GPT, idx: torch.Tensor, dtype: torch.dtype, grad: bool) -> tuple[torch.Tensor, dict | None]:

@@ -24,6 +24,14 @@ from posgpt.evaluation.attention_stats import bucket_means  # noqa: E402
 
 STATS_FIGURES = "attention_L*.png"
 """The attention-statistics figures: an earlier report's in the same directory go."""
+SPECIAL = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
+LEGEND_WRAP = 40
+"""Characters per line of a legend label; longer labels wrap."""
+PANELS = (
+    ("distance", "mean_weight", "mean weight at distance", "1 + distance i - j (keys back)"),
+    ("position", "entropy", "entropy (nats)", "1 + query position i"),
+    ("position", "sink_mass", "mass on the first {sinks} tokens", "1 + query position i"),
+)
 
 
 def line_style(i: int) -> dict[str, str]:
@@ -37,11 +45,6 @@ def png_bytes(fig: plt.Figure) -> bytes:
     fig.savefig(buffer, format="png")
     plt.close(fig)
     return buffer.getvalue()
-
-
-SPECIAL = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
-LEGEND_WRAP = 40
-"""Characters per line of a legend label; longer labels wrap."""
 
 
 def printable(piece: str) -> str:
@@ -84,13 +87,6 @@ def heatmaps_figure(
 def _centres(edges: list[int]) -> np.ndarray:
     """1 + the middle of each bucket [lo, hi): a log axis cannot show distance or position 0."""
     return np.array([(lo + hi - 1) / 2 + 1 for lo, hi in zip(edges[:-1], edges[1:], strict=True)])
-
-
-PANELS = (
-    ("distance", "mean_weight", "mean weight at distance", "1 + distance i - j (keys back)"),
-    ("position", "entropy", "entropy (nats)", "1 + query position i"),
-    ("position", "sink_mass", "mass on the first {sinks} tokens", "1 + query position i"),
-)
 
 
 def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | None = None) -> plt.Figure:

@@ -20,6 +20,8 @@ from posgpt.evaluation.figures import STATS_FIGURES, legend_below, line_style, p
 
 MAX_PANELS = 6
 """Lengths shown in loss_by_position.png (evenly chosen, the longest among them)."""
+TRAIN_LENGTH_LINE = {"color": "black", "linestyle": "-.", "linewidth": 0.9}
+"""The training length's marker: black dash-dots, which no model's curve uses."""
 
 
 @dataclass
@@ -276,10 +278,6 @@ def position_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
     legend_below(fig, *next((a.get_legend_handles_labels() for a in axes.flat if a.lines), ([], [])))
     fig.suptitle("Loss by position inside the window", fontsize=10)
     return fig
-
-
-TRAIN_LENGTH_LINE = {"color": "black", "linestyle": "-.", "linewidth": 0.9}
-"""The training length's marker: black dash-dots, which no model's curve uses."""
 
 
 def _mark_train_lengths(ax: plt.Axes, groups: list[Group], below: float = math.inf) -> None:

@@ -45,13 +45,20 @@ VARIANT_FORMAT = (
     "model: and random_positions under train: need that change."
 )
 
+PER_RUN = ("seed", "out_dir", "run_name", "resume")  # train fields the experiment sets for every run
+UTILISATION = 0.35
+"""Share of the peak a training step sustains (an H100 trains GPT-2 124M at ~38% MFU, BENCHMARKS.md)."""
+CHAR_VOCAB = 256
+"""The vocabulary assumed for a character-level model in the estimate (it is the corpus' own)."""
+LONG_ON_CPU = 3600.0
+"""Seconds of estimated training past which a plan on a CPU names a shorter config."""
+STARTUP_RESERVE_S = 60.0
+"""Seconds of the time limit (at most a tenth of it) below which no run or evaluation is begun."""
+
 
 def experiment_command(prog: str, config: type, main: Callable[[Any], object], description: str) -> Command:
     """A study's command line: its options, what runs them, and what older files need to load."""
     return Command(prog, config, main, description, hidden=HIDDEN, hints={'Parser key "variants"': VARIANT_FORMAT})
-
-
-PER_RUN = ("seed", "out_dir", "run_name", "resume")  # train fields the experiment sets for every run
 
 
 @dataclass
@@ -106,12 +113,6 @@ def run_config_for(run: RunConfig, out_dir: str, variant: Variant, seed: int) ->
     train = dataclasses.replace(run.train, **variant.train, seed=seed, out_dir=str(Path(out_dir) / "runs"),
                                 run_name=f"{variant.name}-seed{seed}", resume="auto")  # fmt: skip
     return dataclasses.replace(run, model=dataclasses.replace(run.model, **variant.model), train=train)
-
-
-UTILISATION = 0.35
-"""Share of the peak a training step sustains (an H100 trains GPT-2 124M at ~38% MFU, BENCHMARKS.md)."""
-CHAR_VOCAB = 256
-"""The vocabulary assumed for a character-level model in the estimate (it is the corpus' own)."""
 
 
 @dataclass
@@ -186,10 +187,6 @@ class TrainingEstimate:
             self.seconds_per_flop = self.measured[0] / max(1.0, self.measured[1])
 
 
-LONG_ON_CPU = 3600.0
-"""Seconds of estimated training past which a plan on a CPU names a shorter config."""
-
-
 def describe(plan: list[PlannedRun], progress: TrainingEstimate, shorter: str = "") -> str:
     """The plan, a line a run, and the estimate of its training time; on a CPU past an hour, `shorter` (a config)."""
     lines = [f"Plan: {len(plan)} training run(s) on {progress.device}"]
@@ -208,10 +205,6 @@ def describe(plan: list[PlannedRun], progress: TrainingEstimate, shorter: str = 
         lines.append(f"That is long for a CPU: --config {shorter} is a first study in about 5 minutes; "
                      "--max_minutes N trains this one in pieces that resume.")  # fmt: skip
     return "\n".join(lines)
-
-
-STARTUP_RESERVE_S = 60.0
-"""Seconds of the time limit (at most a tenth of it) below which no run or evaluation is begun."""
 
 
 def stopped_study(stop: TrainingStopped, what: str) -> TrainingStopped:
