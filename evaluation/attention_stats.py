@@ -13,15 +13,13 @@ is that of |w| normalised per row.
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
-from posgpt.evaluation.checkpoint import LoadedCheckpoint
+from posgpt.evaluation.checkpoint import LoadedCheckpoint, progress_bar
 from posgpt.model.gpt import GPT
 from posgpt.model.kernels import WeightsHook
 
@@ -162,8 +160,7 @@ def long_context_stats(
         if runs_at(ckpt.model, length)
     ]
     entries = []
-    bar_on = progress and sys.stderr.isatty()  # a bar in a log file is a carriage-return flood
-    with tqdm(total=sum(p[-1] for p in plan), unit="window", disable=not bar_on, dynamic_ncols=True) as bar:
+    with progress_bar(sum(p[-1] for p in plan), "window", progress) as bar:
         for label, ckpt, text, length, count in plan:
             bar.set_description(f"attention {label} L={length}")
             model = ckpt.model.to(device).eval()

@@ -10,12 +10,14 @@ import datetime
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from posgpt.core.checkpoint import CheckpointError, read_checkpoint
 from posgpt.core.errors import ConfigError
@@ -136,6 +138,11 @@ def results_header(device: torch.device, dtype: torch.dtype) -> dict[str, str]:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
         "dtype": str(dtype).removeprefix("torch."),
     }
+
+
+def progress_bar(total: int, unit: str, show: bool = True) -> tqdm:
+    """A bar on stderr, shown on a terminal only: a bar in a log file is a carriage-return flood."""
+    return tqdm(total=total, unit=unit, disable=not (show and sys.stderr.isatty()), dynamic_ncols=True)
 
 
 def check_output_dir(out: str) -> None:
