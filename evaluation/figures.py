@@ -115,8 +115,7 @@ def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | 
         for layer in range(n_layer):
             ax = axes[layer, col]
             ax.set_xscale("log")
-            if key == "distance":
-                ax.set_yscale("log")
+            ax.set_yscale("log" if key == "distance" else "linear")
             if key == "position":  # what uniform attention over the i + 1 visible keys gives, for reference
                 edges = entries[0]["summary"]["position"]["edges"]
                 i = np.arange(length) + 1.0

@@ -241,7 +241,7 @@ class Launch:
         out = Path(study.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(study), sort_keys=False))
-        self.study, self.started, self.max_minutes = study, time.perf_counter(), study.max_minutes
+        self.study, self.started = study, time.perf_counter()
         self.end = time.monotonic() + 60 * study.max_minutes if study.max_minutes else None
         self.trained: list[PlannedRun] = []
         self.train_wall: dict[str, float] = {}  # seconds of each run trained now
@@ -254,7 +254,7 @@ class Launch:
 
     def check_time(self, what: str, takes: float = 0.0) -> None:
         """Stop the study when too little time is left to begin `what` (`takes` seconds, as its likes took)."""
-        reserve = max(min(STARTUP_RESERVE_S, 6 * self.max_minutes), takes)
+        reserve = max(min(STARTUP_RESERVE_S, 6 * self.study.max_minutes), takes)
         if self.end is not None and time.monotonic() + reserve >= self.end:
             stop = TrainingStopped("Time limit (--max_minutes) reached;", TIME_LIMIT_EXIT)
             raise stopped_study(stop, f"before {what}")
