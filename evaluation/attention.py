@@ -120,16 +120,13 @@ def run(cfg: MapsConfig) -> list[Path]:
         _check_indices(ckpt, cfg)
         ckpt.model.to(device).eval()
     prompts = [_prompt_ids(c, cfg.prompt) for c in loaded] if cfg.prompt else []
-    texts = []
-    if cfg.lengths:
-        for length in cfg.lengths:  # none reaching it is an error; some that do not are left out, with a line
-            if not any(runs_at(c.model, length) for c in loaded):
-                _check_length(loaded[0], length, "--lengths")
-            for label, ckpt in zip(labels, loaded, strict=True):
-                if not runs_at(ckpt.model, length):
-                    log.info("%s: left out at length %d (positions up to %d)", label, length,
-                             ckpt.model.pe.max_positions)  # fmt: skip
-        texts = load_texts(loaded, cfg.data, cfg.lengths[-1])
+    for length in cfg.lengths or []:  # none reaching it is an error; some that do not are left out, with a line
+        short = [(label, c) for label, c in zip(labels, loaded, strict=True) if not runs_at(c.model, length)]
+        if len(short) == len(loaded):
+            _check_length(loaded[0], length, "--lengths")
+        for label, ckpt in short:
+            log.info("%s: left out at length %d (positions up to %d)", label, length, ckpt.model.pe.max_positions)
+    texts = load_texts(loaded, cfg.data, cfg.lengths[-1]) if cfg.lengths else []
     out = Path(cfg.out)
     files: dict[Path, bytes] = {}
     doc: dict[str, Any] = {"format": FORMAT, **results_header(device, torch.float32), "config": dataclasses.asdict(cfg)}
@@ -195,8 +192,7 @@ def _draw_prompt(
     from posgpt.evaluation.figures import heatmaps_figure, png_bytes, printable  # matplotlib: not for --help
 
     model = ckpt.model
-    idx = torch.tensor([ids], device=model.wte.weight.device)
-    weights = prompt_weights(model, idx)  # per layer (H, T, T)
+    weights = prompt_weights(model, torch.tensor([ids], device=model.wte.weight.device))  # per layer (H, T, T)
     visible = visible_keys(model, len(ids))
     tokens = [printable(ckpt.tokenizer.decode([i])) for i in ids]
     layers = cfg.layers if cfg.layers is not None else list(range(model.config.n_layer))

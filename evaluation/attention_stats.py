@@ -55,8 +55,7 @@ def distance_sums(weights: Tensor, rows: slice) -> Tensor:
     q_pos = torch.arange(rows.start, rows.stop, device=weights.device)
     distance = q_pos[:, None] - torch.arange(weights.size(-1), device=weights.device)[None, :]  # (rows, Tk)
     w = weights.sum(0).masked_fill(distance < 0, 0.0)  # (H, rows, Tk): keys after the query carry nothing
-    sums = w.new_zeros(w.size(0), weights.size(-1))
-    return sums.index_add_(1, distance.clamp(min=0).flatten(), w.flatten(1))
+    return w.new_zeros(w.size(0), weights.size(-1)).index_add_(1, distance.clamp(min=0).flatten(), w.flatten(1))
 
 
 def row_entropy(weights: Tensor) -> Tensor:

@@ -50,8 +50,7 @@ def png_bytes(fig: plt.Figure) -> bytes:
 def printable(piece: str) -> str:
     """A token's text as an axis label: spaces and line breaks as visible symbols, other control
     characters escaped, an empty piece (part of a multi-byte character) as '·'."""
-    shown = "".join(SPECIAL.get(c, c if c.isprintable() else repr(c)[1:-1]) for c in piece)
-    return shown or "·"
+    return "".join(SPECIAL.get(c, c if c.isprintable() else repr(c)[1:-1]) for c in piece) or "·"
 
 
 def heatmaps_figure(

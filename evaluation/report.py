@@ -259,8 +259,7 @@ def position_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
             if not all(r["applicable"] for r in found):
                 continue
             starts = found[0]["bucket_starts"]
-            ends = starts[1:] + [length]
-            mids = [(a + b) / 2 for a, b in zip(starts, ends, strict=True)]
+            mids = [(a + b) / 2 for a, b in zip(starts, starts[1:] + [length], strict=True)]
             curve = [statistics.fmean(col) for col in zip(*(r["by_position"] for r in found), strict=True)]
             ax.plot(mids, curve, marker=".", ms=3, label=g.label, **line_style(i))
         _mark_train_lengths(ax, groups, below=length)
