@@ -153,8 +153,7 @@ def run_model(model: GPT, idx: torch.Tensor, dtype: torch.dtype, grad: bool) -> 
 
 def cache_error(model: GPT, length: int) -> float:
     """A prompt, single tokens and a chunk through the cache against one full forward pass."""
-    longest = model.pe.max_positions
-    n = min(length, longest) if longest is not None else length
+    n = min(length, model.pe.max_positions or length)
     idx = torch.randint(0, BASE["vocab_size"], (2, n), generator=torch.Generator().manual_seed(7))
     idx = idx.to(model.wte.weight.device)
     with torch.no_grad():

@@ -45,7 +45,6 @@ class LoadedCheckpoint:
     data: dict[str, Any] | None
     """The training data's provenance (None in checkpoints written before it was recorded)."""
     path: str
-    """Where it was read from."""
 
 
 def gpt_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> GPT:

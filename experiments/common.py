@@ -90,11 +90,11 @@ class Study:
         for variant in models:
             try:
                 for section, overrides in (("model", variant.model), ("train", variant.train)):
-                    names = [f.name for f in dataclasses.fields(getattr(self.run, section)) if f.init]
+                    known = [f.name for f in dataclasses.fields(getattr(self.run, section)) if f.init]
                     for name in overrides:
-                        if name not in names:
+                        if name not in known:
                             raise ConfigError(
-                                f"{section} has no field {name!r}{did_you_mean(name, names, section + '.')}"
+                                f"{section} has no field {name!r}{did_you_mean(name, known, section + '.')}"
                             )
                         if section == "train" and name in PER_RUN:
                             raise ConfigError(f"train.{name} is set for every run by the experiment (seeds, out_dir).")
