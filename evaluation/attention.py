@@ -36,6 +36,11 @@ from posgpt.evaluation.sampling import prompt_text
 from posgpt.model.gpt import GPT
 from posgpt.model.kernels import WeightsHook
 
+FORMAT = "posgpt-attention/1"
+log = logging.getLogger(__name__)
+MAX_PROMPT_TOKENS = 64
+"""Longest prompt drawn as a heatmap: past it the token labels cannot be read."""
+
 
 def prompt_weights(model: GPT, idx: Tensor) -> list[Tensor]:
     """Every layer's weights (H, T, T) for one short prompt `idx` (1, T), for heatmaps."""
@@ -52,12 +57,6 @@ def visible_keys(model: GPT, length: int) -> Tensor:
     """(T, T) bool: which keys each query may attend to."""
     pos = torch.arange(length)
     return model.mask.dense(pos, pos)
-
-
-FORMAT = "posgpt-attention/1"
-log = logging.getLogger(__name__)
-MAX_PROMPT_TOKENS = 64
-"""Longest prompt drawn as a heatmap: past it the token labels cannot be read."""
 
 
 @dataclass
@@ -121,16 +120,13 @@ def run(cfg: MapsConfig) -> list[Path]:
         _check_indices(ckpt, cfg)
         ckpt.model.to(device).eval()
     prompts = [_prompt_ids(c, cfg.prompt) for c in loaded] if cfg.prompt else []
-    texts = []
-    if cfg.lengths:
-        for length in cfg.lengths:  # none reaching it is an error; some that do not are left out, with a line
-            if not any(runs_at(c.model, length) for c in loaded):
-                _check_length(loaded[0], length, "--lengths")
-            for label, ckpt in zip(labels, loaded, strict=True):
-                if not runs_at(ckpt.model, length):
-                    log.info("%s: left out at length %d (positions up to %d)", label, length,
-                             ckpt.model.pe.max_positions)  # fmt: skip
-        texts = load_texts(loaded, cfg.data, cfg.lengths[-1])
+    for length in cfg.lengths or []:  # none reaching it is an error; some that do not are left out, with a line
+        short = [(label, c) for label, c in zip(labels, loaded, strict=True) if not runs_at(c.model, length)]
+        if len(short) == len(loaded):
+            _check_length(loaded[0], length, "--lengths")
+        for label, ckpt in short:
+            log.info("%s: left out at length %d (positions up to %d)", label, length, ckpt.model.pe.max_positions)
+    texts = load_texts(loaded, cfg.data, cfg.lengths[-1]) if cfg.lengths else []
     out = Path(cfg.out)
     files: dict[Path, bytes] = {}
     doc: dict[str, Any] = {"format": FORMAT, **results_header(device, torch.float32), "config": dataclasses.asdict(cfg)}
@@ -192,13 +188,11 @@ def _prompt_ids(ckpt: LoadedCheckpoint, prompt: str) -> list[int]:
 def _draw_prompt(
     label: str, ckpt: LoadedCheckpoint, ids: list[int], cfg: MapsConfig, folder: Path, files: dict[Path, bytes]
 ) -> dict[str, Any]:
-    """The heatmaps of one checkpoint on the prompt, into `folder`; the plotted numbers (matplotlib imported to
-    draw, not for --help)."""
-    from posgpt.evaluation.figures import heatmaps_figure, png_bytes, printable
+    """The heatmaps of one checkpoint on the prompt, into `folder`; the plotted numbers."""
+    from posgpt.evaluation.figures import heatmaps_figure, png_bytes, printable  # matplotlib: not for --help
 
     model = ckpt.model
-    idx = torch.tensor([ids], device=model.wte.weight.device)
-    weights = prompt_weights(model, idx)  # per layer (H, T, T)
+    weights = prompt_weights(model, torch.tensor([ids], device=model.wte.weight.device))  # per layer (H, T, T)
     visible = visible_keys(model, len(ids))
     tokens = [printable(ckpt.tokenizer.decode([i])) for i in ids]
     layers = cfg.layers if cfg.layers is not None else list(range(model.config.n_layer))

@@ -13,15 +13,13 @@ is that of |w| normalised per row.
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
-from posgpt.evaluation.checkpoint import LoadedCheckpoint
+from posgpt.evaluation.checkpoint import LoadedCheckpoint, progress_bar
 from posgpt.model.gpt import GPT
 from posgpt.model.kernels import WeightsHook
 
@@ -31,6 +29,8 @@ SINK_RATE_DEFINITION = "per-window alpha_0 > threshold (Gu et al. 2025)"
 """Marks Gu et al.'s metric: summaries from before issue 33 thresholded alpha_0 averaged over windows."""
 PER_OCTAVE = 4
 """Buckets per doubling of distance or position in the summaries (the plots are log-x)."""
+WINDOW_TOKENS = 16384
+"""Tokens per forward pass of the long-context statistics."""
 
 
 def log_edges(n: int, per_octave: int = PER_OCTAVE) -> list[int]:
@@ -55,8 +55,7 @@ def distance_sums(weights: Tensor, rows: slice) -> Tensor:
     q_pos = torch.arange(rows.start, rows.stop, device=weights.device)
     distance = q_pos[:, None] - torch.arange(weights.size(-1), device=weights.device)[None, :]  # (rows, Tk)
     w = weights.sum(0).masked_fill(distance < 0, 0.0)  # (H, rows, Tk): keys after the query carry nothing
-    sums = w.new_zeros(w.size(0), weights.size(-1))
-    return sums.index_add_(1, distance.clamp(min=0).flatten(), w.flatten(1))
+    return w.new_zeros(w.size(0), weights.size(-1)).index_add_(1, distance.clamp(min=0).flatten(), w.flatten(1))
 
 
 def row_entropy(weights: Tensor) -> Tensor:
@@ -136,10 +135,6 @@ def rounded(values: np.ndarray, digits: int = 6) -> list:
     return np.vectorize(lambda v: float(f"{v:.{digits}g}"), otypes=[float])(values).tolist()
 
 
-WINDOW_TOKENS = 16384
-"""Tokens per forward pass of the long-context statistics."""
-
-
 def runs_at(model: GPT, length: int) -> bool:
     limit = model.pe.max_positions
     return limit is None or length <= limit
@@ -164,18 +159,15 @@ def long_context_stats(
         if runs_at(ckpt.model, length)
     ]
     entries = []
-    bar_on = progress and sys.stderr.isatty()  # a bar in a log file is a carriage-return flood
-    with tqdm(total=sum(p[-1] for p in plan), unit="window", disable=not bar_on, dynamic_ncols=True) as bar:
+    with progress_bar(sum(p[-1] for p in plan), "window", progress) as bar:
         for label, ckpt, text, length, count in plan:
             bar.set_description(f"attention {label} L={length}")
             model = ckpt.model.to(device).eval()
             stats = AttentionStats(model.config.n_layer, model.config.n_head, length, sink_tokens, device)
-            batch = max(1, WINDOW_TOKENS // length)
-            for start in range(0, count, batch):  # the first `count` non-overlapping windows
-                n = min(batch, count - start)
-                rows = text[start * length : (start + n) * length].astype(np.int64).reshape(n, length)
-                stats.add_windows(model, torch.from_numpy(rows).to(device))
-                bar.update(n)
+            windows = torch.from_numpy(text[: count * length].astype(np.int64)).view(count, length)
+            for batch in windows.split(max(1, WINDOW_TOKENS // length)):
+                stats.add_windows(model, batch.to(device))
+                bar.update(batch.size(0))
             entries.append({"length": length, "label": label, "ckpt": ckpt.path,
                             "train_length": model.config.block_size, "summary": stats.summary()})  # fmt: skip
     return entries

@@ -63,6 +63,9 @@ NUMERIC: dict[str, dict[str, Any]] = {"rope_fraction=0.5": {"rope_fraction": 0.5
 """Numeric options that change the attention math, at one value each."""
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
 """Largest error that passes, by the candidate's dtype."""
+GRADIENT_FLOOR = 1e-3
+"""A gradient's scale is at least this share of the model's largest: a gradient zero in exact arithmetic
+(FIRE's output bias, which the softmax ignores) is float noise, not a scale to divide by."""
 
 
 @dataclass
@@ -136,11 +139,6 @@ def error_of(actual: torch.Tensor, expected: torch.Tensor, floor: float = 0.0) -
     return diff / scale if scale > 0 else diff
 
 
-GRADIENT_FLOOR = 1e-3
-"""A gradient's scale is at least this share of the model's largest: a gradient zero in exact arithmetic
-(FIRE's output bias, which the softmax ignores) is float noise, not a scale to divide by."""
-
-
 def run_model(model: GPT, idx: torch.Tensor, dtype: torch.dtype, grad: bool) -> tuple[torch.Tensor, dict | None]:
     """Logits (float32) and, with `grad`, every parameter's gradient of the loss on next tokens."""
     model.zero_grad(set_to_none=True)
@@ -155,8 +153,7 @@ def run_model(model: GPT, idx: torch.Tensor, dtype: torch.dtype, grad: bool) -> 
 
 def cache_error(model: GPT, length: int) -> float:
     """A prompt, single tokens and a chunk through the cache against one full forward pass."""
-    longest = model.pe.max_positions
-    n = min(length, longest) if longest is not None else length
+    n = min(length, model.pe.max_positions or length)
     idx = torch.randint(0, BASE["vocab_size"], (2, n), generator=torch.Generator().manual_seed(7))
     idx = idx.to(model.wte.weight.device)
     with torch.no_grad():

@@ -10,12 +10,14 @@ import datetime
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from posgpt.core.checkpoint import CheckpointError, read_checkpoint
 from posgpt.core.errors import ConfigError
@@ -43,7 +45,6 @@ class LoadedCheckpoint:
     data: dict[str, Any] | None
     """The training data's provenance (None in checkpoints written before it was recorded)."""
     path: str
-    """Where it was read from."""
 
 
 def gpt_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> GPT:
@@ -83,8 +84,7 @@ def weights_misfit(expected: dict[str, torch.Tensor], state: dict[str, torch.Ten
 
 
 def load_checkpoint(path: str | Path, ranks_path: str | None = None) -> LoadedCheckpoint:
-    """The model (on CPU, eval mode) and tokenizer a checkpoint holds; `ranks_path` overrides the recorded
-    GPT-2 ranks file."""
+    """The model (on CPU, eval mode) and tokenizer a checkpoint holds; `ranks_path` overrides its GPT-2 ranks file."""
     ckpt = read_checkpoint(path)
     hparams = ckpt["hyper_parameters"]
     model = gpt_from_checkpoint(ckpt, path)
@@ -139,14 +139,17 @@ def results_header(device: torch.device, dtype: torch.dtype) -> dict[str, str]:
     }
 
 
+def progress_bar(total: int, unit: str, show: bool = True) -> tqdm:
+    """A bar on stderr, shown on a terminal only: a bar in a log file is a carriage-return flood."""
+    return tqdm(total=total, unit=unit, disable=not (show and sys.stderr.isatty()), dynamic_ncols=True)
+
+
 def check_output_dir(out: str) -> None:
     """Stop before any evaluation when the results cannot be written to `out`."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--out {out} is a file; pass a directory (created if needed) for the results.")
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))  # the nearest that exists
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {out}: {existing} cannot be written; pass a directory you can write.")
 

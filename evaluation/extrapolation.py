@@ -89,7 +89,6 @@ def evaluate_length(
             on_windows(len(rows))
     per_position = position_loss / starts.size
     chunks = per_position.tensor_split(min(buckets, stride))
-    offsets = np.cumsum([0] + [len(c) for c in chunks[:-1]])
     loss = per_position.mean().item()
     return LengthResult(
         length,
@@ -98,7 +97,7 @@ def evaluate_length(
         scored_tokens=int(starts.size * stride),
         loss=loss if math.isfinite(loss) else None,
         by_position=[chunk.mean().item() for chunk in chunks],
-        bucket_starts=[int(length - stride + o) for o in offsets],
+        bucket_starts=(length - stride + np.cumsum([0] + [len(c) for c in chunks[:-1]])).tolist(),
         ppl=math.exp(loss) if math.isfinite(loss) else None,
     )
 

@@ -24,6 +24,14 @@ from posgpt.evaluation.attention_stats import bucket_means  # noqa: E402
 
 STATS_FIGURES = "attention_L*.png"
 """The attention-statistics figures: an earlier report's in the same directory go."""
+SPECIAL = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
+LEGEND_WRAP = 40
+"""Characters per line of a legend label; longer labels wrap."""
+PANELS = (
+    ("distance", "mean_weight", "mean weight at distance", "1 + distance i - j (keys back)"),
+    ("position", "entropy", "entropy (nats)", "1 + query position i"),
+    ("position", "sink_mass", "mass on the first {sinks} tokens", "1 + query position i"),
+)
 
 
 def line_style(i: int) -> dict[str, str]:
@@ -39,16 +47,10 @@ def png_bytes(fig: plt.Figure) -> bytes:
     return buffer.getvalue()
 
 
-SPECIAL = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
-LEGEND_WRAP = 40
-"""Characters per line of a legend label; longer labels wrap."""
-
-
 def printable(piece: str) -> str:
     """A token's text as an axis label: spaces and line breaks as visible symbols, other control
     characters escaped, an empty piece (part of a multi-byte character) as '·'."""
-    shown = "".join(SPECIAL.get(c, c if c.isprintable() else repr(c)[1:-1]) for c in piece)
-    return shown or "·"
+    return "".join(SPECIAL.get(c, c if c.isprintable() else repr(c)[1:-1]) for c in piece) or "·"
 
 
 def heatmaps_figure(
@@ -86,13 +88,6 @@ def _centres(edges: list[int]) -> np.ndarray:
     return np.array([(lo + hi - 1) / 2 + 1 for lo, hi in zip(edges[:-1], edges[1:], strict=True)])
 
 
-PANELS = (
-    ("distance", "mean_weight", "mean weight at distance", "1 + distance i - j (keys back)"),
-    ("position", "entropy", "entropy (nats)", "1 + query position i"),
-    ("position", "sink_mass", "mass on the first {sinks} tokens", "1 + query position i"),
-)
-
-
 def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | None = None) -> plt.Figure:
     """Rows = layers; columns = mass by distance, entropy and sink mass by query position; one colour
     per label (mean over heads and seeds; each head thin for up to two labels). `order`: every label
@@ -119,8 +114,7 @@ def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | 
         for layer in range(n_layer):
             ax = axes[layer, col]
             ax.set_xscale("log")
-            if key == "distance":
-                ax.set_yscale("log")
+            ax.set_yscale("log" if key == "distance" else "linear")
             if key == "position":  # what uniform attention over the i + 1 visible keys gives, for reference
                 edges = entries[0]["summary"]["position"]["edges"]
                 i = np.arange(length) + 1.0
@@ -131,18 +125,17 @@ def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | 
             ax.tick_params(labelsize=7)
             ax.grid(True, which="major", alpha=0.3)
         axes[-1, col].set_xlabel(xlabel, fontsize=8)
-    handles, names = axes[0, 1].get_legend_handles_labels()
-    legend_below(fig, handles, names)
+    legend_below(fig, *axes[0, 1].get_legend_handles_labels())
     fig.suptitle(f"Where attention goes at L = {length} (dashed: training length)", fontsize=10)
     return fig
 
 
-def legend_below(fig: plt.Figure, handles: Sequence[Any], labels: Sequence[str], max_cols: int = 6) -> Any:
+def legend_below(fig: plt.Figure, handles: Sequence[Any], labels: Sequence[str], max_cols: int = 6) -> None:
     """A legend under the panels of constrained-layout `fig`, inside it: as many columns as fit, labels
     wrapped where one column is too wide, the figure widened where that still does not fit, and taller
     by the legend's height so the panels keep theirs."""
     if not handles:
-        return None
+        return
     renderer = fig.canvas.get_renderer()
     wrapped = [textwrap.fill(label, LEGEND_WRAP) for label in labels]
     for names, ncol in itertools.product((list(labels), wrapped), range(min(len(labels), max_cols), 0, -1)):
@@ -154,7 +147,6 @@ def legend_below(fig: plt.Figure, handles: Sequence[Any], labels: Sequence[str],
         legend = fig.legend(handles, wrapped, loc="outside lower center", ncol=1, fontsize=8, frameon=False)
         fig.set_figwidth(legend.get_window_extent(renderer).width / fig.dpi / 0.96)
     fig.set_figheight(fig.get_figheight() + legend.get_window_extent(renderer).height / fig.dpi)
-    return legend
 
 
 def stats_pngs(entries: list[dict[str, Any]]) -> dict[str, bytes]:

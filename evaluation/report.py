@@ -20,6 +20,8 @@ from posgpt.evaluation.figures import STATS_FIGURES, legend_below, line_style, p
 
 MAX_PANELS = 6
 """Lengths shown in loss_by_position.png (evenly chosen, the longest among them)."""
+TRAIN_LENGTH_LINE = {"color": "black", "linestyle": "-.", "linewidth": 0.9}
+"""The training length's marker: black dash-dots, which no model's curve uses."""
 
 
 @dataclass
@@ -111,8 +113,7 @@ def sink_rate_table(entries: list[dict[str, Any]], lengths: list[int]) -> list[s
     tables: dict[bool, dict[str, dict[int, list[float]]]] = {True: {}, False: {}}
     threshold: dict[bool, float] = {}
     for entry in entries:
-        rate = entry["summary"].get("sink_rate")
-        if rate is not None:
+        if (rate := entry["summary"].get("sink_rate")) is not None:
             gu = rate.get("definition") == SINK_RATE_DEFINITION
             threshold[gu] = rate["threshold"]
             tables[gu].setdefault(entry["label"], {}).setdefault(entry["length"], []).append(rate["model"])
@@ -207,8 +208,7 @@ def study_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def _one_or_list(values: list[Any]) -> str:
-    distinct = list(dict.fromkeys(values))
-    return str(distinct[0]) if len(distinct) == 1 else ", ".join(map(str, distinct))
+    return ", ".join(map(str, dict.fromkeys(values)))  # each value once
 
 
 def ppl_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
@@ -223,9 +223,8 @@ def ppl_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
                     marker="o", ms=3.5, capsize=2, label=g.label, **line_style(i))  # fmt: skip
     _mark_train_lengths(ax, groups)
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(lengths))
+    ax.set_xticks(lengths, [str(n) for n in lengths], fontsize=8)
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticklabels([str(n) for n in lengths], fontsize=8)
     low, high = ax.get_ylim()
     if low > 0 and high / low > 4:  # a scheme that breaks down spans decades: log scale, plain labels
         ax.set_yscale("log")
@@ -260,8 +259,7 @@ def position_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
             if not all(r["applicable"] for r in found):
                 continue
             starts = found[0]["bucket_starts"]
-            ends = starts[1:] + [length]
-            mids = [(a + b) / 2 for a, b in zip(starts, ends, strict=True)]
+            mids = [(a + b) / 2 for a, b in zip(starts, starts[1:] + [length], strict=True)]
             curve = [statistics.fmean(col) for col in zip(*(r["by_position"] for r in found), strict=True)]
             ax.plot(mids, curve, marker=".", ms=3, label=g.label, **line_style(i))
         _mark_train_lengths(ax, groups, below=length)
@@ -275,16 +273,10 @@ def position_figure(doc: dict[str, Any], groups: list[Group]) -> plt.Figure:
         ax.set_xlabel("position in window", fontsize=8)
     for ax in axes[:, 0]:
         ax.set_ylabel("loss (nats)", fontsize=8)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    if not handles:  # the first panel may have no applicable model
-        handles, labels = next((a.get_legend_handles_labels() for a in axes.flat if a.lines), ([], []))
-    legend_below(fig, handles, labels)
+    # the first panel with curves: the first may have no applicable model
+    legend_below(fig, *next((a.get_legend_handles_labels() for a in axes.flat if a.lines), ([], [])))
     fig.suptitle("Loss by position inside the window", fontsize=10)
     return fig
-
-
-TRAIN_LENGTH_LINE = {"color": "black", "linestyle": "-.", "linewidth": 0.9}
-"""The training length's marker: black dash-dots, which no model's curve uses."""
 
 
 def _mark_train_lengths(ax: plt.Axes, groups: list[Group], below: float = math.inf) -> None:

@@ -6,13 +6,11 @@ fails in seconds, not after an hour of evaluation.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from posgpt.core.cli import Command
 from posgpt.core.device import pick_device_dtype
@@ -26,6 +24,7 @@ from posgpt.evaluation.checkpoint import (
     default_labels,
     load_checkpoint,
     load_texts,
+    progress_bar,
     results_header,
     tokenizer_name,
 )
@@ -110,8 +109,7 @@ class EvaluateConfig:
 
 
 def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSettings, data: EvalData) -> dict[str, Any]:
-    """Every checkpoint (its rows labelled; a shared label marks seeds of one model) at every length; returns the
-    results document that `evaluation.report` writes."""
+    """Every checkpoint (a shared label marks seeds of one model) at every length: what `evaluation.report` writes."""
     loaded = [load_checkpoint(path, data.tiktoken_ranks) for path in paths]  # all checked before any work
     texts = load_texts(loaded, data, settings.lengths[-1])
     device, dtype = pick_device_dtype(settings.device, settings.dtype)
@@ -165,8 +163,7 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
             "results": rows,
         }
 
-    bar_on = settings.progress and sys.stderr.isatty()  # a bar in a log file is a carriage-return flood
-    with tqdm(total=total, unit="window", disable=not bar_on, dynamic_ncols=True) as bar:
+    with progress_bar(total, "window", settings.progress) as bar:
         runs = [evaluate_one(label, ckpt, text, scaling) for label, ckpt, text, scaling in plan]
     doc = {
         "format": FORMAT,

@@ -34,6 +34,8 @@ WARM_UP_TOKENS = 3
 """Tokens of the untimed compiling run: the prompt's graph, then the one-token step twice (a CUDA graph
 is recorded on its second call)."""
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+SHOWN_CHARS = 40
+"""How much of a prompt a message quotes."""
 
 
 @dataclass
@@ -104,10 +106,6 @@ class SampleConfig:
 def stop_text(stop: str | None) -> str | None:
     """`--stop` with \\n, \\t, \\r and \\\\ read as in Python (a shell passes `--stop "\\n\\n"` as backslashes)."""
     return None if stop is None else re.sub(r"\\([ntr\\])", lambda m: ESCAPES[m.group(1)], stop)
-
-
-SHOWN_CHARS = 40
-"""How much of a prompt a message quotes."""
 
 
 @dataclass(frozen=True)

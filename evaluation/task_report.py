@@ -73,10 +73,9 @@ def accuracy_figure(doc: dict[str, Any]) -> plt.Figure:
 
 
 def depth_figure(doc: dict[str, Any]) -> plt.Figure:
-    """A task with depths (passkey, flip-flop, selective copy): accuracy over length x depth, one panel per model
-    (mean over seeds)."""
+    """Accuracy by length x depth of a task with depths (passkey, flip-flop, selective copy): a panel per model."""
     task = doc["task"]
-    lengths, depths = task["eval_lengths"], task["depths"]
+    lengths, depths, kind = task["eval_lengths"], task["depths"], TASKS[task["name"]]
     groups = group_runs(doc)
     cols = min(4, len(groups))
     rows = -(-len(groups) // cols)
@@ -94,12 +93,12 @@ def depth_figure(doc: dict[str, Any]) -> plt.Figure:
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
         ax.set_title(g.label, fontsize=9)
-        ax.set_xlabel(f"length ({TASKS[doc['task']['name']].unit})", fontsize=8)
-        ax.set_ylabel(TASKS[doc["task"]["name"]].depth_label, fontsize=8)
+        ax.set_xlabel(f"length ({kind.unit})", fontsize=8)
+        ax.set_ylabel(kind.depth_label, fontsize=8)
     for ax in list(axes.flat)[len(groups) :]:
         ax.axis("off")
     fig.colorbar(image, ax=axes, shrink=0.7, label="accuracy (%)")
-    fig.suptitle(f"{doc['task']['name']}: accuracy by length and {TASKS[doc['task']['name']].depth_label}", fontsize=10)
+    fig.suptitle(f"{task['name']}: accuracy by length and {kind.depth_label}", fontsize=10)
     return fig
 
 

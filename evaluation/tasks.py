@@ -3,6 +3,7 @@ model answers each prompt greedily, with the KV cache, and is right when every a
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -46,24 +47,23 @@ def evaluate_task(
     model.eval()
     rows = []
     depths: list[float | None] = list(task.test_depths) if TASKS[task.name].depths else [None]
-    for n in task.eval_lengths:
-        for depth in depths:
-            examples = eval_set(task, n, depth)
-            longest = max(len(e.prompt) + len(e.answer) for e in examples) - 1
-            limit = model.pe.max_positions
-            row: dict[str, Any] = {"length": n, "depth": depth, "tokens": longest + 1, "examples": len(examples)}
-            if limit is not None and longest > limit:
-                row.update(accuracy=None, token_accuracy=None, applicable=False,
-                           reason=f"{longest} tokens > {limit} learned positions")  # fmt: skip
-            else:
-                tokens = correct(model, tokenizer, examples, batch_size)
-                row.update(
-                    accuracy=sum(all(t) for t in tokens) / len(tokens),
-                    token_accuracy=sum(map(sum, tokens)) / sum(map(len, tokens)),  # partial credit
-                    applicable=True,
-                    reason=None,
-                )
-            rows.append(row)
-            if on_done:
-                on_done(len(examples))
+    for n, depth in itertools.product(task.eval_lengths, depths):
+        examples = eval_set(task, n, depth)
+        longest = max(len(e.prompt) + len(e.answer) for e in examples) - 1
+        limit = model.pe.max_positions
+        row: dict[str, Any] = {"length": n, "depth": depth, "tokens": longest + 1, "examples": len(examples)}
+        if limit is not None and longest > limit:
+            row.update(accuracy=None, token_accuracy=None, applicable=False,
+                       reason=f"{longest} tokens > {limit} learned positions")  # fmt: skip
+        else:
+            tokens = correct(model, tokenizer, examples, batch_size)
+            row.update(
+                accuracy=sum(all(t) for t in tokens) / len(tokens),
+                token_accuracy=sum(map(sum, tokens)) / sum(map(len, tokens)),  # partial credit
+                applicable=True,
+                reason=None,
+            )
+        rows.append(row)
+        if on_done:
+            on_done(len(examples))
     return rows

@@ -45,13 +45,20 @@ VARIANT_FORMAT = (
     "model: and random_positions under train: need that change."
 )
 
+PER_RUN = ("seed", "out_dir", "run_name", "resume")  # train fields the experiment sets for every run
+UTILISATION = 0.35
+"""Share of the peak a training step sustains (an H100 trains GPT-2 124M at ~38% MFU, BENCHMARKS.md)."""
+CHAR_VOCAB = 256
+"""The vocabulary assumed for a character-level model in the estimate (it is the corpus' own)."""
+LONG_ON_CPU = 3600.0
+"""Seconds of estimated training past which a plan on a CPU names a shorter config."""
+STARTUP_RESERVE_S = 60.0
+"""Seconds of the time limit (at most a tenth of it) below which no run or evaluation is begun."""
+
 
 def experiment_command(prog: str, config: type, main: Callable[[Any], object], description: str) -> Command:
     """A study's command line: its options, what runs them, and what older files need to load."""
     return Command(prog, config, main, description, hidden=HIDDEN, hints={'Parser key "variants"': VARIANT_FORMAT})
-
-
-PER_RUN = ("seed", "out_dir", "run_name", "resume")  # train fields the experiment sets for every run
 
 
 @dataclass
@@ -83,11 +90,11 @@ class Study:
         for variant in models:
             try:
                 for section, overrides in (("model", variant.model), ("train", variant.train)):
-                    names = [f.name for f in dataclasses.fields(getattr(self.run, section)) if f.init]
+                    known = [f.name for f in dataclasses.fields(getattr(self.run, section)) if f.init]
                     for name in overrides:
-                        if name not in names:
+                        if name not in known:
                             raise ConfigError(
-                                f"{section} has no field {name!r}{did_you_mean(name, names, section + '.')}"
+                                f"{section} has no field {name!r}{did_you_mean(name, known, section + '.')}"
                             )
                         if section == "train" and name in PER_RUN:
                             raise ConfigError(f"train.{name} is set for every run by the experiment (seeds, out_dir).")
@@ -106,12 +113,6 @@ def run_config_for(run: RunConfig, out_dir: str, variant: Variant, seed: int) ->
     train = dataclasses.replace(run.train, **variant.train, seed=seed, out_dir=str(Path(out_dir) / "runs"),
                                 run_name=f"{variant.name}-seed{seed}", resume="auto")  # fmt: skip
     return dataclasses.replace(run, model=dataclasses.replace(run.model, **variant.model), train=train)
-
-
-UTILISATION = 0.35
-"""Share of the peak a training step sustains (an H100 trains GPT-2 124M at ~38% MFU, BENCHMARKS.md)."""
-CHAR_VOCAB = 256
-"""The vocabulary assumed for a character-level model in the estimate (it is the corpus' own)."""
 
 
 @dataclass
@@ -164,21 +165,16 @@ def sustained_flops(device: torch.device, precision: str = "bf16-mixed") -> floa
 class TrainingEstimate:
     """Run k of n, and the ETA of what is left, recalibrated by the runs that finished."""
 
-    def __init__(self, seconds_per_flop: float, step_flops: dict[str, float], device: str) -> None:
-        self.seconds_per_flop, self.step_flops, self.device = seconds_per_flop, step_flops, device
-        self.measured = [0.0, 0.0]  # seconds and FLOPs of the runs trained here
-
-    @classmethod
-    def of_plan(cls, plan: list[PlannedRun], vocab_size: int | None) -> TrainingEstimate:
+    def __init__(self, plan: list[PlannedRun], vocab_size: int | None) -> None:
         """Before any run of `plan` (all on one device): the estimate from the FLOPs that device sustains."""
         t = plan[0].config.train
         device = torch.device("cuda" if uses_cuda(t.accelerator) else "cpu")
-        sustained = sustained_flops(device, resolve_precision(t.precision, t.accelerator))
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        return cls(1 / sustained, {r.name: flops_per_step(r.config, vocab_size) for r in plan}, name)
+        self.seconds_per_flop = 1 / sustained_flops(device, resolve_precision(t.precision, t.accelerator))
+        self.step_flops = {r.name: flops_per_step(r.config, vocab_size) for r in plan}
+        self.device = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        self.measured = [0.0, 0.0]  # seconds and FLOPs of the runs trained here
 
     def left(self, run: PlannedRun) -> float:
-        """The FLOPs left of `run`."""
         return self.step_flops[run.name] * max(0, run.config.train.max_steps - run.step)
 
     def estimate(self, runs: list[PlannedRun]) -> float:
@@ -191,14 +187,9 @@ class TrainingEstimate:
             self.seconds_per_flop = self.measured[0] / max(1.0, self.measured[1])
 
 
-LONG_ON_CPU = 3600.0
-"""Seconds of estimated training past which a plan on a CPU names a shorter config."""
-
-
 def describe(plan: list[PlannedRun], progress: TrainingEstimate, shorter: str = "") -> str:
     """The plan, a line a run, and the estimate of its training time; on a CPU past an hour, `shorter` (a config)."""
-    device = progress.device
-    lines = [f"Plan: {len(plan)} training run(s) on {device}"]
+    lines = [f"Plan: {len(plan)} training run(s) on {progress.device}"]
     for k, run in enumerate(plan, 1):
         t = run.config.train
         state = "trained, reused" if run.done else f"resumes at step {run.step}" if run.step else "to train"
@@ -210,14 +201,10 @@ def describe(plan: list[PlannedRun], progress: TrainingEstimate, shorter: str = 
     lines.append(f"Estimated training time: {format_seconds(seconds)} for {len(todo)} run(s) "
                  f"(rough: FLOPs at {UTILISATION:.0%} of the device's peak; small models on a CPU often run faster), "
                  "then the evaluation")  # fmt: skip
-    if device == "cpu" and seconds > LONG_ON_CPU and shorter:
+    if progress.device == "cpu" and seconds > LONG_ON_CPU and shorter:
         lines.append(f"That is long for a CPU: --config {shorter} is a first study in about 5 minutes; "
                      "--max_minutes N trains this one in pieces that resume.")  # fmt: skip
     return "\n".join(lines)
-
-
-STARTUP_RESERVE_S = 60.0
-"""Seconds of the time limit (at most a tenth of it) below which no run or evaluation is begun."""
 
 
 def stopped_study(stop: TrainingStopped, what: str) -> TrainingStopped:
@@ -254,7 +241,7 @@ class Launch:
         out = Path(study.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "experiment.yaml").write_text(yaml.safe_dump(dataclasses.asdict(study), sort_keys=False))
-        self.study, self.started, self.max_minutes = study, time.perf_counter(), study.max_minutes
+        self.study, self.started = study, time.perf_counter()
         self.end = time.monotonic() + 60 * study.max_minutes if study.max_minutes else None
         self.trained: list[PlannedRun] = []
         self.train_wall: dict[str, float] = {}  # seconds of each run trained now
@@ -263,18 +250,14 @@ class Launch:
     def minutes_left(self) -> float:
         """What is left, in minutes: 0 for no limit (as `train.max_minutes` reads it), a tiny positive number
         once it has passed (a run started then stops at its first step)."""
-        if self.end is None:
-            return 0.0
-        return max(1e-3, (self.end - time.monotonic()) / 60)
+        return 0.0 if self.end is None else max(1e-3, (self.end - time.monotonic()) / 60)
 
     def check_time(self, what: str, takes: float = 0.0) -> None:
-        """Stop the study when too little of its time is left to begin `what` (which may take `takes` seconds,
-        as measured on its likes)."""
-        reserve = max(min(STARTUP_RESERVE_S, 6 * self.max_minutes), takes)
+        """Stop the study when too little time is left to begin `what` (`takes` seconds, as its likes took)."""
+        reserve = max(min(STARTUP_RESERVE_S, 6 * self.study.max_minutes), takes)
         if self.end is not None and time.monotonic() + reserve >= self.end:
-            raise stopped_study(
-                TrainingStopped("Time limit (--max_minutes) reached;", TIME_LIMIT_EXIT), f"before {what}"
-            )
+            stop = TrainingStopped("Time limit (--max_minutes) reached;", TIME_LIMIT_EXIT)
+            raise stopped_study(stop, f"before {what}")
 
     def train(
         self,
@@ -282,9 +265,8 @@ class Launch:
         vocab_size: int | None = None,
         shorter: str = "",
     ) -> list[PlannedRun]:
-        """Train every model of the study with every seed after printing the plan and its estimate, reusing
-        finished runs and resuming interrupted ones; `data_for` gives a run's data (default: its corpus). Every run
-        gets what is left of the time. Returns the runs."""
+        """Print the plan and its estimate, then train every model with every seed within what is left of the time,
+        reusing finished runs and resuming interrupted ones; `data_for` gives a run's data (default: its corpus)."""
         from posgpt.training.run import corpus_data, preflight, prepared_data, train  # Lightning: not for the --help
 
         out_dir, plan = self.study.out_dir, self.trained
@@ -295,10 +277,9 @@ class Launch:
                 step = int(read_checkpoint(ckpt, mmap=True).get("global_step", 0)) if ckpt.is_file() else 0
                 plan.append(PlannedRun(variant.name, cfg.train.run_name, cfg, ckpt, step))
         if data_for is None:  # tokenizer, weights, resume: checked before the corpus is prepared
-            for planned in plan:
-                if not planned.done:
-                    preflight(planned.config, resuming=planned.step > 0)
-        progress = TrainingEstimate.of_plan(plan, vocab_size)
+            for planned in (p for p in plan if not p.done):
+                preflight(planned.config, resuming=planned.step > 0)
+        progress = TrainingEstimate(plan, vocab_size)
         print(describe(plan, progress, shorter), flush=True)
         wall, prepared = self.train_wall, None
         for k, planned in enumerate(plan, 1):
@@ -336,12 +317,11 @@ class Launch:
         (1.25 times the longest so far: one cannot stop halfway). Returns the results."""
         results, longest = [], 0.0
         for k, run in enumerate(self.trained, 1):
-            ckpt, stat = run.ckpt, run.ckpt.stat()  # the stat tells the checkpoint from another at the same path
-            identity = {"path": str(ckpt.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                        "git": git_sha()}  # fmt: skip
-            run_key = {**key, "checkpoint": identity}
+            stat = run.ckpt.stat()  # the stat tells the checkpoint from another at the same path
+            run_key = {**key, "checkpoint": {"path": str(run.ckpt.resolve()), "bytes": stat.st_size,
+                                             "mtime_ns": stat.st_mtime_ns, "git": git_sha()}}  # fmt: skip
             digest = hashlib.sha256(json.dumps(run_key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-            path = ckpt.parent / f"{kind}-{digest}.json"
+            path = run.ckpt.parent / f"{kind}-{digest}.json"
             if path.is_file():
                 stored = json.loads(path.read_text())
                 result, took = stored["result"], stored["seconds"]
@@ -359,8 +339,7 @@ class Launch:
 
     def finish(self, doc: dict[str, Any], write: Callable[[dict[str, Any], str], object]) -> dict[str, Any]:
         """`doc` with its `experiment` entry (the resolved config, every run's steps, tokens and time, and where this
-        command's time went), written by `write` into the report directory; prints the table of results.md and
-        that time."""
+        command's time went), written by `write` into the report directory and printed."""
         doc["experiment"] = wall = {
             "config": dataclasses.asdict(self.study),
             "runs": [run_record(r) for r in self.trained],

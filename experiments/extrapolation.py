@@ -46,8 +46,7 @@ class ExperimentConfig(Study):
 
 
 def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
-    """Train what is not trained yet, evaluate everything, write the report and print its table;
-    returns its document."""
+    """Train what is not trained yet, evaluate everything, write and print the report; returns its document."""
     from posgpt.evaluation.report import write_report  # matplotlib: imported to draw, not for the command's --help
 
     launch = Launch(cfg)

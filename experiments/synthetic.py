@@ -11,16 +11,14 @@ accuracy_vs_length.png (and passkey_depth.png), experiment.yaml and runs/; reuse
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from posgpt.core.device import pick_device
 from posgpt.data.tasks import TASKS, TaskConfig, eval_set, tokenizer_for
-from posgpt.evaluation.checkpoint import load_checkpoint, results_header
+from posgpt.evaluation.checkpoint import load_checkpoint, progress_bar, results_header
 from posgpt.evaluation.tasks import evaluate_task
 from posgpt.experiments.common import Launch, PlannedRun, Study, Variant, experiment_command
 from posgpt.model import POS_ENCODINGS
@@ -65,8 +63,7 @@ class SyntheticConfig(Study):
 
 
 def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
-    """Train what is not trained yet, test every model at every length, write the report and print
-    its table; returns its document."""
+    """Train what is not trained yet, test every model at every length, write and print the report; its document."""
     from posgpt.evaluation.task_report import write_task_report  # matplotlib and Lightning: imported to run, not for
     from posgpt.training.run import task_data  # the command's --help
 
@@ -77,7 +74,7 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
     key = {"task": dataclasses.asdict(cfg.task), "eval_batch": cfg.eval_batch, "device": str(device)}
     depths = len(cfg.task.depths) if TASKS[cfg.task.name].depths else 1
     per_run = len(cfg.task.eval_lengths) * depths * cfg.task.test_size
-    with tqdm(total=len(trained) * per_run, unit="example", dynamic_ncols=True, disable=not sys.stderr.isatty()) as bar:
+    with progress_bar(len(trained) * per_run, "example") as bar:
 
         def evaluate(run: PlannedRun) -> dict[str, Any]:
             bar.set_description(f"{run.label} seed {run.seed}")
