@@ -216,6 +216,7 @@ def recorded_data(
     glob = data_config["glob"]
     column = data_config.get("text_column", "text")  # absent from checkpoints written before it existed
     cap = data_config.get("val_max_tokens", VAL_MAX_TOKENS)
+    options = {**settings, "glob": glob, "tiktoken_ranks": ranks, "text_column": column}  # of `prepare_dir`
     if record is not None and "task" in record:
         raise DataError(
             f"{checkpoint} was trained on the synthetic task {record['task']['name']!r}, which has no text split: "
@@ -225,8 +226,9 @@ def recorded_data(
         # written before checkpoints recorded their data (so before the cap: the whole last val_fraction), and
         # without a fingerprint to compare: the tokenizers must agree at least
         c = data_config
-        uncapped = {**settings, "text_column": column, "val_max_tokens": c.get("val_max_tokens")}
-        prepared = prepare_dir(c["input"], c["dir"], c["prepared_root"], **uncapped, glob=glob, tiktoken_ranks=ranks)
+        prepared = prepare_dir(
+            c["input"], c["dir"], c["prepared_root"], **options, val_max_tokens=c.get("val_max_tokens")
+        )
         if prepared.meta["tokenizer"] != tokenizer_meta:
             raise DataError(_changed_data(checkpoint, f"{prepared.path} now has another vocabulary"))
         return prepared
@@ -252,22 +254,19 @@ def recorded_data(
         cap = record["val_max_tokens"]
     elif cap is not None and record["val_tokens"] > cap:
         cap = None  # a split prepared before the cap existed, larger than it: prepare it uncapped, as it was
-    return prepare_dir(
-        sources, None, root, **settings, glob=glob, tiktoken_ranks=ranks, text_column=column, val_max_tokens=cap
-    )
+    return prepare_dir(sources, None, root, **options, val_max_tokens=cap)
 
 
 def _unchanged_sources(record: dict[str, Any], glob: str, column: str, settings: dict[str, Any]) -> list[Source] | None:
     """The recorded sources if they still hold what they held at training (hashing them); else None."""
-    if record.get("val_capped"):
-        settings = {**settings, "val_max_tokens": record["val_max_tokens"]}
     try:
         details = record.get("source_details")
         if details:
             sources = [Source.from_record(detail) for detail in details]
         else:
             sources = resolve_sources(record["sources"], glob, column)
-        return sources if fingerprint(sources, settings) == record["fingerprint"] else None
+        cap = record["val_max_tokens"] if record.get("val_capped") else None
+        return sources if fingerprint(sources, settings, cap) == record["fingerprint"] else None
     except (DataError, OSError):
         return None
 

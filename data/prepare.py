@@ -215,7 +215,7 @@ def _write(sources: list[Source], cfg: PrepareConfig, settings: dict[str, Any]) 
         "name": corpus_name(sources),
         "sources": [source.location for source in sources],
         "source_details": [source.record() for source in sources],
-        "fingerprint": fingerprint(sources, {**settings, "val_max_tokens": cap} if capped else settings),
+        "fingerprint": fingerprint(sources, settings, cap if capped else None),
         "read": progress.record(),
     }
     atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode())
@@ -245,10 +245,11 @@ def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
     os.replace(tokens, out / "train.bin")
 
 
-def fingerprint(sources: list[Source], settings: dict[str, Any]) -> str:
+def fingerprint(sources: list[Source], settings: dict[str, Any], cap: int | None = None) -> str:
     """What identifies a prepared dataset: the sources' locations and contents and the settings (`tokenizer`,
-    `val_fraction`, `errors`, and `val_max_tokens` only where the cap bound, so older data keep theirs)."""
-    digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True).encode())
+    `val_fraction`, `errors`), and `cap` (val_max_tokens) only where it bound the split, so older data keep theirs."""
+    capped = {} if cap is None else {"val_max_tokens": cap}
+    digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **settings, **capped}, sort_keys=True).encode())
     for source in sources:
         digest.update(source.digest)
     return digest.hexdigest()
@@ -260,13 +261,11 @@ def _reusable(out: Path, sources: list[Source], settings: dict[str, Any], cap: i
         meta = json.loads((out / "meta.json").read_text())
     except (OSError, ValueError):
         return None
-    if meta.get("val_capped"):
-        if meta.get("val_max_tokens") != cap:
-            return None
-        settings = {**settings, "val_max_tokens": cap}
-    elif cap is not None and meta.get("val_tokens", 0) > cap:
+    if meta.get("val_capped") and meta.get("val_max_tokens") != cap:
+        return None
+    if not meta.get("val_capped") and cap is not None and meta.get("val_tokens", 0) > cap:
         return None  # prepared without a cap (or a larger one) that would bind now
-    if meta.get("fingerprint") != fingerprint(sources, settings):
+    if meta.get("fingerprint") != fingerprint(sources, settings, cap if meta.get("val_capped") else None):
         return None
     itemsize = np.dtype(meta["dtype"]).itemsize
     sizes = {out / f"{split}.bin": meta[f"{split}_tokens"] * itemsize for split in ("train", "val")}
