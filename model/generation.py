@@ -25,10 +25,6 @@ if TYPE_CHECKING:
     from posgpt.model.gpt import GPT
 
 
-DEFAULT_CONTEXT_MULTIPLE = 4
-"""max_context defaults to this many block sizes for the schemes that extrapolate."""
-
-
 def context_window(model: GPT, max_context: int | None = None) -> int | None:
     """How many of the last tokens the model sees when generating (see the module docstring);
     None: all of them (a sliding-window model whose scheme extrapolates)."""
@@ -36,7 +32,7 @@ def context_window(model: GPT, max_context: int | None = None) -> int | None:
     constant_memory = model.attention.constant_memory(model.config, model.mask)
     if learned is None and max_context is None and constant_memory:
         return None
-    limit = max_context or DEFAULT_CONTEXT_MULTIPLE * model.config.block_size
+    limit = max_context or 4 * model.config.block_size  # the default for the schemes that extrapolate
     return limit if learned is None else min(limit, learned)
 
 

@@ -304,10 +304,8 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token at context `seq_len`: 6N + 12 L H Q T, T the keys a token sees (PaLM
         appendix B; 18 with differential attention's two weighted sums), for MFU."""
-        c = self.config
-        keys = self.mask.attended_keys(seq_len)  # a window attends to at most W + S (+ R G) keys
-        n_params = self.num_params(exclude_embeddings=True)
-        return training_flops_per_token(n_params, c.n_layer, c.n_embd, keys, self.attention.value_passes)
+        c, keys = self.config, self.mask.attended_keys(seq_len)  # a window attends to at most W + S (+ R G) keys
+        return training_flops_per_token(self.num_params(), c.n_layer, c.n_embd, keys, self.attention.value_passes)
 
     @torch.no_grad()
     def generate(

@@ -62,15 +62,14 @@ def eager_attention(
         step = min(step, max(1, WEIGHTS_CHUNK_ELEMENTS // (q.size(0) * q.size(1) * k_len)))
     for c in range(0, q_len, step):
         rows = slice(c, min(c + step, q_len))
+        seen = visible[..., rows, :]
         scores = score(qw[:, :, rows], kw)  # (B, H, chunk, Tk)
         if bias is not None:
             scores = scores + bias[..., rows, :].to(dtype)
-        scores = scores.masked_fill(~visible[..., rows, :], float("-inf"))
+        scores = scores.masked_fill(~seen, float("-inf"))
         if term is not None:
-            scores = (scores + term(qw[:, :, rows], scores, visible[..., rows, :])).masked_fill(
-                ~visible[..., rows, :], float("-inf")
-            )
-        weights = F.dropout(weigh(scores, visible[..., rows, :]), p=dropout_p)
+            scores = (scores + term(qw[:, :, rows], scores, seen)).masked_fill(~seen, float("-inf"))
+        weights = F.dropout(weigh(scores, seen), p=dropout_p)
         outs.append(weights @ vw)  # (B, H, chunk, D)
         if on_weights is not None:
             on_weights(rows, weights)
