@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, Placement, Plan, WeightsHook
+from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Placement, Plan, WeightsHook
 from posgpt.model.kernels.dense import DenseContext, causal_mask, dense_context
 from posgpt.model.masks import AttentionMask
 from posgpt.model.scores import ScaledDot, Score
@@ -87,9 +87,6 @@ class EagerKernel(Kernel):
     dropout = True
     weights = True
     any_score = True
-
-    def rank(self, needs: Needs, device: torch.device) -> float:
-        return 2.0  # the reference: only when no fused kernel can
 
     def context(
         self, bias: ScoreBias | None, mask: AttentionMask, placement: Placement, memo: dict, **settings: Any
