@@ -25,18 +25,13 @@ if TYPE_CHECKING:
     from posgpt.model.gpt import GPT
 
 
-DEFAULT_CONTEXT_MULTIPLE = 4
-"""max_context defaults to this many block sizes for the schemes that extrapolate."""
-
-
 def context_window(model: GPT, max_context: int | None = None) -> int | None:
     """How many of the last tokens the model sees when generating (see the module docstring);
     None: all of them (a sliding-window model whose scheme extrapolates)."""
     learned = model.pe.max_positions
-    constant_memory = model.attention.constant_memory(model.config, model.mask)
-    if learned is None and max_context is None and constant_memory:
+    if learned is None and max_context is None and model.attention.constant_memory(model.config, model.mask):
         return None
-    limit = max_context or DEFAULT_CONTEXT_MULTIPLE * model.config.block_size
+    limit = max_context or 4 * model.config.block_size  # the default for the schemes that extrapolate
     return limit if learned is None else min(limit, learned)
 
 
@@ -170,8 +165,7 @@ def _prefill(
     one batch padded on the right to a bucketed width."""
     seen = torch.clamp(count, max=window) if window is not None else count
     width = _bucket(min(longest, window) if window is not None else longest, window)  # few widths: few compiles
-    first = count - seen
-    index = (first[:, None] + torch.arange(width, device=tokens.device)).clamp(max=tokens.size(1) - 1)
+    index = ((count - seen)[:, None] + torch.arange(width, device=tokens.device)).clamp(max=tokens.size(1) - 1)
     return _forward_last(model, tokens.gather(1, index), cache, seen)
 
 

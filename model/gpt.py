@@ -106,7 +106,7 @@ class GPT(nn.Module):
         whose variance then does not grow with depth. The scheme initialises its own (`reset_parameters`); modules
         are visited in registration order, which fixes the weights a seed gives."""
         for name, module in self.named_modules():
-            if module is self.pe:
+            if module is self.pe or isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
             if name == "pe" or name.startswith("pe."):
                 continue
@@ -114,8 +114,6 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-            if isinstance(module, nn.LayerNorm):
-                module.reset_parameters()
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for block in self.blocks:
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
@@ -181,9 +179,8 @@ class GPT(nn.Module):
                 "(the weights would change shape or meaning)."
             )
         old, self.config = self.config, config
-        weight = self.wte.weight
         if _rebuilds_scheme(old, config):
-            self.pe = build_positions(config).to(device=weight.device, dtype=weight.dtype)
+            self.pe = build_positions(config).to(device=self.wte.weight.device, dtype=self.wte.weight.dtype)
         self.mask = AttentionMask.of(config)
         for block in self.blocks:
             block.attn.reconfigure(old, config)
@@ -304,10 +301,8 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token at context `seq_len`: 6N + 12 L H Q T, T the keys a token sees (PaLM
         appendix B; 18 with differential attention's two weighted sums), for MFU."""
-        c = self.config
-        keys = self.mask.attended_keys(seq_len)  # a window attends to at most W + S (+ R G) keys
-        n_params = self.num_params(exclude_embeddings=True)
-        return training_flops_per_token(n_params, c.n_layer, c.n_embd, keys, self.attention.value_passes)
+        c, keys = self.config, self.mask.attended_keys(seq_len)  # a window attends to at most W + S (+ R G) keys
+        return training_flops_per_token(self.num_params(), c.n_layer, c.n_embd, keys, self.attention.value_passes)
 
     @torch.no_grad()
     def generate(

@@ -86,8 +86,10 @@ class AttentionMask:
             return []
         if query_block.dtype != torch.int64:  # (a no-op cast trips inductor's CPU flex code in dynamic shapes)
             query_block = query_block.long()
-        if self.random_draw == "earlier_with_replacement":
-            return [self._earlier_with_replacement(query_block, draw) for draw in range(self.random_blocks)]
+        if self.random_draw == "earlier_with_replacement":  # the older draw: hash(seed, i, draw) mod i, in 0..i-1
+            earlier = query_block.clamp(min=1)
+            draws = (self._hash(query_block, draw) % earlier for draw in range(self.random_blocks))
+            return [torch.where(query_block > 0, block, -1) for block in draws]
         return self._distinct_eligible(query_block)
 
     def _distinct_eligible(self, query_block: Tensor) -> list[Tensor]:
@@ -113,10 +115,6 @@ class AttentionMask:
                 x = torch.maximum(earlier, x)
             taken = [*sorted_taken, x]
         return picks
-
-    def _earlier_with_replacement(self, query_block: Tensor, draw: int) -> Tensor:
-        """The older draw: hash(seed, i, draw) mod i, in 0..i-1 (-1 for block 0), with replacement."""
-        return torch.where(query_block > 0, self._hash(query_block, draw) % query_block.clamp(min=1), -1)
 
     def _hash(self, query_block: Tensor, draw: int) -> Tensor:
         """A 32-bit integer mix (xor-shift, multiply) of (seed, i, draw), in int64 arithmetic that stays

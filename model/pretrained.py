@@ -151,14 +151,12 @@ def load_gpt2(model: GPT, weights: dict[str, Tensor]) -> None:
     state["wte.weight"][vocab:] = weights["wte.weight"].to(torch.float64).mean(0)
     rows = min(model.config.block_size, weights["wpe.weight"].shape[0])
     state["pe.table.weight"][:rows] = weights["wpe.weight"][:rows]
-    copies = {f"ln_f.{kind}": weights[f"ln_f.{kind}"] for kind in ("weight", "bias")}
-    for layer in range(model.config.n_layer):
-        for theirs, ours in NAMES.items():
-            for kind in ("weight", "bias"):
+    for kind in ("weight", "bias"):
+        state[f"ln_f.{kind}"].copy_(weights[f"ln_f.{kind}"])
+        for layer in range(model.config.n_layer):
+            for theirs, ours in NAMES.items():
                 tensor = weights[f"h.{layer}.{theirs}.{kind}"]
-                copies[f"blocks.{layer}.{ours}.{kind}"] = tensor.t() if f"{theirs}.{kind}" in TRANSPOSED else tensor
-    for name, tensor in copies.items():
-        state[name].copy_(tensor)
+                state[f"blocks.{layer}.{ours}.{kind}"].copy_(tensor.t() if f"{theirs}.{kind}" in TRANSPOSED else tensor)
 
 
 def from_pretrained(config: GPTConfig) -> GPT:

@@ -113,7 +113,6 @@ class Additive(HeadParameters):
     """Bahdanau's additive (concat) score, per head h: v_h . tanh(W_q,h q + W_k,h k)."""
 
     dot_product = False
-    scale = None
 
     def __init__(self, n_head: int, head_dim: int) -> None:
         super().__init__()
@@ -124,9 +123,8 @@ class Additive(HeadParameters):
 
     def reset_parameters(self) -> None:
         d = self.v.size(-1)
-        nn.init.normal_(self.w_q, std=d**-0.5)  # W q keeps q's scale: the tanh starts unsaturated
-        nn.init.normal_(self.w_k, std=d**-0.5)
-        nn.init.normal_(self.v, std=d**-0.5)
+        for p in (self.w_q, self.w_k, self.v):  # W q keeps q's scale: the tanh starts unsaturated
+            nn.init.normal_(p, std=d**-0.5)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         wq, wk = per_head(q, self.w_q), per_head(k, self.w_k)  # (B, H, Tq, D), (B, H, Tk, D)
@@ -160,8 +158,7 @@ class LogLengthScale(nn.Module):
 
     def forward(self, q: Tensor, seen: Tensor) -> Tensor:
         """Queries (B, H, T, D) scaled by s_h ln(seen), `seen` (T,) or (B, T) key counts."""
-        log_n = torch.log(seen.float())
-        log_n = log_n[None, None, :, None] if log_n.dim() == 1 else log_n[:, None, :, None]
+        log_n = torch.log(seen.float()).unsqueeze(-2)[..., None]  # (B?, 1, T, 1)
         return (q.float() * (self.s.float()[None, :, None, None] * log_n)).to(q.dtype)
 
 

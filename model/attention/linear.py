@@ -17,7 +17,7 @@ from torch import Tensor
 
 from posgpt.model.attention.base import Attention
 from posgpt.model.cache import CacheWrite, DecodingCache, static_buffer
-from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, Plan, WeightsHook
+from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Plan, WeightsHook
 from posgpt.model.scores import Score
 
 if TYPE_CHECKING:
@@ -99,9 +99,6 @@ class LinearReference(Kernel):
     """The quadratic form: the reference, which forms the weights (attention maps)."""
 
     weights = True
-
-    def rank(self, needs: Needs, device: torch.device) -> float:
-        return 2.0
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
         return linear_attention_quadratic(q, k, v, on_weights=plan.on_weights)

@@ -46,8 +46,7 @@ class SigmoidFlex(FlexKernel):
     """FlexAttention with the log-sigmoid score, the output rescaled by exp(lse); CUDA only (module docstring)."""
 
     def weights_mod(self, mask: AttentionMask, placement: Placement, **settings: Any) -> ScoreMod:
-        """ln sigmoid(z - ln n), z the score with its terms, n `length` (`SigmoidAttention.kernel_settings`), or with
-        None the keys the query sees."""
+        """ln `sigmoid_weights` of z, the score with its terms (`length`: `SigmoidAttention.kernel_settings`)."""
         length: int | None = settings["length"]
         q_pos = placement.positions if placement.k_pos is not None else None  # decoding: the cache positions
         log_length = math.log(length) if length is not None else None

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from posgpt.model.attention.base import Attention
 from posgpt.model.cache import DecodingCache, KVCache, LayerCache
-from posgpt.model.kernels import KERNELS, Placement, Plan
+from posgpt.model.kernels import KERNELS, Plan
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import SCHEMES, PositionEncoding
 from posgpt.model.scores import LogLengthScale
@@ -54,8 +54,10 @@ class SoftmaxAttention(Attention):
         q, k = self.rotate(pe, q, k, plan.placement)
         if cache is not None:
             k, v = cache.update(k, v, plan.cache_write)  # the keys and values the plan describes
-        if self.log_scale is not None:
-            q = self.log_scale(q, self.mask.seen_keys(query_indices(plan.placement)))
+        if self.log_scale is not None:  # the queries stand at their cache positions when decoding, else at 0..Tq-1
+            place = plan.placement
+            queries = place.positions if place.k_pos is not None else torch.arange(place.q_len, device=place.device)
+            q = self.log_scale(q, self.mask.seen_keys(queries))
         return q, k, v
 
     layer_cache: ClassVar[type[LayerCache]] = LayerCache
@@ -80,10 +82,3 @@ class SoftmaxAttention(Attention):
 
 def _log_scaling_changes(old: GPTConfig, new: GPTConfig) -> bool:
     return (old.attn_log_scaling, old.attn_log_scale) != (new.attn_log_scaling, new.attn_log_scale)
-
-
-def query_indices(placement: Placement) -> Tensor:
-    """Where the pass's queries stand among the keys: each row's cache positions when decoding, else 0..Tq-1."""
-    if placement.k_pos is not None:
-        return placement.positions
-    return torch.arange(placement.q_len, device=placement.device)

@@ -127,8 +127,9 @@ class Kernel:
     """Runs any scoring function, not only a scaled dot product."""
 
     def rank(self, needs: Needs, device: torch.device) -> float:
-        """Preference of `auto` among the kernels that can run `needs` on `device`: lowest first."""
-        return 1.0
+        """Preference of `auto` among the kernels that can run `needs` on `device`: lowest first. A reference, which
+        forms the weights, runs only when no fused kernel can."""
+        return 2.0 if self.weights else 1.0
 
     def context(
         self, bias: ScoreBias | None, mask: AttentionMask, placement: Placement, memo: dict, **settings: Any

@@ -27,15 +27,14 @@ def eager_block_mask(mask: AttentionMask, placement: Placement, cache: dict | No
             return mask.visible(q_pos[b, q_idx], k) & (k >= 0)
 
         return create_block_mask(mask_mod, q_pos.size(0), None, q_len, k_pos.size(-1), device=device)
+    if cache is None:
+        return block_mask_in_chunks(mask, q_len, device)
     key = (mask, q_len, str(device))
-    if cache is not None and key in cache:
-        return cache[key]
-    block_mask = block_mask_in_chunks(mask, q_len, device)
-    if cache is not None:
+    if key not in cache:
         if len(cache) > 8:  # a handful of shapes per model (training, evaluation lengths)
             cache.clear()
-        cache[key] = block_mask
-    return block_mask
+        cache[key] = block_mask_in_chunks(mask, q_len, device)
+    return cache[key]
 
 
 def block_mask_in_chunks(mask: AttentionMask, length: int, device: torch.device) -> BlockMask:

@@ -64,9 +64,9 @@ class DenseContext:
             bias = bias.masked_fill(~visible, float("-inf"))
         return (None if self.plain else visible), bias
 
-    def blocks(self, q_len: int, most: int | None = None, tokens: TokenTerms | None = None) -> list[slice]:
-        """Blocks of query rows covering 0..q_len, each at most `most` rows (and `rows_per_block`)."""
-        step = min(self.rows_per_block(tokens), most or q_len, q_len)
+    def blocks(self, q_len: int, tokens: TokenTerms | None = None) -> list[slice]:
+        """Blocks of query rows covering 0..q_len, each at most `rows_per_block` rows."""
+        step = min(self.rows_per_block(tokens), q_len)
         return [slice(c, min(c + step, q_len)) for c in range(0, q_len, step)]
 
 

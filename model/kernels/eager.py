@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Needs, Placement, Plan, WeightsHook
+from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Placement, Plan, WeightsHook
 from posgpt.model.kernels.dense import DenseContext, causal_mask, dense_context
 from posgpt.model.masks import AttentionMask
 from posgpt.model.scores import ScaledDot, Score
@@ -62,15 +62,14 @@ def eager_attention(
         step = min(step, max(1, WEIGHTS_CHUNK_ELEMENTS // (q.size(0) * q.size(1) * k_len)))
     for c in range(0, q_len, step):
         rows = slice(c, min(c + step, q_len))
+        seen = visible[..., rows, :]
         scores = score(qw[:, :, rows], kw)  # (B, H, chunk, Tk)
         if bias is not None:
             scores = scores + bias[..., rows, :].to(dtype)
-        scores = scores.masked_fill(~visible[..., rows, :], float("-inf"))
+        scores = scores.masked_fill(~seen, float("-inf"))
         if term is not None:
-            scores = (scores + term(qw[:, :, rows], scores, visible[..., rows, :])).masked_fill(
-                ~visible[..., rows, :], float("-inf")
-            )
-        weights = F.dropout(weigh(scores, visible[..., rows, :]), p=dropout_p)
+            scores = (scores + term(qw[:, :, rows], scores, seen)).masked_fill(~seen, float("-inf"))
+        weights = F.dropout(weigh(scores, seen), p=dropout_p)
         outs.append(weights @ vw)  # (B, H, chunk, D)
         if on_weights is not None:
             on_weights(rows, weights)
@@ -88,9 +87,6 @@ class EagerKernel(Kernel):
     dropout = True
     weights = True
     any_score = True
-
-    def rank(self, needs: Needs, device: torch.device) -> float:
-        return 2.0  # the reference: only when no fused kernel can
 
     def context(
         self, bias: ScoreBias | None, mask: AttentionMask, placement: Placement, memo: dict, **settings: Any

@@ -119,10 +119,8 @@ def sinusoid_table(length: int, dim: int, device: torch.device | None = None) ->
     """(length, dim) float32 table; even channels sin, odd channels cos, of pos / 10000^(2i/dim)."""
     pos = torch.arange(length, dtype=torch.float32, device=device)[:, None]
     inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32, device=device) * (-math.log(10000.0) / dim))
-    table = torch.empty(length, dim, dtype=torch.float32, device=device)
-    table[:, 0::2] = torch.sin(pos * inv_freq)
-    table[:, 1::2] = torch.cos(pos * inv_freq)
-    return table
+    angles = pos * inv_freq
+    return torch.stack((torch.sin(angles), torch.cos(angles)), dim=-1).flatten(1)  # channels 2i and 2i + 1
 
 
 def rope_cos_sin(
@@ -182,8 +180,7 @@ def yarn_inv_freq(inv_freq: Tensor, head_dim: int, base: float, factor: float, t
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate x (..., T, D) pairwise: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in float32."""
     x1, x2 = x.float().chunk(2, dim=-1)  # (..., T, D/2) each
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return rotated.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 def rotated_part(config: GPTConfig) -> tuple[int, int | None]:
