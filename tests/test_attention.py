@@ -15,7 +15,7 @@ from posgpt.model import ATTENTIONS, GPT, SCHEMES, GPTConfig
 from posgpt.model.attention import LinearAttention, SoftmaxAttention
 from posgpt.model.attention.linear import LayerStateCache
 from posgpt.model.cache import DecodingCache, KVCache
-from posgpt.model.kernels import Placement, Plan
+from posgpt.model.kernels import KERNELS, Placement, Plan
 from posgpt.model.masks import AttentionMask
 
 from helpers import overfit
@@ -79,6 +79,10 @@ def test_a_linear_attention_model_overfits_a_batch(tiny_config):
     assert final < 0.3
 
 
+DROPPING = [name for name, kernel in KERNELS.items() if kernel.dropout]
+"""Softmax attention's kernels with attention dropout (eager, sdpa)."""
+
+
 @pytest.mark.parametrize(
     ("fields", "needles"),
     [
@@ -99,7 +103,7 @@ def test_a_linear_attention_model_overfits_a_batch(tiny_config):
           "attn_backend auto or eager would run"]),
         ({"attn_backend": "flex", "dropout": 0.1},
          ["attn_backend='flex' cannot run dropout=0.1", "attention dropout", "dropout 0.0 would run",
-          "attn_backend auto, eager or sdpa would run"]),
+          f"attn_backend {', '.join(['auto', *DROPPING[:-1]])} or {DROPPING[-1]} would run"]),
     ],
 )  # fmt: skip
 def test_a_combination_no_kernel_runs_is_refused_at_validation_in_one_line(tiny_config, fields, needles):

@@ -73,7 +73,8 @@ def test_a_wrong_kernel_fails_and_exits_non_zero(monkeypatch, capsys, tmp_path):
     assert "checks failed (softmax/alibi/causal/" in err and "sdpa forward" in err
     saved = json.loads(out.read_text())
     failed = [c for c in saved["cases"] if c["passed"] is False]
-    assert failed and all(c["case"].endswith("/sdpa") and c["error"] > c["tolerance"] for c in failed)
+    assert failed and all(c["error"] > c["tolerance"] for c in failed)  # sdpa's rows, and kernels built on it
+    assert any(c["case"].endswith("/sdpa") for c in failed)
     assert all(c["passed"] is None for c in saved["cases"] if "/flex" in c["case"])  # listed as skipped on a CPU
     assert "failed" in saved["summary"] and saved["device"] == "cpu"
 
