@@ -141,9 +141,10 @@ class KVCache(DecodingCache):
             last = end[:, None] - 1  # last - (last - s) mod W
             rolled = last - torch.remainder(last - slots, self.mask.window)
             position = torch.where(slots < self.mask.sinks, position, rolled)
-        # a slot past the sinks takes no position below them (always so without rolling: position = slot)
-        kept = (slots < self.mask.sinks) | (position >= self.mask.sinks)
-        return position, (position >= start[:, None]) & (position < end[:, None]) & kept
+        incoming = (position >= start[:, None]) & (position < end[:, None])
+        if self.rolling:  # a slot past the sinks takes no position below them (without rolling: position = slot)
+            incoming = incoming & ((slots < self.mask.sinks) | (position >= self.mask.sinks))
+        return position, incoming
 
     def slot_of(self, position: Tensor) -> Tensor:
         """The slot that holds each position."""
