@@ -5,15 +5,21 @@ an attention function (`Attention.terms`) and the mask ask for theirs, and `auto
 
 The kinds apply in this order to s = score(q, k), the score of query i on key j (positions i, j):
 
-1. `POSITIONS`: s + f_h(i - j, i), a formula of positions (ALiBi, T5, Kerple, FIRE), carried by
+1. `TRANSFORM`: s -> g(s), a pointwise function of the score alone (Gemma 2's soft-cap c tanh(s / c)), carried by
+   the layer's plan (`Plan.transform`): before every other term, so that none is transformed (ALiBi's
+   -m (i - j) would saturate at -c under a cap);
+2. `POSITIONS`: + f_h(i - j, i), a formula of positions (ALiBi, T5, Kerple, FIRE), carried by
    `ScoreBias.formula` in the forward pass's context;
-2. `TOKENS`: + c_q[b, h, i] - c_k[b, h, j], values of the layer's own tokens (FoX's forget-gate sums), carried
+3. `TOKENS`: + c_q[b, h, i] - c_k[b, h, j], values of the layer's own tokens (FoX's forget-gate sums), carried
    by the layer's plan (`TokenTerms`, `Plan.tokens`);
-3. `MASK`: -inf where the mask hides key j, beyond causal (a window, sinks, random blocks: `AttentionMask`);
-4. `FROM_SCORES`: + t(q, s, visible), a term computed from the masked scores themselves (CoPE), carried by
+4. `MASK`: -inf where the mask hides key j, beyond causal (a window, sinks, random blocks: `AttentionMask`);
+5. `FROM_SCORES`: + t(q, s, visible), a term computed from the masked scores themselves (CoPE), carried by
    `ScoreBias.from_scores`;
 
-then the attention function turns the result into weights (softmax, sigmoid, stick-breaking, ...).
+then the attention function turns the result into weights (softmax, sigmoid, stick-breaking, ...), and last
+
+6. `MASS`: a softmax's normaliser takes one more term per head, exp(z_h), a logit with no key and no value
+   (gpt-oss's sinks), carried by the layer's plan (`Plan.sinks`): the weights sum to less than 1.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ class Term(Enum):
     """A kind of modification of the scores (the module docstring gives their order): the need in words, as a
     refusal says it, and the model setting that asks for it."""
 
+    TRANSFORM = ("a transform of the scores (a soft-cap)", "attention")
     POSITIONS = ("a position score bias", "pos_encoding")
     TOKENS = ("terms of the layer's tokens added to the scores", "attention")
     MASK = ("a mask beyond causal (attn_window, attn_sinks)", "attn_window")
     FROM_SCORES = ("positions computed from the scores", "pos_encoding")
+    MASS = ("softmax mass with no key (sink logits)", "attention")
 
 
 ScoresTerm = Callable[[Tensor, Tensor, Tensor], Tensor]

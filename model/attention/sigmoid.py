@@ -23,6 +23,7 @@ from posgpt.model.kernels.eager import EagerKernel
 from posgpt.model.kernels.flex import FlexContext, FlexKernel, ScoreMod, compiled_flex_attention
 from posgpt.model.masks import AttentionMask
 from posgpt.model.scores import Score
+from posgpt.model.terms import Term
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
@@ -40,10 +41,13 @@ class SigmoidEager(EagerKernel):
     """The reference: the eager kernel with sigmoid weights (n from `SigmoidAttention.kernel_settings`)."""
 
     weigh = staticmethod(sigmoid_weights)
+    terms = EagerKernel.terms - {Term.MASS}  # no softmax: no normaliser to add mass to
 
 
 class SigmoidFlex(FlexKernel):
     """FlexAttention with the log-sigmoid score, the output rescaled by exp(lse); CUDA only (module docstring)."""
+
+    terms = FlexKernel.terms - {Term.MASS}
 
     def weights_mod(self, mask: AttentionMask, placement: Placement, **settings: Any) -> ScoreMod:
         """ln `sigmoid_weights` of z, the score with its terms (`length`: `SigmoidAttention.kernel_settings`)."""
@@ -62,7 +66,7 @@ class SigmoidFlex(FlexKernel):
     def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
         context: FlexContext = plan.context
         out, aux = compiled_flex_attention()(
-            q, k, v, score_mod=context.score_mod(plan.tokens), block_mask=context.block_mask, scale=score.scale,
+            q, k, v, score_mod=context.score_mod(plan), block_mask=context.block_mask, scale=score.scale,
             return_aux=AuxRequest(lse=True), kernel_options=context.kernel_options,
         )  # fmt: skip
         return (out.float() * aux.lse.exp()[..., None]).to(q.dtype)

@@ -19,6 +19,7 @@ from torch import Tensor
 from posgpt.model.attention.softmax import SoftmaxAttention
 from posgpt.model.kernels.base import Kernel
 from posgpt.model.kernels.eager import EagerKernel
+from posgpt.model.terms import Term
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
@@ -44,6 +45,7 @@ class StickBreakingEager(EagerKernel):
     """The eager kernel with stick-breaking weights (any score, bias, mask and dropout)."""
 
     weigh = staticmethod(stick_breaking_weights)
+    terms = EagerKernel.terms - {Term.MASS}  # no softmax: no normaliser to add mass to
 
 
 STICK_BREAKING_KERNELS: dict[str, Kernel] = {"eager": StickBreakingEager()}

@@ -159,7 +159,11 @@ class Plan:
     cache_write: CacheWrite | None = None
     """Decoding: where the new tokens go in the cache (`model.cache`)."""
     tokens: TokenTerms | None = None
-    """The layer's own `Term.TOKENS` (set by the layer that attends)."""
+    """The layer's own `Term.TOKENS` (set by the layer that attends), as its `transform` and `sinks`."""
+    transform: Callable[[Tensor], Tensor] | None = None
+    """`Term.TRANSFORM`: a pointwise function of the scores."""
+    sinks: Tensor | None = None
+    """`Term.MASS`: (H,) float32 logits, one keyless term per head in the softmax's normaliser."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, score: Score, dropout_p: float) -> Tensor:
         return self.kernel.run(q, k, v, self, score, dropout_p)

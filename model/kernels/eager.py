@@ -22,9 +22,13 @@ Weigh = Callable[[Tensor, Tensor], Tensor]
 -> attention weights: what makes an attention function of the scores (softmax, sigmoid, ...)."""
 
 
-def softmax_weights(scores: Tensor, visible: Tensor) -> Tensor:
-    """Softmax attention's weights: the softmax over the visible keys."""
-    return torch.softmax(scores, dim=-1)
+def softmax_weights(scores: Tensor, visible: Tensor, sinks: Tensor | None = None) -> Tensor:
+    """Softmax attention's weights: the softmax over the visible keys; with `sinks` (H,), over them and one keyless
+    logit per head (`Term.MASS`), whose share is left out."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
 
 def eager_attention(
@@ -38,6 +42,8 @@ def eager_attention(
     on_weights: WeightsHook | None = None,
     weigh: Weigh = softmax_weights,
     term: ScoresTerm | None = None,
+    transform: Callable[[Tensor], Tensor] | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """softmax(score(q, k) + bias, over the visible keys) v, written out in (at least) float32, in chunks of
     queries when the score or `on_weights` needs it; the (B, H, Tq, D) output in q's dtype.
@@ -50,6 +56,8 @@ def eager_attention(
         on_weights: called with each chunk of weights (query rows, (B, H, rows, Tk), after dropout).
         weigh: the weights of the masked scores (default: the softmax).
         term: a term computed from the masked scores, added to them (`Term.FROM_SCORES`: CoPE).
+        transform: a function of the scores, before the bias (`Term.TRANSFORM`: a soft-cap).
+        sinks: (H,) keyless logits in the softmax's normaliser (`Term.MASS`; `weigh` takes them).
     """
     q_len, k_len = q.size(-2), k.size(-2)
     dtype = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 if given float64
@@ -64,12 +72,14 @@ def eager_attention(
         rows = slice(c, min(c + step, q_len))
         seen = visible[..., rows, :]
         scores = score(qw[:, :, rows], kw)  # (B, H, chunk, Tk)
+        if transform is not None:
+            scores = transform(scores)
         if bias is not None:
             scores = scores + bias[..., rows, :].to(dtype)
         scores = scores.masked_fill(~seen, float("-inf"))
         if term is not None:
             scores = (scores + term(qw[:, :, rows], scores, seen)).masked_fill(~seen, float("-inf"))
-        weights = F.dropout(weigh(scores, seen), p=dropout_p)
+        weights = F.dropout(weigh(scores, seen) if sinks is None else weigh(scores, seen, sinks), p=dropout_p)
         outs.append(weights @ vw)  # (B, H, chunk, D)
         if on_weights is not None:
             on_weights(rows, weights)
@@ -103,7 +113,8 @@ class EagerKernel(Kernel):
         for rows in context.blocks(q.size(-2), tokens=plan.tokens):  # one block unless the terms would be large
             visible, bias = context.block(rows, plan.tokens)
             hook = _shifted(plan.on_weights, rows.start) if plan.on_weights is not None else None
-            outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, weigh, term))
+            outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, weigh, term,
+                                        plan.transform, plan.sinks))  # fmt: skip
         return torch.cat(outs, dim=2)
 
 

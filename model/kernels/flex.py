@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
 from posgpt.model.kernels.base import Kernel, Needs, Placement, Plan
 from posgpt.model.masks import AttentionMask
 from posgpt.model.scores import Score
-from posgpt.model.terms import ScoreBias, Term, TokenTerms
+from posgpt.model.terms import ScoreBias, Term
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -74,14 +74,16 @@ class FlexContext:
     weights: ScoreMod | None = None
     kernel_options: dict[str, int] | None = None
 
-    def score_mod(self, tokens: TokenTerms | None) -> ScoreMod | None:
-        """The score_mod of a layer: its position terms, its `tokens`, then the function's weights (`model.terms`'
-        order; the mask is the block mask's)."""
-        if tokens is None and self.weights is None:
-            return self.positions
-        positions, weights = self.positions, self.weights
+    def score_mod(self, plan: Plan) -> ScoreMod | None:
+        """The score_mod of a layer's `plan`: its transform, the position terms, its token terms, then the function's
+        weights (`model.terms`' order; the mask is the block mask's)."""
+        positions, tokens, transform, weights = self.positions, plan.tokens, plan.transform, self.weights
+        if tokens is None and transform is None and weights is None:
+            return positions
 
         def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            if transform is not None:
+                score = transform(score)
             if positions is not None:
                 score = positions(score, b, h, q_idx, kv_idx)
             if tokens is not None:
@@ -94,7 +96,7 @@ class FlexContext:
 class FlexKernel(Kernel):
     """Fused with a block-sparse mask and in-kernel additive terms; no dropout; CUDA only (module docstring)."""
 
-    terms = frozenset({Term.POSITIONS, Term.TOKENS, Term.MASK})
+    terms = frozenset(Term) - {Term.FROM_SCORES}
     term_gradients = True
     devices = frozenset({"cuda"})
     device_notes = {"cpu": "compiled FlexAttention returns wrong numbers on a CPU in torch 2.13"}
@@ -121,6 +123,13 @@ class FlexKernel(Kernel):
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
         context: FlexContext = plan.context
-        return compiled_flex_attention()(q, k, v, score_mod=context.score_mod(plan.tokens),
-                                         block_mask=context.block_mask, scale=score.scale,
-                                         kernel_options=context.kernel_options)  # fmt: skip
+        lse = AuxRequest(lse=True) if plan.sinks is not None else None
+        out = compiled_flex_attention()(q, k, v, score_mod=context.score_mod(plan), block_mask=context.block_mask,
+                                        scale=score.scale, kernel_options=context.kernel_options,
+                                        return_aux=lse)  # fmt: skip
+        if plan.sinks is None:
+            return out
+        out, aux = out  # a keyless logit z_h in the normaliser Z: each weight times Z / (Z + e^z) = sigmoid(ln Z - z)
+        wide = torch.promote_types(q.dtype, torch.float32)
+        share = torch.sigmoid(aux.lse.to(wide) - plan.sinks.to(wide)[:, None])
+        return (out.to(wide) * share[..., None]).to(q.dtype)

@@ -1,0 +1,99 @@
+"""The kinds of score terms (model/terms.py) as the kernels run them: a transform of the scores (Gemma 2's
+soft-cap) and softmax mass with no key (gpt-oss's sink logits), against a float64 formula written from their
+definitions, in the documented order (the cap on the score, before a position bias); and every kernel that does not
+declare a kind refuses it in its words."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from posgpt.model import ATTENTIONS
+from posgpt.model.kernels import KERNELS, KernelError, Needs, Placement, Plan
+from posgpt.model.masks import AttentionMask
+from posgpt.model.positions import alibi_slopes
+from posgpt.model.scores import ScaledDot
+from posgpt.model.terms import ScoreBias, Term
+
+from helpers import uncompiled_flex
+
+B, H, T, D, CAP, WINDOW = 2, 4, 11, 8, 2.0, 6
+
+
+def softcap(scores: torch.Tensor) -> torch.Tensor:
+    return CAP * torch.tanh(scores / CAP)
+
+
+def formula(q, k, v, sinks: torch.Tensor, cap_first: bool = True) -> torch.Tensor:
+    """Query i over keys j in (i - W, i]: s = q.k / sqrt(D); the soft-cap c tanh(s / c) of the score, then ALiBi's
+    -m_h (i - j); weights exp(s_ij) / (exp(z_h) + sum_j exp(s_ij)), the sink z_h taking its share; key by key."""
+    slopes = alibi_slopes(H)
+    out = torch.zeros(B, H, T, D, dtype=torch.float64)
+    for b, h, i in ((b, h, i) for b in range(B) for h in range(H) for i in range(T)):
+        keys = range(max(0, i - WINDOW + 1), i + 1)
+        scores = []
+        for j in keys:
+            s = q[b, h, i] @ k[b, h, j] / math.sqrt(D)
+            bias = -slopes[h] * (i - j)
+            scores.append(CAP * torch.tanh(s / CAP) + bias if cap_first else CAP * torch.tanh((s + bias) / CAP))
+        scores = torch.stack(scores)
+        weights = torch.exp(scores) / (torch.exp(sinks[h]) + torch.exp(scores).sum())
+        out[b, h, i] = weights @ v[b, h, list(keys)]
+    return out
+
+
+def attend(kernel_name: str, q, k, v, sinks: torch.Tensor, on_weights=None) -> torch.Tensor:
+    """Softmax attention through one of its kernels, with ALiBi's bias, a window, the soft-cap and the sinks."""
+    kernel = KERNELS[kernel_name]
+    bias = ScoreBias(lambda h, distance, query: -torch.tensor(alibi_slopes(H), dtype=torch.float64)[h] * distance, H)
+    context = kernel.context(bias, AttentionMask(window=WINDOW), Placement(T, H, torch.device("cpu")), {})
+    plan = Plan(kernel, context, Placement(T, H, torch.device("cpu")), on_weights, transform=softcap, sinks=sinks)
+    return plan.attend(q, k, v, ScaledDot(D), 0.0)
+
+
+@pytest.fixture
+def inputs():
+    torch.manual_seed(0)
+    q, k, v = (3 * torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(3))  # scores past the cap
+    return q, k, v, torch.randn(H, dtype=torch.float64, requires_grad=True)
+
+
+def test_the_eager_kernel_is_the_formula_with_its_gradients(inputs):
+    q, k, v, sinks = inputs
+    weight = torch.randn(B, H, T, D, dtype=torch.float64)
+    rows = []
+    got = attend("eager", q, k, v, sinks, on_weights=lambda r, w: rows.append(w))
+    (got * weight).sum().backward()
+    grad, sinks.grad = sinks.grad, None
+    expected = formula(q, k, v, sinks)
+    (expected * weight).sum().backward()
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(grad, sinks.grad, rtol=1e-9, atol=1e-10)
+    assert not torch.allclose(expected, formula(q, k, v, sinks, cap_first=False))  # the order is what is tested
+    mass = torch.cat(rows, dim=2).sum(-1)  # the weights a map shows: the sinks' share left out
+    assert bool((mass < 1).all()) and bool((mass > 0).all())
+
+
+def test_flex_runs_the_transform_and_the_mass_as_eager_does(inputs, monkeypatch):
+    """FlexAttention's score_mod caps the score before the bias; the sinks rescale its output by its log-sum-exp
+    (uncompiled on a CPU, forward only: test_gpu.py compiles it)."""
+    uncompiled_flex(monkeypatch)
+    q, k, v, sinks = inputs
+    with torch.no_grad():
+        torch.testing.assert_close(attend("flex", q, k, v, sinks), attend("eager", q, k, v, sinks))
+
+
+def test_a_kernel_without_a_kind_refuses_it_in_its_words():
+    cpu = torch.device("cpu")
+    sdpa = Needs(terms=frozenset({Term.TRANSFORM, Term.MASS})).unmet(KERNELS["sdpa"])
+    assert [lack.words for lack in sdpa] == [Term.TRANSFORM.value[0], Term.MASS.value[0]]
+    needs = Needs(terms=frozenset({Term.MASS}), runs_on="cpu")
+    assert ATTENTIONS["softmax"].choose_kernel("auto", needs, cpu) is KERNELS["eager"]
+    for layer in ATTENTIONS.values():  # only a softmax has a normaliser to add mass to
+        if not any(Term.MASS in kernel.terms for kernel in layer.kernels.values()):
+            with pytest.raises(KernelError, match=r"softmax mass with no key \(sink logits\)"):
+                layer.choose_kernel("auto", needs, cpu)
+    assert {f for f, layer in ATTENTIONS.items() if all(Term.MASS not in k.terms for k in layer.kernels.values())} == {
+        "linear", "sigmoid", "stick_breaking"}  # fmt: skip
