@@ -1,6 +1,6 @@
 """The network: pure PyTorch, no training code and no Lightning import.
 
-Usage: `from model import GPT, GPTConfig`. Importing `GPTConfig` imports no attention kernel (nor
+Usage: `from posgpt.model import GPT, GPTConfig`. Importing `GPTConfig` imports no attention kernel (nor
 torch's FlexAttention): the model and the registries are imported when first named here.
 """
 
@@ -17,7 +17,7 @@ def __getattr__(name: str) -> Any:
         return tuple(import_module("posgpt.model.positions").SCHEMES)
     if name in _WHERE:
         return getattr(import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'model' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["ATTENTIONS", "GPT", "GPTConfig", "POS_ENCODINGS", "SCHEMES"]

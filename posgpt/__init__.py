@@ -1,12 +1,31 @@
 """posgpt: a small decoder-only GPT trainer for positional-encoding research; `posgpt` (posgpt/cli.py) runs every tool.
 
-Its packages are `posgpt.model`, `posgpt.data`, `posgpt.training`, ...: an installed wheel holds them under posgpt/,
-and a checkout keeps them at its top (model/, data/, ...), which this package's path then covers. So the project
-claims one top-level name, and puts nothing on sys.path.
+Its packages are `posgpt.model`, `posgpt.data`, `posgpt.training`, ...: an installed wheel holds them under posgpt/
+(setup.py), and a checkout keeps them at its top (model/, data/, ...), where the finder below maps them, as
+setuptools' editable install does. So the project claims one top-level name, and puts nothing on sys.path.
 """
 
+import importlib.abc
+import importlib.util
+import sys
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 _checkout = Path(__file__).resolve().parent.parent
+
+
+class _CheckoutPackages(importlib.abc.MetaPathFinder):
+    """Finds `posgpt.NAME` for each package NAME at the top of this checkout, and nothing else."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        if not name.startswith("posgpt.") or name.count(".") != 1 or name == "posgpt.posgpt":
+            return None
+        package = _checkout / name.removeprefix("posgpt.")
+        if not (package / "__init__.py").is_file():
+            return None
+        return importlib.util.spec_from_file_location(name, package / "__init__.py",
+                                                      submodule_search_locations=[str(package)])  # fmt: skip
+
+
 if not (Path(__file__).parent / "model").is_dir() and (_checkout / "model" / "__init__.py").is_file():
-    __path__.append(str(_checkout))
+    sys.meta_path.insert(0, _CheckoutPackages())  # before an editable install's finder of another checkout

@@ -56,7 +56,7 @@ def test_logits_and_gradients_in_float64_are_the_formulas(fields):
 def test_its_needs_are_declared_and_the_table_starts_at_zero():
     model = GPT(CONFIG)
     assert model.pe.table.shape == (1, 8, 17) and torch.all(model.pe.table == 0)  # P = block_size + 1
-    assert type(model.kernel(torch.device("cpu"), False, True)).__name__ == "EagerKernel"
+    assert type(model.kernel(torch.device("cpu"), False, True)).__name__ == "SoftmaxEager"
     with pytest.raises(ConfigError, match="cannot run pos_encoding='cope': kernel 'sdpa' lacks positions computed"):
         dataclasses.replace(CONFIG, attn_backend="sdpa")
     with pytest.raises(ConfigError, match="attention='differential' scores half-heads, and pos_encoding='cope'"):

@@ -193,6 +193,21 @@ def _shadowed(cwd: Path, env: dict[str, str]) -> list[str]:
     return json.loads(done.stdout)
 
 
+def test_posgpt_maps_the_checkouts_packages_and_nothing_else():
+    """In a checkout, posgpt.NAME is each package at its top (as the wheel's and setuptools' editable mapping):
+    not its scripts, setup.py, tests or posgpt itself again (which a package path over the whole top would)."""
+    import importlib.util
+    import pkgutil
+
+    import posgpt
+
+    assert {m.name for m in pkgutil.iter_modules(posgpt.__path__)} == {"cli", "__main__"}
+    for name in ("setup", "posgpt", "train", "bench", "tests", "docs"):
+        assert importlib.util.find_spec(f"posgpt.{name}") is None, name
+    for package in (p.parent for p in ROOT.glob("*/__init__.py") if p.parent.name != "posgpt"):
+        assert Path(importlib.util.find_spec(f"posgpt.{package.name}").origin) == package / "__init__.py"
+
+
 def test_the_editable_install_claims_one_top_level_name(tmp_path):
     """With the README's `pip install -e .`, a Python outside the checkout imports posgpt from it, and finds none of
     the checkout's other top-level names (evaluate, train, model, tests, ...)."""

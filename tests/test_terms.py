@@ -5,6 +5,7 @@ declare a kind refuses it in its words."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -18,6 +19,7 @@ from posgpt.model.scores import ScaledDot
 from posgpt.model.terms import ScoreBias, Term
 
 from helpers import uncompiled_flex
+from test_kernels import TINY
 
 B, H, T, D, CAP, WINDOW = 2, 4, 11, 8, 2.0, 6
 
@@ -46,11 +48,13 @@ def formula(q, k, v, sinks: torch.Tensor, cap_first: bool = True) -> torch.Tenso
 
 def attend(kernel_name: str, q, k, v, sinks: torch.Tensor, on_weights=None) -> torch.Tensor:
     """Softmax attention through one of its kernels, with ALiBi's bias, a window, the soft-cap and the sinks."""
-    kernel = KERNELS[kernel_name]
-    bias = ScoreBias(lambda h, distance, query: -torch.tensor(alibi_slopes(H), dtype=torch.float64)[h] * distance, H)
-    context = kernel.context(bias, AttentionMask(window=WINDOW), Placement(T, H, torch.device("cpu")), {})
-    plan = Plan(kernel, context, Placement(T, H, torch.device("cpu")), on_weights, transform=softcap, sinks=sinks)
-    return plan.attend(q, k, v, ScaledDot(D), 0.0)
+    kernel, (_, heads, length, dim) = KERNELS[kernel_name], q.shape
+    slopes = torch.tensor(alibi_slopes(heads), dtype=q.dtype, device=q.device)
+    bias = ScoreBias(lambda h, distance, query: -slopes[h] * distance, heads)
+    placement = Placement(length, heads, q.device)
+    context = kernel.context(bias, AttentionMask(window=WINDOW), placement, {})
+    plan = Plan(kernel, context, placement, on_weights, transform=softcap, sinks=sinks)
+    return plan.attend(q, k, v, ScaledDot(dim), 0.0)
 
 
 @pytest.fixture
@@ -78,11 +82,34 @@ def test_the_eager_kernel_is_the_formula_with_its_gradients(inputs):
 
 def test_flex_runs_the_transform_and_the_mass_as_eager_does(inputs, monkeypatch):
     """FlexAttention's score_mod caps the score before the bias; the sinks rescale its output by its log-sum-exp
-    (uncompiled on a CPU, forward only: test_gpu.py compiles it)."""
+    (uncompiled on a CPU, forward only: compiled, with gradients, on CUDA in test_gpu.py)."""
     uncompiled_flex(monkeypatch)
     q, k, v, sinks = inputs
     with torch.no_grad():
         torch.testing.assert_close(attend("flex", q, k, v, sinks), attend("eager", q, k, v, sinks))
+
+
+def test_every_kernel_that_declares_them_runs_them_as_its_reference(inputs, monkeypatch):
+    """Each function's kernels that declare the transform or the mass (flex uncompiled, forward) against the one
+    that forms its weights, with the same terms (softmax's reference is the formula above)."""
+    uncompiled_flex(monkeypatch)
+    q, k, v, sinks = inputs
+    placement = Placement(T, H, torch.device("cpu"))
+    checked = []
+    for function, layer in ATTENTIONS.items():
+        reference = next(kernel for kernel in layer.kernels.values() if kernel.weights)
+        settings = layer.kernel_settings(dataclasses.replace(TINY, attention=function)) if layer.scored else {}
+        for name, kernel in layer.kernels.items():
+            kinds = kernel.terms & {Term.TRANSFORM, Term.MASS}
+            assert kinds <= reference.terms, (function, name)  # what the reference does not run, none may
+            if not kinds or kernel is reference:
+                continue
+            extra = {"transform": softcap, "sinks": sinks if Term.MASS in kinds else None}
+            outs = [Plan(k_, k_.context(None, AttentionMask(window=WINDOW), placement, {}, **settings), placement,
+                         **extra).attend(q, k, v, ScaledDot(D), 0.0) for k_ in (kernel, reference)]  # fmt: skip
+            torch.testing.assert_close(*outs, msg=f"{function}/{name}")
+            checked.append(f"{function}/{name}")
+    assert "softmax/flex" in checked and "sigmoid/flex" in checked
 
 
 def test_a_kernel_without_a_kind_refuses_it_in_its_words():
@@ -97,3 +124,8 @@ def test_a_kernel_without_a_kind_refuses_it_in_its_words():
                 layer.choose_kernel("auto", needs, cpu)
     assert {f for f, layer in ATTENTIONS.items() if all(Term.MASS not in k.terms for k in layer.kernels.values())} == {
         "linear", "sigmoid", "stick_breaking"}  # fmt: skip
+    placement = Placement(T, H, cpu)  # a layer that sets a term its kernel does not run is stopped, not ignored
+    plan = Plan(KERNELS["sdpa"], KERNELS["sdpa"].context(None, AttentionMask(), placement, {}), placement,
+                transform=softcap)  # fmt: skip
+    with pytest.raises(KernelError, match=r"does not run a transform of the scores \(a soft-cap\)"):
+        plan.attend(*torch.randn(3, B, H, T, D).unbind(0), ScaledDot(D), 0.0)

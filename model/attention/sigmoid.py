@@ -41,7 +41,6 @@ class SigmoidEager(EagerKernel):
     """The reference: the eager kernel with sigmoid weights (n from `SigmoidAttention.kernel_settings`)."""
 
     weigh = staticmethod(sigmoid_weights)
-    terms = EagerKernel.terms - {Term.MASS}  # no softmax: no normaliser to add mass to
 
 
 class SigmoidFlex(FlexKernel):

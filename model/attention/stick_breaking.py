@@ -19,7 +19,6 @@ from torch import Tensor
 from posgpt.model.attention.softmax import SoftmaxAttention
 from posgpt.model.kernels.base import Kernel
 from posgpt.model.kernels.eager import EagerKernel
-from posgpt.model.terms import Term
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
@@ -45,7 +44,6 @@ class StickBreakingEager(EagerKernel):
     """The eager kernel with stick-breaking weights (any score, bias, mask and dropout)."""
 
     weigh = staticmethod(stick_breaking_weights)
-    terms = EagerKernel.terms - {Term.MASS}  # no softmax: no normaliser to add mass to
 
 
 STICK_BREAKING_KERNELS: dict[str, Kernel] = {"eager": StickBreakingEager()}

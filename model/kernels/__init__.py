@@ -12,12 +12,12 @@ What `attn_backend="auto"` picks (each kernel's declared capabilities and `rank`
 
 from posgpt.model.kernels.base import AUTO, Kernel, KernelError, Lack, Needs, Placement, Plan, WeightsHook
 from posgpt.model.kernels.dense import DenseContext, causal_mask
-from posgpt.model.kernels.eager import EagerKernel, eager_attention
+from posgpt.model.kernels.eager import EagerKernel, SoftmaxEager, eager_attention
 from posgpt.model.kernels.flex import FlexKernel, compiled_flex_attention
 from posgpt.model.kernels.sdpa import SdpaKernel, sdpa_attention
 
 KERNELS: dict[str, Kernel] = {
-    "eager": EagerKernel(),
+    "eager": SoftmaxEager(),
     "sdpa": SdpaKernel(),
     "flex": FlexKernel(),
 }
@@ -25,6 +25,6 @@ KERNELS: dict[str, Kernel] = {
 
 __all__ = [
     "AUTO", "KERNELS", "DenseContext", "EagerKernel", "FlexKernel", "Kernel", "KernelError", "Lack", "Needs",
-    "Placement", "Plan", "SdpaKernel", "WeightsHook", "causal_mask", "compiled_flex_attention", "eager_attention",
-    "sdpa_attention",
+    "Placement", "Plan", "SdpaKernel", "SoftmaxEager", "WeightsHook", "causal_mask", "compiled_flex_attention",
+    "eager_attention", "sdpa_attention",
 ]  # fmt: skip

@@ -159,11 +159,19 @@ class Plan:
     cache_write: CacheWrite | None = None
     """Decoding: where the new tokens go in the cache (`model.cache`)."""
     tokens: TokenTerms | None = None
-    """The layer's own `Term.TOKENS` (set by the layer that attends), as its `transform` and `sinks`."""
+    """The layer's own terms, set by the layer that attends: `Term.TOKENS`, ..."""
     transform: Callable[[Tensor], Tensor] | None = None
-    """`Term.TRANSFORM`: a pointwise function of the scores."""
+    """... `Term.TRANSFORM`, a pointwise function of the scores, ..."""
     sinks: Tensor | None = None
-    """`Term.MASS`: (H,) float32 logits, one keyless term per head in the softmax's normaliser."""
+    """... and `Term.MASS`, (H,) float32 logits: one keyless term per head in the softmax's normaliser."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, score: Score, dropout_p: float) -> Tensor:
+        carried = {Term.TOKENS: self.tokens, Term.TRANSFORM: self.transform, Term.MASS: self.sinks}
+        undeclared = [
+            term.value[0] for term, held in carried.items() if held is not None and term not in self.kernel.terms
+        ]
+        if undeclared:  # a layer that did not declare its terms (`Attention.terms`), so that no kernel refused them
+            raise KernelError(
+                f"{self.kernel!r} does not run {', '.join(undeclared)}: declare them in the layer's terms."
+            )
         return self.kernel.run(q, k, v, self, score, dropout_p)

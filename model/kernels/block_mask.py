@@ -1,5 +1,5 @@
 """FlexAttention's block masks, built eagerly a chunk of query tiles at a time (`block_mask_in_chunks`).
-It imports Dynamo: flex.py imports it at the first forward pass that needs it, so `import model` stays cheap."""
+It imports Dynamo: flex.py imports it at the first forward pass that needs it, so `import posgpt.model` stays cheap."""
 
 from __future__ import annotations
 

@@ -87,12 +87,13 @@ def eager_attention(
 
 
 class EagerKernel(Kernel):
-    """Everything, slowly: any score, term, mask and dropout, on every device, and the weights. Another
-    function of the scores reuses it with its own `weigh`, its options (`Attention.kernel_settings`) bound."""
+    """Everything, slowly: any score, term, mask and dropout, on every device, and the weights. A function of the
+    scores subclasses it with its own `weigh`, its options (`Attention.kernel_settings`) bound; sink logits only
+    with the softmax's weights (`SoftmaxEager`)."""
 
     weigh: Weigh = staticmethod(softmax_weights)
 
-    terms = frozenset(Term)
+    terms = frozenset(Term) - {Term.MASS}
     term_gradients = True
     dropout = True
     weights = True
@@ -116,6 +117,12 @@ class EagerKernel(Kernel):
             outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, weigh, term,
                                         plan.transform, plan.sinks))  # fmt: skip
         return torch.cat(outs, dim=2)
+
+
+class SoftmaxEager(EagerKernel):
+    """Softmax attention's reference: the eager kernel, with sink logits in the softmax (`Term.MASS`)."""
+
+    terms = frozenset(Term)
 
 
 def _shifted(on_weights: WeightsHook, first: int) -> WeightsHook:
