@@ -13,6 +13,7 @@ import torch
 
 from posgpt.model import ATTENTIONS
 from posgpt.model.kernels import KERNELS, KernelError, Needs, Placement, Plan
+from posgpt.model.kernels.eager import softmax_weights
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import alibi_slopes
 from posgpt.model.scores import ScaledDot
@@ -122,8 +123,10 @@ def test_a_kernel_without_a_kind_refuses_it_in_its_words():
         if not any(Term.MASS in kernel.terms for kernel in layer.kernels.values()):
             with pytest.raises(KernelError, match=r"softmax mass with no key \(sink logits\)"):
                 layer.choose_kernel("auto", needs, cpu)
-    assert {f for f, layer in ATTENTIONS.items() if all(Term.MASS not in k.terms for k in layer.kernels.values())} == {
-        "linear", "sigmoid", "stick_breaking"}  # fmt: skip
+    for function, layer in ATTENTIONS.items():  # sink logits where the weights are a softmax, and only there
+        reference = next(kernel for kernel in layer.kernels.values() if kernel.weights)
+        softmax = getattr(reference, "weigh", None) is softmax_weights
+        assert (Term.MASS in reference.terms) == softmax, function
     placement = Placement(T, H, cpu)  # a layer that sets a term its kernel does not run is stopped, not ignored
     plan = Plan(KERNELS["sdpa"], KERNELS["sdpa"].context(None, AttentionMask(), placement, {}), placement,
                 transform=softcap)  # fmt: skip
