@@ -77,7 +77,7 @@ def plan(cfg: ReportConfig, gpu: bool, work: Path) -> list[Job]:
 
 
 def check_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
-    pytest = ["-v", "-m", "gpu", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_gpu.py")]
+    pytest = ["-v", "-m", "gpu", "-p", "no:cacheprovider", str(ROOT / "tests")]  # every test marked gpu
     if gpu and find_spec("xdist"):
         pytest += ["-n", str(min(12, os.cpu_count() or 1))]
     if find_spec("pytest_timeout"):

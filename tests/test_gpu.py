@@ -13,7 +13,6 @@ import math
 import pytest
 import torch
 from conftest import make_text
-from test_terms import B, H, attend
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import evaluate as evaluate_script
@@ -398,18 +397,3 @@ def model_stream(model: GPT, idx: torch.Tensor, lengths: torch.Tensor):
     from posgpt.model.generation import stream
 
     return stream(model, idx, 100, temperature=0, lengths=lengths)
-
-
-def test_compiled_flex_runs_the_transform_and_the_mass_with_their_gradients_on_cuda():
-    """What the CPU runs uncompiled and forward only: compiled flex against eager on CUDA in float32 (flex has no
-    float64 there), the gradients of q, k, v and of the sinks, through flex's log-sum-exp, included."""
-    torch.manual_seed(0)
-    leaves = [3 * torch.randn(B, H, 64, 16, device="cuda") for _ in range(3)] + [torch.randn(H, device="cuda")]
-    grads = []
-    for name in ("flex", "eager"):
-        q, k, v, sinks = (x.clone().requires_grad_() for x in leaves)
-        out = attend(name, q, k, v, sinks)
-        (out * torch.linspace(-1, 1, out.numel(), device="cuda").view_as(out)).sum().backward()
-        grads.append([out.detach(), q.grad, k.grad, v.grad, sinks.grad])
-    for name, got, expected in zip(("out", "q", "k", "v", "sinks"), *grads, strict=True):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=name)

@@ -83,7 +83,7 @@ def test_the_eager_kernel_is_the_formula_with_its_gradients(inputs):
 
 def test_flex_runs_the_transform_and_the_mass_as_eager_does(inputs, monkeypatch):
     """FlexAttention's score_mod caps the score before the bias; the sinks rescale its output by its log-sum-exp
-    (uncompiled on a CPU, forward only: compiled, with gradients, on CUDA in test_gpu.py)."""
+    (uncompiled on a CPU, forward only: compiled, with gradients, on CUDA below)."""
     uncompiled_flex(monkeypatch)
     q, k, v, sinks = inputs
     with torch.no_grad():
@@ -130,5 +130,21 @@ def test_a_kernel_without_a_kind_refuses_it_in_its_words():
     placement = Placement(T, H, cpu)  # a layer that sets a term its kernel does not run is stopped, not ignored
     plan = Plan(KERNELS["sdpa"], KERNELS["sdpa"].context(None, AttentionMask(), placement, {}), placement,
                 transform=softcap)  # fmt: skip
-    with pytest.raises(KernelError, match=r"does not run a transform of the scores \(a soft-cap\)"):
+    with pytest.raises(KernelError, match=r"SdpaKernel lacks a transform of the scores \(a soft-cap\)"):
         plan.attend(*torch.randn(3, B, H, T, D).unbind(0), ScaledDot(D), 0.0)
+
+
+@pytest.mark.gpu
+def test_compiled_flex_runs_the_transform_and_the_mass_with_their_gradients_on_cuda():
+    """What the CPU runs uncompiled and forward only: compiled flex against eager on CUDA in float32 (flex has no
+    float64 there), the gradients of q, k, v and of the sinks, through flex's log-sum-exp, included."""
+    torch.manual_seed(0)
+    leaves = [3 * torch.randn(B, H, 64, 16, device="cuda") for _ in range(3)] + [torch.randn(H, device="cuda")]
+    grads = []
+    for name in ("flex", "eager"):
+        q, k, v, sinks = (x.clone().requires_grad_() for x in leaves)
+        out = attend(name, q, k, v, sinks)
+        (out * torch.linspace(-1, 1, out.numel(), device="cuda").view_as(out)).sum().backward()
+        grads.append([out.detach(), q.grad, k.grad, v.grad, sinks.grad])
+    for name, got, expected in zip(("out", "q", "k", "v", "sinks"), *grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=name)

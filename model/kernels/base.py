@@ -166,12 +166,14 @@ class Plan:
     """... and `Term.MASS`, (H,) float32 logits: one keyless term per head in the softmax's normaliser."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, score: Score, dropout_p: float) -> Tensor:
-        carried = {Term.TOKENS: self.tokens, Term.TRANSFORM: self.transform, Term.MASS: self.sinks}
-        undeclared = [
-            term.value[0] for term, held in carried.items() if held is not None and term not in self.kernel.terms
-        ]
-        if undeclared:  # a layer that did not declare its terms (`Attention.terms`), so that no kernel refused them
-            raise KernelError(
-                f"{self.kernel!r} does not run {', '.join(undeclared)}: declare them in the layer's terms."
-            )
+        if self.tokens is not None or self.transform is not None or self.sinks is not None:  # a layer's own terms
+            self._check_declared()
         return self.kernel.run(q, k, v, self, score, dropout_p)
+
+    def _check_declared(self) -> None:
+        """Refuse a layer's term its kernel does not run: set by a layer that does not declare it (`Attention.terms`),
+        so that no kernel could refuse it when it was chosen."""
+        carried = {Term.TOKENS: self.tokens, Term.TRANSFORM: self.transform, Term.MASS: self.sinks}
+        undeclared = [t.value[0] for t, held in carried.items() if held is not None and t not in self.kernel.terms]
+        if undeclared:
+            raise KernelError(f"{self.kernel!r} lacks {', '.join(undeclared)}: declare them in the layer's terms")
