@@ -58,11 +58,14 @@ class DecodingCache:
         """Forget every position (the buffers are kept and overwritten by the next prefill)."""
         self.empty = True
 
-    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Allocate every tensor decoding changes now, for `batch` rows (static for a CUDA graph)."""
+    def allocate(
+        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device, n_kv_head: int | None
+    ) -> None:
+        """Allocate every tensor decoding changes now, for `batch` rows (static for a CUDA graph); `n_kv_head`: key
+        and value heads (None: n_head)."""
         self.pos = static_buffer(torch.zeros(batch, dtype=torch.long, device=device))
         for layer in self.layers:
-            layer.allocate(batch, n_head, head_dim, dtype, device)
+            layer.allocate(batch, n_head, head_dim, dtype, device, n_kv_head)
 
     def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
         """The step of a forward pass of `new_tokens` tokens per row (`lengths`: the real ones, in a prefill)."""
@@ -99,8 +102,10 @@ class KVCache(DecodingCache):
         """(B, C) the position each slot holds (-1: empty)."""
         super().__init__([(layer or LayerCache)(self) for _ in range(n_layer)])
 
-    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        super().allocate(batch, n_head, head_dim, dtype, device)
+    def allocate(
+        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device, n_kv_head: int | None
+    ) -> None:
+        super().allocate(batch, n_head, head_dim, dtype, device, n_kv_head)
         self.slot_positions = static_buffer(torch.full((batch, self.capacity), -1, dtype=torch.long, device=device))
 
     def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
@@ -155,22 +160,25 @@ class KVCache(DecodingCache):
 
 
 class LayerCache:
-    """One layer's keys and values, (B, H, C, D) each, allocated up front or at first use."""
+    """One layer's keys and values, (B, H_kv, C, D) each, allocated up front or at first use."""
 
     def __init__(self, owner: KVCache) -> None:
         self.owner = owner
         self.k: Tensor | None = None
         self.v: Tensor | None = None
 
-    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        shape = (batch, n_head, self.owner.capacity, head_dim)
+    def allocate(
+        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+        n_kv_head: int | None = None,
+    ) -> None:  # fmt: skip
+        shape = (batch, n_kv_head or n_head, self.owner.capacity, head_dim)
         self.k = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
         self.v = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
 
     def update(self, k: Tensor, v: Tensor, write: CacheWrite) -> tuple[Tensor, Tensor]:
-        """Store the (B, H, T, D) new keys and values; those the new tokens attend over."""
+        """Store the (B, H_kv, T, D) new keys and values; those the new tokens attend over."""
         B, H, T, D = k.shape
-        if self.k is None or self.k.dtype != k.dtype or self.k.shape[0] != B:
+        if self.k is None or self.k.dtype != k.dtype or self.k.shape[:2] != (B, H):
             self.allocate(B, H, D, k.dtype, k.device)
         assert self.k is not None and self.v is not None and write.source is not None and write.incoming is not None
         if not write.prefill and T == 1:  # one key per row, into its slot, in place (an index_put_ Inductor keeps so)

@@ -97,6 +97,20 @@ class GPTConfig:
     """Log-length scaling (SSMax): each query times s * ln(n), n the keys it sees; s fixed or learned per head."""
     attn_log_scale: float | None = None
     """s of attn_log_scaling (default 1 / ln(block_size): at the training length the scale is 1)."""
+    n_kv_head: int | None = None
+    """Key/value heads (grouped-query attention, Ainslie et al. 2023; 1: multi-query): query head h reads KV head
+    h // (n_head / n_kv_head), and the KV cache holds n_kv_head heads; must divide n_head (None: n_head)."""
+    qk_norm: Literal["none", "gemma3", "llama4"] = "none"
+    """RMS-normalise each head's queries and keys: gemma3 (a learned scale, before RoPE: Gemma 3's and Qwen3's) |
+    llama4 (no weight, after RoPE, on rotating layers only: Llama 4's)."""
+    attn_gate: Literal["none", "elementwise", "headwise"] = "none"
+    """Output gate (Qiu et al. 2025): the attention output times sigmoid(W x), x the normed layer input, per
+    element or one gate per head, before the output projection."""
+    attn_sink_logits: bool = False
+    """A learned logit per head in the softmax's normaliser, with no key or value (gpt-oss): the weights sum to less
+    than 1. Not attn_sinks, which keeps the first tokens visible."""
+    attn_softcap: float = 0.0
+    """Soft-cap c of the scaled scores, c tanh(s / c), before any position bias and the mask (Gemma 2; 0: none)."""
     chunked_loss: bool = False
     """Loss through the output layer in chunks of rows, never forming the (B, T, V) logits (forward returns none)."""
     gelu_approximate: Literal["none", "tanh"] = "none"
@@ -138,6 +152,17 @@ class GPTConfig:
             raise ConfigError(
                 f"GPTConfig.rope_fraction must be in (0, 1] (1: every dimension), got {self.rope_fraction!r}."
             )
+        if self.n_kv_head is not None and (
+            isinstance(self.n_kv_head, bool) or not isinstance(self.n_kv_head, int) or self.n_kv_head < 1
+            or self.n_head % self.n_kv_head
+        ):  # fmt: skip
+            divisors = [d for d in range(1, self.n_head + 1) if self.n_head % d == 0]
+            raise ConfigError(
+                f"GPTConfig.n_kv_head must divide n_head ({self.n_head}), each KV head serving as many query heads, "
+                f"got {self.n_kv_head!r}: pick one of {divisors}."
+            )
+        if isinstance(self.attn_softcap, bool) or not self.attn_softcap >= 0:
+            raise ConfigError(f"GPTConfig.attn_softcap must be >= 0 (0: no cap), got {self.attn_softcap!r}.")
         if self.rope_base <= 0:
             raise ConfigError(f"GPTConfig.rope_base must be positive, got {self.rope_base!r}.")
         for name in ("attn_window", "attn_sinks", "attn_random_blocks", "attn_random_seed"):
@@ -168,6 +193,11 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_head, or n_head without grouping."""
+        return self.n_kv_head or self.n_head
+
+    @property
     def rotary_dim(self) -> int:
         """Width of the vectors RoPE rotates as one (`Attention.rotary_dim`)."""
         from posgpt.model.attention import ATTENTIONS
@@ -189,6 +219,10 @@ class GPTConfig:
         before = {f: old for f, (old, applies) in BEFORE_FIELD.items() if f not in values and applies(values)}
         return cls(**values, **before)
 
+
+LAYER_FIELDS = ("n_kv_head", "qk_norm", "attn_gate", "attn_sink_logits", "attn_softcap")
+"""The attention layer's own options, beside the scheme, mask and function (grouped heads, QK-norm, the output gate,
+sink logits, the soft-cap): the kernel and cache matrices run each of their values (tests/helpers.py)."""
 
 REMOVED_FIELDS = frozenset({"linear_backend"})
 """Fields older configs record that no longer exist (and changed no result): read and dropped."""

@@ -118,6 +118,8 @@ class GPT(nn.Module):
         for block in self.blocks:
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+            if block.attn.sinks is not None:  # Hugging Face's gpt-oss init (the official code only loads them)
+                nn.init.normal_(block.attn.sinks, mean=0.0, std=0.02)
 
     def forward(
         self,
@@ -264,6 +266,7 @@ class GPT(nn.Module):
             self.pe, self.mask, SCORES[self.config.attn_score], device,
             dropout_active=dropout, needs_grad=needs_grad, decoding=decoding,
             head_size=self.attention.kernel_head_size(self.config.head_dim), float64=float64,
+            asked=self.attention.layer_terms(self.config),
         )  # fmt: skip
         if weights:
             return self.attention.weights_kernel(needs)
@@ -277,7 +280,8 @@ class GPT(nn.Module):
         cache = self.attention.new_cache(self.config, self.mask, capacity)
         if batch is not None:
             weight = self.wte.weight
-            cache.allocate(batch, self.config.n_head, self.config.head_dim, weight.dtype, weight.device)
+            c = self.config
+            cache.allocate(batch, c.n_head, c.head_dim, weight.dtype, weight.device, c.kv_heads)
         return cache
 
     def _check_length(self, length: int) -> None:

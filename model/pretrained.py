@@ -182,8 +182,10 @@ def refuse_other_shape(config: GPTConfig, source: str, shape: tuple[int, int, in
     """Raise `error`, in one line naming every option to pass, when `config` is not a GPT-2 model of `shape`
     (n_layer, n_head, n_embd)."""
     layers, heads, width = shape
-    wanted = {"n_layer": layers, "n_head": heads, "n_embd": width, "bias": True, "gelu_approximate": "tanh"}
-    wrong = [k for k, v in wanted.items() if getattr(config, k) != v]
+    wanted = {"n_layer": layers, "n_head": heads, "n_kv_head": heads, "n_embd": width, "bias": True,
+              "gelu_approximate": "tanh"}  # fmt: skip
+    actual = {**{k: getattr(config, k) for k in wanted}, "n_kv_head": config.kv_heads}  # GPT-2's heads are whole
+    wrong = [k for k, v in wanted.items() if actual[k] != v]
     if wrong:
         flags = " ".join(f"--model.{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in wanted.items())
         raise error(

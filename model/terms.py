@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+import torch
 from torch import Tensor
 
 
@@ -36,12 +37,17 @@ class Term(Enum):
     """A kind of modification of the scores (the module docstring gives their order): the need in words, as a
     refusal says it, and the model setting that asks for it."""
 
-    TRANSFORM = ("a transform of the scores (a soft-cap)", "attention")
+    TRANSFORM = ("a transform of the scores (a soft-cap)", "attn_softcap")
     POSITIONS = ("a position score bias", "pos_encoding")
     TOKENS = ("terms of the layer's tokens added to the scores", "attention")
     MASK = ("a mask beyond causal (attn_window, attn_sinks)", "attn_window")
     FROM_SCORES = ("positions computed from the scores", "pos_encoding")
-    MASS = ("softmax mass with no key (sink logits)", "attention")
+    MASS = ("softmax mass with no key (sink logits)", "attn_sink_logits")
+
+
+def soft_cap(scores: Tensor, cap: float) -> Tensor:
+    """Gemma 2's soft-cap of the scores, c tanh(s / c) (`Term.TRANSFORM`): near s for |s| << c, never past c."""
+    return cap * torch.tanh(scores / cap)
 
 
 ScoresTerm = Callable[[Tensor, Tensor, Tensor], Tensor]

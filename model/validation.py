@@ -48,6 +48,16 @@ def check_config(config: GPTConfig) -> None:
             f"GPTConfig.attn_log_scaling scales the query of a dot-product score, and attn_score="
             f"{config.attn_score!r} is not one: use attn_score scaled_dot, dot or general, or attn_log_scaling 'none'."
         )
+    if config.qk_norm != "none" and not layer.scored:
+        raise ConfigError(
+            f"GPTConfig.qk_norm normalises the queries and keys of a score, and attention={config.attention!r} forms "
+            "none: use a scored attention function, or qk_norm 'none'."
+        )
+    if config.qk_norm == "llama4" and not scheme.rotates:
+        raise ConfigError(
+            f"GPTConfig.qk_norm='llama4' normalises rotated queries and keys, on rotating layers only, and "
+            f"pos_encoding={config.pos_encoding!r} rotates none: use pos_encoding='rope', or qk_norm 'gemma3'."
+        )
     if config.attn_backend != AUTO and config.attn_backend not in layer.kernels:
         raise ConfigError(
             f"attn_backend={config.attn_backend!r} is not a kernel of attention={config.attention!r}, whose "
@@ -71,7 +81,7 @@ def _unmet(config: GPTConfig) -> list[Lack]:
     if not layer.scored and not SCORES[config.attn_score].standard:
         return [Lack("a scoring function (it scores no query-key pairs)", "attn_score")]
     needs = layer.needs(SCHEMES[config.pos_encoding], AttentionMask.of(config), SCORES[config.attn_score],
-                        dropout_active=config.dropout > 0)  # fmt: skip
+                        dropout_active=config.dropout > 0, asked=layer.layer_terms(config))  # fmt: skip
     kernels = layer.kernels.values() if config.attn_backend == AUTO else [layer.kernels[config.attn_backend]]
     return min((needs.unmet(kernel) for kernel in kernels), key=len)
 
@@ -102,6 +112,8 @@ def _alternatives(config: GPTConfig, field: str) -> str:
         "attn_backend": [AUTO, *ATTENTIONS[config.attention].kernels],
         "attn_window": [0],
         "dropout": [0.0],
+        "attn_softcap": [0.0],
+        "attn_sink_logits": [False],
     }
     able = [str(v) for v in values[field] if v != getattr(config, field) and _runs_with(config, field, v)]
     if not able:

@@ -344,3 +344,26 @@ def assert_model_is_its_formula(
     for name, p in model.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, rtol=10 * tolerance, atol=tolerance, msg=name)
     return grads
+
+
+def layer_variants(config: GPTConfig) -> dict[str, dict[str, Any]]:
+    """Each of the layer's own options (`LAYER_FIELDS`) at the values its type gives, each alone: every other
+    value of a Literal, True, one KV head and half the heads, a soft-cap of 2 (where scores reach it)."""
+    from typing import Literal, get_args, get_origin, get_type_hints
+
+    from posgpt.model.config import LAYER_FIELDS
+
+    hints = get_type_hints(GPTConfig)
+    variants: dict[str, dict[str, Any]] = {}
+    for name in LAYER_FIELDS:
+        hint, default = hints[name], getattr(GPTConfig, name)
+        if get_origin(hint) is Literal:
+            values = [v for v in get_args(hint) if v != default]
+        elif hint is bool:
+            values = [True]
+        elif hint is float:
+            values = [2.0]
+        else:  # a head count
+            values = sorted({1, config.n_head // 2})
+        variants.update({f"{name}={value}": {name: value} for value in values})
+    return variants

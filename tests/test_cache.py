@@ -1,5 +1,5 @@
 """What decoding keeps (the static KV cache, full and rolling, and linear attention's state) changes
-nothing but speed and memory, for every scheme, mask, scaling, score and attention function; a
+nothing but speed and memory, for every scheme, mask, scaling, score, attention function and layer option; a
 padded batch decodes each row as it would alone; a compiled decode step is one graph."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from posgpt.model.config import ROPE_SCALINGS
 from posgpt.model.generation import compile_for_decoding, context_window, decode, pad_prompts
 from posgpt.model.scores import SCORES
 
-from helpers import scheme_kinds
+from helpers import layer_variants, scheme_kinds
 
 MASKS: dict[str, dict[str, int]] = {
     "causal": {},
@@ -47,6 +47,11 @@ def decoding_cases(config: GPTConfig) -> Iterator[Any]:
                for s in ROPE_SCALINGS if s != "none"]  # fmt: skip
     fields += [(f"{score}-{scheme}", {"attn_score": score, "pos_encoding": scheme})
                for score in SCORES if score != GPTConfig.attn_score for scheme in shown]  # fmt: skip
+    rotation = {"pos_encoding": kinds["rotation"]}  # each layer option with each function, and with a rolling cache
+    fields += [(f"{function}-{label}", {"attention": function, **rotation, **extra})
+               for function in ATTENTIONS for label, extra in layer_variants(config).items()]  # fmt: skip
+    fields += [(f"{label}-window+sinks", {**rotation, **MASKS["window+sinks"], **extra})
+               for label, extra in layer_variants(config).items()]  # fmt: skip
     for name, extra in fields:
         try:
             yield pytest.param(dataclasses.replace(config, **extra), id=name)

@@ -26,7 +26,7 @@ from posgpt.model.scores import SCORES
 from posgpt.model.terms import Term
 
 import test_kernels
-from helpers import assert_model_is_its_formula, overfit, uncompiled_flex
+from helpers import assert_model_is_its_formula, layer_variants, overfit, uncompiled_flex
 from test_kernels import TINY, assert_matches_reference, parity_cases, runnable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +101,9 @@ def test_the_new_kernel_is_validated_chosen_and_matched_against_eager(registered
     fused = [name for name, scheme in SCHEMES.items() if Term.FROM_SCORES not in scheme.terms]  # CoPE: eager only
     per_function = 3 * len(other_dot_scores) + len(fused)  # the scores on 3 schemes; every scheme unmasked
     masked = len(fused) + (len(functions) - 1) * len(test_kernels.SCORE_SCHEMES)  # softmax: every scheme
-    assert len(cases) == len(functions) * per_function + masked * len(test_kernels.MASKS)
+    options = sum(runnable(TINY, attention=f, attn_backend="math", pos_encoding=test_kernels.SCORE_SCHEMES[0], **extra)
+                  is not None for f in functions for extra in layer_variants(TINY).values())  # fmt: skip
+    assert len(cases) == len(functions) * per_function + masked * len(test_kernels.MASKS) + options
     for case in cases.values():
         assert_matches_reference(*case)
     layer = ATTENTIONS["softmax"]
@@ -145,7 +147,7 @@ def test_the_causality_check_runs_on_the_new_function_with_every_scheme(register
     schemes = [s for s in SCHEMES if runnable(TINY, attention="relu", pos_encoding=s)]
     assert schemes == list(SCHEMES)
     for scheme in schemes:
-        test_kernels.test_future_tokens_never_change_past_logits(tiny_config, "relu", "eager", scheme)
+        test_kernels.test_future_tokens_never_change_past_logits(tiny_config, "relu", "eager", scheme, {})
     with pytest.raises(ConfigError, match="attn_backend='sdpa' is not a kernel of attention='relu'"):
         dataclasses.replace(TINY, attention="relu", attn_backend="sdpa")
     dataclasses.replace(TINY, attention="relu", dropout=0.1)  # the eager kernel's dropout, inherited
@@ -165,7 +167,7 @@ def test_the_new_scheme_trains_decodes_matches_every_kernel_and_keeps_its_gradie
     assert {name for _, name in cases} >= {"sdpa", "flex", "math"}
     for case in cases:
         assert_matches_reference(*case)
-    test_kernels.test_future_tokens_never_change_past_logits(tiny_config, "softmax", "sdpa", "learned_slopes")
+    test_kernels.test_future_tokens_never_change_past_logits(tiny_config, "softmax", "sdpa", "learned_slopes", {})
     test_kernels.test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, {"pos_encoding": "learned_slopes"})
 
 

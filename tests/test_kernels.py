@@ -1,5 +1,5 @@
 """Attention kernels: the parity matrix (every kernel of every attention function against that
-function's reference, for every scheme, mask and score it can run, read from the registries),
+function's reference, for every scheme, mask, score and layer option it can run, read from the registries),
 causality, the reference by hand, and how `auto` chooses."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from posgpt.model.masks import AttentionMask
 from posgpt.model.scores import SCORES, build_score
 from posgpt.model.terms import Term
 
-from helpers import build, eager_with_weights, is_flex, lengths, run_pair, scheme_kinds, uncompiled_flex
+from helpers import build, eager_with_weights, is_flex, layer_variants, lengths, run_pair, scheme_kinds, uncompiled_flex
 
 ODD_LEN = 13  # not a multiple of 16 (FlexAttention's and the flash kernels' tile sizes)
 MASKS: dict[str, dict[str, int]] = {
@@ -73,6 +73,7 @@ def parity_cases(config: GPTConfig) -> Iterator[tuple[str, GPTConfig, str, Kerne
             variants += [(s, mask, fields) for s in masked for mask, fields in MASKS.items()]
             variants += [(s, score, {"attn_score": score}) for score in SCORES for s in SCORE_SCHEMES
                          if score != GPTConfig.attn_score]  # fmt: skip
+            variants += [(SCORE_SCHEMES[0], label, fields) for label, fields in layer_variants(config).items()]
             for scheme, label, fields in variants:
                 case = runnable(config, attention=function, attn_backend=name, pos_encoding=scheme, **fields)
                 if case is not None:
@@ -126,18 +127,26 @@ def test_every_kernel_matches_its_reference(config, backend):
 
 
 CAUSALITY = [
-    pytest.param(function, name, scheme, id=f"{function}-{name}-{scheme}")
+    pytest.param(function, name, scheme, {}, id=f"{function}-{name}-{scheme}")
     for function, layer in ATTENTIONS.items()
     for name, kernel in layer.kernels.items()
     for scheme in (SCORE_SCHEMES if is_flex(kernel) else SCHEMES)  # flex: its block mask, the same for every scheme
     if runs_on_cpu(kernel) and runnable(TINY, attention=function, attn_backend=name, pos_encoding=scheme)
+] + [
+    pytest.param(function, name, SCORE_SCHEMES[0], fields, id=f"{function}-{name}-{label}")
+    for function, layer in ATTENTIONS.items()
+    for name, kernel in layer.kernels.items()
+    for label, fields in layer_variants(TINY).items()
+    if runs_on_cpu(kernel) and runnable(TINY, attention=function, attn_backend=name, pos_encoding=SCORE_SCHEMES[0],
+                                        **fields)
 ]  # fmt: skip
 
 
 @pytest.mark.usefixtures("flex_on_cpu")
-@pytest.mark.parametrize(("function", "backend", "scheme"), CAUSALITY)
-def test_future_tokens_never_change_past_logits(tiny_config, function, backend, scheme):
-    model = build(dataclasses.replace(tiny_config, attention=function), scheme, backend).eval()
+@pytest.mark.parametrize(("function", "backend", "scheme", "fields"), CAUSALITY)
+def test_future_tokens_never_change_past_logits(tiny_config, function, backend, scheme, fields):
+    config = dataclasses.replace(tiny_config, attention=function, pos_encoding=scheme, attn_backend=backend, **fields)
+    model = GPT(config).eval()
     vocab = tiny_config.vocab_size
     # flex's uncompiled path forms the scores through its score_mod element-wise (seconds for FIRE's MLP at
     # 4 x block_size): one length here, both in the parity test

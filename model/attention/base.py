@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posgpt.model.kernels import AUTO, Kernel, KernelError, Needs, Placement
+from posgpt.model.kernels import AUTO, Kernel, KernelError, Needs, Placement, Plan
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import PositionEncoding
 from posgpt.model.scores import Score, build_score
-from posgpt.model.terms import Term
+from posgpt.model.terms import Term, soft_cap
 
 if TYPE_CHECKING:
     from posgpt.model.cache import DecodingCache
@@ -36,22 +38,54 @@ class Attention(nn.Module):
 
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
-        self.n_head, self.head_dim = config.n_head, config.head_dim
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, config.bias)
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
+        self.qkv = nn.Linear(config.n_embd, config.n_embd + 2 * self.n_kv_head * self.head_dim, config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, config.bias)
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
         self.score = build_score(config)
+        # Gemma 3's and Qwen3's QK-norm: learned, before RoPE (eps of both); Llama 4's: none learned, after RoPE
+        gemma3 = config.qk_norm == "gemma3"
+        self.q_norm, self.k_norm = (nn.RMSNorm(self.head_dim, eps=1e-6) if gemma3 else None for _ in range(2))
+        self.norm_rotated = config.qk_norm == "llama4"
+        gate = {"none": 0, "elementwise": config.n_embd, "headwise": config.n_head}[config.attn_gate]
+        self.gate = nn.Linear(config.n_embd, gate, config.bias) if gate else None
+        self.sinks = nn.Parameter(torch.zeros(config.n_head)) if config.attn_sink_logits else None
+        self.softcap = config.attn_softcap
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(B, T, C) -> queries, keys, values, (B, H, T, D) each."""
+        """(B, T, C) -> queries (B, H, T, D), keys and values (B, H_kv, T, D), QK-normed (`qk_norm` gemma3)."""
         B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        kv = self.n_kv_head * self.head_dim
+        q, k, v = self.qkv(x).split([C, kv, kv], dim=2)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k, v = (t.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2) for t in (k, v))
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
 
-    def output(self, y: Tensor) -> Tensor:
-        """(B, H, T, D) attention output -> (B, T, C) residual branch."""
+    def normed_rotated(self, pe: PositionEncoding, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """Llama 4's QK-norm (`qk_norm` llama4): rotated queries and keys RMS-normalised, with no weight (its
+        `L2Norm`, eps 1e-5), on a layer whose scheme rotates them."""
+        if not (self.norm_rotated and pe.rotates):
+            return q, k
+        return F.rms_norm(q, (q.size(-1),), eps=1e-5), F.rms_norm(k, (k.size(-1),), eps=1e-5)
+
+    def attend(self, plan: Plan, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The plan's attention of q, k, v with this layer's own terms: its soft-cap and sink logits."""
+        if self.softcap or self.sinks is not None:
+            cap = self.softcap
+            transform = (lambda scores: soft_cap(scores, cap)) if cap else None
+            sinks = None if self.sinks is None else self.sinks.to(torch.promote_types(self.sinks.dtype, torch.float32))
+            plan = dataclasses.replace(plan, transform=transform, sinks=sinks)
+        return plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0)
+
+    def output(self, y: Tensor, x: Tensor) -> Tensor:
+        """(B, H, T, D) attention output, gated by the layer input `x` (B, T, C) (`attn_gate`) -> (B, T, C)
+        residual branch."""
         B, _, T, _ = y.shape
+        if self.gate is not None:  # per element or per head: (B, T, H, D or 1)
+            y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_head, -1).transpose(1, 2).to(y.dtype)
         y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * self.head_dim)
         return self.resid_dropout(self.proj(y))
 
@@ -97,11 +131,13 @@ class Attention(nn.Module):
         decoding: bool = False,
         head_size: int | None = None,
         float64: bool = False,
+        asked: frozenset[Term] = frozenset(),
     ) -> Needs:
-        """What a forward pass with scheme `pe`, `mask` and `score` asks of the kernels (no device: any)."""
+        """What a forward pass with scheme `pe`, `mask` and `score` asks of the kernels (no device: any), with the
+        layers' own terms `asked` (`layer_terms`)."""
         return Needs(
-            terms=pe.terms | cls.terms | ({Term.MASK} if not mask.causal_only else set()),
-            term_gradients=(pe.learned_bias or bool(cls.terms)) and needs_grad,
+            terms=pe.terms | cls.terms | asked | ({Term.MASK} if not mask.causal_only else set()),
+            term_gradients=(pe.learned_bias or bool(cls.terms) or Term.MASS in asked) and needs_grad,
             dropout=dropout_active and cls.drops_weights,
             backward_on=device.type if needs_grad and device is not None else None,
             runs_on=device.type if device is not None else None,
@@ -110,6 +146,12 @@ class Attention(nn.Module):
             head_size=head_size,
             float64=float64,
         )
+
+    @staticmethod
+    def layer_terms(config: GPTConfig) -> frozenset[Term]:
+        """The terms a layer of `config` adds itself (`attend`): a soft-cap, sink logits."""
+        return frozenset(term for term, on in ((Term.TRANSFORM, config.attn_softcap), (Term.MASS,
+                         config.attn_sink_logits)) if on)  # fmt: skip
 
     @classmethod
     def choose_kernel(cls, requested: str, needs: Needs, device: torch.device) -> Kernel:

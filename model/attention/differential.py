@@ -58,6 +58,11 @@ class DifferentialAttention(SoftmaxAttention):
                 "positions from whole heads' scores: use another pos_encoding, or an attention function that scores "
                 "whole heads."
             )
+        if config.attn_sink_logits:
+            raise ConfigError(
+                "GPTConfig.attn_sink_logits adds a keyless logit to one softmax, and attention='differential' takes "
+                "the difference of two: use attention 'softmax' or 'forgetting', or attn_sink_logits false."
+            )
         if not SCORES[config.attn_score].dot_product:
             raise ConfigError(
                 f"attention='differential' scores half of each head per map, a dot product; attn_score="
@@ -81,10 +86,10 @@ class DifferentialAttention(SoftmaxAttention):
     def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, placement: Placement) -> tuple[Tensor, Tensor]:
         if self.split != "half_heads":
             return super().rotate(pe, q, k, placement)
-        B, H, T, D = q.shape
+        D = q.size(-1)
         halves = [t.unflatten(-1, (2, D // 2)).transpose(2, 3).flatten(1, 2) for t in (q, k)]  # (B, 2H, T, d)
         q2, k2 = pe.rotate(*halves, placement.positions)
-        return tuple(t.unflatten(1, (H, 2)).transpose(2, 3).flatten(-2) for t in (q2, k2))  # (B, H, T, D)
+        return tuple(t.unflatten(1, (-1, 2)).transpose(2, 3).flatten(-2) for t in (q2, k2))  # (B, H, T, D)
 
     def weight(self) -> Tensor:
         """lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, a float32 scalar."""
@@ -94,15 +99,14 @@ class DifferentialAttention(SoftmaxAttention):
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None = None) -> Tensor:
         q, k, v = self.attended(x, pe, plan, cache)
         lam = self.weight()
-        dropout = self.dropout if self.training else 0.0
         maps = _difference_hooks(plan.on_weights, lam)
         (q1, q2), (k1, k2) = (t[..., self.halves].unbind(-2) for t in (q, k))  # (B, H, T, d) each
-        y1 = dataclasses.replace(plan, on_weights=maps[0]).attend(q1, k1, v, self.score, dropout)
-        y2 = dataclasses.replace(plan, on_weights=maps[1]).attend(q2, k2, v, self.score, dropout)
+        y1 = self.attend(dataclasses.replace(plan, on_weights=maps[0]), q1, k1, v)
+        y2 = self.attend(dataclasses.replace(plan, on_weights=maps[1]), q2, k2, v)
         # the difference in float32 (it cancels where lambda is near 1), normalised in the gain's dtype
         y = (y1.float() - lam * y2.float()).to(self.head_norm.weight.dtype)
         y = self.head_norm(y).to(y1.dtype) * (1.0 - self.lambda_init)
-        return self.output(y)
+        return self.output(y, x)
 
 
 def _difference_hooks(on_weights: WeightsHook | None, lam: Tensor) -> tuple[WeightsHook | None, WeightsHook | None]:

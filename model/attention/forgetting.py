@@ -36,9 +36,12 @@ class GateLayerCache(LayerCache):
         super().__init__(owner)
         self.sums = LayerCache(owner)
 
-    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        super().allocate(batch, n_head, head_dim, dtype, device)
-        self.sums.allocate(batch, n_head, 1, torch.float32, device)
+    def allocate(
+        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+        n_kv_head: int | None = None,
+    ) -> None:  # fmt: skip
+        super().allocate(batch, n_head, head_dim, dtype, device, n_kv_head)
+        self.sums.allocate(batch, n_head, 1, torch.float32, device)  # per query head
 
     def gate_sums(self, log_f: Tensor, write: CacheWrite) -> tuple[Tensor, Tensor]:
         """The new tokens' sums c (B, H, T) from their ln f, and those of the keys they attend over (B, H, Tk)."""
@@ -71,4 +74,4 @@ class ForgettingAttention(SoftmaxAttention):
             c_q = log_f.cumsum(-1)
             c_k = c_q.clone()  # two tensors (`TokenTerms`)
         plan = dataclasses.replace(plan, tokens=TokenTerms(c_q, c_k))
-        return self.output(plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0))
+        return self.output(self.attend(plan, q, k, v), x)

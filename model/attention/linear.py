@@ -125,7 +125,11 @@ class LayerStateCache:
     def __init__(self) -> None:
         self.state: LinearState | None = None
 
-    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+    def allocate(
+        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+        n_kv_head: int | None = None,
+    ) -> None:  # fmt: skip
+        """The sums per query head (`LinearAttention.forward` repeats each KV head into its group)."""
         S = torch.zeros(batch, n_head, head_dim, head_dim, device=device)
         self.state = LinearState(static_buffer(S), static_buffer(torch.zeros(batch, n_head, head_dim, device=device)))
 
@@ -155,8 +159,10 @@ class LinearAttention(Attention):
         fq, fk = feature_map(q), feature_map(k)
         rq, rk = pe.rotate(fq, fk, plan.placement.positions)
         q2, k2 = torch.cat([rq, fq], dim=-1), torch.cat([rk, fk], dim=-1)
-        y = cache.attend(q2, k2, v, plan.cache_write) if cache is not None else plan.attend(q2, k2, v, self.score, 0.0)
-        return self.output(y)
+        if cache is not None:  # running sums per query head: KV head h // (H / H_kv) read into each
+            k2, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k2, v))
+        y = cache.attend(q2, k2, v, plan.cache_write) if cache is not None else self.attend(plan, q2, k2, v)
+        return self.output(y, x)
 
     @classmethod
     def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> DecodingCache:

@@ -66,7 +66,7 @@ class SigmoidFlex(FlexKernel):
         context: FlexContext = plan.context
         out, aux = compiled_flex_attention()(
             q, k, v, score_mod=context.score_mod(plan), block_mask=context.block_mask, scale=score.scale,
-            return_aux=AuxRequest(lse=True), kernel_options=context.kernel_options,
+            return_aux=AuxRequest(lse=True), kernel_options=context.kernel_options, enable_gqa=k.size(1) != q.size(1),
         )  # fmt: skip
         return (out.float() * aux.lse.exp()[..., None]).to(q.dtype)
 

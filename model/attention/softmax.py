@@ -41,17 +41,16 @@ class SoftmaxAttention(Attention):
 
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None = None) -> Tensor:
         q, k, v = self.attended(x, pe, plan, cache)
-        y = plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0)  # (B, H, T, D)
-        return self.output(y)
+        return self.output(self.attend(plan, q, k, v), x)
 
     def attended(
         self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerCache | None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """The new tokens' queries (scored, rotated, log-length scaled) and the keys and values they attend
-        over (rotated, with the cache's)."""
+        """The new tokens' queries (scored, rotated, QK-normed, log-length scaled) and the keys and values they
+        attend over (rotated, QK-normed, with the cache's)."""
         q, k, v = self.project(x)
         q = self.score.queries(q)  # what the kernels score, rotated like q
-        q, k = self.rotate(pe, q, k, plan.placement)
+        q, k = self.normed_rotated(pe, *self.rotate(pe, q, k, plan.placement))
         if cache is not None:
             k, v = cache.update(k, v, plan.cache_write)  # the keys and values the plan describes
         if self.log_scale is not None:  # the queries stand at their cache positions when decoding, else at 0..Tq-1

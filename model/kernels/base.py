@@ -125,6 +125,9 @@ class Kernel:
     """Forms the attention weights, handing them to `on_weights` (the reference path of its function)."""
     any_score: bool = False
     """Runs any scoring function, not only a scaled dot product."""
+    grouped_kv: bool = False
+    """Takes fewer key/value heads than query heads itself (grouped-query attention; `Plan.attend` repeats them for
+    the others)."""
 
     def rank(self, needs: Needs, device: torch.device) -> float:
         """Preference of `auto` among the kernels that can run `needs` on `device`: lowest first. A reference, which
@@ -166,8 +169,12 @@ class Plan:
     """... and `Term.MASS`, (H,) float32 logits: one keyless term per head in the softmax's normaliser."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, score: Score, dropout_p: float) -> Tensor:
+        """The (B, H, Tq, D) output of queries q (B, H, Tq, D) over keys and values (B, H_kv, Tk, D): query head h
+        reads key/value head h // (H / H_kv)."""
         if self.tokens is not None or self.transform is not None or self.sinks is not None:  # a layer's own terms
             self._check_declared()
+        if k.size(1) != q.size(1) and not self.kernel.grouped_kv:
+            k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
         return self.kernel.run(q, k, v, self, score, dropout_p)
 
     def _check_declared(self) -> None:

@@ -98,6 +98,7 @@ class FlexKernel(Kernel):
 
     terms = frozenset(Term) - {Term.FROM_SCORES}
     term_gradients = True
+    grouped_kv = True
     devices = frozenset({"cuda"})
     device_notes = {"cpu": "compiled FlexAttention returns wrong numbers on a CPU in torch 2.13"}
     backward_devices = frozenset({"cuda"})
@@ -126,7 +127,7 @@ class FlexKernel(Kernel):
         lse = AuxRequest(lse=True) if plan.sinks is not None else None
         out = compiled_flex_attention()(q, k, v, score_mod=context.score_mod(plan), block_mask=context.block_mask,
                                         scale=score.scale, kernel_options=context.kernel_options,
-                                        return_aux=lse)  # fmt: skip
+                                        return_aux=lse, enable_gqa=k.size(1) != q.size(1))  # fmt: skip
         if plan.sinks is None:
             return out
         out, aux = out  # a keyless logit z_h in the normaliser Z: each weight times Z / (Z + e^z) = sigmoid(ln Z - z)

@@ -34,7 +34,8 @@ def sdpa_attention(
         with torch.autocast("cpu", enabled=False):
             return sdpa_attention(q.float(), k.float(), v.float(), bias, dropout_p, mask, scale).to(q.dtype)
     q_len, k_len = q.size(-2), k.size(-2)
-    sdpa = functools.partial(F.scaled_dot_product_attention, dropout_p=dropout_p, scale=scale)
+    sdpa = functools.partial(F.scaled_dot_product_attention, dropout_p=dropout_p, scale=scale,
+                             enable_gqa=k.size(1) != q.size(1))  # fmt: skip
     if bias is not None:
         return sdpa(q, k, v, attn_mask=bias.to(q.dtype))
     if mask is not None:
@@ -52,6 +53,7 @@ class SdpaKernel(Kernel):
     terms = frozenset({Term.POSITIONS, Term.TOKENS, Term.MASK})
     term_gradients = True
     dropout = True
+    grouped_kv = True
 
     def context(
         self, bias: ScoreBias | None, mask: AttentionMask, placement: Placement, memo: dict, **settings: Any

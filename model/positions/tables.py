@@ -66,6 +66,7 @@ class RotaryPositions(PositionEncoding):
     """RoPE (Su et al. 2021): each (q, k) dimension pair rotated by an angle proportional to position, in
     float32. Pairs are dimensions i and i + D/2 (GPT-NeoX, litgpt), D = `GPTConfig.rotary_dim`."""
 
+    rotates = True
     rescalable = True
     partial_rotation = True
     relative = True
@@ -178,8 +179,9 @@ def yarn_inv_freq(inv_freq: Tensor, head_dim: int, base: float, factor: float, t
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x (..., T, D) pairwise: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in float32."""
-    x1, x2 = x.float().chunk(2, dim=-1)  # (..., T, D/2) each
+    """Rotate x (..., T, D) pairwise: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in float32 (float64 if given
+    float64)."""
+    x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).chunk(2, dim=-1)  # (..., T, D/2) each
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
