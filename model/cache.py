@@ -4,7 +4,8 @@ Every tensor a decode step reads or changes (each row's next position `pos`, eac
 `slot_positions`, -1 when empty, the keys and values (B, H, C, D) per layer) is allocated once, so
 every step has the same shapes and Python path: one compiled graph (one CUDA graph), as in gpt-fast.
 Keys are stored rotated. Full causal attention puts position p in slot p; a window of W keys with S
-sinks rolls over C = S + W slots (p < S in slot p, any other in slot S + (p - S) mod W).
+sinks rolls over C = S + W slots (p < S in slot p, any other in slot S + (p - S) mod W); a chunked mask
+of chunk C over C slots (p in slot p mod C).
 
 A forward pass through the cache is one `CacheWrite` (`begin`, then `commit` after the last layer):
 a prefill into an empty cache (prompts padded on the right, attending to each other), or a step
@@ -88,6 +89,26 @@ class DecodingCache:
         self.empty = False
 
 
+class LayoutCache(DecodingCache):
+    """A layout's cache (`model.layout`): each kind's own (`by_kind`, each shaped by its kind's mask), its layers
+    in the model's order. The model begins and commits each kind's part."""
+
+    def __init__(self, by_kind: dict[str, DecodingCache], order: list[str]) -> None:
+        self.by_kind = by_kind
+        layers = {name: iter(part.layers) for name, part in by_kind.items()}
+        super().__init__([next(layers[name]) for name in order])
+
+    def reset(self) -> None:
+        for part in self.by_kind.values():
+            part.reset()
+
+    def allocate(
+        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device, n_kv_head: int | None
+    ) -> None:
+        for part in self.by_kind.values():
+            part.allocate(batch, n_head, head_dim, dtype, device, n_kv_head)
+
+
 class KVCache(DecodingCache):
     """Keys and values of every layer, in fixed buffers (see the module docstring); `layer`: a layer's store."""
 
@@ -96,8 +117,8 @@ class KVCache(DecodingCache):
     ) -> None:
         self.mask = mask or AttentionMask()
         self.rolling = self.mask.rolling
-        self.capacity = self.mask.window + self.mask.sinks if self.rolling else capacity
-        """Keys held at most: a rolling cache's S + W, else the longest sequence it takes."""
+        self.capacity = self.mask.ring + self.mask.sinks if self.rolling else capacity
+        """Keys held at most: a rolling cache's S + W (a chunked one's C), else the longest sequence it takes."""
         self.slot_positions: Tensor | None = None
         """(B, C) the position each slot holds (-1: empty)."""
         super().__init__([(layer or LayerCache)(self) for _ in range(n_layer)])
@@ -144,7 +165,7 @@ class KVCache(DecodingCache):
         position = slots.expand(start.size(0), -1)
         if self.rolling:  # slot s >= S holds the positions p >= S with p = s mod W: the newest is
             last = end[:, None] - 1  # last - (last - s) mod W
-            rolled = last - torch.remainder(last - slots, self.mask.window)
+            rolled = last - torch.remainder(last - slots, self.mask.ring)
             position = torch.where(slots < self.mask.sinks, position, rolled)
         incoming = (position >= start[:, None]) & (position < end[:, None])
         if self.rolling:  # a slot past the sinks takes no position below them (without rolling: position = slot)
@@ -156,7 +177,7 @@ class KVCache(DecodingCache):
         if not self.rolling:
             return position
         sinks = self.mask.sinks
-        return torch.where(position < sinks, position, sinks + torch.remainder(position - sinks, self.mask.window))
+        return torch.where(position < sinks, position, sinks + torch.remainder(position - sinks, self.mask.ring))
 
 
 class LayerCache:

@@ -84,6 +84,9 @@ class GPTConfig:
     """Sliding window: each token sees itself and the W - 1 tokens before it (0: all earlier tokens)."""
     attn_sinks: int = 0
     """With a window: the first S tokens stay visible to every token (StreamingLLM's attention sinks)."""
+    attn_chunk: int = 0
+    """Chunked local attention (Llama 4): a key is visible iff it is in the query's chunk of C positions and not
+    after it (0: off; not with attn_window)."""
     attn_random_blocks: int = 0
     """With a window: how many random earlier key blocks each block of queries also sees (BigBird)."""
     attn_random_draw: Literal["bigbird", "earlier_with_replacement"] = "bigbird"
@@ -97,6 +100,15 @@ class GPTConfig:
     """Log-length scaling (SSMax): each query times s * ln(n), n the keys it sees; s fixed or learned per head."""
     attn_log_scale: float | None = None
     """s of attn_log_scaling (default 1 / ln(block_size): at the training length the scale is 1)."""
+    attn_temperature_floor: int = 0
+    """Llama 4's per-position query scale, q (0.1 ln(floor((p + 1) / F) + 1) + 1) at position p, F this floor (Llama
+    4's 8192, on its NoPE layers; 0: off); not SSMax's attn_log_scaling."""
+    layout: tuple[str, ...] | None = None
+    """Each layer's kind, a pattern repeated over n_layer and cut where the layers end (Gemma 3: five local, one
+    global); every name a key of `kinds` (None: every layer alike)."""
+    kinds: dict[str, dict[str, Any]] | None = None
+    """What each kind of `layout` sets for its layers: attn_window, attn_sinks, attn_chunk, attn_temperature_floor,
+    pos_encoding (one that acts in attention; none: NoPE) and its scheme's fields (rope_base, ...)."""
     n_kv_head: int | None = None
     """Key/value heads (grouped-query attention, Ainslie et al. 2023; 1: multi-query): query head h reads KV head
     h // (n_head / n_kv_head), and the KV cache holds n_kv_head heads; must divide n_head (None: n_head)."""
@@ -165,7 +177,8 @@ class GPTConfig:
             raise ConfigError(f"GPTConfig.attn_softcap must be >= 0 (0: no cap), got {self.attn_softcap!r}.")
         if self.rope_base <= 0:
             raise ConfigError(f"GPTConfig.rope_base must be positive, got {self.rope_base!r}.")
-        for name in ("attn_window", "attn_sinks", "attn_random_blocks", "attn_random_seed"):
+        for name in ("attn_window", "attn_sinks", "attn_random_blocks", "attn_random_seed", "attn_chunk",
+                     "attn_temperature_floor"):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"GPTConfig.{name} must be an integer >= 0, got {value!r}.")
@@ -173,6 +186,8 @@ class GPTConfig:
             raise ConfigError(
                 "GPTConfig.attn_sinks keeps the first tokens visible beyond a window: set attn_window > 0."
             )
+        if self.attn_chunk and self.attn_window:
+            raise ConfigError("GPTConfig.attn_chunk and attn_window are two local masks: set one of them to 0.")
         if self.attn_random_blocks and not self.attn_window:
             raise ConfigError(
                 "GPTConfig.attn_random_blocks adds random blocks to a window's keys (BigBird): set attn_window > 0."

@@ -29,7 +29,7 @@ def context_window(model: GPT, max_context: int | None = None) -> int | None:
     """How many of the last tokens the model sees when generating (see the module docstring);
     None: all of them (a sliding-window model whose scheme extrapolates)."""
     learned = model.pe.max_positions
-    if learned is None and max_context is None and model.attention.constant_memory(model.config, model.mask):
+    if learned is None and max_context is None and model.constant_memory():
         return None
     limit = max_context or 4 * model.config.block_size  # the default for the schemes that extrapolate
     return limit if learned is None else min(limit, learned)

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,10 +15,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from posgpt.model.attention import ATTENTIONS, Attention
-from posgpt.model.cache import DecodingCache
+from posgpt.model.cache import CacheWrite, DecodingCache, LayoutCache
 from posgpt.model.config import GPTConfig
 from posgpt.model.generation import stream
 from posgpt.model.kernels import Kernel, Placement, Plan, WeightsHook
+from posgpt.model.layout import LayerKind, layer_kinds
 from posgpt.model.loss import linear_cross_entropy
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import SCHEMES, PositionEncoding, build_positions
@@ -32,7 +34,7 @@ def training_flops_per_token(n_params: int, n_layer: int, n_embd: int, keys: int
 SWITCHABLE_FIELDS = frozenset({
     "pos_encoding", *(f for scheme in SCHEMES.values() for f in scheme.fields), "attn_window", "attn_sinks",
     "attn_random_blocks", "attn_sparse_block", "attn_random_seed", "attn_random_draw", "attn_log_scaling",
-    "attn_log_scale", "attn_backend", "chunked_loss",
+    "attn_log_scale", "attn_backend", "chunked_loss", "attn_chunk", "attn_temperature_floor",
 })  # fmt: skip
 """What `GPT.switch` may change: everything but the blocks' weights and how they are computed."""
 
@@ -41,6 +43,33 @@ def _rebuilds_scheme(old: GPTConfig, new: GPTConfig) -> bool:
     """Whether switching from `old` to `new` builds a new position scheme (another one, or its fields changed)."""
     fields = SCHEMES[new.pos_encoding].fields
     return old.pos_encoding != new.pos_encoding or any(getattr(old, f) != getattr(new, f) for f in fields)
+
+
+def kind_schemes(config: GPTConfig, kinds: list[LayerKind]) -> dict[str, PositionEncoding]:
+    """A position scheme of its own for each kind of a layout whose scheme is not the model's."""
+    return {kind.name: build_positions(kind.config) for kind in kinds if _rebuilds_scheme(config, kind.config)}
+
+
+@dataclass
+class _KindPlan:
+    """What the layers of one kind attend with in one forward pass; `layer(i)`: layer i's plan, its context built
+    once for the kind, or once per layer for a scheme with a bias per layer."""
+
+    pe: PositionEncoding
+    kind: LayerKind
+    kernel: Kernel
+    placement: Placement
+    memo: dict
+    settings: dict[str, Any]
+    write: CacheWrite | None
+    plan: Plan | None = None
+
+    def layer(self, i: int) -> Plan:
+        if self.plan is None or self.pe.bias_layers > 1:
+            bias = self.pe.bias(i) if self.pe.terms else None  # from the parameters as they are now
+            context = self.kernel.context(bias, self.kind.mask, self.placement, self.memo, **self.settings)
+            self.plan = Plan(self.kernel, context, self.placement, cache_write=self.write)
+        return self.plan
 
 
 class MLP(nn.Module):
@@ -84,14 +113,16 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
-        self.pe = build_positions(config)  # one instance, shared by every block
-        self.mask = AttentionMask.of(config)  # one description, every kernel's mask
+        self.pe = build_positions(config)  # one instance, shared by every block of the model's scheme
+        self.mask = AttentionMask.of(config)  # one description, every kernel's mask (a layout: each kind's)
+        self.kinds = layer_kinds(config)  # the layers of each kind, and `kind_of` each layer's
+        self.kind_pe = nn.ModuleDict(kind_schemes(config, self.kinds))
         self.attention = ATTENTIONS[config.attention]  # the attention function: its layer class and kernels
         # what each kernel keeps across forwards (flex: block masks), by kernel class (a copied model has copies
         # of the kernels); made now, so that a compiled forward never sees the dict change
         self._kernel_memos: dict = {type(kernel): {} for kernel in self.attention.kernels.values()}
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, self.attention, i) for i in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(kind.config, self.attention, i) for i, kind in enumerate(self.kind_of))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, False)
         self.lm_head.weight = self.wte.weight  # tied input/output embeddings (Press & Wolf 2017)
@@ -105,10 +136,11 @@ class GPT(nn.Module):
         biases 0, the residual output projections normal(0, 0.02 / sqrt(2 L)): the 2L branches add to one stream,
         whose variance then does not grow with depth. The scheme initialises its own (`reset_parameters`); modules
         are visited in registration order, which fixes the weights a seed gives."""
+        schemes = [self.pe, *self.kind_pe.values()]
         for name, module in self.named_modules():
-            if module is self.pe or isinstance(module, nn.LayerNorm):
+            if any(module is pe for pe in schemes) or isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
-            if name == "pe" or name.startswith("pe."):
+            if name.split(".")[0] in ("pe", "kind_pe"):
                 continue
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -180,34 +212,71 @@ class GPT(nn.Module):
                 f"A model can switch its position scheme, mask, log-length scaling and kernel, not {', '.join(fixed)} "
                 "(the weights would change shape or meaning)."
             )
-        old, self.config = self.config, config
+        old, old_kinds, self.config = self.config, self.kinds, config
+        old_schemes = {kind.name: self.pe_of(kind) for kind in old_kinds}
+        weight = self.wte.weight
         if _rebuilds_scheme(old, config):
-            self.pe = build_positions(config).to(device=self.wte.weight.device, dtype=self.wte.weight.dtype)
+            self.pe = build_positions(config).to(device=weight.device, dtype=weight.dtype)
         self.mask = AttentionMask.of(config)
-        for block in self.blocks:
-            block.attn.reconfigure(old, config)
+        self.kinds = layer_kinds(config)
+        schemes = {}  # a kind with a scheme of its own keeps it unless it changes
+        for kind, before in zip(self.kinds, old_kinds, strict=True):
+            if kind.name and _rebuilds_scheme(config, kind.config):
+                same = not _rebuilds_scheme(before.config, kind.config)
+                schemes[kind.name] = old_schemes[kind.name] if same else build_positions(kind.config).to(weight.device)
+            for i in kind.layers:
+                self.blocks[i].attn.reconfigure(before.config, kind.config)
+        self.kind_pe = nn.ModuleDict(schemes)
         for memo in self._kernel_memos.values():
             memo.clear()  # block masks of the old mask
 
     def switch_replaces_parameters(self, config: GPTConfig) -> bool:
         """Whether `switch(config)` would replace parameters (a scheme's own, a learned log-length
         scale) by new ones: an optimizer must then be given them, and DDP or FSDP cannot follow."""
-        if _rebuilds_scheme(self.config, config):
-            with torch.device("meta"):
-                if any(True for _ in build_positions(config).parameters()) or any(True for _ in self.pe.parameters()):
-                    return True
-        return any(block.attn.reconfigure_replaces_parameters(self.config, config) for block in self.blocks)
+        for before, kind in zip(self.kinds, layer_kinds(config), strict=True):
+            if _rebuilds_scheme(before.config, kind.config):
+                with torch.device("meta"):
+                    if any(True for c in (before.config, kind.config) for _ in build_positions(c).parameters()):
+                        return True
+            attns = [self.blocks[i].attn for i in kind.layers]
+            if any(attn.reconfigure_replaces_parameters(before.config, kind.config) for attn in attns):
+                return True
+        return False
 
     def rescaled(self, scaling: str, factor: float) -> GPT:
         """A view of this model, sharing every parameter and buffer, with its scheme's angles stretched
-        (`rope_scaling`: PI, NTK or YaRN at evaluation); for a `rescalable` scheme only."""
-        if not self.pe.rescalable:
+        (`rope_scaling`: PI, NTK or YaRN at evaluation); for a `rescalable` scheme only (a layout: every kind's)."""
+        schemes = [self.pe_of(kind) for kind in self.kinds]
+        if not any(pe.rescalable for pe in schemes) or any(pe.uses_positions and not pe.rescalable for pe in schemes):
             raise ValueError(f"pos_encoding={self.config.pos_encoding!r} has no scaling; RoPE has (PI, NTK, YaRN).")
+        bases = {kind.config.rope_base for kind, pe in zip(self.kinds, schemes, strict=True) if pe.rescalable}
+        if len(bases) > 1:
+            raise ValueError(
+                f"rope_scaling stretches one RoPE, and this layout's kinds turn with bases {sorted(bases)}: evaluate "
+                "it without rope_scaling (Gemma 3 scales its global layers only, which is not offered)."
+            )
         view = copy.copy(self)  # a shallow copy: the same modules, parameters and buffers
-        view._modules = dict(self._modules)  # ... but its own table of them, so that its pe is its own
+        view._modules = dict(self._modules)  # ... but its own table of them, so that its schemes are its own
         view.config = dataclasses.replace(self.config, rope_scaling=scaling, rope_scaling_factor=float(factor))
+        view.kinds = layer_kinds(view.config)
         view.pe = build_positions(view.config).to(self.wte.weight.device)
+        view.kind_pe = nn.ModuleDict(kind_schemes(view.config, view.kinds)).to(self.wte.weight.device)
         return view
+
+    def pe_of(self, kind: LayerKind) -> PositionEncoding:
+        """The position scheme the layers of `kind` attend with: the model's, or the kind's own."""
+        return self.kind_pe[kind.name] if kind.name in self.kind_pe else self.pe
+
+    @property
+    def kinds(self) -> list[LayerKind]:
+        """The kinds of the layers (`model.layout`): one without a layout."""
+        return self._kinds
+
+    @kinds.setter
+    def kinds(self, kinds: list[LayerKind]) -> None:
+        self._kinds = kinds
+        self.kind_of = [next(kind for kind in kinds if i in kind.layers) for i in range(self.config.n_layer)]
+        """Each layer's kind, in layer order."""
 
     def _hidden(
         self,
@@ -226,44 +295,48 @@ class GPT(nn.Module):
             if lengths.shape != (B,) or shortest < 1 or longest > T:
                 raise ValueError(f"lengths must be (B,) = ({B},) counts in 1..{T}, got {tuple(lengths.shape)} in "
                                  f"{shortest}..{longest}.")  # fmt: skip
-        cache_write = cache.begin(B, T, lengths, idx.device) if cache is not None else None
-        decoding = cache_write is not None and not cache_write.prefill
+        caches = cache.by_kind if isinstance(cache, LayoutCache) else {self.kinds[0].name: cache} if cache else {}
+        writes = {name: part.begin(B, T, lengths, idx.device) for name, part in caches.items()}
+        first = next(iter(writes.values()), None)
+        decoding = first is not None and not first.prefill
         if decoding:  # each row at its own positions, over the keys the cache holds (and the tables reserved)
-            positions = cache_write.positions
+            positions = first.positions
         else:  # positions 0..T-1
             self._check_length(T)
         x = self.drop(self.pe.embed(self.wte(idx), positions))  # (B, T, C)
         dropout = self.training and self.config.dropout > 0
         float64 = x.dtype == torch.float64 and not torch.is_autocast_enabled(idx.device.type)
-        kernel = self.kernel(idx.device, dropout, x.requires_grad, decoding, weights=visit is not None, float64=float64)
-        placement = Placement(T, self.config.n_head, idx.device, positions, cache_write.k_pos if decoding else None)
-        memo = self._kernel_memos[type(kernel)]
-        bias = self.pe.bias if self.pe.terms else lambda layer: None  # from the parameters as they are now
-        settings = self.attention.kernel_settings(self.config)
-        context = kernel.context(bias(0), self.mask, placement, memo, **settings)
-        plan = Plan(kernel, context, placement, cache_write=cache_write)
+        plans = {}
+        for kind in self.kinds:  # each kind's kernel, context and place in the cache, for all its layers
+            needs_grad, weights = x.requires_grad, visit is not None
+            kernel = self.kernel(idx.device, dropout, needs_grad, decoding, weights=weights, float64=float64, kind=kind)
+            write = writes.get(kind.name)
+            placement = Placement(T, self.config.n_head, idx.device, positions, write.k_pos if decoding else None)
+            plans[kind.name] = _KindPlan(self.pe_of(kind), kind, kernel, placement, self._kernel_memos[type(kernel)],
+                                         self.attention.kernel_settings(kind.config), write)  # fmt: skip
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
-        for i, block in enumerate(self.blocks):
-            layer_plan = dataclasses.replace(plan, on_weights=visit(i)) if visit else plan
-            if self.pe.bias_layers > 1 and i > 0:  # a bias of its own: its own context (layer 0's is built)
-                context = kernel.context(bias(i), self.mask, placement, memo, **settings)
-                layer_plan = dataclasses.replace(layer_plan, context=context)
+        for i, kind in enumerate(self.kind_of):
+            pe, layer_plan = plans[kind.name].pe, plans[kind.name].layer(i)
+            if visit:
+                layer_plan = dataclasses.replace(layer_plan, on_weights=visit(i))
             if recompute:
-                x = checkpoint(block, x, self.pe, layer_plan, use_reentrant=False)
+                x = checkpoint(self.blocks[i], x, pe, layer_plan, use_reentrant=False)
             else:
-                x = block(x, self.pe, layer_plan, cache.layers[i] if cache is not None else None)
-        if cache is not None:
-            cache.commit(cache_write)
+                x = self.blocks[i](x, pe, layer_plan, cache.layers[i] if cache is not None else None)
+        for name, part in caches.items():
+            part.commit(writes[name])
         return self.ln_f(x)
 
     def kernel(
         self, device: torch.device, dropout: bool, needs_grad: bool, decoding: bool = False, weights: bool = False,
-        float64: bool = False,
+        float64: bool = False, kind: LayerKind | None = None,
     ) -> Kernel:  # fmt: skip
         """The kernel `config.attn_backend` resolves to for a forward pass on `device` with these needs (with
-        `weights`: the one that forms the weights; `float64`: computed in float64)."""
+        `weights`: the one that forms the weights; `float64`: computed in float64) for the layers of `kind` (None:
+        the first kind's, every layer's without a layout)."""
+        kind = kind or self.kinds[0]
         needs = self.attention.needs(
-            self.pe, self.mask, SCORES[self.config.attn_score], device,
+            self.pe_of(kind), kind.mask, SCORES[self.config.attn_score], device,
             dropout_active=dropout, needs_grad=needs_grad, decoding=decoding,
             head_size=self.attention.kernel_head_size(self.config.head_dim), float64=float64,
             asked=self.attention.layer_terms(self.config),
@@ -273,16 +346,21 @@ class GPT(nn.Module):
         return self.attention.choose_kernel(self.config.attn_backend, needs, device)
 
     def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> DecodingCache:
-        """What decoding keeps (`Attention.new_cache`), allocated now for `batch` rows when given. Position
-        tables grow now to the `longest` position decoding will reach (default `capacity`): a decode step
-        never grows them (a rolling cache decodes past its capacity: give it `longest`)."""
-        self.pe.reserve(longest or capacity)
-        cache = self.attention.new_cache(self.config, self.mask, capacity)
+        """What decoding keeps (`Attention.new_cache`; a layout: each kind's, `LayoutCache`), allocated now for `batch`
+        rows when given. Position tables grow now to the `longest` position decoding will reach (default
+        `capacity`): a decode step never grows them (a rolling cache decodes past its capacity: give it `longest`)."""
+        for kind in self.kinds:
+            self.pe_of(kind).reserve(longest or capacity)
+        parts = {k.name: self.attention.new_cache(k.config, k.mask, capacity, len(k.layers)) for k in self.kinds}
+        cache = parts[""] if "" in parts else LayoutCache(parts, [kind.name for kind in self.kind_of])
         if batch is not None:
-            weight = self.wte.weight
-            c = self.config
+            c, weight = self.config, self.wte.weight
             cache.allocate(batch, c.n_head, c.head_dim, weight.dtype, weight.device, c.kv_heads)
         return cache
+
+    def constant_memory(self) -> bool:
+        """Whether what decoding keeps stays the same size however long it runs (every kind's cache)."""
+        return all(self.attention.constant_memory(kind.config, kind.mask) for kind in self.kinds)
 
     def _check_length(self, length: int) -> None:
         limit = self.pe.max_positions
@@ -299,14 +377,14 @@ class GPT(nn.Module):
         lookup tables, not the token embedding, which the tied head uses as a matmul (nanoGPT's N)."""
         total = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
-            total -= sum(p.numel() for p in self.pe.lookup_parameters())
+            total -= sum(p.numel() for pe in (self.pe, *self.kind_pe.values()) for p in pe.lookup_parameters())
         return total
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token at context `seq_len`: 6N + 12 L H Q T, T the keys a token sees (PaLM
-        appendix B; 18 with differential attention's two weighted sums), for MFU."""
-        c, keys = self.config, self.mask.attended_keys(seq_len)  # a window attends to at most W + S (+ R G) keys
-        return training_flops_per_token(self.num_params(), c.n_layer, c.n_embd, keys, self.attention.value_passes)
+        appendix B; 18 with differential attention's two weighted sums), for MFU; a layout sums its layers'."""
+        keys = sum(kind.mask.attended_keys(seq_len) * len(kind.layers) for kind in self.kinds)  # a window: W + S keys
+        return training_flops_per_token(self.num_params(), 1, self.config.n_embd, keys, self.attention.value_passes)
 
     @torch.no_grad()
     def generate(

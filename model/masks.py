@@ -8,9 +8,11 @@ query) and k (the key):
     window(q, k) = q - k < W              (sliding window of W keys, the query's own included)
     sink(q, k)   = k < S                  (the first S tokens stay visible: StreamingLLM's sinks)
     random(q, k) = k // G in picks(q // G) (R random blocks of G keys per block of queries)
+    chunk(q, k)  = q // C == k // C       (chunked local attention: Llama 4's, the query's chunk of C)
 
     visible(q, k) = causal and (window or sink or random)      with W > 0
-    visible(q, k) = causal                                     with W = 0 (full causal attention)
+    visible(q, k) = causal and chunk                           with C > 0
+    visible(q, k) = causal                                     with W = C = 0 (full causal attention)
 
 Window, sinks and random blocks are BigBird's sparse attention (Zaheer et al. 2020), causal. As
 BigBird's `get_single_block_row_attention` (google-research/bigbird), query block i draws R distinct
@@ -51,26 +53,36 @@ class AttentionMask:
     """Seed of the random blocks' draws."""
     random_draw: str = "bigbird"
     """How the random blocks are drawn (`GPTConfig.attn_random_draw`)."""
+    chunk: int = 0
+    """Chunked local attention: keys each query sees are those of its chunk of `chunk` positions (0: off)."""
 
     @classmethod
     def of(cls, config: GPTConfig) -> AttentionMask:
         """The mask a model of `config` attends with."""
         return cls(config.attn_window, config.attn_sinks, config.attn_random_blocks, config.attn_sparse_block,
-                   config.attn_random_seed, config.attn_random_draw)  # fmt: skip
+                   config.attn_random_seed, config.attn_random_draw, config.attn_chunk)  # fmt: skip
 
     @property
     def causal_only(self) -> bool:
         """Plain causal attention: SDPA can run it as `is_causal=True` (FlashAttention on GPU)."""
-        return self.window == 0
+        return self.window == 0 and self.chunk == 0
 
     @property
     def rolling(self) -> bool:
-        """Whether a decoding cache may drop keys: a window with no random blocks keeps S + W."""
-        return self.window > 0 and self.random_blocks == 0
+        """Whether a decoding cache may drop keys: a window with no random blocks keeps S + W, a chunk C."""
+        return (self.window > 0 and self.random_blocks == 0) or self.chunk > 0
+
+    @property
+    def ring(self) -> int:
+        """The keys a rolling cache cycles through after the sinks: the window, or the chunk."""
+        return self.window or self.chunk
 
     def visible(self, q: Tensor, k: Tensor) -> Tensor:
         """Whether query position `q` sees key position `k` (broadcasting tensors of absolute positions)."""
         allowed = k <= q
+        if self.chunk:
+            allowed = allowed & (torch.div(q, self.chunk, rounding_mode="floor") ==
+                                 torch.div(k, self.chunk, rounding_mode="floor"))  # fmt: skip
         if self.window:
             local = (q - k < self.window) | (k < self.sinks)
             key_block = k // self.sparse_block
@@ -140,6 +152,8 @@ class AttentionMask:
         """How many keys a query at position `q` sees (a tensor of positions): the window, the sinks before
         it and each distinct random block's keys that neither holds. Pointwise (a flex score_mod calls it)."""
         n = q + 1
+        if self.chunk:
+            return torch.remainder(q, self.chunk) + 1
         if not self.window:
             return n
         if q.dtype != torch.int64:  # int64 arithmetic, whatever the caller's index type
@@ -163,6 +177,8 @@ class AttentionMask:
 
     def attended_keys(self, length: int) -> int:
         """How many keys a query attends to at most in a sequence of `length` (the FLOP count's)."""
+        if self.chunk:
+            return min(length, self.chunk)
         if not self.window:
             return length
         return min(length, self.window + self.sinks + self.random_blocks * self.sparse_block)

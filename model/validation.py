@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from posgpt.core.errors import ConfigError, did_you_mean
 from posgpt.model.attention import ATTENTIONS
 from posgpt.model.kernels import AUTO, Lack
+from posgpt.model.layout import check_layout, layer_kinds
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import SCHEMES
 from posgpt.model.scores import SCORES
@@ -29,6 +30,7 @@ def check_config(config: GPTConfig) -> None:
     _check_name("attention", config.attention, list(ATTENTIONS))
     _check_name("attn_score", config.attn_score, list(SCORES))
     _check_name("attn_backend", config.attn_backend, [AUTO, *kernel_names()])
+    check_layout(config)
     scheme = SCHEMES[config.pos_encoding]
     if config.rope_fraction != 1.0 and not scheme.partial_rotation:
         raise ConfigError(
@@ -53,10 +55,12 @@ def check_config(config: GPTConfig) -> None:
             f"GPTConfig.qk_norm normalises the queries and keys of a score, and attention={config.attention!r} forms "
             "none: use a scored attention function, or qk_norm 'none'."
         )
-    if config.qk_norm == "llama4" and not scheme.rotates:
+    kinds = layer_kinds(config)  # each kind's config, validated: a kind's refusal names it
+    rotates = any(SCHEMES[kind.config.pos_encoding].rotates for kind in kinds)
+    if config.qk_norm == "llama4" and not rotates and config.layout != ():  # (): one kind of a layout, checked whole
         raise ConfigError(
-            f"GPTConfig.qk_norm='llama4' normalises rotated queries and keys, on rotating layers only, and "
-            f"pos_encoding={config.pos_encoding!r} rotates none: use pos_encoding='rope', or qk_norm 'gemma3'."
+            f"GPTConfig.qk_norm='llama4' normalises rotated queries and keys, on rotating layers only, and no layer "
+            f"here rotates (pos_encoding={config.pos_encoding!r}): use pos_encoding='rope', or qk_norm 'gemma3'."
         )
     if config.attn_backend != AUTO and config.attn_backend not in layer.kernels:
         raise ConfigError(

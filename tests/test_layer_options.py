@@ -198,7 +198,10 @@ def test_a_grouped_model_keeps_its_kv_heads_in_the_cache():
         ({"attention": "sigmoid", "attn_sink_logits": True}, r"softmax mass with no key"),
         ({"attention": "differential", "attn_sink_logits": True}, r"the difference of two"),
         ({"attn_backend": "sdpa", "attn_softcap": 2.0}, r"attn_backend auto, eager or flex would run"),
-        ({"pos_encoding": "alibi", "qk_norm": "llama4"}, r"qk_norm='llama4'.*rotates none: use pos_encoding='rope'"),
+        (
+            {"pos_encoding": "alibi", "qk_norm": "llama4"},
+            r"qk_norm='llama4'.*no layer here rotates.*use pos_encoding='rope'",
+        ),
         ({"attention": "linear", "qk_norm": "gemma3"}, r"qk_norm normalises the queries and keys of a score"),
         ({"attn_softcap": -1.0}, r"attn_softcap must be >= 0"),
     ],

@@ -200,8 +200,8 @@ class Attention(nn.Module):
         raise KernelError("No kernel here forms the attention weights of this model.")
 
     @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> DecodingCache:
-        """What decoding keeps for a model of `config` (see `GPT.new_cache`)."""
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> DecodingCache:
+        """What decoding keeps for `layers` layers of `config` (see `GPT.new_cache`)."""
         raise NotImplementedError
 
     @classmethod

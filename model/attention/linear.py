@@ -165,8 +165,8 @@ class LinearAttention(Attention):
         return self.output(y, x)
 
     @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> DecodingCache:
-        return DecodingCache([LayerStateCache() for _ in range(config.n_layer)])
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> DecodingCache:
+        return DecodingCache([LayerStateCache() for _ in range(layers)])
 
     @classmethod
     def constant_memory(cls, config: GPTConfig, mask: AttentionMask) -> bool:

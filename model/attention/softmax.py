@@ -28,9 +28,11 @@ class SoftmaxAttention(Attention):
         super().__init__(config, layer)
         self.log_scale = LogLengthScale.of(config)
         self.mask = AttentionMask.of(config)
+        self.temperature_floor = config.attn_temperature_floor
 
     def reconfigure(self, old: GPTConfig, config: GPTConfig) -> None:
         self.mask = AttentionMask.of(config)
+        self.temperature_floor = config.attn_temperature_floor
         if _log_scaling_changes(old, config):
             scale = LogLengthScale.of(config)
             weight = self.qkv.weight
@@ -53,10 +55,14 @@ class SoftmaxAttention(Attention):
         q, k = self.normed_rotated(pe, *self.rotate(pe, q, k, plan.placement))
         if cache is not None:
             k, v = cache.update(k, v, plan.cache_write)  # the keys and values the plan describes
-        if self.log_scale is not None:  # the queries stand at their cache positions when decoding, else at 0..Tq-1
-            place = plan.placement
+        place = plan.placement  # the queries stand at their cache positions when decoding, else at 0..Tq-1
+        if self.log_scale is not None:
             queries = place.positions if place.k_pos is not None else torch.arange(place.q_len, device=place.device)
             q = self.log_scale(q, self.mask.seen_keys(queries))
+        if self.temperature_floor:
+            queries = place.positions if place.k_pos is not None else torch.arange(place.q_len, device=place.device)
+            scale = temperature(queries, self.temperature_floor)  # (Tq), or (B, Tq) decoding
+            q = q * (scale[:, None, :, None] if scale.dim() == 2 else scale[:, None]).to(q.dtype)
         return q, k, v
 
     layer_cache: ClassVar[type[LayerCache]] = LayerCache
@@ -70,13 +76,19 @@ class SoftmaxAttention(Attention):
         return mask.rolling and not (cls.keys_in_order or Term.FROM_SCORES in SCHEMES[config.pos_encoding].terms)
 
     @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int) -> DecodingCache:
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> DecodingCache:
         rolls = cls._rolls(config, mask)
-        return KVCache(config.n_layer, capacity, mask if rolls else None, cls.layer_cache)  # None: never rolled
+        return KVCache(layers, capacity, mask if rolls else None, cls.layer_cache)  # None: never rolled
 
     @classmethod
     def constant_memory(cls, config: GPTConfig, mask: AttentionMask) -> bool:
         return cls._rolls(config, mask)  # a window's rolling cache
+
+
+def temperature(positions: Tensor, floor: int) -> Tensor:
+    """Llama 4's query scale at 0-based `positions`, log(floor((p + 1) / F) + 1) 0.1 + 1 (its `attn_scale` 0.1,
+    `floor_scale` F): 1 until p + 1 reaches F, then growing with the log of the number of whole F's."""
+    return torch.log(torch.div(positions + 1, floor, rounding_mode="floor").double() + 1).float() * 0.1 + 1.0
 
 
 def _log_scaling_changes(old: GPTConfig, new: GPTConfig) -> bool:

@@ -33,6 +33,8 @@ class PositionEncoding(nn.Module):
     """Whether the scheme reads positions at all (NoPE does not)."""
     relative: bool = False
     """Whether it reads positions only as distances i - j: shifting all of them changes nothing (RoPE, ALiBi)."""
+    embeds: bool = False
+    """Whether it acts on the token embeddings (`embed`: learned, sinusoidal): once, for every layer."""
     rotates: bool = False
     """Whether it rotates queries and keys (`rotate`: RoPE); Llama 4's QK-norm acts on such layers only."""
     rescalable: bool = False

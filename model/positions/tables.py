@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 class LearnedPositions(PositionEncoding):
     """One trained vector per absolute position, added to the token embedding (GPT-2)."""
 
+    embeds = True
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
         self.table = nn.Embedding(config.block_size, config.n_embd)
@@ -41,6 +43,8 @@ class LearnedPositions(PositionEncoding):
 class SinusoidalPositions(PositionEncoding):
     """The fixed sin/cos table of Vaswani et al. 2017 (section 3.5). Token embeddings are multiplied by
     sqrt(C) first (section 3.4): with GPT-2's 0.02 init the unit-amplitude table would drown them."""
+
+    embeds = True
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)

@@ -1,0 +1,96 @@
+"""Per-layer layouts (`GPTConfig.layout`, `kinds`): each layer's kind, and the config its layers are built from.
+
+A layout names each layer's kind as a short pattern repeated over the layers and cut where they end (Gemma 3's
+five local layers and one global one over 26 or 34 layers). A kind sets fields of the model's config for its
+layers: the mask (`attn_window`, `attn_sinks`, `attn_chunk`), the position scheme where it acts in attention
+(`pos_encoding`, and its own fields such as `rope_base`; `none` is a NoPE layer) and Llama 4's query scale
+(`attn_temperature_floor`). The layers of a kind are then built and run from that config, as a model of it
+would be: its scheme, its mask, its kernel, its part of the KV cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from posgpt.core.errors import ConfigError
+from posgpt.model.masks import AttentionMask
+from posgpt.model.positions import SCHEMES
+
+if TYPE_CHECKING:
+    from posgpt.model.config import GPTConfig
+
+MASK_FIELDS = ("attn_window", "attn_sinks", "attn_chunk", "attn_temperature_floor")
+"""What a kind may set besides its position scheme and that scheme's fields."""
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """The layers of one kind: its name, the config they are built from, their indices, their mask."""
+
+    name: str
+    config: GPTConfig
+    layers: tuple[int, ...]
+    mask: AttentionMask
+
+
+def kind_fields() -> frozenset[str]:
+    """Every field a kind may set: the mask's, `pos_encoding` and the fields of the schemes that act in attention."""
+    schemes = (scheme for scheme in SCHEMES.values() if not scheme.embeds)
+    return frozenset({*MASK_FIELDS, "pos_encoding", *(f for scheme in schemes for f in scheme.fields)})
+
+
+def layer_kinds(config: GPTConfig) -> list[LayerKind]:
+    """The kinds of `config`'s layers in order of first use (no layout: one kind, the model's own config)."""
+    if not config.layout:
+        return [LayerKind("", config, tuple(range(config.n_layer)), AttentionMask.of(config))]
+    pattern = [config.layout[i % len(config.layout)] for i in range(config.n_layer)]
+    kinds = []
+    for name in dict.fromkeys(pattern):
+        settings = (config.kinds or {})[name] or {}
+        try:
+            built = dataclasses.replace(config, layout=(), kinds=None, **settings)  # (): one kind's layers
+        except ConfigError as error:
+            raise ConfigError(f"GPTConfig.kinds[{name!r}]: {error}") from None
+        layers = tuple(i for i, kind in enumerate(pattern) if kind == name)
+        kinds.append(LayerKind(name, built, layers, AttentionMask.of(built)))
+    return kinds
+
+
+def check_layout(config: GPTConfig) -> None:
+    """Refuse a layout that names a kind `kinds` lacks, a kind nothing uses, a field a kind may not set, or a
+    scheme per kind that acts on the embeddings (learned, sinusoidal: once, for every layer)."""
+    if not config.layout:  # none, or () the config of one kind's layers
+        if config.kinds is not None:
+            raise ConfigError("GPTConfig.kinds says what each kind of a layout sets: set layout too, or drop kinds.")
+        return
+    kinds = config.kinds or {}
+    if not all(isinstance(name, str) and name for name in config.layout):
+        raise ConfigError(
+            f"GPTConfig.layout must be a list of kind names, e.g. [local, global], got {config.layout!r}."
+        )
+    unknown = sorted(set(config.layout) - set(kinds))
+    if unknown:
+        raise ConfigError(
+            f"GPTConfig.layout names kind(s) {unknown} that kinds does not define: add them to kinds ({{}} for a "
+            "layer of the model's own settings)."
+        )
+    unused = sorted(set(kinds) - set(config.layout))
+    if unused:
+        raise ConfigError(f"GPTConfig.kinds defines {unused}, which the layout never uses: drop them or use them.")
+    allowed = kind_fields()
+    for name, settings in kinds.items():
+        settings = {} if settings is None else settings
+        wrong = sorted(set(settings) - allowed) if isinstance(settings, dict) else [repr(settings)]
+        if wrong:
+            raise ConfigError(
+                f"GPTConfig.kinds[{name!r}] sets {', '.join(wrong)}, which a kind cannot set; a kind sets "
+                f"{', '.join(sorted(allowed))}."
+            )
+        scheme = settings.get("pos_encoding")
+        if scheme in SCHEMES and SCHEMES[scheme].embeds:
+            raise ConfigError(
+                f"GPTConfig.kinds[{name!r}] sets pos_encoding={scheme!r}, which acts once on the embeddings, not per "
+                "layer: set it as the model's pos_encoding, or give the kind a scheme that acts in attention."
+            )
