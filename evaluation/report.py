@@ -32,7 +32,7 @@ class Group:
     runs: list[dict[str, Any]]
 
     def column(self, key: str) -> list[Any]:
-        return [run[key] for run in self.runs]
+        return [run.get(key) for run in self.runs]  # None: a field older results lack
 
     def rows_at(self, length: int) -> list[dict[str, Any]]:
         return [next(r for r in run["results"] if r["length"] == length) for run in self.runs]
@@ -94,15 +94,16 @@ def markdown_table(doc: dict[str, Any], groups: list[Group]) -> str:
     lengths = doc["settings"]["lengths"]
     lines = ["# Perplexity against context length", ""]
     lines += [f"- {line}" for line in _settings_lines(doc, groups)]
-    lines += ["", "| model | positions | train length | tokenizer | seeds | " + " | ".join(map(str, lengths)) + " |"]
-    lines.append("|---|---|---:|---|---:|" + "---:|" * len(lengths))
+    lines += ["", "| model | positions | params | train length | tokenizer | seeds | " + " | ".join(map(str, lengths))
+              + " |", "|---|---|---:|---:|---|---:|" + "---:|" * len(lengths)]  # fmt: skip
     for g in groups:
         spread = len(g.runs) > 1
         cells = [fmt(st[0]) + (f" ± {fmt(st[1])}" if spread else "") if (st := g.ppl_at(n)) else "n/a" for n in lengths]
         train = _one_or_list(g.column("train_length"))
         tokenizer = _one_or_list(g.column("tokenizer"))
-        pos = g.runs[0]["pos_encoding"]
-        lines.append(f"| {g.label} | {pos} | {train} | {tokenizer} | {len(g.runs)} | " + " | ".join(cells) + " |")
+        pos, params = g.runs[0]["pos_encoding"], _one_or_list([f"{n:,}" if n else "n/a" for n in g.column("params")])
+        lines.append(f"| {g.label} | {pos} | {params} | {train} | {tokenizer} | {len(g.runs)} | " + " | ".join(cells)
+                     + " |")  # fmt: skip
     lines += sink_rate_table(doc.get("attention", []), lengths)
     return "\n".join(lines) + "\n"
 

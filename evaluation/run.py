@@ -155,6 +155,7 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
             "seed": ckpt.config.get("train", {}).get("seed"),
             "pos_encoding": config.pos_encoding,
             "train_length": config.block_size,
+            "params": trained.num_params(),
             "tokenizer": tokenizer_name(ckpt),
             "rope_scaling": scaling if rescalable else None,
             "rope_scaling_factor": settings.rope_scaling_factor if scaling != "none" else None,

@@ -24,14 +24,14 @@ def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x / torch.sqrt((x * x).mean() + eps)
 
 
-def rotated(x: torch.Tensor, position: int) -> torch.Tensor:
+def rotated(x: torch.Tensor, position: int, base: float = BASE) -> torch.Tensor:
     """RoPE with pairs (m, m + D/2) turned by position * base^(-2m/D) (GPT-NeoX's rotate-half), the angle in
     float32 as the model's table holds it (tests/test_fidelity_table.py checks that table)."""
     half = x.numel() // 2
     out = x.clone()
     for m in range(half):
         f32 = torch.float32
-        angle = position * torch.tensor(BASE, dtype=f32) ** -(torch.tensor(2 * m, dtype=f32) / x.numel())
+        angle = position * torch.tensor(base, dtype=f32) ** -(torch.tensor(2 * m, dtype=f32) / x.numel())
         cos, sin = float(angle.cos()), float(angle.sin())
         a, b = x[m], x[m + half]
         out[m], out[m + half] = a * cos - b * sin, b * cos + a * sin
@@ -39,12 +39,15 @@ def rotated(x: torch.Tensor, position: int) -> torch.Tensor:
 
 
 def formula(x: torch.Tensor, attn: torch.nn.Module, config: GPTConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer's output (T, C) and weights (H, T, T) for one row x (T, C), token by token and head by head:
-    Qwen3 / Gemma 3's learned RMSNorm of q and k before RoPE (eps 1e-6), Llama 4's weightless one after (1e-5);
+    """The layer's output (T, C) and weights (H, T, T) for one row x (T, C), token by token and head by head, for
+    a layer of `config` (a layout: its kind's): keys j <= i, in a window i - j < W or the sinks j < S, or in the chunk
+    i // C == j // C (Llama 4's `create_chunked_attention_mask`); RoPE at the layer's base, or none (NoPE);
+    Qwen3 / Gemma 3's learned RMSNorm of q and k before RoPE (eps 1e-6), Llama 4's weightless one after (1e-5), on
+    rotating layers; Llama 4's query scale log(floor((i + 1) / F) + 1) 0.1 + 1 after them;
     query head h reads KV head h // (H / H_kv) (gpt-oss's q.view(n_kv, q_mult)); s = q.k / sqrt(D), capped
     c tanh(s / c) (Gemma); weights exp(s) / (exp(sink_h) + sum exp(s)) (gpt-oss's sdpa); the output per head times
     sigmoid(x W_g), per element or per head (gated_attention's Qwen3), then the output projection."""
-    H, D, C = config.n_head, config.head_dim, config.n_embd
+    H, D, C, T = config.n_head, config.head_dim, config.n_embd, x.size(0)
     kv = config.kv_heads
     w, b = attn.qkv.weight, attn.qkv.bias
     out_heads = []
@@ -58,19 +61,25 @@ def formula(x: torch.Tensor, attn: torch.nn.Module, config: GPTConfig) -> tuple[
             q, k, v = (w[rows] @ x[i] + b[rows] for rows in (q_rows, k_rows, v_rows))
             if config.qk_norm == "gemma3":
                 q, k = rms(q, 1e-6) * attn.q_norm.weight, rms(k, 1e-6) * attn.k_norm.weight
-            q, k = rotated(q, i), rotated(k, i)
-            if config.qk_norm == "llama4":
-                q, k = rms(q, 1e-5), rms(k, 1e-5)
+            if config.pos_encoding == "rope":
+                q, k = rotated(q, i, config.rope_base), rotated(k, i, config.rope_base)
+                if config.qk_norm == "llama4":
+                    q, k = rms(q, 1e-5), rms(k, 1e-5)
+            if config.attn_temperature_floor:
+                q = q * (math.log(math.floor((i + 1) / config.attn_temperature_floor) + 1) * 0.1 + 1)
             qs.append(q), ks.append(k), vs.append(v)
         rows = []
         for i in range(T):
-            s = torch.stack([qs[i] @ ks[j] / math.sqrt(D) for j in range(i + 1)])
+            window, chunk = config.attn_window, config.attn_chunk
+            keys = [j for j in range(i + 1) if (not window or i - j < window or j < config.attn_sinks)
+                    and (not chunk or i // chunk == j // chunk)]  # fmt: skip
+            s = torch.stack([qs[i] @ ks[j] / math.sqrt(D) for j in keys])
             if config.attn_softcap:
                 s = config.attn_softcap * torch.tanh(s / config.attn_softcap)
             normaliser = torch.exp(s).sum() + (torch.exp(attn.sinks[h]) if config.attn_sink_logits else 0.0)
             p = torch.exp(s) / normaliser
-            weights[h, i, : i + 1] = p.detach()
-            o = p @ torch.stack(vs[: i + 1])
+            weights[h, i, keys] = p.detach()
+            o = p @ torch.stack([vs[j] for j in keys])
             if config.attn_gate != "none":
                 gate = torch.sigmoid(attn.gate.weight @ x[i] + attn.gate.bias)
                 o = o * (gate[h * D : (h + 1) * D] if config.attn_gate == "elementwise" else gate[h])

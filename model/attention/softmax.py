@@ -88,7 +88,7 @@ class SoftmaxAttention(Attention):
 def temperature(positions: Tensor, floor: int) -> Tensor:
     """Llama 4's query scale at 0-based `positions`, log(floor((p + 1) / F) + 1) 0.1 + 1 (its `attn_scale` 0.1,
     `floor_scale` F): 1 until p + 1 reaches F, then growing with the log of the number of whole F's."""
-    return torch.log(torch.div(positions + 1, floor, rounding_mode="floor").double() + 1).float() * 0.1 + 1.0
+    return torch.log(torch.div(positions + 1, floor, rounding_mode="floor").double() + 1) * 0.1 + 1.0
 
 
 def _log_scaling_changes(old: GPTConfig, new: GPTConfig) -> bool:

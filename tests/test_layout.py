@@ -1,0 +1,163 @@
+"""Per-layer layouts (model/layout.py): every layer of a layout model against the float64 formula of its kind
+(window, chunk, RoPE base, NoPE, Llama 4's query scale), on every CPU softmax kernel, with gradients; the chunked
+mask; what each kind's cache keeps; the refusals; the shipped layout configs from the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from posgpt.core.errors import ConfigError
+from posgpt.model import ATTENTIONS, GPT, GPTConfig
+from posgpt.model.attention.softmax import temperature
+from posgpt.model.cache import LayoutCache
+from posgpt.model.masks import AttentionMask
+
+from helpers import uncompiled_flex
+from test_layer_options import formula
+
+BASE = GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=4, n_embd=32, pos_encoding="rope", bias=True)
+LAYOUTS = {
+    "gemma3": {"layout": ("local", "local", "global"), "qk_norm": "gemma3", "n_kv_head": 2,
+               "kinds": {"local": {"attn_window": 3, "rope_base": 100.0}, "global": {"rope_base": 1e6}}},
+    "irope": {"layout": ("local", "global"), "qk_norm": "llama4",
+              "kinds": {"local": {"attn_chunk": 3}, "global": {"pos_encoding": "none", "attn_temperature_floor": 2}}},
+    "hybrid-sinks": {"layout": ("local", "global"), "attn_sink_logits": True,
+                     "kinds": {"local": {"attn_window": 2, "attn_sinks": 1}, "global": {"pos_encoding": "none"}}},
+}  # fmt: skip
+T = 9
+
+
+def stressed(config: GPTConfig) -> GPT:
+    """A float64 model whose every option acts in every layer (see test_layer_options.stressed)."""
+    torch.manual_seed(0)
+    model = GPT(config).double()
+    with torch.no_grad():
+        for block in model.blocks:
+            attn = block.attn
+            attn.qkv.weight.mul_(40)
+            if attn.sinks is not None:
+                attn.sinks.normal_(0, 1)
+            for norm in (attn.q_norm, attn.k_norm):
+                if norm is not None:
+                    norm.weight.uniform_(0.5, 2)
+    return model
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_every_layer_is_its_kinds_formula_on_every_softmax_kernel(name, monkeypatch):
+    uncompiled_flex(monkeypatch)
+    idx = torch.randint(0, BASE.vocab_size, (1, T))
+    checked = []
+    for backend, kernel in ATTENTIONS["softmax"].kernels.items():
+        try:
+            model = stressed(dataclasses.replace(BASE, attn_backend=backend, **LAYOUTS[name]))
+        except ConfigError:
+            continue
+        with_grad = kernel.backward_devices is None or "cpu" in kernel.backward_devices  # flex: forward only
+        seen: dict[int, tuple] = {}
+        hooks = [block.attn.register_forward_hook(lambda m, a, out, i=i: seen.update({i: (a[0], out)}))
+                 for i, block in enumerate(model.blocks)]  # fmt: skip
+        with torch.set_grad_enabled(with_grad):
+            model(idx)
+        for hook in hooks:
+            hook.remove()
+        for i, kind in enumerate(model.kind_of):
+            x, y = seen[i]
+            expected, _ = formula(x[0], model.blocks[i].attn, kind.config)
+            torch.testing.assert_close(y[0], expected, rtol=1e-9, atol=1e-10, msg=f"{backend}, layer {i}")
+            if with_grad:
+                params = list(model.blocks[i].attn.parameters())
+                cotangent = torch.randn_like(expected)
+                mine = torch.autograd.grad((y[0] * cotangent).sum(), params, retain_graph=True)
+                theirs = torch.autograd.grad((expected * cotangent).sum(), params)
+                for a, b in zip(mine, theirs, strict=True):
+                    torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10, msg=f"{backend}, layer {i}")
+        checked.append(backend)
+    assert "eager" in checked and "flex" in checked
+
+
+def test_a_layout_repeats_its_pattern_and_cuts_it_where_the_layers_end():
+    config = dataclasses.replace(BASE, n_layer=8, layout=("a", "a", "a", "b", "c"),
+                                 kinds={"a": {"attn_window": 4}, "b": {}, "c": {"pos_encoding": "none"}})  # fmt: skip
+    model = GPT(config)
+    assert [kind.name for kind in model.kind_of] == ["a", "a", "a", "b", "c", "a", "a", "a"]
+    assert [block.attn.mask.window for block in model.blocks] == [4, 4, 4, 0, 0, 4, 4, 4]
+    assert sorted(model.kind_pe) == ["c"]  # the other kinds attend with the model's RoPE
+
+
+def test_the_chunked_mask_and_its_seen_keys_by_hand():
+    mask = AttentionMask(chunk=3)
+    q, k = torch.arange(7)[:, None], torch.arange(7)[None, :]
+    expected = torch.tensor([[j <= i and i // 3 == j // 3 for j in range(7)] for i in range(7)])
+    assert torch.equal(mask.visible(q, k), expected)
+    assert mask.seen_keys(torch.arange(7)).tolist() == [1, 2, 3, 1, 2, 3, 1]
+    assert mask.attended_keys(100) == 3 and mask.rolling and not mask.causal_only
+
+
+def test_llama4s_query_scale_is_one_until_the_floor_then_grows_with_its_log():
+    scale = temperature(torch.arange(20), 8).tolist()
+    expected = [math.log(math.floor((p + 1) / 8) + 1) * 0.1 + 1 for p in range(20)]
+    assert scale == pytest.approx(expected, abs=1e-7) and scale[6] == 1.0 and scale[7] > 1.0
+
+
+def test_each_kind_keeps_its_own_keys_in_the_cache():
+    """A local layer keeps its window (plus sinks), a chunked one a chunk, a global one every key; a grouped
+    model's key/value heads; cached decoding past every window and chunk gives the uncached logits."""
+    config = dataclasses.replace(BASE, n_layer=3, n_kv_head=2, layout=("w", "c", "g"),
+                                 kinds={"w": {"attn_window": 4, "attn_sinks": 1}, "c": {"attn_chunk": 5}, "g": {}})  # fmt: skip
+    model = GPT(config).eval()
+    cache = model.new_cache(32, batch=2)
+    assert isinstance(cache, LayoutCache)
+    assert [tuple(layer.k.shape) for layer in cache.layers] == [(2, 2, 5, 8), (2, 2, 5, 8), (2, 2, 32, 8)]
+    idx = torch.randint(0, 64, (2, 23))
+    with torch.no_grad():
+        full, _ = model(idx)
+        steps = [model(idx[:, :6], cache=cache)[0]]
+        steps += [model(idx[:, t : t + 1], cache=cache)[0] for t in range(6, 23)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    assert not model.constant_memory()
+    assert GPT(dataclasses.replace(config, kinds={**config.kinds, "g": {"attn_window": 2}})).constant_memory()
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"layout": ("a", "b"), "kinds": {"a": {}}}, r"names kind\(s\) \['b'\] that kinds does not define"),
+        ({"layout": ("a",), "kinds": {"a": {}, "b": {}}}, r"defines \['b'\], which the layout never uses"),
+        ({"kinds": {"a": {}}}, r"kinds says what each kind of a layout sets: set layout too"),
+        ({"layout": ("a",), "kinds": {"a": {"pos_encoding": "learned"}}}, r"acts once on the embeddings"),
+        ({"layout": ("a",), "kinds": {"a": {"n_head": 2}}}, r"sets n_head, which a kind cannot set; a kind sets"),
+        ({"layout": ("a",), "kinds": {"a": {"attn_window": 2, "attn_chunk": 2}}},
+         r"kinds\['a'\]: GPTConfig.attn_chunk and attn_window are two local masks"),
+        ({"layout": ("a",), "kinds": {"a": {"attn_window": 2}}, "attention": "linear"},
+         r"kinds\['a'\]: attention='linear' cannot run attn_window=2"),
+    ],
+)  # fmt: skip
+def test_refusals(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        dataclasses.replace(BASE, **fields)
+
+
+def test_rope_scaling_of_a_layout_with_several_bases_is_refused_and_of_one_base_stretches_every_kind():
+    gemma = GPT(dataclasses.replace(BASE, **LAYOUTS["gemma3"]))
+    with pytest.raises(ValueError, match=r"kinds turn with bases \[100.0, 1000000.0\]: evaluate it without"):
+        gemma.rescaled("linear", 2.0)
+    hybrid = GPT(dataclasses.replace(BASE, **LAYOUTS["hybrid-sinks"])).eval()
+    view = hybrid.rescaled("linear", 2.0)
+    schemes = [view.pe_of(kind) for kind in view.kinds]
+    assert [pe.scaling[:2] for pe in schemes if pe.rescalable] == [("linear", 2.0)]
+    assert hybrid.pe.scaling[:2] == ("none", 1.0)  # the model itself is as it was
+
+
+def test_a_switch_that_changes_the_layout_or_the_kv_heads_is_refused():
+    model = GPT(dataclasses.replace(BASE, **LAYOUTS["irope"]))
+    for change in ({"layout": ("local",), "kinds": {"local": {"attn_chunk": 3}}}, {"n_kv_head": 2}):
+        with pytest.raises(ValueError, match=f"not {next(iter(change))}"):
+            model.switch(dataclasses.replace(model.config, **change))
+    dropped = dataclasses.replace(model.config, pos_encoding="none", qk_norm="none")  # DroPE of a layout
+    with pytest.raises(ValueError, match="not qk_norm"):
+        model.switch(dropped)
