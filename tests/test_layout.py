@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from test_layer_options import formula
 
 from posgpt.core.errors import ConfigError
 from posgpt.model import ATTENTIONS, GPT, GPTConfig
@@ -17,7 +18,6 @@ from posgpt.model.cache import LayoutCache
 from posgpt.model.masks import AttentionMask
 
 from helpers import uncompiled_flex
-from test_layer_options import formula
 
 BASE = GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=4, n_embd=32, pos_encoding="rope", bias=True)
 LAYOUTS = {
@@ -59,7 +59,7 @@ def test_every_layer_is_its_kinds_formula_on_every_softmax_kernel(name, monkeypa
             continue
         with_grad = kernel.backward_devices is None or "cpu" in kernel.backward_devices  # flex: forward only
         seen: dict[int, tuple] = {}
-        hooks = [block.attn.register_forward_hook(lambda m, a, out, i=i: seen.update({i: (a[0], out)}))
+        hooks = [block.attn.register_forward_hook(lambda m, a, out, i=i, seen=seen: seen.update({i: (a[0], out)}))
                  for i, block in enumerate(model.blocks)]  # fmt: skip
         with torch.set_grad_enabled(with_grad):
             model(idx)
@@ -107,8 +107,8 @@ def test_llama4s_query_scale_is_one_until_the_floor_then_grows_with_its_log():
 def test_each_kind_keeps_its_own_keys_in_the_cache():
     """A local layer keeps its window (plus sinks), a chunked one a chunk, a global one every key; a grouped
     model's key/value heads; cached decoding past every window and chunk gives the uncached logits."""
-    config = dataclasses.replace(BASE, n_layer=3, n_kv_head=2, layout=("w", "c", "g"),
-                                 kinds={"w": {"attn_window": 4, "attn_sinks": 1}, "c": {"attn_chunk": 5}, "g": {}})  # fmt: skip
+    kinds = {"w": {"attn_window": 4, "attn_sinks": 1}, "c": {"attn_chunk": 5}, "g": {}}
+    config = dataclasses.replace(BASE, n_layer=3, n_kv_head=2, layout=("w", "c", "g"), kinds=kinds)
     model = GPT(config).eval()
     cache = model.new_cache(32, batch=2)
     assert isinstance(cache, LayoutCache)
