@@ -53,10 +53,16 @@ def prompt_weights(model: GPT, idx: Tensor) -> list[Tensor]:
     return [torch.cat(c, dim=1) for c in chunks]
 
 
-def visible_keys(model: GPT, length: int) -> Tensor:
-    """(T, T) bool: which keys each query may attend to."""
+def visible_keys(model: GPT, length: int, layer: int = 0) -> Tensor:
+    """(T, T) bool: which keys each query of `layer` may attend to (a layout: its kind's mask)."""
     pos = torch.arange(length)
-    return model.mask.dense(pos, pos)
+    return model.kind_of[layer].mask.dense(pos, pos)
+
+
+def layer_name(model: GPT, layer: int) -> str:
+    """'layer 3', with its kind in a layout: 'layer 3 (global)'."""
+    kind = model.kind_of[layer].name
+    return f"layer {layer}" + (f" ({kind})" if kind else "")
 
 
 @dataclass
@@ -193,21 +199,26 @@ def _draw_prompt(
 
     model = ckpt.model
     weights = prompt_weights(model, torch.tensor([ids], device=model.wte.weight.device))  # per layer (H, T, T)
-    visible = visible_keys(model, len(ids))
     tokens = [printable(ckpt.tokenizer.decode([i])) for i in ids]
     layers = cfg.layers if cfg.layers is not None else list(range(model.config.n_layer))
     heads = cfg.heads if cfg.heads is not None else list(range(model.config.n_head))
     name = f"{label} ({model.config.pos_encoding})"
     cols = math.ceil(math.sqrt(len(heads)))
+    visible = {layer: visible_keys(model, len(ids), layer) for layer in layers}
     for layer in layers:
         panels = [(f"head {head}", weights[layer][head]) for head in heads]
-        figure = heatmaps_figure(panels, visible, tokens, f"{name}: layer {layer}, weights per head", cols)
-        files[folder / f"layer{layer}.png"] = png_bytes(figure)
-    means = [(f"layer {layer}, mean over heads", weights[layer][heads].mean(0)) for layer in layers]
-    figure = heatmaps_figure(means, visible, tokens, f"{name}: mean over heads", min(len(means), 4))
+        title = f"{name}: {layer_name(model, layer)}, weights per head"
+        files[folder / f"layer{layer}.png"] = png_bytes(heatmaps_figure(panels, visible[layer], tokens, title, cols))
+    means = [(f"{layer_name(model, layer)}, mean over heads", weights[layer][heads].mean(0)) for layer in layers]
+    shared = torch.stack([visible[layer] for layer in layers]).any(0)  # blank where no layer shown sees the key
+    figure = heatmaps_figure(means, shared, tokens, f"{name}: mean over heads", min(len(means), 4))
     files[folder / "layers_mean.png"] = png_bytes(figure)
-    shown = {str(layer): rounded(weights[layer][heads].masked_fill(~visible, 0.0).numpy(), 5) for layer in layers}
-    return {"label": label, "ckpt": ckpt.path, "tokens": tokens, "ids": ids, "weights": shown, "heads": heads}
+    shown = {
+        str(layer): rounded(weights[layer][heads].masked_fill(~visible[layer], 0.0).numpy(), 5) for layer in layers
+    }
+    kinds = {str(layer): model.kind_of[layer].name for layer in layers if model.kind_of[layer].name}
+    return {"label": label, "ckpt": ckpt.path, "tokens": tokens, "ids": ids, "weights": shown, "heads": heads,
+            **({"kinds": kinds} if kinds else {})}  # fmt: skip
 
 
 def attention_main(cfg: MapsConfig) -> None:

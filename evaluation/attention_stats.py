@@ -168,6 +168,8 @@ def long_context_stats(
             for batch in windows.split(max(1, WINDOW_TOKENS // length)):
                 stats.add_windows(model, batch.to(device))
                 bar.update(batch.size(0))
+            kinds = [kind.name for kind in model.kind_of] if model.config.layout else None  # a layout's, per layer
             entries.append({"length": length, "label": label, "ckpt": ckpt.path,
-                            "train_length": model.config.block_size, "summary": stats.summary()})  # fmt: skip
+                            "train_length": model.config.block_size, "summary": stats.summary(),
+                            **({"kinds": kinds} if kinds else {})})  # fmt: skip
     return entries

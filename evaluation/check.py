@@ -47,9 +47,10 @@ MASKS: dict[str, dict[str, int]] = {
     "window": {"attn_window": 20},
     "window+sinks": {"attn_window": 20, "attn_sinks": 3},
     "bigbird": {"attn_window": 20, "attn_sinks": 3, "attn_random_blocks": 2, "attn_sparse_block": 16},
+    "chunk": {"attn_chunk": 20},
 }
 AXES = frozenset({"pos_encoding", "attention", "attn_score", "attn_backend", "attn_window", "attn_sinks",
-                  "attn_random_blocks", "attn_sparse_block"})  # fmt: skip
+                  "attn_random_blocks", "attn_sparse_block", "attn_chunk"})  # fmt: skip
 """GPTConfig fields that the case grid sets itself."""
 NOT_ATTENTION = frozenset({"bias", "chunked_loss"})
 """Choice fields that leave the attention math alone (chunked_loss returns no logits)."""
@@ -59,8 +60,15 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "attn_random_draw": MASKS["bigbird"],
 }
 """What an option needs beside it to change anything."""
-NUMERIC: dict[str, dict[str, Any]] = {"rope_fraction=0.5": {"rope_fraction": 0.5}}
-"""Numeric options that change the attention math, at one value each."""
+NUMERIC: dict[str, dict[str, Any]] = {
+    "rope_fraction=0.5": {"rope_fraction": 0.5},
+    "n_kv_head=1": {"n_kv_head": 1},
+    "attn_softcap=2": {"attn_softcap": 2.0},
+    "attn_temperature_floor=16": {"attn_temperature_floor": 16},
+    "layout=local,global": {"layout": ("local", "global"),
+                            "kinds": {"local": {"attn_window": 20}, "global": {"pos_encoding": "none"}}},
+}  # fmt: skip
+"""Numeric and structured options that change the attention math, at one value each."""
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
 """Largest error that passes, by the candidate's dtype."""
 GRADIENT_FLOOR = 1e-3

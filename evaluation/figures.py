@@ -121,7 +121,9 @@ def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | 
                 uniform = np.log(i) if field == "entropy" else np.minimum(1.0, sinks / i)
                 ax.plot(_centres(edges), bucket_means(uniform, edges), color="0.5", ls=":", lw=1,
                         label="uniform over i + 1 keys" if layer == 0 else None)  # fmt: skip
-            ax.set_ylabel(f"layer {layer}\n" + ylabel.format(sinks=sinks), fontsize=8)
+            kinds = {e["kinds"][layer] for e in entries if len(e.get("kinds", ())) > layer}  # a layout's, if one
+            kind = f" ({', '.join(sorted(kinds))})" if kinds else ""
+            ax.set_ylabel(f"layer {layer}{kind}\n" + ylabel.format(sinks=sinks), fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(True, which="major", alpha=0.3)
         axes[-1, col].set_xlabel(xlabel, fontsize=8)

@@ -26,6 +26,7 @@ from posgpt.core.errors import ConfigError
 from posgpt.data.errors import DataError
 from posgpt.data.tokenizer import CharTokenizer, Tokenizer
 from posgpt.evaluation.checkpoint import load_checkpoint
+from posgpt.model.cache import KVCache
 from posgpt.model.generation import compile_for_decoding, pad_prompts, stream
 from posgpt.model.gpt import GPT
 
@@ -280,6 +281,20 @@ def compile_and_warm_up(model: GPT, steps: Callable[[torch.Generator], Iterator[
     return time.perf_counter() - start
 
 
+def cache_in_words(model: GPT) -> str:
+    """What decoding keeps per layer: 'kv cache: every key, 4 KV heads', or per kind of a layout
+    'kv cache: local x5 16 keys, global x1 every key, 2 KV heads' (a rolling kind keeps its window and sinks or
+    its chunk), or linear attention's 'constant state'."""
+    held = []
+    for kind in model.kinds:
+        part = model.attention.new_cache(kind.config, kind.mask, 0, len(kind.layers))  # nothing allocated
+        if not isinstance(part, KVCache):
+            return "constant state"
+        keys = f"{part.capacity} keys" if part.rolling else "every key"
+        held.append(f"{kind.name} x{len(kind.layers)} {keys}" if kind.name else keys)
+    return f"kv cache: {', '.join(held)}, {model.config.kv_heads} KV heads"
+
+
 def sample(args: SampleConfig) -> None:
     """Generate as `args` says: text to stdout, speed to stderr."""
     ckpt = load_checkpoint(args.ckpt, args.tiktoken_ranks)
@@ -305,7 +320,7 @@ def sample(args: SampleConfig) -> None:
         sys.stdout.write(rows.texts[0][rows.printed :] + "\n")
     else:  # each row's prompt and continuation, between separator lines
         sys.stdout.write(SEPARATOR.join(head + text for head, text in zip(heads, rows.texts, strict=True)) + "\n")
-    cache = "no cache" if args.no_cache else "kv cache"
+    cache = "no cache" if args.no_cache else cache_in_words(model)
     compile_time = f"; compile {compiled:.1f} s" if compiled is not None else ""
     rate = rows.tokens / max(seconds, 1e-9)  # tokens of rows still running
     print(f"{rows.tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s, first token {first * 1000:.0f} ms "

@@ -24,6 +24,7 @@ MASKS: dict[str, dict[str, int]] = {
     "window": {"attn_window": 5},
     "window+sinks": {"attn_window": 5, "attn_sinks": 2},
     "bigbird": {"attn_window": 5, "attn_sinks": 1, "attn_random_blocks": 2, "attn_sparse_block": 4},
+    "chunk": {"attn_chunk": 5},
 }
 
 
@@ -121,12 +122,12 @@ def test_a_row_in_a_padded_batch_decodes_as_it_would_alone(config):
 
 @pytest.mark.parametrize("mask", sorted(MASKS))
 def test_the_cache_holds_its_capacity_and_no_more(mask):
-    """A window's rolling buffer holds S + W slots however long decoding runs; a full cache (causal,
+    """A window's rolling buffer holds S + W slots however long decoding runs (a chunk's C); a full cache (causal,
     or a window with random blocks) the capacity asked for."""
     model = GPT(dataclasses.replace(CONFIG, pos_encoding="alibi", **MASKS[mask])).eval()
     cache = model.new_cache(8, batch=2)
     prompt = torch.randint(0, 64, (2, 9))
-    expected = model.mask.window + model.mask.sinks if model.mask.rolling else 8
+    expected = model.mask.ring + model.mask.sinks if model.mask.rolling else 8
     assert cache.capacity == expected  # random blocks reach any earlier key: a full cache
     if model.mask.rolling:
         assert context_window(model) is None  # constant memory: no window to slide
@@ -167,6 +168,9 @@ COMPILE_CASES = [  # each decoding path once: a full cache, a rolling one (windo
     {"pos_encoding": "none", "attention": "linear"},
     {"pos_encoding": "fire", "fire_per_layer": True, "fire_width": 4, "n_layer": 2, **MASKS["bigbird"],
      "attention": "sigmoid"},
+    {"pos_encoding": "rope", "n_layer": 2, "n_kv_head": 2, "qk_norm": "llama4", "attn_sink_logits": True,
+     "layout": ("local", "global"), "kinds": {"local": {"attn_chunk": 6}, "global": {"pos_encoding": "none",
+                                                                                     "attn_temperature_floor": 8}}},
 ]  # fmt: skip
 
 

@@ -25,6 +25,7 @@ MASKS: dict[str, dict[str, int]] = {
     "window": {"attn_window": 5},
     "window+sinks": {"attn_window": 5, "attn_sinks": 2},
     "bigbird": {"attn_window": 5, "attn_sinks": 1, "attn_random_blocks": 2, "attn_sparse_block": 4},
+    "chunk": {"attn_chunk": 5},
 }
 SCORE_SCHEMES = tuple(scheme_kinds().values())
 """Schemes the other scores are checked with: a rotation, a fixed bias, a learned bias."""

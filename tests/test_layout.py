@@ -5,13 +5,21 @@ mask; what each kind's cache keeps; the refusals; the shipped layout configs fro
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from test_layer_options import formula
 
+import attention_maps as maps_script
+import sample as sample_script
+import train as train_script
+from posgpt.core import cli
 from posgpt.core.errors import ConfigError
+from posgpt.evaluation.checkpoint import load_checkpoint
 from posgpt.model import ATTENTIONS, GPT, GPTConfig
 from posgpt.model.attention.softmax import temperature
 from posgpt.model.cache import LayoutCache
@@ -161,3 +169,42 @@ def test_a_switch_that_changes_the_layout_or_the_kv_heads_is_refused():
     dropped = dataclasses.replace(model.config, pos_encoding="none", qk_norm="none")  # DroPE of a layout
     with pytest.raises(ValueError, match="not qk_norm"):
         model.switch(dropped)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYOUT_CONFIGS = sorted(path.name for path in (ROOT / "configs").glob("*.yaml")
+                        if "layout" in ((yaml.safe_load(path.read_text()) or {}).get("model") or {}))  # fmt: skip
+
+
+def test_four_layout_configs_ship():
+    assert LAYOUT_CONFIGS == ["gemma3_layout.yaml", "gpt_oss_layout.yaml", "irope.yaml", "rope_nope_hybrid.yaml"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LAYOUT_CONFIGS)
+def test_each_layout_config_trains_samples_and_draws_its_maps(name, tmp_path, text_file, capsys):
+    """Two steps of the config from the command line (narrower: 32 wide), then the sampler, which says what each
+    kind's cache keeps, and the attention maps, which name each layer's kind."""
+    cli.run(train_script.COMMAND, [
+        "--config", str(ROOT / "configs" / name), "--model.n_embd", "32", "--model.block_size", "32",
+        "--train.batch_size", "4", "--train.max_steps", "2", "--train.eval_interval", "2", "--train.eval_tokens", "128",
+        "--train.progress_bar", "false", "--train.logger", "none", "--train.sample_tokens", "0",
+        "--train.run_name", "layout", "--train.out_dir", str(tmp_path / "runs"), "--data.input", str(text_file),
+        "--data.prepared_root", str(tmp_path / "prepared"),
+    ])  # fmt: skip
+    ckpt = tmp_path / "runs" / "layout" / "last.ckpt"
+    model = load_checkpoint(str(ckpt)).model
+    capsys.readouterr()
+    cli.run(sample_script.COMMAND, ["--ckpt", str(ckpt), "--prompt", "The", "--max_new_tokens", "40"])
+    said = capsys.readouterr().err
+    for kind in model.kinds:
+        held = f"{kind.mask.ring + kind.mask.sinks} keys" if kind.mask.rolling else "every key"
+        assert f"{kind.name} x{len(kind.layers)} {held}" in said, said
+    assert f"{model.config.kv_heads} KV heads" in said
+    out = tmp_path / "maps"
+    cli.run(maps_script.COMMAND, ["--ckpt", str(ckpt), "--prompt", "The cat sat.", "--lengths", "64", "--tokens", "64",
+                                  "--out", str(out), "--progress", "false"])  # fmt: skip
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["prompts"][0]["kinds"] == {str(i): kind.name for i, kind in enumerate(model.kind_of)}
+    assert doc["lengths"][0]["kinds"] == [kind.name for kind in model.kind_of]
+    assert all((out / "layout" / f"layer{i}.png").is_file() for i in range(model.config.n_layer))

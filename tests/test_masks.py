@@ -20,6 +20,7 @@ MASKS = {
     "window": {"attn_window": 5},
     "window+sinks": {"attn_window": 5, "attn_sinks": 2},
     "bigbird": {"attn_window": 5, "attn_sinks": 1, "attn_random_blocks": 2, "attn_sparse_block": 4},
+    "chunk": {"attn_chunk": 5},
 }
 
 
@@ -48,7 +49,8 @@ def test_the_flex_block_mask_is_the_dense_mask(mask, q_len):
     """Element by element the block mask's mask_mod is the dense mask, and no block holding a visible
     key is skipped (block sparsity never drops a key); 300 keys span several 128-key blocks."""
     description = AttentionMask(**{k.removeprefix("attn_"): v for k, v in MASKS[mask].items()})
-    description = dataclasses.replace(description, window=100)  # wider than a block
+    wide = {"window": 100} if description.window else {"chunk": 100}  # wider than a block
+    description = dataclasses.replace(description, **wide)
     block_mask = build_block_mask(description, Placement(q_len, 1, torch.device("cpu")), None)
     q_idx, kv_idx = torch.arange(q_len)[:, None], torch.arange(q_len)[None, :]
     dense = description.dense(torch.arange(q_len), torch.arange(q_len))
