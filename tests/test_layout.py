@@ -24,6 +24,7 @@ from posgpt.model import ATTENTIONS, GPT, GPTConfig
 from posgpt.model.attention.softmax import temperature
 from posgpt.model.cache import LayoutCache
 from posgpt.model.masks import AttentionMask
+from posgpt.training.config import RunConfig, TrainConfig
 
 from helpers import uncompiled_flex
 
@@ -161,14 +162,20 @@ def test_rope_scaling_of_a_layout_with_several_bases_is_refused_and_of_one_base_
     assert hybrid.pe.scaling[:2] == ("none", 1.0)  # the model itself is as it was
 
 
-def test_a_switch_that_changes_the_layout_or_the_kv_heads_is_refused():
-    model = GPT(dataclasses.replace(BASE, **LAYOUTS["irope"]))
+def test_a_switch_that_changes_the_layout_or_the_kv_heads_is_refused_and_drope_switches_every_kind():
+    model = GPT(dataclasses.replace(BASE, **LAYOUTS["hybrid-sinks"]))
     for change in ({"layout": ("local",), "kinds": {"local": {"attn_chunk": 3}}}, {"n_kv_head": 2}):
-        with pytest.raises(ValueError, match=f"not {next(iter(change))}"):
+        with pytest.raises(ValueError, match=f"not .*{next(iter(change))}"):
             model.switch(dataclasses.replace(model.config, **change))
-    dropped = dataclasses.replace(model.config, pos_encoding="none", qk_norm="none")  # DroPE of a layout
-    with pytest.raises(ValueError, match="not qk_norm"):
-        model.switch(dropped)
+        with pytest.raises(ValueError, match=f"train.switch_model cannot change .*{next(iter(change))}"):
+            RunConfig(model=model.config, train=TrainConfig(switch_at=0.5, switch_model=change))
+    dropped = dataclasses.replace(model.config, pos_encoding="none")  # DroPE: the local layers' RoPE goes too
+    model.switch(dropped)
+    fresh = GPT(dropped)
+    fresh.load_state_dict(model.state_dict())
+    idx = torch.randint(0, 64, (2, 12))
+    torch.testing.assert_close(model(idx)[0], fresh(idx)[0])
+    assert all(not model.pe_of(kind).uses_positions for kind in model.kinds)
 
 
 ROOT = Path(__file__).resolve().parents[1]
