@@ -46,8 +46,22 @@ SCHEMES: dict[str, dict[str, Any]] = {
     "differential": {"pos_encoding": "rope", "attention": "differential"},
     "stick_breaking": {"pos_encoding": "none", "attention": "stick_breaking"},
     "forgetting": {"pos_encoding": "none", "attention": "forgetting"},
-}
-"""Row labels and the model settings of each."""
+    "mqa": {"pos_encoding": "rope", "n_kv_head": 1},
+    "qk_norm": {"pos_encoding": "rope", "qk_norm": "gemma3"},
+    "gate": {"pos_encoding": "rope", "attn_gate": "elementwise"},
+    "sink_logits": {"pos_encoding": "rope", "attn_sink_logits": True},
+    "softcap": {"pos_encoding": "rope", "attn_softcap": 50.0},
+    "gemma3": {"pos_encoding": "rope", "qk_norm": "gemma3", "layout": ("local",) * 5 + ("global",),
+               "kinds": {"local": {"attn_window": "window", "rope_base": 1e4}, "global": {"rope_base": 1e6}}},
+    "irope": {"pos_encoding": "rope", "qk_norm": "llama4", "layout": ("local",) * 3 + ("global",),
+              "kinds": {"local": {"attn_chunk": "window"},
+                        "global": {"pos_encoding": "none", "attn_temperature_floor": "window"}}},
+    "hybrid": {"pos_encoding": "rope", "layout": ("local",) * 3 + ("global",),
+               "kinds": {"local": {"attn_window": "window"}, "global": {"pos_encoding": "none"}}},
+    "gpt-oss": {"pos_encoding": "rope", "attn_sink_logits": True, "layout": ("banded", "dense"),
+                "kinds": {"banded": {"attn_window": "window"}, "dense": {}}},
+}  # fmt: skip
+"""Row labels and the model settings of each; in a layout's kinds, "window" is the options' window."""
 WINDOWED = ("window", "bigbird")
 MODELS: dict[str, dict[str, int]] = {
     "gpt2": {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257},  # GPT-2 124M
@@ -68,7 +82,8 @@ class GpuBenchConfig:
     trainer's overhead; nanoGPT's step beside ours."""
 
     schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
-    """Our rows: a pos_encoding, fire-per-layer, window, bigbird, sigmoid, differential, stick_breaking, forgetting."""
+    """Our rows: a pos_encoding, fire-per-layer, window, bigbird, sigmoid, differential, stick_breaking, forgetting;
+    the layer options mqa, qk_norm, gate, sink_logits, softcap; the layouts gemma3, irope, hybrid, gpt-oss."""
     shapes: list[str] | None = None
     """Batch x context, e.g. 16x1024 (default: 16x1024 32x1024 4x4096 1x16384 1x32768 on a GPU, 4x64 on a CPU)."""
     model: Literal["auto", "gpt2", "tiny"] = "auto"
@@ -157,8 +172,12 @@ class Setup(Bench):
 
     def config(self, scheme: str, context: int) -> GPTConfig:
         extra = {"attn_window": self.args.window, "attn_sinks": self.args.sinks} if scheme in WINDOWED else {}
+        settings = dict(SCHEMES[scheme])
+        if "kinds" in settings:  # a layout's windows and chunks: the options' window
+            settings["kinds"] = {name: {f: self.args.window if v == "window" else v for f, v in kind.items()}
+                                 for name, kind in settings["kinds"].items()}  # fmt: skip
         return GPTConfig(**MODELS[self.model], block_size=context, bias=False, dropout=0.0,
-                         chunked_loss=self.args.chunked_loss, **SCHEMES[scheme], **extra)  # fmt: skip
+                         chunked_loss=self.args.chunked_loss, **settings, **extra)  # fmt: skip
 
 
 def random_tokens(vocab: int, context: int, batch_size: int) -> SeededStream:

@@ -117,7 +117,7 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
     plan = [
         (label, ckpt, text, scaling)
         for label, ckpt, text in zip(labels, loaded, texts, strict=True)
-        for scaling in (settings.rope_scaling if ckpt.model.pe.rescalable else ["none"])
+        for scaling in (settings.rope_scaling if ckpt.model.rescalable else ["none"])
     ]
     total = sum(
         int(window_starts(len(text[0]), n, settings.stride or n, settings.token_budget).size)
@@ -129,7 +129,7 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
     def evaluate_one(name: str, ckpt: LoadedCheckpoint, text: tuple[np.ndarray, dict], scaling: str) -> dict[str, Any]:
         """One checkpoint (its rows labelled `name`) under one RoPE scaling ('none': as trained) at every length."""
         trained = ckpt.model.to(device)
-        config, rescalable = trained.config, trained.pe.rescalable
+        config, rescalable = trained.config, trained.rescalable
         label = name if scaling == "none" else f"{name} + {scaling}"
         rows = []
         for length in settings.lengths:

@@ -243,17 +243,24 @@ class GPT(nn.Module):
                 return True
         return False
 
+    @property
+    def rescalable(self) -> bool:
+        """Whether `rescaled` applies: a scheme whose angles stretch (RoPE) in every layer that reads positions, at
+        one base (a layout whose kinds turn at several is not, as Gemma 3 scales its global layers only)."""
+        schemes = [(self.pe_of(kind), kind.config.rope_base) for kind in self.kinds]
+        if not any(pe.rescalable for pe, _ in schemes) or any(
+            pe.uses_positions and not pe.rescalable for pe, _ in schemes
+        ):
+            return False
+        return len({base for pe, base in schemes if pe.rescalable}) == 1
+
     def rescaled(self, scaling: str, factor: float) -> GPT:
         """A view of this model, sharing every parameter and buffer, with its scheme's angles stretched
-        (`rope_scaling`: PI, NTK or YaRN at evaluation); for a `rescalable` scheme only (a layout: every kind's)."""
-        schemes = [self.pe_of(kind) for kind in self.kinds]
-        if not any(pe.rescalable for pe in schemes) or any(pe.uses_positions and not pe.rescalable for pe in schemes):
-            raise ValueError(f"pos_encoding={self.config.pos_encoding!r} has no scaling; RoPE has (PI, NTK, YaRN).")
-        bases = {kind.config.rope_base for kind, pe in zip(self.kinds, schemes, strict=True) if pe.rescalable}
-        if len(bases) > 1:
+        (`rope_scaling`: PI, NTK or YaRN at evaluation); for a `rescalable` model only."""
+        if not self.rescalable:
             raise ValueError(
-                f"rope_scaling stretches one RoPE, and this layout's kinds turn with bases {sorted(bases)}: evaluate "
-                "it without rope_scaling (Gemma 3 scales its global layers only, which is not offered)."
+                f"pos_encoding={self.config.pos_encoding!r} (in every layer, at one base) has no scaling; RoPE has "
+                "(PI, NTK, YaRN): evaluate this model without rope_scaling."
             )
         view = copy.copy(self)  # a shallow copy: the same modules, parameters and buffers
         view._modules = dict(self._modules)  # ... but its own table of them, so that its schemes are its own

@@ -100,7 +100,8 @@ def test_output_files_and_not_applicable_rows(runs, tmp_path, monkeypatch):
     assert not learned[32]["applicable"] and learned[32]["ppl"] is None and "block_size=16" in learned[32]["reason"]
     assert all(row["scored_tokens"] == 128 for row in doc["runs"][0]["results"])
     table = (out / "results.md").read_text()
-    assert "| rope | rope | 16 | char" in table and "| n/a | n/a |" in table
+    params = f"{doc['runs'][0]['params']:,}"  # the model's parameter count beside its scheme
+    assert f"| rope | rope | {params} | 16 | char" in table and "| n/a | n/a |" in table
 
 
 def test_rope_scaling_with_factor_one_changes_nothing(runs, tmp_path):
