@@ -137,7 +137,8 @@ def test_bfloat16_weights_on_cpu_sample_as_a_gpu_run_would(checkpoint, capsys):
 
 
 SPEED = re.compile(
-    r"(\d+) tokens in [\d.]+ s: [\d.]+ tokens/s, first token \d+ ms \((kv|no) cache, \w+, torch\.\w+.*\)"
+    r"(\d+) tokens in [\d.]+ s: [\d.]+ tokens/s, first token \d+ ms "
+    r"\((kv cache: [^;]* KV heads|no cache|constant state), \w+, torch\.\w+.*\)"
 )
 
 

@@ -60,8 +60,9 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).split([C, kv, kv], dim=2)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k, v = (t.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2) for t in (k, v))
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if self.q_norm is not None and self.k_norm is not None:  # in the scale's dtype (float32 under autocast)
+            dtype = self.q_norm.weight.dtype
+            q, k = self.q_norm(q.to(dtype)).to(q.dtype), self.k_norm(k.to(dtype)).to(k.dtype)
         return q, k, v
 
     def normed_rotated(self, pe: PositionEncoding, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
