@@ -216,3 +216,27 @@ def test_each_layout_config_trains_samples_and_draws_its_maps(name, tmp_path, te
     assert doc["prompts"][0]["kinds"] == {str(i): kind.name for i, kind in enumerate(model.kind_of)}
     assert doc["lengths"][0]["kinds"] == [kind.name for kind in model.kind_of]
     assert all((out / "layout" / f"layer{i}.png").is_file() for i in range(model.config.n_layer))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_compiled_flex_and_sdpa_run_each_layout_as_eager_does_on_cuda(name):
+    """What the CPU checks uncompiled and forward only: each layout's kernels on CUDA (flex compiled, SDPA with
+    its own grouped heads) against eager in float32, logits and every gradient, heads of 16 (flex's least)."""
+    config = dataclasses.replace(BASE, n_embd=64, block_size=64, **LAYOUTS[name])
+    idx = torch.randint(0, 64, (2, 64), device="cuda")
+    results = {}
+    for backend in ("eager", "flex", "sdpa"):
+        try:
+            torch.manual_seed(0)
+            model = GPT(dataclasses.replace(config, attn_backend=backend)).cuda()
+        except ConfigError:  # sdpa lacks sink logits: refused
+            continue
+        logits, loss = model(idx, idx)
+        loss.backward()
+        results[backend] = (logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert "flex" in results
+    for backend, (logits, grads) in results.items():
+        torch.testing.assert_close(logits, results["eager"][0], rtol=1e-4, atol=1e-4, msg=backend)
+        for n, grad in grads.items():
+            torch.testing.assert_close(grad, results["eager"][1][n], rtol=1e-3, atol=1e-4, msg=f"{backend}: {n}")
