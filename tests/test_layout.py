@@ -132,6 +132,17 @@ def test_each_kind_keeps_its_own_keys_in_the_cache():
     assert GPT(dataclasses.replace(config, kinds={**config.kinds, "g": {"attn_window": 2}})).constant_memory()
 
 
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_cached_decoding_of_each_layout_gives_the_logits_of_one_full_forward(name):
+    """Past every window and chunk, with Llama 4's query scale at the cache's positions, grouped heads and sinks."""
+    model = GPT(dataclasses.replace(BASE, **LAYOUTS[name])).eval()
+    idx = torch.randint(0, 64, (2, 20))
+    cache = model.new_cache(32, batch=2)
+    with torch.no_grad():
+        steps = [model(idx[:, :5], cache=cache)[0]] + [model(idx[:, t : t + 1], cache=cache)[0] for t in range(5, 20)]
+        torch.testing.assert_close(torch.cat(steps, 1), model(idx)[0], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
