@@ -223,7 +223,8 @@ class GPT(nn.Module):
         for kind, before in zip(self.kinds, old_kinds, strict=True):
             if kind.name and _rebuilds_scheme(config, kind.config):
                 same = not _rebuilds_scheme(before.config, kind.config)
-                schemes[kind.name] = old_schemes[kind.name] if same else build_positions(kind.config).to(weight.device)
+                fresh = build_positions(kind.config).to(device=weight.device, dtype=weight.dtype) if not same else None
+                schemes[kind.name] = old_schemes[kind.name] if same else fresh
             for i in kind.layers:
                 self.blocks[i].attn.reconfigure(before.config, kind.config)
         self.kind_pe = nn.ModuleDict(schemes)
