@@ -367,3 +367,20 @@ def layer_variants(config: GPTConfig) -> dict[str, dict[str, Any]]:
             values = sorted({1, config.n_head // 2})
         variants.update({f"{name}={value}": {name: value} for value in values})
     return variants
+
+
+def project_files(pattern: str = "*.py") -> list[Path]:
+    """The project's own files matching `pattern`, from the checkout's root: tracked or new, never what git ignores
+    (a `.venv` inside the checkout, as the README makes it, runs/, prepared/); without git, a walk that skips
+    virtual environments and site-packages."""
+    import fnmatch
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", pattern], cwd=root,
+                            capture_output=True, text=True, check=False).stdout.split()  # fmt: skip
+    if listed:
+        return [root / name for name in listed if (root / name).is_file()]
+    skipped = {".git", ".venv", "venv", "site-packages", "build", "runs"}
+    return [path for path in root.rglob("*") if path.is_file() and fnmatch.fnmatch(path.name, pattern)
+            and not skipped & set(path.relative_to(root).parts)]  # fmt: skip

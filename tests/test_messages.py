@@ -13,7 +13,7 @@ import bench
 from posgpt import cli as posgpt
 from posgpt.core import cli
 
-from helpers import loaded
+from helpers import loaded, project_files
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = loaded(bench.MODES)
@@ -24,8 +24,8 @@ EXAMPLES = {"x", "GROUP.OPTION"}  # core/cli.py's docstrings and usage line show
 def named_options() -> dict[str, set[str]]:
     """{option named in a string of the project's code: the files that name it}."""
     found: dict[str, set[str]] = {}
-    for path in ROOT.rglob("*.py"):
-        if {"tests", ".git", "runs", "build"} & set(path.relative_to(ROOT).parts):
+    for path in project_files("*.py"):  # never a .venv inside the checkout
+        if "tests" in path.relative_to(ROOT).parts:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
 from pathlib import Path
+
+from helpers import project_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,8 +18,9 @@ def _commands(script: str) -> list[str]:
 
 
 def test_ci_runs_the_readme_install_and_test_commands_in_a_fresh_environment():
-    """A green CI is a green README: `.ci/run` creates a virtual environment without the machine's
-    site packages, activates it, and its last command is the README's install-and-test line verbatim,
+    """A green CI is a green README: `.ci/run` clones the commit, creates `.venv` inside the clone as the README
+    does, without the machine's site packages, activates it, and its last command is the README's install-and-test
+    line verbatim,
     so CI tests the releases a fresh install resolves (pytest 9.2 broke the suite while CI's
     preinstalled 9.0.3 stayed green), not the CI image's."""
     script = (ROOT / ".ci" / "run").read_text()
@@ -31,6 +33,9 @@ def test_ci_runs_the_readme_install_and_test_commands_in_a_fresh_environment():
     activates = [i for i, c in enumerate(commands) if c.startswith(". ") and c.endswith('/bin/activate"')]
     assert creates and activates and creates[0] < activates[0] < len(commands) - 1
     assert "--system-site-packages" not in script
+    clones = [i for i, c in enumerate(commands) if c.startswith("git clone -q . ")]  # the commit, in a clone
+    assert clones and clones[0] < creates[0] and commands[creates[0]] == "python -m venv .venv"  # the README's
+    assert "python -m venv .venv" in (ROOT / "README.md").read_text() and ".venv/" in (ROOT / ".gitignore").read_text()
 
 
 TORCH_CONFIG_MONKEYPATCH = re.compile(r"monkeypatch\.(?:set|del)attr\(\s*[\"']?torch\.[\w.]*config\b")
@@ -142,7 +147,6 @@ def test_the_docs_name_every_config_field_and_every_module():
     model_doc = (ROOT / "docs" / "model.md").read_text()
     assert [f.name for f in dataclasses.fields(GPTConfig) if f"`{f.name}`" not in model_doc] == []
     layout = (ROOT / "docs" / "development.md").read_text()
-    files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    files = files or [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")]
+    files = [str(p.relative_to(ROOT)) for p in project_files("*.py")]
     modules = [f for f in files if not f.startswith("tests/") and Path(f).name not in ("__init__.py", "__main__.py")]
     assert modules and [f for f in modules if f"`{Path(f).name}`" not in layout] == []
