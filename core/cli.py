@@ -81,7 +81,7 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
     argv = shipped_configs(list(sys.argv[1:] if argv is None else argv), command)
     parser = build_parser(command)
     try:
-        namespace = parser.parse_args(spread_lists(argv, sequence_options(command)))
+        namespace = parser.parse_args(spread_lists(bare_flags(argv, bool_options(command)), sequence_options(command)))
     except argparse.ArgumentError as error:
         message = usage_message(str(error), options(command), command.skip)
         for text, hint in command.hints.items():
@@ -194,6 +194,22 @@ def accepted(command: Command) -> set[str]:
 def sequence_options(command: Command) -> dict[str, Any]:
     """{dotted name: type} of the command's list and tuple options."""
     return {name: kind for name, kind, group in _offered(command) if not group and _sequence(kind)}
+
+
+def bool_options(command: Command) -> set[str]:
+    """The dotted names of the command's bool options (`bool | None` too)."""
+    return {name for name, kind, group in _offered(command) if not group and bool in _members(kind)}
+
+
+def bare_flags(argv: Sequence[str], flags: set[str]) -> list[str]:
+    """`argv` with a bool option written alone (`--quick`, the next token another option or none) as `--quick=true`;
+    `--quick false` and `--quick=false` as they are (jsonargparse gives a bool one value, always)."""
+    out = list(argv)
+    for i, token in enumerate(argv):
+        alone = i + 1 == len(argv) or argv[i + 1].startswith("-")
+        if token.startswith("--") and token[2:] in flags and alone:
+            out[i] = f"{token}=true"
+    return out
 
 
 def _members(kind: Any) -> tuple[Any, ...]:
