@@ -221,8 +221,33 @@ def _sequence(kind: Any) -> Any:
     return next((m for m in _members(kind) if (typing.get_origin(m) or m) in (list, tuple)), None)
 
 
+TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text", "NoneType": "null"}
+"""How a value of a plain type is named in a message about a wrong one."""
+
+
+def _wrong_type(message: str) -> str | None:
+    """jsonargparse's 'Expected a <class 'int'>. Got value: abc' (or a union's list of them) as one line naming the
+    option and the type: '--train.max_steps takes an integer, got 'abc''; None for another message."""
+    key = re.match(r'Parser key "([\w.]+)":', message)
+    one = re.search(r"Expected a <class '(\w+)'>\. Got value: (.*)", message)
+    union, given = re.search(r"Subtypes: \[(.*?)\]", message), re.search(r"Given value: (.*)", message)
+    if key is None:
+        return None
+    if one is not None:
+        types, value = [one[1]], one[2]
+    elif union is not None and given is not None:
+        types, value = re.findall(r"<class '(\w+)'>", union[1]), given[1]
+    else:
+        return None
+    if not types or any(t not in TYPE_WORDS for t in types):
+        return None
+    return f"--{key[1]} takes {' or '.join(TYPE_WORDS[t] for t in types)}, got {value.strip()!r}"
+
+
 def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = frozenset()) -> str:
     """jsonargparse's message in a few lines, with the closest option to an unknown one (not to one `refused`)."""
+    if wrong := _wrong_type(message):
+        return wrong
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].endswith(":"):  # 'Parser key "x":' + the problem
         lines[:2] = [f"{lines[0]} {lines[1]}"]

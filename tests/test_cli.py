@@ -328,3 +328,25 @@ def _parsed(command, parser, argv: list[str]):
             raise
         placeholders = [a for name in missing.group(1).split(", ") for a in (f"--{name}", "x")]
         return parser.parse_args(cli.spread_lists([*argv, *placeholders], sequences))
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--train.max_steps", "abc"], "error: --train.max_steps takes an integer, got 'abc'"),
+        (["--model.n_kv_head", "two"], "error: --model.n_kv_head takes an integer or null, got 'two'"),
+        (["--model.dropout", "lots"], "error: --model.dropout takes a number, got 'lots'"),
+    ],
+)
+HELP = "Run 'train.py --help' for the options."
+
+
+def test_a_value_of_the_wrong_type_gets_one_line_naming_the_option_and_the_type(argv, line, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.run(train.COMMAND, argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and lines == [
+        "usage: train.py [options]",
+        line,
+        "Run 'train.py --help' for the options.",
+    ]
