@@ -330,6 +330,9 @@ def _parsed(command, parser, argv: list[str]):
         return parser.parse_args(cli.spread_lists([*argv, *placeholders], sequences))
 
 
+HELP = "Run 'train.py --help' for the options."
+
+
 @pytest.mark.parametrize(
     ("argv", "line"),
     [
@@ -338,9 +341,6 @@ def _parsed(command, parser, argv: list[str]):
         (["--model.dropout", "lots"], "error: --model.dropout takes a number, got 'lots'"),
     ],
 )
-HELP = "Run 'train.py --help' for the options."
-
-
 def test_a_value_of_the_wrong_type_gets_one_line_naming_the_option_and_the_type(argv, line, capsys):
     with pytest.raises(SystemExit) as info:
         cli.run(train.COMMAND, argv)
