@@ -27,7 +27,7 @@ from posgpt.data.errors import DataError
 from posgpt.data.tokenizer import CharTokenizer, Tokenizer
 from posgpt.evaluation.checkpoint import load_checkpoint
 from posgpt.model.cache import KVCache
-from posgpt.model.generation import compile_for_decoding, pad_prompts, stream
+from posgpt.model.generation import compile_for_decoding, context_window, pad_prompts, stream
 from posgpt.model.gpt import GPT
 
 SEPARATOR = "\n---------------\n"
@@ -175,9 +175,10 @@ def read_prompts(
     return prompts
 
 
-def crop(prompts: list[Prompt], max_positions: int | None) -> list[list[int]]:
+def crop(prompts: list[Prompt], max_positions: int | None, limit: str = "the model's {} positions") -> list[list[int]]:
     """The tokens the model reads of each prompt: the last `max_positions` of a longer one (learned positions
-    end there; nanoGPT crops the same way), said in one line on stderr."""
+    end there, and `--max_context` for the other schemes; nanoGPT crops the same way), said in one line on stderr
+    naming the `limit`."""
     if max_positions is None:
         return [p.ids for p in prompts]
     long = [p for p in prompts if len(p.ids) > max_positions]
@@ -186,8 +187,8 @@ def crop(prompts: list[Prompt], max_positions: int | None) -> list[list[int]]:
         tokens = max(len(p.ids) for p in long)
         each = "each continues" if len(long) > 1 else "it continues"
         print(
-            f"{names}: {'up to ' if len(long) > 1 else ''}{tokens} tokens, more than the model's {max_positions} "
-            f"positions; {each} from its last {max_positions} tokens.",
+            f"{names}: {'up to ' if len(long) > 1 else ''}{tokens} tokens, more than {limit.format(max_positions)}; "
+            f"{each} from its last {max_positions} tokens.",
             file=sys.stderr,
         )
     return [p.ids[-max_positions:] for p in prompts]
@@ -303,7 +304,9 @@ def sample(args: SampleConfig) -> None:
         raise ConfigError("--stream true prints one sample as it comes; leave it out with --prompts_file.")
     device, dtype = pick_device_dtype(args.device, args.dtype)
     model = ckpt.model.to(device=device, dtype=dtype).eval()
-    seen = crop(prompts, ckpt.model.pe.max_positions)
+    window, learned = context_window(model, args.max_context), model.pe.max_positions
+    limit = "the model's {} positions" if window == learned else "--max_context {} (default 4 x block_size)"
+    seen = crop(prompts, window, limit)
     batch, lengths = pad_prompts([ids for ids in seen for _ in range(args.num_samples)], device)
     steps = functools.partial(stream, model, batch, args.max_new_tokens, args.temperature, args.top_k or None,
                               args.top_p, not args.no_cache, args.max_context, lengths=lengths)  # fmt: skip

@@ -273,8 +273,11 @@ def test_a_prompt_past_the_learned_positions_is_cropped_with_one_line(checkpoint
     assert "--prompt" in note and "last 32 tokens" in note and out.startswith(long)
     short, err = _run(capsys, "--ckpt", str(learned_checkpoint), "--prompt", long[-32:], *common)
     assert out[len(long) :] == short[32:] and len(err.strip().splitlines()) == 1
-    _, err = _run(capsys, "--ckpt", str(checkpoint), "--prompt", long, *common)  # RoPE: no limit
+    _, err = _run(capsys, "--ckpt", str(checkpoint), "--prompt", long, *common)  # RoPE: 4 x block_size, far
     assert len(err.strip().splitlines()) == 1
+    out, err = _run(capsys, "--ckpt", str(checkpoint), "--prompt", long, *common, "--max_context", "20")
+    note, _ = err.strip().splitlines()  # the schemes that extrapolate see --max_context tokens: said too
+    assert "more than --max_context 20" in note and "last 20 tokens" in note and out.startswith(long)
 
 
 def test_compile_compiles_for_decoding_and_times_a_warm_up_apart(checkpoint, capsys, monkeypatch):
