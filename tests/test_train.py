@@ -182,3 +182,11 @@ def test_lr_factor_warms_up_decays_and_stays_at_min_lr():
     assert lr_factor(60, 1.0, 0.1, 10, 110) == pytest.approx(0.55)  # half way down the cosine
     assert lr_factor(110, 1.0, 0.1, 10, 110) == pytest.approx(0.1)
     assert lr_factor(500, 1.0, 0.1, 10, 110) == pytest.approx(0.1)
+
+
+def test_a_kernel_the_device_cannot_run_is_refused_before_any_data_is_prepared(tmp_path, text_file, capsys):
+    """The config's checks know no device; the run's preflight does, before the corpus (minutes for a large one)."""
+    message = cli_error(capsys, train_script.COMMAND, tiny_args(tmp_path, text_file, "--model.attn_backend", "flex",
+                                                                 "--train.accelerator", "cpu"))  # fmt: skip
+    assert "attn_backend='flex' cannot run this configuration: it lacks a forward pass on cpu" in message
+    assert not (tmp_path / "prepared").exists() and not (tmp_path / "runs").exists()

@@ -32,7 +32,7 @@ from posgpt.training.callbacks import AtomicCheckpointIO, LastCheckpoint, Progre
 from posgpt.training.config import DataConfig, RunConfig
 from posgpt.training.curves import write_training_plot
 from posgpt.training.datamodule import TaskDataModule, TokenDataModule
-from posgpt.training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision
+from posgpt.training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision, uses_cuda
 from posgpt.training.logs import make_logger
 from posgpt.training.module import GPTModule
 from posgpt.training.rundir import RunError, check_resume, check_writable, claim_run_dir, resume_path, write_configs
@@ -52,8 +52,16 @@ class RunResult:
 
 def preflight(cfg: RunConfig, resuming: bool) -> None:
     """Check what a run needs besides its text before preparing it (minutes for a large corpus): the checkpoint to
-    resume from, GPT-2's tokenizer, and, unless `resuming` (its own weights), the weights `init_from` names."""
+    resume from, a kernel for every layer on the run's device (the config's own checks know no device), GPT-2's
+    tokenizer, and, unless `resuming` (its own weights), the weights `init_from` names."""
     resume_path(cfg.train.resume, Path(cfg.train.out_dir))  # a path must exist ('auto' may find none)
+    accelerator = cfg.train.accelerator
+    device = torch.device("cuda" if uses_cuda(accelerator) else "mps" if accelerator == "mps" else "cpu")
+    float64 = resolve_precision(cfg.train.precision, accelerator).startswith("64")
+    with torch.device("meta"):  # the shapes only: no memory, no initialisation cost
+        model = GPT(cfg.model)
+    for kind in model.kinds:  # a KernelError (flex on a CPU, heads under 16 on CUDA, float64) says what runs
+        model.kernel(device, cfg.model.dropout > 0, needs_grad=True, float64=float64, kind=kind)
     if cfg.data.tokenizer == "gpt2":
         vocab_size = GPT2Tokenizer(cfg.data.tiktoken_ranks).vocab_size
         if cfg.model.init_from and not resuming:
