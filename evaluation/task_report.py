@@ -90,6 +90,9 @@ def depth_figure(doc: dict[str, Any]) -> plt.Figure:
                 if values and (stat := mean_sd(values)) is not None:
                     grid[i, j] = 100 * stat[0]
         image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto", origin="upper")
+        for (i, j), value in np.ndenumerate(grid):  # the numbers, readable without the colour bar
+            if not np.isnan(value):
+                ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=6, color="k" if value > 60 else "w")
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
         ax.set_title(g.label, fontsize=9)

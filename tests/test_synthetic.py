@@ -20,6 +20,7 @@ import evaluate as evaluate_script
 from posgpt.core import cli
 from posgpt.data import tasks as registry
 from posgpt.data.tasks import KEYS, TaskConfig, encode, eval_set, make_example, tokenizer_for, training_batch
+from posgpt.evaluation.task_report import depth_figure
 from posgpt.evaluation.tasks import evaluate_task
 from posgpt.experiments import synthetic
 from posgpt.model import GPT, GPTConfig
@@ -225,6 +226,10 @@ def test_the_experiment_end_to_end_with_reuse(tmp_path, capsys):
     for name in ("accuracy_vs_length.png", "passkey_depth.png"):
         assert_png(report / name)
     doc = json.loads((report / "results.json").read_text())
+    panels = [ax for ax in depth_figure(doc).axes if ax.images]  # each cell's value printed in it
+    assert [[t.get_text() for t in ax.texts] for ax in panels] == [
+        [f"{100 * a:.0f}" for a in accuracies] for accuracies in _depth_grid(doc)
+    ]
     assert [(r["label"], r["seed"]) for r in doc["runs"]] == [
         ("alibi", 1),
         ("rope-rp", 1),
@@ -290,3 +295,13 @@ def test_shipped_synthetic_configs_parse(name):
     assert config.schemes == ["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
     assert max(config.task.eval_lengths) >= 8 * config.task.train_max  # test at 8x the training length or more
     assert any(variant.train.get("random_positions") for variant in config.models())
+
+
+def _depth_grid(doc: dict) -> list[list[float]]:
+    """Each model's mean accuracy per (depth, length) cell, depth by depth, as the depth figure prints them."""
+    grids = []
+    for label in dict.fromkeys(run["label"] for run in doc["runs"]):
+        results = [r for run in doc["runs"] if run["label"] == label for r in run["results"]]
+        grids.append([sum(v := [r["accuracy"] for r in results if r["length"] == n and r["depth"] == d]) / len(v)
+                      for d in doc["task"]["depths"] for n in doc["task"]["eval_lengths"]])  # fmt: skip
+    return grids
