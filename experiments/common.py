@@ -187,23 +187,37 @@ class TrainingEstimate:
             self.seconds_per_flop = self.measured[0] / max(1.0, self.measured[1])
 
 
-def describe(plan: list[PlannedRun], progress: TrainingEstimate, shorter: str = "") -> str:
-    """The plan, a line a run, and the estimate of its training time; on a CPU past an hour, `shorter` (a config)."""
+def run_tokens(cfg: RunConfig) -> int:
+    """The tokens a run trains on (a task's: an upper bound)."""
+    t = cfg.train
+    return t.max_steps * t.batch_size * t.grad_accum * cfg.model.block_size
+
+
+def describe(plan: list[PlannedRun], progress: TrainingEstimate, shorter: tuple[str, int] | None = None) -> str:
+    """The plan, a line a run, and the estimate of its training time; on a CPU past an hour, how to shorten it:
+    `shorter`, a config and the tokens its runs train on, where this plan trains on more than twice as many, else
+    the options that train less."""
     lines = [f"Plan: {len(plan)} training run(s) on {progress.device}"]
     for k, run in enumerate(plan, 1):
         t = run.config.train
         state = "trained, reused" if run.done else f"resumes at step {run.step}" if run.step else "to train"
-        tokens = t.max_steps * t.batch_size * t.grad_accum * run.config.model.block_size  # a task's: an upper bound
+        tokens = run_tokens(run.config) / 1e6
         lines.append(f"  {k:>3}. {run.name}: {t.max_steps} steps x {t.batch_size * t.grad_accum} x "
-                     f"{run.config.model.block_size} = {tokens / 1e6:.1f}M tokens ({state})")  # fmt: skip
+                     f"{run.config.model.block_size} = {tokens:.1f}M tokens ({state})")  # fmt: skip
     todo = [r for r in plan if not r.done]
     seconds = progress.estimate(todo)
     lines.append(f"Estimated training time: {format_seconds(seconds)} for {len(todo)} run(s) "
                  f"(rough: FLOPs at {UTILISATION:.0%} of the device's peak; small models on a CPU often run faster), "
                  "then the evaluation")  # fmt: skip
-    if progress.device == "cpu" and seconds > LONG_ON_CPU and shorter:
-        lines.append(f"That is long for a CPU: --config {shorter} is a first study in about 5 minutes; "
-                     "--max_minutes N trains this one in pieces that resume.")  # fmt: skip
+    if progress.device == "cpu" and seconds > LONG_ON_CPU:
+        if shorter and sum(run_tokens(r.config) for r in todo) > 2 * shorter[1]:
+            lines.append(f"That is long for a CPU: --config {shorter[0]} is a first study in about 5 minutes; "
+                         "--max_minutes N trains this one in pieces that resume.")  # fmt: skip
+        else:
+            lines.append(
+                "That is long for a CPU: fewer models or seeds (--schemes, --variants, --seeds) or steps "
+                "(--run.train.max_steps) train less; --max_minutes N trains it in pieces that resume."
+            )
     return "\n".join(lines)
 
 
@@ -263,7 +277,7 @@ class Launch:
         self,
         data_for: Callable[[RunConfig], TrainingData] | None = None,
         vocab_size: int | None = None,
-        shorter: str = "",
+        shorter: tuple[str, int] | None = None,
     ) -> list[PlannedRun]:
         """Print the plan and its estimate, then train every model with every seed within what is left of the time,
         reusing finished runs and resuming interrupted ones; `data_for` gives a run's data (default: its corpus)."""

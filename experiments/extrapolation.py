@@ -12,9 +12,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from posgpt.core import cli
 from posgpt.evaluation.checkpoint import EvalData
 from posgpt.evaluation.run import EvalSettings, evaluate_checkpoints, merge_documents
-from posgpt.experiments.common import Launch, Study, Variant, experiment_command
+from posgpt.experiments.common import Launch, Study, Variant, experiment_command, run_tokens
 from posgpt.model import POS_ENCODINGS
 from posgpt.training.config import RunConfig
 
@@ -50,7 +51,9 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     from posgpt.evaluation.report import write_report  # matplotlib: imported to draw, not for the command's --help
 
     launch = Launch(cfg)
-    launch.train(shorter=QUICK_CONFIG)
+    quick = cli.parse(COMMAND, ["--config", QUICK_CONFIG])  # what the quick study trains, to judge this plan by
+    tokens = len(quick.models()) * len(quick.seeds) * run_tokens(quick.run)
+    launch.train(shorter=(QUICK_CONFIG, tokens))
     key = {"eval": dataclasses.asdict(cfg.eval), "eval_data": dataclasses.asdict(cfg.eval_data)}
     docs = launch.evaluate(
         "extrapolation", key, lambda r: evaluate_checkpoints([r.ckpt], [r.label], cfg.eval, cfg.eval_data)

@@ -175,18 +175,22 @@ def test_a_variant_with_a_fraction_that_makes_no_whole_pairs_is_refused_before_t
 @pytest.mark.parametrize(("config", "named"), [("extrapolation_shakespeare", True), ("extrapolation_quick", False)])
 def test_a_plan_of_hours_on_a_cpu_names_the_quick_study(config, named, tmp_path, text_file, monkeypatch, capsys):
     """The README's full study on a CPU is many hours: its plan says so before anything is prepared, and names
-    the five-minute one (whose own plan does not)."""
+    the five-minute one; the quick one's plan, long on a slow CPU, names the options that train less instead."""
     from posgpt.training import run
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(run, "prepared_data", stop)
-    monkeypatch.setattr("posgpt.experiments.common.sustained_flops", lambda device, precision: 10e9)  # a 2-core CPU
+    monkeypatch.setattr(
+        "posgpt.experiments.common.sustained_flops", lambda device, precision: 3e8
+    )  # a slow CPU: both past an hour
     argv = ["--config", f"configs/{config}.yaml", "--out_dir", str(tmp_path), "--run.data.input", str(text_file),
             "--run.train.accelerator", "cpu"]  # fmt: skip
     with pytest.raises(SystemExit):
         cli.run(experiment.COMMAND, argv)
     plan = capsys.readouterr().out
     quick = "That is long for a CPU: --config configs/extrapolation_quick.yaml is a first study in about 5 minutes"
-    assert (quick in plan) is named
+    options = "That is long for a CPU: fewer models or seeds (--schemes, --variants, --seeds) or steps"
+    assert (quick in plan) is named and (options in plan) is not named  # the quick study never names itself
+    assert "--max_minutes N" in plan
