@@ -16,8 +16,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
+import sys
 import time
 import typing
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +93,8 @@ class CheckConfig:
     """Write every case and the summary to this JSON file."""
     only: str | None = None
     """Run only the cases whose name contains this text (say softmax/alibi or sdpa)."""
+    verbose: bool = False
+    """Print every row as it finishes (case, check, error, tolerance, time, why skipped), not only the failures."""
 
 
 @dataclass
@@ -281,9 +286,30 @@ class CheckFailed(UserError):
     exit_code = 1
 
 
+HEADER = f"{'case':58s} {'check':17s} {'max error':>9s} {'tol':>7s} pass  {'time':>7s}"
+
+
+def skip_kind(reason: str) -> str:
+    """What a skip's reason is about, without its settings: the config's refusals are one kind, a kernel's device
+    another ('... cannot run this configuration: it lacks a forward pass on cpu'), an option that changes nothing a
+    third."""
+    if reason.startswith("refused: "):
+        return "refused: combinations the config refuses, as train.py would"
+    return re.sub(r"'[^']*'", "...", reason.split(" (")[0].split(". ")[0])
+
+
+def folded_skips(skipped: list[Result]) -> list[str]:
+    """The skipped rows by kind of reason, the most common first, each with its count and one example's case."""
+    kinds = Counter(skip_kind(r.skipped or "") for r in skipped)
+    example = {skip_kind(r.skipped or ""): r.case for r in reversed(skipped)}
+    return [f"  {count:5d}  {kind} (e.g. {example[kind]})" for kind, count in kinds.most_common()]
+
+
 def main(cfg: CheckConfig) -> list[Result]:
     device = pick_device(cfg.device)
-    print(f"{'case':58s} {'check':17s} {'max error':>9s} {'tol':>7s} pass  {'time':>7s}")
+    if cfg.verbose:
+        print(HEADER)
+    live = not cfg.verbose and sys.stdout.isatty()  # a count in place on a terminal; a log gets the end only
     started, threads = time.perf_counter(), torch.get_num_threads()
     if device.type == "cpu":  # tiny shapes: threads only wait on each other (100x slower on a busy CPU)
         torch.set_num_threads(1)
@@ -294,12 +320,26 @@ def main(cfg: CheckConfig) -> list[Result]:
             if cfg.quick:  # no cache check: the reference alone has nothing to be compared with
                 names = [n for n in names if n != reference_name(fields["attention"])]
             for row in check_case(case, fields, names, variant, cfg, device) if names else []:
-                print(row_line(row), flush=True)
                 results.append(row)
+                if cfg.verbose:
+                    print(row_line(row), flush=True)
+            if live and results:
+                failing = sum(r.passed is False for r in results)
+                print(f"\r{len(results)} rows, {failing} failed: {case}"[:100].ljust(100), end="", flush=True)
     finally:
         torch.set_num_threads(threads)
+        if live:
+            print("\r" + " " * 100 + "\r", end="", flush=True)
     ran = [r for r in results if r.passed is not None]
     failed = [r for r in ran if not r.passed]
+    if not cfg.verbose:  # the failures in full, the skips folded by kind (--verbose: every row above)
+        if failed:
+            print("\n".join(["Failed:", HEADER, *map(row_line, failed)]))
+        skipped = [r for r in results if r.passed is None]
+        if skipped:
+            print(
+                "\n".join([f"Skipped {len(skipped)} (--verbose lists each with its reason):", *folded_skips(skipped)])
+            )
     worst = max((r.error / r.tolerance for r in ran if r.error is not None), default=0.0)
     line = (
         f"{len(ran) - len(failed)} of {len(ran)} checks passed, {len(failed)} failed, {len(results) - len(ran)} "
