@@ -77,7 +77,7 @@ def test_one_metrics_file_across_resumes_and_step_checkpoints_kept_at_an_interva
     assert [p.name for p in run_dir.glob("step-*.ckpt")] == ["step-0000005.ckpt"]
 
 
-def test_tensorboard_logger_writes_the_runs_events(tmp_path, text_file):
+def test_tensorboard_logger_writes_the_runs_events_beside_its_metrics_csv(tmp_path, text_file, capfd):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -86,9 +86,11 @@ def test_tensorboard_logger_writes_the_runs_events(tmp_path, text_file):
     events = EventAccumulator(str(tmp_path / "runs" / "tiny" / "tensorboard")).Reload()
     assert [e.step for e in events.Scalars("train/loss")] == [4, 9]
     assert [e.step for e in events.Scalars("val/loss")] == [9]
-    plot = tmp_path / "runs" / "tiny" / "training.png"  # drawn from the events, at the end and on demand
-    assert plot.read_bytes().startswith(b"\x89PNG")
+    plot = tmp_path / "runs" / "tiny" / "training.png"  # the run's own record, whatever the logger adds
+    assert plot.read_bytes().startswith(b"\x89PNG") and (plot.parent / "metrics.csv").is_file()
     assert read_metrics(plot.parent)["val/loss"] == [(10, events.Scalars("val/loss")[0].value)]
+    (plot.parent / "metrics.csv").unlink()  # a run of an older version, with TensorBoard alone: its events drawn
     plot.unlink()
+    capfd.readouterr()
     cli.run(plot_command, ["--run_dir", str(plot.parent)])
-    assert plot.is_file()
+    assert plot.is_file() and "No path found" not in "".join(capfd.readouterr())

@@ -150,6 +150,8 @@ def test_wandb_without_an_api_key_logs_offline_into_the_run_dir(tmp_path, text_f
     cli.run(train_script.COMMAND, tiny_args(tmp_path, text_file, "--train.max_steps", "4", "--train.logger", "wandb"))
     runs = list((tmp_path / "runs" / "tiny" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].rglob("*.wandb"))
+    record = tmp_path / "runs" / "tiny"  # the run's own record beside wandb's
+    assert (record / "metrics.csv").is_file() and (record / "training.png").is_file()
 
 
 def test_the_default_validation_of_a_large_corpus_is_bounded(tmp_path, caplog):

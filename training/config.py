@@ -149,7 +149,8 @@ class TrainConfig:
     num_nodes: int = 1
     """Number of machines."""
     logger: Literal["csv", "tensorboard", "wandb", "none"] = "csv"
-    """csv: <run dir>/metrics.csv (one file across resumes); tensorboard; wandb (offline without an API key)."""
+    """What logs the metrics beside <run dir>/metrics.csv, which every run keeps (one file across resumes) and draws
+    into training.png: csv (nothing more), tensorboard, wandb (offline without an API key); none: no metrics."""
     wandb_project: str = "posgpt"
     """wandb project name."""
     sample_tokens: int = 300

@@ -57,12 +57,19 @@ class RunCSVLogger(CSVLogger):
         """Nothing: config.yaml in the run directory is the run's configuration."""
 
 
-def make_logger(kind: str, run_dir: Path, start_step: int, wandb_project: str, config: dict[str, Any]) -> Logger | bool:
-    """The logger `train.logger` names (False for none); `start_step` is the step a resumed run starts at."""
+def make_loggers(
+    kind: str, run_dir: Path, start_step: int, wandb_project: str, config: dict[str, Any]
+) -> list[Logger] | bool:
+    """The run's own record, `<run dir>/metrics.csv` (training.png is drawn from it), and the logger `train.logger`
+    adds to it (TensorBoard, wandb); False for none, no metrics at all. `start_step`: where a resumed run starts."""
     if kind == "none":
         return False
-    if kind == "csv":
-        return RunCSVLogger(run_dir, start_step)
+    record = RunCSVLogger(run_dir, start_step)
+    return [record] if kind == "csv" else [record, _other_logger(kind, run_dir, start_step, wandb_project, config)]
+
+
+def _other_logger(kind: str, run_dir: Path, start_step: int, wandb_project: str, config: dict[str, Any]) -> Logger:
+    """TensorBoard's or wandb's logger, beside the CSV record."""
     if kind == "tensorboard":  # one directory for the run: a resume purges the steps it trains again
         try:
             import tensorboard  # noqa: F401

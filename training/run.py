@@ -33,7 +33,7 @@ from posgpt.training.config import DataConfig, RunConfig
 from posgpt.training.curves import write_training_plot
 from posgpt.training.datamodule import TaskDataModule, TokenDataModule
 from posgpt.training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision, uses_cuda
-from posgpt.training.logs import make_logger
+from posgpt.training.logs import make_loggers
 from posgpt.training.module import GPTModule
 from posgpt.training.rundir import RunError, check_resume, check_writable, claim_run_dir, resume_path, write_configs
 
@@ -208,7 +208,7 @@ def _fit(
             check_val_every_n_epoch=None,
             num_sanity_val_steps=0,
             log_every_n_steps=t.log_interval,
-            logger=make_logger(t.logger, run_dir, start_step, t.wandb_project, dataclasses.asdict(cfg)),
+            logger=make_loggers(t.logger, run_dir, start_step, t.wandb_project, dataclasses.asdict(cfg)),
             callbacks=callbacks,
             plugins=[AtomicCheckpointIO()],
             enable_progress_bar=isinstance(progress, ProgressBar),
@@ -236,8 +236,9 @@ def _fit(
     sample, plot = None, None
     if trainer.is_global_zero and t.sample_tokens:
         sample = sample_text(module, data.tokenizer, t.sample_tokens)
-    if trainer.is_global_zero and t.logger in ("csv", "tensorboard"):
-        trainer.logger.save()  # the rows still buffered (csv), the events flushed (tensorboard)
+    if trainer.is_global_zero and t.logger != "none":  # every logger keeps the CSV record, drawn here
+        for logger in trainer.loggers:
+            logger.save()  # the rows still buffered (csv), the events flushed (tensorboard)
         try:
             plot = write_training_plot(run_dir)
         except UserError as error:  # no loss logged yet, or a disk that cannot take the figure: the run is done
