@@ -138,6 +138,8 @@ class GPTConfig:
         return n if n <= 256 else -(-n // 64) * 64
 
     def __post_init__(self) -> None:
+        if isinstance(self.layout, list):  # YAML's and a checkpoint's list: the tuple the command line gives
+            object.__setattr__(self, "layout", tuple(self.layout))
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "fire_width", "attn_sparse_block"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -19,7 +19,7 @@ from posgpt.model.cache import CacheWrite, DecodingCache, LayoutCache
 from posgpt.model.config import GPTConfig
 from posgpt.model.generation import stream
 from posgpt.model.kernels import Kernel, Placement, Plan, WeightsHook
-from posgpt.model.layout import LayerKind, layer_kinds
+from posgpt.model.layout import LayerKind, layer_kinds, scheme_differs
 from posgpt.model.loss import linear_cross_entropy
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import SCHEMES, PositionEncoding, build_positions
@@ -39,15 +39,9 @@ SWITCHABLE_FIELDS = frozenset({
 """What `GPT.switch` may change: everything but the blocks' weights and how they are computed."""
 
 
-def _rebuilds_scheme(old: GPTConfig, new: GPTConfig) -> bool:
-    """Whether switching from `old` to `new` builds a new position scheme (another one, or its fields changed)."""
-    fields = SCHEMES[new.pos_encoding].fields
-    return old.pos_encoding != new.pos_encoding or any(getattr(old, f) != getattr(new, f) for f in fields)
-
-
 def kind_schemes(config: GPTConfig, kinds: list[LayerKind]) -> dict[str, PositionEncoding]:
     """A position scheme of its own for each kind of a layout whose scheme is not the model's."""
-    return {kind.name: build_positions(kind.config) for kind in kinds if _rebuilds_scheme(config, kind.config)}
+    return {kind.name: build_positions(kind.config) for kind in kinds if scheme_differs(config, kind.config)}
 
 
 @dataclass
@@ -215,16 +209,17 @@ class GPT(nn.Module):
         old, old_kinds, self.config = self.config, self.kinds, config
         old_schemes = {kind.name: self.pe_of(kind) for kind in old_kinds}
         weight = self.wte.weight
-        if _rebuilds_scheme(old, config):
+        if scheme_differs(old, config):
             self.pe = build_positions(config).to(device=weight.device, dtype=weight.dtype)
         self.mask = AttentionMask.of(config)
         self.kinds = layer_kinds(config)
-        schemes = {}  # a kind with a scheme of its own keeps it unless it changes
+        schemes = {}  # a kind's own scheme: kept, with its parameters, while its settings stay; else built anew
         for kind, before in zip(self.kinds, old_kinds, strict=True):
-            if kind.name and _rebuilds_scheme(config, kind.config):
-                same = not _rebuilds_scheme(before.config, kind.config)
-                fresh = build_positions(kind.config).to(device=weight.device, dtype=weight.dtype) if not same else None
-                schemes[kind.name] = old_schemes[kind.name] if same else fresh
+            if kind.name and not scheme_differs(before.config, kind.config):
+                if old_schemes[kind.name] is not self.pe:  # its own, or the model's old one the model just left
+                    schemes[kind.name] = old_schemes[kind.name]
+            elif kind.name and scheme_differs(config, kind.config):
+                schemes[kind.name] = build_positions(kind.config).to(device=weight.device, dtype=weight.dtype)
             for i in kind.layers:
                 self.blocks[i].attn.reconfigure(before.config, kind.config)
         self.kind_pe = nn.ModuleDict(schemes)
@@ -234,15 +229,14 @@ class GPT(nn.Module):
     def switch_replaces_parameters(self, config: GPTConfig) -> bool:
         """Whether `switch(config)` would replace parameters (a scheme's own, a learned log-length
         scale) by new ones: an optimizer must then be given them, and DDP or FSDP cannot follow."""
-        for before, kind in zip(self.kinds, layer_kinds(config), strict=True):
-            if _rebuilds_scheme(before.config, kind.config):
+        kinds = list(zip(self.kinds, layer_kinds(config), strict=True))
+        for before, after in [(self.config, config), *((b.config, k.config) for b, k in kinds)]:  # model's, kinds'
+            if scheme_differs(before, after):
                 with torch.device("meta"):
-                    if any(True for c in (before.config, kind.config) for _ in build_positions(c).parameters()):
+                    if any(True for c in (before, after) for _ in build_positions(c).parameters()):
                         return True
-            attns = [self.blocks[i].attn for i in kind.layers]
-            if any(attn.reconfigure_replaces_parameters(before.config, kind.config) for attn in attns):
-                return True
-        return False
+        attns = [(self.blocks[i].attn, before, kind) for before, kind in kinds for i in kind.layers]
+        return any(attn.reconfigure_replaces_parameters(before.config, kind.config) for attn, before, kind in attns)
 
     @property
     def rescalable(self) -> bool:
@@ -266,10 +260,22 @@ class GPT(nn.Module):
         view = copy.copy(self)  # a shallow copy: the same modules, parameters and buffers
         view._modules = dict(self._modules)  # ... but its own table of them, so that its schemes are its own
         view.config = dataclasses.replace(self.config, rope_scaling=scaling, rope_scaling_factor=float(factor))
-        view.kinds = layer_kinds(view.config)
-        view.pe = build_positions(view.config).to(self.wte.weight.device)
-        view.kind_pe = nn.ModuleDict(kind_schemes(view.config, view.kinds)).to(self.wte.weight.device)
+        view.kinds, device = layer_kinds(view.config), self.wte.weight.device  # only RoPE rebuilt: a table stays
+        view.pe = build_positions(view.config).to(device) if self.pe.rescalable else self.pe
+        configs = {kind.name: kind.config for kind in view.kinds}
+        view.kind_pe = nn.ModuleDict({name: build_positions(configs[name]).to(device) if pe.rescalable else pe
+                                      for name, pe in self.kind_pe.items()})  # fmt: skip
         return view
+
+    def reserve(self, length: int) -> None:
+        """Grow every position scheme's tables (the model's, each kind's) to `length` positions now."""
+        for pe in (self.pe, *self.kind_pe.values()):
+            pe.reserve(length)
+
+    @property
+    def uses_positions(self) -> bool:
+        """Whether any scheme of the model reads positions (random positions train none that does not)."""
+        return any(pe.uses_positions for pe in (self.pe, *self.kind_pe.values()))
 
     def pe_of(self, kind: LayerKind) -> PositionEncoding:
         """The position scheme the layers of `kind` attend with: the model's, or the kind's own."""
@@ -357,8 +363,7 @@ class GPT(nn.Module):
         """What decoding keeps (`Attention.new_cache`; a layout: each kind's, `LayoutCache`), allocated now for `batch`
         rows when given. Position tables grow now to the `longest` position decoding will reach (default
         `capacity`): a decode step never grows them (a rolling cache decodes past its capacity: give it `longest`)."""
-        for kind in self.kinds:
-            self.pe_of(kind).reserve(longest or capacity)
+        self.reserve(longest or capacity)
         parts = {k.name: self.attention.new_cache(k.config, k.mask, capacity, len(k.layers)) for k in self.kinds}
         cache = parts[""] if "" in parts else LayoutCache(parts, [kind.name for kind in self.kind_of])
         if batch is not None:

@@ -21,8 +21,8 @@ from posgpt.model.positions import SCHEMES
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
 
-MASK_FIELDS = ("attn_window", "attn_sinks", "attn_chunk", "attn_temperature_floor")
-"""What a kind may set besides its position scheme and that scheme's fields."""
+LAYER_SETTINGS = ("attn_window", "attn_sinks", "attn_chunk", "attn_temperature_floor")
+"""What a kind may set besides its position scheme and that scheme's fields: its mask and Llama 4's query scale."""
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,17 @@ class LayerKind:
     mask: AttentionMask
 
 
+def scheme_differs(old: GPTConfig, new: GPTConfig) -> bool:
+    """Whether `new` has another position scheme than `old` (another one, or its fields changed): a switch builds it
+    anew, a kind of a layout has its own."""
+    fields = SCHEMES[new.pos_encoding].fields
+    return old.pos_encoding != new.pos_encoding or any(getattr(old, f) != getattr(new, f) for f in fields)
+
+
 def kind_fields() -> frozenset[str]:
     """Every field a kind may set: the mask's, `pos_encoding` and the fields of the schemes that act in attention."""
     schemes = (scheme for scheme in SCHEMES.values() if not scheme.embeds)
-    return frozenset({*MASK_FIELDS, "pos_encoding", *(f for scheme in schemes for f in scheme.fields)})
+    return frozenset({*LAYER_SETTINGS, "pos_encoding", *(f for scheme in schemes for f in scheme.fields)})
 
 
 def layer_kinds(config: GPTConfig) -> list[LayerKind]:
@@ -66,7 +73,7 @@ def check_layout(config: GPTConfig) -> None:
             raise ConfigError("GPTConfig.kinds says what each kind of a layout sets: set layout too, or drop kinds.")
         return
     kinds = config.kinds or {}
-    if not all(isinstance(name, str) and name for name in config.layout):
+    if isinstance(config.layout, str) or not all(isinstance(name, str) and name for name in config.layout):
         raise ConfigError(
             f"GPTConfig.layout must be a list of kind names, e.g. [local, global], got {config.layout!r}."
         )

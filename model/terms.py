@@ -40,7 +40,7 @@ class Term(Enum):
     TRANSFORM = ("a transform of the scores (a soft-cap)", "attn_softcap")
     POSITIONS = ("a position score bias", "pos_encoding")
     TOKENS = ("terms of the layer's tokens added to the scores", "attention")
-    MASK = ("a mask beyond causal (attn_window, attn_sinks)", "attn_window")
+    MASK = ("a mask beyond causal (attn_window, attn_sinks, attn_chunk)", "attn_window")
     FROM_SCORES = ("positions computed from the scores", "pos_encoding")
     MASS = ("softmax mass with no key (sink logits)", "attn_sink_logits")
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from posgpt.core.errors import ConfigError, did_you_mean
 from posgpt.model.attention import ATTENTIONS
 from posgpt.model.kernels import AUTO, Lack
-from posgpt.model.layout import check_layout, layer_kinds
+from posgpt.model.layout import check_layout, layer_kinds, scheme_differs
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import SCHEMES
 from posgpt.model.scores import SCORES
@@ -40,22 +40,28 @@ def check_config(config: GPTConfig) -> None:
     scheme.check(config)
     layer = ATTENTIONS[config.attention]
     layer.check(config)
-    if config.attn_log_scaling != "none" and not layer.scored:
-        raise ConfigError(
-            f"GPTConfig.attn_log_scaling scales attention scores, and attention={config.attention!r} forms none: "
-            "use attention='softmax', or attn_log_scaling 'none'."
-        )
-    if config.attn_log_scaling != "none" and not SCORES[config.attn_score].dot_product:
-        raise ConfigError(
-            f"GPTConfig.attn_log_scaling scales the query of a dot-product score, and attn_score="
-            f"{config.attn_score!r} is not one: use attn_score scaled_dot, dot or general, or attn_log_scaling 'none'."
-        )
+    for field, off in (("attn_log_scaling", "'none'"), ("attn_temperature_floor", "0")):  # a query's scale
+        if getattr(config, field) not in ("none", 0) and not layer.scored:
+            raise ConfigError(
+                f"GPTConfig.{field} scales attention scores, and attention={config.attention!r} forms none: "
+                f"use attention='softmax', or {field} {off}."
+            )
+        if getattr(config, field) not in ("none", 0) and not SCORES[config.attn_score].dot_product:
+            raise ConfigError(
+                f"GPTConfig.{field} scales the query of a dot-product score, and attn_score={config.attn_score!r} "
+                f"is not one: use attn_score scaled_dot, dot or general, or {field} {off}."
+            )
     if config.qk_norm != "none" and not layer.scored:
         raise ConfigError(
             f"GPTConfig.qk_norm normalises the queries and keys of a score, and attention={config.attention!r} forms "
             "none: use a scored attention function, or qk_norm 'none'."
         )
     kinds = layer_kinds(config)  # each kind's config, validated: a kind's refusal names it
+    if config.layout and scheme.learned_bias and all(scheme_differs(config, kind.config) for kind in kinds):
+        raise ConfigError(  # its parameters would train nowhere (and DDP refuses parameters without gradients)
+            f"GPTConfig.kinds each set their own position scheme, so no layer would use the model's "
+            f"pos_encoding={config.pos_encoding!r} and its parameters: set it as one kind's, or to 'none'."
+        )
     rotates = any(SCHEMES[kind.config.pos_encoding].rotates for kind in kinds)
     if config.qk_norm == "llama4" and not rotates and config.layout != ():  # (): one kind of a layout, checked whole
         raise ConfigError(
@@ -115,6 +121,7 @@ def _alternatives(config: GPTConfig, field: str) -> str:
         "attn_score": list(SCORES),
         "attn_backend": [AUTO, *ATTENTIONS[config.attention].kernels],
         "attn_window": [0],
+        "attn_chunk": [0],
         "dropout": [0.0],
         "attn_softcap": [0.0],
         "attn_sink_logits": [False],
@@ -130,6 +137,8 @@ def _refusal(config: GPTConfig, missing: list[Lack]) -> str:
     """One line: which setting cannot run which, why, and what would."""
     host = "attn_backend" if config.attn_backend != AUTO else "attention"
     culprit = missing[0].setting or "attn_backend"
+    if culprit == "attn_window" and config.attn_chunk:  # the mask beyond causal is the chunk's
+        culprit = "attn_chunk"
     lacks = " and ".join(lack.words for lack in missing)
     if host == "attn_backend":
         why = f"kernel {config.attn_backend!r} lacks {lacks}"

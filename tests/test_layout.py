@@ -251,3 +251,42 @@ def test_compiled_flex_and_sdpa_run_each_layout_as_eager_does_on_cuda(name):
         torch.testing.assert_close(logits, results["eager"][0], rtol=1e-4, atol=1e-4, msg=backend)
         for n, grad in grads.items():
             torch.testing.assert_close(grad, results["eager"][1][n], rtol=1e-3, atol=1e-4, msg=f"{backend}: {n}")
+
+
+def test_a_layout_from_yaml_or_a_checkpoint_is_the_same_config_as_from_the_command_line():
+    fields = {"layout": ["a", "b"], "kinds": {"a": {"attn_window": 3}, "b": {}}}  # as config.yaml holds them
+    config = dataclasses.replace(BASE, **fields)
+    assert config.layout == ("a", "b") and config == dataclasses.replace(BASE, **{**fields, "layout": ("a", "b")})
+    assert GPTConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="must be a list of kind names"):
+        dataclasses.replace(BASE, layout="ab", kinds={"ab": {}})
+
+
+def test_every_scheme_of_a_layout_is_reserved_read_and_kept_where_it_should_be():
+    """Random positions and the cache grow every kind's tables; a scaled view rebuilds RoPE only (a learned table
+    stays: the same logits at factor 1); a switch keeps a kind's trained scheme while its settings stay."""
+    kinds = {"a": {"pos_encoding": "rope", "rope_base": 100.0}}
+    learned = GPT(dataclasses.replace(BASE, pos_encoding="learned", layout=("a",), kinds=kinds)).eval()
+    idx = torch.randint(0, 64, (1, 12))
+    torch.testing.assert_close(learned.rescaled("linear", 1.0)(idx)[0], learned(idx)[0])
+    hybrid = GPT(dataclasses.replace(BASE, pos_encoding="none", layout=("a", "b"),
+                                     kinds={"a": {"pos_encoding": "rope"}, "b": {"pos_encoding": "t5"}}))  # fmt: skip
+    assert hybrid.uses_positions  # random positions reach the kinds' schemes
+    hybrid.reserve(40)
+    hybrid(idx, positions=torch.arange(28, 40)[None])  # past block_size 16: grown
+    trained = hybrid.kind_pe["b"]
+    hybrid.switch(dataclasses.replace(hybrid.config, pos_encoding="t5"))  # b's settings stay: its T5 table too
+    assert hybrid.pe_of(hybrid.kinds[1]) is trained and hybrid.pe is not trained
+    with pytest.raises(ConfigError, match="no layer would use the model's pos_encoding='t5' and its parameters"):
+        dataclasses.replace(BASE, pos_encoding="t5", layout=("a",), kinds={"a": {"pos_encoding": "alibi"}})
+
+
+def test_llama4s_query_scale_reads_the_schemes_positions_and_needs_a_dot_product_score():
+    model = GPT(dataclasses.replace(BASE, pos_encoding="none", attn_temperature_floor=4)).eval()
+    idx = torch.randint(0, 64, (1, 6))
+    far, near = (model(idx, positions=torch.arange(s, s + 6)[None])[0] for s in (40, 0))
+    assert not torch.allclose(far, near)  # NoPE: only the scale sees the positions
+    torch.testing.assert_close(near, model(idx)[0])
+    for fields in ({"attention": "linear"}, {"attn_score": "additive"}):
+        with pytest.raises(ConfigError, match="attn_temperature_floor"):
+            dataclasses.replace(BASE, attn_temperature_floor=4, **fields)

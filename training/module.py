@@ -62,7 +62,7 @@ class GPTModule(L.LightningModule):
     def _reserve_positions(self) -> None:
         """Grow the scheme's tables to every position `train.random_positions` draws (before a compiled step)."""
         if self.config.train.random_positions:
-            self.model.pe.reserve(self.config.train.random_positions)
+            self.model.reserve(self.config.train.random_positions)
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         # global_step moves only when the optimizer steps: the first micro-batch of the switch step
@@ -110,7 +110,7 @@ class GPTModule(L.LightningModule):
         """With `train.random_positions` N: each row's increasing random positions in [0, N), drawn from (seed,
         micro-batch) alone, so that a resumed run draws the same; else (and for NoPE) None: 0..T-1."""
         t = self.config.train
-        if not t.random_positions or not self.model.pe.uses_positions:
+        if not t.random_positions or not self.model.uses_positions:
             return None
         micro_batch = self.global_step * t.grad_accum + batch_idx % t.grad_accum
         generator = torch.Generator().manual_seed(t.seed * 1_000_003 + micro_batch)

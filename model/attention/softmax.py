@@ -56,13 +56,13 @@ class SoftmaxAttention(Attention):
         if cache is not None:
             k, v = cache.update(k, v, plan.cache_write)  # the keys and values the plan describes
         place = plan.placement  # the queries stand at their cache positions when decoding, else at 0..Tq-1
-        if self.log_scale is not None:
-            queries = place.positions if place.k_pos is not None else torch.arange(place.q_len, device=place.device)
-            q = self.log_scale(q, self.mask.seen_keys(queries))
-        if self.temperature_floor:
-            queries = place.positions if place.k_pos is not None else torch.arange(place.q_len, device=place.device)
-            scale = temperature(queries, self.temperature_floor)  # (Tq), or (B, Tq) decoding
-            q = q * (scale[:, None, :, None] if scale.dim() == 2 else scale[:, None]).to(q.dtype)
+        order = place.positions if place.k_pos is not None else torch.arange(place.q_len, device=place.device)
+        if self.log_scale is not None:  # the keys each sees: by the mask, on token order
+            q = self.log_scale(q, self.mask.seen_keys(order))
+        if self.temperature_floor:  # by position: the scheme's (random positions too)
+            wide = torch.promote_types(q.dtype, torch.float32)
+            scale = temperature(place.positions if place.positions is not None else order, self.temperature_floor, wide)
+            q = (q * (scale[:, None, :, None] if scale.dim() == 2 else scale[:, None])).to(q.dtype)  # (B?, 1, Tq, 1)
         return q, k, v
 
     layer_cache: ClassVar[type[LayerCache]] = LayerCache
@@ -85,10 +85,10 @@ class SoftmaxAttention(Attention):
         return cls._rolls(config, mask)  # a window's rolling cache
 
 
-def temperature(positions: Tensor, floor: int) -> Tensor:
+def temperature(positions: Tensor, floor: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """Llama 4's query scale at 0-based `positions`, log(floor((p + 1) / F) + 1) 0.1 + 1 (its `attn_scale` 0.1,
-    `floor_scale` F): 1 until p + 1 reaches F, then growing with the log of the number of whole F's."""
-    return torch.log(torch.div(positions + 1, floor, rounding_mode="floor").double() + 1) * 0.1 + 1.0
+    `floor_scale` F), in `dtype`: 1 until p + 1 reaches F, then growing with the log of the number of whole F's."""
+    return torch.log(torch.div(positions + 1, floor, rounding_mode="floor").to(dtype) + 1) * 0.1 + 1.0
 
 
 def _log_scaling_changes(old: GPTConfig, new: GPTConfig) -> bool:

@@ -27,13 +27,18 @@ def sdpa_attention(
     scale: float | None = None,
 ) -> Tensor:
     """PyTorch's fused scaled_dot_product_attention: `is_causal=True` with no bias or mask (FlashAttention
-    on GPU), else the bias (-inf where not visible) or the boolean mask as `attn_mask`. On a CPU, bf16 / fp16
+    on GPU, which reads grouped KV heads itself), else the bias (-inf where not visible) or the boolean mask as
+    `attn_mask` (grouped KV heads repeated first: no other backend takes them without falling back to the math
+    one, PyTorch issue 139586). On a CPU, bf16 / fp16
     inputs are attended in float32: its bf16 kernel measured 1.1-4x slower (BENCHMARKS.md, "bf16 on the CPU").
     """
     if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
         with torch.autocast("cpu", enabled=False):
             return sdpa_attention(q.float(), k.float(), v.float(), bias, dropout_p, mask, scale).to(q.dtype)
     q_len, k_len = q.size(-2), k.size(-2)
+    masked = bias is not None or mask is not None or q_len not in (k_len, 1)
+    if k.size(1) != q.size(1) and masked:  # grouped heads: FlashAttention's alone, which takes no mask
+        k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
     sdpa = functools.partial(F.scaled_dot_product_attention, dropout_p=dropout_p, scale=scale,
                              enable_gqa=k.size(1) != q.size(1))  # fmt: skip
     if bias is not None:
