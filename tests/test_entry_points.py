@@ -73,7 +73,8 @@ def report():
                                 if getattr(m, "__file__", None) and name != "__mp_main__")  # multiprocessing's alias
     root = os.path.realpath(os.environ["POSGPT_ROOT"]) + os.sep
     with open(os.environ["POSGPT_TWICE"], "w") as out:
-        out.write("\\n".join(sorted(f for f, n in files.items() if n > 1 and f.startswith(root))))
+        ours = (f for f, n in files.items() if n > 1 and f.startswith(root) and "site-packages" not in f)  # no .venv
+        out.write("\\n".join(sorted(ours)))
 atexit.register(report)
 """
 """A sitecustomize.py: at exit, writes the files the process loaded as modules under two names."""
