@@ -4,6 +4,7 @@
     bench.py decode [--schemes learned rope alibi --batches 1 64 --modes eager compiled --json rows.jsonl]
     bench.py vs-nanogpt --peer ../shared/peers/nanoGPT --input ../shared/data/tinyshakespeare.txt --shape cpu
     bench.py report [--part check train decode long] [--out bench-report.jsonl] [--render FILE]
+    bench.py syncs --input ../shared/data/tinyshakespeare.txt
 
 `bench.py MODE --help` lists a mode's options and what it measures.
 """
@@ -33,6 +34,9 @@ MODES: Modes = {
         "REPORT",
         "What this machine does with posgpt: kernel checks, training, decoding and long-context speed, one job "
         "per process, each line of --out written as it finishes, and a markdown report of them.",
+    ),
+    "syncs": Lazy(
+        "posgpt.benchmarks.syncs", "COMMAND", "Host syncs per training step of a tiny CPU run, counted, not timed."
     ),
 }
 """Each mode's module, imported when it runs, and its line in `bench.py --help` (tests/test_entry_points.py)."""

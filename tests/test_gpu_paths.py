@@ -181,7 +181,7 @@ def test_mfu_peaks_are_dense_bf16_figures(monkeypatch, name, precision, peak):
 def test_speed_monitor_on_cuda_syncs_only_when_it_measures_and_logs_mfu(monkeypatch):
     cuda = _StandInCuda(monkeypatch)
     logged: dict[str, list[float]] = {"perf/tokens_per_s": [], "perf/mfu": []}
-    module = types.SimpleNamespace(tokens_seen=0, log=lambda name, value, **_: logged[name].append(value))
+    module = types.SimpleNamespace(tokens_seen=0, pending={})  # what MetricsWriter hands the loggers
     trainer = types.SimpleNamespace(
         strategy=types.SimpleNamespace(root_device=torch.device("cuda", 0)),
         precision="bf16-mixed",
@@ -193,6 +193,9 @@ def test_speed_monitor_on_cuda_syncs_only_when_it_measures_and_logs_mfu(monkeypa
     for batch_idx in range(2 * (1 + 10)):  # the first step starts the clock; then two measurements of 5 steps
         module.tokens_seen += 512
         monitor.on_train_batch_end(trainer, module, None, None, batch_idx)  # acts on every second micro-batch
+        for name, value in module.pending.items():
+            logged[name].append(value)
+        module.pending.clear()
     assert cuda.syncs == 3  # the start and each measurement, never every step
     assert len(logged["perf/tokens_per_s"]) == 2 and len(logged["perf/mfu"]) == 2
     for tokens_per_s, mfu in zip(logged["perf/tokens_per_s"], logged["perf/mfu"], strict=True):

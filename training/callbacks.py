@@ -141,7 +141,8 @@ class LastCheckpoint(L.Callback):
         now = time.monotonic()
         if self._step_ended is not None:
             self._longest_step = max(self._longest_step, now - self._step_ended)
-        if reason := self._stop_reason(trainer, reserve=2 * (self._longest_step + self._longest_save)):
+        steps = self.t.log_interval if trainer.world_size > 1 else 1  # till the next reading of the stop flag
+        if reason := self._stop_reason(trainer, (steps + 1) * self._longest_step + 2 * self._longest_save, step):
             self._save(trainer, pl_module)
             self._stop(reason, step)
         validation_next = step >= trainer.max_steps or step % self.t.eval_interval == 0
@@ -174,12 +175,17 @@ class LastCheckpoint(L.Callback):
             TIME_LIMIT_EXIT if reason == DEADLINE else 128 + reason,
         )
 
-    def _stop_reason(self, trainer: L.Trainer, reserve: float) -> int:
-        """A signal's number, `DEADLINE`, or 0 (go on); rank 0's, broadcast, so that every rank stops together."""
+    def _stop_reason(self, trainer: L.Trainer, reserve: float, step: int | None = None) -> int:
+        """A signal's number, `DEADLINE`, or 0 (go on); rank 0's, broadcast, so that every rank stops together. At
+        training `step`, several ranks read it every `log_interval` steps only (a broadcast is a host sync): each
+        rank skips the same steps, so all stop at the same one."""
+        distributed = trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+        if distributed and step is not None and step % self.t.log_interval:
+            return 0
         reason = self._signal or 0
         if not reason and self.deadline is not None and time.monotonic() + reserve >= self.deadline:
             reason = DEADLINE
-        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        if distributed:
             flag = torch.tensor([reason], device=trainer.strategy.root_device)
             torch.distributed.broadcast(flag, src=0)
             reason = int(flag.item())
@@ -237,14 +243,35 @@ class SpeedMonitor(L.Callback):
         now = time.perf_counter()
         if self._t0 is not None:
             tokens_per_s = (pl_module.tokens_seen - self._tokens0) / (now - self._t0)
-            pl_module.log("perf/tokens_per_s", tokens_per_s, prog_bar=True, rank_zero_only=True)
+            pl_module.pending["perf/tokens_per_s"] = tokens_per_s  # floats: `MetricsWriter` writes them
             if self._peak:
                 per_device = tokens_per_s / trainer.world_size
-                pl_module.log("perf/mfu", per_device * self.flops_per_token / self._peak, rank_zero_only=True)
+                pl_module.pending["perf/mfu"] = per_device * self.flops_per_token / self._peak
         self._t0, self._steps, self._tokens0 = now, 0, pl_module.tokens_seen
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t0 = None
+
+
+class MetricsWriter(L.Callback):
+    """A logging step's metrics (`pl_module.pending`) read in one transfer from the device and handed to every logger
+    as floats: no step syncs the host but a logging step, once (Lightning's `self.log` reads each metric on its own,
+    and re-reads those shown in the bar every batch). After `SpeedMonitor`, before the progress lines that show them."""
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not pl_module.pending or not optimizer_stepped(trainer, batch_idx):
+            return
+        pending = pl_module.pending
+        names = [name for name, value in pending.items() if isinstance(value, torch.Tensor)]
+        read = torch.stack([pending[n].float() for n in names]).tolist() if names else []  # the one sync
+        metrics = {n: float(v) for n, v in pending.items() if n not in names} | dict(zip(names, read, strict=True))
+        pending.clear()
+        pl_module.logged.update(metrics)
+        for logger in trainer.loggers:  # the step as Lightning numbers it: optimizer steps before this one
+            logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
+            logger.save()
 
 
 LINES_PER_RUN = 20  # about, when `train.print_interval` is left to choose
@@ -278,11 +305,11 @@ class ProgressLines(L.Callback):
             return
         self._mark = mark
         self._train = [self._train[0] + seconds, self._train[1] + steps]
-        metrics = trainer.callback_metrics
-        parts = [f"loss {float(metrics['train/loss']):.3f}"] if "train/loss" in metrics else []
+        metrics = pl_module.logged  # floats of the last logging step: no sync
+        parts = [f"loss {metrics['train/loss']:.3f}"] if "train/loss" in metrics else []
         parts += [f"{1000 * seconds / steps:.1f} ms/step", f"{format_count(tokens / seconds)} tok/s"]
         if "perf/mfu" in metrics:
-            parts.append(f"MFU {100 * float(metrics['perf/mfu']):.1f}%")
+            parts.append(f"MFU {100 * metrics['perf/mfu']:.1f}%")
         total, eta = trainer.max_steps, None
         if step < total:  # the validations to come at the last one's duration
             validations = total // self.eval_every - step // self.eval_every
@@ -309,7 +336,10 @@ class ProgressBar(TQDMProgressBar):
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)
         items.pop("v_num", None)
-        return items
+        shown = {"train/loss": "loss", "perf/tokens_per_s": "tok/s", "val/loss": "val"}  # the last logged, as floats
+        return items | {
+            short: f"{pl_module.logged[name]:.4g}" for name, short in shown.items() if name in pl_module.logged
+        }
 
 
 def progress_callback(t: TrainConfig) -> L.Callback:

@@ -52,6 +52,10 @@ class GPTModule(L.LightningModule):
         self._launch_started: tuple[float, float] | None = None  # (monotonic clock, train_seconds) at the start
         self._val_sum: torch.Tensor | None = None
         self.nonfinite: torch.Tensor | None = None  # any loss NaN or inf, on the device (LastCheckpoint reads it)
+        self.pending: dict[str, torch.Tensor | float] = {}
+        """This logging step's metrics, tensors left on the device until `MetricsWriter` reads them all at once."""
+        self.logged: dict[str, float] = {}
+        """The metrics of the last logging step, as floats (the progress lines and bar read them, with no sync)."""
 
     def on_train_start(self) -> None:
         self._launch_started = (time.monotonic(), self.train_seconds)
@@ -100,10 +104,9 @@ class GPTModule(L.LightningModule):
         _, loss = self.model(x, y, positions=self._random_positions(x, batch_idx))
         self.tokens_seen += x.numel() * self.trainer.world_size  # a shape: no synchronisation
         self.nonfinite |= ~torch.isfinite(loss.detach())
-        if self._logging_step():
-            self.log("train/loss", loss, prog_bar=True)
-            self.log("lr", self.lr_schedulers().get_last_lr()[0])
-            self.log("train/tokens", float(self.tokens_seen))
+        if self._logging_step():  # read with the step's other metrics, in one transfer (`MetricsWriter`)
+            self.pending.update({"train/loss": loss.detach(), "lr": self.lr_schedulers().get_last_lr()[0],
+                                 "train/tokens": float(self.tokens_seen)})  # fmt: skip
         return loss
 
     def _random_positions(self, x: torch.Tensor, batch_idx: int) -> torch.Tensor | None:
@@ -136,7 +139,8 @@ class GPTModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         total = self.trainer.strategy.reduce(self._val_sum, reduce_op="sum")
         loss = (total[0] / total[1]).float()
-        self.log("val/loss", loss, prog_bar=True, sync_dist=False)
+        self.log("val/loss", loss, sync_dist=False)  # ModelCheckpoint's monitor, read at validation only
+        self.logged["val/loss"] = float(loss)
         self.log("val/ppl", torch.exp(loss), sync_dist=False)
 
     def configure_gradient_clipping(
@@ -149,7 +153,7 @@ class GPTModule(L.LightningModule):
             return
         norm = clip_grad_norm(self.trainer, self, optimizer, max_norm)
         if self._logging_step():
-            self.log("train/grad_norm", norm)  # before clipping, as nanoGPT-style logs report it
+            self.pending["train/grad_norm"] = norm.detach()  # before clipping, as nanoGPT-style logs report it
 
     def configure_optimizers(self):
         optimizer = adamw(self.model, self.config.optim, self.device)
