@@ -5,6 +5,7 @@
     bench.py vs-nanogpt --peer ../shared/peers/nanoGPT --input ../shared/data/tinyshakespeare.txt --shape cpu
     bench.py report [--part check train decode long] [--out bench-report.jsonl] [--render FILE]
     bench.py syncs --input ../shared/data/tinyshakespeare.txt
+    bench.py memory [--lengths 1024 2048]
 
 `bench.py MODE --help` lists a mode's options and what it measures.
 """
@@ -35,6 +36,7 @@ MODES: Modes = {
         "What this machine does with posgpt: kernel checks, training, decoding and long-context speed, one job "
         "per process, each line of --out written as it finishes, and a markdown report of them.",
     ),
+    "memory": Lazy("posgpt.benchmarks.memory", "COMMAND", "Training memory per scheme against RoPE's, counted."),
     "syncs": Lazy(
         "posgpt.benchmarks.syncs", "COMMAND", "Host syncs per training step of a tiny CPU run, counted, not timed."
     ),

@@ -49,7 +49,7 @@ MODES: Modes = {
             "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
         ),
     },
-    "bench": Lazy("posgpt.benchmarks.modes", "MODES", "decode | gpu | vs-nanogpt | report | syncs"),
+    "bench": Lazy("posgpt.benchmarks.modes", "MODES", "decode | gpu | vs-nanogpt | report | memory | syncs"),
     "check": Lazy(
         "posgpt.evaluation.check",
         "COMMAND",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from posgpt.model.kernels.base import Placement
 from posgpt.model.masks import AttentionMask
@@ -18,6 +19,11 @@ from posgpt.model.terms import ScoreBias, TokenTerms
 
 DENSE_ELEMENTS = 1 << 24
 """Largest mask or bias (elements, over every batch row and head) formed at once: 64 MiB in float32."""
+
+RECOMPUTE_ELEMENTS = 1 << 22
+"""Scores (heads x queries x keys of a batch row) past which a pass with gradients attends block by block, each
+block formed again in the backward pass (`torch.utils.checkpoint`): no O(T^2) activation is kept per layer, at the
+cost of the blocks' forward twice. Below it, as fast as before."""
 
 
 @dataclass(frozen=True)
@@ -37,12 +43,27 @@ class DenseContext:
     plain: bool
     whole: tuple[Tensor | None, Tensor | None] | None = None
     weigh: Callable[[Tensor, Tensor], Tensor] | None = None
+    recompute: bool = False
+    """Attend block by block, each block formed again in the backward pass (`RECOMPUTE_ELEMENTS`)."""
 
     def rows_per_block(self, tokens: TokenTerms | None = None) -> int:
-        """Query rows whose mask and additive terms (with a layer's `tokens`) stay within `DENSE_ELEMENTS`."""
+        """Query rows whose mask and additive terms (with a layer's `tokens`) stay within `DENSE_ELEMENTS` (within
+        `RECOMPUTE_ELEMENTS` of scores when recomputed)."""
         batch = max(self.q_pos.size(0), self.k_pos.size(0), self.q_ids.size(0), tokens.q.size(0) if tokens else 1)
         heads = (self.bias.elements if self.bias is not None else 1) + (self.n_head if tokens else 0)
-        return max(1, DENSE_ELEMENTS // (batch * heads * self.k_pos.size(-1)))
+        rows = DENSE_ELEMENTS // (batch * heads * self.k_pos.size(-1))
+        return max(1, min(rows, RECOMPUTE_ELEMENTS // (self.n_head * self.k_pos.size(-1))) if self.recompute else rows)
+
+    def attend(self, run: Callable[[Tensor, Tensor, Tensor, slice], Tensor], q: Tensor, k: Tensor, v: Tensor,
+               tokens: TokenTerms | None = None) -> Tensor:  # fmt: skip
+        """`run(q rows, k, v, rows)` over the blocks of query rows, each checkpointed when `recompute`."""
+        outs = []
+        for rows in self.blocks(q.size(-2), tokens):
+            if self.recompute:
+                outs.append(checkpoint(run, q[:, :, rows], k, v, rows, use_reentrant=False))
+            else:
+                outs.append(run(q[:, :, rows], k, v, rows))
+        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
     def block(self, rows: slice, tokens: TokenTerms | None = None) -> tuple[Tensor | None, Tensor | None]:
         """Of query rows `rows`: the visibility (Bq, 1, rows, Tk) (None when `plain`) and the additive terms
@@ -87,8 +108,10 @@ def dense_context(
         q_pos = k_pos = torch.arange(placement.q_len, device=device)[None]
         q_ids = k_ids = placement.positions if placement.positions is not None else q_pos
     plain = shortcut and mask.causal_only and placement.k_pos is None
-    context = DenseContext(bias, mask, placement.n_head, q_pos, k_pos, q_ids, k_ids, plain, weigh=weigh)
-    if context.rows_per_block() < placement.q_len:
+    recompute = torch.is_grad_enabled() and placement.n_head * placement.q_len * k_pos.size(-1) > RECOMPUTE_ELEMENTS
+    context = DenseContext(bias, mask, placement.n_head, q_pos, k_pos, q_ids, k_ids, plain, weigh=weigh,
+                           recompute=recompute)  # fmt: skip
+    if context.recompute or context.rows_per_block() < placement.q_len:
         return context  # formed block by block
     return dataclasses.replace(context, whole=context.block(slice(0, placement.q_len)))
 

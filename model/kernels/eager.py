@@ -110,13 +110,14 @@ class EagerKernel(Kernel):
         context: DenseContext = plan.context
         term = context.bias.from_scores if context.bias is not None else None
         weigh = context.weigh or self.weigh  # a context built by another dense kernel (SDPA's) has none
-        outs = []
-        for rows in context.blocks(q.size(-2), tokens=plan.tokens):  # one block unless the terms would be large
+
+        def rows_of(q_rows: Tensor, k: Tensor, v: Tensor, rows: slice) -> Tensor:  # one block unless large
             visible, bias = context.block(rows, plan.tokens)
             hook = _shifted(plan.on_weights, rows.start) if plan.on_weights is not None else None
-            outs.append(eager_attention(q[:, :, rows], k, v, bias, dropout_p, visible, score, hook, weigh, term,
-                                        plan.transform, plan.sinks))  # fmt: skip
-        return torch.cat(outs, dim=2)
+            return eager_attention(q_rows, k, v, bias, dropout_p, visible, score, hook, weigh, term, plan.transform,
+                                   plan.sinks)  # fmt: skip
+
+        return context.attend(rows_of, q, k, v, plan.tokens)
 
 
 class SoftmaxEager(EagerKernel):

@@ -1,0 +1,46 @@
+"""Training memory of every scheme and attention function, counted as the bytes autograd keeps for the backward
+pass (`saved_tensors_hooks`), not as resident memory: past `RECOMPUTE_ELEMENTS` scores a dense kernel attends block
+by block and forms each block again in the backward pass, so no O(T^2) activation is kept; the logits and
+gradients are those of one pass (issue 50: FIRE kept 89x RoPE's peak at T = 1024)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import posgpt.model.kernels.dense as dense
+from posgpt.benchmarks.memory import saved_bytes, variants
+from posgpt.model import ATTENTIONS, GPT, SCHEMES, GPTConfig
+
+BASE = GPTConfig(vocab_size=64, block_size=96, n_layer=2, n_head=4, n_embd=64, bias=False)
+T = 96
+
+
+def test_every_scheme_and_function_keeps_at_most_twice_ropes_activations(monkeypatch):
+    monkeypatch.setattr(dense, "RECOMPUTE_ELEMENTS", 0)  # this small size recomputed, as 1024 tokens are
+    rope = saved_bytes(dataclasses.replace(BASE, pos_encoding="rope"), 2, T)
+    ratios = {name: saved_bytes(config, 2, T) / rope for name, config in variants(BASE).items()}
+    assert max(ratios.values()) <= 2 and len(ratios) == len(SCHEMES) + len(ATTENTIONS) + 2, ratios
+
+
+@pytest.mark.parametrize("name", ["t5", "fire", "cope", "forgetting", "stick_breaking", "sinks", "differential"])
+def test_recomputed_blocks_give_the_logits_and_gradients_of_one_pass(name, monkeypatch):
+    """The kernels auto picks on a CPU for a learned bias (SDPA), scores-computed positions and gate sums, the eager
+    weights of stick-breaking and sink logits: smaller blocks, formed again, the same numbers; differential
+    attention's wider value heads in two halves (SDPA's flash kernel on a CPU takes equal heads only)."""
+    config = variants(BASE)[name]
+    results = []
+    for threshold in (dense.RECOMPUTE_ELEMENTS, 0):
+        monkeypatch.setattr(dense, "RECOMPUTE_ELEMENTS", threshold)
+        torch.manual_seed(0)
+        model, idx = GPT(config), torch.randint(0, config.vocab_size, (2, T))
+        logits, loss = model(idx, idx)
+        loss.backward()
+        results.append((logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (logits, grads), (again, regrads) = results
+    torch.testing.assert_close(again, logits, rtol=1e-5, atol=1e-6)
+    assert regrads.keys() == grads.keys()
+    for n, grad in grads.items():
+        torch.testing.assert_close(regrads[n], grad, rtol=1e-4, atol=1e-6, msg=n)
