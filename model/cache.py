@@ -42,6 +42,8 @@ class CacheWrite:
     incoming: Tensor | None = None
     """(B, C) whether a slot takes a new key in this step; `source`: which of the T it takes."""
     source: Tensor | None = None
+    rows: tuple[Tensor, Tensor] | None = None
+    """A one-token step's (batch rows, their slots), (B,) each: every layer writes its key and value there at once."""
 
 
 class DecodingCache:
@@ -151,7 +153,9 @@ class KVCache(DecodingCache):
         else:  # written first: the buffer holds every key the new tokens see
             k_pos = slot_pos
         source = position - start[:, None]
-        return CacheWrite(write.prefill, write.positions, write.real, write.end, k_pos, slot_pos, incoming, source)
+        rows = (torch.arange(batch, device=device), self.slot_of(write.positions[:, 0])) if new_tokens == 1 else None
+        return CacheWrite(write.prefill, write.positions, write.real, write.end, k_pos, slot_pos, incoming, source,
+                          None if write.prefill else rows)  # fmt: skip
 
     def commit(self, write: CacheWrite) -> None:
         assert self.slot_positions is not None and write.slot_pos is not None
@@ -181,10 +185,12 @@ class KVCache(DecodingCache):
 
 
 class LayerCache:
-    """One layer's keys and values, (B, H_kv, C, D) each, allocated up front or at first use."""
+    """One layer's keys and values, (B, H_kv, C, D) each: the two halves of one buffer (`kv`, (2, B, H_kv, C, D)),
+    so that a one-token step writes both with one op, allocated up front or at first use."""
 
     def __init__(self, owner: KVCache) -> None:
         self.owner = owner
+        self.kv: Tensor | None = None
         self.k: Tensor | None = None
         self.v: Tensor | None = None
 
@@ -192,9 +198,9 @@ class LayerCache:
         self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
         n_kv_head: int | None = None,
     ) -> None:  # fmt: skip
-        shape = (batch, n_kv_head or n_head, self.owner.capacity, head_dim)
-        self.k = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
-        self.v = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
+        shape = (2, batch, n_kv_head or n_head, self.owner.capacity, head_dim)
+        self.kv = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
+        self.k, self.v = self.kv.unbind(0)
 
     def update(self, k: Tensor, v: Tensor, write: CacheWrite) -> tuple[Tensor, Tensor]:
         """Store the (B, H_kv, T, D) new keys and values; those the new tokens attend over."""
@@ -202,10 +208,9 @@ class LayerCache:
         if self.k is None or self.k.dtype != k.dtype or self.k.shape[:2] != (B, H):
             self.allocate(B, H, D, k.dtype, k.device)
         assert self.k is not None and self.v is not None and write.source is not None and write.incoming is not None
-        if not write.prefill and T == 1:  # one key per row, into its slot, in place (an index_put_ Inductor keeps so)
-            rows, slot = torch.arange(B, device=k.device), self.owner.slot_of(write.positions[:, 0])
-            self.k[rows, :, slot] = k[:, :, 0]
-            self.v[rows, :, slot] = v[:, :, 0]
+        if write.rows is not None:  # one key per row, into its slot, in place (an index_put_ Inductor keeps so)
+            assert self.kv is not None
+            self.kv[:, write.rows[0], :, write.rows[1]] = torch.stack([k[:, :, 0], v[:, :, 0]], dim=1)  # (B, 2, H, D)
             return self.k, self.v
         if write.prefill:  # the new tokens attend to each other only
             attended = k, v

@@ -113,7 +113,10 @@ def dense_context(
                            recompute=recompute)  # fmt: skip
     if context.recompute or context.rows_per_block() < placement.q_len:
         return context  # formed block by block
-    return dataclasses.replace(context, whole=context.block(slice(0, placement.q_len)))
+    visible, bias = context.block(slice(0, placement.q_len))
+    if shortcut and bias is None and visible is not None:  # SDPA: the mask as the additive term it makes, made once
+        visible, bias = None, torch.zeros(visible.shape, device=device).masked_fill(~visible, float("-inf"))
+    return dataclasses.replace(context, whole=(visible, bias))
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:
