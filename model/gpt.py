@@ -6,7 +6,6 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,13 +14,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from posgpt.model.attention import ATTENTIONS, Attention
-from posgpt.model.cache import CacheWrite, DecodingCache, LayoutCache
+from posgpt.model.cache import DecodingCache, LayoutCache
 from posgpt.model.config import GPTConfig
 from posgpt.model.generation import stream
 from posgpt.model.kernels import Kernel, Placement, Plan, WeightsHook
-from posgpt.model.layout import LayerKind, layer_kinds, scheme_differs
+from posgpt.model.layout import KindPlan, LayerKind, kind_schemes, layer_kinds, scheme_differs
 from posgpt.model.loss import linear_cross_entropy
-from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import SCHEMES, PositionEncoding, build_positions
 from posgpt.model.scores import SCORES
 
@@ -37,33 +35,6 @@ SWITCHABLE_FIELDS = frozenset({
     "attn_log_scale", "attn_backend", "chunked_loss", "attn_chunk", "attn_temperature_floor",
 })  # fmt: skip
 """What `GPT.switch` may change: everything but the blocks' weights and how they are computed."""
-
-
-def kind_schemes(config: GPTConfig, kinds: list[LayerKind]) -> dict[str, PositionEncoding]:
-    """A position scheme of its own for each kind of a layout whose scheme is not the model's."""
-    return {kind.name: build_positions(kind.config) for kind in kinds if scheme_differs(config, kind.config)}
-
-
-@dataclass
-class _KindPlan:
-    """What the layers of one kind attend with in one forward pass; `layer(i)`: layer i's plan, its context built
-    once for the kind, or once per layer for a scheme with a bias per layer."""
-
-    pe: PositionEncoding
-    kind: LayerKind
-    kernel: Kernel
-    placement: Placement
-    memo: dict
-    settings: dict[str, Any]
-    write: CacheWrite | None
-    plan: Plan | None = None
-
-    def layer(self, i: int) -> Plan:
-        if self.plan is None or self.pe.bias_layers > 1:
-            bias = self.pe.bias(i) if self.pe.terms else None  # from the parameters as they are now
-            context = self.kernel.context(bias, self.kind.mask, self.placement, self.memo, **self.settings)
-            self.plan = Plan(self.kernel, context, self.placement, cache_write=self.write)
-        return self.plan
 
 
 class MLP(nn.Module):
@@ -108,8 +79,7 @@ class GPT(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.pe = build_positions(config)  # one instance, shared by every block of the model's scheme
-        self.mask = AttentionMask.of(config)  # one description, every kernel's mask (a layout: each kind's)
-        self.kinds = layer_kinds(config)  # the layers of each kind, and `kind_of` each layer's
+        self.kinds = layer_kinds(config)  # the layers of each kind, each with its mask, and `kind_of` each layer's
         self.kind_pe = nn.ModuleDict(kind_schemes(config, self.kinds))
         self.attention = ATTENTIONS[config.attention]  # the attention function: its layer class and kernels
         # what each kernel keeps across forwards (flex: block masks), by kernel class (a copied model has copies
@@ -211,7 +181,6 @@ class GPT(nn.Module):
         weight = self.wte.weight
         if scheme_differs(old, config):
             self.pe = build_positions(config).to(device=weight.device, dtype=weight.dtype)
-        self.mask = AttentionMask.of(config)
         self.kinds = layer_kinds(config)
         schemes = {}  # a kind's own scheme: kept, with its parameters, while its settings stay; else built anew
         for kind, before in zip(self.kinds, old_kinds, strict=True):
@@ -326,7 +295,7 @@ class GPT(nn.Module):
             kernel = self.kernel(idx.device, dropout, needs_grad, decoding, weights=weights, float64=float64, kind=kind)
             write = writes.get(kind.name)
             placement = Placement(T, self.config.n_head, idx.device, positions, write.k_pos if decoding else None)
-            plans[kind.name] = _KindPlan(self.pe_of(kind), kind, kernel, placement, self._kernel_memos[type(kernel)],
+            plans[kind.name] = KindPlan(self.pe_of(kind), kind, kernel, placement, self._kernel_memos[type(kernel)],
                                          self.attention.kernel_settings(kind.config), write)  # fmt: skip
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, kind in enumerate(self.kind_of):

@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
 
 
+QUERY_FIELDS = ("attn_log_scaling", "attn_temperature_floor", "qk_norm")
+"""Fields that act on a score's queries (and keys): refused where the attention function scores no pairs."""
+SCALES = QUERY_FIELDS[:2]
+"""Of them, those that scale the query of a dot product (SSMax, Llama 4's temperature)."""
+
+
 def kernel_names() -> list[str]:
     """Every kernel name of every attention function, in registry order (the `attn_backend`s besides auto)."""
     return list(dict.fromkeys(name for layer in ATTENTIONS.values() for name in layer.kernels))
@@ -40,22 +46,18 @@ def check_config(config: GPTConfig) -> None:
     scheme.check(config)
     layer = ATTENTIONS[config.attention]
     layer.check(config)
-    for field, off in (("attn_log_scaling", "'none'"), ("attn_temperature_floor", "0")):  # a query's scale
-        if getattr(config, field) not in ("none", 0) and not layer.scored:
+    for field in QUERY_FIELDS:  # what acts on a score's queries (and keys): set where the default is not
+        off = config.__dataclass_fields__[field].default
+        if getattr(config, field) != off and not layer.scored:
             raise ConfigError(
-                f"GPTConfig.{field} scales attention scores, and attention={config.attention!r} forms none: "
-                f"use attention='softmax', or {field} {off}."
+                f"GPTConfig.{field} acts on the queries of a score, and attention={config.attention!r} forms none: "
+                f"use a scored attention function (say softmax), or {field} {off!r}."
             )
-        if getattr(config, field) not in ("none", 0) and not SCORES[config.attn_score].dot_product:
+        if getattr(config, field) != off and field in SCALES and not SCORES[config.attn_score].dot_product:
             raise ConfigError(
                 f"GPTConfig.{field} scales the query of a dot-product score, and attn_score={config.attn_score!r} "
-                f"is not one: use attn_score scaled_dot, dot or general, or {field} {off}."
+                f"is not one: use attn_score scaled_dot, dot or general, or {field} {off!r}."
             )
-    if config.qk_norm != "none" and not layer.scored:
-        raise ConfigError(
-            f"GPTConfig.qk_norm normalises the queries and keys of a score, and attention={config.attention!r} forms "
-            "none: use a scored attention function, or qk_norm 'none'."
-        )
     kinds = layer_kinds(config)  # each kind's config, validated: a kind's refusal names it
     if config.layout and scheme.learned_bias and all(scheme_differs(config, kind.config) for kind in kinds):
         raise ConfigError(  # its parameters would train nowhere (and DDP refuses parameters without gradients)

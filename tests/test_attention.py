@@ -40,7 +40,7 @@ def test_blocks_are_built_from_the_attention_function(tiny_config):
     assert SoftmaxAttention.constant_memory(tiny_config, window)
     assert not SoftmaxAttention.constant_memory(tiny_config, AttentionMask())
     cope = GPT(dataclasses.replace(tiny_config, pos_encoding="cope", attn_window=4))  # counts its keys in order
-    assert not cope.attention.constant_memory(cope.config, cope.mask) and not cope.new_cache(8).rolling
+    assert not cope.attention.constant_memory(cope.config, cope.kinds[0].mask) and not cope.new_cache(8).rolling
     assert LinearAttention.constant_memory(tiny_config, AttentionMask())
 
 

@@ -101,14 +101,14 @@ def test_the_attention_maps_show_the_pattern():
     rows = []
     model.attention_weights(idx, lambda layer: (lambda r, w: rows.append(w)) if layer == 0 else None)
     weights = torch.cat(rows, dim=2)[0]  # (H, T, T)
-    visible = model.mask.visible(torch.arange(40)[:, None], torch.arange(40)[None, :])
+    visible = model.kinds[0].mask.visible(torch.arange(40)[:, None], torch.arange(40)[None, :])
     assert torch.all(weights[:, ~visible] == 0) and torch.all(weights[:, visible] > 0)
     assert visible.sum() < 40 * 41 // 2 - 300  # sparse: far fewer than the causal triangle's keys
 
 
 def test_decoding_keeps_every_key_and_memory_is_not_constant():
     model = GPT(CONFIG)
-    assert not model.attention.constant_memory(model.config, model.mask)
+    assert not model.attention.constant_memory(model.config, model.kinds[0].mask)
     assert model.new_cache(100).capacity == 100
     assert model.flops_per_token(32) < GPT(dataclasses.replace(CONFIG, attn_random_blocks=0, attn_window=0,
                                                                attn_sinks=0)).flops_per_token(32)  # fmt: skip

@@ -127,9 +127,9 @@ def test_the_cache_holds_its_capacity_and_no_more(mask):
     model = GPT(dataclasses.replace(CONFIG, pos_encoding="alibi", **MASKS[mask])).eval()
     cache = model.new_cache(8, batch=2)
     prompt = torch.randint(0, 64, (2, 9))
-    expected = model.mask.ring + model.mask.sinks if model.mask.rolling else 8
+    expected = model.kinds[0].mask.ring + model.kinds[0].mask.sinks if model.kinds[0].mask.rolling else 8
     assert cache.capacity == expected  # random blocks reach any earlier key: a full cache
-    if model.mask.rolling:
+    if model.kinds[0].mask.rolling:
         assert context_window(model) is None  # constant memory: no window to slide
         with torch.no_grad():
             model(prompt, cache=cache)

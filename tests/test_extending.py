@@ -107,7 +107,7 @@ def test_the_new_kernel_is_validated_chosen_and_matched_against_eager(registered
     for case in cases.values():
         assert_matches_reference(*case)
     layer = ATTENTIONS["softmax"]
-    needs = layer.needs(GPT(config).pe, GPT(config).mask, SCORES["scaled_dot"], torch.device("cpu"))
+    needs = layer.needs(GPT(config).pe, GPT(config).kinds[0].mask, SCORES["scaled_dot"], torch.device("cpu"))
     assert layer.choose_kernel("auto", needs, torch.device("cpu")) is KERNELS["sdpa"]  # its rank is after sdpa's
 
 

@@ -211,7 +211,10 @@ def test_a_grouped_model_keeps_its_kv_heads_in_the_cache():
             {"pos_encoding": "alibi", "qk_norm": "llama4"},
             r"qk_norm='llama4'.*no layer here rotates.*use pos_encoding='rope'",
         ),
-        ({"attention": "linear", "qk_norm": "gemma3"}, r"qk_norm normalises the queries and keys of a score"),
+        (
+            {"attention": "linear", "qk_norm": "gemma3"},
+            r"qk_norm acts on the queries of a score",
+        ),
         ({"attn_softcap": -1.0}, r"attn_softcap must be >= 0"),
     ],
 )
