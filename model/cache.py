@@ -186,13 +186,20 @@ class KVCache(DecodingCache):
 
 class LayerCache:
     """One layer's keys and values, (B, H_kv, C, D) each: the two halves of one buffer (`kv`, (2, B, H_kv, C, D)),
-    so that a one-token step writes both with one op, allocated up front or at first use."""
+    so that a one-token step writes both with one op, allocated up front or at first use. No view of it is kept:
+    a compiled step would take it as an input aliasing `kv`, and torch 2.11 then runs no CUDA graph."""
 
     def __init__(self, owner: KVCache) -> None:
         self.owner = owner
         self.kv: Tensor | None = None
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
+
+    @property
+    def k(self) -> Tensor | None:
+        return None if self.kv is None else self.kv[0]
+
+    @property
+    def v(self) -> Tensor | None:
+        return None if self.kv is None else self.kv[1]
 
     def allocate(
         self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
@@ -200,28 +207,27 @@ class LayerCache:
     ) -> None:  # fmt: skip
         shape = (2, batch, n_kv_head or n_head, self.owner.capacity, head_dim)
         self.kv = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
-        self.k, self.v = self.kv.unbind(0)
 
     def update(self, k: Tensor, v: Tensor, write: CacheWrite) -> tuple[Tensor, Tensor]:
         """Store the (B, H_kv, T, D) new keys and values; those the new tokens attend over."""
         B, H, T, D = k.shape
-        if self.k is None or self.k.dtype != k.dtype or self.k.shape[:2] != (B, H):
+        if self.kv is None or self.kv.dtype != k.dtype or self.kv.shape[1:3] != (B, H):
             self.allocate(B, H, D, k.dtype, k.device)
-        assert self.k is not None and self.v is not None and write.source is not None and write.incoming is not None
+        assert self.kv is not None and write.source is not None and write.incoming is not None
+        held_k, held_v = self.kv.unbind(0)
         if write.rows is not None:  # one key per row, into its slot, in place (an index_put_ Inductor keeps so)
-            assert self.kv is not None
-            self.kv[:, write.rows[0], :, write.rows[1]] = torch.stack([k[:, :, 0], v[:, :, 0]], dim=1)  # (B, 2, H, D)
-            return self.k, self.v
+            self.kv[:, write.rows[0], :, write.rows[1]] = torch.stack([k, v], dim=1).view(B, 2, H, D)
+            return held_k, held_v
         if write.prefill:  # the new tokens attend to each other only
             attended = k, v
         elif self.owner.rolling:  # the buffer as it was, then the new keys
-            attended = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+            attended = torch.cat([held_k, k], dim=2), torch.cat([held_v, v], dim=2)
         else:  # written first: the buffer holds every key the new tokens see
-            attended = self.k, self.v
+            attended = held_k, held_v
         index = write.source.clamp(0, T - 1)[:, None, :, None].expand(B, H, -1, D)
         take = write.incoming[:, None, :, None]
-        self.k.copy_(torch.where(take, k.gather(2, index), self.k))
-        self.v.copy_(torch.where(take, v.gather(2, index), self.v))
+        held_k.copy_(torch.where(take, k.gather(2, index), held_k))
+        held_v.copy_(torch.where(take, v.gather(2, index), held_v))
         return attended
 
 

@@ -45,6 +45,10 @@ class Term(Enum):
     MASS = ("softmax mass with no key (sink logits)", "attn_sink_logits")
 
 
+TERMS = tuple(Term)
+"""Every kind in order: a tuple, as torch 2.11's dynamo cannot iterate an Enum class (the kernel choice is traced)."""
+
+
 def soft_cap(scores: Tensor, cap: float) -> Tensor:
     """Gemma 2's soft-cap of the scores, c tanh(s / c) (`Term.TRANSFORM`): near s for |s| << c, never past c."""
     return cap * torch.tanh(scores / cap)
@@ -73,10 +77,6 @@ class ScoreBias:
     """FlexAttention's tile options on CUDA, for a formula that does not fit the default tiles' shared memory."""
     from_scores: ScoresTerm | None = None
     """A term computed from the scores themselves, added where they are formed."""
-
-    def __call__(self, h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
-        assert self.formula is not None
-        return self.formula(h, distance, query)
 
 
 class TokenTerms(NamedTuple):

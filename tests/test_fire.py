@@ -46,19 +46,19 @@ def test_the_bias_is_an_mlp_of_log_distance_over_log_position():
     pe = model.pe
     for i, j in [(0, 0), (3, 1), (3, 0), (10, 2), (10, 9), (40, 0)]:  # below and beyond L = 4
         query, distance = torch.tensor(i), torch.tensor(i - j)
-        got = [pe.bias()(torch.tensor(h), distance, query).item() for h in (0, 1)]
+        got = [pe.bias().formula(torch.tensor(h), distance, query).item() for h in (0, 1)]
         assert got == pytest.approx(by_hand(i, j, 0.5, 4.0), rel=1e-5, abs=1e-6), (i, j)
-    # the input stays in [0, 1] at any length: the first key of a query far beyond training is at 1
-    far = 1 + pe.bias()(torch.tensor(1), torch.tensor([0, 5000, 9999]), torch.tensor(9999)) / 3  # head 1: -3 (1 - x)
+    # the input stays in [0, 1] at any length: the first key of a query far beyond training is at 1 (head 1: -3 (1 - x))
+    far = 1 + pe.bias().formula(torch.tensor(1), torch.tensor([0, 5000, 9999]), torch.tensor(9999)) / 3
     assert far.tolist() == pytest.approx([0.0, math.log(2501) / math.log(5000.5), 1.0], rel=1e-5)
 
 
 def test_c_and_l_are_used_positive_and_a_masked_key_stays_finite():
     model = GPT(CONFIG)
     _set(model, c=-0.5, threshold=-4.0)
-    bias = model.pe.bias()(torch.tensor(0), torch.tensor(7), torch.tensor(10))
+    bias = model.pe.bias().formula(torch.tensor(0), torch.tensor(7), torch.tensor(10))
     assert bias.item() == pytest.approx(by_hand(10, 3, 0.5, 4.0)[0], rel=1e-5)
-    assert model.pe.bias()(torch.tensor(1), torch.tensor(-3), torch.tensor(2)).isfinite()
+    assert model.pe.bias().formula(torch.tensor(1), torch.tensor(-3), torch.tensor(2)).isfinite()
 
 
 def test_the_attention_weights_are_the_softmax_of_scores_plus_the_bias_by_hand():
@@ -148,10 +148,10 @@ def test_per_layer_each_layer_has_its_own_c_l_and_mlp():
     i, j = 10, 3
     x = math.log(0.2 * 7 + 1) / math.log(0.2 * 10 + 1)  # layer 1: c = 0.2, L = 2
     hidden = [relu(0.5 * x + 0.1), relu(0.0), relu(3 * x - 0.5)]
-    expected = [2 * hidden[0] + hidden[2] - 0.2, hidden[1] + hidden[2] + 0.3]
-    got = [pe.bias(1)(torch.tensor(h), torch.tensor(i - j), torch.tensor(i)).item() for h in (0, 1)]  # outputs 2, 3
+    expected = [2 * hidden[0] + hidden[2] - 0.2, hidden[1] + hidden[2] + 0.3]  # outputs 2, 3
+    got = [pe.bias(1).formula(torch.tensor(h), torch.tensor(i - j), torch.tensor(i)).item() for h in (0, 1)]
     assert got == pytest.approx(expected, rel=1e-5)
-    assert pe.bias(0)(torch.tensor(0), torch.tensor(7), torch.tensor(10)).item() == pytest.approx(
+    assert pe.bias(0).formula(torch.tensor(0), torch.tensor(7), torch.tensor(10)).item() == pytest.approx(
         by_hand(10, 3, 0.5, 4.0)[0], rel=1e-5
     )  # layer 0: the shared test's values
 
@@ -195,5 +195,5 @@ def test_per_layer_cached_decoding_gives_the_tokens_of_no_cache():
 
 def test_per_layer_with_one_layer_gives_scalar_biases_and_no_weight_decay_on_the_first_layer():
     pe = GPT(dataclasses.replace(CONFIG, n_layer=1, fire_per_layer=True)).pe
-    assert pe.bias()(torch.tensor(1), torch.tensor(3), torch.tensor(5)).shape == ()
+    assert pe.bias().formula(torch.tensor(1), torch.tensor(3), torch.tensor(5)).shape == ()
     assert pe.w1.dim() == pe.b1.dim() == 1  # 1-D as in the shared form: AdamW decays neither

@@ -28,11 +28,11 @@ def test_the_bias_is_minus_r1_log_of_one_plus_r2_d():
     model = GPT(CONFIG)
     _set(model, [1.0, 0.5], [1.0, 2.0])
     d = torch.arange(4.0)
-    head0 = model.pe.bias()(torch.tensor(0), d, d)
-    head1 = model.pe.bias()(torch.tensor(1), d, d)
+    head0 = model.pe.bias().formula(torch.tensor(0), d, d)
+    head1 = model.pe.bias().formula(torch.tensor(1), d, d)
     assert head0.tolist() == pytest.approx([0.0, -math.log(2), -math.log(3), -math.log(4)])
     assert head1.tolist() == pytest.approx([0.0, -0.5 * math.log(3), -0.5 * math.log(5), -0.5 * math.log(7)])
-    masked = model.pe.bias()(torch.tensor(0), torch.tensor([-3.0]), torch.tensor(0))  # a future key
+    masked = model.pe.bias().formula(torch.tensor(0), torch.tensor([-3.0]), torch.tensor(0))  # a future key
     assert masked.isfinite().all()
 
 
@@ -40,7 +40,7 @@ def test_r1_and_r2_are_used_at_least_eps():
     model = GPT(CONFIG)
     _set(model, [-1.0, 0.0], [-5.0, 0.0])  # an optimizer step may push them below zero
     eps = model.pe.EPS
-    bias = model.pe.bias()(torch.tensor([[0], [1]]), torch.tensor([[10.0]]), torch.tensor(10))
+    bias = model.pe.bias().formula(torch.tensor([[0], [1]]), torch.tensor([[10.0]]), torch.tensor(10))
     assert bias.flatten().tolist() == pytest.approx([-eps * math.log1p(eps * 10)] * 2)
 
 

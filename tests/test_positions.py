@@ -84,7 +84,7 @@ def test_with_positions_per_row_the_dense_bias_and_the_score_mod_agree(tiny_conf
     modded = score_mod(torch.zeros(3, n_head, 9, 9), b, h, q_idx, kv_idx)
     visible = bias > float("-inf")
     torch.testing.assert_close(modded[visible], bias[visible])
-    expected = pe.bias()(h[0], (ids[2, 8] - ids[2, :9])[None, None, :], ids[2, 8])[:, 0]  # last query of row 2
+    expected = pe.bias().formula(h[0], (ids[2, 8] - ids[2, :9])[None, None, :], ids[2, 8])[:, 0]  # last query of row 2
     torch.testing.assert_close(bias[2, :, 8], expected)
 
 
@@ -231,7 +231,9 @@ def test_t5_bias_is_a_learned_table_lookup_that_saturates(tiny_config):
     pe = T5Bias(config)
     h = torch.arange(config.n_head)[:, None]
     for d, bucket in ((0, 0), (3, 3), (8, 5), (20, 7), (500, 7)):
-        torch.testing.assert_close(pe.bias()(h, torch.tensor([[d]]), torch.tensor(d)), pe.table[bucket][:, None])
+        torch.testing.assert_close(
+            pe.bias().formula(h, torch.tensor([[d]]), torch.tensor(d)), pe.table[bucket][:, None]
+        )
     assert pe.lookup_parameters() == [pe.table]
     # the bias counts buckets from where each starts: `t5_bucket` at every distance, for other tables too
     for n, most in ((32, 128), (32, 256), (10, 37), (128, 2048)):
@@ -240,7 +242,7 @@ def test_t5_bias_is_a_learned_table_lookup_that_saturates(tiny_config):
             pe.table.copy_(torch.arange(n, dtype=torch.float32)[:, None].expand(n, config.n_head))  # row = bucket
         d = torch.arange(3 * most)
         expected = t5_bucket(d.clamp(max=most), n, most).float()
-        assert torch.equal(pe.bias()(torch.tensor(0), d, d), expected), (n, most)
+        assert torch.equal(pe.bias().formula(torch.tensor(0), d, d), expected), (n, most)
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from posgpt.core.errors import UserError
-from posgpt.model.terms import Term
+from posgpt.model.terms import TERMS, Term
 
 if TYPE_CHECKING:
     from posgpt.model.cache import CacheWrite
@@ -80,7 +80,7 @@ class Needs:
 
     def unmet(self, kernel: Kernel) -> list[Lack]:
         """What `kernel` cannot do of these needs."""
-        missing = [Lack(*term.value) for term in Term if term in self.terms - kernel.terms]
+        missing = [Lack(*term.value) for term in TERMS if term in self.terms and term not in kernel.terms]
         if self.term_gradients and not kernel.term_gradients:
             missing.append(Lack("gradients through learned score terms", "pos_encoding"))
         if self.dropout and not kernel.dropout:

@@ -77,7 +77,7 @@ class DenseContext:
         if self.bias is not None and self.bias.formula is not None:
             heads = torch.arange(self.n_head, device=self.q_pos.device)[:, None, None]
             query = self.q_ids[:, None, rows, None]
-            bias = self.bias(heads, query - self.k_ids[:, None, None, :], query)  # the formula, once
+            bias = self.bias.formula(heads, query - self.k_ids[:, None, None, :], query)  # once
         if tokens is not None:
             term = tokens.q[:, :, rows, None] - tokens.k[:, :, None, :]
             bias = term if bias is None else bias + term

@@ -41,18 +41,19 @@ def compiled_flex_attention() -> Callable[..., Tensor]:
 
 def score_mod_of(bias: ScoreBias, placement: Placement) -> ScoreMod:
     """The scheme's bias as a FlexAttention score_mod: the same formula as the dense path's."""
-    positions = placement.positions
+    positions, formula = placement.positions, bias.formula  # not the frozen dataclass: dynamo 2.11 cannot call it
+    assert formula is not None
     if positions is not None:  # each row at its own positions: its keys' in the cache, or its own
         keys = placement.k_pos if placement.k_pos is not None else positions
 
         def score_mod_rows(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             query = positions[b, q_idx]
-            return score + bias(h, query - keys[b, kv_idx], query)
+            return score + formula(h, query - keys[b, kv_idx], query)
 
         return score_mod_rows
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return score + bias(h, q_idx - kv_idx, q_idx)
+        return score + formula(h, q_idx - kv_idx, q_idx)
 
     return score_mod
 
