@@ -1,7 +1,7 @@
 """Autoregressive sampling with a static KV cache, for every position scheme, in batches of prompts
 of any lengths: a prefill of every row's prompt (padded on the right to a power of two, so few
 widths), then a decode step of one token per row at its own position, each with fixed shapes (one
-compiled graph each; on a GPU the decode step is a CUDA graph).
+compiled graph each, the pick of the next token in it; on a GPU the decode step is a CUDA graph).
 
 A model sees at most its last `window` tokens: `block_size` for `learned` positions, `max_context`
 (default 4 x block_size) for the schemes that extrapolate. Once the longest row fills the window,
@@ -12,7 +12,6 @@ rolling cache stays constant) unless `max_context` asks for one.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -57,12 +56,32 @@ def next_token(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    noise: Tensor | None = None,
 ) -> Tensor:
-    """(B, V) logits -> (B, 1) token ids: argmax for temperature 0, else a filtered sample."""
+    """(B, V) logits -> (B, 1) token ids: argmax for temperature 0, else a filtered sample drawn by `generator`,
+    or, given `noise` (B, V) of Exponential(1) draws, the exponential race: the argmax of p / noise, which is
+    token i with probability p_i (what a compiled step draws with: Dynamo traces no generator)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = filter_logits(logits.float() / temperature, top_k, top_p)
-    return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1, generator=generator)
+    probs = torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
+    if noise is not None:
+        return (probs / noise).argmax(dim=-1, keepdim=True)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
+
+
+def hashed_noise(seed: Tensor, positions: Tensor, vocab: int) -> Tensor:
+    """(B, vocab) Exponential(1) draws, each a hash of (seed, row, position, token id): no generator state, so a
+    compiled step draws them inside its graph, the same for a seed on any device."""
+    rows = torch.arange(positions.size(0), device=positions.device)
+    key = _mix(_mix(_mix(seed ^ rows) ^ positions)[:, None] ^ torch.arange(vocab, device=positions.device))
+    return -torch.log(((key >> 8).float() + 0.5) / 2**24)  # a uniform in (0, 1): never 0, never 1
+
+
+def _mix(x: Tensor) -> Tensor:
+    """A 32-bit integer hash (the shape of Wellons' lowbias32), its multipliers under 2^31: no int64 overflow."""
+    x = (x ^ (x >> 16)) * 0x7FEB352D & 0xFFFFFFFF
+    x = (x ^ (x >> 15)) * 0x5BD1E995 & 0xFFFFFFFF
+    return x ^ (x >> 16)
 
 
 def pad_prompts(prompts: list[list[int]], device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
@@ -75,10 +94,11 @@ def pad_prompts(prompts: list[list[int]], device: torch.device | str | None = No
     return idx, torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
 
 
-def compile_for_decoding(model: nn.Module) -> None:
-    """Compile `model` in place for `stream`: static shapes, and on CUDA CUDA graphs (reduce-overhead)."""
-    cuda = next(model.parameters()).device.type == "cuda"
-    model.compile(dynamic=False, mode="reduce-overhead" if cuda else None)
+def compile_for_decoding(model: nn.Module, backend: str | Callable = "inductor") -> None:
+    """Compile `model`'s step for `stream` in place: its forward pass and the pick of the next token in one graph
+    (a prefill's and a decode step's), static shapes, and on CUDA CUDA graphs (reduce-overhead)."""
+    cuda = next(model.parameters()).device.type == "cuda" and backend == "inductor"
+    model.advance = torch.compile(_advance, backend=backend, dynamic=False, mode="reduce-overhead" if cuda else None)
 
 
 def stream(
@@ -108,7 +128,14 @@ def stream(
 
     Every row goes on until the caller stops iterating (each row's own stop is the caller's).
     """
-    pick = functools.partial(next_token, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    device = idx.device if generator is None else generator.device  # a seed for a compiled step, drawn once
+    seed = torch.randint(2**31, (1,), device=device, generator=generator).to(idx.device)
+
+    def pick(logits: Tensor, count: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():  # inside the graph: the seed's draws for each row's position
+            return next_token(logits, temperature, top_k, top_p, noise=hashed_noise(seed, count, logits.size(-1)))
+        return next_token(logits, temperature, top_k, top_p, generator)
+
     for _, token in decode(model, idx, max_new_tokens, pick, use_cache, max_context, lengths):
         yield token
 
@@ -117,12 +144,13 @@ def decode(
     model: GPT,
     idx: Tensor,
     max_new_tokens: int,
-    pick: Callable[[Tensor], Tensor],
+    pick: Callable[[Tensor, Tensor], Tensor],
     use_cache: bool = True,
     max_context: int | None = None,
     lengths: Tensor | None = None,
 ) -> Iterator[tuple[Tensor, Tensor]]:
-    """`stream`'s loop: yield each step's logits (B, vocab_size) and the tokens (B, 1) `pick` chose."""
+    """`stream`'s loop: yield each step's logits (B, vocab_size) and the tokens (B, 1) `pick(logits, count)` chose,
+    count (B,) each row's tokens so far (the new one's position)."""
     B, T = idx.shape
     counts = lengths.tolist() if lengths is not None else [T] * B  # read once, then kept on the host
     if T == 0 or min(counts) < 1:
@@ -134,10 +162,15 @@ def decode(
     count = torch.tensor(counts, device=idx.device)  # each row's tokens so far
     longest = max(counts)  # every row grows by one token per step: the longest stays the longest
     cache = model.new_cache(_bucket(total, window), batch=B, longest=window or total) if use_cache else None
+    advance = getattr(model, "advance", _advance)  # compiled by `compile_for_decoding`, or not
+
+    def step(idx: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        logits, new = advance(model, idx, cache, count, pick, lengths)
+        return logits.clone(), new.clone()  # a CUDA graph overwrites its outputs at its next replay
+
     with torch.no_grad():
-        logits = _prefill(model, tokens, count, longest, window, cache)
+        logits, new = step(*_window(tokens, count, longest, window))
         for i in range(max_new_tokens):
-            new = pick(logits)
             yield logits, new
             if i == max_new_tokens - 1:
                 break
@@ -145,11 +178,11 @@ def decode(
             count += 1
             longest += 1
             if cache is not None and (window is None or longest <= window):
-                logits = _forward_last(model, new, cache)  # the static decode step
+                logits, new = step(new)  # the static decode step
             else:  # no cache, or a full one: every row's last `window` tokens from scratch
                 if cache is not None:
                     cache.reset()
-                logits = _prefill(model, tokens, count, longest, window, cache)
+                logits, new = step(*_window(tokens, count, longest, window))
 
 
 def _bucket(length: int, limit: int | None) -> int:
@@ -158,20 +191,22 @@ def _bucket(length: int, limit: int | None) -> int:
     return width if limit is None else min(width, limit)
 
 
-def _prefill(
-    model: GPT, tokens: Tensor, count: Tensor, longest: int, window: int | None, cache: DecodingCache | None
-) -> Tensor:
-    """Logits (B, vocab_size) after the last `window` of the first `count[b]` tokens of each row, fed as
-    one batch padded on the right to a bucketed width."""
+def _window(tokens: Tensor, count: Tensor, longest: int, window: int | None) -> tuple[Tensor, Tensor]:
+    """A prefill's input: the last `window` of the first `count[b]` tokens of each row, as one batch padded on the
+    right to a bucketed width, and each row's real length."""
     seen = torch.clamp(count, max=window) if window is not None else count
     width = _bucket(min(longest, window) if window is not None else longest, window)  # few widths: few compiles
     index = ((count - seen)[:, None] + torch.arange(width, device=tokens.device)).clamp(max=tokens.size(1) - 1)
-    return _forward_last(model, tokens.gather(1, index), cache, seen)
+    return tokens.gather(1, index), seen
 
 
-def _forward_last(model: GPT, idx: Tensor, cache: DecodingCache | None, lengths: Tensor | None = None) -> Tensor:
-    """Logits (B, vocab_size) for the token after each row of `idx` (its first `lengths[b]`), added to the
-    cache if any; the padded vocabulary cut off here, so no sample holds an id the tokenizer lacks."""
-    logits, _ = model(idx, cache=cache, last_only=True, lengths=lengths)  # __call__: a compiled model stays so
-    # a copy: a CUDA graph overwrites its own output at the next step
-    return logits[:, -1, : model.config.vocab_size].to(torch.float32, copy=True)
+def _advance(
+    model: GPT, idx: Tensor, cache: DecodingCache | None, count: Tensor, pick: Callable[[Tensor, Tensor], Tensor],
+    lengths: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """One step: the float32 logits (B, vocab_size) after each row of `idx` (its first `lengths[b]`), added to the
+    cache if any, and the tokens (B, 1) `pick` draws from them; the padded vocabulary cut off, so no token is an id
+    the tokenizer lacks."""
+    logits, _ = model(idx, cache=cache, last_only=True, lengths=lengths)
+    logits = logits[:, -1, : model.config.vocab_size].float()
+    return logits, pick(logits, count)

@@ -64,7 +64,7 @@ CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32,
 CASES = list(decoding_cases(CONFIG))
 
 
-def greedy(logits: torch.Tensor) -> torch.Tensor:
+def greedy(logits: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1, keepdim=True)
 
 
@@ -151,7 +151,7 @@ def _counting_compile(model: GPT) -> list[object]:
         return gm.forward
 
     torch._dynamo.reset()
-    model.compile(backend=counting, dynamic=False)
+    compile_for_decoding(model, backend=counting)
     return graphs
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posgpt.model import GPT, GPTConfig
-from posgpt.model.generation import context_window, filter_logits, next_token
+from posgpt.model.generation import compile_for_decoding, context_window, filter_logits, hashed_noise, next_token
 
 
 def _model(tiny_config, scheme: str) -> GPT:
@@ -72,6 +72,48 @@ def test_sampled_tokens_never_leave_the_allowed_set():
     for _ in range(20):
         tokens = next_token(logits, temperature=1.3, top_k=5, top_p=0.6, generator=gen)
         assert allowed.gather(1, tokens).all()
+
+
+def test_the_exponential_race_over_hashed_noise_draws_each_token_with_its_probability():
+    """A compiled step samples by argmax p / E, E the seed's hashed Exponential(1) draws: over 4000 positions the
+    draws have mean and deviation 1, and each token comes up at its probability (a binomial's 4 sigma)."""
+    positions, probs = torch.arange(4000), torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    noise = hashed_noise(torch.tensor([7]), positions, probs.numel())
+    assert noise.min() > 0 and abs(noise.mean() - 1) < 0.03 and abs(noise.std() - 1) < 0.05
+    tokens = next_token(probs.log().expand(len(positions), -1), noise=noise)[:, 0]
+    counts = torch.bincount(tokens, minlength=probs.numel()) / len(positions)
+    sigma = (probs * (1 - probs) / len(positions)).sqrt()
+    assert ((counts - probs).abs() <= 4 * sigma).all(), counts.tolist()
+    assert torch.equal(noise, hashed_noise(torch.tensor([7]), positions, probs.numel()))  # a seed, its draws
+    assert not torch.equal(noise, hashed_noise(torch.tensor([8]), positions, probs.numel()))
+
+
+def test_compiled_sampling_draws_inside_the_graph_the_same_tokens_for_a_seed(tiny_config):
+    """compile_for_decoding traces the pick of the next token into the step (Dynamo, no generator in the graph):
+    two graphs for any number of tokens and seeds; a seed gives its tokens again, another seed others; greedy
+    decoding gives eager's tokens."""
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model, prompt = (
+        _model(tiny_config, "rope"),
+        torch.randint(0, 64, (2, 3), generator=torch.Generator().manual_seed(0)),
+    )
+    greedy = model.generate(prompt, 12, temperature=0)
+    torch._dynamo.reset()
+    compile_for_decoding(model, backend=counting)
+    assert torch.equal(model.generate(prompt, 12, temperature=0), greedy)
+
+    def sampled(seed: int) -> torch.Tensor:
+        return model.generate(prompt, 12, temperature=1.0, top_k=3, generator=torch.Generator().manual_seed(seed))
+
+    first = sampled(1)
+    assert torch.equal(sampled(1), first) and not torch.equal(sampled(2), first)
+    assert len(graphs) == 4  # greedy's prefill and decode step, and the sampled ones
+    torch._dynamo.reset()
 
 
 def test_empty_prompt_is_refused_with_a_hint(tiny_config):
