@@ -97,7 +97,6 @@ class Setup(Bench):
         self.dtype_name = str(self.dtype).removeprefix("torch.")
 
     def prompt(self, batch: int) -> torch.Tensor:
-        """Seeded random prompt ids (batch, prompt_tokens)."""
         generator = torch.Generator().manual_seed(SEED)
         ids = torch.randint(0, SHAPES[self.shape]["vocab_size"], (batch, self.args.prompt_tokens), generator=generator)
         return ids.to(self.device)
@@ -109,7 +108,8 @@ def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
     config = GPTConfig(**SHAPES[setup.shape], pos_encoding=scheme, bias=False, dropout=0.0)
     with setup.device:  # built there: GPT-2's 124M would take seconds to init on a CPU
         model = GPT(config).to(dtype=setup.dtype).eval()
-    if mode == "compiled":
+    compiled = mode == "compiled"
+    if compiled:
         torch._dynamo.reset()  # this row's compile is its own, and no earlier model counts towards recompile limits
         compile_for_decoding(model)
     idx = setup.prompt(batch)
@@ -122,7 +122,6 @@ def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
     warmup = setup.time_tokens(itertools.islice(decode(), WARMUP_TOKENS))[1]  # the run's cache size
     setup.reset_peak()
     first, total = setup.time_tokens(decode())
-    compiled = mode == "compiled"
     graphs = counters["stats"]["unique_graphs"] - graphs_before if compiled else None
     return Row("posgpt", scheme, mode, batch, batch * setup.tokens / total, 1000 * first,
                warmup if compiled else None, setup.peak_mib(), graphs)  # fmt: skip
@@ -147,12 +146,6 @@ def run_nanogpt(setup: Setup, batch: int) -> Row:
     total = setup.time_tokens(generate(setup.tokens))[1]
     return Row("nanoGPT", "learned", "eager", batch, batch * setup.tokens / total, 1000 * first, None,
                setup.peak_mib())  # fmt: skip
-
-
-def row_line(row: Row) -> str:
-    return table_line([row.model, row.scheme, row.mode, str(row.batch), cell(row.tokens_per_s, ",.1f"),
-                       cell(row.first_token_ms, ",.1f"), cell(row.compile_s, ",.1f"), cell(row.peak_mib, ",.0f"),
-                       cell(row.graphs, "d")])  # fmt: skip
 
 
 def summary(rows: list[Row], batches: list[int]) -> list[str]:
@@ -187,7 +180,10 @@ def bench_decode(args: DecodeBenchConfig) -> None:
     ours = (run_ours(setup, *key) for key in itertools.product(args.schemes, args.modes, args.batches))
     nanogpt = (run_nanogpt(setup, batch) for batch in (args.batches if setup.peer is not None else []))
     for row in itertools.chain(ours, nanogpt):
-        setup.add(row, row_line(row), {"dtype": setup.dtype_name, "shape": setup.shape, **SHAPES[setup.shape],
+        line = table_line([row.model, row.scheme, row.mode, str(row.batch), cell(row.tokens_per_s, ",.1f"),
+                           cell(row.first_token_ms, ",.1f"), cell(row.compile_s, ",.1f"), cell(row.peak_mib, ",.0f"),
+                           cell(row.graphs, "d")])  # fmt: skip
+        setup.add(row, line, {"dtype": setup.dtype_name, "shape": setup.shape, **SHAPES[setup.shape],
                   "prompt_tokens": args.prompt_tokens, "new_tokens": setup.tokens, "temperature": args.temperature,
                   "top_k": args.top_k, **asdict(row)})  # fmt: skip
     print(f"\nSummary (peak MiB: {setup.memory}; nanoGPT: its generate, no KV cache):")

@@ -246,13 +246,9 @@ def run_step(setup: Setup, row: Row) -> Row:
     model.activation_checkpointing = setup.args.activation_checkpointing
     if setup.args.fp8:
         convert_to_fp8(model)
-    kernel = "/".join(
-        dict.fromkeys(
-            model.attention.kernel_name(model.kernel(setup.device, False, True, kind=kind)) for kind in model.kinds
-        )
-    )  # a layout's kinds may run on different kernels
+    kernels = (model.attention.kernel_name(model.kernel(setup.device, False, True, kind=k)) for k in model.kinds)
+    row = dataclasses.replace(row, kernel="/".join(dict.fromkeys(kernels)))  # a layout's kinds: different kernels
     optimizer = adamw(model, OptimConfig(lr=6e-4, beta2=0.95), setup.device)
-    row = dataclasses.replace(row, kernel=kernel)
     return timed(setup, row, model, optimizer, config.vocab_size, model.flops_per_token(row.context))
 
 

@@ -8,13 +8,12 @@ import json
 import runpy
 import sys
 from pathlib import Path
-from typing import Any
 
 
 def measure(argv: list[str]) -> None:
     target, module, *args = argv
     sys.argv = [module, *args]
-    code: Any = 0
+    code: int | str | None = 0
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as stop:

@@ -4,6 +4,7 @@ shape (4 layers, 256 wide, 8 heads, vocabulary 256, batch 2, float32). `python b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -25,10 +26,8 @@ def variants(base: GPTConfig) -> dict[str, GPTConfig]:
                "sinks": {"pos_encoding": "rope", "attn_sink_logits": True}}  # fmt: skip
     out = {}
     for name, extra in fields.items():
-        try:
+        with contextlib.suppress(ConfigError):
             out[name] = dataclasses.replace(base, **extra)
-        except ConfigError:
-            continue
     return out
 
 

@@ -110,17 +110,13 @@ def bench_vs_nanogpt(args: VsNanoGPTConfig) -> None:
             runs = {n: timed_run(*commands[kind](n)) for n in (short, long)}
             per_step[kind].append((runs[long][0] - runs[short][0]) / (long - short))
             logged[kind].append(logged_step_ms(kind, runs[long][1], ours_runs / f"bench-{tokens}-{long}", tokens))
-            print(
-                f"{kind:8s} {short} steps {runs[short][0]:6.1f} s, {long} steps {runs[long][0]:6.1f} s: "
-                f"{1000 * per_step[kind][-1]:.1f} ms/step (its own log: {logged[kind][-1]:.1f})",
-                flush=True,
-            )
+            print(f"{kind:8s} {short} steps {runs[short][0]:6.1f} s, {long} steps {runs[long][0]:6.1f} s: "
+                  f"{1000 * per_step[kind][-1]:.1f} ms/step (its own log: {logged[kind][-1]:.1f})",
+                  flush=True)  # fmt: skip
     ours, nano = statistics.median(per_step["ours"]), statistics.median(per_step["nanoGPT"])
     print(f"shape {args.shape} {shape}, ours {' '.join(args.ours_args)}")
-    print(
-        f"median ms/step from the two lengths: ours {1000 * ours:.1f} ({tokens / ours:,.0f} tokens/s), nanoGPT "
-        f"{1000 * nano:.1f} ({tokens / nano:,.0f} tokens/s): ours {nano / ours:.2f}x nanoGPT's tokens/s"
-    )
+    print(f"median ms/step from the two lengths: ours {1000 * ours:.1f} ({tokens / ours:,.0f} tokens/s), nanoGPT "
+          f"{1000 * nano:.1f} ({tokens / nano:,.0f} tokens/s): ours {nano / ours:.2f}x nanoGPT's tokens/s")  # fmt: skip
     ours_log, nano_log = statistics.median(logged["ours"]), statistics.median(logged["nanoGPT"])
     print(
         f"median ms/step from the runs' own logs: ours {ours_log:.1f}, nanoGPT {nano_log:.1f}: "

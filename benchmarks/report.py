@@ -217,10 +217,8 @@ def _judge(value: float, target: float) -> str:
 
 def jobs_table(entries: list[dict[str, Any]]) -> list[str]:
     lines = ["| job | status | wall s | peak GiB (process) |", "|---|---|---:|---:|"]
-    for e in entries:
-        peak = None if e.get("peak_mib") is None else e["peak_mib"] / 1024
-        lines.append(table_line([e["job"], e["status"], f"{e['wall_s']:.0f}", cell(peak, ".2f")]))
-    return lines
+    return lines + [table_line([e["job"], e["status"], f"{e['wall_s']:.0f}", cell(e.get("peak_mib"), ".2f", 1 / 1024)])
+                    for e in entries]  # fmt: skip
 
 
 def check_lines(entries: list[dict[str, Any]]) -> list[str]:

@@ -6,10 +6,8 @@ GPU but dispatch nothing on a CPU (`.tolist()`, `.cpu()`, `.numpy()`) and the Py
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -44,26 +42,19 @@ class _Reads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@contextlib.contextmanager
-def counting_syncs() -> Iterator[Counter]:
-    """A Counter of the host's reads of tensor values inside the block, by op (a `.item()` shows twice: its name
-    and `_local_scalar_dense`)."""
-    counts: Counter = Counter()
-    with _Reads(counts), _Scalars(counts):
-        yield counts
-
-
 def host_syncs(counts: Counter) -> int:
     """Syncs in `counts`: every scalar read, and every read that dispatches none (tolist, cpu, numpy)."""
     return counts["_local_scalar_dense"] + counts["tolist"] + counts["cpu"] + counts["numpy"]
 
 
 def run_counted(argv: list[str]) -> Counter:
-    """The reads of one in-process `train.py` run of `argv`."""
+    """The host's reads of tensor values in one in-process `train.py` run of `argv`, by op (a `.item()` shows twice:
+    its name and `_local_scalar_dense`)."""
     import train as train_script
     from posgpt.core import cli
 
-    with counting_syncs() as counts:
+    counts: Counter = Counter()
+    with _Reads(counts), _Scalars(counts):
         cli.run(train_script.COMMAND, argv)
     return counts
 
