@@ -184,9 +184,8 @@ def merge_documents(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """One results document from documents of the same settings that each evaluated some checkpoints (a
     study evaluates them one at a time), the attention statistics ordered by length, then checkpoint."""
     doc = {**docs[0], "created": max(d["created"] for d in docs), "runs": [r for d in docs for r in d["runs"]]}
-    if any("attention" in d for d in docs):
-        entries = [(e["length"], i, e) for i, d in enumerate(docs) for e in d.get("attention", [])]
-        doc["attention"] = [e for _, _, e in sorted(entries, key=lambda item: item[:2])]
+    if any("attention" in d for d in docs):  # a stable sort: the documents' order within a length
+        doc["attention"] = sorted((e for d in docs for e in d.get("attention", [])), key=lambda e: e["length"])
     return doc
 
 
