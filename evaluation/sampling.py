@@ -131,32 +131,25 @@ def prompt_text(prompt: str, prompt_file: str | None = None) -> str:
         raise DataError(f"Cannot read the prompt file {source}: {error}") from None
 
 
-def prompts_file_lines(path: str) -> list[tuple[str, str]]:
-    """(where, text) of each line of a `--prompts_file`. An empty line is refused, not skipped: that would
-    silently change which output row belongs to which line."""
-    option = f"--prompts_file {path}"
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{option}: no such file.") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"{option}: cannot read it ({error}).") from None
-    lines = text.splitlines()
-    if not lines:
-        raise DataError(f"{option} is empty: write one prompt per line.")
-    empty = [n for n, line in enumerate(lines, 1) if not line]
-    if empty:
-        raise DataError(f"{option}: line {empty[0]} is empty; write one prompt per line, with no empty lines.")
-    return [(f"line {n} of {option}", line) for n, line in enumerate(lines, 1)]
-
-
 def read_prompts(
     tokenizer: Tokenizer, prompt: str, prompt_file: str | None, prompts_file: str | None, drop_unknown: bool
 ) -> list[Prompt]:
     """Every prompt of the run, read and encoded, in order. An empty one is the tokenizer's start token, but one of
     which `--drop_unknown` leaves nothing is refused (the model would continue something the user did not write)."""
-    if prompts_file is not None:
-        sources = prompts_file_lines(prompts_file)
+    if prompts_file is not None:  # empty lines refused, not skipped: that would change which output row is which line
+        option = f"--prompts_file {prompts_file}"
+        try:
+            lines = Path(prompts_file).read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            raise DataError(f"{option}: no such file.") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise DataError(f"{option}: cannot read it ({error}).") from None
+        if not lines:
+            raise DataError(f"{option} is empty: write one prompt per line.")
+        empty = [n for n, line in enumerate(lines, 1) if not line]
+        if empty:
+            raise DataError(f"{option}: line {empty[0]} is empty; write one prompt per line, with no empty lines.")
+        sources = [(f"line {n} of {option}", line) for n, line in enumerate(lines, 1)]
     else:
         sources = [(f"--prompt_file {prompt_file}" if prompt_file else "--prompt", prompt_text(prompt, prompt_file))]
     chars = isinstance(tokenizer, CharTokenizer)
