@@ -225,13 +225,6 @@ class Rows:
         held = next((k for k in range(min(len(self.stop) - 1, len(text)), 0, -1) if text.endswith(self.stop[:k])), 0)
         return text[: len(text) - held]
 
-    def print_first(self) -> None:
-        """Row 0 printed as it comes (one sample in a terminal), never past where it may stop."""
-        text = self.shown(0)
-        sys.stdout.write(text[self.printed :])
-        sys.stdout.flush()
-        self.printed = max(self.printed, len(text))
-
     def _extend(self, row: int, new: str) -> None:
         before = len(self.texts[row])
         self.texts[row] += new
@@ -249,8 +242,10 @@ def generate_rows(steps: Iterator[torch.Tensor], rows: Rows, live: bool) -> tupl
     for i, token in enumerate(steps):
         if rows.stop is not None or rows.end is not None or live:
             rows.add(token[:, 0].tolist())
-            if live:
-                rows.print_first()
+            if live:  # row 0 printed as it comes (one sample in a terminal), never past where it may stop
+                text = rows.shown(0)
+                print(text[rows.printed :], end="", flush=True)
+                rows.printed = max(rows.printed, len(text))
         else:
             kept.append(token)
             if i == 0:
