@@ -99,8 +99,6 @@ class AttentionStats:
         edges = log_edges(n)
         queries_at = (n - np.arange(n)) * self.windows  # queries that have a key d back, over windows
         distance = self.distance.cpu().numpy() / queries_at
-        entropy = self.entropy.cpu().numpy() / self.windows
-        sink = self.sink.cpu().numpy() / self.windows
         if any(self.pending_rows):
             raise RuntimeError("A batch of windows was summarised before all its query rows had been added.")
         first = self.first_mass.cpu().numpy() / self.windows  # (layers, heads): alpha_0's mean, never thresholded
@@ -115,8 +113,8 @@ class AttentionStats:
             "distance": {"edges": edges, "mean_weight": rounded(bucket_means(distance, edges))},
             "position": {
                 "edges": edges,
-                "entropy": rounded(bucket_means(entropy, edges)),
-                "sink_mass": rounded(bucket_means(sink, edges)),
+                "entropy": rounded(bucket_means(self.entropy.cpu().numpy() / self.windows, edges)),
+                "sink_mass": rounded(bucket_means(self.sink.cpu().numpy() / self.windows, edges)),
             },
         }
 
