@@ -294,8 +294,7 @@ def sample(args: SampleConfig) -> None:
     model = ckpt.model.to(device=device, dtype=dtype).eval()
     window, learned = context_window(model, args.max_context), model.pe.max_positions
     limit = "the model's {} positions" if window == learned else "--max_context {} (default 4 x block_size)"
-    seen = crop(prompts, window, limit)
-    batch, lengths = pad_prompts([ids for ids in seen for _ in range(args.num_samples)], device)
+    batch, lengths = pad_prompts([ids for ids in crop(prompts, window, limit) for _ in range(args.num_samples)], device)
     steps = functools.partial(stream, model, batch, args.max_new_tokens, args.temperature, args.top_k or None,
                               args.top_p, not args.no_cache, args.max_context, lengths=lengths)  # fmt: skip
     compiled = compile_and_warm_up(model, steps, args.seed) if args.compile else None
