@@ -123,7 +123,14 @@ def run(cfg: MapsConfig) -> list[Path]:
     loaded = [load_checkpoint(path, cfg.data.tiktoken_ranks) for path in cfg.ckpt]
     labels = cfg.labels or default_labels(cfg.ckpt)
     for ckpt in loaded:
-        _check_indices(ckpt, cfg)
+        for what, asked, count in (("layer", cfg.layers, ckpt.model.config.n_layer),
+                                   ("head", cfg.heads, ckpt.model.config.n_head)):  # fmt: skip
+            unknown = [i for i in asked or [] if i >= count]
+            if unknown:
+                raise ConfigError(
+                    f"{ckpt.path} has {count} {what}s (0..{count - 1}); there is no {what} {unknown[0]}. "
+                    f"Pass --{what}s within 0..{count - 1}."
+                )
         ckpt.model.to(device).eval()
     prompts = [_prompt_ids(c, cfg.prompt) for c in loaded] if cfg.prompt else []
     for length in cfg.lengths or []:  # none reaching it is an error; some that do not are left out, with a line
@@ -165,17 +172,6 @@ def _check_length(ckpt: LoadedCheckpoint, length: int, what: str) -> None:
             f"{ckpt.path} has {ckpt.model.config.pos_encoding} positions, which exist up to {limit} tokens; "
             f"{what} asks for {length}. Use lengths up to {limit} for it, or leave it out."
         )
-
-
-def _check_indices(ckpt: LoadedCheckpoint, cfg: MapsConfig) -> None:
-    for what, asked, count in (("layer", cfg.layers, ckpt.model.config.n_layer),
-                               ("head", cfg.heads, ckpt.model.config.n_head)):  # fmt: skip
-        unknown = [i for i in asked or [] if i >= count]
-        if unknown:
-            raise ConfigError(
-                f"{ckpt.path} has {count} {what}s (0..{count - 1}); there is no {what} {unknown[0]}. "
-                f"Pass --{what}s within 0..{count - 1}."
-            )
 
 
 def _prompt_ids(ckpt: LoadedCheckpoint, prompt: str) -> list[int]:

@@ -49,22 +49,6 @@ def bucket_means(values: np.ndarray, edges: list[int]) -> np.ndarray:
     return np.stack([values[..., lo:hi].mean(-1) for lo, hi in zip(edges[:-1], edges[1:], strict=True)], axis=-1)
 
 
-def distance_sums(weights: Tensor, rows: slice) -> Tensor:
-    """sum over batch and queries of the weight at each distance d = i - j: (H, Tk) from weights
-    (B, H, rows, Tk) of the queries at positions `rows` (keys at 0..Tk-1)."""
-    q_pos = torch.arange(rows.start, rows.stop, device=weights.device)
-    distance = q_pos[:, None] - torch.arange(weights.size(-1), device=weights.device)[None, :]  # (rows, Tk)
-    w = weights.sum(0).masked_fill(distance < 0, 0.0)  # (H, rows, Tk): keys after the query carry nothing
-    return w.new_zeros(w.size(0), weights.size(-1)).index_add_(1, distance.clamp(min=0).flatten(), w.flatten(1))
-
-
-def row_entropy(weights: Tensor) -> Tensor:
-    """Entropy (nats) of each row of weights (..., Tk): -sum p log p with p = |w| / sum |w|."""
-    p = weights.abs()
-    p = p / p.sum(-1, keepdim=True)
-    return -torch.special.xlogy(p, p).sum(-1)
-
-
 class AttentionStats:
     """Accumulates the statistics of every layer over windows of one length; `hook(layer)` is the
     `visit` of `GPT.attention_weights`."""
@@ -82,8 +66,15 @@ class AttentionStats:
 
     def hook(self, layer: int) -> WeightsHook:
         def add(rows: slice, weights: Tensor) -> None:
-            self.distance[layer] += distance_sums(weights, rows).double()
-            self.entropy[layer, :, rows] += row_entropy(weights).sum(0).double()
+            """`weights` (B, H, rows, Tk): of the queries at positions `rows`, keys at 0..Tk-1."""
+            q_pos = torch.arange(rows.start, rows.stop, device=weights.device)
+            distance = q_pos[:, None] - torch.arange(weights.size(-1), device=weights.device)[None, :]  # d = i - j
+            w = weights.sum(0).masked_fill(distance < 0, 0.0)  # (H, rows, Tk): keys after the query carry nothing
+            sums = w.new_zeros(w.size(0), weights.size(-1))  # (H, Tk): over batch and queries, by distance
+            self.distance[layer] += sums.index_add_(1, distance.clamp(min=0).flatten(), w.flatten(1)).double()
+            p = weights.abs()  # entropy (nats) of each row: -sum p log p with p = |w| / sum |w|
+            p = p / p.sum(-1, keepdim=True)
+            self.entropy[layer, :, rows] += (-torch.special.xlogy(p, p).sum(-1)).sum(0).double()
             self.sink[layer, :, rows] += weights[..., : self.sink_tokens].sum(-1).sum(0).double()
             first = weights[..., 0].double().sum(-1)  # (B, H): these rows' weight on the first key
             pending = self.pending[layer]
@@ -108,8 +99,6 @@ class AttentionStats:
         edges = log_edges(n)
         queries_at = (n - np.arange(n)) * self.windows  # queries that have a key d back, over windows
         distance = self.distance.cpu().numpy() / queries_at
-        entropy = self.entropy.cpu().numpy() / self.windows
-        sink = self.sink.cpu().numpy() / self.windows
         if any(self.pending_rows):
             raise RuntimeError("A batch of windows was summarised before all its query rows had been added.")
         first = self.first_mass.cpu().numpy() / self.windows  # (layers, heads): alpha_0's mean, never thresholded
@@ -124,8 +113,8 @@ class AttentionStats:
             "distance": {"edges": edges, "mean_weight": rounded(bucket_means(distance, edges))},
             "position": {
                 "edges": edges,
-                "entropy": rounded(bucket_means(entropy, edges)),
-                "sink_mass": rounded(bucket_means(sink, edges)),
+                "entropy": rounded(bucket_means(self.entropy.cpu().numpy() / self.windows, edges)),
+                "sink_mass": rounded(bucket_means(self.sink.cpu().numpy() / self.windows, edges)),
             },
         }
 

@@ -298,13 +298,6 @@ def skip_kind(reason: str) -> str:
     return re.sub(r"'[^']*'", "...", reason.split(" (")[0].split(". ")[0])
 
 
-def folded_skips(skipped: list[Result]) -> list[str]:
-    """The skipped rows by kind of reason, the most common first, each with its count and one example's case."""
-    kinds = Counter(skip_kind(r.skipped or "") for r in skipped)
-    example = {skip_kind(r.skipped or ""): r.case for r in reversed(skipped)}
-    return [f"  {count:5d}  {kind} (e.g. {example[kind]})" for kind, count in kinds.most_common()]
-
-
 def main(cfg: CheckConfig) -> list[Result]:
     device = pick_device(cfg.device)
     if cfg.verbose:
@@ -336,10 +329,11 @@ def main(cfg: CheckConfig) -> list[Result]:
         if failed:
             print("\n".join(["Failed:", HEADER, *map(row_line, failed)]))
         skipped = [r for r in results if r.passed is None]
-        if skipped:
-            print(
-                "\n".join([f"Skipped {len(skipped)} (--verbose lists each with its reason):", *folded_skips(skipped)])
-            )
+        if skipped:  # by kind of reason, the most common first, each with its count and one example's case
+            kinds = Counter(skip_kind(r.skipped or "") for r in skipped)
+            example = {skip_kind(r.skipped or ""): r.case for r in reversed(skipped)}
+            print(f"Skipped {len(skipped)} (--verbose lists each with its reason):")
+            print("\n".join(f"  {count:5d}  {kind} (e.g. {example[kind]})" for kind, count in kinds.most_common()))
     worst = max((r.error / r.tolerance for r in ran if r.error is not None), default=0.0)
     line = (
         f"{len(ran) - len(failed)} of {len(ran)} checks passed, {len(failed)} failed, {len(results) - len(ran)} "

@@ -183,7 +183,23 @@ def _text_for(ckpt: LoadedCheckpoint, data: EvalData) -> tuple[np.ndarray, dict[
     tokenizer, or (default) the split of the data it was trained on."""
     if data.input:
         path = Path(data.input)
-        tokens = _tokenize_file(ckpt, path, data.drop_unknown)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise DataError(f"--eval_data.input {path}: no such file.") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise DataError(f"Cannot read --eval_data.input {path} as UTF-8 text: {error}") from None
+        tok = ckpt.tokenizer
+        if isinstance(tok, CharTokenizer):
+            unknown = sorted(set(text) - set(tok.chars))
+            if unknown and not data.drop_unknown:
+                raise DataError(
+                    f"{path} has {len(unknown)} distinct characters outside the vocabulary of {ckpt.path} "
+                    f"(a char-level model knows only its corpus' characters): {''.join(unknown[:40])!r}. "
+                    "Pass --eval_data.drop_unknown true to leave them out."
+                )
+        ids = tok.encode(text, drop_unknown=True) if isinstance(tok, CharTokenizer) else tok.encode(text)
+        tokens = np.asarray(ids, dtype=token_dtype(tok.vocab_size))
         info = {"source": str(path), "text_sha256": sha256_file(path)}
     else:
         if data.dir:
@@ -204,23 +220,3 @@ def _text_for(ckpt: LoadedCheckpoint, data: EvalData) -> tuple[np.ndarray, dict[
         info = {"source": source}
     sha256 = hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()
     return tokens, {**info, "tokens": int(tokens.size), "sha256": sha256}
-
-
-def _tokenize_file(ckpt: LoadedCheckpoint, path: Path, drop_unknown: bool) -> np.ndarray:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"--eval_data.input {path}: no such file.") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"Cannot read --eval_data.input {path} as UTF-8 text: {error}") from None
-    tok = ckpt.tokenizer
-    if isinstance(tok, CharTokenizer):
-        unknown = sorted(set(text) - set(tok.chars))
-        if unknown and not drop_unknown:
-            raise DataError(
-                f"{path} has {len(unknown)} distinct characters outside the vocabulary of {ckpt.path} "
-                f"(a char-level model knows only its corpus' characters): {''.join(unknown[:40])!r}. "
-                "Pass --eval_data.drop_unknown true to leave them out."
-            )
-    ids = tok.encode(text, drop_unknown=True) if isinstance(tok, CharTokenizer) else tok.encode(text)
-    return np.asarray(ids, dtype=token_dtype(tok.vocab_size))

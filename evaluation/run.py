@@ -9,7 +9,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from posgpt.core.cli import Command
@@ -19,7 +18,6 @@ from posgpt.data.dataset import window_starts
 from posgpt.evaluation.attention_stats import long_context_stats, runs_at
 from posgpt.evaluation.checkpoint import (
     EvalData,
-    LoadedCheckpoint,
     check_output_dir,
     default_labels,
     load_checkpoint,
@@ -126,46 +124,46 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
         if runs_at(ckpt.model, n)
     )
 
-    def evaluate_one(name: str, ckpt: LoadedCheckpoint, text: tuple[np.ndarray, dict], scaling: str) -> dict[str, Any]:
-        """One checkpoint (its rows labelled `name`) under one RoPE scaling ('none': as trained) at every length."""
-        trained = ckpt.model.to(device)
-        config, rescalable = trained.config, trained.rescalable
-        label = name if scaling == "none" else f"{name} + {scaling}"
-        rows = []
-        for length in settings.lengths:
-            model = trained  # as trained, or a view of it with the scaling for this length
-            if scaling != "none":  # a fixed factor, or (dynamic) how far past the training length it is
-                factor = settings.rope_scaling_factor
-                factor = max(1.0, length / config.block_size) if factor == "dynamic" else float(factor)
-                model = trained.rescaled(scaling, factor)
-            bar.set_description(f"{label} L={length}")
-            result = evaluate_length(model, text[0], length, settings.stride, settings.token_budget,
-                                     buckets=settings.buckets, batch_tokens=settings.batch_tokens,
-                                     autocast_dtype=autocast, on_windows=bar.update)  # fmt: skip
-            row = dataclasses.asdict(result)
-            row["rope_scaling"] = model.config.rope_scaling if rescalable else None
-            row["rope_scaling_factor"] = model.config.rope_scaling_factor if rescalable else None
-            rows.append(row)
-        trained.to("cpu")
-        return {
-            "label": label,
-            "model": name,
-            "checkpoint": ckpt.path,
-            "step": ckpt.step,
-            "seed": ckpt.config.get("train", {}).get("seed"),
-            "pos_encoding": config.pos_encoding,
-            "train_length": config.block_size,
-            "params": trained.num_params(),
-            "tokenizer": tokenizer_name(ckpt),
-            "rope_scaling": scaling if rescalable else None,
-            "rope_scaling_factor": settings.rope_scaling_factor if scaling != "none" else None,
-            "data": text[1],
-            "config": ckpt.config,
-            "results": rows,
-        }
-
+    runs = []
     with progress_bar(total, "window", settings.progress) as bar:
-        runs = [evaluate_one(label, ckpt, text, scaling) for label, ckpt, text, scaling in plan]
+        for name, ckpt, text, scaling in plan:  # rows labelled `name`, under one RoPE scaling ('none': as trained)
+            trained = ckpt.model.to(device)
+            config, rescalable = trained.config, trained.rescalable
+            label = name if scaling == "none" else f"{name} + {scaling}"
+            rows = []
+            for length in settings.lengths:
+                model = trained  # as trained, or a view of it with the scaling for this length
+                if scaling != "none":  # a fixed factor, or (dynamic) how far past the training length it is
+                    factor = settings.rope_scaling_factor
+                    factor = max(1.0, length / config.block_size) if factor == "dynamic" else float(factor)
+                    model = trained.rescaled(scaling, factor)
+                bar.set_description(f"{label} L={length}")
+                result = evaluate_length(model, text[0], length, settings.stride, settings.token_budget,
+                                         buckets=settings.buckets, batch_tokens=settings.batch_tokens,
+                                         autocast_dtype=autocast, on_windows=bar.update)  # fmt: skip
+                row = dataclasses.asdict(result)
+                row["rope_scaling"] = model.config.rope_scaling if rescalable else None
+                row["rope_scaling_factor"] = model.config.rope_scaling_factor if rescalable else None
+                rows.append(row)
+            trained.to("cpu")
+            runs.append(
+                {
+                    "label": label,
+                    "model": name,
+                    "checkpoint": ckpt.path,
+                    "step": ckpt.step,
+                    "seed": ckpt.config.get("train", {}).get("seed"),
+                    "pos_encoding": config.pos_encoding,
+                    "train_length": config.block_size,
+                    "params": trained.num_params(),
+                    "tokenizer": tokenizer_name(ckpt),
+                    "rope_scaling": scaling if rescalable else None,
+                    "rope_scaling_factor": settings.rope_scaling_factor if scaling != "none" else None,
+                    "data": text[1],
+                    "config": ckpt.config,
+                    "results": rows,
+                }
+            )
     doc = {
         "format": FORMAT,
         **results_header(device, autocast or torch.float32),
@@ -184,9 +182,8 @@ def merge_documents(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """One results document from documents of the same settings that each evaluated some checkpoints (a
     study evaluates them one at a time), the attention statistics ordered by length, then checkpoint."""
     doc = {**docs[0], "created": max(d["created"] for d in docs), "runs": [r for d in docs for r in d["runs"]]}
-    if any("attention" in d for d in docs):
-        entries = [(e["length"], i, e) for i, d in enumerate(docs) for e in d.get("attention", [])]
-        doc["attention"] = [e for _, _, e in sorted(entries, key=lambda item: item[:2])]
+    if any("attention" in d for d in docs):  # a stable sort: the documents' order within a length
+        doc["attention"] = sorted((e for d in docs for e in d.get("attention", [])), key=lambda e: e["length"])
     return doc
 
 

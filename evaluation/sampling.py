@@ -131,32 +131,25 @@ def prompt_text(prompt: str, prompt_file: str | None = None) -> str:
         raise DataError(f"Cannot read the prompt file {source}: {error}") from None
 
 
-def prompts_file_lines(path: str) -> list[tuple[str, str]]:
-    """(where, text) of each line of a `--prompts_file`. An empty line is refused, not skipped: that would
-    silently change which output row belongs to which line."""
-    option = f"--prompts_file {path}"
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{option}: no such file.") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"{option}: cannot read it ({error}).") from None
-    lines = text.splitlines()
-    if not lines:
-        raise DataError(f"{option} is empty: write one prompt per line.")
-    empty = [n for n, line in enumerate(lines, 1) if not line]
-    if empty:
-        raise DataError(f"{option}: line {empty[0]} is empty; write one prompt per line, with no empty lines.")
-    return [(f"line {n} of {option}", line) for n, line in enumerate(lines, 1)]
-
-
 def read_prompts(
     tokenizer: Tokenizer, prompt: str, prompt_file: str | None, prompts_file: str | None, drop_unknown: bool
 ) -> list[Prompt]:
     """Every prompt of the run, read and encoded, in order. An empty one is the tokenizer's start token, but one of
     which `--drop_unknown` leaves nothing is refused (the model would continue something the user did not write)."""
-    if prompts_file is not None:
-        sources = prompts_file_lines(prompts_file)
+    if prompts_file is not None:  # empty lines refused, not skipped: that would change which output row is which line
+        option = f"--prompts_file {prompts_file}"
+        try:
+            lines = Path(prompts_file).read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            raise DataError(f"{option}: no such file.") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise DataError(f"{option}: cannot read it ({error}).") from None
+        if not lines:
+            raise DataError(f"{option} is empty: write one prompt per line.")
+        empty = [n for n, line in enumerate(lines, 1) if not line]
+        if empty:
+            raise DataError(f"{option}: line {empty[0]} is empty; write one prompt per line, with no empty lines.")
+        sources = [(f"line {n} of {option}", line) for n, line in enumerate(lines, 1)]
     else:
         sources = [(f"--prompt_file {prompt_file}" if prompt_file else "--prompt", prompt_text(prompt, prompt_file))]
     chars = isinstance(tokenizer, CharTokenizer)
@@ -232,13 +225,6 @@ class Rows:
         held = next((k for k in range(min(len(self.stop) - 1, len(text)), 0, -1) if text.endswith(self.stop[:k])), 0)
         return text[: len(text) - held]
 
-    def print_first(self) -> None:
-        """Row 0 printed as it comes (one sample in a terminal), never past where it may stop."""
-        text = self.shown(0)
-        sys.stdout.write(text[self.printed :])
-        sys.stdout.flush()
-        self.printed = max(self.printed, len(text))
-
     def _extend(self, row: int, new: str) -> None:
         before = len(self.texts[row])
         self.texts[row] += new
@@ -256,8 +242,10 @@ def generate_rows(steps: Iterator[torch.Tensor], rows: Rows, live: bool) -> tupl
     for i, token in enumerate(steps):
         if rows.stop is not None or rows.end is not None or live:
             rows.add(token[:, 0].tolist())
-            if live:
-                rows.print_first()
+            if live:  # row 0 printed as it comes (one sample in a terminal), never past where it may stop
+                text = rows.shown(0)
+                print(text[rows.printed :], end="", flush=True)
+                rows.printed = max(rows.printed, len(text))
         else:
             kept.append(token)
             if i == 0:
@@ -306,8 +294,7 @@ def sample(args: SampleConfig) -> None:
     model = ckpt.model.to(device=device, dtype=dtype).eval()
     window, learned = context_window(model, args.max_context), model.pe.max_positions
     limit = "the model's {} positions" if window == learned else "--max_context {} (default 4 x block_size)"
-    seen = crop(prompts, window, limit)
-    batch, lengths = pad_prompts([ids for ids in seen for _ in range(args.num_samples)], device)
+    batch, lengths = pad_prompts([ids for ids in crop(prompts, window, limit) for _ in range(args.num_samples)], device)
     steps = functools.partial(stream, model, batch, args.max_new_tokens, args.temperature, args.top_k or None,
                               args.top_p, not args.no_cache, args.max_context, lengths=lengths)  # fmt: skip
     compiled = compile_and_warm_up(model, steps, args.seed) if args.compile else None
