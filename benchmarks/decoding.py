@@ -17,6 +17,7 @@ from posgpt.core.cli import Command
 from posgpt.core.errors import ConfigError
 from posgpt.model import GPT, POS_ENCODINGS, GPTConfig
 from posgpt.model.generation import compile_for_decoding, stream
+from posgpt.model.linear import onednn_linears
 
 SHAPES: dict[str, dict[str, int]] = {
     "gpt2": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50257},  # GPT-2 124M
@@ -108,6 +109,7 @@ def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
     config = GPTConfig(**SHAPES[setup.shape], pos_encoding=scheme, bias=False, dropout=0.0)
     with setup.device:  # built there: GPT-2's 124M would take seconds to init on a CPU
         model = GPT(config).to(dtype=setup.dtype).eval()
+    onednn_linears(model)  # as sample.py does
     compiled = mode == "compiled"
     if compiled:
         torch._dynamo.reset()  # this row's compile is its own, and no earlier model counts towards recompile limits

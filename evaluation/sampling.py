@@ -29,6 +29,7 @@ from posgpt.evaluation.checkpoint import load_checkpoint
 from posgpt.model.cache import KVCache
 from posgpt.model.generation import compile_for_decoding, context_window, pad_prompts, stream
 from posgpt.model.gpt import GPT
+from posgpt.model.linear import onednn_linears
 
 SEPARATOR = "\n---------------\n"
 WARM_UP_TOKENS = 3
@@ -292,6 +293,7 @@ def sample(args: SampleConfig) -> None:
         raise ConfigError("--stream true prints one sample as it comes; leave it out with --prompts_file.")
     device, dtype = pick_device_dtype(args.device, args.dtype)
     model = ckpt.model.to(device=device, dtype=dtype).eval()
+    onednn_linears(model)  # where this CPU runs them faster; float32 eager only
     window, learned = context_window(model, args.max_context), model.pe.max_positions
     limit = "the model's {} positions" if window == learned else "--max_context {} (default 4 x block_size)"
     batch, lengths = pad_prompts([ids for ids in crop(prompts, window, limit) for _ in range(args.num_samples)], device)
