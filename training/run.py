@@ -36,7 +36,7 @@ from posgpt.training.callbacks import (
     SpeedMonitor,
     progress_callback,
 )
-from posgpt.training.config import DataConfig, RunConfig
+from posgpt.training.config import EVAL_BATCHES, DataConfig, RunConfig
 from posgpt.training.curves import write_training_plot
 from posgpt.training.datamodule import TaskDataModule, TokenDataModule
 from posgpt.training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision, uses_cuda
@@ -96,7 +96,8 @@ def corpus_data(cfg: RunConfig, prepared: PreparedData | None = None) -> Trainin
     """A prepared corpus (`cfg.data`, or `prepared`: a study's, prepared once for its runs)."""
     data = prepared or prepared_data(cfg.data)
     t, block = cfg.train, cfg.model.block_size
-    datamodule = TokenDataModule(data, block, t.batch_size, t.seed, t.validation_tokens(block))  # checks the splits
+    eval_tokens = EVAL_BATCHES * t.batch_size * block if t.eval_tokens is None else t.eval_tokens  # 0: the whole split
+    datamodule = TokenDataModule(data, block, t.batch_size, t.seed, eval_tokens)  # checks the splits
     v = datamodule.validation_record()
     source = data.meta.get("name") or (
         Path(data.meta["sources"][0]).stem if data.meta.get("sources") else data.path.name
