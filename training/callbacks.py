@@ -51,9 +51,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             failed = f"the write failed ({str(error).splitlines()[0][:120]})"
             what = "no space left" if full or free < (64 << 20) else failed
             kept = f"the previous {path} is intact" if path.is_file() else f"no earlier {path.name} was there"
-            mount = path.parent.resolve()  # the mount point: how a user finds the disk to free
-            while not os.path.ismount(mount) and mount != mount.parent:
-                mount = mount.parent
+            parent = path.parent.resolve()  # its mount point: how a user finds the disk to free
+            mount = next(p for p in (parent, *parent.parents) if os.path.ismount(p) or p == p.parent)
             raise UserError(
                 f"Could not write {path}: {what} on the disk mounted at {mount} ({free / 2**20:.0f} MB free); "
                 f"{kept}. Free some space and continue with the same command and --train.resume auto."

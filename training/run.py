@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 import warnings
@@ -243,8 +242,13 @@ def _fit(
     best_path = run_dir / Path(best.best_model_path).name if best and best.best_model_path else None
     best_loss = float(best.best_model_score) if best and best.best_model_score is not None else None
     sample, plot = None, None
-    if trainer.is_global_zero and t.sample_tokens:
-        sample = sample_text(module, data.tokenizer, t.sample_tokens)
+    if trainer.is_global_zero and t.sample_tokens:  # a short sample, from the tokenizer's start token
+        start = data.tokenizer.start_ids()
+        idx = torch.tensor([start], dtype=torch.long, device=module.device)
+        # eagerly, even for a compiled model: each new cache length would otherwise be a new compilation
+        with torch.compiler.set_stance("force_eager"):
+            out = module.model.eval().generate(idx, t.sample_tokens, temperature=0.8, top_k=200)
+        sample = data.tokenizer.decode(out[0, len(start) :].tolist())
     if trainer.is_global_zero and t.logger != "none":  # every logger keeps the CSV record, drawn here
         for logger in trainer.loggers:
             logger.save()  # the rows still buffered (csv), the events flushed (tensorboard)
@@ -286,18 +290,3 @@ def dropout_fallback(model: GPT, device: torch.device) -> str | None:
         "(which has no attention dropout); slower and more memory at long contexts. --model.dropout 0 keeps "
         f"{without}."
     )
-
-
-def sample_text(module: GPTModule, tokenizer: Tokenizer, n_tokens: int) -> str:
-    """A short sample from the trained model, from the tokenizer's start token."""
-    model = module.model.eval()
-    start = tokenizer.start_ids()
-    idx = torch.tensor([start], dtype=torch.long, device=module.device)
-    # eagerly, even for a compiled model: each new cache length would otherwise be a new compilation
-    with torch.compiler.set_stance("force_eager"):
-        out = model.generate(idx, n_tokens, temperature=0.8, top_k=200)
-    return tokenizer.decode(out[0, len(start) :].tolist())
-
-
-def result_summary(result: RunResult) -> str:
-    return json.dumps({k: v for k, v in dataclasses.asdict(result).items() if k != "sample"}, default=str)  # paths
