@@ -42,11 +42,9 @@ def read_launch(path: Path) -> dict[int, dict[str, float]]:
     rows: dict[int, dict[str, float]] = {}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            step = cell_number(row.get("step"))
-            if step is None:
-                continue
-            values = {name: value for name in SERIES if (value := cell_number(row.get(name))) is not None}
-            rows.setdefault(int(step) + 1, {}).update(values)  # Lightning logs step k at index k - 1
+            if (step := cell_number(row.get("step"))) is not None:
+                values = {name: value for name in SERIES if (value := cell_number(row.get(name))) is not None}
+                rows.setdefault(int(step) + 1, {}).update(values)  # Lightning logs step k at index k - 1
     return rows
 
 

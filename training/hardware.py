@@ -70,9 +70,6 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return float(peak) if peak else None
 
 
-FP8_CAPABILITY = (8, 9)  # the first CUDA compute capability with FP8 tensor cores (Ada Lovelace)
-
-
 def check_fp8(accelerator: str, precision: str, option: str = "--train.fp8") -> None:
     """Refuse `train.fp8` where it cannot run, with the fix; `option` is how the command spells the flag."""
     if not uses_cuda(accelerator):
@@ -81,7 +78,7 @@ def check_fp8(accelerator: str, precision: str, option: str = "--train.fp8") -> 
             f"L4, RTX 4090) and none is used here. Leave {option} false."
         )
     capability = torch.cuda.get_device_capability()
-    if capability < FP8_CAPABILITY:
+    if capability < (8, 9):  # the first CUDA compute capability with FP8 tensor cores (Ada Lovelace)
         name = torch.cuda.get_device_name()
         raise HardwareError(
             f"{option} true needs FP8 tensor cores (compute capability 8.9+: H100, H200, L4, RTX 4090); "

@@ -90,5 +90,4 @@ def make_loggers(
 
 def metrics_file(run_dir: Path) -> Path:
     """The CSV metrics of a run's latest launch: `<run dir>/metrics.csv`, or an older run's last per-launch file."""
-    files = metric_files(run_dir)
-    return files[-1] if files else run_dir / METRICS_FILE
+    return (metric_files(run_dir) or [run_dir / METRICS_FILE])[-1]
