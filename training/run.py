@@ -231,7 +231,16 @@ def _fit(
     if trainer.is_global_zero:
         if note := dropout_fallback(module.model, trainer.strategy.root_device):
             log.info(note)
-        log.info(settings_line(cfg, module.model, data, trainer, run_dir, ckpt_path))
+        # the one line that says what this run is: model, data, precision, device, run dir and code version
+        m, device = cfg.model, trainer.strategy.root_device
+        where = f"{trainer.world_size} x {device.type}" if trainer.world_size > 1 else str(device.type)
+        start = f"resuming from {ckpt_path} in" if ckpt_path else "run dir"
+        log.info(
+            f"{module.model.num_params() / 1e6:.2f}M parameters ({m.n_layer} layers x {m.n_embd}, {m.pos_encoding}, "
+            f"block {m.block_size}) on {data.about or data.name}; {trainer.precision} on {where}; {t.max_steps} steps "
+            f"x {t.batch_size * t.grad_accum} x {m.block_size} tokens; {start} {run_dir}; git {git_sha()}, torch "
+            f"{torch.__version__}"
+        )
     with warnings.catch_warnings():
         # config.yaml (and, on resume, the checkpoints) are meant to be in the run directory
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
@@ -257,22 +266,6 @@ def _fit(
         except UserError as error:  # no loss logged yet, or a disk that cannot take the figure: the run is done
             log.warning("No training.png: %s", error)
     return RunResult(run_dir, run_dir / "last.ckpt", best_path, best_loss, sample, plot)
-
-
-def settings_line(
-    cfg: RunConfig, model: GPT, data: TrainingData, trainer: L.Trainer, run_dir: Path, ckpt_path: Path | None
-) -> str:
-    """The one line that says what this run is: model, data, precision, device, run dir and code version."""
-    m = cfg.model
-    device = trainer.strategy.root_device
-    where = f"{trainer.world_size} x {device.type}" if trainer.world_size > 1 else str(device.type)
-    start = f"resuming from {ckpt_path} in" if ckpt_path else "run dir"
-    return (
-        f"{model.num_params() / 1e6:.2f}M parameters ({m.n_layer} layers x {m.n_embd}, {m.pos_encoding}, block "
-        f"{m.block_size}) on {data.about or data.name}; {trainer.precision} on {where}; {cfg.train.max_steps} steps "
-        f"x {cfg.train.batch_size * cfg.train.grad_accum} x {m.block_size} tokens; {start} {run_dir}; git "
-        f"{git_sha()}, torch {torch.__version__}"
-    )
 
 
 def dropout_fallback(model: GPT, device: torch.device) -> str | None:
