@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import train as train_script
+from posgpt.core.device import DeviceError
 from posgpt.model import GPT, GPTConfig
 from posgpt.training import hardware
 from posgpt.training.run import dropout_fallback
@@ -94,10 +95,10 @@ def test_fp8_on_a_gpu_without_fp8_names_its_capability(monkeypatch):
     monkeypatch.setattr(hardware, "uses_cuda", lambda accelerator: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
-    with pytest.raises(hardware.HardwareError, match=r"A100-SXM4-80GB has 8\.0"):
+    with pytest.raises(DeviceError, match=r"A100-SXM4-80GB has 8\.0"):
         hardware.check_fp8("gpu", "bf16-mixed")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    with pytest.raises(hardware.HardwareError, match="Use --train.precision bf16-mixed"):
+    with pytest.raises(DeviceError, match="Use --train.precision bf16-mixed"):
         hardware.check_fp8("gpu", "32-true")
 
 

@@ -51,9 +51,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             failed = f"the write failed ({str(error).splitlines()[0][:120]})"
             what = "no space left" if full or free < (64 << 20) else failed
             kept = f"the previous {path} is intact" if path.is_file() else f"no earlier {path.name} was there"
-            mount = path.parent.resolve()  # the mount point: how a user finds the disk to free
-            while not os.path.ismount(mount) and mount != mount.parent:
-                mount = mount.parent
+            parent = path.parent.resolve()  # its mount point: how a user finds the disk to free
+            mount = next(p for p in (parent, *parent.parents) if os.path.ismount(p) or p == p.parent)
             raise UserError(
                 f"Could not write {path}: {what} on the disk mounted at {mount} ({free / 2**20:.0f} MB free); "
                 f"{kept}. Free some space and continue with the same command and --train.resume auto."
@@ -138,9 +137,8 @@ class LastCheckpoint(L.Callback):
         step = trainer.global_step
         if (any(step % n == 0 for n in self.check_every) or step >= trainer.max_steps) and bool(pl_module.nonfinite):
             raise self._diverged(step)
-        now = time.monotonic()
         if self._step_ended is not None:
-            self._longest_step = max(self._longest_step, now - self._step_ended)
+            self._longest_step = max(self._longest_step, time.monotonic() - self._step_ended)
         steps = self.t.log_interval if trainer.world_size > 1 else 1  # till the next reading of the stop flag
         if reason := self._stop_reason(trainer, (steps + 1) * self._longest_step + 2 * self._longest_save, step):
             self._save(trainer, pl_module)
@@ -274,9 +272,6 @@ class MetricsWriter(L.Callback):
             logger.save()
 
 
-LINES_PER_RUN = 20  # about, when `train.print_interval` is left to choose
-
-
 class ProgressLines(L.Callback):
     """One log line every `every` optimizer steps and one after each validation. Step time leaves out a launch's
     first step (warm-up) and validations; the ETA adds the validations to come at the last one's duration."""
@@ -346,5 +341,5 @@ def progress_callback(t: TrainConfig) -> L.Callback:
     """The bar where it is wanted and stdout is a terminal, else the plain lines (every `print_interval` steps)."""
     if t.progress_bar and sys.stdout.isatty():
         return ProgressBar()
-    every = t.print_interval or max(1, round(t.max_steps / LINES_PER_RUN / t.log_interval)) * t.log_interval
+    every = t.print_interval or max(1, round(t.max_steps / 20 / t.log_interval)) * t.log_interval  # about 20 lines
     return ProgressLines(every, t.eval_interval)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 
 from posgpt.configs import shipped
 from posgpt.core.cli import Command
@@ -13,7 +15,7 @@ DEFAULT_CONFIG = shipped("shakespeare_char.yaml")  # `python train.py` with no o
 
 def main(cfg: RunConfig) -> None:
     """Train, then print the sample and where the checkpoints are (Lightning imported here, not for --help)."""
-    from posgpt.training.run import RunError, result_summary, train
+    from posgpt.training.run import RunError, train
 
     try:
         result = train(cfg)
@@ -28,7 +30,7 @@ def main(cfg: RunConfig) -> None:
         raise RunError(message) from error
     if result.sample is not None:
         print(f"\n--- sample ---\n{result.sample}\n--------------")
-    print(result_summary(result))
+    print(json.dumps({k: v for k, v in dataclasses.asdict(result).items() if k != "sample"}, default=str))  # paths
 
 
 COMMAND = Command(

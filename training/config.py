@@ -171,10 +171,6 @@ class TrainConfig:
     switch_model: dict[str, Any] = field(default_factory=dict)
     """The model fields that change at switch_at: the position scheme, the mask, the log-length scaling, the kernel."""
 
-    def validation_tokens(self, block_size: int) -> int:
-        """The validation budget in tokens (0: the whole split); see `eval_tokens`."""
-        return EVAL_BATCHES * self.batch_size * block_size if self.eval_tokens is None else self.eval_tokens
-
     def switch_step(self) -> int | None:
         """The optimizer step at which the model switches (None: never)."""
         if not self.switch_at:

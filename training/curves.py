@@ -5,7 +5,6 @@ TensorBoard events into `<run dir>/training.png` at the end of training and by `
 from __future__ import annotations
 
 import csv
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from matplotlib.ticker import FuncFormatter
 
 from posgpt.core.cli import Command
 from posgpt.core.errors import UserError
-from posgpt.core.files import atomic_write_bytes
+from posgpt.core.files import atomic_file
 from posgpt.core.units import format_count
 
 PLOT_FILE = "training.png"
@@ -43,11 +42,9 @@ def read_launch(path: Path) -> dict[int, dict[str, float]]:
     rows: dict[int, dict[str, float]] = {}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            step = cell_number(row.get("step"))
-            if step is None:
-                continue
-            values = {name: value for name in SERIES if (value := cell_number(row.get(name))) is not None}
-            rows.setdefault(int(step) + 1, {}).update(values)  # Lightning logs step k at index k - 1
+            if (step := cell_number(row.get("step"))) is not None:
+                values = {name: value for name in SERIES if (value := cell_number(row.get(name))) is not None}
+                rows.setdefault(int(step) + 1, {}).update(values)  # Lightning logs step k at index k - 1
     return rows
 
 
@@ -119,11 +116,10 @@ def write_training_plot(run_dir: Path) -> Path:
     metrics = read_metrics(run_dir)
     if not any(metrics[name] for name in ("train/loss", "val/loss")):
         raise UserError(f"{run_dir}'s metrics hold no loss yet: train for at least --train.log_interval steps.")
-    buffer = io.BytesIO()
-    training_figure(metrics, run_dir.resolve().name).savefig(buffer, format="png")
     path = run_dir / PLOT_FILE
     try:
-        atomic_write_bytes(path, buffer.getvalue())
+        with atomic_file(path) as f:
+            training_figure(metrics, run_dir.resolve().name).savefig(f, format="png")
     except OSError as error:
         raise UserError(f"cannot write {path}: {error.strerror or error}.") from None
     return path

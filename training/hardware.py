@@ -9,8 +9,6 @@ from torch import nn
 
 from posgpt.core.device import DeviceError, auto_dtype
 
-HardwareError = DeviceError  # a setting that this machine's devices cannot run
-
 DENSE_BF16_PEAKS: tuple[tuple[str, float], ...] = (
     ("h200 nvl", 835.5e12),
     ("h200", 989.4e12),
@@ -42,13 +40,13 @@ def resolve_precision(precision: str, accelerator: str) -> str:
 def check_hardware(accelerator: str, strategy: str) -> None:
     """Refuse, with the fix, an accelerator this machine lacks or a strategy Lightning cannot run on its devices."""
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise HardwareError(
+        raise DeviceError(
             f"--train.accelerator {accelerator}: no CUDA GPU is available here. Use --train.accelerator auto or cpu."
         )
     if accelerator == "mps" and not torch.backends.mps.is_available():
-        raise HardwareError("--train.accelerator mps: MPS is not available here. Use --train.accelerator auto or cpu.")
+        raise DeviceError("--train.accelerator mps: MPS is not available here. Use --train.accelerator auto or cpu.")
     if strategy.startswith("fsdp") and not uses_cuda(accelerator):
-        raise HardwareError(
+        raise DeviceError(
             f"--train.strategy {strategy} needs CUDA GPUs (Lightning runs FSDP only there) and none is used here. "
             "On CPUs use --train.strategy ddp (or auto)."
         )
@@ -70,32 +68,29 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return float(peak) if peak else None
 
 
-FP8_CAPABILITY = (8, 9)  # the first CUDA compute capability with FP8 tensor cores (Ada Lovelace)
-
-
 def check_fp8(accelerator: str, precision: str, option: str = "--train.fp8") -> None:
     """Refuse `train.fp8` where it cannot run, with the fix; `option` is how the command spells the flag."""
     if not uses_cuda(accelerator):
-        raise HardwareError(
+        raise DeviceError(
             f"{option} true needs an NVIDIA GPU with FP8 tensor cores (compute capability 8.9+: H100, H200, "
             f"L4, RTX 4090) and none is used here. Leave {option} false."
         )
     capability = torch.cuda.get_device_capability()
-    if capability < FP8_CAPABILITY:
+    if capability < (8, 9):  # the first CUDA compute capability with FP8 tensor cores (Ada Lovelace)
         name = torch.cuda.get_device_name()
-        raise HardwareError(
+        raise DeviceError(
             f"{option} true needs FP8 tensor cores (compute capability 8.9+: H100, H200, L4, RTX 4090); "
             f"{name} has {capability[0]}.{capability[1]}. Leave {option} false (bf16 is this GPU's fastest)."
         )
     if precision not in ("bf16-mixed", "bf16-true"):
-        raise HardwareError(
+        raise DeviceError(
             f"{option} true trains with bf16 around the FP8 matmuls, not --train.precision {precision}. "
             "Use --train.precision bf16-mixed (or auto)."
         )
     try:
         import torchao.float8  # noqa: F401
     except ImportError:
-        raise HardwareError(f"{option} true needs torchao: pip install torchao (or leave {option} false).") from None
+        raise DeviceError(f"{option} true needs torchao: pip install torchao (or leave {option} false).") from None
 
 
 def fp8_eligible(module: nn.Module, name: str) -> bool:

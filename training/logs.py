@@ -65,19 +65,16 @@ def make_loggers(
     if kind == "none":
         return False
     record = RunCSVLogger(run_dir, start_step)
-    return [record] if kind == "csv" else [record, _other_logger(kind, run_dir, start_step, wandb_project, config)]
-
-
-def _other_logger(kind: str, run_dir: Path, start_step: int, wandb_project: str, config: dict[str, Any]) -> Logger:
-    """TensorBoard's or wandb's logger, beside the CSV record."""
+    if kind == "csv":
+        return [record]
     if kind == "tensorboard":  # one directory for the run: a resume purges the steps it trains again
         try:
             import tensorboard  # noqa: F401
         except ImportError:
             raise UserError("--train.logger tensorboard needs the tensorboard package: pip install tensorboard "
                             "(or pip install 'posgpt[tensorboard]'), or use --train.logger csv.") from None  # fmt: skip
-        return TensorBoardLogger(save_dir=str(run_dir), name=TENSORBOARD_DIR, version="", default_hp_metric=False,
-                                 purge_step=start_step or None)  # fmt: skip
+        return [record, TensorBoardLogger(save_dir=str(run_dir), name=TENSORBOARD_DIR, version="",
+                                          default_hp_metric=False, purge_step=start_step or None)]  # fmt: skip
     online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
     if online:  # and the server answers a TCP connection
         host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
@@ -87,11 +84,10 @@ def _other_logger(kind: str, run_dir: Path, start_step: int, wandb_project: str,
             online = False
     if not online:
         log.info("wandb: no API key or no network; logging offline to %s/wandb (upload later: wandb sync)", run_dir)
-    return WandbLogger(project=wandb_project, name=run_dir.name, save_dir=str(run_dir), offline=not online,
-                       config=config)  # fmt: skip
+    return [record, WandbLogger(project=wandb_project, name=run_dir.name, save_dir=str(run_dir), offline=not online,
+                                config=config)]  # fmt: skip
 
 
 def metrics_file(run_dir: Path) -> Path:
     """The CSV metrics of a run's latest launch: `<run dir>/metrics.csv`, or an older run's last per-launch file."""
-    files = metric_files(run_dir)
-    return files[-1] if files else run_dir / METRICS_FILE
+    return (metric_files(run_dir) or [run_dir / METRICS_FILE])[-1]

@@ -148,10 +148,9 @@ class GPTModule(L.LightningModule):
     ) -> None:
         """Clip the global gradient norm to `optim.grad_clip`: Lightning's clipping refuses the fused AdamW (even under
         bf16) and cannot clip FSDP by norm (docs/training.md)."""
-        max_norm = self.config.optim.grad_clip
-        if not max_norm:
+        if not self.config.optim.grad_clip:
             return
-        norm = clip_grad_norm(self.trainer, self, optimizer, max_norm)
+        norm = clip_grad_norm(self.trainer, self, optimizer, self.config.optim.grad_clip)
         if self._logging_step():
             self.pending["train/grad_norm"] = norm.detach()  # before clipping, as nanoGPT-style logs report it
 

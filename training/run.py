@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 import warnings
@@ -36,7 +35,7 @@ from posgpt.training.callbacks import (
     SpeedMonitor,
     progress_callback,
 )
-from posgpt.training.config import DataConfig, RunConfig
+from posgpt.training.config import EVAL_BATCHES, DataConfig, RunConfig
 from posgpt.training.curves import write_training_plot
 from posgpt.training.datamodule import TaskDataModule, TokenDataModule
 from posgpt.training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision, uses_cuda
@@ -96,7 +95,8 @@ def corpus_data(cfg: RunConfig, prepared: PreparedData | None = None) -> Trainin
     """A prepared corpus (`cfg.data`, or `prepared`: a study's, prepared once for its runs)."""
     data = prepared or prepared_data(cfg.data)
     t, block = cfg.train, cfg.model.block_size
-    datamodule = TokenDataModule(data, block, t.batch_size, t.seed, t.validation_tokens(block))  # checks the splits
+    eval_tokens = EVAL_BATCHES * t.batch_size * block if t.eval_tokens is None else t.eval_tokens  # 0: the whole split
+    datamodule = TokenDataModule(data, block, t.batch_size, t.seed, eval_tokens)  # checks the splits
     v = datamodule.validation_record()
     source = data.meta.get("name") or (
         Path(data.meta["sources"][0]).stem if data.meta.get("sources") else data.path.name
@@ -231,7 +231,16 @@ def _fit(
     if trainer.is_global_zero:
         if note := dropout_fallback(module.model, trainer.strategy.root_device):
             log.info(note)
-        log.info(settings_line(cfg, module.model, data, trainer, run_dir, ckpt_path))
+        # the one line that says what this run is: model, data, precision, device, run dir and code version
+        m, device = cfg.model, trainer.strategy.root_device
+        where = f"{trainer.world_size} x {device.type}" if trainer.world_size > 1 else str(device.type)
+        start = f"resuming from {ckpt_path} in" if ckpt_path else "run dir"
+        log.info(
+            f"{module.model.num_params() / 1e6:.2f}M parameters ({m.n_layer} layers x {m.n_embd}, {m.pos_encoding}, "
+            f"block {m.block_size}) on {data.about or data.name}; {trainer.precision} on {where}; {t.max_steps} steps "
+            f"x {t.batch_size * t.grad_accum} x {m.block_size} tokens; {start} {run_dir}; git {git_sha()}, torch "
+            f"{torch.__version__}"
+        )
     with warnings.catch_warnings():
         # config.yaml (and, on resume, the checkpoints) are meant to be in the run directory
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
@@ -242,8 +251,13 @@ def _fit(
     best_path = run_dir / Path(best.best_model_path).name if best and best.best_model_path else None
     best_loss = float(best.best_model_score) if best and best.best_model_score is not None else None
     sample, plot = None, None
-    if trainer.is_global_zero and t.sample_tokens:
-        sample = sample_text(module, data.tokenizer, t.sample_tokens)
+    if trainer.is_global_zero and t.sample_tokens:  # a short sample, from the tokenizer's start token
+        start = data.tokenizer.start_ids()
+        idx = torch.tensor([start], dtype=torch.long, device=module.device)
+        # eagerly, even for a compiled model: each new cache length would otherwise be a new compilation
+        with torch.compiler.set_stance("force_eager"):
+            out = module.model.eval().generate(idx, t.sample_tokens, temperature=0.8, top_k=200)
+        sample = data.tokenizer.decode(out[0, len(start) :].tolist())
     if trainer.is_global_zero and t.logger != "none":  # every logger keeps the CSV record, drawn here
         for logger in trainer.loggers:
             logger.save()  # the rows still buffered (csv), the events flushed (tensorboard)
@@ -252,22 +266,6 @@ def _fit(
         except UserError as error:  # no loss logged yet, or a disk that cannot take the figure: the run is done
             log.warning("No training.png: %s", error)
     return RunResult(run_dir, run_dir / "last.ckpt", best_path, best_loss, sample, plot)
-
-
-def settings_line(
-    cfg: RunConfig, model: GPT, data: TrainingData, trainer: L.Trainer, run_dir: Path, ckpt_path: Path | None
-) -> str:
-    """The one line that says what this run is: model, data, precision, device, run dir and code version."""
-    m = cfg.model
-    device = trainer.strategy.root_device
-    where = f"{trainer.world_size} x {device.type}" if trainer.world_size > 1 else str(device.type)
-    start = f"resuming from {ckpt_path} in" if ckpt_path else "run dir"
-    return (
-        f"{model.num_params() / 1e6:.2f}M parameters ({m.n_layer} layers x {m.n_embd}, {m.pos_encoding}, block "
-        f"{m.block_size}) on {data.about or data.name}; {trainer.precision} on {where}; {cfg.train.max_steps} steps "
-        f"x {cfg.train.batch_size * cfg.train.grad_accum} x {m.block_size} tokens; {start} {run_dir}; git "
-        f"{git_sha()}, torch {torch.__version__}"
-    )
 
 
 def dropout_fallback(model: GPT, device: torch.device) -> str | None:
@@ -285,18 +283,3 @@ def dropout_fallback(model: GPT, device: torch.device) -> str | None:
         "(which has no attention dropout); slower and more memory at long contexts. --model.dropout 0 keeps "
         f"{without}."
     )
-
-
-def sample_text(module: GPTModule, tokenizer: Tokenizer, n_tokens: int) -> str:
-    """A short sample from the trained model, from the tokenizer's start token."""
-    model = module.model.eval()
-    start = tokenizer.start_ids()
-    idx = torch.tensor([start], dtype=torch.long, device=module.device)
-    # eagerly, even for a compiled model: each new cache length would otherwise be a new compilation
-    with torch.compiler.set_stance("force_eager"):
-        out = model.generate(idx, n_tokens, temperature=0.8, top_k=200)
-    return tokenizer.decode(out[0, len(start) :].tolist())
-
-
-def result_summary(result: RunResult) -> str:
-    return json.dumps({k: v for k, v in dataclasses.asdict(result).items() if k != "sample"}, default=str)  # paths
