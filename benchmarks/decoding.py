@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from importlib.util import find_spec
 from typing import Literal
 
 import torch
@@ -18,6 +19,7 @@ from posgpt.core.errors import ConfigError
 from posgpt.model import GPT, POS_ENCODINGS, GPTConfig
 from posgpt.model.generation import compile_for_decoding, stream
 from posgpt.model.linear import onednn_linears
+from posgpt.model.pretrained import NAMES, TRANSPOSED
 
 SHAPES: dict[str, dict[str, int]] = {
     "gpt2": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50257},  # GPT-2 124M
@@ -58,6 +60,8 @@ class DecodeBenchConfig:
     """Sample among the k most likely tokens (0: all)."""
     temperature: float = 1.0
     """Softmax temperature; 0 is greedy (nanoGPT's generate then samples with top_k 1, the same choice)."""
+    hf: bool = True
+    """Hugging Face's GPT-2 `generate` on the weights of the learned row (where transformers is installed)."""
 
     def __post_init__(self) -> None:
         check_schemes(self.schemes, POS_ENCODINGS, "--schemes: ")
@@ -150,6 +154,42 @@ def run_nanogpt(setup: Setup, batch: int) -> Row:
                setup.peak_mib())  # fmt: skip
 
 
+def run_hf(setup: Setup, batch: int) -> Row:
+    """Hugging Face's GPT-2 `generate` (transformers), eager, on the weights of our learned row (its biases zero:
+    ours has none), greedy or sampled as ours."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(SEED)  # our learned row's weights, as `run_ours` builds them
+    c = GPTConfig(**SHAPES[setup.shape], pos_encoding="learned", bias=False, dropout=0.0)
+    with setup.device:
+        ours = GPT(c).to(dtype=setup.dtype).state_dict()
+    hf_config = GPT2Config(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, n_positions=c.block_size,
+                           vocab_size=ours["wte.weight"].size(0), activation_function="gelu")  # fmt: skip
+    setup.free()
+    with setup.device:
+        model = GPT2LMHeadModel(hf_config).to(dtype=setup.dtype).eval()
+    with torch.no_grad():
+        for name, tensor in model.transformer.state_dict().items():  # h.LAYER.MODULE.KIND, or wte, wpe, ln_f
+            layer, _, inner = name.removeprefix("h.").partition(".") if name.startswith("h.") else ("", "", name)
+            module, _, kind = inner.rpartition(".")
+            mine = ours.get(f"blocks.{layer}.{NAMES[module]}.{kind}" if layer else name.replace("wpe", "pe.table"))
+            tensor.copy_(0 if mine is None else mine.t() if inner in TRANSPOSED else mine)
+    idx, args = setup.prompt(batch), setup.args
+    sampling = {"do_sample": True, "temperature": args.temperature, "top_k": args.top_k} if args.temperature else {}
+
+    @torch.no_grad()
+    def generate(n: int) -> Iterator[torch.Tensor]:  # its generate yields nothing before the end
+        yield model.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=n, min_new_tokens=n,
+                             pad_token_id=0, do_sample=False, **sampling)  # fmt: skip
+
+    setup.time_tokens(generate(WARMUP_TOKENS))
+    setup.reset_peak()
+    first = setup.time_tokens(generate(1))[1]
+    total = setup.time_tokens(generate(setup.tokens))[1]
+    return Row("Hugging Face", "learned", "eager", batch, batch * setup.tokens / total, 1000 * first, None,
+               setup.peak_mib())  # fmt: skip
+
+
 def summary(rows: list[Row], batches: list[int]) -> list[str]:
     """The table for BENCHMARKS.md: one line per model, scheme and mode, tokens/s per batch in its
     own column, the other figures per batch as `a / b`."""
@@ -181,7 +221,10 @@ def bench_decode(args: DecodeBenchConfig) -> None:
     print("\n".join(table_head(head)), flush=True)
     ours = (run_ours(setup, *key) for key in itertools.product(args.schemes, args.modes, args.batches))
     nanogpt = (run_nanogpt(setup, batch) for batch in (args.batches if setup.peer is not None else []))
-    for row in itertools.chain(ours, nanogpt):
+    hf = (run_hf(setup, batch) for batch in (args.batches if "learned" in args.schemes and args.hf else []))
+    if args.hf and not find_spec("transformers"):
+        print("note: transformers is not installed: no Hugging Face rows (pip install transformers)")
+    for row in itertools.chain(ours, nanogpt, hf if find_spec("transformers") else []):
         line = table_line([row.model, row.scheme, row.mode, str(row.batch), cell(row.tokens_per_s, ",.1f"),
                            cell(row.first_token_ms, ",.1f"), cell(row.compile_s, ",.1f"), cell(row.peak_mib, ",.0f"),
                            cell(row.graphs, "d")])  # fmt: skip

@@ -5,12 +5,17 @@ peer is present and a note where it is not."""
 from __future__ import annotations
 
 import json
+from importlib.util import find_spec
 
 import pytest
+import torch
 
 import bench
-from posgpt.benchmarks.common import DEFAULT_PEER
+from posgpt.benchmarks import decoding
+from posgpt.benchmarks.common import DEFAULT_PEER, SEED
+from posgpt.benchmarks.decoding import SHAPES
 from posgpt.core.modes import run_modes
+from posgpt.model import GPT, GPTConfig
 
 TINY = ["decode", "--shape", "tiny", "--batches", "1", "2", "--tokens", "8", "--modes", "eager"]
 
@@ -49,6 +54,28 @@ def test_decode_times_nanogpts_generate_on_the_same_shape(tmp_path, capsys):
     assert [(e["scheme"], e["batch"]) for e in nano] == [("learned", 1), ("learned", 2)]
     assert all(e["tokens_per_s"] > 0 for e in nano)
     assert sum(line.startswith("| nanoGPT | learned | eager |") for line in out) == 3  # live rows 2, summary 1
+
+
+def test_decode_times_hugging_faces_generate_on_the_weights_of_our_learned_row(tmp_path, capsys, monkeypatch):
+    """Its rows beside ours, and the same weights: greedy, its tokens are our learned row's."""
+    transformers = pytest.importorskip("transformers")
+    made, generate = [], transformers.GPT2LMHeadModel.generate
+    monkeypatch.setattr(
+        transformers.GPT2LMHeadModel, "generate", lambda self, *a, **k: made.append(generate(self, *a, **k)) or made[-1]
+    )
+    out = _decode([*TINY, "--schemes", "learned", "--temperature", "0", "--peer", str(tmp_path)], capsys)
+    assert sum(line.startswith("| Hugging Face | learned | eager |") for line in out) == 3  # live rows 2, summary 1
+    torch.manual_seed(SEED)
+    ours = GPT(GPTConfig(**SHAPES["tiny"], pos_encoding="learned", bias=False, dropout=0.0)).eval()
+    prompt = made[-1][:1, :1]
+    assert torch.equal(ours.generate(prompt, 8, temperature=0)[:, :9], made[-1][:1, :9])
+
+
+def test_without_transformers_the_hugging_face_rows_are_left_out_with_a_note(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(decoding, "find_spec", lambda name: None if name == "transformers" else find_spec(name))
+    out = _decode([*TINY, "--schemes", "learned", "--batches", "1", "--peer", str(tmp_path)], capsys)
+    assert "note: transformers is not installed: no Hugging Face rows (pip install transformers)" in out
+    assert not any(line.startswith("| Hugging Face") for line in out)
 
 
 @pytest.mark.parametrize(
