@@ -262,8 +262,7 @@ def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = 
     for name in unknown + re.findall(r"^Option '([\w.]+)' is not accepted", message):  # command line, config file
         if name in refused:
             return f"{text}; --{name} is not an option of this command"
-        hint = did_you_mean(name, names, "--")
-        if hint:
+        if hint := did_you_mean(name, names, "--"):
             return text + hint
     return text
 

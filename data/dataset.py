@@ -246,8 +246,7 @@ def recorded_data(
             )  # fmt: skip
         return prepared
     # gone, or prepared again from other text: prepare it anew from sources still holding what they held
-    sources = _unchanged_sources(record, glob, column, settings)
-    if sources is None:
+    if (sources := _unchanged_sources(record, glob, column, settings)) is None:
         raise DataError(_changed_data(checkpoint, f"{', '.join(record['sources'])} changed or moved since"))
     root = str(Path(record["prepared"]).parent)
     if record.get("val_capped"):
@@ -260,8 +259,7 @@ def recorded_data(
 def _unchanged_sources(record: dict[str, Any], glob: str, column: str, settings: dict[str, Any]) -> list[Source] | None:
     """The recorded sources if they still hold what they held at training (hashing them); else None."""
     try:
-        details = record.get("source_details")
-        if details:
+        if details := record.get("source_details"):
             sources = [Source.from_record(detail) for detail in details]
         else:
             sources = resolve_sources(record["sources"], glob, column)

@@ -145,8 +145,7 @@ def prepare_sources(cfg: PrepareConfig, sources: list[Source]) -> dict[str, Any]
     settings = {"tokenizer": cfg.tokenizer, "val_fraction": cfg.val_fraction, "errors": cfg.errors}
     try:
         with waiting_lock(out, tidy=True):  # a failed prepare into a new directory leaves nothing
-            existing = _reusable(out, sources, settings, cfg.val_max_tokens)
-            if existing is not None:
+            if (existing := _reusable(out, sources, settings, cfg.val_max_tokens)) is not None:
                 log.info("Reusing %s: sources and settings unchanged", out)
                 return existing
             out.mkdir(parents=True, exist_ok=True)
