@@ -248,12 +248,11 @@ def recorded_data(
     # gone, or prepared again from other text: prepare it anew from sources still holding what they held
     if (sources := _unchanged_sources(record, glob, column, settings)) is None:
         raise DataError(_changed_data(checkpoint, f"{', '.join(record['sources'])} changed or moved since"))
-    root = str(Path(record["prepared"]).parent)
     if record.get("val_capped"):
         cap = record["val_max_tokens"]
     elif cap is not None and record["val_tokens"] > cap:
         cap = None  # a split prepared before the cap existed, larger than it: prepare it uncapped, as it was
-    return prepare_dir(sources, None, root, **options, val_max_tokens=cap)
+    return prepare_dir(sources, None, str(Path(record["prepared"]).parent), **options, val_max_tokens=cap)
 
 
 def _unchanged_sources(record: dict[str, Any], glob: str, column: str, settings: dict[str, Any]) -> list[Source] | None:
