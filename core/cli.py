@@ -262,8 +262,7 @@ def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = 
     for name in unknown + re.findall(r"^Option '([\w.]+)' is not accepted", message):  # command line, config file
         if name in refused:
             return f"{text}; --{name} is not an option of this command"
-        hint = did_you_mean(name, names, "--")
-        if hint:
+        if hint := did_you_mean(name, names, "--"):
             return text + hint
     return text
 
@@ -329,9 +328,8 @@ LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")  # devi
 @contextlib.contextmanager
 def quiet_libraries() -> Iterator[None]:
     """Leave out Lightning's notices (its warnings stay) and libraries' deprecation warnings about each other."""
-    loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
+    levels = {logger: logger.level for logger in map(logging.getLogger, LIBRARY_LOGGERS)}
+    for logger in levels:
         logger.setLevel(logging.WARNING)
     try:
         with warnings.catch_warnings():
@@ -339,5 +337,5 @@ def quiet_libraries() -> Iterator[None]:
                 warnings.filterwarnings("ignore", category=category, module=r"(lightning|torch|lightning_utilities)\.")
             yield
     finally:
-        for logger, level in zip(loggers, levels, strict=True):
+        for logger, level in levels.items():
             logger.setLevel(level)

@@ -174,11 +174,9 @@ def library_corpus(
     version = ".".join(environment["python"].split(".")[:2])
     stem = f"{LIBRARY}-{version}-{key}"
     corpus, manifest_path = cache / f"{stem}.jsonl", cache / f"{stem}.manifest.json"
-    manifest = _read_manifest(manifest_path, corpus)
-    if manifest is None:
+    if (manifest := _read_manifest(manifest_path, corpus)) is None:
         with waiting_lock(cache):  # one build at a time; what a killed one left goes first
-            manifest = _read_manifest(manifest_path, corpus)  # built by the holder we waited for
-            if manifest is None:
+            if (manifest := _read_manifest(manifest_path, corpus)) is None:  # else built by the holder we waited for
                 manifest = build(roots, corpus, environment, exclude=[cache, *exclude])
                 atomic_write_bytes(manifest_path, json.dumps(manifest, indent=1).encode())
     return Source(str(corpus.resolve()), "jsonl", "text", label=f"{LIBRARY}-{version}", details={"manifest": manifest})
@@ -192,8 +190,7 @@ def build(roots: list[Path], out: Path, environment: dict[str, Any], exclude: It
     kept: dict[str, tuple[Path, Path]] = {}  # content sha256 -> the first path holding it, and its root
     checked = 0
     for root, path in _candidates(roots, {Path(p).resolve() for p in exclude}, skipped):
-        data = _checked_bytes(path, skipped)
-        if data is not None:
+        if (data := _checked_bytes(path, skipped)) is not None:
             checked += 1
             kept.setdefault(hashlib.sha256(data).hexdigest(), (path, root))
     duplicates = checked - len(kept)

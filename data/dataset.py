@@ -246,22 +246,19 @@ def recorded_data(
             )  # fmt: skip
         return prepared
     # gone, or prepared again from other text: prepare it anew from sources still holding what they held
-    sources = _unchanged_sources(record, glob, column, settings)
-    if sources is None:
+    if (sources := _unchanged_sources(record, glob, column, settings)) is None:
         raise DataError(_changed_data(checkpoint, f"{', '.join(record['sources'])} changed or moved since"))
-    root = str(Path(record["prepared"]).parent)
     if record.get("val_capped"):
         cap = record["val_max_tokens"]
     elif cap is not None and record["val_tokens"] > cap:
         cap = None  # a split prepared before the cap existed, larger than it: prepare it uncapped, as it was
-    return prepare_dir(sources, None, root, **options, val_max_tokens=cap)
+    return prepare_dir(sources, None, str(Path(record["prepared"]).parent), **options, val_max_tokens=cap)
 
 
 def _unchanged_sources(record: dict[str, Any], glob: str, column: str, settings: dict[str, Any]) -> list[Source] | None:
     """The recorded sources if they still hold what they held at training (hashing them); else None."""
     try:
-        details = record.get("source_details")
-        if details:
+        if details := record.get("source_details"):
             sources = [Source.from_record(detail) for detail in details]
         else:
             sources = resolve_sources(record["sources"], glob, column)

@@ -145,8 +145,7 @@ def prepare_sources(cfg: PrepareConfig, sources: list[Source]) -> dict[str, Any]
     settings = {"tokenizer": cfg.tokenizer, "val_fraction": cfg.val_fraction, "errors": cfg.errors}
     try:
         with waiting_lock(out, tidy=True):  # a failed prepare into a new directory leaves nothing
-            existing = _reusable(out, sources, settings, cfg.val_max_tokens)
-            if existing is not None:
+            if (existing := _reusable(out, sources, settings, cfg.val_max_tokens)) is not None:
                 log.info("Reusing %s: sources and settings unchanged", out)
                 return existing
             out.mkdir(parents=True, exist_ok=True)
@@ -157,20 +156,15 @@ def prepare_sources(cfg: PrepareConfig, sources: list[Source]) -> dict[str, Any]
                 for split in ("train", "val"):
                     (out / f"{split}.bin").unlink(missing_ok=True)
                 raise
-    except OSError as error:
-        raise _os_error(error, out) from None
-
-
-def _os_error(error: OSError, out: Path) -> DataError:
-    """A file-system error of a prepare as one message that names the file and the fix."""
-    name = Path(error.filename) if error.filename else out
-    reason = error.strerror or str(error)
-    if out.resolve() in (name.resolve(), *name.resolve().parents):
+    except OSError as error:  # one message that names the file and the fix
+        name = Path(error.filename) if error.filename else out
+        reason = error.strerror or str(error)
+        if out.resolve() not in (name.resolve(), *name.resolve().parents):
+            raise DataError(f"Cannot read {name}: {reason}. Check the path and its permissions.") from None
         fix = "Pass a directory you can write (--data.prepared_root DIR)"
         if error.errno == errno.ENOSPC:
             fix = "Free some space and run it again (what was written is discarded)"
-        return DataError(f"Cannot write prepared data to {out} ({name}: {reason}). {fix}.")
-    return DataError(f"Cannot read {name}: {reason}. Check the path and its permissions.")
+        raise DataError(f"Cannot write prepared data to {out} ({name}: {reason}). {fix}.") from None
 
 
 def _write(sources: list[Source], cfg: PrepareConfig, settings: dict[str, Any]) -> dict[str, Any]:
@@ -282,16 +276,15 @@ class ReadProgress(AbstractContextManager):
         self.end: float | None = None
         self._tenth = 0
         interactive = sys.stderr.isatty() if interactive is None else interactive
-        self.bar = tqdm(total=self.total, unit="B", unit_scale=True, desc=what, leave=False) if interactive else None
+        self.bar = tqdm(total=self.total, unit="B", unit_scale=True, desc=what, leave=False, disable=not interactive)
 
     def update(self, read: int, tokens: int) -> None:
         """The input is read up to byte `read` and `tokens` are written."""
-        if self.bar is not None:
-            self.bar.update(read - self.read)
-            self.bar.set_postfix_str(f"{tokens:,} tokens", refresh=False)
+        self.bar.update(read - self.read)
+        self.bar.set_postfix_str(f"{tokens:,} tokens", refresh=False)
         self.read, self.tokens = read, tokens
         now = time.perf_counter()
-        if self.bar is not None or now - self.start < QUIET_SECONDS:
+        if not self.bar.disable or now - self.start < QUIET_SECONDS:
             return
         if self.total:
             tenth = min(10, self.read * 10 // self.total)
@@ -318,8 +311,7 @@ class ReadProgress(AbstractContextManager):
 
     def __exit__(self, *exc: object) -> None:
         self.end = time.perf_counter()
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
 
 
 def _total_size(sources: list[Source]) -> int | None:

@@ -81,8 +81,7 @@ def jsonl_pieces(path: Path, column: str, errors: str) -> Iterator[Piece]:
         try:
             for number, line in enumerate(lines, 1):
                 read = read + len(line) if plain else raw.tell()
-                value = _json_text(path, number, line, column, errors)
-                if value:
+                if value := _json_text(path, number, line, column, errors):
                     documents += 1
                     yield Piece(value, True, read)
         except (gzip.BadGzipFile, EOFError, zlib.error) as error:

@@ -216,9 +216,7 @@ def path_sources(path: Path, glob: str, column: str) -> list[Source]:
 def corpus_name(sources: list[Source]) -> str:
     """The name of prepared directories: the one source's, or the directory of the first of several."""
     first = sources[0]
-    if len(sources) == 1 or first.format == "hub":
-        return first.name
-    return first.path.parent.name
+    return first.name if len(sources) == 1 or first.format == "hub" else first.path.parent.name
 
 
 def modified_after(location: str, stamp: float) -> bool:

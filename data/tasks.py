@@ -256,12 +256,10 @@ class SelectiveCopy(Task):
 
     def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
         symbols = [rng.choice(SYMBOLS[: task.symbols]) for _ in range(n)]
-        cells = symbols + ["."] * round(n * (1.0 if depth is None else depth))
-        places = sorted(rng.sample(range(len(cells)), n))  # where the symbols go, in order
-        row = ["."] * len(cells)
-        for place, symbol in zip(places, symbols, strict=True):
-            row[place] = symbol
-        return Example(BOS + "".join(row) + SEP, "".join(symbols), n, depth)
+        cells = n + round(n * (1.0 if depth is None else depth))
+        places = dict(zip(sorted(rng.sample(range(cells), n)), symbols, strict=True))  # the symbols' cells, in order
+        row = "".join(places.get(cell, ".") for cell in range(cells))
+        return Example(BOS + row + SEP, "".join(symbols), n, depth)
 
 
 TASKS: dict[str, Task] = {

@@ -83,7 +83,25 @@ class GPT2Tokenizer:
                     f"a local r50k_base.tiktoken ranks file with --data.tiktoken_ranks PATH or {RANKS_ENV}."
                 ) from error
         else:
-            self._enc = _encoding_from_ranks(Path(ranks_path))
+            from tiktoken.load import load_tiktoken_bpe
+            from tiktoken_ext.openai_public import r50k_pat_str
+
+            path = Path(ranks_path)
+            if not path.is_file():
+                raise DataError(f"GPT-2 ranks file not found: {path} (expected r50k_base.tiktoken).")
+            try:
+                ranks = load_tiktoken_bpe(str(path), expected_hash=R50K_SHA256)
+            except ValueError as error:
+                raise DataError(
+                    f"{path} is not tiktoken's r50k_base ranks file (sha256 {R50K_SHA256[:8]}...): {error}"
+                ) from None
+            self._enc = tiktoken.Encoding(
+                name="gpt2",
+                explicit_n_vocab=GPT2_VOCAB,
+                pat_str=r50k_pat_str,
+                mergeable_ranks=ranks,
+                special_tokens={EOT: GPT2_VOCAB - 1},
+            )
         self.vocab_size = GPT2_VOCAB
         self.end_id: int = self._enc.eot_token
 
@@ -132,28 +150,6 @@ class GPT2Tokenizer:
 
     def meta(self) -> dict[str, Any]:
         return {"kind": "gpt2", "vocab_size": self.vocab_size}
-
-
-def _encoding_from_ranks(path: Path):  # -> tiktoken.Encoding
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
-    from tiktoken_ext.openai_public import r50k_pat_str
-
-    if not path.is_file():
-        raise DataError(f"GPT-2 ranks file not found: {path} (expected r50k_base.tiktoken).")
-    try:
-        ranks = load_tiktoken_bpe(str(path), expected_hash=R50K_SHA256)
-    except ValueError as error:
-        raise DataError(
-            f"{path} is not tiktoken's r50k_base ranks file (sha256 {R50K_SHA256[:8]}...): {error}"
-        ) from None
-    return tiktoken.Encoding(
-        name="gpt2",
-        explicit_n_vocab=GPT2_VOCAB,
-        pat_str=r50k_pat_str,
-        mergeable_ranks=ranks,
-        special_tokens={EOT: GPT2_VOCAB - 1},
-    )
 
 
 Tokenizer = CharTokenizer | GPT2Tokenizer
