@@ -283,14 +283,21 @@ def test_a_waiter_on_a_lock_its_failed_holder_removed_locks_afresh(tmp_path):
 
 
 def test_concurrent_prepares_of_one_corpus_both_succeed_and_agree(tmp_path):
+    """Two prepares of one directory started together: each waits while the lock is held (here by the test, so
+    that they overlap however loaded the machine), then both finish, one after the other, with one complete
+    output and no temporary file left."""
     corpus = tmp_path / "big.txt"
-    corpus.write_text(make_text(300000))  # a few seconds to prepare: the two overlap
+    corpus.write_text(make_text(30000))
     out = tmp_path / "prepared"
     cmd = [sys.executable, "-m", "posgpt", "prepare", "--inputs", str(corpus), "--out_dir", str(out)]
-    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"]
+    with directory_lock(out):
+        procs = [
+            subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"
+        ]
+        waited = [next((line for line in p.stderr if "waiting for it to finish" in line), "") for p in procs]
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results
-    assert sum("waiting for it to finish" in err for _, err in results) == 1  # one waited for the other
+    assert all(waited), (waited, results)
     meta = json.loads((out / "meta.json").read_text())
     assert (out / "train.bin").stat().st_size == meta["train_tokens"] * np.dtype(meta["dtype"]).itemsize
     assert not [p for p in out.iterdir() if ".tmp" in p.name]
