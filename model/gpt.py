@@ -18,7 +18,7 @@ from posgpt.model.cache import DecodingCache, LayoutCache
 from posgpt.model.config import GPTConfig
 from posgpt.model.generation import stream
 from posgpt.model.kernels import Kernel, Placement, Plan, WeightsHook
-from posgpt.model.layout import KindPlan, LayerKind, kind_schemes, layer_kinds, scheme_differs
+from posgpt.model.layout import KindPlan, LayerKind, layer_kinds, scheme_differs
 from posgpt.model.loss import linear_cross_entropy
 from posgpt.model.positions import SCHEMES, PositionEncoding, build_positions
 from posgpt.model.scores import SCORES
@@ -80,7 +80,9 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.pe = build_positions(config)  # one instance, shared by every block of the model's scheme
         self.kinds = layer_kinds(config)  # the layers of each kind, each with its mask, and `kind_of` each layer's
-        self.kind_pe = nn.ModuleDict(kind_schemes(config, self.kinds))
+        # a scheme of its own for each kind of a layout whose scheme is not the model's
+        own = {kind.name: build_positions(kind.config) for kind in self.kinds if scheme_differs(config, kind.config)}
+        self.kind_pe = nn.ModuleDict(own)
         self.attention = ATTENTIONS[config.attention]  # the attention function: its layer class and kernels
         # what each kernel keeps across forwards (flex: block masks), by kernel class (a copied model has copies
         # of the kernels); made now, so that a compiled forward never sees the dict change
@@ -212,11 +214,9 @@ class GPT(nn.Module):
         """Whether `rescaled` applies: a scheme whose angles stretch (RoPE) in every layer that reads positions, at
         one base (a layout whose kinds turn at several is not, as Gemma 3 scales its global layers only)."""
         schemes = [(self.pe_of(kind), kind.config.rope_base) for kind in self.kinds]
-        if not any(pe.rescalable for pe, _ in schemes) or any(
-            pe.uses_positions and not pe.rescalable for pe, _ in schemes
-        ):
+        if any(pe.uses_positions and not pe.rescalable for pe, _ in schemes):
             return False
-        return len({base for pe, base in schemes if pe.rescalable}) == 1
+        return len({base for pe, base in schemes if pe.rescalable}) == 1  # none rescalable: 0
 
     def rescaled(self, scaling: str, factor: float) -> GPT:
         """A view of this model, sharing every parameter and buffer, with its scheme's angles stretched

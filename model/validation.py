@@ -106,8 +106,7 @@ def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
     if field == "attention" and config.attn_backend not in ATTENTIONS[value].kernels:
         changes["attn_backend"] = AUTO
     candidate = copy.copy(config)  # not validated: the question is what would
-    for name, changed in changes.items():
-        object.__setattr__(candidate, name, changed)
+    candidate.__dict__.update(changes)  # (frozen: past its __setattr__)
     try:  # what the attention function itself refuses (differential attention: the head size, the score)
         ATTENTIONS[candidate.attention].check(candidate)
     except ConfigError:
