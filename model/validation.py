@@ -32,10 +32,13 @@ def kernel_names() -> list[str]:
 def check_config(config: GPTConfig) -> None:
     """Raise `ConfigError` for a config no model can be built from: an unknown name, a scheme that
     refuses the shape, or settings no kernel of the attention function can run together."""
-    _check_name("pos_encoding", config.pos_encoding, list(SCHEMES))
-    _check_name("attention", config.attention, list(ATTENTIONS))
-    _check_name("attn_score", config.attn_score, list(SCORES))
-    _check_name("attn_backend", config.attn_backend, [AUTO, *kernel_names()])
+    registries = {"pos_encoding": list(SCHEMES), "attention": list(ATTENTIONS), "attn_score": list(SCORES),
+                  "attn_backend": [AUTO, *kernel_names()]}  # fmt: skip
+    for field, names in registries.items():
+        value = getattr(config, field)
+        if value not in names:
+            hint = did_you_mean(str(value), names, "") or "."
+            raise ConfigError(f"GPTConfig.{field} must be one of {names}, got {value!r}{hint}")
     check_layout(config)
     scheme = SCHEMES[config.pos_encoding]
     if config.rope_fraction != 1.0 and not scheme.partial_rotation:
@@ -78,12 +81,6 @@ def check_config(config: GPTConfig) -> None:
     missing = _unmet(config)
     if missing:
         raise ConfigError(_refusal(config, missing))
-
-
-def _check_name(field: str, value: Any, names: list[str]) -> None:
-    if value not in names:
-        hint = did_you_mean(str(value), names, "") or "."
-        raise ConfigError(f"GPTConfig.{field} must be one of {names}, got {value!r}{hint}")
 
 
 def _unmet(config: GPTConfig) -> list[Lack]:
