@@ -201,12 +201,10 @@ class GPTConfig:
 
     @property
     def head_dim(self) -> int:
-        """Size of each attention head (n_embd / n_head)."""
         return self.n_embd // self.n_head
 
     @property
     def kv_heads(self) -> int:
-        """Key/value heads: n_kv_head, or n_head without grouping."""
         return self.n_kv_head or self.n_head
 
     @property
