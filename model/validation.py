@@ -113,18 +113,10 @@ def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
 
 def _alternatives(config: GPTConfig, field: str) -> str:
     """The other values of `field` with which `config` would run, in words."""
-    values: dict[str, list[Any]] = {
-        "pos_encoding": list(SCHEMES),
-        "attention": list(ATTENTIONS),
-        "attn_score": list(SCORES),
-        "attn_backend": [AUTO, *ATTENTIONS[config.attention].kernels],
-        "attn_window": [0],
-        "attn_chunk": [0],
-        "dropout": [0.0],
-        "attn_softcap": [0.0],
-        "attn_sink_logits": [False],
-    }
-    able = [str(v) for v in values[field] if v != getattr(config, field) and _runs_with(config, field, v)]
+    names = {"pos_encoding": list(SCHEMES), "attention": list(ATTENTIONS), "attn_score": list(SCORES),
+             "attn_backend": [AUTO, *ATTENTIONS[config.attention].kernels]}  # fmt: skip
+    off = [config.__dataclass_fields__[field].default]  # a mask, dropout, soft-cap or sink logits: turned off
+    able = [str(v) for v in names.get(field, off) if v != getattr(config, field) and _runs_with(config, field, v)]
     if not able:
         return f"changing {field} alone would not run it"
     listed = able[0] if len(able) == 1 else ", ".join(able[:-1]) + " or " + able[-1]
