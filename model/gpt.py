@@ -214,9 +214,8 @@ class GPT(nn.Module):
         """Whether `rescaled` applies: a scheme whose angles stretch (RoPE) in every layer that reads positions, at
         one base (a layout whose kinds turn at several is not, as Gemma 3 scales its global layers only)."""
         schemes = [(self.pe_of(kind), kind.config.rope_base) for kind in self.kinds]
-        if any(pe.uses_positions and not pe.rescalable for pe, _ in schemes):
-            return False
-        return len({base for pe, base in schemes if pe.rescalable}) == 1  # none rescalable: 0
+        every = all(pe.rescalable or not pe.uses_positions for pe, _ in schemes)
+        return every and len({base for pe, base in schemes if pe.rescalable}) == 1  # none rescalable: 0
 
     def rescaled(self, scaling: str, factor: float) -> GPT:
         """A view of this model, sharing every parameter and buffer, with its scheme's angles stretched
