@@ -4,7 +4,6 @@ built (`model.validation.check_config`), before any data is prepared."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -151,7 +150,7 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}.")
-        for name, choices in _literal_fields().items():
+        for name, choices in LITERAL_FIELDS.items():
             if getattr(self, name) not in choices:
                 raise ConfigError(f"GPTConfig.{name} must be one of {list(choices)}, got {getattr(self, name)!r}.")
         if self.rope_scaling_factor < 1.0:
@@ -184,16 +183,12 @@ class GPTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"GPTConfig.{name} must be an integer >= 0, got {value!r}.")
-        if self.attn_sinks and not self.attn_window:
-            raise ConfigError(
-                "GPTConfig.attn_sinks keeps the first tokens visible beyond a window: set attn_window > 0."
-            )
+        for name, what in (("attn_sinks", "keeps the first tokens visible beyond a window"),
+                           ("attn_random_blocks", "adds random blocks to a window's keys (BigBird)")):  # fmt: skip
+            if getattr(self, name) and not self.attn_window:
+                raise ConfigError(f"GPTConfig.{name} {what}: set attn_window > 0.")
         if self.attn_chunk and self.attn_window:
             raise ConfigError("GPTConfig.attn_chunk and attn_window are two local masks: set one of them to 0.")
-        if self.attn_random_blocks and not self.attn_window:
-            raise ConfigError(
-                "GPTConfig.attn_random_blocks adds random blocks to a window's keys (BigBird): set attn_window > 0."
-            )
         if self.attn_random_blocks and self.block_size % self.attn_sparse_block:
             divisors = [d for d in (16, 32, 64, 128, 256) if self.block_size % d == 0] or [1]
             raise ConfigError(
@@ -206,12 +201,10 @@ class GPTConfig:
 
     @property
     def head_dim(self) -> int:
-        """Size of each attention head (n_embd / n_head)."""
         return self.n_embd // self.n_head
 
     @property
     def kv_heads(self) -> int:
-        """Key/value heads: n_kv_head, or n_head without grouping."""
         return self.n_kv_head or self.n_head
 
     @property
@@ -251,9 +244,7 @@ BEFORE_FIELD: dict[str, tuple[Any, Any]] = {
 }
 """Fields that changed what a model computes when added: the old value, and the recorded configs it applies to."""
 
-
-@functools.cache
-def _literal_fields() -> dict[str, tuple[str, ...]]:
-    """The fields typed `Literal[...]` and their values: checked for a config built in code or from a checkpoint."""
-    hints = get_type_hints(GPTConfig)
-    return {name: get_args(hint) for name, hint in hints.items() if get_origin(hint) is Literal}
+LITERAL_FIELDS = {
+    name: get_args(hint) for name, hint in get_type_hints(GPTConfig).items() if get_origin(hint) is Literal
+}
+"""The fields typed `Literal[...]` and their values: checked for a config built in code or from a checkpoint."""

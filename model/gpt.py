@@ -18,7 +18,7 @@ from posgpt.model.cache import DecodingCache, LayoutCache
 from posgpt.model.config import GPTConfig
 from posgpt.model.generation import stream
 from posgpt.model.kernels import Kernel, Placement, Plan, WeightsHook
-from posgpt.model.layout import KindPlan, LayerKind, kind_schemes, layer_kinds, scheme_differs
+from posgpt.model.layout import KindPlan, LayerKind, layer_kinds, scheme_differs
 from posgpt.model.loss import linear_cross_entropy
 from posgpt.model.positions import SCHEMES, PositionEncoding, build_positions
 from posgpt.model.scores import SCORES
@@ -80,7 +80,9 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.pe = build_positions(config)  # one instance, shared by every block of the model's scheme
         self.kinds = layer_kinds(config)  # the layers of each kind, each with its mask, and `kind_of` each layer's
-        self.kind_pe = nn.ModuleDict(kind_schemes(config, self.kinds))
+        # a scheme of its own for each kind of a layout whose scheme is not the model's
+        own = {kind.name: build_positions(kind.config) for kind in self.kinds if scheme_differs(config, kind.config)}
+        self.kind_pe = nn.ModuleDict(own)
         self.attention = ATTENTIONS[config.attention]  # the attention function: its layer class and kernels
         # what each kernel keeps across forwards (flex: block masks), by kernel class (a copied model has copies
         # of the kernels); made now, so that a compiled forward never sees the dict change
@@ -212,11 +214,8 @@ class GPT(nn.Module):
         """Whether `rescaled` applies: a scheme whose angles stretch (RoPE) in every layer that reads positions, at
         one base (a layout whose kinds turn at several is not, as Gemma 3 scales its global layers only)."""
         schemes = [(self.pe_of(kind), kind.config.rope_base) for kind in self.kinds]
-        if not any(pe.rescalable for pe, _ in schemes) or any(
-            pe.uses_positions and not pe.rescalable for pe, _ in schemes
-        ):
-            return False
-        return len({base for pe, base in schemes if pe.rescalable}) == 1
+        every = all(pe.rescalable or not pe.uses_positions for pe, _ in schemes)
+        return every and len({base for pe, base in schemes if pe.rescalable}) == 1  # none rescalable: 0
 
     def rescaled(self, scaling: str, factor: float) -> GPT:
         """A view of this model, sharing every parameter and buffer, with its scheme's angles stretched
@@ -369,17 +368,7 @@ class GPT(nn.Module):
         return training_flops_per_token(self.num_params(), 1, self.config.n_embd, keys, self.attention.value_passes)
 
     @torch.no_grad()
-    def generate(
-        self,
-        idx: Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        use_cache: bool = True,
-        max_context: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Tensor:
-        """Extend each row of `idx` (B, T) by `max_new_tokens` tokens (`model.generation.stream`); (B, T + new)."""
-        steps = stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, max_context, generator)
-        return torch.cat([idx, *steps], dim=1)
+    def generate(self, idx: Tensor, max_new_tokens: int, **sampling: Any) -> Tensor:
+        """Extend each row of `idx` (B, T) by `max_new_tokens` tokens, `sampling` as `model.generation.stream` takes
+        it (temperature, top_k, top_p, use_cache, max_context, generator); (B, T + new)."""
+        return torch.cat([idx, *stream(self, idx, max_new_tokens, **sampling)], dim=1)

@@ -18,7 +18,7 @@ from posgpt.core.errors import ConfigError
 from posgpt.model.cache import CacheWrite
 from posgpt.model.kernels import Kernel, Placement, Plan
 from posgpt.model.masks import AttentionMask
-from posgpt.model.positions import SCHEMES, PositionEncoding, build_positions
+from posgpt.model.positions import SCHEMES, PositionEncoding
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
@@ -42,12 +42,6 @@ def scheme_differs(old: GPTConfig, new: GPTConfig) -> bool:
     anew, a kind of a layout has its own."""
     fields = SCHEMES[new.pos_encoding].fields
     return old.pos_encoding != new.pos_encoding or any(getattr(old, f) != getattr(new, f) for f in fields)
-
-
-def kind_fields() -> frozenset[str]:
-    """Every field a kind may set: the mask's, `pos_encoding` and the fields of the schemes that act in attention."""
-    schemes = (scheme for scheme in SCHEMES.values() if not scheme.embeds)
-    return frozenset({*LAYER_SETTINGS, "pos_encoding", *(f for scheme in schemes for f in scheme.fields)})
 
 
 def layer_kinds(config: GPTConfig) -> list[LayerKind]:
@@ -88,7 +82,9 @@ def check_layout(config: GPTConfig) -> None:
     unused = sorted(set(kinds) - set(config.layout))
     if unused:
         raise ConfigError(f"GPTConfig.kinds defines {unused}, which the layout never uses: drop them or use them.")
-    allowed = kind_fields()
+    # every field a kind may set: the mask's, `pos_encoding` and the fields of the schemes that act in attention
+    schemes = (scheme for scheme in SCHEMES.values() if not scheme.embeds)
+    allowed = {*LAYER_SETTINGS, "pos_encoding", *(f for scheme in schemes for f in scheme.fields)}
     for name, settings in kinds.items():
         settings = {} if settings is None else settings
         wrong = sorted(set(settings) - allowed) if isinstance(settings, dict) else [repr(settings)]
@@ -103,11 +99,6 @@ def check_layout(config: GPTConfig) -> None:
                 f"GPTConfig.kinds[{name!r}] sets pos_encoding={scheme!r}, which acts once on the embeddings, not per "
                 "layer: set it as the model's pos_encoding, or give the kind a scheme that acts in attention."
             )
-
-
-def kind_schemes(config: GPTConfig, kinds: list[LayerKind]) -> dict[str, PositionEncoding]:
-    """A position scheme of its own for each kind of a layout whose scheme is not the model's."""
-    return {kind.name: build_positions(kind.config) for kind in kinds if scheme_differs(config, kind.config)}
 
 
 @dataclass

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-IGNORE_INDEX = -1
 CHUNK_ELEMENTS = 1 << 24
 """Logits formed at once: rows per chunk = this // vocabulary (64 MiB in float32)."""
 
@@ -30,7 +29,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, rows: int) -> Tensor:
         head = weight.to(hidden.dtype)  # the plain path's head runs in the states' dtype too
         wide = torch.promote_types(hidden.dtype, torch.float32)  # float32, or float64 if given float64
-        kept = targets != IGNORE_INDEX
+        kept = targets != -1  # -1: ignored
         count = kept.sum()
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=wide, device=weight.device)

@@ -162,12 +162,7 @@ class LogLengthScale(nn.Module):
         return (q.float() * (self.s.float()[None, :, None, None] * log_n)).to(q.dtype)
 
 
-SCORES: dict[str, type[Score]] = {
-    "scaled_dot": ScaledDot,
-    "dot": Dot,
-    "general": General,
-    "additive": Additive,
-}
+SCORES: dict[str, type[Score]] = {"scaled_dot": ScaledDot, "dot": Dot, "general": General, "additive": Additive}
 """The scoring functions by `attn_score` name (`Score.build` makes one for a model)."""
 
 

@@ -32,10 +32,13 @@ def kernel_names() -> list[str]:
 def check_config(config: GPTConfig) -> None:
     """Raise `ConfigError` for a config no model can be built from: an unknown name, a scheme that
     refuses the shape, or settings no kernel of the attention function can run together."""
-    _check_name("pos_encoding", config.pos_encoding, list(SCHEMES))
-    _check_name("attention", config.attention, list(ATTENTIONS))
-    _check_name("attn_score", config.attn_score, list(SCORES))
-    _check_name("attn_backend", config.attn_backend, [AUTO, *kernel_names()])
+    registries = {"pos_encoding": list(SCHEMES), "attention": list(ATTENTIONS), "attn_score": list(SCORES),
+                  "attn_backend": [AUTO, *kernel_names()]}  # fmt: skip
+    for field, names in registries.items():
+        value = getattr(config, field)
+        if value not in names:
+            hint = did_you_mean(str(value), names, "") or "."
+            raise ConfigError(f"GPTConfig.{field} must be one of {names}, got {value!r}{hint}")
     check_layout(config)
     scheme = SCHEMES[config.pos_encoding]
     if config.rope_fraction != 1.0 and not scheme.partial_rotation:
@@ -80,12 +83,6 @@ def check_config(config: GPTConfig) -> None:
         raise ConfigError(_refusal(config, missing))
 
 
-def _check_name(field: str, value: Any, names: list[str]) -> None:
-    if value not in names:
-        hint = did_you_mean(str(value), names, "") or "."
-        raise ConfigError(f"GPTConfig.{field} must be one of {names}, got {value!r}{hint}")
-
-
 def _unmet(config: GPTConfig) -> list[Lack]:
     """The fewest needs of `config` that a kernel it allows lacks, on any device (empty: runnable); for a
     function that scores no pairs, a score other than the standard one (it would be ignored)."""
@@ -106,8 +103,7 @@ def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
     if field == "attention" and config.attn_backend not in ATTENTIONS[value].kernels:
         changes["attn_backend"] = AUTO
     candidate = copy.copy(config)  # not validated: the question is what would
-    for name, changed in changes.items():
-        object.__setattr__(candidate, name, changed)
+    candidate.__dict__.update(changes)  # (frozen: past its __setattr__)
     try:  # what the attention function itself refuses (differential attention: the head size, the score)
         ATTENTIONS[candidate.attention].check(candidate)
     except ConfigError:
@@ -117,18 +113,10 @@ def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
 
 def _alternatives(config: GPTConfig, field: str) -> str:
     """The other values of `field` with which `config` would run, in words."""
-    values: dict[str, list[Any]] = {
-        "pos_encoding": list(SCHEMES),
-        "attention": list(ATTENTIONS),
-        "attn_score": list(SCORES),
-        "attn_backend": [AUTO, *ATTENTIONS[config.attention].kernels],
-        "attn_window": [0],
-        "attn_chunk": [0],
-        "dropout": [0.0],
-        "attn_softcap": [0.0],
-        "attn_sink_logits": [False],
-    }
-    able = [str(v) for v in values[field] if v != getattr(config, field) and _runs_with(config, field, v)]
+    names = {"pos_encoding": list(SCHEMES), "attention": list(ATTENTIONS), "attn_score": list(SCORES),
+             "attn_backend": [AUTO, *ATTENTIONS[config.attention].kernels]}  # fmt: skip
+    off = [config.__dataclass_fields__[field].default]  # a mask, dropout, soft-cap or sink logits: turned off
+    able = [str(v) for v in names.get(field, off) if v != getattr(config, field) and _runs_with(config, field, v)]
     if not able:
         return f"changing {field} alone would not run it"
     listed = able[0] if len(able) == 1 else ", ".join(able[:-1]) + " or " + able[-1]
