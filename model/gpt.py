@@ -368,7 +368,18 @@ class GPT(nn.Module):
         return training_flops_per_token(self.num_params(), 1, self.config.n_embd, keys, self.attention.value_passes)
 
     @torch.no_grad()
-    def generate(self, idx: Tensor, max_new_tokens: int, **sampling: Any) -> Tensor:
-        """Extend each row of `idx` (B, T) by `max_new_tokens` tokens, `sampling` as `model.generation.stream` takes
-        it (temperature, top_k, top_p, use_cache, max_context, generator); (B, T + new)."""
-        return torch.cat([idx, *stream(self, idx, max_new_tokens, **sampling)], dim=1)
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        use_cache: bool = True,
+        max_context: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Extend each row of `idx` (B, T) by `max_new_tokens` tokens (`model.generation.stream`); (B, T + new).
+        The options in nanoGPT's order first, so that its positional calls work."""
+        steps = stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, max_context, generator)
+        return torch.cat([idx, *steps], dim=1)
