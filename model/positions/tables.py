@@ -149,7 +149,13 @@ def rope_cos_sin(
     if scaling == "linear":
         inv_freq = inv_freq / factor
     elif scaling == "yarn" and factor > 1.0:
-        inv_freq = yarn_inv_freq(inv_freq, head_dim, base, factor, trained_length)
+        # YaRN's frequencies: theta_i below the correction range, theta_i / factor above it, blended in between
+        # linearly in the pair index (the reference code's `linear_ramp`)
+        low, high = yarn_correction_range(head_dim, base, trained_length)
+        span = max(high - low, 1e-3)  # the reference's guard for low == high
+        pair = torch.arange(inv_freq.numel(), dtype=torch.float32, device=inv_freq.device)
+        interpolate = ((pair - low) / span).clamp(0.0, 1.0)  # 0: keep theta_i, 1: theta_i / factor
+        inv_freq = inv_freq * (1.0 - interpolate) + inv_freq / factor * interpolate
         mscale = 0.1 * math.log(factor) + 1.0
     if pairs is not None:
         inv_freq = torch.where(torch.arange(inv_freq.numel(), device=device) < pairs, inv_freq, 0.0)
@@ -170,16 +176,6 @@ def yarn_correction_range(
         return head_dim * math.log(trained_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
     return max(math.floor(pair_turning(beta_fast)), 0), min(math.ceil(pair_turning(beta_slow)), head_dim - 1)
-
-
-def yarn_inv_freq(inv_freq: Tensor, head_dim: int, base: float, factor: float, trained_length: int) -> Tensor:
-    """YaRN's frequencies: theta_i below the correction range, theta_i / factor above it, blended in between
-    linearly in the pair index (the reference code's `linear_ramp`)."""
-    low, high = yarn_correction_range(head_dim, base, trained_length)
-    span = max(high - low, 1e-3)  # the reference's guard for low == high
-    pairs = torch.arange(inv_freq.numel(), dtype=torch.float32, device=inv_freq.device)
-    interpolate = ((pairs - low) / span).clamp(0.0, 1.0)  # 0: keep theta_i, 1: theta_i / factor
-    return inv_freq * (1.0 - interpolate) + inv_freq / factor * interpolate
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
