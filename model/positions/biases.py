@@ -111,10 +111,8 @@ class Kerple(PositionEncoding):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        # the paper's code: r1 ~ U(0, 2), r2 ~ U(0, 1), per head
-        with torch.no_grad():
-            self.r1.uniform_(0.0, 2.0)
-            self.r2.uniform_(0.0, 1.0)
+        nn.init.uniform_(self.r1, 0.0, 2.0)  # the paper's code: r1 ~ U(0, 2), r2 ~ U(0, 1), per head
+        nn.init.uniform_(self.r2, 0.0, 1.0)
 
     def bias(self, layer: int = 0) -> ScoreBias:
         r1, r2 = (torch.where(r < self.EPS, self.EPS + (r - r.detach()), r) for r in (self.r1.float(), self.r2.float()))
