@@ -74,18 +74,14 @@ class SoftmaxAttention(Attention):
     """Its weights run over the keys in position order (stick-breaking's product): the KV cache never rolls."""
 
     @classmethod
-    def _rolls(cls, config: GPTConfig, mask: AttentionMask) -> bool:
-        """Whether the KV cache rolls: a window's, unless the weights read the keys in order (CoPE counts them)."""
-        return mask.rolling and not (cls.keys_in_order or Term.FROM_SCORES in SCHEMES[config.pos_encoding].terms)
-
-    @classmethod
     def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> DecodingCache:
-        rolls = cls._rolls(config, mask)
+        rolls = cls.constant_memory(config, mask)
         return KVCache(layers, capacity, mask if rolls else None, cls.layer_cache)  # None: never rolled
 
     @classmethod
     def constant_memory(cls, config: GPTConfig, mask: AttentionMask) -> bool:
-        return cls._rolls(config, mask)  # a window's rolling cache
+        """Whether the KV cache rolls (a window's), unless the weights read the keys in order (CoPE counts them)."""
+        return mask.rolling and not (cls.keys_in_order or Term.FROM_SCORES in SCHEMES[config.pos_encoding].terms)
 
 
 def temperature(positions: Tensor, floor: int, dtype: torch.dtype = torch.float32) -> Tensor:
