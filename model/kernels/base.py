@@ -171,8 +171,7 @@ class Plan:
     def attend(self, q: Tensor, k: Tensor, v: Tensor, score: Score, dropout_p: float) -> Tensor:
         """The (B, H, Tq, D) output of queries q (B, H, Tq, D) over keys and values (B, H_kv, Tk, D): query head h
         reads key/value head h // (H / H_kv)."""
-        # a layer's own terms its kernel does not run: set by a layer that does not declare them (`Attention.terms`),
-        # so that no kernel could refuse them when it was chosen
+        # a layer's own terms its kernel lacks: undeclared (`Attention.terms`), no kernel could refuse them when chosen
         carried = {Term.TOKENS: self.tokens, Term.TRANSFORM: self.transform, Term.MASS: self.sinks}
         undeclared = [t.value[0] for t, held in carried.items() if held is not None and t not in self.kernel.terms]
         if undeclared:

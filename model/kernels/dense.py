@@ -62,10 +62,8 @@ class DenseContext:
         outs = []
         for c in range(0, q.size(-2), step):
             rows = slice(c, min(c + step, q.size(-2)))
-            if self.recompute:
-                outs.append(checkpoint(run, q[:, :, rows], k, v, rows, use_reentrant=False))
-            else:
-                outs.append(run(q[:, :, rows], k, v, rows))
+            block = (q[:, :, rows], k, v, rows)
+            outs.append(checkpoint(run, *block, use_reentrant=False) if self.recompute else run(*block))
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
     def block(self, rows: slice, tokens: TokenTerms | None = None) -> tuple[Tensor | None, Tensor | None]:

@@ -149,8 +149,7 @@ def rope_cos_sin(
     if scaling == "linear":
         inv_freq = inv_freq / factor
     elif scaling == "yarn" and factor > 1.0:
-        # YaRN's frequencies: theta_i below the correction range, theta_i / factor above it, blended in between
-        # linearly in the pair index (the reference code's `linear_ramp`)
+        # YaRN: theta_i below the correction range, theta_i / factor above it, ramped linearly between (`linear_ramp`)
         low, high = yarn_correction_range(head_dim, base, trained_length)
         span = max(high - low, 1e-3)  # the reference's guard for low == high
         pair = torch.arange(inv_freq.numel(), dtype=torch.float32, device=inv_freq.device)
