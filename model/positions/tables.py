@@ -81,7 +81,7 @@ class RotaryPositions(PositionEncoding):
         self.head_dim = config.rotary_dim  # the width of the vectors rotate() is handed
         self.rotated_dims, self.pairs = rotated_part(config)
         self.base = config.rope_base
-        self.scaling = (config.rope_scaling, config.rope_scaling_factor, config.block_size)
+        self.scaling = (config.rope_scaling, config.rope_scaling_factor, config.block_size)  # rope_cos_sin's order
         cos, sin = self._cos_sin(config.block_size)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -116,8 +116,7 @@ class RotaryPositions(PositionEncoding):
         return tuple(torch.cat((apply_rope(t[..., :r], cos, sin), t[..., r:]), dim=-1) for t in (q, k))
 
     def _cos_sin(self, length: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
-        kind, factor, trained_length = self.scaling
-        return rope_cos_sin(length, self.rotated_dims, self.base, device, kind, factor, trained_length, self.pairs)
+        return rope_cos_sin(length, self.rotated_dims, self.base, device, *self.scaling, self.pairs)
 
 
 def sinusoid_table(length: int, dim: int, device: torch.device | None = None) -> Tensor:
