@@ -4,8 +4,6 @@ A layer projects, applies the position scheme and hands q, k, v to the forward p
 asking which kernel it has; its class declares what the function is (see docs/extending.md).
 """
 
-from __future__ import annotations
-
 from posgpt.model.attention.base import Attention
 from posgpt.model.attention.differential import DifferentialAttention
 from posgpt.model.attention.forgetting import ForgettingAttention

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posgpt.model.kernels import AUTO, Kernel, KernelError, Needs, Placement, Plan
@@ -64,13 +63,6 @@ class Attention(nn.Module):
             dtype = self.q_norm.weight.dtype
             q, k = self.q_norm(q.to(dtype)).to(q.dtype), self.k_norm(k.to(dtype)).to(k.dtype)
         return q, k, v
-
-    def normed_rotated(self, pe: PositionEncoding, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """Llama 4's QK-norm (`qk_norm` llama4): rotated queries and keys RMS-normalised, with no weight (its
-        `L2Norm`, eps 1e-5), on a layer whose scheme rotates them."""
-        if not (self.norm_rotated and pe.rotates):
-            return q, k
-        return F.rms_norm(q, (q.size(-1),), eps=1e-5), F.rms_norm(k, (k.size(-1),), eps=1e-5)
 
     def attend(self, plan: Plan, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """The plan's attention of q, k, v with this layer's own terms: its soft-cap and sink logits."""

@@ -111,10 +111,7 @@ class LinearChunked(Kernel):
         return linear_attention_chunked(q, k, v)[0]
 
 
-LINEAR_KERNELS: dict[str, Kernel] = {
-    "eager": LinearReference(),
-    "chunked": LinearChunked(),
-}
+LINEAR_KERNELS: dict[str, Kernel] = {"eager": LinearReference(), "chunked": LinearChunked()}
 """Linear attention's kernels by `attn_backend` name: causal by construction, no context, mask or bias."""
 
 
@@ -136,8 +133,7 @@ class LayerStateCache:
     def attend(self, q2: Tensor, k2: Tensor, v: Tensor, write: CacheWrite) -> Tensor:
         """The new tokens' outputs, continuing from the state (from zero in a prefill, padding zeroed out)."""
         if write.real is not None:
-            k2 = k2 * write.real[:, None, :, None]
-            v = v * write.real[:, None, :, None]
+            k2, v = (t * write.real[:, None, :, None] for t in (k2, v))
         out, new = linear_attention_chunked(q2, k2, v, None if write.prefill else self.state)
         if self.state is None or self.state.S.shape != new.S.shape or self.state.S.dtype != new.S.dtype:
             self.state = new

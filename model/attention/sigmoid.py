@@ -71,10 +71,7 @@ class SigmoidFlex(FlexKernel):
         return (out.float() * aux.lse.exp()[..., None]).to(q.dtype)
 
 
-SIGMOID_KERNELS: dict[str, Kernel] = {
-    "eager": SigmoidEager(),
-    "flex": SigmoidFlex(),
-}
+SIGMOID_KERNELS: dict[str, Kernel] = {"eager": SigmoidEager(), "flex": SigmoidFlex()}
 """Sigmoid attention's kernels by `attn_backend` name."""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from posgpt.model.attention.base import Attention
@@ -52,7 +53,9 @@ class SoftmaxAttention(Attention):
         attend over (rotated, QK-normed, with the cache's)."""
         q, k, v = self.project(x)
         q = self.score.queries(q)  # what the kernels score, rotated like q
-        q, k = self.normed_rotated(pe, *self.rotate(pe, q, k, plan.placement))
+        q, k = self.rotate(pe, q, k, plan.placement)
+        if self.norm_rotated and pe.rotates:  # Llama 4's QK-norm (`qk_norm` llama4): no weight (its `L2Norm`)
+            q, k = F.rms_norm(q, (q.size(-1),), eps=1e-5), F.rms_norm(k, (k.size(-1),), eps=1e-5)
         if cache is not None:
             k, v = cache.update(k, v, plan.cache_write)  # the keys and values the plan describes
         place = plan.placement  # the queries stand at their cache positions when decoding, else at 0..Tq-1
@@ -71,18 +74,14 @@ class SoftmaxAttention(Attention):
     """Its weights run over the keys in position order (stick-breaking's product): the KV cache never rolls."""
 
     @classmethod
-    def _rolls(cls, config: GPTConfig, mask: AttentionMask) -> bool:
-        """Whether the KV cache rolls: a window's, unless the weights read the keys in order (CoPE counts them)."""
-        return mask.rolling and not (cls.keys_in_order or Term.FROM_SCORES in SCHEMES[config.pos_encoding].terms)
-
-    @classmethod
     def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> DecodingCache:
-        rolls = cls._rolls(config, mask)
+        rolls = cls.constant_memory(config, mask)
         return KVCache(layers, capacity, mask if rolls else None, cls.layer_cache)  # None: never rolled
 
     @classmethod
     def constant_memory(cls, config: GPTConfig, mask: AttentionMask) -> bool:
-        return cls._rolls(config, mask)  # a window's rolling cache
+        """Whether the KV cache rolls (a window's), unless the weights read the keys in order (CoPE counts them)."""
+        return mask.rolling and not (cls.keys_in_order or Term.FROM_SCORES in SCHEMES[config.pos_encoding].terms)
 
 
 def temperature(positions: Tensor, floor: int, dtype: torch.dtype = torch.float32) -> Tensor:

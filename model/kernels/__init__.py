@@ -16,11 +16,7 @@ from posgpt.model.kernels.eager import EagerKernel, SoftmaxEager, eager_attentio
 from posgpt.model.kernels.flex import FlexKernel, compiled_flex_attention
 from posgpt.model.kernels.sdpa import SdpaKernel, sdpa_attention
 
-KERNELS: dict[str, Kernel] = {
-    "eager": SoftmaxEager(),
-    "sdpa": SdpaKernel(),
-    "flex": FlexKernel(),
-}
+KERNELS: dict[str, Kernel] = {"eager": SoftmaxEager(), "sdpa": SdpaKernel(), "flex": FlexKernel()}
 """Softmax attention's kernels by `attn_backend` name."""
 
 __all__ = [

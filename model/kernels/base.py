@@ -171,16 +171,11 @@ class Plan:
     def attend(self, q: Tensor, k: Tensor, v: Tensor, score: Score, dropout_p: float) -> Tensor:
         """The (B, H, Tq, D) output of queries q (B, H, Tq, D) over keys and values (B, H_kv, Tk, D): query head h
         reads key/value head h // (H / H_kv)."""
-        if self.tokens is not None or self.transform is not None or self.sinks is not None:  # a layer's own terms
-            self._check_declared()
-        if k.size(1) != q.size(1) and not self.kernel.grouped_kv:
-            k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
-        return self.kernel.run(q, k, v, self, score, dropout_p)
-
-    def _check_declared(self) -> None:
-        """Refuse a layer's term its kernel does not run: set by a layer that does not declare it (`Attention.terms`),
-        so that no kernel could refuse it when it was chosen."""
+        # a layer's own terms its kernel lacks: undeclared (`Attention.terms`), no kernel could refuse them when chosen
         carried = {Term.TOKENS: self.tokens, Term.TRANSFORM: self.transform, Term.MASS: self.sinks}
         undeclared = [t.value[0] for t, held in carried.items() if held is not None and t not in self.kernel.terms]
         if undeclared:
             raise KernelError(f"{self.kernel!r} lacks {', '.join(undeclared)}: declare them in the layer's terms")
+        if k.size(1) != q.size(1) and not self.kernel.grouped_kv:
+            k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
+        return self.kernel.run(q, k, v, self, score, dropout_p)

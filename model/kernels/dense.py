@@ -56,13 +56,14 @@ class DenseContext:
 
     def attend(self, run: Callable[[Tensor, Tensor, Tensor, slice], Tensor], q: Tensor, k: Tensor, v: Tensor,
                tokens: TokenTerms | None = None) -> Tensor:  # fmt: skip
-        """`run(q rows, k, v, rows)` over the blocks of query rows, each checkpointed when `recompute`."""
+        """`run(q rows, k, v, rows)` over blocks of query rows, each at most `rows_per_block` rows, each checkpointed
+        when `recompute`."""
+        step = min(self.rows_per_block(tokens), q.size(-2))
         outs = []
-        for rows in self.blocks(q.size(-2), tokens):
-            if self.recompute:
-                outs.append(checkpoint(run, q[:, :, rows], k, v, rows, use_reentrant=False))
-            else:
-                outs.append(run(q[:, :, rows], k, v, rows))
+        for c in range(0, q.size(-2), step):
+            rows = slice(c, min(c + step, q.size(-2)))
+            block = (q[:, :, rows], k, v, rows)
+            outs.append(checkpoint(run, *block, use_reentrant=False) if self.recompute else run(*block))
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
     def block(self, rows: slice, tokens: TokenTerms | None = None) -> tuple[Tensor | None, Tensor | None]:
@@ -84,11 +85,6 @@ class DenseContext:
         if bias is not None:
             bias = bias.masked_fill(~visible, float("-inf"))
         return (None if self.plain else visible), bias
-
-    def blocks(self, q_len: int, tokens: TokenTerms | None = None) -> list[slice]:
-        """Blocks of query rows covering 0..q_len, each at most `rows_per_block` rows."""
-        step = min(self.rows_per_block(tokens), q_len)
-        return [slice(c, min(c + step, q_len)) for c in range(0, q_len, step)]
 
 
 def dense_context(

@@ -113,8 +113,12 @@ class EagerKernel(Kernel):
 
         def rows_of(q_rows: Tensor, k: Tensor, v: Tensor, rows: slice) -> Tensor:  # one block unless large
             visible, bias = context.block(rows, plan.tokens)
-            hook = _shifted(plan.on_weights, rows.start) if plan.on_weights is not None else None
-            return eager_attention(q_rows, k, v, bias, dropout_p, visible, score, hook, weigh, term, plan.transform,
+
+            def hook(chunk: slice, weights: Tensor) -> None:  # `on_weights` of the pass's rows, not the block's
+                plan.on_weights(slice(chunk.start + rows.start, chunk.stop + rows.start), weights)
+
+            on_block = hook if plan.on_weights is not None else None
+            return eager_attention(q_rows, k, v, bias, dropout_p, visible, score, on_block, weigh, term, plan.transform,
                                    plan.sinks)  # fmt: skip
 
         return context.attend(rows_of, q, k, v, plan.tokens)
@@ -124,12 +128,3 @@ class SoftmaxEager(EagerKernel):
     """Softmax attention's reference: the eager kernel, with sink logits in the softmax (`Term.MASS`)."""
 
     terms = frozenset(Term)
-
-
-def _shifted(on_weights: WeightsHook, first: int) -> WeightsHook:
-    """`on_weights` for a block of query rows that starts at row `first`."""
-
-    def hook(rows: slice, weights: Tensor) -> None:
-        on_weights(slice(rows.start + first, rows.stop + first), weights)
-
-    return hook

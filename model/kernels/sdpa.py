@@ -29,9 +29,8 @@ def sdpa_attention(
     """PyTorch's fused scaled_dot_product_attention: `is_causal=True` with no bias or mask (FlashAttention
     on GPU, which reads grouped KV heads itself), else the bias (-inf where not visible) or the boolean mask as
     `attn_mask` (grouped KV heads repeated first: no other backend takes them without falling back to the math
-    one, PyTorch issue 139586). On a CPU, bf16 / fp16
-    inputs are attended in float32: its bf16 kernel measured 1.1-4x slower (BENCHMARKS.md, "bf16 on the CPU").
-    """
+    one, PyTorch issue 139586). On a CPU, bf16 / fp16 inputs are attended in float32: its bf16 kernel measured
+    1.1-4x slower (BENCHMARKS.md, "bf16 on the CPU")."""
     if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
         with torch.autocast("cpu", enabled=False):
             return sdpa_attention(q.float(), k.float(), v.float(), bias, dropout_p, mask, scale).to(q.dtype)

@@ -45,7 +45,6 @@ class PositionEncoding(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.max_positions = self.longest(config)
-        """Longest sequence the scheme can encode; None means no limit."""
 
     @classmethod
     def longest(cls, config: GPTConfig) -> int | None:

@@ -111,10 +111,8 @@ class Kerple(PositionEncoding):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        # the paper's code: r1 ~ U(0, 2), r2 ~ U(0, 1), per head
-        with torch.no_grad():
-            self.r1.uniform_(0.0, 2.0)
-            self.r2.uniform_(0.0, 1.0)
+        nn.init.uniform_(self.r1, 0.0, 2.0)  # the paper's code: r1 ~ U(0, 2), r2 ~ U(0, 1), per head
+        nn.init.uniform_(self.r2, 0.0, 1.0)
 
     def bias(self, layer: int = 0) -> ScoreBias:
         r1, r2 = (torch.where(r < self.EPS, self.EPS + (r - r.detach()), r) for r in (self.r1.float(), self.r2.float()))
@@ -177,13 +175,12 @@ class FIRE(PositionEncoding):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        with torch.no_grad():
-            self.c.fill_(0.1)
-            self.threshold_scale.fill_(1.0)
-            for weight, bias, fan_in in ((self.w1, self.b1, 1), (self.w2, self.b2, self.w2.size(0))):
-                bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default init
-                weight.uniform_(-bound, bound)
-                bias.uniform_(-bound, bound)
+        nn.init.constant_(self.c, 0.1)
+        nn.init.constant_(self.threshold_scale, 1.0)
+        for weight, bias, fan_in in ((self.w1, self.b1, 1), (self.w2, self.b2, self.w2.size(0))):
+            bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default init
+            nn.init.uniform_(weight, -bound, bound)
+            nn.init.uniform_(bias, -bound, bound)
 
     def threshold(self, layer: int | None = None) -> Tensor:
         """L = |m L0|, float32 (of layer `layer` with `fire_per_layer`)."""

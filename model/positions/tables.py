@@ -81,7 +81,7 @@ class RotaryPositions(PositionEncoding):
         self.head_dim = config.rotary_dim  # the width of the vectors rotate() is handed
         self.rotated_dims, self.pairs = rotated_part(config)
         self.base = config.rope_base
-        self.scaling = (config.rope_scaling, config.rope_scaling_factor, config.block_size)
+        self.scaling = (config.rope_scaling, config.rope_scaling_factor, config.block_size)  # rope_cos_sin's order
         cos, sin = self._cos_sin(config.block_size)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -116,8 +116,7 @@ class RotaryPositions(PositionEncoding):
         return tuple(torch.cat((apply_rope(t[..., :r], cos, sin), t[..., r:]), dim=-1) for t in (q, k))
 
     def _cos_sin(self, length: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
-        kind, factor, trained_length = self.scaling
-        return rope_cos_sin(length, self.rotated_dims, self.base, device, kind, factor, trained_length, self.pairs)
+        return rope_cos_sin(length, self.rotated_dims, self.base, device, *self.scaling, self.pairs)
 
 
 def sinusoid_table(length: int, dim: int, device: torch.device | None = None) -> Tensor:
@@ -149,7 +148,12 @@ def rope_cos_sin(
     if scaling == "linear":
         inv_freq = inv_freq / factor
     elif scaling == "yarn" and factor > 1.0:
-        inv_freq = yarn_inv_freq(inv_freq, head_dim, base, factor, trained_length)
+        # YaRN: theta_i below the correction range, theta_i / factor above it, ramped linearly between (`linear_ramp`)
+        low, high = yarn_correction_range(head_dim, base, trained_length)
+        span = max(high - low, 1e-3)  # the reference's guard for low == high
+        pair = torch.arange(inv_freq.numel(), dtype=torch.float32, device=inv_freq.device)
+        interpolate = ((pair - low) / span).clamp(0.0, 1.0)  # 0: keep theta_i, 1: theta_i / factor
+        inv_freq = inv_freq * (1.0 - interpolate) + inv_freq / factor * interpolate
         mscale = 0.1 * math.log(factor) + 1.0
     if pairs is not None:
         inv_freq = torch.where(torch.arange(inv_freq.numel(), device=device) < pairs, inv_freq, 0.0)
@@ -170,16 +174,6 @@ def yarn_correction_range(
         return head_dim * math.log(trained_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
     return max(math.floor(pair_turning(beta_fast)), 0), min(math.ceil(pair_turning(beta_slow)), head_dim - 1)
-
-
-def yarn_inv_freq(inv_freq: Tensor, head_dim: int, base: float, factor: float, trained_length: int) -> Tensor:
-    """YaRN's frequencies: theta_i below the correction range, theta_i / factor above it, blended in between
-    linearly in the pair index (the reference code's `linear_ramp`)."""
-    low, high = yarn_correction_range(head_dim, base, trained_length)
-    span = max(high - low, 1e-3)  # the reference's guard for low == high
-    pairs = torch.arange(inv_freq.numel(), dtype=torch.float32, device=inv_freq.device)
-    interpolate = ((pairs - low) / span).clamp(0.0, 1.0)  # 0: keep theta_i, 1: theta_i / factor
-    return inv_freq * (1.0 - interpolate) + inv_freq / factor * interpolate
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
