@@ -175,12 +175,13 @@ def run_hf(setup: Setup, batch: int) -> Row:
             mine = ours.get(f"blocks.{layer}.{NAMES[module]}.{kind}" if layer else name.replace("wpe", "pe.table"))
             tensor.copy_(0 if mine is None else mine.t() if inner in TRANSPOSED else mine)
     idx, args = setup.prompt(batch), setup.args
-    sampling = {"do_sample": True, "temperature": args.temperature, "top_k": args.top_k} if args.temperature else {}
+    sampled = {"do_sample": True, "temperature": args.temperature, "top_k": args.top_k}  # top_k 0: all, as ours
+    sampling = sampled if args.temperature else {"do_sample": False}
 
     @torch.no_grad()
     def generate(n: int) -> Iterator[torch.Tensor]:  # its generate yields nothing before the end
         yield model.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=n, min_new_tokens=n,
-                             pad_token_id=0, do_sample=False, **sampling)  # fmt: skip
+                             pad_token_id=0, **sampling)  # fmt: skip
 
     setup.time_tokens(generate(WARMUP_TOKENS))
     setup.reset_peak()

@@ -69,6 +69,8 @@ def test_decode_times_hugging_faces_generate_on_the_weights_of_our_learned_row(t
     ours = GPT(GPTConfig(**SHAPES["tiny"], pos_encoding="learned", bias=False, dropout=0.0)).eval()
     prompt = made[-1][:1, :1]
     assert torch.equal(ours.generate(prompt, 8, temperature=0)[:, :9], made[-1][:1, :9])
+    sampled = _decode([*TINY, "--schemes", "learned", "--batches", "1", "--peer", str(tmp_path)], capsys)
+    assert sum(line.startswith("| Hugging Face | learned | eager |") for line in sampled) == 2
 
 
 def test_without_transformers_the_hugging_face_rows_are_left_out_with_a_note(tmp_path, capsys, monkeypatch):
