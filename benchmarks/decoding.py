@@ -5,7 +5,7 @@ KV-cached path, compile and warm-up left out of the timed run; nanoGPT's `genera
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from importlib.util import find_spec
 from typing import Literal
@@ -146,12 +146,7 @@ def run_nanogpt(setup: Setup, batch: int) -> Row:
     def generate(n: int) -> Iterator[torch.Tensor]:  # its generate yields nothing before the end
         yield model.generate(idx, n, temperature=temperature, top_k=top_k)
 
-    setup.time_tokens(generate(WARMUP_TOKENS))
-    setup.reset_peak()
-    first = setup.time_tokens(generate(1))[1]
-    total = setup.time_tokens(generate(setup.tokens))[1]
-    return Row("nanoGPT", "learned", "eager", batch, batch * setup.tokens / total, 1000 * first, None,
-               setup.peak_mib())  # fmt: skip
+    return timed_generate(setup, "nanoGPT", batch, generate)
 
 
 def run_hf(setup: Setup, batch: int) -> Row:
@@ -183,12 +178,16 @@ def run_hf(setup: Setup, batch: int) -> Row:
         yield model.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=n, min_new_tokens=n,
                              pad_token_id=0, **sampling)  # fmt: skip
 
+    return timed_generate(setup, "Hugging Face", batch, generate)
+
+
+def timed_generate(setup: Setup, model: str, batch: int, generate: Callable[[int], Iterator[torch.Tensor]]) -> Row:
+    """A peer's row: its `generate(n)`, which yields once at the end, warmed up, then timed for 1 and all tokens."""
     setup.time_tokens(generate(WARMUP_TOKENS))
     setup.reset_peak()
     first = setup.time_tokens(generate(1))[1]
     total = setup.time_tokens(generate(setup.tokens))[1]
-    return Row("Hugging Face", "learned", "eager", batch, batch * setup.tokens / total, 1000 * first, None,
-               setup.peak_mib())  # fmt: skip
+    return Row(model, "learned", "eager", batch, batch * setup.tokens / total, 1000 * first, None, setup.peak_mib())
 
 
 def summary(rows: list[Row], batches: list[int]) -> list[str]:
