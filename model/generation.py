@@ -128,8 +128,10 @@ def stream(
 
     Every row goes on until the caller stops iterating (each row's own stop is the caller's).
     """
-    device = idx.device if generator is None else generator.device  # a seed for a compiled step, drawn once
-    seed = torch.randint(2**31, (1,), device=device, generator=generator).to(idx.device)
+    seed = None  # a compiled step's, drawn once from the generator (eager draws keep to it alone)
+    if hasattr(model, "advance"):
+        device = idx.device if generator is None else generator.device
+        seed = torch.randint(2**31, (1,), device=device, generator=generator).to(idx.device)
 
     def pick(logits: Tensor, count: Tensor) -> Tensor:
         if torch.compiler.is_compiling():  # inside the graph: the seed's draws for each row's position

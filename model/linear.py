@@ -4,8 +4,8 @@ at run time (`onednn_linears`, called by the sampler's and the decode benchmark'
 PyTorch runs a float32 `nn.Linear` on a CPU through MKL's sgemm, which takes its AVX-512 kernels on Intel
 processors only: on other x86 processors with AVX-512 (AMD Zen 4 and later) it runs its AVX2 ones. oneDNN, bundled
 with PyTorch, dispatches on the instruction set alone, in one op where `F.linear` of a batch of vectors takes three
-(`t`, `mm`, `_unsafe_view`). Eager decoding on a 2-core Zen 4 ran 1.39-1.60x Hugging Face's `generate` with
-oneDNN's layers and 1.07-1.09x without (BENCHMARKS.md, issue 50). The two agree to float32 rounding, in another
+(`t`, `mm`, `_unsafe_view`). Eager decoding on a 2-core Zen 4 ran 1.39-1.46x Hugging Face's `generate` with
+oneDNN's layers and 0.96-1.01x without (BENCHMARKS.md, issue 50). The two agree to float32 rounding, in another
 summation order: a sampled token can differ where two logits are within rounding of each other.
 """
 
