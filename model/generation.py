@@ -74,7 +74,7 @@ def hashed_noise(seed: Tensor, positions: Tensor, vocab: int) -> Tensor:
     compiled step draws them inside its graph, the same for a seed on any device."""
     rows = torch.arange(positions.size(0), device=positions.device)
     key = _mix(_mix(_mix(seed ^ rows) ^ positions)[:, None] ^ torch.arange(vocab, device=positions.device))
-    return -torch.log(((key >> 8).float() + 0.5) / 2**24)  # a uniform in (0, 1): never 0, never 1
+    return -torch.log(((key >> 9).float() + 0.5) / 2**23)  # in (0, 1): 23 bits + 0.5 are exact in float32
 
 
 def _mix(x: Tensor) -> Tensor:

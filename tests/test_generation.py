@@ -113,6 +113,9 @@ def test_compiled_sampling_draws_inside_the_graph_the_same_tokens_for_a_seed(tin
     first = sampled(1)
     assert torch.equal(sampled(1), first) and not torch.equal(sampled(2), first)
     assert len(graphs) == 4  # greedy's prefill and decode step, and the sampled ones
+    for seed in range(1785, 1795):  # 1790 drew a noise of exactly 0 when the uniform had 24 bits (+ 0.5 rounded to 1)
+        only = model.generate(prompt, 12, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(only, greedy), seed  # top-k 1 leaves one token to draw: never a filtered one
     torch._dynamo.reset()
 
 

@@ -15,19 +15,23 @@ needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reas
 
 @needs_onednn
 @pytest.mark.parametrize("bias", [True, False])
-def test_onednn_gives_f_linear_to_float32_rounding_and_defers_to_it_for_gradients(bias):
+def test_onednn_gives_f_linear_to_float32_rounding_and_defers_to_it_for_gradients(bias, monkeypatch):
     layer = nn.Linear(48, 96, bias=bias)
     ours = OneDnnLinear(48, 96, bias=bias)
     ours.load_state_dict(layer.state_dict())
     x = torch.randn(3, 5, 48)
+    calls = []
+    kernel = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(a[0].shape) or kernel(*a))
     with torch.no_grad():
         torch.testing.assert_close(ours(x), layer(x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(ours(x[0, 0]), layer(x[0, 0]), rtol=1e-5, atol=1e-5)  # one vector
         assert torch.equal(ours.double()(x.double()), layer.double()(x.double()))  # float64: F.linear's
+    assert calls == [(15, 48), (1, 48)]  # oneDNN's, for float32 without gradients only
     ours.float(), layer.float()
     assert torch.equal(ours(x), layer(x))  # with gradients: F.linear's, which has a backward
     ours(x).sum().backward()
-    assert ours.weight.grad is not None
+    assert ours.weight.grad is not None and len(calls) == 2
 
 
 @needs_onednn

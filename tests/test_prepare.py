@@ -298,6 +298,7 @@ def test_concurrent_prepares_of_one_corpus_both_succeed_and_agree(tmp_path):
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results
     assert all(waited), (waited, results)
+    assert sum("Reusing" in err for _, err in results) == 1, results  # the second found the first's output
     meta = json.loads((out / "meta.json").read_text())
     assert (out / "train.bin").stat().st_size == meta["train_tokens"] * np.dtype(meta["dtype"]).itemsize
     assert not [p for p in out.iterdir() if ".tmp" in p.name]
