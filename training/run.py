@@ -234,11 +234,11 @@ def _fit(
         # the one line that says what this run is: model, data, precision, device, run dir and code version
         m, device = cfg.model, trainer.strategy.root_device
         where = f"{trainer.world_size} x {device.type}" if trainer.world_size > 1 else str(device.type)
-        where = f"resuming from {ckpt_path} in" if ckpt_path else "run dir"
+        dir_words = f"resuming from {ckpt_path} in" if ckpt_path else "run dir"
         log.info(
             f"{module.model.num_params() / 1e6:.2f}M parameters ({m.n_layer} layers x {m.n_embd}, {m.pos_encoding}, "
             f"block {m.block_size}) on {data.about or data.name}; {trainer.precision} on {where}; {t.max_steps} steps "
-            f"x {t.batch_size * t.grad_accum} x {m.block_size} tokens; {where} {run_dir}; git {git_sha()}, torch "
+            f"x {t.batch_size * t.grad_accum} x {m.block_size} tokens; {dir_words} {run_dir}; git {git_sha()}, torch "
             f"{torch.__version__}"
         )
     with warnings.catch_warnings():
