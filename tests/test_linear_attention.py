@@ -7,15 +7,16 @@ import pytest
 import torch
 
 from posgpt.model.attention.linear import feature_map, linear_attention_chunked, linear_attention_quadratic
-from posgpt.model.positions.tables import apply_rope, rope_cos_sin
+from posgpt.model.positions.tables import rope_cos_sin
 
 
 def _inputs(T: int, D: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = torch.randn(3, 2, 3, T, D, dtype=torch.float64).unbind(0)
     fq, fk = feature_map(q).double(), feature_map(k).double()
     # a rotated copy for the numerator, as RoPE gives: any fixed orthogonal map will do here
-    cos, sin = rope_cos_sin(T, D, 10000.0)
-    rq, rk = apply_rope(fq, cos.double(), sin.double()), apply_rope(fk, cos.double(), sin.double())
+    cos, sin = (t.double() for t in rope_cos_sin(T, D, 10000.0))
+    pairs = [f.chunk(2, -1) for f in (fq, fk)]
+    rq, rk = (torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1) for x1, x2 in pairs)
     return torch.cat([rq, fq], -1), torch.cat([rk, fk], -1), v
 
 

@@ -19,7 +19,7 @@ from posgpt.model.positions import (
     sinusoid_table,
     t5_bucket,
 )
-from posgpt.model.positions.tables import apply_rope, rope_cos_sin, yarn_correction_range
+from posgpt.model.positions.tables import rope_cos_sin, yarn_correction_range
 from posgpt.model.terms import Term
 
 
@@ -88,9 +88,15 @@ def test_with_positions_per_row_the_dense_bias_and_the_score_mod_agree(tiny_conf
     torch.testing.assert_close(bias[2, :, 8], expected)
 
 
+def _pairwise(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE's pairs (i, i + D/2) rotated as the paper writes it."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
 def _rope_at(x: torch.Tensor, position: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
     cos, sin = rope_cos_sin(position + 1, head_dim, base)
-    return apply_rope(x[None], cos[position : position + 1], sin[position : position + 1])[0]
+    return _pairwise(x[None], cos[position : position + 1], sin[position : position + 1])[0]
 
 
 def test_rope_score_depends_only_on_relative_position():
@@ -115,16 +121,16 @@ def test_rope_preserves_norms_and_rotates_in_float32(tiny_config):
     torch.testing.assert_close(q_rot.norm(dim=-1), q.norm(dim=-1))
     torch.testing.assert_close(k_rot.norm(dim=-1), k.norm(dim=-1))
     assert not torch.allclose(q_rot, q)
-    assert pe.cos.size(0) >= 40 and pe.cos.dtype == torch.float32  # the cache grew, not cropped
+    assert pe.turn.size(0) >= 40 and pe.turn.dtype == torch.float32  # the cache grew, not cropped
     cos, sin = rope_cos_sin(40, 8, 10000.0)
-    torch.testing.assert_close(q_rot, apply_rope(q, cos, sin))
+    torch.testing.assert_close(q_rot, _pairwise(q, cos, sin), rtol=0, atol=0)  # the same float32 numbers
 
 
 def test_rope_cache_stays_float32_after_casting_the_model(tiny_config):
     model = GPT(dataclasses.replace(tiny_config, pos_encoding="rope")).to(torch.bfloat16)
-    assert model.pe.cos.dtype == torch.bfloat16  # what .to() does to every float buffer
+    assert model.pe.turn.dtype == torch.bfloat16  # what .to() does to every float buffer
     model(torch.randint(0, 64, (1, 8)))
-    assert model.pe.cos.dtype == torch.float32
+    assert model.pe.turn.dtype == torch.float32
 
 
 def test_sinusoid_table_matches_the_formula():

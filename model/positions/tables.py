@@ -82,9 +82,8 @@ class RotaryPositions(PositionEncoding):
         self.rotated_dims, self.pairs = rotated_part(config)
         self.base = config.rope_base
         self.scaling = (config.rope_scaling, config.rope_scaling_factor, config.block_size)  # rope_cos_sin's order
-        cos, sin = self._cos_sin(config.block_size)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        self.register_buffer("turn", self._turn(config.block_size), persistent=False)
+        """(positions, 2, 2, D/2): per position (cos, cos) and (-sin, sin) over the two halves (`apply_rope`)."""
 
     @classmethod
     def check(cls, config: GPTConfig) -> None:
@@ -100,23 +99,23 @@ class RotaryPositions(PositionEncoding):
             )
 
     def reserve(self, length: int, device: torch.device | None = None) -> None:
-        if length > self.cos.size(0) or self.cos.dtype != torch.float32:  # float32 again after model.to(bf16)
-            self.cos, self.sin = self._cos_sin(grown(max(length, self.cos.size(0))), device=device or self.cos.device)
+        if length > self.turn.size(0) or self.turn.dtype != torch.float32:  # float32 again after model.to(bf16)
+            self.turn = self._turn(grown(max(length, self.turn.size(0))), device=device or self.turn.device)
 
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         T = q.size(-2)
         self.reserve(T if positions is None else 0, q.device)  # given positions: reserved by the caller
-        cos, sin = take(self.cos, T, positions), take(self.sin, T, positions)  # (T, D/2), or (B, T, D/2)
-        if positions is not None:
-            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D/2): the same positions for every head
+        turn = take(self.turn, T, positions)  # (T, 2, 2, D/2), or (B, T, 2, 2, D/2)
+        cos, sin = (turn if positions is None else turn[:, None]).unbind(-3)  # (B, 1, T, ...): every head's
         r = self.rotated_dims
         if r == self.head_dim:
             return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # neox: the first r dimensions rotate, the rest pass through
         return tuple(torch.cat((apply_rope(t[..., :r], cos, sin), t[..., r:]), dim=-1) for t in (q, k))
 
-    def _cos_sin(self, length: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
-        return rope_cos_sin(length, self.rotated_dims, self.base, device, *self.scaling, self.pairs)
+    def _turn(self, length: int, device: torch.device | None = None) -> Tensor:
+        cos, sin = rope_cos_sin(length, self.rotated_dims, self.base, device, *self.scaling, self.pairs)
+        return torch.stack((torch.stack((cos, cos), -2), torch.stack((-sin, sin), -2)), -3)
 
 
 def sinusoid_table(length: int, dim: int, device: torch.device | None = None) -> Tensor:
@@ -178,9 +177,10 @@ def yarn_correction_range(
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate x (..., T, D) pairwise: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in float32 (float64 if given
-    float64)."""
-    x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).chunk(2, dim=-1)  # (..., T, D/2) each
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    float64), as (x1, x2) (cos, cos) + (x2, x1) (-sin, sin) with `cos`, `sin` (..., T, 2, D/2) from
+    `RotaryPositions.turn`: the same numbers (x2 (-sin) is -(x2 sin) exactly), in four ops, not the pairs' eight."""
+    halves = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32).unflatten(-1, (2, -1))
+    return (halves * cos + halves.flip(-2) * sin).flatten(-2).to(x.dtype)
 
 
 def rotated_part(config: GPTConfig) -> tuple[int, int | None]:
