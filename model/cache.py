@@ -214,13 +214,13 @@ class LayerCache:
         if self.kv is None or self.kv.dtype != k.dtype or self.kv.shape[1:3] != (B, H):
             self.allocate(B, H, D, k.dtype, k.device)
         assert self.kv is not None and write.source is not None and write.incoming is not None
+        if write.prefill and not self.owner.rolling and T <= self.kv.size(3):  # slot = position: the first T slots
+            self.kv[:, :, :, :T] = torch.stack([k, v])  # a padded row's slots past its length stay unseen (-1)
+            return k, v
         held_k, held_v = self.kv.unbind(0)
         if write.rows is not None:  # one key per row, into its slot, in place (an index_put_ Inductor keeps so)
             self.kv[:, write.rows[0], :, write.rows[1]] = torch.stack([k, v], dim=1).view(B, 2, H, D)
             return held_k, held_v
-        if write.prefill and not self.owner.rolling and T <= self.kv.size(3):  # slot = position: the first T slots
-            self.kv[:, :, :, :T] = torch.stack([k, v])  # a padded row's slots past its length stay unseen (-1)
-            return k, v
         if write.prefill:  # the new tokens attend to each other only
             attended = k, v
         elif self.owner.rolling:  # the buffer as it was, then the new keys

@@ -168,6 +168,8 @@ def decode(
 
     def step(idx: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
         logits, new = advance(model, idx, cache, count, pick, lengths)
+        if advance is _advance:  # eager: tensors of their own
+            return logits, new
         return logits.clone(), new.clone()  # a CUDA graph overwrites its outputs at its next replay
 
     with torch.no_grad():
