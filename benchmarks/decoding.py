@@ -107,12 +107,17 @@ class Setup(Bench):
         return ids.to(self.device)
 
 
-def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
-    setup.free()
+def our_model(setup: Setup, scheme: str) -> GPT:
+    """A row's model: seeded, no biases, built on the device (GPT-2's 124M would take seconds to init on a CPU)."""
     torch.manual_seed(SEED)
     config = GPTConfig(**SHAPES[setup.shape], pos_encoding=scheme, bias=False, dropout=0.0)
-    with setup.device:  # built there: GPT-2's 124M would take seconds to init on a CPU
-        model = GPT(config).to(dtype=setup.dtype).eval()
+    with setup.device:
+        return GPT(config).to(dtype=setup.dtype).eval()
+
+
+def run_ours(setup: Setup, scheme: str, mode: str, batch: int) -> Row:
+    setup.free()
+    model = our_model(setup, scheme)
     onednn_linears(model)  # as sample.py does
     compiled = mode == "compiled"
     if compiled:
@@ -154,10 +159,8 @@ def run_hf(setup: Setup, batch: int) -> Row:
     ours has none), greedy or sampled as ours."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    torch.manual_seed(SEED)  # our learned row's weights, as `run_ours` builds them
-    c = GPTConfig(**SHAPES[setup.shape], pos_encoding="learned", bias=False, dropout=0.0)
-    with setup.device:
-        ours = GPT(c).to(dtype=setup.dtype).state_dict()
+    ours = our_model(setup, "learned").state_dict()  # our learned row's weights
+    c = GPTConfig(**SHAPES[setup.shape])
     hf_config = GPT2Config(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, n_positions=c.block_size,
                            vocab_size=ours["wte.weight"].size(0), activation_function="gelu")  # fmt: skip
     setup.free()
