@@ -330,8 +330,8 @@ def main(cfg: CheckConfig) -> list[Result]:
             print("\n".join(["Failed:", HEADER, *map(row_line, failed)]))
         skipped = [r for r in results if r.passed is None]
         if skipped:  # by kind of reason, the most common first, each with its count and one example's case
-            kinds = Counter(skip_kind(r.skipped or "") for r in skipped)
-            example = {skip_kind(r.skipped or ""): r.case for r in reversed(skipped)}
+            named = [skip_kind(r.skipped or "") for r in skipped]
+            kinds, example = Counter(named), {kind: r.case for kind, r in zip(named[::-1], skipped[::-1], strict=True)}
             print(f"Skipped {len(skipped)} (--verbose lists each with its reason):")
             print("\n".join(f"  {count:5d}  {kind} (e.g. {example[kind]})" for kind, count in kinds.most_common()))
     worst = max((r.error / r.tolerance for r in ran if r.error is not None), default=0.0)

@@ -153,9 +153,10 @@ class KVCache(DecodingCache):
         else:  # written first: the buffer holds every key the new tokens see
             k_pos = slot_pos
         source = position - start[:, None]
-        rows = (torch.arange(batch, device=device), self.slot_of(write.positions[:, 0])) if new_tokens == 1 else None
+        one = new_tokens == 1 and not write.prefill
+        rows = (torch.arange(batch, device=device), self.slot_of(write.positions[:, 0])) if one else None
         return CacheWrite(write.prefill, write.positions, write.real, write.end, k_pos, slot_pos, incoming, source,
-                          None if write.prefill else rows)  # fmt: skip
+                          rows)  # fmt: skip
 
     def commit(self, write: CacheWrite) -> None:
         assert self.slot_positions is not None and write.slot_pos is not None

@@ -32,9 +32,7 @@ def kernel_names() -> list[str]:
 def check_config(config: GPTConfig) -> None:
     """Raise `ConfigError` for a config no model can be built from: an unknown name, a scheme that
     refuses the shape, or settings no kernel of the attention function can run together."""
-    registries = {"pos_encoding": list(SCHEMES), "attention": list(ATTENTIONS), "attn_score": list(SCORES),
-                  "attn_backend": [AUTO, *kernel_names()]}  # fmt: skip
-    for field, names in registries.items():
+    for field, names in _registries(kernel_names()).items():
         value = getattr(config, field)
         if value not in names:
             hint = did_you_mean(str(value), names, "") or "."
@@ -111,10 +109,15 @@ def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
     return not _unmet(candidate)
 
 
+def _registries(backends: list[str]) -> dict[str, list[str]]:
+    """The names each registry field takes, `attn_backend` one of `backends` or auto."""
+    return {"pos_encoding": list(SCHEMES), "attention": list(ATTENTIONS), "attn_score": list(SCORES),
+            "attn_backend": [AUTO, *backends]}  # fmt: skip
+
+
 def _alternatives(config: GPTConfig, field: str) -> str:
     """The other values of `field` with which `config` would run, in words."""
-    names = {"pos_encoding": list(SCHEMES), "attention": list(ATTENTIONS), "attn_score": list(SCORES),
-             "attn_backend": [AUTO, *ATTENTIONS[config.attention].kernels]}  # fmt: skip
+    names = _registries(list(ATTENTIONS[config.attention].kernels))
     off = [config.__dataclass_fields__[field].default]  # a mask, dropout, soft-cap or sink logits: turned off
     able = [str(v) for v in names.get(field, off) if v != getattr(config, field) and _runs_with(config, field, v)]
     if not able:

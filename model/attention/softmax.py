@@ -58,6 +58,8 @@ class SoftmaxAttention(Attention):
             q, k = F.rms_norm(q, (q.size(-1),), eps=1e-5), F.rms_norm(k, (k.size(-1),), eps=1e-5)
         if cache is not None:
             k, v = cache.update(k, v, plan.cache_write)  # the keys and values the plan describes
+        if self.log_scale is None and not self.temperature_floor:
+            return q, k, v
         place = plan.placement  # the queries stand at their cache positions when decoding, else at 0..Tq-1
         order = place.positions if place.k_pos is not None else torch.arange(place.q_len, device=place.device)
         if self.log_scale is not None:  # the keys each sees: by the mask, on token order
