@@ -292,9 +292,10 @@ class GPT(nn.Module):
         for kind in self.kinds:  # each kind's kernel, context and place in the cache, for all its layers
             needs_grad, weights = x.requires_grad, visit is not None
             kernel = self.kernel(idx.device, dropout, needs_grad, decoding, weights=weights, float64=float64, kind=kind)
-            write = writes.get(kind.name)
-            placement = Placement(T, self.config.n_head, idx.device, positions, write.k_pos if decoding else None)
-            plans[kind.name] = KindPlan(self.pe_of(kind), kind, kernel, placement, self._kernel_memos[type(kernel)],
+            write, pe = writes.get(kind.name), self.pe_of(kind)
+            placement = Placement(T, self.config.n_head, idx.device, positions, write.k_pos if decoding else None,
+                                  pe.rotation(T, positions))  # fmt: skip
+            plans[kind.name] = KindPlan(pe, kind, kernel, placement, self._kernel_memos[type(kernel)],
                                          self.attention.kernel_settings(kind.config), write)  # fmt: skip
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, kind in enumerate(self.kind_of):

@@ -103,7 +103,7 @@ class Attention(nn.Module):
 
     def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, placement: Placement) -> tuple[Tensor, Tensor]:
         """The scheme's rotation of queries and keys (B, H, T, D) at the pass's positions."""
-        return pe.rotate(q, k, placement.positions)
+        return pe.rotate(q, k, placement.positions, placement.rotation)
 
     def reconfigure(self, old: GPTConfig, config: GPTConfig) -> None:
         """Take the mask and scaling of `config` (`GPT.switch`), keeping the weights."""

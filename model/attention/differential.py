@@ -88,7 +88,7 @@ class DifferentialAttention(SoftmaxAttention):
             return super().rotate(pe, q, k, placement)
         D = q.size(-1)
         halves = [t.unflatten(-1, (2, D // 2)).transpose(2, 3).flatten(1, 2) for t in (q, k)]  # (B, 2H, T, d)
-        q2, k2 = pe.rotate(*halves, placement.positions)
+        q2, k2 = pe.rotate(*halves, placement.positions, placement.rotation)
         return tuple(t.unflatten(1, (-1, 2)).transpose(2, 3).flatten(-2) for t in (q2, k2))  # (B, H, T, D)
 
     def weight(self) -> Tensor:

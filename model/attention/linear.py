@@ -153,7 +153,7 @@ class LinearAttention(Attention):
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: LayerStateCache | None = None) -> Tensor:
         q, k, v = self.project(x)
         fq, fk = feature_map(q), feature_map(k)
-        rq, rk = pe.rotate(fq, fk, plan.placement.positions)
+        rq, rk = pe.rotate(fq, fk, plan.placement.positions, plan.placement.rotation)
         q2, k2 = torch.cat([rq, fq], dim=-1), torch.cat([rk, fk], dim=-1)
         if cache is not None:  # running sums per query head: KV head h // (H / H_kv) read into each
             k2, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k2, v))

@@ -49,6 +49,8 @@ class Placement:
     device: torch.device
     positions: Tensor | None = None
     k_pos: Tensor | None = None
+    rotation: Tensor | None = None
+    """The scheme's `rotation` at the queries' positions (None: the scheme rotates nothing)."""
 
 
 class Lack(NamedTuple):

@@ -59,8 +59,15 @@ class PositionEncoding(nn.Module):
         """Token embeddings `x` (B, T, C) at `positions` (B or 1, T; None: 0..T-1) -> input of the first block."""
         return x
 
-    def rotate(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Queries and keys (B, H, T, D) at `positions` (B or 1, T; None: 0..T-1) -> rotated copies."""
+    def rotation(self, length: int, positions: Tensor | None = None) -> Tensor | None:
+        """What `rotate` reads at a pass's positions, taken once for all its layers (None: nothing)."""
+        return None
+
+    def rotate(
+        self, q: Tensor, k: Tensor, positions: Tensor | None = None, rotation: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Queries and keys (B, H, T, D) at `positions` (B or 1, T; None: 0..T-1), or by their `rotation`, ->
+        rotated copies."""
         return q, k
 
     def bias(self, layer: int = 0) -> ScoreBias:

@@ -83,7 +83,7 @@ class RotaryPositions(PositionEncoding):
         self.base = config.rope_base
         self.scaling = (config.rope_scaling, config.rope_scaling_factor, config.block_size)  # rope_cos_sin's order
         self.register_buffer("turn", self._turn(config.block_size), persistent=False)
-        """(positions, 2, 2, D/2): per position (cos, cos) and (-sin, sin) over the two halves (`apply_rope`)."""
+        """(positions, 2, 2, D/2): per position what each half gives each, ((cos, sin), (-sin, cos)) (`apply_rope`)."""
 
     @classmethod
     def check(cls, config: GPTConfig) -> None:
@@ -102,20 +102,27 @@ class RotaryPositions(PositionEncoding):
         if length > self.turn.size(0) or self.turn.dtype != torch.float32:  # float32 again after model.to(bf16)
             self.turn = self._turn(grown(max(length, self.turn.size(0))), device=device or self.turn.device)
 
-    def rotate(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        T = q.size(-2)
-        self.reserve(T if positions is None else 0, q.device)  # given positions: reserved by the caller
-        turn = take(self.turn, T, positions)  # (T, 2, 2, D/2), or (B, T, 2, 2, D/2)
-        cos, sin = (turn if positions is None else turn[:, None]).unbind(-3)  # (B, 1, T, ...): every head's
-        r = self.rotated_dims
+    def rotation(self, length: int, positions: Tensor | None = None) -> Tensor:
+        """The rows of `turn` at a pass's positions, (T, 2, 2, D/2) or (B, 1, T, 2, 2, D/2): every head's."""
+        self.reserve(length if positions is None else 0, self.turn.device)  # given positions: reserved by the caller
+        turn = take(self.turn, length, positions)
+        return turn if positions is None else turn[:, None]
+
+    def rotate(
+        self, q: Tensor, k: Tensor, positions: Tensor | None = None, rotation: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        turn = self.rotation(q.size(-2), positions) if rotation is None else rotation
+        both, r = torch.cat((q, k), dim=1), self.rotated_dims  # q and k heads turned at once: half the ops a token
         if r == self.head_dim:
-            return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # neox: the first r dimensions rotate, the rest pass through
-        return tuple(torch.cat((apply_rope(t[..., :r], cos, sin), t[..., r:]), dim=-1) for t in (q, k))
+            both = apply_rope(both, turn)
+        else:  # neox: the first r dimensions rotate, the rest pass through
+            both = torch.cat((apply_rope(both[..., :r], turn), both[..., r:]), dim=-1)
+        rq, rk = both.split([q.size(1), k.size(1)], dim=1)
+        return rq.to(q.dtype), rk.to(k.dtype)
 
     def _turn(self, length: int, device: torch.device | None = None) -> Tensor:
         cos, sin = rope_cos_sin(length, self.rotated_dims, self.base, device, *self.scaling, self.pairs)
-        return torch.stack((torch.stack((cos, cos), -2), torch.stack((-sin, sin), -2)), -3)
+        return torch.stack((torch.stack((cos, sin), -2), torch.stack((-sin, cos), -2)), -3)
 
 
 def sinusoid_table(length: int, dim: int, device: torch.device | None = None) -> Tensor:
@@ -175,12 +182,12 @@ def yarn_correction_range(
     return max(math.floor(pair_turning(beta_fast)), 0), min(math.ceil(pair_turning(beta_slow)), head_dim - 1)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x (..., T, D) pairwise: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in float32 (float64 if given
-    float64), as (x1, x2) (cos, cos) + (x2, x1) (-sin, sin) with `cos`, `sin` (..., T, 2, D/2) from
-    `RotaryPositions.turn`: the same numbers (x2 (-sin) is -(x2 sin) exactly), in four ops, not the pairs' eight."""
-    halves = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32).unflatten(-1, (2, -1))
-    return (halves * cos + halves.flip(-2) * sin).flatten(-2).to(x.dtype)
+def apply_rope(x: Tensor, turn: Tensor) -> Tensor:
+    """Rotate x (..., T, D) pairwise: (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos), in float32 (float64 if given
+    float64), as the sum over the input half g of x_g turn[g, h], `turn` (..., T, 2, 2, D/2) from
+    `RotaryPositions.turn`: the same numbers (x2 (-sin) is -(x2 sin) exactly), in two ops, not the pairs' eight."""
+    halves = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32).unflatten(-1, (2, 1, -1))
+    return (halves * turn).sum(-3).flatten(-2).to(x.dtype)
 
 
 def rotated_part(config: GPTConfig) -> tuple[int, int | None]:
