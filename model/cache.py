@@ -72,6 +72,9 @@ class DecodingCache:
 
     def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
         """The step of a forward pass of `new_tokens` tokens per row (`lengths`: the real ones, in a prefill)."""
+        if not self.empty and new_tokens == 1 and lengths is None:  # a decode step: its positions a view of `pos`,
+            assert self.pos is not None  # read by the layers only, before `commit` moves it
+            return CacheWrite(False, self.pos[:, None], None, self.pos + 1)
         offsets = torch.arange(new_tokens, device=device)
         if self.empty:
             end = lengths if lengths is not None else torch.full((batch,), new_tokens, device=device)
@@ -123,6 +126,8 @@ class KVCache(DecodingCache):
         """Keys held at most: a rolling cache's S + W (a chunked one's C), else the longest sequence it takes."""
         self.slot_positions: Tensor | None = None
         """(B, C) the position each slot holds (-1: empty)."""
+        self.rows: Tensor | None = None
+        """(B,) 0..B-1, made once: a decode step makes no tensor it can keep."""
         super().__init__([(layer or LayerCache)(self) for _ in range(n_layer)])
 
     def allocate(
@@ -130,9 +135,18 @@ class KVCache(DecodingCache):
     ) -> None:
         super().allocate(batch, n_head, head_dim, dtype, device, n_kv_head)
         self.slot_positions = static_buffer(torch.full((batch, self.capacity), -1, dtype=torch.long, device=device))
+        self.rows = static_buffer(torch.arange(batch, device=device))
 
     def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
         write = super().begin(batch, new_tokens, lengths, device)
+        if self.slot_positions is None or self.slot_positions.size(0) != batch:
+            self.slot_positions = torch.full((batch, self.capacity), -1, dtype=torch.long, device=device)
+            self.rows = torch.arange(batch, device=device)
+        if new_tokens == 1 and not write.prefill:  # one key per row, written first: its slot now holds it
+            assert self.rows is not None and self.pos is not None
+            slot = self.slot_of(self.pos)
+            self.slot_positions[self.rows, slot] = self.pos
+            return CacheWrite(False, write.positions, None, write.end, self.slot_positions, rows=(self.rows, slot))
         # refuse positions past a full cache's capacity, which it would drop; not a one-token step's: `generate`
         # never asks for one past it, and a check would cost every step a device wait
         end = new_tokens if write.prefill and write.real is None else None
@@ -140,8 +154,6 @@ class KVCache(DecodingCache):
             end = int(write.end.max())
         if not self.rolling and end is not None and end > self.capacity:
             raise ValueError(f"The KV cache holds {self.capacity} positions; {end} do not fit (new_cache(capacity)).")
-        if self.slot_positions is None or self.slot_positions.size(0) != batch:
-            self.slot_positions = torch.full((batch, self.capacity), -1, dtype=torch.long, device=device)
         start = write.end - write.real.sum(-1) if write.real is not None else write.end - new_tokens
         position, incoming = self._incoming(start, write.end)
         held = self.slot_positions if not write.prefill else torch.full_like(self.slot_positions, -1)
@@ -153,14 +165,12 @@ class KVCache(DecodingCache):
         else:  # written first: the buffer holds every key the new tokens see
             k_pos = slot_pos
         source = position - start[:, None]
-        one = new_tokens == 1 and not write.prefill
-        rows = (torch.arange(batch, device=device), self.slot_of(write.positions[:, 0])) if one else None
-        return CacheWrite(write.prefill, write.positions, write.real, write.end, k_pos, slot_pos, incoming, source,
-                          rows)  # fmt: skip
+        return CacheWrite(write.prefill, write.positions, write.real, write.end, k_pos, slot_pos, incoming, source)
 
     def commit(self, write: CacheWrite) -> None:
-        assert self.slot_positions is not None and write.slot_pos is not None
-        self.slot_positions.copy_(write.slot_pos)
+        assert self.slot_positions is not None
+        if write.slot_pos is not None:  # a decode step's were written at its begin
+            self.slot_positions.copy_(write.slot_pos)
         super().commit(write)
 
     def _incoming(self, start: Tensor, end: Tensor) -> tuple[Tensor, Tensor]:
@@ -214,7 +224,7 @@ class LayerCache:
         B, H, T, D = k.shape
         if self.kv is None or self.kv.dtype != k.dtype or self.kv.shape[1:3] != (B, H):
             self.allocate(B, H, D, k.dtype, k.device)
-        assert self.kv is not None and write.source is not None and write.incoming is not None
+        assert self.kv is not None
         if write.prefill and not self.owner.rolling and T <= self.kv.size(3):  # slot = position: the first T slots
             self.kv[:, :, :, :T] = torch.stack([k, v])  # a padded row's slots past its length stay unseen (-1)
             return k, v
@@ -222,6 +232,7 @@ class LayerCache:
         if write.rows is not None:  # one key per row, into its slot, in place (an index_put_ Inductor keeps so)
             self.kv[:, write.rows[0], :, write.rows[1]] = torch.stack([k, v], dim=1).view(B, 2, H, D)
             return held_k, held_v
+        assert write.source is not None and write.incoming is not None
         if write.prefill:  # the new tokens attend to each other only
             attended = k, v
         elif self.owner.rolling:  # the buffer as it was, then the new keys
