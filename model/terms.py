@@ -77,6 +77,10 @@ class ScoreBias:
     """FlexAttention's tile options on CUDA, for a formula that does not fit the default tiles' shared memory."""
     from_scores: ScoresTerm | None = None
     """A term computed from the scores themselves, added where they are formed."""
+    relative: bool = False
+    """The formula reads the distance alone, not the query's position (ALiBi, T5, Kerple)."""
+    learned: bool = False
+    """The formula reads parameters: a pass with gradients carries them back (T5, Kerple, FIRE)."""
 
 
 class TokenTerms(NamedTuple):

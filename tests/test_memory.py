@@ -18,11 +18,17 @@ BASE = GPTConfig(vocab_size=64, block_size=96, n_layer=2, n_head=4, n_embd=64, b
 T = 96
 
 
-def test_every_scheme_and_function_keeps_at_most_twice_ropes_activations(monkeypatch):
-    monkeypatch.setattr(dense, "RECOMPUTE_ELEMENTS", 0)  # this small size recomputed, as 1024 tokens are
+@pytest.mark.parametrize("whole", [True, False])
+def test_every_scheme_and_function_keeps_at_most_twice_ropes_activations(whole, monkeypatch):
+    """Recomputed, as 1024 tokens are; a mask or bias formed once for every layer (ALiBi's: no second pass), or, as
+    at 2048 tokens, too large for that, each layer's blocks formed again (ALiBi kept 2.45x RoPE's when not)."""
+    monkeypatch.setattr(dense, "RECOMPUTE_ELEMENTS", 0)
+    if not whole:
+        monkeypatch.setattr(dense, "DENSE_ELEMENTS", 4 * T * T - 1)
     rope = saved_bytes(dataclasses.replace(BASE, pos_encoding="rope"), 2, T)
     ratios = {name: saved_bytes(config, 2, T) / rope for name, config in variants(BASE).items()}
     assert max(ratios.values()) <= 2 and len(ratios) == len(SCHEMES) + len(ATTENTIONS) + 2, ratios
+    assert whole or ratios["alibi"] < 1, ratios  # 1.04x at this size when each layer kept its blocks
 
 
 @pytest.mark.parametrize("name", ["t5", "fire", "cope", "forgetting", "stick_breaking", "sinks", "differential"])

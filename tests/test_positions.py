@@ -284,6 +284,21 @@ def test_contiguous_positions_give_exactly_todays_logits(tiny_config, scheme, ba
         assert torch.equal(given, plain)
 
 
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "kerple"])
+def test_a_relative_bias_formed_per_distance_has_the_gradients_of_one_formed_per_pair(tiny_config, scheme):
+    """Without positions given, a dense kernel forms a bias of the distance alone once per distance and spreads it
+    over the pairs (no gather per pair, nor its scatter in the backward pass); given positions, per pair."""
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme, attn_backend="sdpa"))
+    idx = torch.randint(0, tiny_config.vocab_size, (3, 13))
+    grads = []
+    for positions in (None, torch.arange(13).expand(3, 13)):
+        model.zero_grad()
+        model(idx, idx, positions=positions)[1].backward()
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
 @pytest.mark.parametrize("scheme", POS_ENCODINGS)
 def test_each_row_is_at_its_own_positions(tiny_config, scheme):
     """Shifting a row's positions changes nothing for a relative scheme and something for an

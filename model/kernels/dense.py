@@ -44,26 +44,36 @@ class DenseContext:
     whole: tuple[Tensor | None, Tensor | None] | None = None
     weigh: Callable[[Tensor, Tensor], Tensor] | None = None
     recompute: bool = False
-    """Attend block by block, each block formed again in the backward pass (`RECOMPUTE_ELEMENTS`)."""
+    """A pass with gradients past `RECOMPUTE_ELEMENTS`: blocks whose weights would be kept are formed again."""
+    in_order: bool = False
+    """The ids are the tokens' own, 0..T-1: a bias of the distance alone is formed once per distance."""
 
-    def rows_per_block(self, tokens: TokenTerms | None = None) -> int:
+    def rows_per_block(self, tokens: TokenTerms | None = None, recompute: bool = False) -> int:
         """Query rows whose mask and additive terms (with a layer's `tokens`) stay within `DENSE_ELEMENTS` (within
         `RECOMPUTE_ELEMENTS` of scores when recomputed)."""
         batch = max(self.q_pos.size(0), self.k_pos.size(0), self.q_ids.size(0), tokens.q.size(0) if tokens else 1)
         heads = (self.bias.elements if self.bias is not None else 1) + (self.n_head if tokens else 0)
         rows = DENSE_ELEMENTS // (batch * heads * self.k_pos.size(-1))
-        return max(1, min(rows, RECOMPUTE_ELEMENTS // (self.n_head * self.k_pos.size(-1))) if self.recompute else rows)
+        return max(1, min(rows, RECOMPUTE_ELEMENTS // (self.n_head * self.k_pos.size(-1))) if recompute else rows)
+
+    def keeps(self, tokens: TokenTerms | None = None, dropout: bool = False) -> bool:
+        """Whether the kernel keeps each block's weights for the backward pass: eager, or SDPA's math kernel, taken
+        for a learned term or dropout (its CPU flash kernel keeps the block's mask alone)."""
+        learned = tokens is not None or (self.bias is not None and self.bias.learned)
+        return self.weigh is not None or learned or dropout
 
     def attend(self, run: Callable[[Tensor, Tensor, Tensor, slice], Tensor], q: Tensor, k: Tensor, v: Tensor,
-               tokens: TokenTerms | None = None) -> Tensor:  # fmt: skip
+               tokens: TokenTerms | None = None, dropout: bool = False) -> Tensor:  # fmt: skip
         """`run(q rows, k, v, rows)` over blocks of query rows, each at most `rows_per_block` rows, each checkpointed
-        when `recompute`."""
-        step = min(self.rows_per_block(tokens), q.size(-2))
+        when `recompute`, unless the kernel keeps no weights and the mask is `whole`, formed once for every layer
+        (ALiBi's bias, a window's)."""
+        recompute = self.recompute and (self.whole is None or self.keeps(tokens, dropout))
+        step = min(self.rows_per_block(tokens, recompute), q.size(-2))
         outs = []
         for c in range(0, q.size(-2), step):
             rows = slice(c, min(c + step, q.size(-2)))
             block = (q[:, :, rows], k, v, rows)
-            outs.append(checkpoint(run, *block, use_reentrant=False) if self.recompute else run(*block))
+            outs.append(checkpoint(run, *block, use_reentrant=False) if recompute else run(*block))
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
     def block(self, rows: slice, tokens: TokenTerms | None = None) -> tuple[Tensor | None, Tensor | None]:
@@ -75,7 +85,13 @@ class DenseContext:
         visible = self.mask.visible(self.q_pos[:, None, rows, None], self.k_pos[:, None, None, :])
         visible = visible & (self.k_pos >= 0)[:, None, None, :]
         bias = None
-        if self.bias is not None and self.bias.formula is not None:
+        if self.bias is not None and self.bias.formula is not None and self.bias.relative and self.in_order:
+            keys = self.k_pos.size(-1)  # distances rows.stop - 1 down to rows.start - keys + 1, then row i's window
+            distances = torch.arange(rows.stop - 1, rows.start - keys, -1, device=self.q_pos.device)[None]
+            per_distance = self.bias.formula(torch.arange(self.n_head, device=distances.device)[:, None], distances,
+                                             distances)  # fmt: skip
+            bias = per_distance.unfold(-1, keys, 1).flip(1)[None]  # (1, H, rows, Tk): no gather, nor its backward
+        elif self.bias is not None and self.bias.formula is not None:
             heads = torch.arange(self.n_head, device=self.q_pos.device)[:, None, None]
             query = self.q_ids[:, None, rows, None]
             bias = self.bias.formula(heads, query - self.k_ids[:, None, None, :], query)  # once
@@ -106,8 +122,8 @@ def dense_context(
     plain = shortcut and mask.causal_only and placement.k_pos is None
     recompute = torch.is_grad_enabled() and placement.n_head * placement.q_len * k_pos.size(-1) > RECOMPUTE_ELEMENTS
     context = DenseContext(bias, mask, placement.n_head, q_pos, k_pos, q_ids, k_ids, plain, weigh=weigh,
-                           recompute=recompute)  # fmt: skip
-    if context.recompute or context.rows_per_block() < placement.q_len:
+                           recompute=recompute, in_order=placement.positions is None)  # fmt: skip
+    if (context.recompute and context.keeps()) or context.rows_per_block() < placement.q_len:
         return context  # formed block by block
     visible, bias = context.block(slice(0, placement.q_len))
     if shortcut and bias is None and visible is not None:  # SDPA: the mask as the additive term it makes, made once

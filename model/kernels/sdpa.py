@@ -76,4 +76,4 @@ class SdpaKernel(Kernel):
             visible, bias = context.block(rows, plan.tokens)
             return sdpa_attention(q_rows, k, v, bias, dropout_p, mask=visible, scale=score.scale)
 
-        return context.attend(rows_of, q, k, v, plan.tokens)
+        return context.attend(rows_of, q, k, v, plan.tokens, dropout_p > 0)
