@@ -20,6 +20,11 @@ from posgpt.model.terms import ScoreBias, TokenTerms
 DENSE_ELEMENTS = 1 << 24
 """Largest mask or bias (elements, over every batch row and head) formed at once: 64 MiB in float32."""
 
+KEPT_PER_HEAD = {"eager": 8, "sdpa": 4}
+"""Values per head and query-key pair a recomputed block's graph keeps beyond its terms, the eager kernel's (scores,
+mask, weights and what the function forms for them: stick-breaking's log-space sums) and SDPA's math kernel's;
+sizes its row blocks."""
+
 RECOMPUTE_ELEMENTS = 1 << 22
 """Scores (heads x queries x keys of a batch row) past which a pass with gradients attends block by block, each
 block formed again in the backward pass (`torch.utils.checkpoint`): no O(T^2) activation is kept per layer, at the
@@ -48,13 +53,13 @@ class DenseContext:
     in_order: bool = False
     """The ids are the tokens' own, 0..T-1: a bias of the distance alone is formed once per distance."""
 
-    def rows_per_block(self, tokens: TokenTerms | None = None, recompute: bool = False) -> int:
-        """Query rows whose mask and additive terms (with a layer's `tokens`) stay within `DENSE_ELEMENTS` (within
-        `RECOMPUTE_ELEMENTS` of scores when recomputed)."""
+    def rows_per_block(self, tokens: TokenTerms | None = None, queries: int = 0) -> int:
+        """Query rows whose mask and additive terms (with a layer's `tokens`) stay within `DENSE_ELEMENTS`, with what
+        a recomputed block's graph keeps for `queries` batch rows of queries (0: not recomputed)."""
         batch = max(self.q_pos.size(0), self.k_pos.size(0), self.q_ids.size(0), tokens.q.size(0) if tokens else 1)
-        heads = (self.bias.elements if self.bias is not None else 1) + (self.n_head if tokens else 0)
-        rows = DENSE_ELEMENTS // (batch * heads * self.k_pos.size(-1))
-        return max(1, min(rows, RECOMPUTE_ELEMENTS // (self.n_head * self.k_pos.size(-1))) if recompute else rows)
+        terms = batch * ((self.bias.elements if self.bias is not None else 1) + (self.n_head if tokens else 0))
+        kept = queries * KEPT_PER_HEAD["sdpa" if self.weigh is None else "eager"] * self.n_head
+        return max(1, DENSE_ELEMENTS // ((terms + kept) * self.k_pos.size(-1)))
 
     def keeps(self, tokens: TokenTerms | None = None, dropout: bool = False) -> bool:
         """Whether the kernel keeps each block's weights for the backward pass: eager, or SDPA's math kernel, taken
@@ -68,7 +73,7 @@ class DenseContext:
         when `recompute`, unless the kernel keeps no weights and the mask is `whole`, formed once for every layer
         (ALiBi's bias, a window's)."""
         recompute = self.recompute and (self.whole is None or self.keeps(tokens, dropout))
-        step = min(self.rows_per_block(tokens, recompute), q.size(-2))
+        step = min(self.rows_per_block(tokens, q.size(0) if recompute else 0), q.size(-2))
         outs = []
         for c in range(0, q.size(-2), step):
             rows = slice(c, min(c + step, q.size(-2)))
@@ -84,12 +89,14 @@ class DenseContext:
             return self.whole
         visible = self.mask.visible(self.q_pos[:, None, rows, None], self.k_pos[:, None, None, :])
         visible = visible & (self.k_pos >= 0)[:, None, None, :]
-        bias = None
-        if self.bias is not None and self.bias.formula is not None and self.bias.relative and self.in_order:
+        bias, spread = None, self.bias is not None and self.bias.relative and self.in_order
+        if spread and self.bias is not None and self.bias.formula is not None:
             keys = self.k_pos.size(-1)  # distances rows.stop - 1 down to rows.start - keys + 1, then row i's window
             distances = torch.arange(rows.stop - 1, rows.start - keys, -1, device=self.q_pos.device)[None]
             per_distance = self.bias.formula(torch.arange(self.n_head, device=distances.device)[:, None], distances,
                                              distances)  # fmt: skip
+            if self.mask.causal_only:  # what it hides: the keys at distances below 0, masked before the spread
+                per_distance = per_distance.masked_fill(distances < 0, float("-inf"))
             bias = per_distance.unfold(-1, keys, 1).flip(1)[None]  # (1, H, rows, Tk): no gather, nor its backward
         elif self.bias is not None and self.bias.formula is not None:
             heads = torch.arange(self.n_head, device=self.q_pos.device)[:, None, None]
@@ -98,7 +105,7 @@ class DenseContext:
         if tokens is not None:
             term = tokens.q[:, :, rows, None] - tokens.k[:, :, None, :]
             bias = term if bias is None else bias + term
-        if bias is not None:
+        if bias is not None and not (spread and self.mask.causal_only):  # (masked before the spread)
             bias = bias.masked_fill(~visible, float("-inf"))
         return (None if self.plain else visible), bias
 

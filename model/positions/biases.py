@@ -213,8 +213,8 @@ class FIRE(PositionEncoding):
                 bias = bias + w2[unit][h] * torch.relu(w1[unit][h] * x + b1[unit][h])
             return bias
 
-        # the bias, a product, a hidden unit and the normalized distance, per head
-        return ScoreBias(fire, 4 * self.n_head + 4, learned=True)
+        # the bias, a product, the normalized distance and each hidden unit's output, per head
+        return ScoreBias(fire, (self.width + 4) * self.n_head + 4, learned=True)
 
 
 class ContextualPositions(PositionEncoding):
@@ -236,7 +236,7 @@ class ContextualPositions(PositionEncoding):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
-        self.bias_layers = config.n_layer
+        self.bias_layers, self.n_head = config.n_layer, config.n_head
         positions = config.cope_positions or config.block_size + 1  # their default: every count up to block_size
         self.table = nn.Parameter(torch.zeros(config.n_layer, config.head_dim, positions))
         self.scale = 1 / math.sqrt(config.head_dim) if config.cope_divide else 1.0
@@ -258,5 +258,5 @@ class ContextualPositions(PositionEncoding):
             below, above = logits.gather(-1, low.long()), logits.gather(-1, p.ceil().long())
             return scale * (below + w * (above - below))
 
-        # elements: the gates, counts, interpolation and term it forms per query-key pair, for the row blocks
-        return ScoreBias(None, 4, from_scores=cope)
+        # elements: the gates, counts, interpolation and term it forms per query-key pair and head
+        return ScoreBias(None, 12 * self.n_head, from_scores=cope)
