@@ -23,7 +23,8 @@ DENSE_ELEMENTS = 1 << 24
 KEPT_PER_HEAD = {"eager": 8, "sdpa": 4}
 """Values per head and query-key pair a recomputed block's graph keeps beyond its terms, the eager kernel's (scores,
 mask, weights and what the function forms for them: stick-breaking's log-space sums) and SDPA's math kernel's;
-sizes its row blocks."""
+sizes its row blocks, of at most `DENSE_ELEMENTS` such values on a CPU, 32 times that on a GPU (more memory, and each
+block costs launches: GPT-2 124M's blocks at B16 x T1024, as the issue-50 H100 run measured them)."""
 
 RECOMPUTE_ELEMENTS = 1 << 22
 """Scores (heads x queries x keys of a batch row) past which a pass with gradients attends block by block, each
@@ -59,7 +60,8 @@ class DenseContext:
         batch = max(self.q_pos.size(0), self.k_pos.size(0), self.q_ids.size(0), tokens.q.size(0) if tokens else 1)
         terms = batch * ((self.bias.elements if self.bias is not None else 1) + (self.n_head if tokens else 0))
         kept = queries * KEPT_PER_HEAD["sdpa" if self.weigh is None else "eager"] * self.n_head
-        return max(1, DENSE_ELEMENTS // ((terms + kept) * self.k_pos.size(-1)))
+        budget = DENSE_ELEMENTS * (32 if queries and self.q_pos.device.type != "cpu" else 1)
+        return max(1, budget // ((terms + kept) * self.k_pos.size(-1)))
 
     def keeps(self, tokens: TokenTerms | None = None, dropout: bool = False) -> bool:
         """Whether the kernel keeps each block's weights for the backward pass: eager, or SDPA's math kernel, taken
