@@ -37,8 +37,6 @@ MODES: Modes = {
         "per process, each line of --out written as it finishes, and a markdown report of them.",
     ),
     "memory": Lazy("posgpt.benchmarks.memory", "COMMAND", "Training memory per scheme against RoPE's, counted."),
-    "syncs": Lazy(
-        "posgpt.benchmarks.syncs", "COMMAND", "Host syncs per training step of a tiny CPU run, counted, not timed."
-    ),
+    "syncs": Lazy("posgpt.benchmarks.syncs", "COMMAND", "Host syncs per training step, ops a decoded token, counted."),
 }
 """Each mode's module, imported when it runs, and its line in `bench.py --help` (tests/test_entry_points.py)."""

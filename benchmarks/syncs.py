@@ -2,10 +2,12 @@
 tensor's value by the host, which on a GPU waits for the device's queue. A `TorchDispatchMode` counts
 `aten::_local_scalar_dense` (behind `.item()`, `float(t)`, `bool(t)`), a `TorchFunctionMode` the reads that sync on a
 GPU but dispatch nothing on a CPU (`.tolist()`, `.cpu()`, `.numpy()`) and the Python ones by name.
-`python bench.py syncs` trains a tiny run N and 2N steps and prints the syncs per step between."""
+`python bench.py syncs` trains a tiny run N and 2N steps and prints the syncs per step between, then the aten ops
+(on a GPU in eager mode a dispatch each, most a launch) and syncs of a decoded token at GPT-2's 12 x 12 shape."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -15,6 +17,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from posgpt.core.cli import Command
+from posgpt.model import GPT, GPTConfig
+from posgpt.model.generation import stream
 
 READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 """Tensor methods that hand a value to the host."""
@@ -27,6 +31,8 @@ class _Scalars(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.counts["_local_scalar_dense"] += func is torch.ops.aten._local_scalar_dense.default
+        self.counts["ops"] += 1
+        self.counts["not views"] += not (func.is_view or func is torch.ops.aten._unsafe_view.default)
         return func(*args, **(kwargs or {}))
 
 
@@ -59,9 +65,24 @@ def run_counted(argv: list[str]) -> Counter:
     return counts
 
 
+def decode_counts(config: GPTConfig, tokens: int = 8) -> dict[str, float]:
+    """Aten ops, those not views and host syncs of a decoded token, eager (random weights, a 1-token prompt, batch 1,
+    top-k 200): (those of 1 + `tokens` tokens - those of 1) / `tokens`."""
+    model, runs = GPT(config).eval(), []
+    for n in (1, 1 + tokens):
+        counts: Counter = Counter()
+        with torch.no_grad(), _Reads(counts), _Scalars(counts):
+            for _ in stream(model, torch.zeros(1, 1, dtype=torch.long), n, 1.0, 200, None, True, None,
+                            torch.Generator().manual_seed(0)):  # fmt: skip
+                pass
+        runs.append({"ops": counts["ops"], "not views": counts["not views"], "syncs": host_syncs(counts)})
+    return {key: (runs[1][key] - runs[0][key]) / tokens for key in runs[0]}
+
+
 @dataclass
 class SyncsConfig:
-    """Host syncs per training step of a tiny run on the CPU (1 layer, 32 wide, char-level, float32)."""
+    """Host syncs per training step of a tiny run on the CPU (1 layer, 32 wide, char-level, float32); then the ops and
+    syncs of a decoded token at GPT-2's 12 x 12 shape."""
 
     input: str = "auto"
     """The text to train on (train.py's --data.input)."""
@@ -85,8 +106,9 @@ def main(cfg: SyncsConfig) -> None:
     per_step = (second - first) / cfg.steps
     print(f"host syncs: {first} in {cfg.steps} steps, {second} in {2 * cfg.steps}: {per_step:.2f} per step "
           f"(log_interval {cfg.log_interval}; by op: {dict(counted[1])})")  # fmt: skip
+    for scheme in ("learned", "rope"):  # the count does not depend on the width
+        shape = GPTConfig(vocab_size=256, block_size=64, n_layer=12, n_head=12, n_embd=48, bias=False)
+        print(f"a decoded token, {scheme}:", decode_counts(dataclasses.replace(shape, pos_encoding=scheme)))
 
 
-COMMAND = Command(
-    "bench.py syncs", SyncsConfig, main, "Host syncs per training step of a tiny CPU run, counted, not timed."
-)
+COMMAND = Command("bench.py syncs", SyncsConfig, main, "Host syncs per training step, ops a decoded token, counted.")
