@@ -37,15 +37,7 @@ from posgpt.core.files import atomic_file, atomic_write_bytes, tmp_path, waiting
 from posgpt.data.corpora import NAMED
 from posgpt.data.errors import DataError
 from posgpt.data.readers import CHUNK_CHARS
-from posgpt.data.sources import (
-    HUB_PREFIX,
-    HUB_SYNTAX,
-    Source,
-    corpus_name,
-    file_source,
-    hub_source,
-    path_sources,
-)
+from posgpt.data.sources import HUB_PREFIX, HUB_SYNTAX, Source, corpus_name, file_source, hub_source, path_sources
 from posgpt.data.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer
 
 log = logging.getLogger(__name__)

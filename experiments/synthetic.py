@@ -10,8 +10,7 @@ accuracy_vs_length.png (and passkey_depth.png), experiment.yaml and runs/; reuse
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -71,7 +70,7 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
     tokenizer = tokenizer_for(cfg.task)
     trained = launch.train(lambda r: task_data(cfg.task, r), tokenizer.vocab_size)
     device = pick_device(cfg.device)
-    key = {"task": dataclasses.asdict(cfg.task), "eval_batch": cfg.eval_batch, "device": str(device)}
+    key = {"task": asdict(cfg.task), "eval_batch": cfg.eval_batch, "device": str(device)}
     depths = len(cfg.task.depths) if TASKS[cfg.task.name].depths else 1
     per_run = len(cfg.task.eval_lengths) * depths * cfg.task.test_size
     with progress_bar(len(trained) * per_run, "example") as bar:
@@ -91,12 +90,7 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
             }
 
         runs = launch.evaluate("task", key, evaluate)
-    doc = {
-        "format": FORMAT,
-        **results_header(device, torch.float32),
-        "task": dataclasses.asdict(cfg.task),
-        "runs": runs,
-    }
+    doc = {"format": FORMAT, **results_header(device, torch.float32), "task": asdict(cfg.task), "runs": runs}
     return launch.finish(doc, write_task_report)
 
 

@@ -11,48 +11,43 @@ DESCRIPTION = (
     "A small decoder-only GPT trainer for positional-encoding research: train short, evaluate long, look inside."
 )
 
+
+def _lazy(module: str, summary: str) -> Lazy:
+    """The mode of `module.COMMAND`, imported when it runs."""
+    return Lazy(module, "COMMAND", summary)
+
+
 MODES: Modes = {
-    "train": Lazy(
-        "posgpt.training.command", "COMMAND", "Train a GPT on any text; the position scheme is --model.pos_encoding."
+    "train": _lazy("posgpt.training.command", "Train a GPT on any text; the position scheme is --model.pos_encoding."),
+    "sample": _lazy(
+        "posgpt.evaluation.sampling", "Sample from a trained checkpoint: --ckpt runs/NAME/last.ckpt --prompt 'ROMEO:'."
     ),
-    "sample": Lazy(
-        "posgpt.evaluation.sampling",
-        "COMMAND",
-        "Sample from a trained checkpoint: --ckpt runs/NAME/last.ckpt --prompt 'ROMEO:'.",
-    ),
-    "evaluate": Lazy(
+    "evaluate": _lazy(
         "posgpt.evaluation.run",
-        "COMMAND",
         "Perplexity against context length: --ckpt A.ckpt [B.ckpt ...] --eval.lengths 128 4096.",
     ),
-    "attention": Lazy(
-        "posgpt.evaluation.attention",
-        "COMMAND",
-        'Look inside trained models: --ckpt A.ckpt --prompt "ROMEO:" --out maps.',
+    "attention": _lazy(
+        "posgpt.evaluation.attention", 'Look inside trained models: --ckpt A.ckpt --prompt "ROMEO:" --out maps.'
     ),
-    "prepare": Lazy("posgpt.data.prepare", "COMMAND", "Tokenize text into train.bin / val.bin / meta.json."),
-    "plot": Lazy(
+    "prepare": _lazy("posgpt.data.prepare", "Tokenize text into train.bin / val.bin / meta.json."),
+    "plot": _lazy(
         "posgpt.training.curves",
-        "COMMAND",
         "Draw a run's training curves (train and validation loss against steps and tokens, learning rate) into "
         "<run dir>/training.png.",
     ),
     "study": {
-        "extrapolation": Lazy(
+        "extrapolation": _lazy(
             "posgpt.experiments.extrapolation",
-            "COMMAND",
             "Train one model per position scheme, evaluate them all at every length, write a report.",
         ),
-        "synthetic": Lazy(
+        "synthetic": _lazy(
             "posgpt.experiments.synthetic",
-            "COMMAND",
             "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
         ),
     },
     "bench": Lazy("posgpt.benchmarks.modes", "MODES", "decode | gpu | vs-nanogpt | report | memory | syncs"),
-    "check": Lazy(
+    "check": _lazy(
         "posgpt.evaluation.check",
-        "COMMAND",
         "Check every attention kernel this device runs against the float32 reference: run it first on a new GPU or "
         "a new torch.",
     ),
