@@ -188,8 +188,7 @@ def timed_generate(setup: Setup, model: str, batch: int, generate: Callable[[int
     """A peer's row: its `generate(n)`, which yields once at the end, warmed up, then timed for 1 and all tokens."""
     setup.time_tokens(generate(WARMUP_TOKENS))
     setup.reset_peak()
-    first = setup.time_tokens(generate(1))[1]
-    total = setup.time_tokens(generate(setup.tokens))[1]
+    first, total = setup.time_tokens(generate(1))[1], setup.time_tokens(generate(setup.tokens))[1]
     return Row(model, "learned", "eager", batch, batch * setup.tokens / total, 1000 * first, None, setup.peak_mib())
 
 

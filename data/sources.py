@@ -160,8 +160,7 @@ def file_source(path: Path, column: str) -> Source:
 
 def hub_source(text: str, column: str) -> Source:
     """A Hub dataset's split, pinned to the commit its revision names now (asking the Hub, unless it is one)."""
-    spec = HubSpec.parse(text)
-    pinned = spec
+    spec = pinned = HubSpec.parse(text)
     if not spec.pinned:
         hub = optional_import("huggingface_hub", f"Reading {spec}", "hf")
         optional_import("datasets", f"Reading {spec}", "hf")  # fail before anything is prepared
@@ -186,8 +185,7 @@ def is_saved_dataset(path: Path) -> bool:
 def saved_dataset_files(path: Path) -> list[Path]:
     """Its state, info and the Arrow files its state lists (not cache files); all, where the state is unreadable."""
     try:
-        state = json.loads((path / "state.json").read_text())
-        data = [path / entry["filename"] for entry in state["_data_files"]]
+        data = [path / entry["filename"] for entry in json.loads((path / "state.json").read_text())["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError):
         return sorted(p for p in path.rglob("*") if p.is_file())
     return [path / name for name in SAVED_DATASET_FILES] + data

@@ -301,8 +301,7 @@ def encode(tokenizer: CharTokenizer, examples: list[Example], pad: int = 0) -> t
     """Inputs and targets (B, T) of whole examples, right-padded: targets -1 off the answer positions."""
     rows = [(tokenizer.encode(e.prompt), tokenizer.encode(e.answer)) for e in examples]
     T = max(len(p) + len(a) for p, a in rows) - 1
-    x = np.full((len(rows), T), pad, dtype=np.int64)
-    y = np.full((len(rows), T), -1, dtype=np.int64)
+    x, y = np.full((len(rows), T), pad, dtype=np.int64), np.full((len(rows), T), -1, dtype=np.int64)
     for i, ((prompt, answer), example) in enumerate(zip(rows, examples, strict=True)):
         ids = prompt + answer
         x[i, : len(ids) - 1] = ids[:-1]

@@ -155,8 +155,7 @@ def error_of(actual: torch.Tensor, expected: torch.Tensor, floor: float = 0.0) -
 def run_model(model: GPT, idx: torch.Tensor, dtype: torch.dtype, grad: bool) -> tuple[torch.Tensor, dict | None]:
     """Logits (float32) and, with `grad`, every parameter's gradient of the loss on next tokens."""
     model.zero_grad(set_to_none=True)
-    autocast = torch.autocast(idx.device.type, dtype, enabled=dtype != torch.float32)
-    with torch.set_grad_enabled(grad), autocast:
+    with torch.set_grad_enabled(grad), torch.autocast(idx.device.type, dtype, enabled=dtype != torch.float32):
         logits, loss = model(idx, idx.roll(-1, dims=1))
     if not grad:
         return logits.float(), None

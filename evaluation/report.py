@@ -82,11 +82,7 @@ def write_files(doc: dict[str, Any], files: dict[str, bytes], out_dir: str | Pat
 
 def fmt(value: float) -> str:
     """A perplexity with about three significant figures, never in e-notation."""
-    if value < 100:
-        return f"{value:.2f}"
-    if value < 1000:
-        return f"{value:.1f}"
-    return f"{value:,.0f}"
+    return f"{value:.2f}" if value < 100 else f"{value:.1f}" if value < 1000 else f"{value:,.0f}"
 
 
 def markdown_table(doc: dict[str, Any], groups: list[Group]) -> str:
@@ -99,8 +95,7 @@ def markdown_table(doc: dict[str, Any], groups: list[Group]) -> str:
     for g in groups:
         spread = len(g.runs) > 1
         cells = [fmt(st[0]) + (f" ± {fmt(st[1])}" if spread else "") if (st := g.ppl_at(n)) else "n/a" for n in lengths]
-        train = _one_or_list(g.column("train_length"))
-        tokenizer = _one_or_list(g.column("tokenizer"))
+        train, tokenizer = _one_or_list(g.column("train_length")), _one_or_list(g.column("tokenizer"))
         pos, params = g.runs[0]["pos_encoding"], _one_or_list([f"{n:,}" if n else "n/a" for n in g.column("params")])
         lines.append(f"| {g.label} | {pos} | {params} | {train} | {tokenizer} | {len(g.runs)} | " + " | ".join(cells)
                      + " |")  # fmt: skip

@@ -179,10 +179,9 @@ def crop(prompts: list[Prompt], max_positions: int | None, limit: str = "the mod
     if long:
         names = ", ".join(p.where for p in long[:3]) + (f" and {len(long) - 3} more" if len(long) > 3 else "")
         tokens = max(len(p.ids) for p in long)
-        each = "each continues" if len(long) > 1 else "it continues"
         print(
             f"{names}: {'up to ' if len(long) > 1 else ''}{tokens} tokens, more than {limit.format(max_positions)}; "
-            f"{each} from its last {max_positions} tokens.",
+            f"{'each continues' if len(long) > 1 else 'it continues'} from its last {max_positions} tokens.",
             file=sys.stderr,
         )
     return [p.ids[-max_positions:] for p in prompts]
@@ -194,8 +193,7 @@ class Rows:
 
     def __init__(self, count: int, tokenizer: Tokenizer, stop: str | None, end: int | None) -> None:
         self.tokenizer, self.stop, self.end = tokenizer, stop, end
-        self.texts = [""] * count
-        self.done = [False] * count
+        self.texts, self.done = [""] * count, [False] * count
         self.tokens = 0  # new tokens of rows still running when drawn (what tokens/s counts)
         self.printed = 0  # characters of row 0 printed live
         # a BPE token can hold part of a character: decode each row's bytes incrementally
@@ -305,8 +303,7 @@ def sample(args: SampleConfig) -> None:
     live = args.stream if args.stream is not None else (len(heads) == 1 and sys.stdout.isatty())
     if live:
         sys.stdout.write(heads[0] if prompts[0].text else "")
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    seconds, first = generate_rows(steps(generator), rows, live)
+    seconds, first = generate_rows(steps(torch.Generator(device=device).manual_seed(args.seed)), rows, live)
     rows.finish()
     if live:
         sys.stdout.write(rows.texts[0][rows.printed :] + "\n")

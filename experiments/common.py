@@ -343,8 +343,7 @@ class Launch:
                 started = time.perf_counter()
                 self.check_time(f"evaluating {k} of {len(self.trained)}, {run.label} seed {run.seed}", 1.25 * longest)
                 log.info("evaluating %d of %d: %s seed %d", k, len(self.trained), run.label, run.seed)
-                result = evaluate(run)
-                took = round(time.perf_counter() - started, 1)
+                result, took = evaluate(run), round(time.perf_counter() - started, 1)
                 payload = {"key": run_key, "seconds": took, "result": result}
                 atomic_write_bytes(path, json.dumps(payload, indent=1).encode())
             results.append(result)

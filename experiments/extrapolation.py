@@ -52,8 +52,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
 
     launch = Launch(cfg)
     quick = cli.parse(COMMAND, ["--config", QUICK_CONFIG])  # what the quick study trains, to judge this plan by
-    tokens = len(quick.models()) * len(quick.seeds) * run_tokens(quick.run)
-    launch.train(shorter=(QUICK_CONFIG, tokens))
+    launch.train(shorter=(QUICK_CONFIG, len(quick.models()) * len(quick.seeds) * run_tokens(quick.run)))
     key = {"eval": dataclasses.asdict(cfg.eval), "eval_data": dataclasses.asdict(cfg.eval_data)}
     docs = launch.evaluate(
         "extrapolation", key, lambda r: evaluate_checkpoints([r.ckpt], [r.label], cfg.eval, cfg.eval_data)

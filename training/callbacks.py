@@ -243,8 +243,7 @@ class SpeedMonitor(L.Callback):
             tokens_per_s = (pl_module.tokens_seen - self._tokens0) / (now - self._t0)
             pl_module.pending["perf/tokens_per_s"] = tokens_per_s  # floats: `MetricsWriter` writes them
             if self._peak:
-                per_device = tokens_per_s / trainer.world_size
-                pl_module.pending["perf/mfu"] = per_device * self.flops_per_token / self._peak
+                pl_module.pending["perf/mfu"] = tokens_per_s / trainer.world_size * self.flops_per_token / self._peak
         self._t0, self._steps, self._tokens0 = now, 0, pl_module.tokens_seen
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

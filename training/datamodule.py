@@ -109,8 +109,7 @@ def task_batches(
     answers."""
 
     def batch(index: int) -> Batch:
-        rng = random.Random(f"{seed}/{rank}/{index}")
-        x, y = encode(tokenizer, training_batch(task, rng, batch_size))
+        x, y = encode(tokenizer, training_batch(task, random.Random(f"{seed}/{rank}/{index}"), batch_size))
         return torch.from_numpy(x), torch.from_numpy(y)
 
     return batch

@@ -46,8 +46,7 @@ class GPTModule(L.LightningModule):
         self.config = config
         self.model = GPT(config.model)
         # kept in checkpoints: training tokens over every device, wall time over every launch, the switch's step
-        self.tokens_seen = 0
-        self.train_seconds = 0.0
+        self.tokens_seen, self.train_seconds = 0, 0.0
         self.switched_at: int | None = None
         self._launch_started: tuple[float, float] | None = None  # (monotonic clock, train_seconds) at the start
         self._val_sum: torch.Tensor | None = None
