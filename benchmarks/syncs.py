@@ -55,7 +55,7 @@ def host_syncs(counts: Counter) -> int:
 
 def run_counted(argv: list[str]) -> Counter:
     """The host's reads of tensor values in one in-process `train.py` run of `argv`, by op (a `.item()` shows twice:
-    its name and `_local_scalar_dense`)."""
+    its name and `_local_scalar_dense`), and every op dispatched ("ops", "not views")."""
     import train as train_script
     from posgpt.core import cli
 
@@ -63,6 +63,10 @@ def run_counted(argv: list[str]) -> Counter:
     with _Reads(counts), _Scalars(counts):
         cli.run(train_script.COMMAND, argv)
     return counts
+
+
+GPT2_LAYERS = GPTConfig(vocab_size=256, block_size=64, n_layer=12, n_head=12, n_embd=48, bias=False)
+"""GPT-2 124M's layers and heads, narrow: the ops of a decoded token do not depend on the width."""
 
 
 def decode_counts(config: GPTConfig, tokens: int = 8) -> dict[str, float]:
@@ -105,10 +109,9 @@ def main(cfg: SyncsConfig) -> None:
     first, second = map(host_syncs, counted)
     per_step = (second - first) / cfg.steps
     print(f"host syncs: {first} in {cfg.steps} steps, {second} in {2 * cfg.steps}: {per_step:.2f} per step "
-          f"(log_interval {cfg.log_interval}; by op: {dict(counted[1])})")  # fmt: skip
-    for scheme in ("learned", "rope"):  # the count does not depend on the width
-        shape = GPTConfig(vocab_size=256, block_size=64, n_layer=12, n_head=12, n_embd=48, bias=False)
-        print(f"a decoded token, {scheme}:", decode_counts(dataclasses.replace(shape, pos_encoding=scheme)))
+          f"(log_interval {cfg.log_interval}; reads by op: {dict(counted[1])})")  # fmt: skip
+    for scheme in ("learned", "rope"):
+        print(f"a decoded token, {scheme}:", decode_counts(dataclasses.replace(GPT2_LAYERS, pos_encoding=scheme)))
 
 
 COMMAND = Command("bench.py syncs", SyncsConfig, main, "Host syncs per training step, ops a decoded token, counted.")

@@ -38,9 +38,9 @@ class CacheWrite:
     k_pos: Tensor | None = None
     """(B, Tk) positions of the keys the new tokens attend over, -1 for an empty slot (None in prefill)."""
     slot_pos: Tensor | None = None
-    """(B, C) the position each slot holds after this step."""
+    """(B, C) the position each slot holds after this step (None in a one-token step: written at `begin`)."""
     incoming: Tensor | None = None
-    """(B, C) whether a slot takes a new key in this step; `source`: which of the T it takes."""
+    """(B, C) whether a slot takes a new key in this step; `source`: which of the T it takes (None: one token)."""
     source: Tensor | None = None
     rows: tuple[Tensor, Tensor] | None = None
     """A one-token step's (batch rows, their slots), (B,) each: every layer writes its key and value there at once."""
@@ -142,15 +142,16 @@ class KVCache(DecodingCache):
         if self.slot_positions is None or self.slot_positions.size(0) != batch:
             self.slot_positions = torch.full((batch, self.capacity), -1, dtype=torch.long, device=device)
             self.rows = torch.arange(batch, device=device)
-        if new_tokens == 1 and not write.prefill:  # one key per row, written first: its slot now holds it
+        # one key per row, written first: its slot now holds it (not checked against the capacity: `generate` never
+        # asks for a position past it, and a check would cost every step a device wait)
+        if new_tokens == 1 and not write.prefill:
             assert self.rows is not None and self.pos is not None
             slot = self.slot_of(self.pos)
             self.slot_positions[self.rows, slot] = self.pos
             return CacheWrite(False, write.positions, None, write.end, self.slot_positions, rows=(self.rows, slot))
-        # refuse positions past a full cache's capacity, which it would drop; not a one-token step's: `generate`
-        # never asks for one past it, and a check would cost every step a device wait
+        # refuse positions past a full cache's capacity, which it would drop
         end = new_tokens if write.prefill and write.real is None else None
-        if not write.prefill and new_tokens > 1 and not self.rolling and not torch.compiler.is_compiling():
+        if not write.prefill and not self.rolling and not torch.compiler.is_compiling():
             end = int(write.end.max())
         if not self.rolling and end is not None and end > self.capacity:
             raise ValueError(f"The KV cache holds {self.capacity} positions; {end} do not fit (new_cache(capacity)).")

@@ -118,6 +118,8 @@ class KindPlan:
     def layer(self, i: int) -> Plan:
         if self.plan is None or self.pe.bias_layers > 1:
             bias = self.pe.bias(i) if self.pe.terms else None  # from the parameters as they are now
+            if bias is not None:  # and what the scheme declares of it
+                bias = dataclasses.replace(bias, relative=self.pe.relative, learned=self.pe.learned_bias)
             context = self.kernel.context(bias, self.kind.mask, self.placement, self.memo, **self.settings)
             self.plan = Plan(self.kernel, context, self.placement, cache_write=self.write)
         return self.plan

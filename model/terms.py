@@ -78,9 +78,9 @@ class ScoreBias:
     from_scores: ScoresTerm | None = None
     """A term computed from the scores themselves, added where they are formed."""
     relative: bool = False
-    """The formula reads the distance alone, not the query's position (ALiBi, T5, Kerple)."""
+    """The formula reads the distance alone (the scheme's `relative`: ALiBi, T5, Kerple), set by `KindPlan`."""
     learned: bool = False
-    """The formula reads parameters: a pass with gradients carries them back (T5, Kerple, FIRE)."""
+    """It reads parameters, which a pass with gradients carries back (the scheme's `learned_bias`), set likewise."""
 
 
 class TokenTerms(NamedTuple):

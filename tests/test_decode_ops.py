@@ -8,10 +8,8 @@ import dataclasses
 
 import pytest
 
+from posgpt.benchmarks.syncs import GPT2_LAYERS as GPT2_SHAPE
 from posgpt.benchmarks.syncs import decode_counts
-from posgpt.model import GPTConfig
-
-GPT2_SHAPE = GPTConfig(vocab_size=256, block_size=64, n_layer=12, n_head=12, n_embd=48, bias=False)
 
 
 def test_a_decoded_token_of_gpt2s_shape_takes_no_more_ops_than_hugging_faces():

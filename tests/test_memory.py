@@ -31,6 +31,15 @@ def test_every_scheme_and_function_keeps_at_most_twice_ropes_activations(whole, 
     assert whole or ratios["alibi"] < 1, ratios  # 1.04x at this size when each layer kept its blocks
 
 
+@pytest.mark.parametrize("extra", [{"pos_encoding": "alibi"}, {"attn_window": 32}])
+def test_differential_attention_with_a_mask_formed_once_keeps_no_scores(extra, monkeypatch):
+    """Its wider value heads go to SDPA in halves on the masked path too, which the CPU flash kernel takes (else its
+    math kernel keeps the softmax: 1.30x differential attention's own, with the mask or bias not recomputed)."""
+    monkeypatch.setattr(dense, "RECOMPUTE_ELEMENTS", 0)
+    plain = dataclasses.replace(BASE, attention="differential")
+    assert saved_bytes(dataclasses.replace(plain, **extra), 2, T) < 1.1 * saved_bytes(plain, 2, T)
+
+
 @pytest.mark.parametrize("name", ["t5", "fire", "cope", "forgetting", "stick_breaking", "sinks", "differential"])
 def test_recomputed_blocks_give_the_logits_and_gradients_of_one_pass(name, monkeypatch):
     """The kernels auto picks on a CPU for a learned bias (SDPA), scores-computed positions and gate sums, the eager

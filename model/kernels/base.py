@@ -50,7 +50,7 @@ class Placement:
     positions: Tensor | None = None
     k_pos: Tensor | None = None
     rotation: Tensor | None = None
-    """The scheme's `rotation` at the queries' positions (None: the scheme rotates nothing)."""
+    """The scheme's `rotation` at the queries' positions, taken once (None: nothing, or `rotate` takes it)."""
 
 
 class Lack(NamedTuple):

@@ -18,7 +18,8 @@ from posgpt.model.masks import AttentionMask
 from posgpt.model.terms import ScoreBias, TokenTerms
 
 DENSE_ELEMENTS = 1 << 24
-"""Largest mask or bias (elements, over every batch row and head) formed at once: 64 MiB in float32."""
+"""Largest mask or bias (elements, over every batch row and head) formed at once: 64 MiB in float32; a recomputed
+block's, with what its graph keeps, on a GPU 32 times that (`KEPT_PER_HEAD`)."""
 
 KEPT_PER_HEAD = {"eager": 8, "sdpa": 4}
 """Values per head and query-key pair a recomputed block's graph keeps beyond its terms, the eager kernel's (scores,
@@ -28,8 +29,8 @@ block costs launches: GPT-2 124M's blocks at B16 x T1024, as the issue-50 H100 r
 
 RECOMPUTE_ELEMENTS = 1 << 22
 """Scores (heads x queries x keys of a batch row) past which a pass with gradients attends block by block, each
-block formed again in the backward pass (`torch.utils.checkpoint`): no O(T^2) activation is kept per layer, at the
-cost of the blocks' forward twice. Below it, as fast as before."""
+block formed again in the backward pass (`torch.utils.checkpoint`): no O(T^2) activation is kept per layer (but a
+whole mask or unlearned bias, one for every layer), at the cost of the blocks' forward twice. Below it, as before."""
 
 
 @dataclass(frozen=True)

@@ -66,14 +66,18 @@ class SdpaKernel(Kernel):
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
         context: DenseContext = plan.context
-        if context.plain and context.bias is None and plan.tokens is None:  # causal over every key: no mask at all
+
+        def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
             if context.recompute and v.size(-1) != q.size(-1) and not dropout_p:  # differential's wider values:
                 parts = v.split(q.size(-1), dim=-1)  # the CPU's flash kernel takes equal heads, or keeps the scores
-                return torch.cat([sdpa_attention(q, k, part, None, 0.0, scale=score.scale) for part in parts], dim=-1)
-            return sdpa_attention(q, k, v, None, dropout_p, scale=score.scale)
+                return torch.cat([sdpa_attention(q, k, part, bias, 0.0, mask, score.scale) for part in parts], dim=-1)
+            return sdpa_attention(q, k, v, bias, dropout_p, mask, score.scale)
+
+        if context.plain and context.bias is None and plan.tokens is None:  # causal over every key: no mask at all
+            return attend(q, k, v)
 
         def rows_of(q_rows: Tensor, k: Tensor, v: Tensor, rows: slice) -> Tensor:  # one block unless large
             visible, bias = context.block(rows, plan.tokens)
-            return sdpa_attention(q_rows, k, v, bias, dropout_p, mask=visible, scale=score.scale)
+            return attend(q_rows, k, v, bias, visible)
 
         return context.attend(rows_of, q, k, v, plan.tokens, dropout_p > 0)

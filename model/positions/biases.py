@@ -36,7 +36,7 @@ class ALiBi(PositionEncoding):
         def alibi(h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
             return -slopes[h] * distance
 
-        return ScoreBias(alibi, self.n_head, relative=True)
+        return ScoreBias(alibi, self.n_head)
 
 
 T5_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
@@ -91,8 +91,7 @@ class T5Bias(PositionEncoding):
                 bucket = bucket + (d >= start)
             return table[bucket, h]
 
-        # elements: the bias per head, the int64 bucket per pair
-        return ScoreBias(t5, self.table.size(1) + 2, T5_TILES, relative=True, learned=True)
+        return ScoreBias(t5, self.table.size(1) + 2, T5_TILES)  # the bias per head, the int64 bucket per pair
 
 
 class Kerple(PositionEncoding):
@@ -122,7 +121,7 @@ class Kerple(PositionEncoding):
             # future keys (distance < 0) are masked by the kernel, but their bias must stay finite
             return -r1[h] * torch.log1p(r2[h] * distance.clamp(min=0))
 
-        return ScoreBias(kerple, self.r1.numel(), relative=True, learned=True)
+        return ScoreBias(kerple, self.r1.numel())
 
 
 def t5_bucket(distance: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
@@ -214,7 +213,7 @@ class FIRE(PositionEncoding):
             return bias
 
         # the bias, a product, the normalized distance and each hidden unit's output, per head
-        return ScoreBias(fire, (self.width + 4) * self.n_head + 4, learned=True)
+        return ScoreBias(fire, (self.width + 4) * self.n_head + 4)
 
 
 class ContextualPositions(PositionEncoding):

@@ -185,7 +185,7 @@ def yarn_correction_range(
 def apply_rope(x: Tensor, turn: Tensor) -> Tensor:
     """Rotate x (..., T, D) pairwise: (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos), in float32 (float64 if given
     float64), as the sum over the input half g of x_g turn[g, h], `turn` (..., T, 2, 2, D/2) from
-    `RotaryPositions.turn`: the same numbers (x2 (-sin) is -(x2 sin) exactly), in two ops, not the pairs' eight."""
+    `RotaryPositions.turn`: the same numbers (x2 (-sin) is -(x2 sin) exactly; a sum of zeros is +0), in two ops."""
     halves = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32).unflatten(-1, (2, 1, -1))
     return (halves * turn).sum(-3).flatten(-2).to(x.dtype)
 
