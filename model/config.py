@@ -4,10 +4,11 @@ built (`model.validation.check_config`), before any data is prepared."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from posgpt.core.errors import ConfigError
+from posgpt.model.roles import Role, role
 
 RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
@@ -27,14 +28,14 @@ class GPTConfig:
     """Attention heads per block; `n_embd` must be divisible by it."""
     n_embd: int = 768
     """Width of the residual stream."""
-    dropout: float = 0.0
+    dropout: float = role(0.0, Role.RESUME)
     """Dropout on embeddings, attention weights and residual branches (0 disables it)."""
     bias: bool = True
     """Biases in Linear and LayerNorm layers, as GPT-2 has; False is slightly faster and as good."""
-    pos_encoding: str = "learned"
+    pos_encoding: str = role("learned", Role.SWITCH, Role.KIND)
     """Position scheme (model.positions.SCHEMES): learned | sinusoidal | rope | alibi | t5 | kerple | fire | cope |
     none."""
-    attn_backend: str = "auto"
+    attn_backend: str = role("auto", Role.SWITCH, Role.RESUME)
     """Attention kernel: auto (fastest correct one) or one of the attention function's: eager | sdpa | flex (CUDA);
     linear: chunked | eager; sigmoid: eager | flex."""
     attention: str = "softmax"
@@ -42,64 +43,70 @@ class GPTConfig:
     window) | sigmoid (sigmoid(score - ln n), unnormalised) | differential (two softmax maps' difference) |
     stick_breaking (each key takes sigmoid(score) of what nearer keys left; eager kernel) | forgetting (FoX: scores
     decayed by a learned forget gate of the layer input)."""
-    diff_split: Literal["half_heads", "rope_pairs"] = "half_heads"
+    diff_split: Literal["half_heads", "rope_pairs"] = role(
+        "half_heads", before=("rope_pairs", lambda v: v.get("attention") == "differential")
+    )
     """attention='differential': half_heads (two half-heads, each with RoPE built for D / 2, the official code's) or
     rope_pairs (the whole head rotated, its even and odd pairs the two maps; checkpoints before this option)."""
-    sigmoid_bias: Literal["train_length", "seen_keys"] = "train_length"
+    sigmoid_bias: Literal["train_length", "seen_keys"] = role(
+        "train_length", before=("seen_keys", lambda v: v.get("attention") == "sigmoid")
+    )
     """attention='sigmoid': n of the bias -ln n: train_length (block_size, the paper's) or seen_keys (the keys each
     query sees; checkpoints before this option)."""
     sb_remainder: Literal["current", "drop"] = "current"
     """attention='stick_breaking': what no key takes goes to the query's own value (current, the official code's) or
     is dropped (drop)."""
-    rope_base: float = 10000.0
+    rope_base: float = role(10000.0, scheme="rope")
     """RoPE frequency base (theta): pair i rotates by position * rope_base^(-2i/head_dim)."""
-    rope_scaling: RopeScaling = "none"
+    rope_scaling: RopeScaling = role("none", Role.RESUME, scheme="rope")
     """RoPE context extension, usually set at evaluation time: linear (position interpolation), ntk, yarn."""
-    rope_scaling_factor: float = 1.0
+    rope_scaling_factor: float = role(1.0, Role.RESUME, scheme="rope")
     """How many times block_size the scaled RoPE should cover (1 changes nothing)."""
-    rope_fraction: float = 1.0
+    rope_fraction: float = role(1.0, scheme="rope")
     """Share of each head's dimensions RoPE rotates (1.0: all); `rope_partial` says which."""
-    rope_partial: Literal["p_rope", "neox"] = "p_rope"
+    rope_partial: Literal["p_rope", "neox"] = role("p_rope", scheme="rope")
     """With rope_fraction < 1: p_rope turns the fastest pairs only (Barbero et al. 2025); neox rotates the first
     dimensions with frequencies spread over them (GPT-NeoX's rotary_pct)."""
-    t5_num_buckets: int = 32
+    t5_num_buckets: int = role(32, scheme="t5")
     """pos_encoding='t5': learned biases per head for this many buckets of distance, half of them exact."""
-    t5_max_distance: int = 128
+    t5_max_distance: int = role(128, scheme="t5")
     """pos_encoding='t5': distances from here on share the last bucket."""
-    fire_width: int = 32
+    fire_width: int = role(32, scheme="fire")
     """pos_encoding='fire': hidden ReLU units of the MLP that maps a normalized distance to each head's bias."""
-    fire_per_layer: bool = False
+    fire_per_layer: bool = role(False, scheme="fire")
     """pos_encoding='fire': one c, L and MLP per layer (the paper's FIRE), not one shared by all (its FIRE-S)."""
-    cope_positions: int | None = None
+    cope_positions: int | None = role(None, scheme="cope")
     """pos_encoding='cope': how many positions its tables hold, counts past the last clamped (None: block_size + 1,
     the authors' default)."""
-    cope_divide: bool = True
+    cope_divide: bool = role(True, scheme="cope")
     """pos_encoding='cope': the position term divided by sqrt(d) with q.k (the authors' training code); false adds
     it undivided (the paper's appendix code)."""
     attn_score: str = "scaled_dot"
     """Scoring function (model.scores.SCORES): scaled_dot (q.k / sqrt(D)) | dot | general (q.W k, W learned per head)
     | additive (v.tanh(Wq q + Wk k); eager kernel only)."""
-    attn_window: int = 0
+    attn_window: int = role(0, Role.SWITCH, Role.KIND)
     """Sliding window: each token sees itself and the W - 1 tokens before it (0: all earlier tokens)."""
-    attn_sinks: int = 0
+    attn_sinks: int = role(0, Role.SWITCH, Role.KIND)
     """With a window: the first S tokens stay visible to every token (StreamingLLM's attention sinks)."""
-    attn_chunk: int = 0
+    attn_chunk: int = role(0, Role.SWITCH, Role.KIND)
     """Chunked local attention (Llama 4): a key is visible iff it is in the query's chunk of C positions and not
     after it (0: off; not with attn_window)."""
-    attn_random_blocks: int = 0
+    attn_random_blocks: int = role(0, Role.SWITCH)
     """With a window: how many random earlier key blocks each block of queries also sees (BigBird)."""
-    attn_random_draw: Literal["bigbird", "earlier_with_replacement"] = "bigbird"
+    attn_random_draw: Literal["bigbird", "earlier_with_replacement"] = role(
+        "bigbird", Role.SWITCH, before=("earlier_with_replacement", lambda v: v.get("attn_random_blocks", 0) > 0)
+    )
     """attn_random_blocks: bigbird (distinct blocks clear of window and sinks) or earlier_with_replacement (any
     earlier block; checkpoints before this option)."""
-    attn_sparse_block: int = 64
+    attn_sparse_block: int = role(64, Role.SWITCH)
     """attn_random_blocks: keys per random block; must divide block_size."""
-    attn_random_seed: int = 0
+    attn_random_seed: int = role(0, Role.SWITCH)
     """attn_random_blocks: seed of the draws (fixed: the same blocks at every length, in training and evaluation)."""
-    attn_log_scaling: Literal["none", "fixed", "learned"] = "none"
+    attn_log_scaling: Literal["none", "fixed", "learned"] = role("none", Role.SWITCH, Role.QUERY, Role.SCALE)
     """Log-length scaling (SSMax): each query times s * ln(n), n the keys it sees; s fixed or learned per head."""
-    attn_log_scale: float | None = None
+    attn_log_scale: float | None = role(None, Role.SWITCH)
     """s of attn_log_scaling (default 1 / ln(block_size): at the training length the scale is 1)."""
-    attn_temperature_floor: int = 0
+    attn_temperature_floor: int = role(0, Role.SWITCH, Role.KIND, Role.QUERY, Role.SCALE)
     """Llama 4's per-position query scale, q (0.1 ln(floor((p + 1) / F) + 1) + 1) at position p, F this floor (Llama
     4's 8192, on its NoPE layers; 0: off); not SSMax's attn_log_scaling."""
     layout: tuple[str, ...] | None = None
@@ -108,25 +115,25 @@ class GPTConfig:
     kinds: dict[str, dict[str, Any]] | None = None
     """What each kind of `layout` sets for its layers: attn_window, attn_sinks, attn_chunk, attn_temperature_floor,
     pos_encoding (one that acts in attention; none: NoPE) and its scheme's fields (rope_base, ...)."""
-    n_kv_head: int | None = None
+    n_kv_head: int | None = role(None, Role.LAYER)
     """Key/value heads (grouped-query attention, Ainslie et al. 2023; 1: multi-query): query head h reads KV head
     h // (n_head / n_kv_head), and the KV cache holds n_kv_head heads; must divide n_head (None: n_head)."""
-    qk_norm: Literal["none", "gemma3", "llama4"] = "none"
-    """RMS-normalise each head's queries and keys: gemma3 (a learned scale, before RoPE: Gemma 3's and Qwen3's) |
-    llama4 (no weight, after RoPE, on rotating layers only: Llama 4's)."""
-    attn_gate: Literal["none", "elementwise", "headwise"] = "none"
+    qk_norm: str = role("none", Role.LAYER, Role.QUERY)
+    """RMS-normalise each head's queries and keys (model.attention.QK_NORMS): none | gemma3 (a learned scale, before
+    RoPE: Gemma 3's and Qwen3's) | llama4 (no weight, after RoPE, on rotating layers only: Llama 4's)."""
+    attn_gate: Literal["none", "elementwise", "headwise"] = role("none", Role.LAYER)
     """Output gate (Qiu et al. 2025): the attention output times sigmoid(W x), x the normed layer input, per
     element or one gate per head, before the output projection."""
-    attn_sink_logits: bool = False
+    attn_sink_logits: bool = role(False, Role.LAYER)
     """A learned logit per head in the softmax's normaliser, with no key or value (gpt-oss): the weights sum to less
     than 1. Not attn_sinks, which keeps the first tokens visible."""
-    attn_softcap: float = 0.0
+    attn_softcap: float = role(0.0, Role.LAYER)
     """Soft-cap c of the scaled scores, c tanh(s / c), before any position bias and the mask (Gemma 2; 0: none)."""
-    chunked_loss: bool = False
+    chunked_loss: bool = role(False, Role.SWITCH, Role.RESUME)
     """Loss through the output layer in chunks of rows, never forming the (B, T, V) logits (forward returns none)."""
     gelu_approximate: Literal["none", "tanh"] = "none"
     """The MLP's GELU: none (exact, erf; nanoGPT's) or tanh (the approximation GPT-2 was trained with)."""
-    init_from: str | None = None
+    init_from: str | None = role(None, Role.RESUME)
     """Start from GPT-2 weights: gpt2 | gpt2-medium | gpt2-large | gpt2-xl (Hugging Face cache) or a directory with
     model.safetensors; another pos_encoding replaces the position table. Read only when a run starts afresh."""
 
@@ -214,35 +221,37 @@ class GPTConfig:
 
         return ATTENTIONS[self.attention].rotary_dim(self)
 
+    @classmethod
+    def fields_with(cls, role: Role) -> tuple[str, ...]:
+        """The fields declared with `role` (`model.roles`), in their order."""
+        return tuple(f.name for f in fields(cls) if role in f.metadata.get("roles", ()))
+
+    @classmethod
+    def scheme_fields(cls, scheme: str) -> tuple[str, ...]:
+        """The fields position scheme `scheme` reads beyond the model's shape."""
+        return tuple(f.name for f in fields(cls) if f.metadata.get("scheme") == scheme)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field, for checkpoints and logs."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
-        """Rebuild a config from `to_dict` output; a model field the dict lacks takes its old value (`BEFORE_FIELD`)."""
+        """Rebuild a config from `to_dict` output; a model field the dict lacks takes its old value (`role`'s
+        `before`)."""
         known = {f for f in cls.__dataclass_fields__}
         values = {k: v for k, v in values.items() if k not in REMOVED_FIELDS}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"Unknown GPTConfig field(s) {unknown}; valid fields: {sorted(known)}.")
-        before = {f: old for f, (old, applies) in BEFORE_FIELD.items() if f not in values and applies(values)}
+        old = {f.name: f.metadata["before"] for f in fields(cls) if f.metadata.get("before") and f.name not in values}
+        before = {name: value for name, (value, applies) in old.items() if applies(values)}
         return cls(**values, **before)
 
-
-LAYER_FIELDS = ("n_kv_head", "qk_norm", "attn_gate", "attn_sink_logits", "attn_softcap")
-"""The attention layer's own options, beside the scheme, mask and function (grouped heads, QK-norm, the output gate,
-sink logits, the soft-cap): the kernel and cache matrices run each of their values (tests/helpers.py)."""
 
 REMOVED_FIELDS = frozenset({"linear_backend"})
 """Fields older configs record that no longer exist (and changed no result): read and dropped."""
 
-BEFORE_FIELD: dict[str, tuple[Any, Any]] = {
-    "attn_random_draw": ("earlier_with_replacement", lambda v: v.get("attn_random_blocks", 0) > 0),
-    "diff_split": ("rope_pairs", lambda v: v.get("attention") == "differential"),
-    "sigmoid_bias": ("seen_keys", lambda v: v.get("attention") == "sigmoid"),
-}
-"""Fields that changed what a model computes when added: the old value, and the recorded configs it applies to."""
 
 LITERAL_FIELDS = {
     name: get_args(hint) for name, hint in get_type_hints(GPTConfig).items() if get_origin(hint) is Literal

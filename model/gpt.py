@@ -21,20 +21,13 @@ from posgpt.model.kernels import Kernel, Placement, Plan, WeightsHook
 from posgpt.model.layout import KindPlan, LayerKind, layer_kinds, scheme_differs
 from posgpt.model.loss import linear_cross_entropy
 from posgpt.model.positions import SCHEMES, PositionEncoding, build_positions
+from posgpt.model.roles import Role
 from posgpt.model.scores import SCORES
 
 
 def training_flops_per_token(n_params: int, n_layer: int, n_embd: int, keys: int, value_passes: int = 1) -> int:
     """Forward + backward FLOPs per token: 6N, 6 L C keys for the scores and as much per weighted sum of the values."""
     return 6 * n_params + 6 * n_layer * n_embd * keys * (1 + value_passes)
-
-
-SWITCHABLE_FIELDS = frozenset({
-    "pos_encoding", *(f for scheme in SCHEMES.values() for f in scheme.fields), "attn_window", "attn_sinks",
-    "attn_random_blocks", "attn_sparse_block", "attn_random_seed", "attn_random_draw", "attn_log_scaling",
-    "attn_log_scale", "attn_backend", "chunked_loss", "attn_chunk", "attn_temperature_floor",
-})  # fmt: skip
-"""What `GPT.switch` may change: everything but the blocks' weights and how they are computed."""
 
 
 class MLP(nn.Module):
@@ -169,10 +162,11 @@ class GPT(nn.Module):
         return self.lm_head(self._hidden(idx, None, visit))
 
     def switch(self, config: GPTConfig) -> None:
-        """Become a model of `config` in place (DroPE; GPT-2 into another scheme). Only `SWITCHABLE_FIELDS` may
+        """Become a model of `config` in place (DroPE; GPT-2 into another scheme). Only the fields of role `SWITCH` may
         differ; a rebuilt scheme or log-length scaling has fresh parameters, every other parameter stays the same
         object, so an optimizer keeps its state for them."""
-        fixed = [f for f, v in config.to_dict().items() if f not in SWITCHABLE_FIELDS and getattr(self.config, f) != v]
+        switchable = config.fields_with(Role.SWITCH)
+        fixed = [f for f, v in config.to_dict().items() if f not in switchable and getattr(self.config, f) != v]
         if fixed:
             raise ValueError(
                 f"A model can switch its position scheme, mask, log-length scaling and kernel, not {', '.join(fixed)} "

@@ -19,12 +19,10 @@ from posgpt.model.cache import CacheWrite
 from posgpt.model.kernels import Kernel, Placement, Plan
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import SCHEMES, PositionEncoding
+from posgpt.model.roles import Role
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
-
-LAYER_SETTINGS = ("attn_window", "attn_sinks", "attn_chunk", "attn_temperature_floor")
-"""What a kind may set besides its position scheme and that scheme's fields: its mask and Llama 4's query scale."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,7 @@ class LayerKind:
 def scheme_differs(old: GPTConfig, new: GPTConfig) -> bool:
     """Whether `new` has another position scheme than `old` (another one, or its fields changed): a switch builds it
     anew, a kind of a layout has its own."""
-    fields = SCHEMES[new.pos_encoding].fields
+    fields = new.scheme_fields(new.pos_encoding)
     return old.pos_encoding != new.pos_encoding or any(getattr(old, f) != getattr(new, f) for f in fields)
 
 
@@ -82,9 +80,7 @@ def check_layout(config: GPTConfig) -> None:
     unused = sorted(set(kinds) - set(config.layout))
     if unused:
         raise ConfigError(f"GPTConfig.kinds defines {unused}, which the layout never uses: drop them or use them.")
-    # every field a kind may set: the mask's, `pos_encoding` and the fields of the schemes that act in attention
-    schemes = (scheme for scheme in SCHEMES.values() if not scheme.embeds)
-    allowed = {*LAYER_SETTINGS, "pos_encoding", *(f for scheme in schemes for f in scheme.fields)}
+    allowed = set(config.fields_with(Role.KIND))
     for name, settings in kinds.items():
         settings = {} if settings is None else settings
         wrong = sorted(set(settings) - allowed) if isinstance(settings, dict) else [repr(settings)]

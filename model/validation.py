@@ -7,21 +7,16 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from posgpt.core.errors import ConfigError, did_you_mean
-from posgpt.model.attention import ATTENTIONS
+from posgpt.model.attention import ATTENTIONS, QK_NORMS
 from posgpt.model.kernels import AUTO, Lack
 from posgpt.model.layout import check_layout, layer_kinds, scheme_differs
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import SCHEMES
+from posgpt.model.roles import Role
 from posgpt.model.scores import SCORES
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
-
-
-QUERY_FIELDS = ("attn_log_scaling", "attn_temperature_floor", "qk_norm")
-"""Fields that act on a score's queries (and keys): refused where the attention function scores no pairs."""
-SCALES = QUERY_FIELDS[:2]
-"""Of them, those that scale the query of a dot product (SSMax, Llama 4's temperature)."""
 
 
 def kernel_names() -> list[str]:
@@ -32,7 +27,7 @@ def kernel_names() -> list[str]:
 def check_config(config: GPTConfig) -> None:
     """Raise `ConfigError` for a config no model can be built from: an unknown name, a scheme that
     refuses the shape, or settings no kernel of the attention function can run together."""
-    for field, names in _registries(kernel_names()).items():
+    for field, names in registries(kernel_names()).items():
         value = getattr(config, field)
         if value not in names:
             hint = did_you_mean(str(value), names, "") or "."
@@ -47,14 +42,15 @@ def check_config(config: GPTConfig) -> None:
     scheme.check(config)
     layer = ATTENTIONS[config.attention]
     layer.check(config)
-    for field in QUERY_FIELDS:  # what acts on a score's queries (and keys): set where the default is not
+    scales = config.fields_with(Role.SCALE)
+    for field in config.fields_with(Role.QUERY):  # set where the default is not
         off = config.__dataclass_fields__[field].default
         if getattr(config, field) != off and not layer.scored:
             raise ConfigError(
                 f"GPTConfig.{field} acts on the queries of a score, and attention={config.attention!r} forms none: "
                 f"use a scored attention function (say softmax), or {field} {off!r}."
             )
-        if getattr(config, field) != off and field in SCALES and not SCORES[config.attn_score].dot_product:
+        if getattr(config, field) != off and field in scales and not SCORES[config.attn_score].dot_product:
             raise ConfigError(
                 f"GPTConfig.{field} scales the query of a dot-product score, and attn_score={config.attn_score!r} "
                 f"is not one: use attn_score scaled_dot, dot or general, or {field} {off!r}."
@@ -66,10 +62,13 @@ def check_config(config: GPTConfig) -> None:
             f"pos_encoding={config.pos_encoding!r} and its parameters: set it as one kind's, or to 'none'."
         )
     rotates = any(SCHEMES[kind.config.pos_encoding].rotates for kind in kinds)
-    if config.qk_norm == "llama4" and not rotates and config.layout != ():  # (): one kind of a layout, checked whole
+    norm = QK_NORMS[config.qk_norm]
+    if norm and norm.after_rotation and not rotates and config.layout != ():  # (): one kind of a layout, checked whole
+        before = [name for name, other in QK_NORMS.items() if other and not other.after_rotation]
         raise ConfigError(
-            f"GPTConfig.qk_norm='llama4' normalises rotated queries and keys, on rotating layers only, and no layer "
-            f"here rotates (pos_encoding={config.pos_encoding!r}): use pos_encoding='rope', or qk_norm 'gemma3'."
+            f"GPTConfig.qk_norm={config.qk_norm!r} normalises rotated queries and keys, on rotating layers only, and "
+            f"no layer here rotates (pos_encoding={config.pos_encoding!r}): use pos_encoding='rope', or qk_norm "
+            f"{' or '.join(map(repr, before))}."
         )
     if config.attn_backend != AUTO and config.attn_backend not in layer.kernels:
         raise ConfigError(
@@ -109,15 +108,15 @@ def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
     return not _unmet(candidate)
 
 
-def _registries(backends: list[str]) -> dict[str, list[str]]:
+def registries(backends: list[str]) -> dict[str, list[str]]:
     """The names each registry field takes, `attn_backend` one of `backends` or auto."""
     return {"pos_encoding": list(SCHEMES), "attention": list(ATTENTIONS), "attn_score": list(SCORES),
-            "attn_backend": [AUTO, *backends]}  # fmt: skip
+            "attn_backend": [AUTO, *backends], "qk_norm": list(QK_NORMS)}  # fmt: skip
 
 
 def _alternatives(config: GPTConfig, field: str) -> str:
     """The other values of `field` with which `config` would run, in words."""
-    names = _registries(list(ATTENTIONS[config.attention].kernels))
+    names = registries(list(ATTENTIONS[config.attention].kernels))
     off = [config.__dataclass_fields__[field].default]  # a mask, dropout, soft-cap or sink logits: turned off
     able = [str(v) for v in names.get(field, off) if v != getattr(config, field) and _runs_with(config, field, v)]
     if not able:

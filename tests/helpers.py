@@ -347,18 +347,20 @@ def assert_model_is_its_formula(
 
 
 def layer_variants(config: GPTConfig) -> dict[str, dict[str, Any]]:
-    """Each of the layer's own options (`LAYER_FIELDS`) at the values its type gives, each alone: every other
-    value of a Literal, True, one KV head and half the heads, a soft-cap of 2 (where scores reach it)."""
+    """Each of the layer's own options (the fields of role `LAYER`) at the values its type gives, each alone: every
+    other value of a Literal or a table of names, True, one KV head and half the heads, a soft-cap of 2 (where scores
+    reach it)."""
     from typing import Literal, get_args, get_origin, get_type_hints
 
-    from posgpt.model.config import LAYER_FIELDS
+    from posgpt.model.roles import Role
+    from posgpt.model.validation import registries
 
-    hints = get_type_hints(GPTConfig)
+    hints, names = get_type_hints(GPTConfig), registries([])
     variants: dict[str, dict[str, Any]] = {}
-    for name in LAYER_FIELDS:
-        hint, default = hints[name], getattr(GPTConfig, name)
-        if get_origin(hint) is Literal:
-            values = [v for v in get_args(hint) if v != default]
+    for name in GPTConfig.fields_with(Role.LAYER):
+        hint, default = hints[name], GPTConfig.__dataclass_fields__[name].default
+        if get_origin(hint) is Literal or name in names:
+            values = [v for v in (names[name] if name in names else get_args(hint)) if v != default]
         elif hint is bool:
             values = [True]
         elif hint is float:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from posgpt.core.errors import ConfigError
 from posgpt.model import ATTENTIONS, GPTConfig
 from posgpt.model.validation import kernel_names
 
@@ -206,3 +207,38 @@ def test_run_config_defaults_are_the_default_run():
     defaults = RunConfig()
     for section in ("model", "data", "optim", "train"):
         assert getattr(parsed, section) == getattr(defaults, section), section
+
+
+def test_a_field_declared_with_roles_takes_them_with_no_list_edited(tiny_config):
+    """Each role is read from the fields' declarations (`model.roles`): a new field declared a kind's, switchable,
+    resumable and acting on the queries is set by a kind, changed by a switch and a resume, refused without a score;
+    a scheme's field is switchable and a kind's."""
+    from posgpt.model import GPT
+    from posgpt.model.roles import Role, role
+    from posgpt.training.config import RunConfig
+    from posgpt.training.rundir import same_run_differences
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Extended(GPTConfig):
+        new_field: int = role(0, Role.KIND, Role.SWITCH, Role.RESUME, Role.QUERY)
+        scheme_knob: float = role(1.0, scheme="rope")
+
+    config = Extended(**{**tiny_config.to_dict(), "pos_encoding": "rope"})
+    for role_ in (Role.KIND, Role.SWITCH, Role.RESUME, Role.QUERY):
+        assert "new_field" in config.fields_with(role_)
+    assert "new_field" not in config.fields_with(Role.LAYER) and "new_field" not in GPTConfig.fields_with(Role.KIND)
+    assert config.scheme_fields("rope")[-1] == "scheme_knob" and "scheme_knob" in config.fields_with(Role.SWITCH)
+    kinds = dataclasses.replace(config, layout=("a", "b"), kinds={"a": {"new_field": 3, "scheme_knob": 2.0}, "b": {}})
+    assert GPT(kinds).kinds[0].config.new_field == 3
+    with pytest.raises(ConfigError, match="sets n_head, which a kind cannot set"):
+        dataclasses.replace(kinds, kinds={"a": {"n_head": 2}, "b": {}})
+    model = GPT(config)
+    model.switch(dataclasses.replace(config, new_field=2, scheme_knob=3.0))
+    assert model.config.new_field == 2
+    with pytest.raises(ValueError, match="not n_embd"):
+        model.switch(dataclasses.replace(config, n_embd=64))
+    saved = dataclasses.asdict(RunConfig(model=config))
+    assert same_run_differences(saved, RunConfig(model=dataclasses.replace(config, new_field=5)), "checkpoint") == []
+    assert same_run_differences(saved, RunConfig(model=dataclasses.replace(config, scheme_knob=5.0)), "checkpoint")
+    with pytest.raises(ConfigError, match="new_field acts on the queries of a score"):
+        dataclasses.replace(config, attention="linear", new_field=1)

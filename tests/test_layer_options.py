@@ -110,7 +110,7 @@ def stressed(config: GPTConfig, backend: str) -> GPT:
             if p is not None:
                 p.normal_(0, 1)
         for norm in (attn.q_norm, attn.k_norm):
-            if norm is not None:
+            if norm is not None and norm.weight is not None:
                 norm.weight.uniform_(0.5, 2)
     return model
 

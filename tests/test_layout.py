@@ -51,7 +51,7 @@ def stressed(config: GPTConfig) -> GPT:
             if attn.sinks is not None:
                 attn.sinks.normal_(0, 1)
             for norm in (attn.q_norm, attn.k_norm):
-                if norm is not None:
+                if norm is not None and norm.weight is not None:
                     norm.weight.uniform_(0.5, 2)
     return model
 

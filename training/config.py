@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from posgpt.core.errors import ConfigError
 from posgpt.model import SCHEMES, GPTConfig
-from posgpt.model.gpt import SWITCHABLE_FIELDS
 from posgpt.model.pretrained import check_gpt2_shape
+from posgpt.model.roles import Role
 
 EVAL_BATCHES = 200  # of the default validation budget, as nanoGPT's eval_iters
 PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "64")
@@ -227,11 +227,12 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if changes := self.train.switch_model:
-            fixed = sorted(set(changes) - SWITCHABLE_FIELDS)
+            switchable = GPTConfig.fields_with(Role.SWITCH)
+            fixed = sorted(set(changes) - set(switchable))
             if fixed:
                 raise ValueError(
                     f"train.switch_model cannot change {', '.join(fixed)}: a switch keeps the blocks' weights, so it "
-                    f"changes only {', '.join(sorted(SWITCHABLE_FIELDS))}."
+                    f"changes only {', '.join(sorted(switchable))}."
                 )
             try:
                 self.switched_model()

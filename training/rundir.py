@@ -1,7 +1,7 @@
 """The run directory: where a run may start or resume, and its config.yaml (what the run used) and requested.yaml.
 
 What a resumed run may change. A resume restores weights, optimizer moments, the LR schedule's step, the data
-stream's position and the random state. Of the new settings, the model may change only `CHANGEABLE_MODEL_FIELDS`;
+stream's position and the random state. Of the new settings, the model may change only its fields of role `RESUME`;
 the prepared data (its fingerprint) and `train.seed` must stay; every optim field applies from the resumed step on
 (the LR schedule to the scheduler, betas and weight decay to the optimizer, grad_clip to the clipping), and so does
 every other train field (batch_size and grad_accum too)."""
@@ -21,7 +21,7 @@ from posgpt.core.checkpoint import CheckpointError
 from posgpt.core.errors import UserError
 from posgpt.core.files import atomic_write_bytes, remove_stale_tmp
 from posgpt.data.corpora import AUTO as AUTO_CORPUS
-from posgpt.model import GPTConfig
+from posgpt.model.roles import Role
 from posgpt.training.config import RunConfig, lr_factor
 
 log = logging.getLogger(__name__)
@@ -110,12 +110,6 @@ def write_configs(run_dir: Path, requested: RunConfig, used: RunConfig) -> None:
         atomic_write_bytes(run_dir / name, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False).encode())
 
 
-CHANGEABLE_MODEL_FIELDS = frozenset(
-    {"attn_backend", "dropout", "rope_scaling", "rope_scaling_factor", "chunked_loss", "init_from"}
-)
-"""Model fields a resume may change: the weights keep their shapes and meaning (RoPE scaling: fine-tuning longer)."""
-
-
 def check_resume(ckpt: dict[str, Any], path: str | Path, config: RunConfig, data: dict[str, Any]) -> list[str]:
     """Refuse to resume from `ckpt` (read from `path`) with `config` on `data` (its provenance record) when the model,
     the data or the seed differ; return the optim and train changes as "section.field: old -> new" lines."""
@@ -159,11 +153,11 @@ def learning_rate(optim: dict[str, Any], train: dict[str, Any], step: int) -> fl
 
 def same_run_differences(saved: dict[str, Any], config: RunConfig, what: str) -> list[str]:
     """What makes `config` another run than the `saved` one (`what`: a checkpoint or config.yaml): model and seed."""
-    saved_model = GPTConfig.from_dict(saved["model"])
+    saved_model, resumable = type(config.model).from_dict(saved["model"]), config.model.fields_with(Role.RESUME)
     diffs = [
         f"model.{k}: {what} {v!r} vs now {getattr(config.model, k)!r}"
         for k, v in saved_model.to_dict().items()
-        if k not in CHANGEABLE_MODEL_FIELDS and getattr(config.model, k) != v
+        if k not in resumable and getattr(config.model, k) != v
     ]
     if saved["train"].get("seed") != config.train.seed:
         diffs.append(f"train.seed: {what} {saved['train'].get('seed')!r} vs now {config.train.seed!r}")

@@ -4,7 +4,7 @@ A layer projects, applies the position scheme and hands q, k, v to the forward p
 asking which kernel it has; its class declares what the function is (see docs/extending.md).
 """
 
-from posgpt.model.attention.base import Attention
+from posgpt.model.attention.base import QK_NORMS, Attention
 from posgpt.model.attention.differential import DifferentialAttention
 from posgpt.model.attention.forgetting import ForgettingAttention
 from posgpt.model.attention.linear import LinearAttention
@@ -22,5 +22,5 @@ ATTENTIONS: dict[str, type[Attention]] = {
 }
 """The attention functions by `attention` name: each a layer class with its own kernels."""
 
-__all__ = ["ATTENTIONS", "Attention", "DifferentialAttention", "ForgettingAttention", "LinearAttention",
+__all__ = ["ATTENTIONS", "QK_NORMS", "Attention", "DifferentialAttention", "ForgettingAttention", "LinearAttention",
            "SigmoidAttention", "SoftmaxAttention", "StickBreakingAttention"]  # fmt: skip

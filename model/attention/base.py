@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -18,6 +19,24 @@ from posgpt.model.terms import Term, soft_cap
 if TYPE_CHECKING:
     from posgpt.model.cache import DecodingCache
     from posgpt.model.config import GPTConfig
+
+
+@dataclass(frozen=True)
+class QKNorm:
+    """A variant of QK-norm (`GPTConfig.qk_norm`): each head's queries and keys RMS-normalised."""
+
+    learned: bool
+    """A learned scale per dimension."""
+    after_rotation: bool
+    """Normalised after the rotation, on rotating layers only (else before it, on every layer)."""
+    eps: float
+
+
+QK_NORMS: dict[str, QKNorm | None] = {
+    "none": None,
+    "gemma3": QKNorm(learned=True, after_rotation=False, eps=1e-6),  # Gemma 3's and Qwen3's
+    "llama4": QKNorm(learned=False, after_rotation=True, eps=1e-5),  # Llama 4's L2Norm
+}
 
 
 class Attention(nn.Module):
@@ -43,26 +62,32 @@ class Attention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
         self.score = build_score(config)
-        # Gemma 3's and Qwen3's QK-norm: learned, before RoPE (eps of both); Llama 4's: none learned, after RoPE
-        gemma3 = config.qk_norm == "gemma3"
-        self.q_norm, self.k_norm = (nn.RMSNorm(self.head_dim, eps=1e-6) if gemma3 else None for _ in range(2))
-        self.norm_rotated = config.qk_norm == "llama4"
+        norm = QK_NORMS[config.qk_norm]  # before the rotation (on every layer) or after it (on rotating layers)
+        self.q_norm, self.k_norm = (None if norm is None else nn.RMSNorm(
+            self.head_dim, eps=norm.eps, elementwise_affine=norm.learned) for _ in range(2))  # fmt: skip
+        self.norm_rotated = norm is not None and norm.after_rotation
         gate = {"none": 0, "elementwise": config.n_embd, "headwise": config.n_head}[config.attn_gate]
         self.gate = nn.Linear(config.n_embd, gate, config.bias) if gate else None
         self.sinks = nn.Parameter(torch.zeros(config.n_head)) if config.attn_sink_logits else None
         self.softcap = config.attn_softcap
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(B, T, C) -> queries (B, H, T, D), keys and values (B, H_kv, T, D), QK-normed (`qk_norm` gemma3)."""
+        """(B, T, C) -> queries (B, H, T, D), keys and values (B, H_kv, T, D), QK-normed before any rotation."""
         B, T, C = x.shape
         kv = self.n_kv_head * self.head_dim
         q, k, v = self.qkv(x).split([C, kv, kv], dim=2)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k, v = (t.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2) for t in (k, v))
-        if self.q_norm is not None and self.k_norm is not None:  # in the scale's dtype (float32 under autocast)
-            dtype = self.q_norm.weight.dtype
-            q, k = self.q_norm(q.to(dtype)).to(q.dtype), self.k_norm(k.to(dtype)).to(k.dtype)
+        if not self.norm_rotated:
+            q, k = self.qk_norm(q, k)
         return q, k, v
+
+    def qk_norm(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """Queries and keys RMS-normalised (`qk_norm`), in a learned scale's dtype (float32 under autocast)."""
+        if self.q_norm is None or self.k_norm is None:
+            return q, k
+        dtype = q.dtype if self.q_norm.weight is None else self.q_norm.weight.dtype
+        return self.q_norm(q.to(dtype)).to(q.dtype), self.k_norm(k.to(dtype)).to(k.dtype)
 
     def attend(self, plan: Plan, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """The plan's attention of q, k, v with this layer's own terms: its soft-cap and sink logits."""

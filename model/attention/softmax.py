@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from posgpt.model.attention.base import Attention
@@ -54,8 +53,8 @@ class SoftmaxAttention(Attention):
         q, k, v = self.project(x)
         q = self.score.queries(q)  # what the kernels score, rotated like q
         q, k = self.rotate(pe, q, k, plan.placement)
-        if self.norm_rotated and pe.rotates:  # Llama 4's QK-norm (`qk_norm` llama4): no weight (its `L2Norm`)
-            q, k = F.rms_norm(q, (q.size(-1),), eps=1e-5), F.rms_norm(k, (k.size(-1),), eps=1e-5)
+        if self.norm_rotated and pe.rotates:  # a QK-norm after the rotation, on rotating layers only (Llama 4's)
+            q, k = self.qk_norm(q, k)
         if cache is not None:
             k, v = cache.update(k, v, plan.cache_write)  # the keys and values the plan describes
         if self.log_scale is None and not self.temperature_floor:

@@ -74,8 +74,6 @@ class PositionEncoding(nn.Module):
         """Layer `layer`'s score terms (`terms`) for one forward pass, from the parameters as they are now."""
         raise NotImplementedError(f"{type(self).__name__} has no score bias.")
 
-    fields: tuple[str, ...] = ()
-    """The `GPTConfig` fields the scheme reads beyond the model's shape (`GPT.switch` rebuilds it on a change)."""
     bias_layers: int = 1
     """Layers with a bias of their own (1: one bias shared by every layer)."""
 

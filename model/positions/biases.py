@@ -54,7 +54,6 @@ class T5Bias(PositionEncoding):
     terms = frozenset({Term.POSITIONS})
     relative = True
     learned_bias = True
-    fields = ("t5_num_buckets", "t5_max_distance")
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
@@ -156,7 +155,6 @@ class FIRE(PositionEncoding):
 
     terms = frozenset({Term.POSITIONS})
     learned_bias = True
-    fields = ("fire_width", "fire_per_layer")
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
@@ -231,7 +229,6 @@ class ContextualPositions(PositionEncoding):
     terms = frozenset({Term.FROM_SCORES})
     learned_bias = True
     uses_positions = False  # it counts what the query attends to, not indices
-    fields = ("cope_positions", "cope_divide")
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)

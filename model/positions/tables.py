@@ -74,7 +74,6 @@ class RotaryPositions(PositionEncoding):
     rescalable = True
     partial_rotation = True
     relative = True
-    fields = ("rope_base", "rope_scaling", "rope_scaling_factor", "rope_fraction", "rope_partial")
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
