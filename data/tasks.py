@@ -31,7 +31,8 @@ class TaskConfig:
     """A synthetic task, its training lengths and its test sets."""
 
     name: str = "copy"
-    """A key of `TASKS`: copy, reverse, recall (associative recall), passkey, flipflop, counting or selective_copy."""
+    """A key of `TASKS` (docs/synthetic.md): copy | reverse | recall | passkey | flipflop | counting |
+    selective_copy."""
     train_min: int = 4
     """Shortest training length n (symbols for copy/reverse, pairs for recall, characters for passkey)."""
     train_max: int = 20

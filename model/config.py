@@ -33,16 +33,15 @@ class GPTConfig:
     bias: bool = True
     """Biases in Linear and LayerNorm layers, as GPT-2 has; False is slightly faster and as good."""
     pos_encoding: str = role("learned", Role.SWITCH, Role.KIND)
-    """Position scheme (model.positions.SCHEMES): learned | sinusoidal | rope | alibi | t5 | kerple | fire | cope |
-    none."""
+    """Position scheme (model.positions.SCHEMES; docs/model.md): learned | sinusoidal | rope | alibi | t5 | kerple |
+    fire | cope | none."""
     attn_backend: str = role("auto", Role.SWITCH, Role.RESUME)
-    """Attention kernel: auto (fastest correct one) or one of the attention function's: eager | sdpa | flex (CUDA);
-    linear: chunked | eager; sigmoid: eager | flex."""
+    """Attention kernel: auto (the fastest that runs the model), or one of its attention function's (softmax,
+    differential, forgetting: eager | sdpa | flex; linear: eager | chunked; sigmoid: eager | flex; stick_breaking:
+    eager)."""
     attention: str = "softmax"
-    """Attention function (model.attention.ATTENTIONS): softmax | linear (elu + 1 features, O(T); no score bias or
-    window) | sigmoid (sigmoid(score - ln n), unnormalised) | differential (two softmax maps' difference) |
-    stick_breaking (each key takes sigmoid(score) of what nearer keys left; eager kernel) | forgetting (FoX: scores
-    decayed by a learned forget gate of the layer input)."""
+    """Attention function (model.attention.ATTENTIONS; docs/model.md): softmax | linear | sigmoid | differential |
+    stick_breaking | forgetting."""
     diff_split: Literal["half_heads", "rope_pairs"] = role(
         "half_heads", before=("rope_pairs", lambda v: v.get("attention") == "differential")
     )
@@ -82,8 +81,7 @@ class GPTConfig:
     """pos_encoding='cope': the position term divided by sqrt(d) with q.k (the authors' training code); false adds
     it undivided (the paper's appendix code)."""
     attn_score: str = "scaled_dot"
-    """Scoring function (model.scores.SCORES): scaled_dot (q.k / sqrt(D)) | dot | general (q.W k, W learned per head)
-    | additive (v.tanh(Wq q + Wk k); eager kernel only)."""
+    """Scoring function (model.scores.SCORES; docs/model.md): scaled_dot | dot | general | additive."""
     attn_window: int = role(0, Role.SWITCH, Role.KIND)
     """Sliding window: each token sees itself and the W - 1 tokens before it (0: all earlier tokens)."""
     attn_sinks: int = role(0, Role.SWITCH, Role.KIND)
@@ -119,8 +117,7 @@ class GPTConfig:
     """Key/value heads (grouped-query attention, Ainslie et al. 2023; 1: multi-query): query head h reads KV head
     h // (n_head / n_kv_head), and the KV cache holds n_kv_head heads; must divide n_head (None: n_head)."""
     qk_norm: str = role("none", Role.LAYER, Role.QUERY)
-    """RMS-normalise each head's queries and keys (model.attention.QK_NORMS): none | gemma3 (a learned scale, before
-    RoPE: Gemma 3's and Qwen3's) | llama4 (no weight, after RoPE, on rotating layers only: Llama 4's)."""
+    """RMS-normalise each head's queries and keys (model.attention.QK_NORMS; docs/model.md): none | gemma3 | llama4."""
     attn_gate: Literal["none", "elementwise", "headwise"] = role("none", Role.LAYER)
     """Output gate (Qiu et al. 2025): the attention output times sigmoid(W x), x the normed layer input, per
     element or one gate per head, before the output projection."""

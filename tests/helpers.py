@@ -386,3 +386,11 @@ def project_files(pattern: str = "*.py") -> list[Path]:
     skipped = {".git", ".venv", "venv", "site-packages", "build", "runs"}
     return [path for path in root.rglob("*") if path.is_file() and fnmatch.fnmatch(path.name, pattern)
             and not skipped & set(path.relative_to(root).parts)]  # fmt: skip
+
+
+def fidelity(what: str, **row: str) -> Any:
+    """Marks a test as one that pins row `what` of docs/model.md's fidelity table (each scheme, function and option
+    against its paper's code). One of a row's tests gives its cells: `paper`, `code` (the official code followed),
+    `default` and `deviations` (each with the option that gives the other behaviour); tests/docs_tables.py reads
+    these marks from the source, with the names of the tests that carry them, and writes the table."""
+    return lambda test: test

@@ -18,7 +18,7 @@ from posgpt.model.cache import DecodingCache, KVCache
 from posgpt.model.kernels import KERNELS, Placement, Plan
 from posgpt.model.masks import AttentionMask
 
-from helpers import overfit
+from helpers import fidelity, overfit
 
 ROOT = Path(__file__).resolve().parents[1]
 LINEAR_SCHEMES = [name for name, scheme in SCHEMES.items() if not scheme.terms]
@@ -60,6 +60,7 @@ def test_recurrent_decoding_equals_the_parallel_forward(tiny_config, scheme):
     )
 
 
+@fidelity("`attention: linear`")
 def test_rope_in_the_numerator_depends_on_relative_positions_only(tiny_config):
     """RoFormer's linear attention: R_i phi(q) . R_j phi(k) depends on j - i, the denominator on no
     position, so shifting every position leaves the layer's output unchanged."""

@@ -17,7 +17,7 @@ from posgpt.core.errors import ConfigError
 from posgpt.model import GPT, GPTConfig
 from posgpt.model.masks import AttentionMask
 
-from helpers import assert_flex_matches_eager, uncompiled_flex
+from helpers import assert_flex_matches_eager, fidelity, uncompiled_flex
 
 CONFIG = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=16, bias=False, pos_encoding="alibi",
                    attn_window=4, attn_sinks=1, attn_random_blocks=1, attn_sparse_block=4)  # fmt: skip
@@ -33,6 +33,18 @@ def eligible_by_hand(query_block: int, window: int, sinks: int, size: int) -> se
 
 
 @pytest.mark.parametrize(("window", "sinks", "random_blocks", "size"), [(4, 1, 1, 4), (6, 3, 3, 4), (5, 0, 2, 8)])
+@fidelity(
+    "`attn_random_blocks: R`",
+    paper="BigBird (Zaheer et al. 2020)",
+    code="google-research/bigbird `get_single_block_row_attention`",
+    default=(
+        "off; R distinct blocks per query block from outside the window and the sinks, hashed from (seed, block, draw)"
+    ),
+    deviations=(
+        "`attn_random_draw earlier_with_replacement` (the draw before issue 33); causal, token-level window and sinks;"
+        " one draw for every head and layer, where BigBird draws per head with a seed per layer (no option)"
+    ),
+)
 def test_each_query_block_sees_its_window_its_sinks_and_r_distinct_eligible_blocks(window, sinks, random_blocks, size):
     """R distinct blocks, all of them when fewer are eligible, none in the window or the sinks: on the
     previous draw (with replacement, among every earlier block) most draws fell in window or sink

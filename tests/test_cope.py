@@ -14,7 +14,7 @@ import torch
 from posgpt.core.errors import ConfigError
 from posgpt.model import GPT, GPTConfig
 
-from helpers import assert_model_is_its_formula
+from helpers import assert_model_is_its_formula, fidelity
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=True, pos_encoding="cope")
 
@@ -41,6 +41,20 @@ def formula_head(model: GPT, window: int = 0):
 
 @pytest.mark.parametrize("fields", [{}, {"cope_divide": False, "cope_positions": 4}, {"attn_window": 5}],
                          ids=["divided", "undivided-clamped", "window"])  # fmt: skip
+@fidelity(
+    "`pos_encoding: cope`",
+    paper="Golovneva et al. 2024",
+    code="facebookresearch/RAM projects/cope `ContextPosSelfAttn`",
+    default=(
+        "gates σ(q·k/√d) over the visible keys, p_ij = Σ_{t=j..i} g_it clamped to P − 1, P = block_size + 1, tables "
+        "(D, P) per layer shared by the heads, zeros at the start, the term divided by √d with q·k (their "
+        "`--cope-nodiv` off)"
+    ),
+    deviations=(
+        "`cope_divide false`: the paper's appendix code (term undivided); the gates always from the scaled score; "
+        "their separate gate keys and value gates not offered"
+    ),
+)
 def test_logits_and_gradients_in_float64_are_the_formulas(fields):
     """Past the training length, with the table drawn (it starts at zero), on the eager kernel (the only one)."""
     torch.manual_seed(0)

@@ -15,6 +15,8 @@ import torch
 from posgpt.core.errors import ConfigError
 from posgpt.model import GPT, GPTConfig
 
+from helpers import fidelity
+
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=False,
                    attention="differential", pos_encoding="alibi")  # fmt: skip
 
@@ -64,6 +66,16 @@ def rotary(x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
     return torch.cat((x1 * angles.cos() - x2 * angles.sin(), x2 * angles.cos() + x1 * angles.sin()), dim=-1)
 
 
+@fidelity(
+    "`attention: differential`",
+    paper="Ye et al. 2025",
+    code="microsoft/unilm `Diff-Transformer/multihead_diffattn.py`",
+    default=(
+        "half-heads of D/2, each rotated by RoPE built for D/2 (`diff_split: half_heads`); λ re-parametrised, λ_init "
+        "by depth, RMSNorm × (1 − λ_init)"
+    ),
+    deviations="`diff_split rope_pairs` (before issue 33); rotary pairs (i, i + d/2), theirs (2i, 2i + 1) (no option)",
+)
 def test_with_rope_both_maps_are_half_heads_rotated_with_the_half_heads_frequencies():
     """The official code (microsoft/unilm, Diff-Transformer/multihead_diffattn.py) views q and k as 2H
     half-heads of d = D / 2 and applies the rotary embedding built for head_dim d to each: written out
@@ -92,6 +104,7 @@ def test_with_rope_both_maps_are_half_heads_rotated_with_the_half_heads_frequenc
     torch.testing.assert_close(captured["out"], expected, rtol=1e-4, atol=1e-5)
 
 
+@fidelity("`attention: differential`")
 def test_lambda_init_follows_the_layer_depth():
     model = GPT(dataclasses.replace(CONFIG, n_layer=4))
     got = [block.attn.lambda_init for block in model.blocks]

@@ -11,6 +11,7 @@ import math
 import re
 from pathlib import Path
 
+import docs_tables
 import pytest
 import test_cache
 import test_config
@@ -26,7 +27,7 @@ from posgpt.model.scores import SCORES
 from posgpt.model.terms import Term
 
 import test_kernels
-from helpers import assert_model_is_its_formula, layer_variants, overfit, uncompiled_flex
+from helpers import assert_model_is_its_formula, fidelity, layer_variants, overfit, uncompiled_flex
 from test_kernels import TINY, assert_matches_reference, parity_cases, runnable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,28 +65,21 @@ def test_the_doc_adds_exactly_one_registry_line_each():
         assert names[:-1] == [name for name in registry if name != names[-1]]
 
 
-def test_the_docs_checks_pass_with_the_rows_and_names_the_doc_adds(registered):
-    """Without its checklist's docs the new entries fail the docs checks; with the rows the doc gives (fidelity rows
-    into the fidelity table) and each name added to its field's docstring, they pass."""
+def test_the_docs_are_written_with_the_new_entries_and_pass_the_docs_checks(registered, tmp_path):
+    """The docs as they stand miss the new entries (the docs checks catch that); what tests/docs_tables.py writes
+    with them registered names each in its field's docstring, gives the scheme and the kernel their rows, and takes
+    the function's and the scheme's fidelity rows from their formula tests below: the docs checks then pass."""
+    new = {"pos_encoding: learned_slopes", "attention: relu", "attn_backend: math"}
     model_doc = (ROOT / "docs" / "model.md").read_text()
-    docstrings = test_config.field_docstrings()
-    missing = test_config.undocumented(model_doc, docstrings)
-    assert set(missing) <= {"pos_encoding: learned_slopes", "attention: relu", "attn_backend: math"}
-    unpinned = test_fidelity_table.fidelity_problems(model_doc)
-    assert set(unpinned) <= {"no row for pos_encoding learned_slopes", "no row for attention relu"}
-    assert missing or "learned_slopes" in docstrings["pos_encoding"]  # caught, unless added for real
-    rows = [line for block in _blocks("markdown") for line in block.splitlines() if line.startswith("|")]
-    rows = [row for row in rows if row not in model_doc]
-    fidelity = [row for row in rows if re.match(r"\| `\w+: ", row)]
-    heading = model_doc.index(test_fidelity_table.HEADING)
-    end = model_doc.index("\n\n", model_doc.index("\n|", heading))  # the table's last row
-    added = model_doc[:end] + "".join(f"\n{row}" for row in fidelity) + model_doc[end:]
-    added += "".join(f"\n{row}" for row in rows if row not in fidelity)
-    for entry in missing:  # the name in its field's docstring
-        field, name = entry.split(": ")
-        docstrings[field] += f" | {name}"
-    assert test_config.undocumented(added, docstrings) == []
-    assert test_fidelity_table.fidelity_problems(added) == []
+    assert set(test_config.undocumented(model_doc, test_config.field_docstrings())) <= new
+    written = docs_tables.written()
+    (tmp_path / "config.py").write_text(written[ROOT / "model" / "config.py"])
+    model_doc, docstrings = written[ROOT / "docs" / "model.md"], test_config.field_docstrings(tmp_path / "config.py")
+    assert test_config.undocumented(model_doc, docstrings) == []
+    assert test_fidelity_table.fidelity_problems(model_doc) == []
+    rows = {row["what"]: row["pinned by"] for row in test_fidelity_table.fidelity_rows(model_doc)}
+    assert "test_extending.py::test_relu_attention_is_its_formula_in_float64" in rows["`attention: relu`"]
+    assert "| `learned_slopes` | ALiBi's linear bias" in model_doc and "| `math` | SDPA restricted" in model_doc
 
 
 @pytest.mark.slow
@@ -127,6 +121,13 @@ def test_the_new_attention_function_trains_decodes_and_draws_its_weights(registe
     assert torch.all(weights[..., ~visible] == 0) and torch.all(weights >= 0) and (weights[..., visible] > 0).any()
 
 
+@fidelity(
+    "`attention: relu`",
+    paper="Wortsman et al. 2023",
+    code="none: the paper's formula",
+    default="relu(score + bias)/n over the n keys a query sees, not normalised",
+    deviations="none",
+)
 def test_relu_attention_is_its_formula_in_float64(registered, tiny_config):
     """Wortsman et al. 2023: query i's output is sum_j relu(q_i . k_j / sqrt(D) + b_ij) v_j / (i + 1) over the
     keys j <= i, b ALiBi's bias; logits and gradients past the training length."""
@@ -171,6 +172,13 @@ def test_the_new_scheme_trains_decodes_matches_every_kernel_and_keeps_its_gradie
     test_kernels.test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, {"pos_encoding": "learned_slopes"})
 
 
+@fidelity(
+    "`pos_encoding: learned_slopes`",
+    paper="Press et al. 2022",
+    code="ofirpress/attention_with_linear_biases `get_slopes`, for the start",
+    default="−m_h·(i − j), m_h learned from ALiBi's slopes",
+    deviations="none",
+)
 def test_learned_slopes_start_as_alibi_and_are_its_formula(registered, tiny_config):
     """Press et al. 2022's bias -m_h (i - j) with m_h the parameter, started at ALiBi's slopes; logits and gradients
     (the slopes' too) in float64, past the training length."""

@@ -17,6 +17,8 @@ from posgpt.model.attention import ATTENTIONS
 from posgpt.model.positions import SCHEMES
 from posgpt.model.scores import SCORES
 
+from helpers import fidelity
+
 ROOT = Path(__file__).resolve().parents[1]
 HEADING = "## Fidelity: each scheme against its paper's code"
 COLUMNS = ["what", "paper", "official code followed", "default", "deviations (option)", "pinned by"]
@@ -77,6 +79,20 @@ def test_the_table_check_can_fail():
 BASE = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=False)
 
 
+@fidelity(
+    "`pos_encoding: learned`",
+    paper="GPT-2 (Radford et al. 2019)",
+    code="openai/gpt-2 `src/model.py` (`wpe`)",
+    default="a trained vector per position added to the token embedding",
+    deviations="init N(0, 0.02²) as nanoGPT and Hugging Face; openai/gpt-2 draws `wpe` with std 0.01 (no option)",
+)
+@fidelity(
+    "`pos_encoding: none`",
+    paper="Kazemnejad et al. 2023 (NoPE)",
+    code="none: nothing to follow",
+    default="no position signal; the causal mask only",
+    deviations="none",
+)
 def test_learned_positions_add_their_row_and_nope_adds_nothing():
     """Learned (GPT-2): token embedding + the table's row of each position; NoPE: the embeddings, queries
     and keys as they are, and no score bias."""
@@ -90,6 +106,15 @@ def test_learned_positions_add_their_row_and_nope_adds_nothing():
     assert not nope.terms and not nope.uses_positions and not list(nope.parameters())
 
 
+@fidelity(
+    "`pos_encoding: rope`",
+    paper="Su et al. 2021 (RoFormer)",
+    code="EleutherAI/gpt-neox `RotaryEmbedding` (rotate-half)",
+    default="pair i turns by b^(−2i/D) per position, float32",
+    deviations=(
+        "pairs are dimensions (i, i + D/2), not RoFormer's (2i, 2i + 1): a fixed permutation of q and k (no option)"
+    ),
+)
 def test_rope_turns_pair_i_and_i_plus_half_by_position_times_base_to_the_minus_2i_over_d():
     """RoPE written out pair by pair: dimensions (i, i + D/2) rotated by the angle p · b^(−2i/D)."""
     pe = GPT(dataclasses.replace(BASE, pos_encoding="rope", rope_base=500.0)).pe

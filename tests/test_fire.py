@@ -14,7 +14,7 @@ import torch
 from posgpt.core.errors import ConfigError
 from posgpt.model import GPT, GPTConfig
 
-from helpers import assert_flex_matches_eager, scheme_gradients, uncompiled_flex
+from helpers import assert_flex_matches_eager, fidelity, scheme_gradients, uncompiled_flex
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=False, pos_encoding="fire",
                    fire_width=3)  # fmt: skip
@@ -40,6 +40,15 @@ def by_hand(i: int, j: int, c: float, threshold: float) -> tuple[float, float]:
     return relu(x) + relu(2 * x - 1) + 0.5, -3 * relu(1 - x)
 
 
+@fidelity(
+    "`pos_encoding: fire`",
+    paper="Li et al. 2024",
+    code="the authors' PyTorch `FIRE` module (in the paper)",
+    default=(
+        "f(ψ(i − j)/ψ(max(L, i))), ψ(x) = ln(|c|x + 1), width 32, c = 0.1, L = |m·L₀|, one bias for all layers (FIRE-S)"
+    ),
+    deviations="per-layer FIRE: `fire_per_layer`; L₀ = block_size/4 (theirs 512 for 2048 tokens; no option)",
+)
 def test_the_bias_is_an_mlp_of_log_distance_over_log_position():
     model = GPT(CONFIG)
     _set(model, c=0.5, threshold=4.0)

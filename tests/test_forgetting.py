@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from posgpt.model import GPT, GPTConfig
 
-from helpers import assert_model_is_its_formula
+from helpers import assert_model_is_its_formula, fidelity
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=True, attention="forgetting",
                    pos_encoding="none")  # fmt: skip
@@ -35,6 +35,13 @@ def formula_head(model: GPT):
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@fidelity(
+    "`attention: forgetting`",
+    paper="Lin et al. 2025 (FoX)",
+    code="zhixuan-lin/forgetting-transformer `ForgettingAttentionLayer` (`fgate_type: full`, `use_rope: false`)",
+    default="q·k/√d + Σ_{l=j+1..i} ln σ(w·x_l + b) per head; gate weight N(0, 0.02), bias 0; sums in float32",
+    deviations="the Pro options (output gate, QK-norm, KV-shift) not offered",
+)
 def test_logits_and_gradients_in_float64_are_the_formulas(backend):
     """Past the training length, on every kernel with a backward pass on this CPU."""
     torch.manual_seed(0)

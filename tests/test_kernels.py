@@ -18,7 +18,17 @@ from posgpt.model.masks import AttentionMask
 from posgpt.model.scores import SCORES, build_score
 from posgpt.model.terms import Term
 
-from helpers import build, eager_with_weights, is_flex, layer_variants, lengths, run_pair, scheme_kinds, uncompiled_flex
+from helpers import (
+    build,
+    eager_with_weights,
+    fidelity,
+    is_flex,
+    layer_variants,
+    lengths,
+    run_pair,
+    scheme_kinds,
+    uncompiled_flex,
+)
 
 ODD_LEN = 13  # not a multiple of 16 (FlexAttention's and the flash kernels' tile sizes)
 MASKS: dict[str, dict[str, int]] = {
@@ -165,6 +175,16 @@ def test_future_tokens_never_change_past_logits(tiny_config, function, backend, 
             assert (after[:, t:] - before[:, t:]).abs().max() > 1e-3
 
 
+@fidelity(
+    "`attn_score: scaled_dot`", paper="Vaswani et al. 2017, §3.2.1", code="none", default="q·k/√d", deviations="none"
+)
+@fidelity(
+    "`attention: softmax`",
+    paper="Vaswani et al. 2017",
+    code="none",
+    default="softmax(score + bias, masked)·v",
+    deviations="none",
+)
 def test_eager_reference_is_softmax_of_masked_scores():
     q, k, v = torch.randn(3, 2, 3, 6, 4, dtype=torch.float64).unbind(0)  # (B, H, T, D)
     bias = torch.randn(3, 6, 6, dtype=torch.float64)

@@ -13,7 +13,7 @@ import torch
 
 from posgpt.model import GPT, GPTConfig
 
-from helpers import scheme_gradients
+from helpers import fidelity, scheme_gradients
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=False, pos_encoding="kerple")
 
@@ -24,6 +24,16 @@ def _set(model: GPT, r1: list[float], r2: list[float]) -> None:
         model.pe.r2.copy_(torch.tensor(r2))
 
 
+@fidelity(
+    "`pos_encoding: kerple`",
+    paper="Chi et al. 2022",
+    code="chijames/KERPLE `ParallelKerpleLog`",
+    default="−r1_h·log(1 + r2_h·(i − j)), r1 ~ U(0, 2), r2 ~ U(0, 1), shared by layers",
+    deviations=(
+        "their code clamps r1, r2 in place (`.data.clamp(min=eps)`) at each forward; here the forward pass uses max(r,"
+        " 0.01) with a straight-through gradient, the parameters untouched (no option)"
+    ),
+)
 def test_the_bias_is_minus_r1_log_of_one_plus_r2_d():
     model = GPT(CONFIG)
     _set(model, [1.0, 0.5], [1.0, 2.0])
@@ -36,6 +46,7 @@ def test_the_bias_is_minus_r1_log_of_one_plus_r2_d():
     assert masked.isfinite().all()
 
 
+@fidelity("`pos_encoding: kerple`")
 def test_r1_and_r2_are_used_at_least_eps():
     model = GPT(CONFIG)
     _set(model, [-1.0, 0.0], [-5.0, 0.0])  # an optimizer step may push them below zero

@@ -14,7 +14,7 @@ from posgpt.core.errors import ConfigError
 from posgpt.model import ATTENTIONS, GPT, GPTConfig
 from posgpt.model.pretrained import check_gpt2_shape
 
-from helpers import layer_variants, uncompiled_flex
+from helpers import fidelity, layer_variants, uncompiled_flex
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=4, n_embd=32, pos_encoding="rope", bias=True)
 T, BASE = 7, 10000.0
@@ -120,6 +120,60 @@ VARIANTS = {**layer_variants(CONFIG), "all": {"n_kv_head": 2, "qk_norm": "llama4
 
 
 @pytest.mark.parametrize("fields", VARIANTS.values(), ids=VARIANTS.keys())
+@fidelity(
+    "`n_kv_head` (grouped-query attention)",
+    paper="Ainslie et al. 2023 (GQA); Shazeer 2019 (MQA)",
+    code=(
+        "openai/gpt-oss `gpt_oss/torch/model.py` (`q.view(n_kv, q_mult)`), meta-llama/llama-models llama4 "
+        "(`repeat_interleave`)"
+    ),
+    default="off (n_head); query head h reads KV head h // (n_head / n_kv_head)",
+    deviations="GPT-2 weights are not mean-pooled into groups: refused (no option)",
+)
+@fidelity(
+    "`qk_norm: gemma3`",
+    paper="Gemma 3 (2025), Qwen3",
+    code="google-deepmind/gemma `gm/nn/_layers.py` `RMSNorm`, `_modules.py` (before RoPE)",
+    default="off; q and k RMS-normalised per head before RoPE, a learned scale per dimension, eps 1e-6",
+    deviations=(
+        "the scale is a weight from 1 (Qwen3's form), Gemma's 1 + scale from 0: the same function and gradients (no "
+        "option)"
+    ),
+)
+@fidelity(
+    "`qk_norm: llama4`",
+    paper="Llama 4 (2025)",
+    code="meta-llama/llama-models `models/llama4/model.py` (`rmsnorm` after RoPE, `use_qk_norm and not is_nope_layer`)",
+    default="off; rotated q and k RMS-normalised, no weight, eps 1e-5, on rotating layers only",
+    deviations="none",
+)
+@fidelity(
+    "`attn_gate: elementwise`, `headwise`",
+    paper="Qiu et al. 2025 (gated attention)",
+    code="qiuzh20/gated_attention `modeling_qwen3.py` (gate columns of `q_proj`)",
+    default="off; output per head × sigmoid(W x), x the normed layer input, before the output projection",
+    deviations=(
+        "W is its own Linear, where theirs are extra `q_proj` columns: the same function (no option); its bias follows"
+        " `bias`"
+    ),
+)
+@fidelity(
+    "`attn_sink_logits`",
+    paper="gpt-oss (OpenAI 2025)",
+    code="openai/gpt-oss `gpt_oss/torch/model.py` `sdpa` (`cat([QK, S])`, softmax, drop the last column)",
+    default=(
+        "off; a logit z_h per head in the normaliser of the scaled, masked scores; init N(0, 0.02²) (Hugging Face's "
+        "`_init_weights`: the official code only loads them)"
+    ),
+    deviations="none",
+)
+@fidelity(
+    "`attn_softcap`",
+    paper="Gemma 2 (2024)",
+    code="google-deepmind/gemma `gm/nn/_modules.py` (`tanh(logits / cap) * cap` before the mask)",
+    default="off; c tanh(s / c) of the scaled score, before a position bias and the mask",
+    deviations="none (Gemma has no bias scheme: the cap comes first here)",
+)
 def test_every_softmax_kernel_is_the_formula_with_its_weights_and_gradients(fields, monkeypatch):
     uncompiled_flex(monkeypatch)
     config = dataclasses.replace(CONFIG, **fields)
@@ -164,6 +218,7 @@ def test_sink_logits_take_mass_and_the_cap_bounds_every_score():
         assert bool((seen.amax(-1) / seen.amin(-1) <= math.exp(4) + 1e-9).all())
 
 
+@fidelity("`n_kv_head` (grouped-query attention)")
 def test_grouped_heads_read_their_group_on_every_function_and_kernel(monkeypatch):
     """A model with H_kv KV heads computes what one with H heads computes whose KV heads h repeat head
     h // (H / H_kv): for every attention function, on each of its kernels that runs on a CPU."""

@@ -26,7 +26,7 @@ from posgpt.model.cache import LayoutCache
 from posgpt.model.masks import AttentionMask
 from posgpt.training.config import RunConfig, TrainConfig
 
-from helpers import uncompiled_flex
+from helpers import fidelity, uncompiled_flex
 
 BASE = GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=4, n_embd=32, pos_encoding="rope", bias=True)
 LAYOUTS = {
@@ -57,6 +57,30 @@ def stressed(config: GPTConfig) -> GPT:
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
+@fidelity(
+    "`layout`, `kinds` (Gemma 3)",
+    paper="Gemma Team 2025",
+    code=(
+        "google-deepmind/gemma `gm/nn/_config.py` (`make_attention_layers_types`), `_gemma.py` "
+        "(`GEMMA3_ATTENTION_PATTERN`), `_transformer.py` (base per layer)"
+    ),
+    default=(
+        "off; the pattern repeated over the layers and cut; a kind's window W sees keys i − W < j ≤ i (Gemma's `k > q "
+        "− W`)"
+    ),
+    deviations=(
+        "Gemma 3 trains its global layers with linear RoPE scaling ×8 (4B and up): a kind may set `rope_scaling`, "
+        "which the shipped config leaves out at its length"
+    ),
+)
+@fidelity(
+    "`layout`, `kinds` (RoPE/NoPE hybrid)",
+    paper="Yang et al. 2025",
+    code="Hugging Face transformers `models/cohere2` (`sliding_window_pattern` 4, RoPE only on sliding layers)",
+    default="off; layers 3, 7, ... global and without positions",
+    deviations="Cohere's parallel attention-MLP block not offered (no option)",
+)
+@fidelity("`attn_temperature_floor` (iRoPE)")
 def test_every_layer_is_its_kinds_formula_on_every_softmax_kernel(name, monkeypatch):
     uncompiled_flex(monkeypatch)
     idx = torch.randint(0, BASE.vocab_size, (1, T))
@@ -89,6 +113,7 @@ def test_every_layer_is_its_kinds_formula_on_every_softmax_kernel(name, monkeypa
     assert "eager" in checked and "flex" in checked
 
 
+@fidelity("`layout`, `kinds` (Gemma 3)")
 def test_a_layout_repeats_its_pattern_and_cuts_it_where_the_layers_end():
     config = dataclasses.replace(BASE, n_layer=8, layout=("a", "a", "a", "b", "c"),
                                  kinds={"a": {"attn_window": 4}, "b": {}, "c": {"pos_encoding": "none"}})  # fmt: skip
@@ -98,6 +123,16 @@ def test_a_layout_repeats_its_pattern_and_cuts_it_where_the_layers_end():
     assert sorted(model.kind_pe) == ["c"]  # the other kinds attend with the model's RoPE
 
 
+@fidelity(
+    "`attn_chunk` (iRoPE)",
+    paper="Llama 4 (2025)",
+    code="meta-llama/llama-models `models/llama4/model.py` (`create_chunked_attention_mask`; `nope_layer_interval`)",
+    default="off; key j visible to query i iff j ≤ i and ⌊i/C⌋ = ⌊j/C⌋; a decoding cache of C keys",
+    deviations=(
+        "Llama 4 builds the chunked mask only for prompts (a one-token decode step there sees every cached key); here "
+        "decoding masks as training does (no option)"
+    ),
+)
 def test_the_chunked_mask_and_its_seen_keys_by_hand():
     mask = AttentionMask(chunk=3)
     q, k = torch.arange(7)[:, None], torch.arange(7)[None, :]
@@ -107,12 +142,23 @@ def test_the_chunked_mask_and_its_seen_keys_by_hand():
     assert mask.attended_keys(100) == 3 and mask.rolling and not mask.causal_only
 
 
+@fidelity(
+    "`attn_temperature_floor` (iRoPE)",
+    paper="Llama 4 (2025)",
+    code="meta-llama/llama-models `models/llama4/model.py` (`attn_temperature_tuning`, `floor_scale`, `attn_scale`)",
+    default=(
+        "off; q × (ln(⌊(p + 1)/F⌋ + 1) · 0.1 + 1), p from 0, after RoPE and QK-norm; Llama 4 sets F = 8192 on its NoPE"
+        " layers"
+    ),
+    deviations="F an option (8192 leaves a CPU model's scale at 1); allowed on any kind (Llama 4: NoPE layers only)",
+)
 def test_llama4s_query_scale_is_one_until_the_floor_then_grows_with_its_log():
     scale = temperature(torch.arange(20), 8).tolist()
     expected = [math.log(math.floor((p + 1) / 8) + 1) * 0.1 + 1 for p in range(20)]
     assert scale == pytest.approx(expected, abs=1e-7) and scale[6] == 1.0 and scale[7] > 1.0
 
 
+@fidelity("`attn_chunk` (iRoPE)")
 def test_each_kind_keeps_its_own_keys_in_the_cache():
     """A local layer keeps its window (plus sinks), a chunked one a chunk, a global one every key; a grouped
     model's key/value heads; cached decoding past every window and chunk gives the uncached logits."""

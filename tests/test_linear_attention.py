@@ -9,6 +9,8 @@ import torch
 from posgpt.model.attention.linear import feature_map, linear_attention_chunked, linear_attention_quadratic
 from posgpt.model.positions.tables import rope_cos_sin
 
+from helpers import fidelity
+
 
 def _inputs(T: int, D: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = torch.randn(3, 2, 3, T, D, dtype=torch.float64).unbind(0)
@@ -20,6 +22,13 @@ def _inputs(T: int, D: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return torch.cat([rq, fq], -1), torch.cat([rk, fk], -1), v
 
 
+@fidelity(
+    "`attention: linear`",
+    paper="Katharopoulos et al. 2020",
+    code="idiap/fast-transformers `CausalLinearAttention`, `elu_feature_map`",
+    default="φ = elu + 1, running sums in chunks of 64; RoPE in the numerator only (RoFormer §3.3)",
+    deviations="no ε in the denominator (theirs adds 1e-6; φ > 0 keeps it positive; no option)",
+)
 def test_the_quadratic_form_by_hand():
     q2, k2, v = _inputs(4)
     out = linear_attention_quadratic(q2, k2, v)

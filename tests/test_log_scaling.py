@@ -14,10 +14,13 @@ from posgpt.core.errors import ConfigError
 from posgpt.model import GPT, GPTConfig
 from posgpt.model.masks import AttentionMask
 
+from helpers import fidelity
+
 BASE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, bias=False, pos_encoding="none",
                  attn_log_scaling="fixed")  # fmt: skip
 
 
+@fidelity("`attn_log_scaling: fixed`, `learned` (SSMax)")
 def test_the_keys_each_query_sees_by_hand():
     q = torch.arange(7)
     assert AttentionMask().seen_keys(q).tolist() == [1, 2, 3, 4, 5, 6, 7]
@@ -32,6 +35,13 @@ def test_the_default_scale_is_one_at_the_training_length():
     assert float(s[0]) * math.log(16) == pytest.approx(1.0)
 
 
+@fidelity(
+    "`attn_log_scaling: fixed`, `learned` (SSMax)",
+    paper="Nakanishi 2025",
+    code="none found: the paper's formula",
+    default="off; each query × s·ln n, n the keys it sees, s = 1/ln(block_size)",
+    deviations="the query is scaled, so a scheme's bias is not (no option); s learned per head and layer: `learned`",
+)
 def test_the_attention_weights_are_the_softmax_of_the_scaled_scores_by_hand():
     torch.manual_seed(0)
     model = GPT(dataclasses.replace(BASE, attn_log_scale=0.7)).eval()

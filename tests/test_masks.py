@@ -13,7 +13,7 @@ from posgpt.model.kernels import Placement
 from posgpt.model.kernels.flex import build_block_mask
 from posgpt.model.masks import AttentionMask
 
-from helpers import overfit, run_pair, uncompiled_flex
+from helpers import fidelity, overfit, run_pair, uncompiled_flex
 
 ODD_LEN = 13
 MASKS = {
@@ -28,6 +28,30 @@ def _config(tiny_config: GPTConfig, scheme: str, mask: str, **extra) -> GPTConfi
     return dataclasses.replace(tiny_config, pos_encoding=scheme, **MASKS[mask], **extra)
 
 
+@fidelity(
+    "causal mask (`attn_window: 0`)",
+    paper="Vaswani et al. 2017",
+    code="none",
+    default="key k visible to query q iff k ≤ q",
+    deviations="none",
+)
+@fidelity(
+    "`attn_window: W`",
+    paper="Longformer (Beltagy et al. 2020), Mistral",
+    code="none: one token-level predicate",
+    default="off; q − k < W (W keys, the query's own included)",
+    deviations="none",
+)
+@fidelity(
+    "`attn_sinks: S`",
+    paper="Xiao et al. 2024 (StreamingLLM)",
+    code="mit-han-lab/streaming-llm `StartRecentKVCache`",
+    default="off; the first S keys visible to every query, a rolling S + W cache",
+    deviations=(
+        "a training mask here, not only a decoding cache; cached keys keep their absolute positions, where "
+        "StreamingLLM's `pos_shift` re-numbers positions within the cache (no option)"
+    ),
+)
 def test_the_mask_predicates_by_hand():
     mask = AttentionMask(window=3, sinks=1)
     q, k = torch.arange(6)[:, None], torch.arange(6)[None, :]
@@ -76,6 +100,7 @@ def test_flex_with_a_window_and_sinks_matches_eager(monkeypatch, tiny_config):
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 @pytest.mark.parametrize("scheme", ["learned", "rope", "alibi"])
+@fidelity("`attn_window: W`")
 def test_a_key_outside_the_window_has_no_influence_and_one_inside_does(tiny_config, scheme, backend):
     """One layer: the last token's logits depend on the tokens in its window and the sinks only."""
     config = _config(tiny_config, scheme, "window+sinks", n_layer=1, attn_backend=backend)  # W = 5, S = 2

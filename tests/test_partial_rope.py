@@ -14,6 +14,8 @@ import torch
 from posgpt.core.errors import ConfigError
 from posgpt.model import GPT, GPTConfig
 
+from helpers import fidelity
+
 BASE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False, pos_encoding="rope")
 D = BASE.head_dim  # 16: 8 frequency pairs (i, i + 8)
 
@@ -34,6 +36,13 @@ def _by_hand(x: torch.Tensor, dims: list[int], freqs: list[float], positions: to
     return out
 
 
+@fidelity(
+    "`rope_partial: p_rope`",
+    paper="Barbero et al. 2025",
+    code="none cited: the paper's definition",
+    default="with `rope_fraction` < 1 (default 1), the fastest pairs turn, the slowest stay unrotated",
+    deviations="`rope_partial neox`",
+)
 def test_p_rope_turns_the_fastest_pairs_and_leaves_the_slowest_as_they_are():
     config = dataclasses.replace(BASE, rope_fraction=0.25)  # 2 of 8 pairs
     x = torch.randn(1, 2, 5, D)
@@ -45,6 +54,13 @@ def test_p_rope_turns_the_fastest_pairs_and_leaves_the_slowest_as_they_are():
     assert torch.equal(got[..., slow], x[..., slow])
 
 
+@fidelity(
+    "`rope_partial: neox`",
+    paper="GPT-NeoX (Black et al. 2022)",
+    code="EleutherAI/gpt-neox `rotary_pct` (`rotary_ndims`)",
+    default="first fraction × D dimensions rotated, frequencies spread over them",
+    deviations="a fraction that is no whole number of pairs is refused; NeoX truncates it with `int()` (no option)",
+)
 def test_neox_rotates_the_first_dimensions_with_frequencies_over_them():
     config = dataclasses.replace(BASE, rope_fraction=0.5, rope_partial="neox")  # 8 of 16 dimensions
     x = torch.randn(1, 2, 5, D)

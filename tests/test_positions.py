@@ -22,11 +22,20 @@ from posgpt.model.positions import (
 from posgpt.model.positions.tables import rope_cos_sin, yarn_correction_range
 from posgpt.model.terms import Term
 
+from helpers import fidelity
+
 
 def test_alibi_slopes_for_8_heads_are_the_papers_geometric_sequence():
     assert alibi_slopes(8) == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
 
 
+@fidelity(
+    "`pos_encoding: alibi`",
+    paper="Press et al. 2022",
+    code="ofirpress/attention_with_linear_biases `get_slopes`",
+    default="−m_h·(i − j), geometric slopes 2^(−8/n), the paper's rule for other head counts",
+    deviations="none",
+)
 def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two():
     # The paper's rule: slopes of the closest power of two, then every other slope of twice that.
     assert alibi_slopes(6) == pytest.approx([2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3])
@@ -41,6 +50,7 @@ def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two():
 
 
 @pytest.mark.parametrize(("q_len", "k_len"), [(7, 7), (3, 11), (1, 20)])
+@fidelity("`pos_encoding: alibi`")
 def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
     """The two derivations of one formula (`ScoreBias`): eager/SDPA's dense (H, Tq, Tk) tensor
     and FlexAttention's score_mod, for queries that are the last Tq of Tk positions (as decoding puts them)."""
@@ -99,6 +109,7 @@ def _rope_at(x: torch.Tensor, position: int, head_dim: int, base: float = 10000.
     return _pairwise(x[None], cos[position : position + 1], sin[position : position + 1])[0]
 
 
+@fidelity("`pos_encoding: rope`")
 def test_rope_score_depends_only_on_relative_position():
     head_dim = 16
     q, k = torch.randn(2, 1, head_dim, dtype=torch.float32).unbind(0)  # (1, D) each
@@ -133,6 +144,13 @@ def test_rope_cache_stays_float32_after_casting_the_model(tiny_config):
     assert model.pe.turn.dtype == torch.float32
 
 
+@fidelity(
+    "`pos_encoding: sinusoidal`",
+    paper="Vaswani et al. 2017, §3.5",
+    code="none: the paper's formula",
+    default="sin on even, cos on odd channels of pos/10000^(2i/C); tokens × √C (§3.4)",
+    deviations="none",
+)
 def test_sinusoid_table_matches_the_formula():
     dim = 16
     table = sinusoid_table(100, dim)
@@ -143,6 +161,7 @@ def test_sinusoid_table_matches_the_formula():
             assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
 
 
+@fidelity("`pos_encoding: sinusoidal`")
 def test_sinusoidal_embedding_grows_and_adds_the_table(tiny_config):
     config = dataclasses.replace(tiny_config, pos_encoding="sinusoidal")
     pe = SinusoidalPositions(config)
@@ -172,6 +191,13 @@ def test_rope_scaling_with_factor_one_changes_nothing(tiny_config, scaling):
         torch.testing.assert_close(scaled.eval()(idx)[0], plain(idx)[0])
 
 
+@fidelity(
+    "`rope_scaling: linear`",
+    paper="Chen et al. 2023 (PI)",
+    code="Hugging Face `linear` rope type",
+    default="off (`none`); θᵢ / s",
+    deviations="none",
+)
 def test_linear_scaling_is_position_interpolation():
     cos, sin = rope_cos_sin(64, 16, 10000.0, scaling="linear", factor=4.0, trained_length=16)
     ref_cos, ref_sin = rope_cos_sin(16, 16, 10000.0)
@@ -179,6 +205,13 @@ def test_linear_scaling_is_position_interpolation():
     torch.testing.assert_close(sin[::4], ref_sin)
 
 
+@fidelity(
+    "`rope_scaling: ntk`",
+    paper="bloc97 2023 (NTK-aware)",
+    code="bloc97's base rule b·s^(D/(D−2)); Hugging Face `dynamic` for the per-length form",
+    default="off; base raised by s^(D/(D−2))",
+    deviations="s per evaluation length with `--rope_scaling_factor dynamic` (the evaluation default)",
+)
 def test_ntk_scaling_raises_the_base():
     cos, _ = rope_cos_sin(50, 16, 10000.0, scaling="ntk", factor=4.0, trained_length=16)
     ref_cos, _ = rope_cos_sin(50, 16, 10000.0 * 4.0 ** (16 / 14))
@@ -188,6 +221,13 @@ def test_ntk_scaling_raises_the_base():
     torch.testing.assert_close(cos[:, 0], plain[:, 0])
 
 
+@fidelity(
+    "`rope_scaling: yarn`",
+    paper="Peng et al. 2023",
+    code="YaRN reference code (`find_correction_range`, linear ramp), Hugging Face `_compute_yarn_parameters`",
+    default="off; ramp in the pair index between ⌊i(32)⌋ and ⌈i(1)⌉, cos and sin × (0.1 ln s + 1)",
+    deviations="none",
+)
 def test_yarn_correction_range_is_the_reference_codes():
     # i(r) = D ln(L / (2 pi r)) / (2 ln b), low = floor(i(32)), high = ceil(i(1)), clamped to [0, D - 1]
     # D=32, L=256, b=1e4: i(32) = 32 ln(1.2732) / 18.4207 = 0.4196 -> 0; i(1) = 32 ln(40.744) / 18.4207 = 6.440 -> 7
@@ -198,6 +238,7 @@ def test_yarn_correction_range_is_the_reference_codes():
     assert yarn_correction_range(64, 10000.0, 256) == (0, 13)
 
 
+@fidelity("`rope_scaling: yarn`")
 def test_yarn_frequencies_ramp_linearly_in_the_pair_index():
     head_dim, trained, factor = 32, 256, 4.0
     cos, sin = rope_cos_sin(300, head_dim, 10000.0, scaling="yarn", factor=factor, trained_length=trained)
@@ -222,6 +263,13 @@ def test_rope_scaling_is_validated():
         GPTConfig(rope_scaling="linear", rope_scaling_factor=0.5)
 
 
+@fidelity(
+    "`pos_encoding: t5`",
+    paper="Raffel et al. 2020",
+    code="T5's `_relative_position_bucket`, `bidirectional=False`",
+    default="32 buckets (16 exact, log-spaced to 128), one table for all layers",
+    deviations="table init N(0, 0.02²); T5 leaves scores unscaled: `attn_score dot`",
+)
 def test_t5_buckets_by_hand():
     """32 buckets, max distance 128: 0..15 exact; then 16 + floor(ln(d / 16) / ln(8) * 16), at most 31."""
     distances = torch.tensor([0, 1, 15, 16, 20, 32, 64, 100, 127, 128, 1000])
@@ -232,6 +280,7 @@ def test_t5_buckets_by_hand():
     assert t5_bucket(torch.tensor([3, 4, 8, 19, 20, 50]), 8, 20).tolist() == [3, 4, 5, 7, 7, 7]
 
 
+@fidelity("`pos_encoding: t5`")
 def test_t5_bias_is_a_learned_table_lookup_that_saturates(tiny_config):
     config = dataclasses.replace(tiny_config, pos_encoding="t5", t5_num_buckets=8, t5_max_distance=20)
     pe = T5Bias(config)

@@ -13,9 +13,10 @@ from posgpt.model import GPT
 from posgpt.model.kernels import eager_attention
 from posgpt.model.scores import Additive, Dot, General, ScaledDot
 
-from helpers import eager_with_weights, overfit
+from helpers import eager_with_weights, fidelity, overfit
 
 
+@fidelity("`attn_score: dot`", paper="Luong et al. 2015", code="none", default="q·k", deviations="none")
 def test_dot_is_the_scaled_dot_product_without_the_scale():
     q, k, v = torch.randn(3, 2, 2, 7, 16, dtype=torch.float64).unbind(0)
     unscaled = eager_attention(q, k, v, score=Dot())
@@ -24,6 +25,13 @@ def test_dot_is_the_scaled_dot_product_without_the_scale():
     assert not torch.allclose(unscaled, eager_attention(q, k, v))  # the default scales
 
 
+@fidelity(
+    "`attn_score: additive`",
+    paper="Bahdanau et al. 2015",
+    code="none",
+    default="v_hᵀ tanh(W_q q + W_k k) per head",
+    deviations="eager kernel only, in chunks of queries (no option)",
+)
 def test_the_additive_score_by_hand():
     score = Additive(n_head=2, head_dim=4).double()
     q, k = torch.randn(2, 1, 2, 3, 4, dtype=torch.float64).unbind(0)
@@ -66,6 +74,13 @@ def test_each_score_overfits_and_decodes_the_same_with_and_without_cache(tiny_co
     assert torch.equal(cached, uncached)
 
 
+@fidelity(
+    "`attn_score: general`",
+    paper="Luong et al. 2015",
+    code="none",
+    default="qᵀW_h k per head",
+    deviations="W_h starts at I/√d (equal to `scaled_dot`); RoPE rotates q W_h (no option)",
+)
 def test_the_general_score_by_hand():
     score = General(n_head=2, head_dim=4).double()
     with torch.no_grad():
@@ -76,6 +91,7 @@ def test_the_general_score_by_hand():
     torch.testing.assert_close(got[0, h, i, j], q[0, h, i] @ score.w[h] @ k[0, h, j])  # q^T W k, no scale
 
 
+@fidelity("`attn_score: general`")
 def test_the_general_score_starts_as_the_scaled_dot_product(tiny_config):
     torch.manual_seed(0)
     general = GPT(dataclasses.replace(tiny_config, attn_score="general", pos_encoding="rope"))

@@ -17,13 +17,20 @@ import posgpt.model.attention.sigmoid as sigmoid_module
 from posgpt.model import GPT, GPTConfig
 from posgpt.model.kernels import KernelError
 
-from helpers import assert_flex_matches_eager
+from helpers import assert_flex_matches_eager, fidelity
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=False, attention="sigmoid",
                    pos_encoding="alibi")  # fmt: skip
 
 
 @pytest.mark.parametrize(("bias", "T"), [("train_length", 7), ("train_length", 23), ("seen_keys", 7)])
+@fidelity(
+    "`attention: sigmoid`",
+    paper="Ramapuram et al. 2025",
+    code="apple/axlearn `SigmoidAttention`",
+    default="sigmoid(score + bias − ln n), n = `block_size` at every length (`sigmoid_bias: train_length`)",
+    deviations="`sigmoid_bias seen_keys`: n the keys each query sees (before issue 33)",
+)
 def test_the_weights_are_sigmoid_of_score_plus_bias_minus_log_n_by_hand(bias, T):
     """The paper (Ramapuram et al. 2025) and apple/axlearn's SigmoidAttention: b = -ln n, one constant, n the
     training sequence length (here block_size 16, also past it); seen_keys: n the keys each query sees."""

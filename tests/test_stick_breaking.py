@@ -15,6 +15,8 @@ from posgpt.core.errors import ConfigError
 from posgpt.model import GPT, GPTConfig
 from posgpt.model.attention.stick_breaking import stick_breaking_weights
 
+from helpers import fidelity
+
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=False,
                    attention="stick_breaking", pos_encoding="none")  # fmt: skip
 
@@ -44,6 +46,16 @@ def visibility(T: int, window: int = 0, sinks: int = 0) -> torch.Tensor:
                                                    ({"pos_encoding": "alibi", "attn_window": 4, "attn_sinks": 1},
                                                     "current")],
                          ids=["nope", "nope-drop", "alibi-window-sinks"])  # fmt: skip
+@fidelity(
+    "`attention: stick_breaking`",
+    paper="Tan et al. 2025",
+    code=(
+        "shawntan/stickbreaking-attention `sb_ref.py` (`attend_current=False`), remainder as its tests and "
+        "shawntan/dolomite-engine's `sb_remainder=True`"
+    ),
+    default="A_ij = σ(s_ij)·Π_{j<t<i}(1 − σ(s_it)), own key not attended, 1 − Σ_j A_ij on the query's own value",
+    deviations="`sb_remainder drop`: the remainder dropped",
+)
 def test_the_weights_of_a_model_are_the_papers_product(fields, remainder):
     """A 1-layer model's weights (the eager kernel's, as attention maps see them) against the formula over its own
     scores (q.k / sqrt(d) plus ALiBi's bias), past the training length."""

@@ -19,7 +19,7 @@ from posgpt.model.positions import alibi_slopes
 from posgpt.model.scores import ScaledDot
 from posgpt.model.terms import ScoreBias, Term
 
-from helpers import uncompiled_flex
+from helpers import fidelity, uncompiled_flex
 from test_kernels import TINY
 
 B, H, T, D, CAP, WINDOW = 2, 4, 11, 8, 2.0, 6
@@ -65,6 +65,8 @@ def inputs():
     return q, k, v, torch.randn(H, dtype=torch.float64, requires_grad=True)
 
 
+@fidelity("`attn_sink_logits`")
+@fidelity("`attn_softcap`")
 def test_the_eager_kernel_is_the_formula_with_its_gradients(inputs):
     q, k, v, sinks = inputs
     weight = torch.randn(B, H, T, D, dtype=torch.float64)

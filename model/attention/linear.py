@@ -105,7 +105,7 @@ class LinearReference(Kernel):
 
 
 class LinearChunked(Kernel):
-    """The chunked form: O(T) time and memory."""
+    """Linear attention's chunked form: O(T) time and memory."""
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
         return linear_attention_chunked(q, k, v)[0]

@@ -125,6 +125,9 @@ class EagerKernel(Kernel):
 
 
 class SoftmaxEager(EagerKernel):
-    """Softmax attention's reference: the eager kernel, with sink logits in the softmax (`Term.MASS`)."""
+    """Each function's reference, written out in float32 (softmax attention's: softmax(QKᵀ/√d + bias + mask)·V); it
+    returns the attention weights too; past 16M elements its mask and bias are formed for blocks of query rows.
+
+    The eager kernel, with sink logits in the softmax (`Term.MASS`)."""
 
     terms = frozenset(Term)

@@ -95,7 +95,10 @@ class FlexContext:
 
 
 class FlexKernel(Kernel):
-    """Fused with a block-sparse mask and in-kernel additive terms; no dropout; CUDA only (module docstring)."""
+    """`torch.nn.attention.flex_attention`, compiled once per process at first use, with the block mask of the
+    attention mask and a position bias as a `score_mod` (no T×T bias in memory); no attention dropout. CUDA only: a
+    CPU refuses it at the forward pass, since compiled FlexAttention returns wrong numbers there in torch 2.13 (the
+    module docstring says where); the tests run it on a CPU through its uncompiled path, which is exact."""
 
     terms = frozenset(Term) - {Term.FROM_SCORES}
     term_gradients = True

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 
 class ALiBi(PositionEncoding):
-    """ALiBi (Press et al. 2022): head h adds -m_h * (i - j) to the score of query i on key j."""
+    """No position vectors; head h adds −m_h·(i − j) to its causal scores, with the paper's slopes (Press et al.
+    2022), designed to extrapolate."""
 
     terms = frozenset({Term.POSITIONS})
     relative = True
@@ -46,10 +47,13 @@ asked an H200 for more shared memory than it has ("No valid triton configs"); th
 
 
 class T5Bias(PositionEncoding):
-    """T5's relative position bias (Raffel et al. 2020), causal: a learned scalar per head for each bucket
-    of the distance (`t5_bucket`), one table for every layer. The bucket is counted in the formula from the
-    distances where the log-spaced buckets start, so the kernel gathers from the table alone (a gather of an
-    int64 bucket table per score ran out of shared memory in flex on an H200)."""
+    """T5's relative position bias (Raffel et al. 2020), causal: a learned scalar per head for each bucket of
+    distance i − j; `t5_num_buckets` (32) buckets, the first half one distance each, the rest log-spaced up to
+    `t5_max_distance` (128), beyond which the last bucket saturates. One table, shared by every layer.
+
+    The bucket (`t5_bucket`) is counted in the formula from the distances where the log-spaced buckets start, so
+    the kernel gathers from the table alone (a gather of an int64 bucket table per score ran out of shared memory
+    in flex on an H200)."""
 
     terms = frozenset({Term.POSITIONS})
     relative = True
@@ -94,9 +98,11 @@ class T5Bias(PositionEncoding):
 
 
 class Kerple(PositionEncoding):
-    """KERPLE's logarithmic kernel (Chi et al. 2022), causal: head h adds -r1_h * log(1 + r2_h * (i - j)).
-    r1, r2 are used at least `EPS` with a straight-through gradient (their code clamps the parameters
-    in place), so a parameter pushed below EPS can come back."""
+    """KERPLE's logarithmic kernel (Chi et al. 2022), causal: head h adds −r1_h·log(1 + r2_h·(i − j)), r1_h and
+    r2_h learned per head (kept ≥ 0.01); shared by every layer.
+
+    r1, r2 are used at least `EPS` with a straight-through gradient (their code clamps the parameters in place), so
+    a parameter pushed below EPS can come back."""
 
     terms = frozenset({Term.POSITIONS})
     relative = True
@@ -148,10 +154,13 @@ def alibi_slopes(n_head: int) -> list[float]:
 
 
 class FIRE(PositionEncoding):
-    """FIRE (Li et al. 2024), causal: head h adds f(psi(i - j) / psi(max(L, i)))_h, psi(x) = ln(|c| x + 1),
-    f an MLP from one input to one output per head, so the input stays in [0, 1] at any length. c from 0.1,
-    L = |m L0| with m learned from 1 and L0 = block_size / 4 (their code: 512 for 2048 tokens, an assumption
-    here); 1e-6 added to the normalizer keeps c -> 0 finite. Shared by every layer (FIRE-S), or per layer."""
+    """FIRE (Li et al. 2024), causal: head h adds f(ψ(i − j) / ψ(max(L, i)))_h, ψ(x) = ln(|c|·x + 1), f an MLP
+    from one input to one output per head (`fire_width` 32 hidden ReLU units), c from 0.1, L = |m·L₀| with m
+    learned from 1 and L₀ = block_size/4; the input stays in [0, 1] at every length, so a longer context is a finer
+    grid of what training saw. Shared by every layer (the paper's FIRE-S), or one c, L and MLP per layer with
+    `fire_per_layer` (its FIRE). Written pointwise, so FlexAttention runs the MLP inside its kernel.
+
+    L₀: their code has 512 for 2048 tokens, an assumption here; 1e-6 added to the normalizer keeps c -> 0 finite."""
 
     terms = frozenset({Term.POSITIONS})
     learned_bias = True
@@ -215,8 +224,10 @@ class FIRE(PositionEncoding):
 
 
 class ContextualPositions(PositionEncoding):
-    """CoPE (Golovneva et al. 2024, "Contextual Position Encoding"; the authors' code, facebookresearch/RAM
-    projects/cope `ContextPosSelfAttn`): positions that depend on the content. Query i gates each key it sees,
+    """CoPE (Golovneva et al. 2024): positions that depend on the content, counted over the keys a query sees. It
+    needs the scores, so it runs on the eager kernel; its KV cache never rolls (the counts run over keys in order).
+
+    The authors' code: facebookresearch/RAM projects/cope `ContextPosSelfAttn`. Query i gates each key it sees,
     g_ij = sigmoid(s_ij), s the score (q_i . k_j / sqrt(d)), and counts the gates from key j up to itself:
     p_ij = sum_{t=j..i} g_it, clamped to P - 1 (P = `cope_positions`). A learned vector e[p] per integer position,
     one (D, P) table per layer shared by its heads and started at zero, is read between floor(p) and ceil(p) on

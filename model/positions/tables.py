@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class LearnedPositions(PositionEncoding):
-    """One trained vector per absolute position, added to the token embedding (GPT-2)."""
+    """A trained vector per absolute position, added to the token embedding (GPT-2)."""
 
     embeds = True
 
@@ -41,8 +41,11 @@ class LearnedPositions(PositionEncoding):
 
 
 class SinusoidalPositions(PositionEncoding):
-    """The fixed sin/cos table of Vaswani et al. 2017 (section 3.5). Token embeddings are multiplied by
-    sqrt(C) first (section 3.4): with GPT-2's 0.02 init the unit-amplitude table would drown them."""
+    """The fixed sin/cos table of Vaswani et al. 2017 (§3.5), added; no parameters. Positions past the training
+    length are unseen: expect it to degrade there.
+
+    Token embeddings are multiplied by sqrt(C) first (§3.4): with GPT-2's 0.02 init the unit-amplitude table would
+    drown them."""
 
     embeds = True
 
@@ -67,8 +70,13 @@ class SinusoidalPositions(PositionEncoding):
 
 
 class RotaryPositions(PositionEncoding):
-    """RoPE (Su et al. 2021): each (q, k) dimension pair rotated by an angle proportional to position, in
-    float32. Pairs are dimensions i and i + D/2 (GPT-NeoX, litgpt), D = `GPTConfig.rotary_dim`."""
+    """Queries and keys rotated per head by position-proportional angles (Su et al. 2021; base `rope_base`, float32
+    angles), so scores depend on relative position. `rope_fraction` < 1 rotates part of each head: `rope_partial
+    p_rope` (default) turns only the fastest fraction of the frequency pairs and leaves the slowest unrotated (p-RoPE,
+    Barbero et al. 2025), `neox` rotates the first fraction of the dimensions with frequencies spread over them
+    (GPT-NeoX's `rotary_pct`).
+
+    Pairs are dimensions i and i + D/2 (GPT-NeoX, litgpt), D = `GPTConfig.rotary_dim`."""
 
     rotates = True
     rescalable = True
