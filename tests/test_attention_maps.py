@@ -16,25 +16,44 @@ from conftest import make_text
 import attention_maps as maps_script
 import evaluate as evaluate_script
 from posgpt.core import cli
+from posgpt.core.errors import ConfigError
 from posgpt.evaluation.attention import prompt_weights, visible_keys
 from posgpt.evaluation.attention_stats import AttentionStats, bucket_means, log_edges
-from posgpt.model import GPT, SCHEMES, GPTConfig
+from posgpt.model import ATTENTIONS, GPT, SCHEMES, GPTConfig
 from posgpt.model.attention import linear as linear_attention
 from posgpt.model.kernels import eager
+from posgpt.model.scores import SCORES
 
-from helpers import assert_png, cli_error, train_tiny
+from helpers import assert_png, cli_error, scheme_kinds, train_tiny
 
 MASKS = {"causal": {}, "window": {"attn_window": 5}, "window+sinks": {"attn_window": 5, "attn_sinks": 2}}
+BASE = {"vocab_size": 40, "block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 16, "bias": False}
+KINDS = scheme_kinds()
+IN_ATTENTION = {
+    "rotation": KINDS["rotation"],
+    "bias": KINDS["fixed bias"],
+    "nothing": next(name for name, s in SCHEMES.items() if not (s.embeds or s.rotates or s.terms or s.uses_positions)),
+}
+"""A scheme for each hook that acts in the attention layer, and one with no position signal (an embedding acts
+before the layer, the same for every function), read from what the schemes declare."""
 
 
 def _model(**fields) -> GPT:
     torch.manual_seed(0)
-    base = {"vocab_size": 40, "block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 16, "bias": False}
-    return GPT(GPTConfig(**{**base, **fields})).eval()
+    return GPT(GPTConfig(**{**BASE, **fields})).eval()
+
+
+def _runs(fields: dict) -> bool:
+    """Whether a model of `fields` can be built (linear attention refuses a bias)."""
+    try:
+        GPTConfig(**{**BASE, **fields})
+    except ConfigError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("mask", MASKS)
-@pytest.mark.parametrize("scheme", ["rope", "alibi"])
+@pytest.mark.parametrize("scheme", KINDS.values())
 def test_weights_are_distributions_over_the_visible_keys(scheme, mask):
     model = _model(pos_encoding=scheme, **MASKS[mask])
     weights = prompt_weights(model, torch.randint(0, 40, (1, 23)))
@@ -46,19 +65,20 @@ def test_weights_are_distributions_over_the_visible_keys(scheme, mask):
         assert not visible[22, 10] and visible[22, 18] and visible[22, 0] == ("sinks" in mask)
 
 
-VARIANTS = [{"pos_encoding": s, **m} for s in SCHEMES for m in MASKS.values()] + [
-    {"pos_encoding": "rope", "attention": "linear"},
-    {"pos_encoding": "none", "attention": "linear"},
-    {"pos_encoding": "learned", "attention": "linear"},
-    {"pos_encoding": "t5", "attn_score": "additive"},
-    {"pos_encoding": "rope", "attn_score": "dot", "attn_window": 5},
-]
+VARIANTS = [{"pos_encoding": s, **m} for s in SCHEMES for m in MASKS.values()]  # the default function: every scheme
+VARIANTS += [fields for f in ATTENTIONS if f != GPTConfig.attention for s in IN_ATTENTION.values()  # the others
+             if _runs(fields := {"pos_encoding": s, "attention": f})]  # fmt: skip
+VARIANTS += [{"pos_encoding": KINDS["learned bias"], "attn_score": score} for score in SCORES  # each other score
+             if score != GPTConfig.attn_score]  # fmt: skip
+VARIANTS += [{"pos_encoding": KINDS["rotation"], "attn_score": score, "attn_window": 5} for score in SCORES
+             if score != GPTConfig.attn_score]  # fmt: skip
 
 
 @pytest.mark.parametrize("fields", VARIANTS, ids=lambda f: "-".join(str(v) for v in f.values()))
 def test_the_recomputation_gives_the_models_own_logits(fields):
     model = _model(**fields)
-    idx = torch.randint(0, 40, (2, 32 if fields["pos_encoding"] == "learned" else 45))  # past block_size
+    longest = model.pe.max_positions  # past block_size, but for a scheme with a longest position
+    idx = torch.randint(0, 40, (2, 45 if longest is None else longest))
     seen = set()
 
     def visit(layer: int):
@@ -111,7 +131,7 @@ def test_statistics_equal_a_direct_computation(length):
     assert max(summary["distance"]["mean_weight"][0][0][edges.index(7) :]) == 0  # nothing past the window
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # one model for each module whose reference hands the weights over in chunks (patched below)
     "fields", [{"pos_encoding": "alibi", "attn_window": 9}, {"pos_encoding": "rope", "attention": "linear"}]
 )
 def test_small_chunks_change_nothing(fields, monkeypatch):

@@ -77,8 +77,8 @@ def run(model: GPT, idx: torch.Tensor, new: int, use_cache: bool, lengths: torch
 @pytest.mark.parametrize("config", CASES)
 def test_cached_decoding_gives_the_logits_and_tokens_of_no_cache(config):
     """Prompt 9 (longer than a window's 5 + 2 slots: a rolling prefill), then 12 tokens: the
-    rolling buffer wraps, and every scheme but learned (window 16) passes block_size; learned slides
-    past its window (a prefill of the last 16 each step)."""
+    rolling buffer wraps, and every scheme with no longest position passes block_size; one with a longest
+    position (learned: 16) slides past its window (a prefill of the last 16 each step)."""
     model = GPT(config).eval()
     prompt = torch.randint(0, config.vocab_size, (2, 9))
     cached_logits, cached = run(model, prompt, 12, use_cache=True)
@@ -106,8 +106,8 @@ def test_cached_steps_give_the_logits_of_one_full_forward(config):
 @pytest.mark.parametrize("config", CASES)
 def test_a_row_in_a_padded_batch_decodes_as_it_would_alone(config):
     """Prompts of 3 and 11 tokens in one batch, padded on the right (to 16: a bucket), then 8 tokens: each
-    row's logits within 1e-5 of the row decoded alone (learned: past its window of 16 too), and its greedy
-    tokens the same wherever the choice is clear."""
+    row's logits within 1e-5 of the row decoded alone (a scheme with a longest position: past it too), and its
+    greedy tokens the same wherever the choice is clear."""
     model = GPT(config).eval()
     prompts = [torch.randint(0, config.vocab_size, (n,)).tolist() for n in (3, 11)]
     idx, lengths = pad_prompts(prompts)
@@ -161,14 +161,15 @@ pytest 9.2 monkeypatch's undo deletes a setting of torch's config modules instea
 and the next test that reads it fails with AttributeError."""
 
 
-COMPILE_CASES = [  # each decoding path once: a full cache, a rolling one (window and sinks), linear attention's
-    # state, BigBird's full cache with a sparse mask; each kind of position code in the graph (a table, a rotation
-    # with scaling, biases: T5's buckets, FIRE's MLP per layer, none); each attention function; a score that is
-    # not a dot product
-    {"pos_encoding": "learned"},
+COMPILE_CASES = [  # a sample (each case is a compile): each decoding path once: a full cache, a rolling one (window
+    # and sinks), linear attention's state, BigBird's full cache with a sparse mask; each kind of position code in the
+    # graph (a table with a longest position, a rotation with scaling, biases: T5's buckets, FIRE's MLP per layer,
+    # none); each attention function (checked below); a score that is not a dot product. Every scheme, function and
+    # score decodes uncompiled in the matrix above.
+    {"pos_encoding": "learned", "attention": "stick_breaking"},
     {"pos_encoding": "rope", "rope_scaling": "yarn", "rope_scaling_factor": 2.0, **MASKS["window+sinks"],
      "attention": "differential", "attn_log_scaling": "learned"},
-    {"pos_encoding": "t5", "attn_score": "additive"},
+    {"pos_encoding": "t5", "attn_score": "additive", "attention": "forgetting"},
     {"pos_encoding": "none", "attention": "linear"},
     {"pos_encoding": "fire", "fire_per_layer": True, "fire_width": 4, "n_layer": 2, **MASKS["bigbird"],
      "attention": "sigmoid"},
@@ -176,6 +177,11 @@ COMPILE_CASES = [  # each decoding path once: a full cache, a rolling one (windo
      "layout": ("local", "global"), "kinds": {"local": {"attn_chunk": 6}, "global": {"pos_encoding": "none",
                                                                                      "attn_temperature_floor": 8}}},
 ]  # fmt: skip
+
+
+def test_the_compile_sample_holds_every_attention_function():
+    """A function registered later joins a case of the sample (each case is a compile: no case of its own)."""
+    assert {fields.get("attention", GPTConfig.attention) for fields in COMPILE_CASES} == set(ATTENTIONS)
 
 
 @pytest.mark.slow
@@ -186,16 +192,16 @@ def test_compiled_generation_is_one_prefill_and_one_decode_graph(fields):
     not a layer's; FIRE per layer: two): 40 new tokens after a 4-token prompt, past block_size 16 for the
     schemes that extrapolate (a cache of 64, whose position tables grow before decoding), compile the
     prefill and the decode step; another generation of the same cache size compiles nothing more.
-    Learned positions (block 16): 8 tokens, then 40 past the window, whose every step is a prefill of
-    the last 16 tokens: a third graph only."""
+    A scheme with a longest position (learned: block 16): 8 tokens, then 40 past the window, whose every
+    step is a prefill of the last 16 tokens: a third graph only."""
     model = GPT(dataclasses.replace(CONFIG, **{"n_layer": 1, **fields})).eval()
     graphs = _counting_compile(model)
     prompt = torch.randint(0, CONFIG.vocab_size, (1, 4))
-    learned = fields["pos_encoding"] == "learned"
-    model.generate(prompt, 8 if learned else 40, temperature=0)
+    bounded = model.pe.max_positions is not None
+    model.generate(prompt, 8 if bounded else 40, temperature=0)
     assert len(graphs) <= 2
-    model.generate(prompt, 40 if learned else 30, temperature=0)  # a new cache of the same (bucketed) size
-    assert len(graphs) <= (3 if learned else 2)
+    model.generate(prompt, 40 if bounded else 30, temperature=0)  # a new cache of the same (bucketed) size
+    assert len(graphs) <= (3 if bounded else 2)
     torch._dynamo.reset()
 
 

@@ -21,16 +21,21 @@ import train as train_script
 from posgpt.core import cli
 from posgpt.core.checkpoint import read_checkpoint
 from posgpt.core.errors import ConfigError
-from posgpt.model import GPT, POS_ENCODINGS, GPTConfig
+from posgpt.model import ATTENTIONS, GPT, POS_ENCODINGS, SCHEMES, GPTConfig
 from posgpt.model.kernels import compiled_flex_attention
 from posgpt.model.positions import random_positions
+from posgpt.model.terms import Term
 from posgpt.training.logs import metrics_file
 
-from helpers import build, relative_error, run_pair, straight_and_resumed, tiny_args
+from helpers import build, relative_error, run_pair, scheme_kinds, straight_and_resumed, tiny_args
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
 ODD_LEN = 200  # not a multiple of 16 or of FlexAttention's 128-token blocks
+KINDS = scheme_kinds()
+NOTHING = next(name for name, s in SCHEMES.items() if not (s.embeds or s.rotates or s.terms or s.uses_positions))
+"""The scheme with no position signal at all (NoPE)."""
+OTHER_FUNCTIONS = [name for name in ATTENTIONS if name != GPTConfig.attention]
 
 
 @pytest.fixture
@@ -39,17 +44,19 @@ def gpu_config() -> GPTConfig:
     return GPTConfig(vocab_size=256, block_size=128, n_layer=2, n_head=4, n_embd=256, bias=False)
 
 
-def fused_kernels(scheme: str, attention: str = "softmax") -> list[str]:
-    """The fused kernels (sdpa, flex) that run `scheme` with `attention`; eager alone (in bf16) where none does
-    (CoPE needs the scores, stick-breaking has only its eager kernel)."""
+def fused_kernels(scheme: str, attention: str = GPTConfig.attention) -> list[str]:
+    """The fused kernels (those that form no weights: sdpa, flex, chunked) that run `scheme` with `attention`; the
+    reference alone (in bf16) where none does (CoPE needs the scores, stick-breaking has only its eager kernel)."""
+    kernels = ATTENTIONS[attention].kernels
     runs = []
-    for backend in ("sdpa", "flex"):
+    for backend, kernel in kernels.items():
         try:
-            GPTConfig(pos_encoding=scheme, attention=attention, attn_backend=backend)
+            if not kernel.weights:
+                GPTConfig(pos_encoding=scheme, attention=attention, attn_backend=backend)
+                runs.append(backend)
         except ConfigError:
             continue
-        runs.append(backend)
-    return runs or ["eager"]
+    return runs or [next(name for name, kernel in kernels.items() if kernel.weights)]
 
 
 @pytest.mark.parametrize(("scheme", "backend"), [(s, b) for s in POS_ENCODINGS for b in fused_kernels(s)])
@@ -57,20 +64,30 @@ def test_backend_in_bf16_matches_float32_eager(gpu_config, scheme, backend):
     assert_bf16_matches_eager(gpu_config, scheme, backend)
 
 
-OTHER_FUNCTIONS = [("sigmoid", s, "flex") for s in ("rope", "alibi", "fire")] + [
-    ("differential", s, "flex") for s in ("rope", "alibi", "fire")] + [
-    ("forgetting", s, b) for s in ("none", "alibi") for b in fused_kernels(s, "forgetting")] + [
-    ("stick_breaking", "none", "eager")]  # fmt: skip
+QUERY_BIAS = next(
+    name for name, s in SCHEMES.items() if Term.POSITIONS in s.terms and s.learned_bias and not s.relative
+)
+"""A learned bias that reads the query's position, not the distance alone (FIRE)."""
+SAMPLE = (KINDS["rotation"], KINDS["fixed bias"], QUERY_BIAS)
+SAMPLED_FUNCTIONS = [("sigmoid", s, "flex") for s in SAMPLE] + [("differential", s, "flex") for s in SAMPLE] + [
+    ("forgetting", s, b) for s in (NOTHING, KINDS["fixed bias"]) for b in fused_kernels(s, "forgetting")] + [
+    ("stick_breaking", NOTHING, "eager")]  # fmt: skip
+"""A sample chosen by hand (each case a few compiles): a rotation, a fixed bias and a query-dependent learned one on
+the flex kernels; FoX and stick-breaking without positions (their papers' setting). A function it lacks runs below
+with no positions and with a rotation, on each of its fused kernels."""
+SAMPLED_FUNCTIONS += [(f, s, b) for f in OTHER_FUNCTIONS if f not in {a for a, _, _ in SAMPLED_FUNCTIONS}
+                      for s in (NOTHING, KINDS["rotation"]) for b in fused_kernels(s, f)]  # fmt: skip
 
 
-@pytest.mark.parametrize(("attention", "scheme", "backend"), OTHER_FUNCTIONS)
+@pytest.mark.parametrize(("attention", "scheme", "backend"), SAMPLED_FUNCTIONS)
 def test_the_other_functions_kernels_match_their_eager_reference_in_bf16(gpu_config, attention, scheme, backend):
     assert_bf16_matches_eager(dataclasses.replace(gpu_config, attention=attention), scheme, backend)
 
 
 def assert_bf16_matches_eager(gpu_config: GPTConfig, scheme: str, backend: str) -> None:
     """`backend` under bf16 autocast against the float32 reference: logits and every gradient."""
-    if scheme == "learned":
+    longest = SCHEMES[scheme].longest(dataclasses.replace(gpu_config, pos_encoding=scheme))
+    if longest is not None and longest < ODD_LEN:
         gpu_config = dataclasses.replace(gpu_config, block_size=256)  # room for ODD_LEN
     for T, (ref_logits, ref_grads), (logits, grads) in run_pair(
         gpu_config, scheme, backend, CUDA, torch.bfloat16, ODD_LEN
@@ -96,7 +113,7 @@ def _forward_backward(model, idx):
 
 
 def test_bias_free_sdpa_runs_the_flash_kernel(gpu_config):
-    model = build(gpu_config, "rope", "sdpa").to(CUDA)
+    model = build(gpu_config, KINDS["rotation"], "sdpa").to(CUDA)
     idx = torch.randint(0, gpu_config.vocab_size, (4, 512), device=CUDA)
     # with every other SDPA kernel disabled, a call that cannot use FlashAttention raises
     with (
@@ -107,11 +124,11 @@ def test_bias_free_sdpa_runs_the_flash_kernel(gpu_config):
     assert torch.isfinite(loss)
     ops = {event.key for event in prof.key_averages()}
     assert "aten::_scaled_dot_product_flash_attention" in ops, sorted(ops)
-    # control: ALiBi's float mask is not something the flash kernel accepts, so the same
+    # control: a bias's float mask (ALiBi's) is not something the flash kernel accepts, so the same
     # restriction makes it fail; the restriction is real
-    alibi = build(gpu_config, "alibi", "sdpa").to(CUDA)
+    biased = build(gpu_config, KINDS["fixed bias"], "sdpa").to(CUDA)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(RuntimeError):
-        _forward_backward(alibi, idx)
+        _forward_backward(biased, idx)
 
 
 def test_auto_alibi_trains_through_compiled_flex_on_cuda(gpu_config):
@@ -132,18 +149,23 @@ def test_auto_alibi_trains_through_compiled_flex_on_cuda(gpu_config):
     assert model.wte.weight.grad is not None and torch.isfinite(model.wte.weight.grad).all()
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [{"pos_encoding": "t5"}, {"pos_encoding": "kerple"}, {"pos_encoding": "fire"},
-     {"pos_encoding": "fire", "fire_per_layer": True},
-     {"pos_encoding": "rope", "attn_window": 64, "attn_sinks": 4}, {"pos_encoding": "alibi", "attn_window": 64},
-     {"pos_encoding": "rope", "attn_window": 32, "attn_sinks": 4, "attn_random_blocks": 2, "attn_sparse_block": 16},
-     {"pos_encoding": "none", "attention": "forgetting"},
-     {"pos_encoding": "alibi", "attention": "forgetting", "attn_window": 64, "attn_sinks": 4}],
-)  # fmt: skip
+LEARNED_TERMS = [{"pos_encoding": name} for name, scheme in SCHEMES.items()  # every learned bias flex runs
+                 if scheme.learned_bias and Term.FROM_SCORES not in scheme.terms] + [
+    {"pos_encoding": "fire", "fire_per_layer": True},  # FIRE's option: a bias per layer
+    {"pos_encoding": KINDS["rotation"], "attn_window": 64, "attn_sinks": 4},  # a window on a rotation and a bias
+    {"pos_encoding": KINDS["fixed bias"], "attn_window": 64},
+    {"pos_encoding": KINDS["rotation"], "attn_window": 32, "attn_sinks": 4, "attn_random_blocks": 2,
+     "attn_sparse_block": 16}] + [  # each function with learned terms of its own (FoX's gates), alone and with a bias
+    extra for f, layer in ATTENTIONS.items() if layer.terms for extra in (
+        {"pos_encoding": NOTHING, "attention": f},
+        {"pos_encoding": KINDS["fixed bias"], "attention": f, "attn_window": 64, "attn_sinks": 4})]  # fmt: skip
+
+
+@pytest.mark.parametrize("extra", LEARNED_TERMS)
 def test_flex_learned_bias_and_window_masks_match_eager_with_gradients_on_cuda(gpu_config, extra):
-    """Only a GPU runs FlexAttention's backward: the T5 table's gradient (a captured tensor read by
-    the score_mod) and the block masks of windows, against the eager reference, in float32."""
+    """Only a GPU runs FlexAttention's backward: the gradients of learned biases (T5's table, a captured tensor
+    read by the score_mod) and of a function's own terms, and the block masks of windows, against the eager
+    reference, in float32."""
     config = dataclasses.replace(gpu_config, **extra)
     model = GPT(dataclasses.replace(config, attn_backend="flex")).to(CUDA)
     reference = GPT(dataclasses.replace(config, attn_backend="eager")).to(CUDA)
@@ -154,15 +176,17 @@ def test_flex_learned_bias_and_window_masks_match_eager_with_gradients_on_cuda(g
         loss.backward()
     for (name, p), r in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, r.grad, atol=1e-4, rtol=1e-3, msg=name)
-    if config.pos_encoding == "t5":
-        assert model.pe.table.grad.abs().sum() > 0
-    if config.pos_encoding == "kerple":
-        assert model.pe.r1.grad.abs().sum() > 0 and model.pe.r2.grad.abs().sum() > 0
-    if config.attention == "forgetting":  # the forget gates' sums, captured by the score_mod, carry gradients
-        assert model.blocks[0].attn.fgate.weight.grad.abs().sum() > 0
+    if model.pe.learned_bias:  # every parameter of the scheme gets a gradient through flex (T5's table, Kerple's
+        whole = torch.cat([r.grad.flatten() for r in reference.pe.parameters()]).norm()  # r1 and r2, ...)
+        assert whole > 0
+        for (name, p), r in zip(model.pe.named_parameters(), reference.pe.parameters(), strict=True):
+            cancelled = r.grad.norm() <= 1e-4 * whole  # 0 but for rounding: FIRE's b2, which softmax cancels
+            assert cancelled or p.grad.abs().sum() > 0, name
+    if ATTENTIONS[config.attention].terms:  # the layer's own terms (FoX's gate sums, captured by the score_mod)
+        assert all(p.grad.abs().sum() > 0 for p in model.blocks[0].attn.parameters())  # carry gradients
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "t5", "rope"])
+@pytest.mark.parametrize("scheme", KINDS.values())
 def test_randomized_positions_through_flex_match_eager_with_gradients_on_cuda(gpu_config, scheme):
     """Each row's own positions (B, T) reach FlexAttention's score_mod (ids[b, q] - ids[b, kv]) and
     RoPE's tables as they reach the eager reference, gradients included."""
@@ -266,7 +290,7 @@ def test_fp8_trains_through_the_trainer_where_the_gpu_has_fp8(tmp_path, text_fil
     assert ckpt["global_step"] == 12 and all(torch.isfinite(t).all() for t in ckpt["state_dict"].values())
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "kerple"])
+@pytest.mark.parametrize("scheme", ["alibi", "kerple"])  # a sample (each a compile): a fixed bias, a learned one
 def test_activation_checkpointing_through_compiled_flex_gives_the_plain_gradients(gpu_config, scheme):
     """Recomputed blocks around FlexAttention under torch.compile (the CUDA default for bias schemes
     with --train.activation_checkpointing) against the same model without recomputation."""
@@ -285,14 +309,14 @@ def test_activation_checkpointing_through_compiled_flex_gives_the_plain_gradient
         torch.testing.assert_close(r.grad, p.grad, atol=1e-3, rtol=1e-2, msg=name)
 
 
-LONG = [{"pos_encoding": s} for s in POS_ENCODINGS] + [
-    {"pos_encoding": "rope", "attn_window": 1024, "attn_sinks": 4},
-    {"pos_encoding": "rope", "attn_window": 1024, "attn_sinks": 4, "attn_random_blocks": 3},
-    {"pos_encoding": "rope", "attention": "sigmoid"},
-    {"pos_encoding": "rope", "attention": "differential"},
-    {"pos_encoding": "none", "attention": "forgetting"},
-    {"pos_encoding": "none", "attention": "stick_breaking"},
-]
+LONG = (
+    [{"pos_encoding": s} for s in POS_ENCODINGS]
+    + [
+        {"pos_encoding": KINDS["rotation"], "attn_window": 1024, "attn_sinks": 4},
+        {"pos_encoding": KINDS["rotation"], "attn_window": 1024, "attn_sinks": 4, "attn_random_blocks": 3},
+    ]
+    + [{"pos_encoding": NOTHING, "attention": f} for f in OTHER_FUNCTIONS]
+)  # each other function: its own cost
 
 
 @pytest.mark.slow
@@ -363,11 +387,14 @@ def test_resume_on_cuda_restores_the_cuda_random_stream(tmp_path, text_file):
         torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-DECODING = [{"pos_encoding": s} for s in POS_ENCODINGS] + [
-    {"attn_window": 32, "attn_sinks": 4},
-    {"pos_encoding": "none", "attention": "forgetting"},
-    {"pos_encoding": "none", "attention": "stick_breaking"},
-]
+DECODING = (
+    [{"pos_encoding": s} for s in POS_ENCODINGS]
+    + [{"attn_window": 32, "attn_sinks": 4}]
+    + [
+        {"pos_encoding": NOTHING, "attention": f}
+        for f in OTHER_FUNCTIONS  # each other function's cache
+    ]
+)
 
 
 @pytest.mark.parametrize("fields", DECODING)

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from posgpt.model import GPT, POS_ENCODINGS, SCHEMES
+from posgpt.model import ATTENTIONS, GPT, POS_ENCODINGS, SCHEMES, GPTConfig
+from posgpt.model.config import ROPE_SCALINGS
 from posgpt.model.positions import (
     ALiBi,
     RotaryPositions,
@@ -23,6 +24,13 @@ from posgpt.model.positions.tables import rope_cos_sin, yarn_correction_range
 from posgpt.model.terms import Term
 
 from helpers import fidelity
+
+KERNELS = ATTENTIONS[GPTConfig.attention].kernels
+CPU_KERNELS = [name for name, kernel in KERNELS.items() if kernel.devices is None or "cpu" in kernel.devices]
+"""The default attention function's kernels that run on a CPU by themselves (flex: uncompiled in test_kernels.py,
+compiled on a GPU in test_gpu.py)."""
+BIASES = [name for name, scheme in SCHEMES.items() if Term.POSITIONS in scheme.terms]
+"""The schemes whose bias is a formula of positions (`ScoreBias`): a dense tensor and a flex score_mod."""
 
 
 def test_alibi_slopes_for_8_heads_are_the_papers_geometric_sequence():
@@ -49,36 +57,53 @@ def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two():
     assert alibi_slopes(4) == [1 / 4, 1 / 16, 1 / 64, 1 / 256]
 
 
-@pytest.mark.parametrize(("q_len", "k_len"), [(7, 7), (3, 11), (1, 20)])
-@fidelity("`pos_encoding: alibi`")
-def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, q_len, k_len):
-    """The two derivations of one formula (`ScoreBias`): eager/SDPA's dense (H, Tq, Tk) tensor
-    and FlexAttention's score_mod, for queries that are the last Tq of Tk positions (as decoding puts them)."""
-    from posgpt.model.kernels import KERNELS, Placement
+def _decoding_bias(pe, n_head: int, q_len: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dense kernel's (H, Tq, Tk) bias and the flex score_mod's, for queries that are the last Tq of Tk
+    positions (as decoding puts them)."""
+    from posgpt.model.kernels import Placement
     from posgpt.model.kernels.flex import score_mod_of
     from posgpt.model.masks import AttentionMask
 
-    pe = ALiBi(dataclasses.replace(tiny_config, pos_encoding="alibi"))
-    n_head, start = tiny_config.n_head, k_len - q_len
+    start = k_len - q_len
     step = Placement(q_len, n_head, torch.device("cpu"), torch.arange(start, k_len)[None], torch.arange(k_len)[None])
     _, bias = KERNELS["eager"].context(pe.bias(), AttentionMask(), step, {}).block(slice(0, q_len))
-    bias = bias[0]  # (H, Tq, Tk): the same for every batch row
     h = torch.arange(n_head)[:, None, None]
     q_idx = torch.arange(q_len)[None, :, None]
     kv_idx = torch.arange(k_len)[None, None, :]
     modded = score_mod_of(pe.bias(), step)(torch.zeros(n_head, q_len, k_len), torch.tensor(0), h, q_idx, kv_idx)
+    return bias[0], modded  # the dense bias is the same for every batch row
+
+
+@pytest.mark.parametrize(("q_len", "k_len"), [(7, 7), (3, 11), (1, 20)])
+@pytest.mark.parametrize("scheme", BIASES)
+def test_the_dense_bias_and_the_flex_score_mod_agree(tiny_config, scheme, q_len, k_len):
+    """The two derivations of one formula (`ScoreBias`): eager/SDPA's dense (H, Tq, Tk) tensor
+    and FlexAttention's score_mod, for queries that are the last Tq of Tk positions (as decoding puts them)."""
+    pe = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).pe
+    n_head, start = tiny_config.n_head, k_len - q_len
+    bias, modded = _decoding_bias(pe, n_head, q_len, k_len)
     visible = bias > float("-inf")
     assert visible.sum() == n_head * sum(start + i + 1 for i in range(q_len))  # the causal triangle
     torch.testing.assert_close(modded[visible], bias[visible])
-    # and both are -m_h * (i - j) with i the query's absolute position
+    # and both are the formula at the distance i - j, i the query's absolute position (the last query's row)
+    h, distance = torch.arange(n_head)[:, None], (k_len - 1 - torch.arange(k_len))[None]
+    torch.testing.assert_close(bias[:, -1], pe.bias().formula(h, distance, torch.tensor(k_len - 1)))
+
+
+@fidelity("`pos_encoding: alibi`")
+def test_alibis_bias_is_minus_the_slope_times_the_distance(tiny_config):
+    """ALiBi's formula on both derivations: -m_h * (i - j) with i the query's absolute position."""
+    n_head, q_len, k_len = tiny_config.n_head, 3, 11
+    bias, modded = _decoding_bias(ALiBi(dataclasses.replace(tiny_config, pos_encoding="alibi")), n_head, q_len, k_len)
     slopes = torch.tensor(alibi_slopes(n_head))
     torch.testing.assert_close(bias[:, -1, 0], -slopes * (k_len - 1))
+    torch.testing.assert_close(modded[:, -1, 0], -slopes * (k_len - 1))
 
 
-@pytest.mark.parametrize("scheme", [name for name, scheme in SCHEMES.items() if Term.POSITIONS in scheme.terms])
+@pytest.mark.parametrize("scheme", BIASES)
 def test_with_positions_per_row_the_dense_bias_and_the_score_mod_agree(tiny_config, scheme):
     """Randomized positions: both derivations read each row's own positions (B, H, T, T)."""
-    from posgpt.model.kernels import KERNELS, Placement
+    from posgpt.model.kernels import Placement
     from posgpt.model.kernels.flex import score_mod_of
     from posgpt.model.masks import AttentionMask
 
@@ -172,19 +197,26 @@ def test_sinusoidal_embedding_grows_and_adds_the_table(tiny_config):
     assert sum(p.numel() for p in pe.parameters()) == 0
 
 
-def test_learned_positions_refuse_to_run_past_block_size(tiny_config):
-    model = GPT(dataclasses.replace(tiny_config, pos_encoding="learned"))
-    model(torch.randint(0, 64, (1, 16)))  # exactly block_size is fine
+@pytest.mark.parametrize(
+    "scheme", [name for name, scheme in SCHEMES.items() if scheme.longest(GPTConfig()) is not None]
+)
+def test_a_scheme_with_a_longest_position_refuses_to_run_past_it(tiny_config, scheme):
+    """Learned positions: block_size (16 here)."""
+    model = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme))
+    limit = model.pe.max_positions
+    assert limit is not None
+    model(torch.randint(0, 64, (1, limit)))  # exactly the limit is fine
     with pytest.raises(ValueError) as info:
-        model(torch.randint(0, 64, (1, 17)))
+        model(torch.randint(0, 64, (1, limit + 1)))
     message = str(info.value)
-    assert "16" in message and "block_size" in message and "17" in message
+    assert str(limit) in message and "block_size" in message and str(limit + 1) in message
 
 
-@pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn"])
-def test_rope_scaling_with_factor_one_changes_nothing(tiny_config, scaling):
-    plain = GPT(dataclasses.replace(tiny_config, pos_encoding="rope")).eval()
-    scaled = GPT(dataclasses.replace(tiny_config, pos_encoding="rope", rope_scaling=scaling, rope_scaling_factor=1.0))
+@pytest.mark.parametrize("scaling", [s for s in ROPE_SCALINGS if s != GPTConfig.rope_scaling])
+@pytest.mark.parametrize("scheme", [name for name, scheme in SCHEMES.items() if scheme.rescalable])
+def test_rope_scaling_with_factor_one_changes_nothing(tiny_config, scheme, scaling):
+    plain = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).eval()
+    scaled = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme, rope_scaling=scaling, rope_scaling_factor=1.0))
     scaled.load_state_dict(plain.state_dict())
     idx = torch.randint(0, 64, (2, 40))
     with torch.no_grad():
@@ -300,7 +332,15 @@ def test_t5_bias_is_a_learned_table_lookup_that_saturates(tiny_config):
         assert torch.equal(pe.bias().formula(torch.tensor(0), d, d), expected), (n, most)
 
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        name
+        for name in CPU_KERNELS
+        if KERNELS[name].term_gradients
+        and (KERNELS[name].backward_devices is None or "cpu" in KERNELS[name].backward_devices)
+    ],
+)
 def test_t5_gradients_reach_the_table(tiny_config, backend):
     from posgpt.model import GPT
 
@@ -317,23 +357,22 @@ def test_t5_gradients_reach_the_table(tiny_config, backend):
 # randomized positions (Ruoss et al. 2023): positions as a tensor
 
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
-@pytest.mark.parametrize("scheme", POS_ENCODINGS)
+@pytest.mark.parametrize(
+    ("scheme", "backend"), [(s, k) for s in POS_ENCODINGS for k in CPU_KERNELS if SCHEMES[s].terms <= KERNELS[k].terms]
+)  # CoPE: eager only
 def test_contiguous_positions_give_exactly_todays_logits(tiny_config, scheme, backend):
-    if Term.FROM_SCORES in SCHEMES[scheme].terms and backend == "sdpa":
-        pytest.skip("CoPE runs on the eager kernel only")
     model = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme, attn_backend=backend)).eval()
     idx = torch.randint(0, tiny_config.vocab_size, (3, 13))
     contiguous = torch.arange(13).expand(3, 13)
     with torch.no_grad():
         given, plain = model(idx, positions=contiguous)[0], model(idx)[0]
-    if backend == "sdpa" and model.pe.terms:  # a per-row (B, H, T, T) bias: SDPA's CPU kernel
-        torch.testing.assert_close(given, plain, rtol=1e-6, atol=1e-6)  # takes another path (rounding)
+    if not KERNELS[backend].weights and model.pe.terms:  # a per-row (B, H, T, T) bias: a fused kernel (SDPA's
+        torch.testing.assert_close(given, plain, rtol=1e-6, atol=1e-6)  # on a CPU) takes another path (rounding)
     else:
         assert torch.equal(given, plain)
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "t5", "kerple"])
+@pytest.mark.parametrize("scheme", [name for name in BIASES if SCHEMES[name].relative])
 def test_a_relative_bias_formed_per_distance_has_the_gradients_of_one_formed_per_pair(tiny_config, scheme):
     """Without positions given, a dense kernel forms a bias of the distance alone once per distance and spreads it
     over the pairs (no gather per pair, nor its scatter in the backward pass); given positions, per pair."""
