@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import logging
 import re
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+from jsonargparse import ActionConfigFile, ArgumentParser, get_loader, set_parsing_settings
 
 from posgpt import configs
 from posgpt.core.errors import ConfigError, UserError, did_you_mean
@@ -81,7 +82,8 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
     argv = shipped_configs(list(sys.argv[1:] if argv is None else argv), command)
     parser = build_parser(command)
     try:
-        namespace = parser.parse_args(spread_lists(bare_flags(argv, bool_options(command)), sequence_options(command)))
+        args = spread_lists(bare_flags(argv, bool_options(command)), sequence_options(command))
+        namespace = parser.parse_args(merged_fields(parser, args, command))
     except argparse.ArgumentError as error:
         message = usage_message(str(error), options(command), command.skip)
         for text, hint in command.hints.items():
@@ -94,6 +96,31 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
         raise
     except ValueError as error:  # a __post_init__ check: it names the setting and the fix
         raise ConfigError(str(error)) from None
+
+
+def merged_fields(parser: ArgumentParser, args: list[str], command: Command) -> list[str]:
+    """`args` with every `--MAP.KEY.FIELD VALUE` of a mapping option (`--model.kinds.global.rope_base 1e6`) as one
+    `--MAP.KEY=` that entry with FIELD set, the rest of it as the files and options before gave it: jsonargparse
+    would replace the entry by {FIELD: VALUE}, dropping its other fields."""
+    mappings = [
+        name for name, kind, _ in _offered(command) if any(typing.get_origin(m) is dict for m in _members(kind))
+    ]
+    fields: dict[tuple[str, str], dict[str, Any]] = {}
+    rest, tokens = [], iter(args)
+    for token in tokens:
+        name, eq, value = token[2:].partition("=")
+        option = next((m for m in mappings if name.startswith(m + ".") and "." in name[len(m) + 1 :]), None)
+        if not token.startswith("--") or option is None:
+            rest.append(token)
+            continue
+        key, field = name[len(option) + 1 :].split(".", 1)
+        fields.setdefault((option, key), {})[field] = get_loader(parser.parser_mode)(value if eq else next(tokens, ""))
+    if not fields:
+        return args
+    before = parser.parse_args([t for t in rest if not t.startswith(("--print_config", "--help")) and t != "-h"])
+    for (option, key), values in fields.items():
+        rest.append(f"--{option}.{key}={json.dumps({**((before[option] or {}).get(key) or {}), **values})}")
+    return rest
 
 
 def shipped_configs(argv: list[str], command: Command) -> list[str]:
