@@ -99,9 +99,9 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
 
 
 def merged_fields(parser: ArgumentParser, args: list[str], command: Command) -> list[str]:
-    """`args` with every `--MAP.KEY.FIELD VALUE` of a mapping option (`--model.kinds.global.rope_base 1e6`) as one
-    `--MAP.KEY=` that entry with FIELD set, the rest of it as the files and options before gave it: jsonargparse
-    would replace the entry by {FIELD: VALUE}, dropping its other fields."""
+    """`args` with each override of one field of a mapping option's entry (model.kinds.global.rope_base) as one
+    override of the entry: the field set, the rest as the files and options before gave it (jsonargparse alone
+    would replace the entry by that one field, dropping the others)."""
     mappings = [
         name for name, kind, _ in _offered(command) if any(typing.get_origin(m) is dict for m in _members(kind))
     ]
@@ -249,6 +249,7 @@ def _sequence(kind: Any) -> Any:
 
 
 TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text", "NoneType": "null"}
+TYPE_WORDS |= dict.fromkeys(("list", "tuple"), "a list ([a, b])")
 """How a value of a plain type is named in a message about a wrong one."""
 
 
@@ -256,19 +257,11 @@ def _wrong_type(message: str) -> str | None:
     """jsonargparse's 'Expected a <class 'int'>. Got value: abc' (or a union's list of them) as one line naming the
     option and the type: '--train.max_steps takes an integer, got 'abc''; None for another message."""
     key = re.match(r'Parser key "([\w.]+)":', message)
-    one = re.search(r"Expected a <class '(\w+)'>\. Got value: (.*)", message)
-    union, given = re.search(r"Subtypes: \[(.*?)\]", message), re.search(r"Given value: (.*)", message)
-    if key is None:
+    types = re.findall(r"Expected a <class '(\w+)'>", message)
+    value = re.search(r"(?:Got|Given) value: (.*)", message)
+    if key is None or value is None or not types or any(t not in TYPE_WORDS for t in types):
         return None
-    if one is not None:
-        types, value = [one[1]], one[2]
-    elif union is not None and given is not None:
-        types, value = re.findall(r"<class '(\w+)'>", union[1]), given[1]
-    else:
-        return None
-    if not types or any(t not in TYPE_WORDS for t in types):
-        return None
-    return f"--{key[1]} takes {' or '.join(TYPE_WORDS[t] for t in types)}, got {value.strip()!r}"
+    return f"--{key[1]} takes {' or '.join(TYPE_WORDS[t] for t in types)}, got {value[1].strip()!r}"
 
 
 def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = frozenset()) -> str:

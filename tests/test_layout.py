@@ -149,6 +149,9 @@ def test_cached_decoding_of_each_layout_gives_the_logits_of_one_full_forward(nam
         ({"layout": ("a", "b"), "kinds": {"a": {}}}, r"names kind\(s\) \['b'\] that kinds does not define"),
         ({"layout": ("a",), "kinds": {"a": {}, "b": {}}}, r"defines \['b'\], which the layout never uses"),
         ({"kinds": {"a": {}}}, r"kinds says what each kind of a layout sets: set layout too"),
+        ({"layout": ()}, r"^GPTConfig.layout \[\] names no kind: list each layer's kind"),  # issue 57: trained plain
+        ({"layout": (), "kinds": {"a": {}}}, r"layout \[\] names no kind"),  # not "set layout too": it was set
+        ({"layout": ("a",), "kinds": {"a": {"rope_bse": 2.0}}}, r"sets rope_bse, .*; did you mean rope_base\?$"),
         ({"layout": ("a",), "kinds": {"a": {"pos_encoding": "learned"}}}, r"acts once on the embeddings"),
         ({"layout": ("a",), "kinds": {"a": {"n_head": 2}}}, r"sets n_head, which a kind cannot set; a kind sets"),
         ({"layout": ("a",), "kinds": {"a": {"attn_window": 2, "attn_chunk": 2}}},
@@ -260,6 +263,13 @@ def test_a_layout_from_yaml_or_a_checkpoint_is_the_same_config_as_from_the_comma
     assert GPTConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ConfigError, match="must be a list of kind names"):
         dataclasses.replace(BASE, layout="ab", kinds={"ab": {}})
+
+
+def test_a_layout_written_as_one_name_in_yaml_is_one_line(tmp_path, capsys):
+    (tmp_path / "one.yaml").write_text("model:\n  layout: local\n  kinds: {local: {attn_window: 8}}\n")
+    with pytest.raises(SystemExit):
+        cli.run(train_script.COMMAND, ["--config", str(tmp_path / "one.yaml")])
+    assert capsys.readouterr().err.splitlines()[1] == "error: --model.layout takes a list ([a, b]) or null, got 'local'"
 
 
 def test_every_scheme_of_a_layout_is_reserved_read_and_kept_where_it_should_be():
