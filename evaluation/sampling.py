@@ -280,7 +280,7 @@ def cache_in_words(model: GPT) -> str:
             return "constant state"
         keys = f"{part.capacity} keys" if part.rolling else "every key"
         held.append(f"{kind.name} x{len(kind.layers)} {keys}" if kind.name else keys)
-    return f"kv cache: {', '.join(held)}, {model.config.kv_heads} KV heads"
+    return f"kv cache: {', '.join(held)}, {model.config.kv_heads} KV head{'s' * (model.config.kv_heads > 1)}"
 
 
 def sample(args: SampleConfig) -> None:

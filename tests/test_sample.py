@@ -17,6 +17,7 @@ from posgpt.data.tokenizer import CharTokenizer, GPT2Tokenizer
 from posgpt.evaluation import sampling
 from posgpt.evaluation.checkpoint import load_checkpoint
 from posgpt.evaluation.sampling import Rows, stop_text
+from posgpt.model import GPT, GPTConfig
 
 from helpers import cli_error
 
@@ -138,8 +139,14 @@ def test_bfloat16_weights_on_cpu_sample_as_a_gpu_run_would(checkpoint, capsys):
 
 SPEED = re.compile(
     r"(\d+) tokens in [\d.]+ s: [\d.]+ tokens/s, first token \d+ ms "
-    r"\((kv cache: [^;]* KV heads|no cache|constant state), \w+, torch\.\w+.*\)"
+    r"\((kv cache: [^;]* KV heads?|no cache|constant state), \w+, torch\.\w+.*\)"
 )
+
+
+def test_the_cache_line_counts_kv_heads_in_words():
+    for kv_heads, words in ((1, "1 KV head"), (2, "2 KV heads")):  # issue 57: "1 KV heads"
+        config = GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16, n_kv_head=kv_heads)
+        assert sampling.cache_in_words(GPT(config)) == f"kv cache: every key, {words}"
 
 
 def _speed(err: str) -> re.Match:
