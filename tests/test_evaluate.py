@@ -126,6 +126,20 @@ def test_dynamic_rope_scaling_acts_beyond_the_training_length_only(runs, tmp_pat
     assert "RoPE scaling factor" in (tmp_path / "out" / "results.md").read_text()
 
 
+def test_rope_scaling_a_model_whose_kinds_turn_at_several_bases_is_said_in_one_line(runs, tmp_path, caplog):
+    """Issue 57: on the Gemma 3 layout, --eval.rope_scaling ntk gave the as-trained row alone, and said nothing."""
+    kinds = {"local": {"attn_window": 4, "rope_base": 100.0}, "global": {"rope_base": 1e6}}
+    gemma = train_tiny(tmp_path, runs["corpus"], "gemma", pos_encoding="rope", layout=("local", "global"), kinds=kinds)
+    doc = _evaluate(tmp_path, "--ckpt", str(gemma), str(runs["rope"]), "--eval.lengths", "[16]",
+                    "--eval.token_budget", "64", "--eval.rope_scaling", "[none,ntk]")  # fmt: skip
+    assert [run["label"] for run in doc["runs"]] == ["gemma", "rope", "rope + ntk"]
+    said = [record.getMessage() for record in caplog.records if "gemma" in record.getMessage()]
+    assert said == [
+        "gemma: its kinds turn RoPE at bases 100, 1,000,000, which ntk does not stretch alike (Gemma 3 scales its "
+        "global layers only): evaluated as trained"
+    ]
+
+
 @pytest.mark.plot  # the perplexity figure's error bars over seeds, rendered
 def test_checkpoints_sharing_a_label_are_seeds(runs, tmp_path):
     _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["rope_seed2"]), "--labels", "rope", "rope",
