@@ -5,6 +5,7 @@ built (`model.validation.check_config`), before any data is prepared."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from itertools import groupby
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from posgpt.core.errors import ConfigError
@@ -248,3 +249,12 @@ LITERAL_FIELDS = {
     name: get_args(hint) for name, hint in get_type_hints(GPTConfig).items() if get_origin(hint) is Literal
 }
 """The fields typed `Literal[...]` and their values: checked for a config built in code or from a checkpoint."""
+
+
+def model_tags(fields: dict[str, Any]) -> list[str]:
+    """What sets a model apart beside its scheme, in words for its run name, settings line and reports (its `to_dict`
+    `fields`): the layout as runs of a kind (`3local-global`) and each layer option set (`n_kv_head=2`)."""
+    runs = [f"{n}{name}" if (n := len(list(same))) > 1 else name for name, same in groupby(fields.get("layout") or ())]
+    default = {f: GPTConfig.__dataclass_fields__[f].default for f in LAYER_FIELDS}
+    options = [(f, fields.get(f, default[f])) for f in LAYER_FIELDS if fields.get(f, default[f]) != default[f]]
+    return ["-".join(runs)] * bool(runs) + [f if value is True else f"{f}={value}" for f, value in options]

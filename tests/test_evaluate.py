@@ -133,6 +133,7 @@ def test_rope_scaling_a_model_whose_kinds_turn_at_several_bases_is_said_in_one_l
     doc = _evaluate(tmp_path, "--ckpt", str(gemma), str(runs["rope"]), "--eval.lengths", "[16]",
                     "--eval.token_budget", "64", "--eval.rope_scaling", "[none,ntk]")  # fmt: skip
     assert [run["label"] for run in doc["runs"]] == ["gemma", "rope", "rope + ntk"]
+    assert "| gemma | rope, local-global | " in (tmp_path / "out" / "results.md").read_text()  # issue 57: "rope"
     said = [record.getMessage() for record in caplog.records if "gemma" in record.getMessage()]
     assert said == [
         "gemma: its kinds turn RoPE at bases 100, 1,000,000, which ntk does not stretch alike (Gemma 3 scales its "

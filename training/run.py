@@ -25,6 +25,7 @@ from posgpt.data.dataset import PreparedData, prepare_dir
 from posgpt.data.tasks import TaskConfig
 from posgpt.data.tokenizer import GPT2Tokenizer, Tokenizer
 from posgpt.model import GPT
+from posgpt.model.config import model_tags
 from posgpt.model.kernels import AUTO
 from posgpt.model.pretrained import check_pretrained, from_pretrained, weights_file
 from posgpt.training.callbacks import (
@@ -115,7 +116,8 @@ def task_data(task: TaskConfig, cfg: RunConfig) -> TrainingData:
 
 
 def run_dir_of(cfg: RunConfig, data: TrainingData) -> Path:
-    return Path(cfg.train.out_dir) / (cfg.train.run_name or f"{data.name}-{cfg.model.pos_encoding}")
+    name = "-".join([data.name, cfg.model.pos_encoding, *model_tags(cfg.model.to_dict())])  # a plain model's as ever
+    return Path(cfg.train.out_dir) / (cfg.train.run_name or name)
 
 
 @quiet_libraries()
@@ -234,10 +236,11 @@ def _fit(
             log.info(note)
         # the one line that says what this run is: model, data, precision, device, run dir and code version
         m, device = cfg.model, trainer.strategy.root_device
+        model_words = ", ".join([m.pos_encoding, *model_tags(m.to_dict())])  # its layout and layer options too
         where = f"{trainer.world_size} x {device.type}" if trainer.world_size > 1 else str(device.type)
         dir_words = f"resuming from {ckpt_path} in" if ckpt_path else "run dir"
         log.info(
-            f"{module.model.num_params() / 1e6:.2f}M parameters ({m.n_layer} layers x {m.n_embd}, {m.pos_encoding}, "
+            f"{module.model.num_params() / 1e6:.2f}M parameters ({m.n_layer} layers x {m.n_embd}, {model_words}, "
             f"block {m.block_size}) on {data.about or data.name}; {trainer.precision} on {where}; {t.max_steps} steps "
             f"x {t.batch_size * t.grad_accum} x {m.block_size} tokens; {dir_words} {run_dir}; git {git_sha()}, torch "
             f"{torch.__version__}"
