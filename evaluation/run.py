@@ -42,7 +42,7 @@ SINK_TOKENS = 4
 class EvalSettings:
     """How each checkpoint is evaluated: lengths, mode, budget, RoPE scaling, hardware."""
 
-    lengths: list[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048, 4096])
+    lengths: list[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048, 4096])
     """Context lengths L to evaluate at, in tokens."""
     mode: Literal["nonoverlap", "sliding"] = "nonoverlap"
     """nonoverlap: windows of L, every token scored; sliding: windows advance by `stride`, their last S scored."""

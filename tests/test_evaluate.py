@@ -104,6 +104,11 @@ def test_output_files_and_not_applicable_rows(runs, tmp_path, monkeypatch):
     assert f"| rope | rope | {params} | 16 | char" in table and "| n/a | n/a |" in table
 
 
+def test_the_default_lengths_start_at_the_default_models_training_length():
+    """Issue 57: they started at 128, past the default model's 64, where it is at its best."""
+    assert EvalSettings().lengths[0] == RunConfig().model.block_size == 64
+
+
 def test_rope_scaling_with_factor_one_changes_nothing(runs, tmp_path):
     doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["alibi"]), "--eval.lengths", "[16,64]",
                     "--eval.token_budget", "128", "--eval.rope_scaling", "[none,linear,ntk,yarn]",

@@ -280,8 +280,10 @@ def test_a_prompt_past_the_learned_positions_is_cropped_with_one_line(checkpoint
     assert "--prompt" in note and "last 32 tokens" in note and out.startswith(long)
     short, err = _run(capsys, "--ckpt", str(learned_checkpoint), "--prompt", long[-32:], *common)
     assert out[len(long) :] == short[32:] and len(err.strip().splitlines()) == 1
-    _, err = _run(capsys, "--ckpt", str(checkpoint), "--prompt", long, *common)  # RoPE: 4 x block_size, far
-    assert len(err.strip().splitlines()) == 1
+    rope, err = _run(capsys, "--ckpt", str(checkpoint), "--prompt", long, *common)  # issue 57: RoPE saw 4 x 32
+    note, _ = err.strip().splitlines()  # the training length, as learned positions: said, naming --max_context
+    assert "more than --max_context 32 (default block_size)" in note and "last 32 tokens" in note
+    assert rope[len(long) :] == _sample(capsys, "--ckpt", str(checkpoint), "--prompt", long[-32:], *common)[32:]
     out, err = _run(capsys, "--ckpt", str(checkpoint), "--prompt", long, *common, "--max_context", "20")
     note, _ = err.strip().splitlines()  # the schemes that extrapolate see --max_context tokens: said too
     assert "more than --max_context 20" in note and "last 20 tokens" in note and out.startswith(long)
