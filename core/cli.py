@@ -102,24 +102,20 @@ def merged_fields(parser: ArgumentParser, args: list[str], command: Command) -> 
     """`args` with each override of one field of a mapping option's entry (model.kinds.global.rope_base) as one
     override of the entry: the field set, the rest as the files and options before gave it (jsonargparse alone
     would replace the entry by that one field, dropping the others)."""
-    mappings = [
-        name for name, kind, _ in _offered(command) if any(typing.get_origin(m) is dict for m in _members(kind))
-    ]
-    fields: dict[tuple[str, str], dict[str, Any]] = {}
-    rest, tokens = [], iter(args)
+    maps = [f"--{n}." for n, kind, _ in _offered(command) if any(typing.get_origin(m) is dict for m in _members(kind))]
+    rest, fields, tokens = [], {}, iter(args)
     for token in tokens:
-        name, eq, value = token[2:].partition("=")
-        option = next((m for m in mappings if name.startswith(m + ".") and "." in name[len(m) + 1 :]), None)
-        if not token.startswith("--") or option is None:
+        name, eq, value = token.partition("=")
+        if not (option := next((m for m in maps if name.startswith(m) and "." in name[len(m) :]), None)):
             rest.append(token)
             continue
-        key, field = name[len(option) + 1 :].split(".", 1)
+        key, field = name[len(option) :].split(".", 1)
         fields.setdefault((option, key), {})[field] = get_loader(parser.parser_mode)(value if eq else next(tokens, ""))
-    if not fields:
-        return args
-    before = parser.parse_args([t for t in rest if not t.startswith(("--print_config", "--help")) and t != "-h"])
-    for (option, key), values in fields.items():
-        rest.append(f"--{option}.{key}={json.dumps({**((before[option] or {}).get(key) or {}), **values})}")
+    if fields:  # the entries as the rest gives them: one more parse
+        before = parser.parse_args([t for t in rest if not t.startswith(("--print_config", "--help")) and t != "-h"])
+        rest += [
+            f"{o}{k}={json.dumps({**((before[o[2:-1]] or {}).get(k) or {}), **v})}" for (o, k), v in fields.items()
+        ]
     return rest
 
 

@@ -136,24 +136,17 @@ def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
         preflight(cfg, resuming=t.resume is not None)
         data = corpus_data(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=data.tokenizer.vocab_size))
-    run_dir = run_dir_of(cfg, data)
-    try:
-        run_dir.parent.mkdir(parents=True, exist_ok=True)  # run_dir: by its lock, which removes it if refused
-    except OSError as error:
-        raise RunError(
-            f"Cannot create the run directory {run_dir} ({error.strerror or error}). Pass --train.out_dir DIR "
-            "that you can write, or another --train.run_name."
-        ) from None
+    run_dir = run_dir_of(cfg, data)  # made by its lock (out_dir was checked), which removes it if the start is refused
     sources = data.record.get("sources") or []  # config.yaml: the corpus `auto` chose, the precision `auto` means
     chosen = str(sources[0]) if cfg.data.input == AUTO_CORPUS and len(sources) == 1 else cfg.data.input
     used = dataclasses.replace(
         cfg, data=dataclasses.replace(cfg.data, input=chosen), train=dataclasses.replace(t, precision=precision)
     )
     if rank_zero_only.rank != 0:  # DDP/FSDP workers: rank 0 holds the directory and has checked it
-        run_dir.mkdir(exist_ok=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
         return _fit(cfg, data, run_dir, precision, resume_path(t.resume, run_dir), deadline)
     try:
-        with directory_lock(run_dir, tidy=True):  # a start refused in a new directory leaves nothing there
+        with directory_lock(run_dir, tidy=True):
             ckpt_path = resume_path(t.resume, run_dir)
             if t.resume == "auto" and ckpt_path is None:
                 log.info("--train.resume auto: no checkpoint in %s, so this is a fresh run", run_dir)
