@@ -256,5 +256,5 @@ def model_tags(fields: dict[str, Any]) -> list[str]:
     `fields`): the layout as runs of a kind (`3local-global`) and each layer option set (`n_kv_head=2`)."""
     runs = [f"{n}{name}" if (n := len(list(same))) > 1 else name for name, same in groupby(fields.get("layout") or ())]
     default = {f: GPTConfig.__dataclass_fields__[f].default for f in LAYER_FIELDS}
-    options = [(f, fields.get(f, default[f])) for f in LAYER_FIELDS if fields.get(f, default[f]) != default[f]]
-    return ["-".join(runs)] * bool(runs) + [f if value is True else f"{f}={value}" for f, value in options]
+    options = [f if v is True else f"{f}={v}" for f in LAYER_FIELDS if (v := fields.get(f, default[f])) != default[f]]
+    return ["-".join(runs)] * bool(runs) + options
