@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import logging
 import re
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+from jsonargparse import ActionConfigFile, ArgumentParser, get_loader, set_parsing_settings
 
 from posgpt import configs
 from posgpt.core.errors import ConfigError, UserError, did_you_mean
@@ -81,7 +82,8 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
     argv = shipped_configs(list(sys.argv[1:] if argv is None else argv), command)
     parser = build_parser(command)
     try:
-        namespace = parser.parse_args(spread_lists(bare_flags(argv, bool_options(command)), sequence_options(command)))
+        args = spread_lists(bare_flags(argv, bool_options(command)), sequence_options(command))
+        namespace = parser.parse_args(merged_fields(parser, args, command))
     except argparse.ArgumentError as error:
         message = usage_message(str(error), options(command), command.skip)
         for text, hint in command.hints.items():
@@ -94,6 +96,27 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
         raise
     except ValueError as error:  # a __post_init__ check: it names the setting and the fix
         raise ConfigError(str(error)) from None
+
+
+def merged_fields(parser: ArgumentParser, args: list[str], command: Command) -> list[str]:
+    """`args` with each override of one field of a mapping option's entry (model.kinds.global.rope_base) as one
+    override of the entry: the field set, the rest as the files and options before gave it (jsonargparse alone
+    would replace the entry by that one field, dropping the others)."""
+    maps = [f"--{n}." for n, kind, _ in _offered(command) if any(typing.get_origin(m) is dict for m in _members(kind))]
+    rest, fields, tokens = [], {}, iter(args)
+    for token in tokens:
+        name, eq, value = token.partition("=")
+        if not (option := next((m for m in maps if name.startswith(m) and "." in name[len(m) :]), None)):
+            rest.append(token)
+            continue
+        key, field = name[len(option) :].split(".", 1)
+        fields.setdefault((option, key), {})[field] = get_loader(parser.parser_mode)(value if eq else next(tokens, ""))
+    if fields:  # the entries as the rest gives them: one more parse
+        before = parser.parse_args([t for t in rest if not t.startswith(("--print_config", "--help")) and t != "-h"])
+        rest += [
+            f"{o}{k}={json.dumps({**((before[o[2:-1]] or {}).get(k) or {}), **v})}" for (o, k), v in fields.items()
+        ]
+    return rest
 
 
 def shipped_configs(argv: list[str], command: Command) -> list[str]:
@@ -222,6 +245,7 @@ def _sequence(kind: Any) -> Any:
 
 
 TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text", "NoneType": "null"}
+TYPE_WORDS |= dict.fromkeys(("list", "tuple"), "a list ([a, b])")
 """How a value of a plain type is named in a message about a wrong one."""
 
 
@@ -229,19 +253,11 @@ def _wrong_type(message: str) -> str | None:
     """jsonargparse's 'Expected a <class 'int'>. Got value: abc' (or a union's list of them) as one line naming the
     option and the type: '--train.max_steps takes an integer, got 'abc''; None for another message."""
     key = re.match(r'Parser key "([\w.]+)":', message)
-    one = re.search(r"Expected a <class '(\w+)'>\. Got value: (.*)", message)
-    union, given = re.search(r"Subtypes: \[(.*?)\]", message), re.search(r"Given value: (.*)", message)
-    if key is None:
+    types = re.findall(r"Expected a <class '(\w+)'>", message)
+    value = re.search(r"(?:Got|Given) value: (.*)", message)
+    if key is None or value is None or not types or any(t not in TYPE_WORDS for t in types):
         return None
-    if one is not None:
-        types, value = [one[1]], one[2]
-    elif union is not None and given is not None:
-        types, value = re.findall(r"<class '(\w+)'>", union[1]), given[1]
-    else:
-        return None
-    if not types or any(t not in TYPE_WORDS for t in types):
-        return None
-    return f"--{key[1]} takes {' or '.join(TYPE_WORDS[t] for t in types)}, got {value.strip()!r}"
+    return f"--{key[1]} takes {' or '.join(TYPE_WORDS[t] for t in types)}, got {value[1].strip()!r}"
 
 
 def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = frozenset()) -> str:

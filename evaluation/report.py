@@ -17,6 +17,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 from posgpt.core.files import atomic_write_bytes
 from posgpt.evaluation.attention_stats import SINK_RATE_DEFINITION
 from posgpt.evaluation.figures import STATS_FIGURES, legend_below, line_style, plt, png_bytes, stats_pngs
+from posgpt.model.config import model_tags
 
 MAX_PANELS = 6
 """Lengths shown in loss_by_position.png (evenly chosen, the longest among them)."""
@@ -96,7 +97,8 @@ def markdown_table(doc: dict[str, Any], groups: list[Group]) -> str:
         spread = len(g.runs) > 1
         cells = [fmt(st[0]) + (f" ± {fmt(st[1])}" if spread else "") if (st := g.ppl_at(n)) else "n/a" for n in lengths]
         train, tokenizer = _one_or_list(g.column("train_length")), _one_or_list(g.column("tokenizer"))
-        pos, params = g.runs[0]["pos_encoding"], _one_or_list([f"{n:,}" if n else "n/a" for n in g.column("params")])
+        pos = ", ".join([g.runs[0]["pos_encoding"], *model_tags(g.runs[0].get("config", {}).get("model", {}))])
+        params = _one_or_list([f"{n:,}" if n else "n/a" for n in g.column("params")])
         lines.append(f"| {g.label} | {pos} | {params} | {train} | {tokenizer} | {len(g.runs)} | " + " | ".join(cells)
                      + " |")  # fmt: skip
     lines += sink_rate_table(doc.get("attention", []), lengths)

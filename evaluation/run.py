@@ -6,6 +6,7 @@ fails in seconds, not after an hour of evaluation.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,6 +30,8 @@ from posgpt.evaluation.checkpoint import (
 from posgpt.evaluation.extrapolation import evaluate_length
 from posgpt.model.config import RopeScaling
 
+log = logging.getLogger(__name__)
+
 FORMAT = "posgpt-extrapolation/1"
 ATTENTION_TOKENS = 8192
 """Most tokens the attention statistics of `--eval.attention_stats` average over at each length."""
@@ -39,7 +42,7 @@ SINK_TOKENS = 4
 class EvalSettings:
     """How each checkpoint is evaluated: lengths, mode, budget, RoPE scaling, hardware."""
 
-    lengths: list[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048, 4096])
+    lengths: list[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048, 4096])
     """Context lengths L to evaluate at, in tokens."""
     mode: Literal["nonoverlap", "sliding"] = "nonoverlap"
     """nonoverlap: windows of L, every token scored; sliding: windows advance by `stride`, their last S scored."""
@@ -112,6 +115,13 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
     texts = load_texts(loaded, data, settings.lengths[-1])
     device, dtype = pick_device_dtype(settings.device, settings.dtype)
     autocast = None if dtype == torch.float32 else dtype
+    scaled = "/".join(s for s in settings.rope_scaling if s != "none")
+    for label, ckpt in zip(labels, loaded, strict=True):  # a RoPE model no scaling here stretches: said, not dropped
+        bases = sorted({k.config.rope_base for k in ckpt.model.kinds if ckpt.model.pe_of(k).rescalable})
+        if len(bases) > 1 and scaled:
+            turns = ", ".join(f"{b:,.0f}" for b in bases)
+            log.warning(f"{label}: its kinds turn RoPE at bases {turns}, which {scaled} does not stretch alike "
+                        "(Gemma 3 scales its global layers only): evaluated as trained")  # fmt: skip
     plan = [
         (label, ckpt, text, scaling)
         for label, ckpt, text in zip(labels, loaded, texts, strict=True)

@@ -73,7 +73,7 @@ class SampleConfig:
     no_cache: bool = False
     """Recompute the whole context for every token instead of keeping keys and values (to compare)."""
     max_context: int | None = None
-    """Context window of the schemes that extrapolate (default: 4 x block_size)."""
+    """Context window of the schemes that extrapolate (default: block_size, the training length, as nanoGPT's)."""
     stream: bool | None = None
     """Print tokens as they come, for one sample (default: on for one sample in a terminal)."""
     compile: bool = False
@@ -280,7 +280,7 @@ def cache_in_words(model: GPT) -> str:
             return "constant state"
         keys = f"{part.capacity} keys" if part.rolling else "every key"
         held.append(f"{kind.name} x{len(kind.layers)} {keys}" if kind.name else keys)
-    return f"kv cache: {', '.join(held)}, {model.config.kv_heads} KV heads"
+    return f"kv cache: {', '.join(held)}, {model.config.kv_heads} KV head{'s' * (model.config.kv_heads > 1)}"
 
 
 def sample(args: SampleConfig) -> None:
@@ -293,7 +293,7 @@ def sample(args: SampleConfig) -> None:
     model = ckpt.model.to(device=device, dtype=dtype).eval()
     onednn_linears(model)  # where this CPU runs them faster; float32 eager only
     window, learned = context_window(model, args.max_context), model.pe.max_positions
-    limit = "the model's {} positions" if window == learned else "--max_context {} (default 4 x block_size)"
+    limit = "the model's {} positions" if window == learned else "--max_context {} (default block_size)"
     batch, lengths = pad_prompts([ids for ids in crop(prompts, window, limit) for _ in range(args.num_samples)], device)
     steps = functools.partial(stream, model, batch, args.max_new_tokens, args.temperature, args.top_k or None,
                               args.top_p, not args.no_cache, args.max_context, lengths=lengths)  # fmt: skip

@@ -12,6 +12,7 @@ import numpy as np
 from posgpt.data.tasks import TASKS
 from posgpt.evaluation.figures import line_style, plt, png_bytes
 from posgpt.evaluation.report import group_runs, mean_sd, study_lines, write_files
+from posgpt.model.config import model_tags
 
 
 def length_accuracy(run: dict[str, Any], length: int, key: str = "accuracy") -> float | None:
@@ -44,7 +45,8 @@ def markdown_table(doc: dict[str, Any]) -> str:
         lines.append("|---|---|---:|" + "---:|" * len(lengths))
         for g in group_runs(doc):
             cells = [_cell([length_accuracy(r, n, key) for r in g.runs]) for n in lengths]
-            lines.append(f"| {g.label} | {g.runs[0]['pos_encoding']} | {len(g.runs)} | " + " | ".join(cells) + " |")
+            pos = ", ".join([g.runs[0]["pos_encoding"], *model_tags(g.runs[0].get("model", {}))])
+            lines.append(f"| {g.label} | {pos} | {len(g.runs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

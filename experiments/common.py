@@ -103,8 +103,14 @@ class Study:
                 raise ConfigError(f"{variant.name}: {error}") from None
 
     def models(self) -> list[Variant]:
-        """Every model: each scheme as it is (a variant that sets only model.pos_encoding), then the variants."""
-        return [Variant(s, {"pos_encoding": s}) for s in self.schemes] + list(self.variants)
+        """Every model, or those `only` names: each scheme as it is (a variant that sets only model.pos_encoding),
+        then the variants."""
+        every = [Variant(s, {"pos_encoding": s}) for s in self.schemes] + list(self.variants)
+        names = [m.name for m in every]
+        for name in sorted(set(self.only or ()) - set(names)):
+            hint = did_you_mean(name, names, "") or "."
+            raise ConfigError(f"--only {name}: no such model; the models are {', '.join(names)}{hint}")
+        return [m for m in every if not self.only or m.name in self.only]
 
 
 def run_config_for(run: RunConfig, out_dir: str, variant: Variant, seed: int) -> RunConfig:
@@ -215,7 +221,7 @@ def describe(plan: list[PlannedRun], progress: TrainingEstimate, shorter: tuple[
                          "--max_minutes N trains this one in pieces that resume.")  # fmt: skip
         else:
             lines.append(
-                "That is long for a CPU: fewer models or seeds (--schemes, --variants, --seeds) or steps "
+                "That is long for a CPU: fewer models or seeds (--only, --seeds) or steps "
                 "(--run.train.max_steps) train less; --max_minutes N trains it in pieces that resume."
             )
     return "\n".join(lines)

@@ -38,6 +38,8 @@ class SyntheticConfig(Study):
     """Position schemes to train, one model each (per seed)."""
     variants: list[Variant] = field(default_factory=list)
     """Further models, each {name: N, model: {...}, train: {...}}: overrides of the shared run, tested alike."""
+    only: list[str] | None = None
+    """Only the models of these names, schemes and variants (--only rope hybrid); null: every one."""
     seeds: list[int] = field(default_factory=lambda: [1337])
     """Training seeds; with several, the table shows mean ± std across seeds."""
     run: RunConfig = field(default_factory=RunConfig)

@@ -5,6 +5,7 @@ built (`model.validation.check_config`), before any data is prepared."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from itertools import groupby
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from posgpt.core.errors import ConfigError
@@ -254,3 +255,13 @@ LITERAL_FIELDS = {
     name: get_args(hint) for name, hint in get_type_hints(GPTConfig).items() if get_origin(hint) is Literal
 }
 """The fields typed `Literal[...]` and their values: checked for a config built in code or from a checkpoint."""
+
+
+def model_tags(values: dict[str, Any]) -> list[str]:
+    """What sets a model apart beside its scheme, in words for its run name, settings line and reports (its `to_dict`
+    `values`): the layout as runs of a kind (`3local-global`) and each layer option set (`n_kv_head=2`)."""
+    runs = [f"{n}{name}" if (n := len(list(same))) > 1 else name for name, same in groupby(values.get("layout") or ())]
+    layer = GPTConfig.fields_with(Role.LAYER)
+    default = {f: GPTConfig.__dataclass_fields__[f].default for f in layer}
+    options = [f if v is True else f"{f}={v}" for f in layer if (v := values.get(f, default[f])) != default[f]]
+    return ["-".join(runs)] * bool(runs) + options

@@ -3,11 +3,11 @@ of any lengths: a prefill of every row's prompt (padded on the right to a power 
 widths), then a decode step of one token per row at its own position, each with fixed shapes (one
 compiled graph each, the pick of the next token in it; on a GPU the decode step is a CUDA graph).
 
-A model sees at most its last `window` tokens: `block_size` for `learned` positions, `max_context`
-(default 4 x block_size) for the schemes that extrapolate. Once the longest row fills the window,
-every step is a prefill of each row's last `window` tokens, exactly what the uncached path sees, so
-both give the same tokens. A sliding-window model whose scheme extrapolates has no such limit (its
-rolling cache stays constant) unless `max_context` asks for one.
+A model sees at most its last `window` tokens: `block_size` for `learned` positions, `max_context` (default
+block_size, the length it trained at, as nanoGPT and litgpt crop) for the schemes that extrapolate. Once the longest
+row fills the window, every step is a prefill of each row's last `window` tokens, exactly what the uncached path
+sees, so both give the same tokens. A sliding-window model whose scheme extrapolates has no such limit (its rolling
+cache stays constant) unless `max_context` asks for one.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def context_window(model: GPT, max_context: int | None = None) -> int | None:
     learned = model.pe.max_positions
     if learned is None and max_context is None and model.constant_memory():
         return None
-    limit = max_context or 4 * model.config.block_size  # the default for the schemes that extrapolate
+    limit = max_context or model.config.block_size  # the default for the schemes that extrapolate
     return limit if learned is None else min(limit, learned)
 
 

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from posgpt.core.errors import ConfigError
+from posgpt.core.errors import ConfigError, did_you_mean
 from posgpt.model.cache import CacheWrite
 from posgpt.model.kernels import Kernel, Placement, Plan
 from posgpt.model.masks import AttentionMask
@@ -51,7 +51,7 @@ def layer_kinds(config: GPTConfig) -> list[LayerKind]:
     for name in dict.fromkeys(pattern):
         settings = (config.kinds or {})[name] or {}
         try:
-            built = dataclasses.replace(config, layout=(), kinds=None, **settings)  # (): one kind's layers
+            built = dataclasses.replace(config, layout=(), kinds={}, **settings)  # (), {}: one kind's layers
         except ConfigError as error:
             raise ConfigError(f"GPTConfig.kinds[{name!r}]: {error}") from None
         layers = tuple(i for i, kind in enumerate(pattern) if kind == name)
@@ -62,8 +62,12 @@ def layer_kinds(config: GPTConfig) -> list[LayerKind]:
 def check_layout(config: GPTConfig) -> None:
     """Refuse a layout that names a kind `kinds` lacks, a kind nothing uses, a field a kind may not set, or a
     scheme per kind that acts on the embeddings (learned, sinusoidal: once, for every layer)."""
-    if not config.layout:  # none, or () the config of one kind's layers
-        if config.kinds is not None:
+    if config.layout == () and config.kinds != {}:  # (), {}: the config of one kind's layers (`layer_kinds`)
+        raise ConfigError(
+            "GPTConfig.layout [] names no kind: list each layer's kind, e.g. [local, global], or leave layout out."
+        )
+    if not config.layout:
+        if config.layout is None and config.kinds is not None:
             raise ConfigError("GPTConfig.kinds says what each kind of a layout sets: set layout too, or drop kinds.")
         return
     kinds = config.kinds or {}
@@ -87,7 +91,7 @@ def check_layout(config: GPTConfig) -> None:
         if wrong:
             raise ConfigError(
                 f"GPTConfig.kinds[{name!r}] sets {', '.join(wrong)}, which a kind cannot set; a kind sets "
-                f"{', '.join(sorted(allowed))}."
+                f"{', '.join(sorted(allowed))}{did_you_mean(wrong[0], sorted(allowed), '') or '.'}"
             )
         scheme = settings.get("pos_encoding")
         if scheme in SCHEMES and SCHEMES[scheme].embeds:

@@ -198,9 +198,9 @@ def test_compiled_generation_is_one_prefill_and_one_decode_graph(fields):
     graphs = _counting_compile(model)
     prompt = torch.randint(0, CONFIG.vocab_size, (1, 4))
     bounded = model.pe.max_positions is not None
-    model.generate(prompt, 8 if bounded else 40, temperature=0)
+    model.generate(prompt, 8 if bounded else 40, temperature=0, max_context=64)
     assert len(graphs) <= 2
-    model.generate(prompt, 40 if bounded else 30, temperature=0)  # a new cache of the same (bucketed) size
+    model.generate(prompt, 40 if bounded else 30, temperature=0, max_context=64)  # a new cache of the same size
     assert len(graphs) <= (3 if bounded else 2)
     torch._dynamo.reset()
 

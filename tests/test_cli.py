@@ -350,3 +350,19 @@ def test_a_value_of_the_wrong_type_gets_one_line_naming_the_option_and_the_type(
         line,
         "Run 'train.py --help' for the options.",
     ]
+
+
+def test_a_dotted_override_of_one_field_of_a_kind_changes_that_field_alone():
+    """Issue 57: `--model.kinds.global.attn_temperature_floor 32` replaced iRoPE's global kind by that one field,
+    so its NoPE layers trained as RoPE layers; values read as any option's (1e6 a number)."""
+    argv = ["--config", "configs/irope.yaml", "--model.kinds.global.attn_temperature_floor", "32",
+            "--model.kinds.local.rope_base=1e6", "--model.kinds.local.attn_chunk", "8"]  # fmt: skip
+    kinds = cli.parse(train.COMMAND, argv).model.kinds
+    assert kinds == {
+        "local": {"attn_chunk": 8, "rope_base": 1e6},
+        "global": {"pos_encoding": "none", "attn_temperature_floor": 32},
+    }
+    assert cli.parse(train.COMMAND, argv[:2]).model.kinds["global"] == {
+        "pos_encoding": "none",
+        "attn_temperature_floor": 16,
+    }

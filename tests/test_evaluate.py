@@ -104,6 +104,11 @@ def test_output_files_and_not_applicable_rows(runs, tmp_path, monkeypatch):
     assert f"| rope | rope | {params} | 16 | char" in table and "| n/a | n/a |" in table
 
 
+def test_the_default_lengths_start_at_the_default_models_training_length():
+    """Issue 57: they started at 128, past the default model's 64, where it is at its best."""
+    assert EvalSettings().lengths[0] == RunConfig().model.block_size == 64
+
+
 def test_rope_scaling_with_factor_one_changes_nothing(runs, tmp_path):
     doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["alibi"]), "--eval.lengths", "[16,64]",
                     "--eval.token_budget", "128", "--eval.rope_scaling", "[none,linear,ntk,yarn]",
@@ -124,6 +129,21 @@ def test_dynamic_rope_scaling_acts_beyond_the_training_length_only(runs, tmp_pat
     assert yarn[64]["rope_scaling"] == "yarn" and yarn[64]["rope_scaling_factor"] == 4.0
     assert plain[64]["rope_scaling"] == "none"
     assert "RoPE scaling factor" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_rope_scaling_a_model_whose_kinds_turn_at_several_bases_is_said_in_one_line(runs, tmp_path, caplog):
+    """Issue 57: on the Gemma 3 layout, --eval.rope_scaling ntk gave the as-trained row alone, and said nothing."""
+    kinds = {"local": {"attn_window": 4, "rope_base": 100.0}, "global": {"rope_base": 1e6}}
+    gemma = train_tiny(tmp_path, runs["corpus"], "gemma", pos_encoding="rope", layout=("local", "global"), kinds=kinds)
+    doc = _evaluate(tmp_path, "--ckpt", str(gemma), str(runs["rope"]), "--eval.lengths", "[16]",
+                    "--eval.token_budget", "64", "--eval.rope_scaling", "[none,ntk]")  # fmt: skip
+    assert [run["label"] for run in doc["runs"]] == ["gemma", "rope", "rope + ntk"]
+    assert "| gemma | rope, local-global | " in (tmp_path / "out" / "results.md").read_text()  # issue 57: "rope"
+    said = [record.getMessage() for record in caplog.records if "gemma" in record.getMessage()]
+    assert said == [
+        "gemma: its kinds turn RoPE at bases 100, 1,000,000, which ntk does not stretch alike (Gemma 3 scales its "
+        "global layers only): evaluated as trained"
+    ]
 
 
 @pytest.mark.plot  # the perplexity figure's error bars over seeds, rendered

@@ -134,6 +134,19 @@ def test_shipped_experiment_configs_parse(name):
     assert config.eval.mode == "nonoverlap"
 
 
+def test_only_picks_models_by_name_and_a_misspelled_one_gets_the_closest(capsys):
+    """Issue 57: no way to pick a few of extrapolation_layouts' seven models; the user retyped one as --variants."""
+    argv = ["--config", "configs/extrapolation_layouts.yaml", "--only", "rope", "gemma3", "hybrid"]
+    config = cli.parse(experiment.COMMAND, argv)
+    assert [m.name for m in config.models()] == ["rope", "hybrid", "gemma3"]  # in the config's order
+    assert config.models()[2].model["kinds"]["global"] == {"rope_base": 1000000.0}
+    message = cli_error(capsys, experiment.COMMAND, [*argv[:3], "hybird"])
+    assert message == (
+        "error: --only hybird: no such model; the models are rope, none, hybrid, irope, gemma3, rope-gate, "
+        "rope-sinklogits; did you mean hybrid?"
+    )
+
+
 def test_experiment_config_mistakes_fail_clearly(tmp_path, text_file, capsys):
     assert "must not repeat" in cli_error(capsys, experiment.COMMAND, _tiny(tmp_path, text_file, "--seeds", "[1, 1]"))
     message = cli_error(capsys, experiment.COMMAND, _tiny(tmp_path, text_file, "--schemes", "[rope, t7]"))
@@ -191,6 +204,6 @@ def test_a_plan_of_hours_on_a_cpu_names_the_quick_study(config, named, tmp_path,
         cli.run(experiment.COMMAND, argv)
     plan = capsys.readouterr().out
     quick = "That is long for a CPU: --config configs/extrapolation_quick.yaml is a first study in about 5 minutes"
-    options = "That is long for a CPU: fewer models or seeds (--schemes, --variants, --seeds) or steps"
+    options = "That is long for a CPU: fewer models or seeds (--only, --seeds) or steps"
     assert (quick in plan) is named and (options in plan) is not named  # the quick study never names itself
     assert "--max_minutes N" in plan

@@ -95,6 +95,9 @@ def test_resume_refuses_other_data_another_seed_and_another_model_shape(tmp_path
     message = cli_error(capsys, train_script.COMMAND, argv)
     assert "Cannot resume" in message and "model.n_layer: checkpoint 2 vs now 3" in message
     assert (trained / "last.ckpt").read_bytes() == before
+    into = ["--train.resume", str(trained / "last.ckpt"), "--train.run_name", "new"]  # issue 57: left .lock in it
+    assert "Cannot resume" in cli_error(capsys, train_script.COMMAND, [*argv[:-2], *into])
+    assert not (root / "runs" / "new").exists()
 
 
 # 2. NaN and inf

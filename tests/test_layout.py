@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,8 +25,10 @@ from posgpt.evaluation.checkpoint import load_checkpoint
 from posgpt.model import ATTENTIONS, GPT, GPTConfig
 from posgpt.model.attention.softmax import temperature
 from posgpt.model.cache import LayoutCache
+from posgpt.model.config import model_tags
 from posgpt.model.masks import AttentionMask
 from posgpt.training.config import RunConfig, TrainConfig
+from posgpt.training.run import run_dir_of
 
 from helpers import fidelity, uncompiled_flex
 
@@ -195,6 +199,9 @@ def test_cached_decoding_of_each_layout_gives_the_logits_of_one_full_forward(nam
         ({"layout": ("a", "b"), "kinds": {"a": {}}}, r"names kind\(s\) \['b'\] that kinds does not define"),
         ({"layout": ("a",), "kinds": {"a": {}, "b": {}}}, r"defines \['b'\], which the layout never uses"),
         ({"kinds": {"a": {}}}, r"kinds says what each kind of a layout sets: set layout too"),
+        ({"layout": ()}, r"^GPTConfig.layout \[\] names no kind: list each layer's kind"),  # issue 57: trained plain
+        ({"layout": (), "kinds": {"a": {}}}, r"layout \[\] names no kind"),  # not "set layout too": it was set
+        ({"layout": ("a",), "kinds": {"a": {"rope_bse": 2.0}}}, r"sets rope_bse, .*; did you mean rope_base\?$"),
         ({"layout": ("a",), "kinds": {"a": {"pos_encoding": "learned"}}}, r"acts once on the embeddings"),
         ({"layout": ("a",), "kinds": {"a": {"n_head": 2}}}, r"sets n_head, which a kind cannot set; a kind sets"),
         ({"layout": ("a",), "kinds": {"a": {"attn_window": 2, "attn_chunk": 2}}},
@@ -245,11 +252,26 @@ def test_four_layout_configs_ship():
     assert LAYOUT_CONFIGS == ["gemma3_layout.yaml", "gpt_oss_layout.yaml", "irope.yaml", "rope_nope_hybrid.yaml"]
 
 
+def test_a_layout_and_the_layer_options_name_the_run_and_a_plain_models_name_stays():
+    """Issue 57: every layout config trained into <corpus>-char-rope, the default model's run directory."""
+    data = SimpleNamespace(name="tiny-char")
+    assert run_dir_of(RunConfig(), data) == Path("runs/tiny-char-rope")  # the README's commands still match
+    names = {name: run_dir_of(cli.parse(train_script.COMMAND, ["--config", f"configs/{name}"]), data).name
+             for name in LAYOUT_CONFIGS}  # fmt: skip
+    assert names == {
+        "gemma3_layout.yaml": "tiny-char-rope-5local-global-n_kv_head=2-qk_norm=gemma3",
+        "gpt_oss_layout.yaml": "tiny-char-rope-banded-dense-n_kv_head=1-attn_sink_logits",
+        "irope.yaml": "tiny-char-rope-3local-global-n_kv_head=2-qk_norm=llama4",
+        "rope_nope_hybrid.yaml": "tiny-char-rope-3local-global",
+    }
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LAYOUT_CONFIGS)
-def test_each_layout_config_trains_samples_and_draws_its_maps(name, tmp_path, text_file, capsys):
+def test_each_layout_config_trains_samples_and_draws_its_maps(name, tmp_path, text_file, capsys, caplog):
     """Two steps of the config from the command line (narrower: 32 wide), then the sampler, which says what each
     kind's cache keeps, and the attention maps, which name each layer's kind."""
+    caplog.set_level(logging.INFO)
     cli.run(train_script.COMMAND, [
         "--config", str(ROOT / "configs" / name), "--model.n_embd", "32", "--model.block_size", "32",
         "--train.batch_size", "4", "--train.max_steps", "2", "--train.eval_interval", "2", "--train.eval_tokens", "128",
@@ -259,13 +281,15 @@ def test_each_layout_config_trains_samples_and_draws_its_maps(name, tmp_path, te
     ])  # fmt: skip
     ckpt = tmp_path / "runs" / "layout" / "last.ckpt"
     model = load_checkpoint(str(ckpt)).model
+    words = ", ".join(["rope", *model_tags(model.config.to_dict())])  # the settings line names the layout too
+    assert any(f"layers x 32, {words}, block 32)" in record.getMessage() for record in caplog.records), words
     capsys.readouterr()
     cli.run(sample_script.COMMAND, ["--ckpt", str(ckpt), "--prompt", "The", "--max_new_tokens", "40"])
     said = capsys.readouterr().err
     for kind in model.kinds:
         held = f"{kind.mask.ring + kind.mask.sinks} keys" if kind.mask.rolling else "every key"
         assert f"{kind.name} x{len(kind.layers)} {held}" in said, said
-    assert f"{model.config.kv_heads} KV heads" in said
+    assert f", {model.config.kv_heads} KV head" in said
     out = tmp_path / "maps"
     cli.run(maps_script.COMMAND, ["--ckpt", str(ckpt), "--prompt", "The cat sat.", "--lengths", "64", "--tokens", "64",
                                   "--out", str(out), "--progress", "false"])  # fmt: skip
@@ -306,6 +330,13 @@ def test_a_layout_from_yaml_or_a_checkpoint_is_the_same_config_as_from_the_comma
     assert GPTConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ConfigError, match="must be a list of kind names"):
         dataclasses.replace(BASE, layout="ab", kinds={"ab": {}})
+
+
+def test_a_layout_written_as_one_name_in_yaml_is_one_line(tmp_path, capsys):
+    (tmp_path / "one.yaml").write_text("model:\n  layout: local\n  kinds: {local: {attn_window: 8}}\n")
+    with pytest.raises(SystemExit):
+        cli.run(train_script.COMMAND, ["--config", str(tmp_path / "one.yaml")])
+    assert capsys.readouterr().err.splitlines()[1] == "error: --model.layout takes a list ([a, b]) or null, got 'local'"
 
 
 def test_every_scheme_of_a_layout_is_reserved_read_and_kept_where_it_should_be():

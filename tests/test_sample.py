@@ -17,6 +17,7 @@ from posgpt.data.tokenizer import CharTokenizer, GPT2Tokenizer
 from posgpt.evaluation import sampling
 from posgpt.evaluation.checkpoint import load_checkpoint
 from posgpt.evaluation.sampling import Rows, stop_text
+from posgpt.model import GPT, GPTConfig
 
 from helpers import cli_error
 
@@ -138,8 +139,14 @@ def test_bfloat16_weights_on_cpu_sample_as_a_gpu_run_would(checkpoint, capsys):
 
 SPEED = re.compile(
     r"(\d+) tokens in [\d.]+ s: [\d.]+ tokens/s, first token \d+ ms "
-    r"\((kv cache: [^;]* KV heads|no cache|constant state), \w+, torch\.\w+.*\)"
+    r"\((kv cache: [^;]* KV heads?|no cache|constant state), \w+, torch\.\w+.*\)"
 )
+
+
+def test_the_cache_line_counts_kv_heads_in_words():
+    for kv_heads, words in ((1, "1 KV head"), (2, "2 KV heads")):  # issue 57: "1 KV heads"
+        config = GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16, n_kv_head=kv_heads)
+        assert sampling.cache_in_words(GPT(config)) == f"kv cache: every key, {words}"
 
 
 def _speed(err: str) -> re.Match:
@@ -273,8 +280,10 @@ def test_a_prompt_past_the_learned_positions_is_cropped_with_one_line(checkpoint
     assert "--prompt" in note and "last 32 tokens" in note and out.startswith(long)
     short, err = _run(capsys, "--ckpt", str(learned_checkpoint), "--prompt", long[-32:], *common)
     assert out[len(long) :] == short[32:] and len(err.strip().splitlines()) == 1
-    _, err = _run(capsys, "--ckpt", str(checkpoint), "--prompt", long, *common)  # RoPE: 4 x block_size, far
-    assert len(err.strip().splitlines()) == 1
+    rope, err = _run(capsys, "--ckpt", str(checkpoint), "--prompt", long, *common)  # issue 57: RoPE saw 4 x 32
+    note, _ = err.strip().splitlines()  # the training length, as learned positions: said, naming --max_context
+    assert "more than --max_context 32 (default block_size)" in note and "last 32 tokens" in note
+    assert rope[len(long) :] == _sample(capsys, "--ckpt", str(checkpoint), "--prompt", long[-32:], *common)[32:]
     out, err = _run(capsys, "--ckpt", str(checkpoint), "--prompt", long, *common, "--max_context", "20")
     note, _ = err.strip().splitlines()  # the schemes that extrapolate see --max_context tokens: said too
     assert "more than --max_context 20" in note and "last 20 tokens" in note and out.startswith(long)

@@ -127,7 +127,8 @@ class TrainConfig:
     out_dir: str = "runs"
     """Parent directory of run directories."""
     run_name: str | None = None
-    """Run directory name under out_dir (default: <data>-<tokenizer>-<pos_encoding>)."""
+    """Run directory name under out_dir (default: <data>-<tokenizer>-<pos_encoding>, then any layout and layer option:
+    -3local-global-n_kv_head=2)."""
     resume: str | None = None
     """'auto' resumes from <run dir>/last.ckpt when it exists; or a checkpoint path."""
     precision: str = "auto"

@@ -25,6 +25,7 @@ from posgpt.data.dataset import PreparedData, prepare_dir
 from posgpt.data.tasks import TaskConfig
 from posgpt.data.tokenizer import GPT2Tokenizer, Tokenizer
 from posgpt.model import GPT
+from posgpt.model.config import model_tags
 from posgpt.model.kernels import AUTO
 from posgpt.model.pretrained import check_pretrained, from_pretrained, weights_file
 from posgpt.training.callbacks import (
@@ -115,7 +116,8 @@ def task_data(task: TaskConfig, cfg: RunConfig) -> TrainingData:
 
 
 def run_dir_of(cfg: RunConfig, data: TrainingData) -> Path:
-    return Path(cfg.train.out_dir) / (cfg.train.run_name or f"{data.name}-{cfg.model.pos_encoding}")
+    name = "-".join([data.name, cfg.model.pos_encoding, *model_tags(cfg.model.to_dict())])  # a plain model's as ever
+    return Path(cfg.train.out_dir) / (cfg.train.run_name or name)
 
 
 @quiet_libraries()
@@ -134,23 +136,17 @@ def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
         preflight(cfg, resuming=t.resume is not None)
         data = corpus_data(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=data.tokenizer.vocab_size))
-    run_dir = run_dir_of(cfg, data)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise RunError(
-            f"Cannot create the run directory {run_dir} ({error.strerror or error}). Pass --train.out_dir DIR "
-            "that you can write, or another --train.run_name."
-        ) from None
+    run_dir = run_dir_of(cfg, data)  # made by its lock (out_dir was checked), which removes it if the start is refused
     sources = data.record.get("sources") or []  # config.yaml: the corpus `auto` chose, the precision `auto` means
     chosen = str(sources[0]) if cfg.data.input == AUTO_CORPUS and len(sources) == 1 else cfg.data.input
     used = dataclasses.replace(
         cfg, data=dataclasses.replace(cfg.data, input=chosen), train=dataclasses.replace(t, precision=precision)
     )
     if rank_zero_only.rank != 0:  # DDP/FSDP workers: rank 0 holds the directory and has checked it
+        run_dir.mkdir(parents=True, exist_ok=True)
         return _fit(cfg, data, run_dir, precision, resume_path(t.resume, run_dir), deadline)
     try:
-        with directory_lock(run_dir):
+        with directory_lock(run_dir, tidy=True):
             ckpt_path = resume_path(t.resume, run_dir)
             if t.resume == "auto" and ckpt_path is None:
                 log.info("--train.resume auto: no checkpoint in %s, so this is a fresh run", run_dir)
@@ -233,10 +229,11 @@ def _fit(
             log.info(note)
         # the one line that says what this run is: model, data, precision, device, run dir and code version
         m, device = cfg.model, trainer.strategy.root_device
+        model_words = ", ".join([m.pos_encoding, *model_tags(m.to_dict())])  # its layout and layer options too
         where = f"{trainer.world_size} x {device.type}" if trainer.world_size > 1 else str(device.type)
         dir_words = f"resuming from {ckpt_path} in" if ckpt_path else "run dir"
         log.info(
-            f"{module.model.num_params() / 1e6:.2f}M parameters ({m.n_layer} layers x {m.n_embd}, {m.pos_encoding}, "
+            f"{module.model.num_params() / 1e6:.2f}M parameters ({m.n_layer} layers x {m.n_embd}, {model_words}, "
             f"block {m.block_size}) on {data.about or data.name}; {trainer.precision} on {where}; {t.max_steps} steps "
             f"x {t.batch_size * t.grad_accum} x {m.block_size} tokens; {dir_words} {run_dir}; git {git_sha()}, torch "
             f"{torch.__version__}"
