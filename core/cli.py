@@ -25,6 +25,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, get_loader, set_parsi
 
 from posgpt import configs
 from posgpt.core.errors import ConfigError, UserError, did_you_mean
+from posgpt.core.threads import FreeCores
 
 C = TypeVar("C")
 
@@ -67,7 +68,7 @@ def run(command: Command[C], argv: Sequence[str] | None = None) -> None:
         config = parse(command, argv)
         if command.logs:
             logging.basicConfig(level=logging.INFO, format="%(message)s")
-        with quiet_libraries():
+        with quiet_libraries(), FreeCores():
             command.main(config)
     except UserError as error:  # a UsageError names this command's options as the user typed them
         print(error.line() if isinstance(error, UsageError) else spell(error.line(), command), file=sys.stderr)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from posgpt.core.threads import revisit
 from posgpt.data.dataset import window_starts
 from posgpt.model import GPT
 
@@ -84,6 +85,7 @@ def evaluate_length(
             torch.cuda.empty_cache()
             continue
         position_loss += losses.double().sum(0).cpu()
+        revisit()
         i += len(rows)
         if on_windows is not None:
             on_windows(len(rows))

@@ -23,6 +23,7 @@ import torch
 from posgpt.core.cli import Command
 from posgpt.core.device import pick_device_dtype
 from posgpt.core.errors import ConfigError
+from posgpt.core.threads import revisit
 from posgpt.data.errors import DataError
 from posgpt.data.tokenizer import CharTokenizer, Tokenizer
 from posgpt.evaluation.checkpoint import load_checkpoint
@@ -239,6 +240,7 @@ def generate_rows(steps: Iterator[torch.Tensor], rows: Rows, live: bool) -> tupl
     start, first = time.perf_counter(), 0.0
     kept: list[torch.Tensor] = []
     for i, token in enumerate(steps):
+        revisit()
         if rows.stop is not None or rows.end is not None or live:
             rows.add(token[:, 0].tolist())
             if live:  # row 0 printed as it comes (one sample in a terminal), never past where it may stop

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from posgpt.core.threads import revisit
 from posgpt.data.tasks import TASKS, Example, TaskConfig, eval_set
 from posgpt.data.tokenizer import CharTokenizer
 from posgpt.model.gpt import GPT
@@ -29,6 +30,7 @@ def correct(model: GPT, tokenizer: CharTokenizer, examples: list[Example], batch
             chunk = members[start : start + batch_size]
             prompts = torch.tensor([encoded[i][0] for i in chunk], device=device)
             answers = torch.tensor([encoded[i][1] for i in chunk], device=device)
+            revisit()
             got = model.generate(prompts, n, temperature=0.0, max_context=length + n)[:, length:]  # greedy, cached
             for i, row in zip(chunk, (got == answers).tolist(), strict=True):
                 results[i] = row

@@ -150,3 +150,5 @@ def text_file(tmp_path: Path) -> Path:
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker: the workers share the cores
     torch.set_num_threads(1)
+# the tests' count is chosen, so commands keep it (core/threads.py) and subprocesses share it: the same sums bit for bit
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))

@@ -11,6 +11,7 @@ import lightning as L
 import torch
 
 from posgpt.core.errors import ConfigError
+from posgpt.core.threads import revisit
 from posgpt.data.dataset import Batch
 from posgpt.model import GPT
 from posgpt.model.positions import random_positions
@@ -119,6 +120,7 @@ class GPTModule(L.LightningModule):
         return random_positions(x.size(0), x.size(1), t.random_positions, generator, x.device)
 
     def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
+        revisit()  # in a command, torch's threads follow the free cores
         # stopping here makes Lightning run the final validation, skipped when max_steps is no multiple of the interval
         if self.global_step >= self.trainer.max_steps:
             self.trainer.should_stop = True
@@ -133,6 +135,7 @@ class GPTModule(L.LightningModule):
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         x, y = batch
         _, loss = self.model(x, y)
+        revisit()
         self._val_sum += torch.stack([loss.double() * x.size(0), torch.tensor(x.size(0), device=self.device)])
 
     def on_validation_epoch_end(self) -> None:
