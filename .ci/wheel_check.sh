@@ -3,7 +3,7 @@
 # its own (a venv made from this venv with --system-site-packages would see the base interpreter's packages, not
 # this venv's), and from an empty directory, with only that folder added to the path, run a tiny real run of every
 # posgpt mode a CPU runs, in one process (a process per mode would spend most of the time importing torch and
-# Lightning); the console script that pip wrote prints the modes. About 60 s on 2 busy CPU cores (docs/development.md).
+# Lightning); the console script that pip wrote prints the modes. About 45 s on 2 busy cores (docs/development.md).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 tmp="$(mktemp -d)"
