@@ -1,5 +1,6 @@
-"""The wheel's packages, derived from the tree: posgpt, and each package at the checkout's top as posgpt.NAME
-(posgpt/__init__.py maps them the same way in a checkout). The rest of the metadata is in pyproject.toml."""
+"""The wheel's packages, derived from the tree: posgpt, and each package at the checkout's top as posgpt.NAME. Mapped
+here, not found through the links posgpt/NAME -> ../NAME, so that a checkout whose links are files (git on Windows
+without symlinks) builds the same wheel. The rest of the metadata is in pyproject.toml."""
 
 from setuptools import find_packages, setup
 

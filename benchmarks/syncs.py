@@ -54,14 +54,14 @@ def host_syncs(counts: Counter) -> int:
 
 
 def run_counted(argv: list[str]) -> Counter:
-    """The host's reads of tensor values in one in-process `train.py` run of `argv`, by op (a `.item()` shows twice:
+    """The host's reads of tensor values in one in-process `posgpt train` run of `argv`, by op (a `.item()` shows twice:
     its name and `_local_scalar_dense`), and every op dispatched ("ops", "not views")."""
-    import train as train_script
     from posgpt.core import cli
+    from posgpt.training.command import COMMAND
 
     counts: Counter = Counter()
     with _Reads(counts), _Scalars(counts):
-        cli.run(train_script.COMMAND, argv)
+        cli.run(COMMAND, argv)
     return counts
 
 

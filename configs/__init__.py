@@ -6,6 +6,9 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
+if __name__ != "posgpt.configs":  # `import configs` from the checkout's root: a second copy of every module
+    raise ImportError("this package is posgpt.configs: import posgpt.configs")
+
 
 def shipped(name: str) -> Path:
     """The shipped configuration file `name` (e.g. shakespeare_char.yaml)."""

@@ -5,9 +5,19 @@ torch's FlexAttention): the model and the registries are imported when first nam
 """
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posgpt.model.config import GPTConfig
+
+if __name__ != "posgpt.model":  # `import model` from the checkout's root: a second copy of every module
+    raise ImportError("this package is posgpt.model: import posgpt.model")
+
+if TYPE_CHECKING:  # what __getattr__ returns, for type checkers and editors
+    from posgpt.model.attention import ATTENTIONS
+    from posgpt.model.gpt import GPT
+    from posgpt.model.positions import SCHEMES
+
+    POS_ENCODINGS: tuple[str, ...]
 
 _WHERE = {"GPT": "posgpt.model.gpt", "ATTENTIONS": "posgpt.model.attention", "SCHEMES": "posgpt.model.positions"}
 

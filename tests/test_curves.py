@@ -89,7 +89,7 @@ def test_drawing_touches_no_pyplot_state_and_importing_picks_no_backend(tmp_path
     before = plt.get_fignums()
     image = matplotlib.image.imread(curves.write_training_plot(tmp_path))  # a valid PNG
     assert image.shape[0] > 300 and image.shape[1] > 300 and plt.get_fignums() == before
-    check = "import sys, training.curves; assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'"
+    check = "import sys, posgpt.training.curves; assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'"
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run([sys.executable, "-c", check], cwd=root, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -40,7 +40,7 @@ def test_cope_with_stick_breaking_trains_two_steps_from_the_command_line_samples
 
 @pytest.mark.parametrize("study", ["extrapolation", "synthetic"])
 def test_both_studies_take_cope_by_name_and_the_two_functions_as_variants(study):
-    command = importlib.import_module(f"experiments.{study}").COMMAND
+    command = importlib.import_module(f"posgpt.experiments.{study}").COMMAND
     variants = ("[{name: fox, model: {attention: forgetting, pos_encoding: none}}, "
                 "{name: sb, model: {attention: stick_breaking, pos_encoding: none}}]")  # fmt: skip
     config = cli.parse(command, ["--schemes", "cope", "--variants", variants])

@@ -98,7 +98,7 @@ def test_no_command_loads_a_module_under_two_names(tmp_path):
         done = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, env=env, capture_output=True, text=True)
         assert done.returncode == 0 and "--config" in done.stdout, done.stderr
         assert (tmp_path / "t").read_text() == "", argv
-    moved = subprocess.run([sys.executable, "-m", "experiments.extrapolation"], cwd=ROOT, capture_output=True,
+    moved = subprocess.run([sys.executable, "-m", "posgpt.experiments.extrapolation"], cwd=ROOT, capture_output=True,
                            text=True)  # fmt: skip
     assert moved.returncode == 1 and "run `posgpt study extrapolation`" in moved.stderr, moved.stderr
 
@@ -130,8 +130,8 @@ def test_a_non_editable_install_trains_offline_from_any_directory_into_a_plain_l
     settings line, plain progress lines, the sample and the summary; nothing else (no Lightning notices, model
     table, deprecation warnings, carriage returns or ANSI codes)."""
     source = tmp_path / "src"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "runs", "prepared", "reports", "*.egg-info",
-                                                                "__pycache__", ".*cache"))  # fmt: skip
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(".git", "runs", "prepared", "reports",
+                                                    "build", "*.egg-info", "__pycache__", ".*cache"))  # fmt: skip
     site = tmp_path / "site"
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "OMP_NUM_THREADS": "1"}
     run = lambda *args, **kw: subprocess.run(args, capture_output=True, text=True, timeout=300, **kw)  # noqa: E731
@@ -195,18 +195,19 @@ def _shadowed(cwd: Path, env: dict[str, str]) -> list[str]:
 
 
 def test_posgpt_maps_the_checkouts_packages_and_nothing_else():
-    """In a checkout, posgpt.NAME is each package at its top (as the wheel's and setuptools' editable mapping):
-    not its scripts, setup.py, tests or posgpt itself again (which a package path over the whole top would)."""
+    """In a checkout, posgpt.NAME is each package at its top, through its link posgpt/NAME (as in the wheel): not its
+    scripts, tests or posgpt itself again (which a package path over the whole top would)."""
     import importlib.util
     import pkgutil
 
     import posgpt
 
-    assert {m.name for m in pkgutil.iter_modules(posgpt.__path__)} == {"cli", "__main__"}
-    for name in ("setup", "posgpt", "train", "bench", "tests", "docs"):
+    packages = {p.parent for p in ROOT.glob("*/__init__.py")} - {ROOT / "posgpt", ROOT / "tests"}
+    assert {m.name for m in pkgutil.iter_modules(posgpt.__path__)} == {"cli", "__main__"} | {p.name for p in packages}
+    for name in ("posgpt", "train", "bench", "tests", "docs"):
         assert importlib.util.find_spec(f"posgpt.{name}") is None, name
-    for package in (p.parent for p in ROOT.glob("*/__init__.py") if p.parent.name != "posgpt"):
-        assert Path(importlib.util.find_spec(f"posgpt.{package.name}").origin) == package / "__init__.py"
+    for package in packages:
+        assert Path(importlib.util.find_spec(f"posgpt.{package.name}").origin).resolve() == package / "__init__.py"
 
 
 def test_the_editable_install_claims_one_top_level_name(tmp_path):

@@ -20,19 +20,20 @@ def _commands(script: str) -> list[str]:
 
 def test_ci_runs_the_readme_install_and_test_commands_in_a_fresh_environment():
     """A green CI is a green README: `.ci/run` clones the commit, creates `.venv` inside the clone as the README
-    does, without the machine's site packages, activates it, and its last command is the README's install-and-test
-    line verbatim,
+    does, without the machine's site packages, activates it, and runs the README's install-and-test line verbatim,
+    then the wheel check,
     so CI tests the releases a fresh install resolves (pytest 9.2 broke the suite while CI's
     preinstalled 9.0.3 stayed green), not the CI image's."""
     script = (ROOT / ".ci" / "run").read_text()
     commands = _commands(script)
-    last = commands[-1]
+    *_, last, wheel = commands  # then the wheel alone, outside the checkout
+    assert wheel == "[ $? -eq 0 ] && bash .ci/wheel_check.sh" and (ROOT / ".ci" / "wheel_check.sh").is_file()
     assert "pip install -e" in last and "ruff check" in last and last.endswith("python -m pytest -q -n auto")
     readme_lines = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()]
     assert last in readme_lines
     creates = [i for i, c in enumerate(commands) if c.startswith("python -m venv ")]
     activates = [i for i, c in enumerate(commands) if c.startswith(". ") and c.endswith('/bin/activate"')]
-    assert creates and activates and creates[0] < activates[0] < len(commands) - 1
+    assert creates and activates and creates[0] < activates[0] < len(commands) - 2
     assert "--system-site-packages" not in script
     clones = [i for i, c in enumerate(commands) if c.startswith("git clone -q . ")]  # the commit, in a clone
     assert clones and clones[0] < creates[0] and commands[creates[0]] == "python -m venv .venv"  # the README's
