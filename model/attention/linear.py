@@ -81,8 +81,7 @@ def linear_attention_chunked(
     outputs = []
     # split once (its backward concatenates): slicing inside the loop would make each slice's
     # backward allocate a gradient of the full length, O(T^2 / C) in all
-    pieces = (x.split(chunk, dim=2) for x in (rq, fq, rk, fk, vf))
-    for rq_c, fq_c, rk_c, fk_c, v_c in zip(*pieces, strict=True):
+    for rq_c, fq_c, rk_c, fk_c, v_c in zip(*(x.split(chunk, dim=2) for x in (rq, fq, rk, fk, vf)), strict=True):
         n = rq_c.size(2)
         causal = torch.ones(n, n, dtype=torch.bool, device=q2.device).tril()
         scores = (rq_c @ rk_c.transpose(-2, -1)).masked_fill(~causal, 0.0)

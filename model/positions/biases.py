@@ -144,8 +144,7 @@ def alibi_slopes(n_head: int) -> list[float]:
     smaller power of two plus every other slope of twice it (their code's `get_slopes`)."""
 
     def power_of_two(n: int) -> list[float]:
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (i + 1) for i in range(n)]
+        return [(2.0 ** (-8.0 / n)) ** (i + 1) for i in range(n)]
 
     if n_head & (n_head - 1) == 0:
         return power_of_two(n_head)
