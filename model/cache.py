@@ -213,10 +213,8 @@ class LayerCache:
     def v(self) -> Tensor | None:
         return None if self.kv is None else self.kv[1]
 
-    def allocate(
-        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-        n_kv_head: int | None = None,
-    ) -> None:  # fmt: skip
+    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 n_kv_head: int | None = None) -> None:  # fmt: skip
         shape = (2, batch, n_kv_head or n_head, self.owner.capacity, head_dim)
         self.kv = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
 

@@ -168,9 +168,7 @@ def decode(
 
     def step(idx: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
         logits, new = advance(model, idx, cache, count, pick, lengths)
-        if advance is _advance:  # eager: tensors of their own
-            return logits, new
-        return logits.clone(), new.clone()  # a CUDA graph overwrites its outputs at its next replay
+        return (logits, new) if advance is _advance else (logits.clone(), new.clone())  # CUDA graphs reuse outputs
 
     with torch.no_grad():
         logits, new = step(*_window(tokens, count, longest, window))

@@ -20,8 +20,7 @@ CHUNK_ELEMENTS = 1 << 24
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
     """The mean cross-entropy of `hidden` (N, C) @ `weight.T` (V, C) against `targets` (N,) (-1: ignored)."""
-    rows = max(1, CHUNK_ELEMENTS // weight.size(0))
-    return _LinearCrossEntropy.apply(hidden, weight, targets, rows)
+    return _LinearCrossEntropy.apply(hidden, weight, targets, max(1, CHUNK_ELEMENTS // weight.size(0)))
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -151,15 +151,14 @@ class AttentionMask:
     def seen_keys(self, q: Tensor) -> Tensor:
         """How many keys a query at position `q` sees (a tensor of positions): the window, the sinks before
         it and each distinct random block's keys that neither holds. Pointwise (a flex score_mod calls it)."""
-        n = q + 1
         if self.chunk:
             return torch.remainder(q, self.chunk) + 1
         if not self.window:
-            return n
+            return q + 1
         if q.dtype != torch.int64:  # int64 arithmetic, whatever the caller's index type
-            q, n = q.long(), n.long()
+            q = q.long()
         start = (q - self.window + 1).clamp(min=0)  # the window is keys start..q
-        seen = n.clamp(max=self.window) + start.clamp(max=self.sinks)
+        seen = (q + 1).clamp(max=self.window) + start.clamp(max=self.sinks)
         picks = self.picks(q // self.sparse_block)
         if self.random_draw == "bigbird":  # distinct blocks, clear of the window and the sinks
             return seen + sum((block >= 0).long() for block in picks) * self.sparse_block

@@ -37,10 +37,8 @@ class PretrainedError(UserError):
 
 def hub_cache() -> Path:
     """The Hugging Face hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
-    return Path(home) / "hub"
+    hub = os.environ.get("HF_HUB_CACHE")
+    return Path(hub) if hub else Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
 
 
 def weights_file(source: str) -> Path:

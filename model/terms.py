@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
-import torch
 from torch import Tensor
 
 
@@ -47,11 +46,6 @@ class Term(Enum):
 
 TERMS = tuple(Term)
 """Every kind in order: a tuple, as torch 2.11's dynamo cannot iterate an Enum class (the kernel choice is traced)."""
-
-
-def soft_cap(scores: Tensor, cap: float) -> Tensor:
-    """Gemma 2's soft-cap of the scores, c tanh(s / c) (`Term.TRANSFORM`): near s for |s| << c, never past c."""
-    return cap * torch.tanh(scores / cap)
 
 
 ScoresTerm = Callable[[Tensor, Tensor, Tensor], Tensor]

@@ -14,7 +14,7 @@ from posgpt.model.kernels import AUTO, Kernel, KernelError, Needs, Placement, Pl
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import PositionEncoding
 from posgpt.model.scores import Score, build_score
-from posgpt.model.terms import Term, soft_cap
+from posgpt.model.terms import Term
 
 if TYPE_CHECKING:
     from posgpt.model.cache import DecodingCache
@@ -93,7 +93,7 @@ class Attention(nn.Module):
         """The plan's attention of q, k, v with this layer's own terms: its soft-cap and sink logits."""
         if self.softcap or self.sinks is not None:
             cap = self.softcap
-            transform = (lambda scores: soft_cap(scores, cap)) if cap else None
+            transform = (lambda scores: cap * torch.tanh(scores / cap)) if cap else None  # Gemma 2's soft-cap
             sinks = None if self.sinks is None else self.sinks.to(torch.promote_types(self.sinks.dtype, torch.float32))
             plan = dataclasses.replace(plan, transform=transform, sinks=sinks)
         return plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0)

@@ -86,8 +86,7 @@ class DifferentialAttention(SoftmaxAttention):
     def rotate(self, pe: PositionEncoding, q: Tensor, k: Tensor, placement: Placement) -> tuple[Tensor, Tensor]:
         if self.split != "half_heads":
             return super().rotate(pe, q, k, placement)
-        D = q.size(-1)
-        halves = [t.unflatten(-1, (2, D // 2)).transpose(2, 3).flatten(1, 2) for t in (q, k)]  # (B, 2H, T, d)
+        halves = [t.unflatten(-1, (2, -1)).transpose(2, 3).flatten(1, 2) for t in (q, k)]  # (B, 2H, T, d)
         q2, k2 = pe.rotate(*halves, placement.positions, placement.rotation)
         return tuple(t.unflatten(1, (-1, 2)).transpose(2, 3).flatten(-2) for t in (q2, k2))  # (B, H, T, D)
 

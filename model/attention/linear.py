@@ -81,8 +81,7 @@ def linear_attention_chunked(
     outputs = []
     # split once (its backward concatenates): slicing inside the loop would make each slice's
     # backward allocate a gradient of the full length, O(T^2 / C) in all
-    pieces = (x.split(chunk, dim=2) for x in (rq, fq, rk, fk, vf))
-    for rq_c, fq_c, rk_c, fk_c, v_c in zip(*pieces, strict=True):
+    for rq_c, fq_c, rk_c, fk_c, v_c in zip(*(x.split(chunk, dim=2) for x in (rq, fq, rk, fk, vf)), strict=True):
         n = rq_c.size(2)
         causal = torch.ones(n, n, dtype=torch.bool, device=q2.device).tril()
         scores = (rq_c @ rk_c.transpose(-2, -1)).masked_fill(~causal, 0.0)
@@ -122,10 +121,8 @@ class LayerStateCache:
     def __init__(self) -> None:
         self.state: LinearState | None = None
 
-    def allocate(
-        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-        n_kv_head: int | None = None,
-    ) -> None:  # fmt: skip
+    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 n_kv_head: int | None = None) -> None:  # fmt: skip
         """The sums per query head (`LinearAttention.forward` repeats each KV head into its group)."""
         S = torch.zeros(batch, n_head, head_dim, head_dim, device=device)
         self.state = LinearState(static_buffer(S), static_buffer(torch.zeros(batch, n_head, head_dim, device=device)))

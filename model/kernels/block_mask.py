@@ -53,10 +53,8 @@ def block_mask_in_chunks(mask: AttentionMask, length: int, device: torch.device)
         seen = visible.view(-1, BLOCK, tiles, BLOCK).sum(dim=(1, 3))  # visible pairs per tile
         partial.append((seen > 0) & (seen < BLOCK * BLOCK))
         full.append(seen == BLOCK * BLOCK)
-    return BlockMask.from_kv_blocks(
-        *_ordered(torch.cat(partial)), *_ordered(torch.cat(full)), BLOCK_SIZE=BLOCK,
-        mask_mod=mask.mask_mod(), seq_lengths=(length, length),
-    )  # fmt: skip
+    return BlockMask.from_kv_blocks(*_ordered(torch.cat(partial)), *_ordered(torch.cat(full)), BLOCK_SIZE=BLOCK,
+                                    mask_mod=mask.mask_mod(), seq_lengths=(length, length))  # fmt: skip
 
 
 def _ordered(tiles: Tensor) -> tuple[Tensor, Tensor]:

@@ -112,8 +112,7 @@ def random_positions(
     on the CPU from `generator`, so a seed gives the same positions on every device."""
     if not 0 < length <= bound:
         raise ValueError(f"Cannot draw {length} distinct positions from [0, {bound}).")
-    keys = torch.rand(batch, bound, generator=generator)
-    return keys.topk(length, dim=-1).indices.sort(dim=-1).values.to(device)
+    return torch.rand(batch, bound, generator=generator).topk(length, dim=-1).indices.sort(dim=-1).values.to(device)
 
 
 def grown(needed: int) -> int:

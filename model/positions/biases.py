@@ -144,8 +144,7 @@ def alibi_slopes(n_head: int) -> list[float]:
     smaller power of two plus every other slope of twice it (their code's `get_slopes`)."""
 
     def power_of_two(n: int) -> list[float]:
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (i + 1) for i in range(n)]
+        return [(2.0 ** (-8.0 / n)) ** (i + 1) for i in range(n)]
 
     if n_head & (n_head - 1) == 0:
         return power_of_two(n_head)
@@ -232,10 +231,7 @@ class ContextualPositions(PositionEncoding):
     p_ij = sum_{t=j..i} g_it, clamped to P - 1 (P = `cope_positions`). A learned vector e[p] per integer position,
     one (D, P) table per layer shared by its heads and started at zero, is read between floor(p) and ceil(p) on
     the logits q_i . e: the term (1 - w) q.e[floor p] + w q.e[ceil p], w = p - floor p, is divided by sqrt(d)
-    with q.k (their training code, `cope_divide`) or added undivided (the paper's appendix code).
-
-    The term needs the scores, so only a kernel that forms them runs it (eager); keys must be in position
-    order, so its KV cache never rolls (`SoftmaxAttention.new_cache`)."""
+    with q.k (their training code, `cope_divide`) or added undivided (the paper's appendix code)."""
 
     terms = frozenset({Term.FROM_SCORES})
     learned_bias = True
