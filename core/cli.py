@@ -104,14 +104,15 @@ def merged_fields(parser: ArgumentParser, args: list[str], command: Command) -> 
     override of the entry: the field set, the rest as the files and options before gave it (jsonargparse alone
     would replace the entry by that one field, dropping the others)."""
     maps = [f"--{n}." for n, kind, _ in _offered(command) if any(typing.get_origin(m) is dict for m in _members(kind))]
-    rest, fields, tokens = [], {}, iter(args)
-    for token in tokens:
-        name, eq, value = token.partition("=")
-        if not (option := next((m for m in maps if name.startswith(m) and "." in name[len(m) :]), None)):
+    rest, fields, tokens = [], {}, list(args)
+    while tokens:
+        name, eq, value = (token := tokens.pop(0)).partition("=")
+        option = next((m for m in maps if name.startswith(m) and "." in name[len(m) :]), None)
+        if option is None or not (eq or tokens and not tokens[0].startswith("--")):  # no value: the parser says so
             rest.append(token)
             continue
         key, field = name[len(option) :].split(".", 1)
-        fields.setdefault((option, key), {})[field] = get_loader(parser.parser_mode)(value if eq else next(tokens, ""))
+        fields.setdefault((option, key), {})[field] = get_loader(parser.parser_mode)(value if eq else tokens.pop(0))
     if fields:  # the entries as the rest gives them: one more parse
         before = parser.parse_args([t for t in rest if not t.startswith(("--print_config", "--help")) and t != "-h"])
         rest += [

@@ -239,6 +239,8 @@ class GPTConfig:
         `before`)."""
         known = {f for f in cls.__dataclass_fields__}
         values = {k: v for k, v in values.items() if k not in REMOVED_FIELDS}
+        if values.get("layout") in ([], ()) and not values.get("kinds"):  # recorded before `layout: []` was refused
+            values["layout"] = values["kinds"] = None
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"Unknown GPTConfig field(s) {unknown}; valid fields: {sorted(known)}.")

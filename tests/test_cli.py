@@ -366,3 +366,17 @@ def test_a_dotted_override_of_one_field_of_a_kind_changes_that_field_alone():
         "pos_encoding": "none",
         "attn_temperature_floor": 16,
     }
+
+
+def test_a_dotted_override_of_a_kind_without_its_value_is_a_usage_error(capsys):
+    """A field of a kind given no value (at the end, or before the next option) is the parser's one line, not a
+    traceback nor the next option taken as its value; `layout: []` with `kinds: {}` (one kind's own config inside
+    the model) is refused as a model's."""
+    for argv in (["--model.kinds.global.rope_base"], ["--model.kinds.global.attn_window", "--train.max_steps", "5"]):
+        with pytest.raises(SystemExit) as info:
+            cli.run(train.COMMAND, ["--config", "configs/irope.yaml", *argv])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and "error: argument --model.kinds: expected one argument" in err, err
+    assert "model.layout [] names no kind" in cli_error(
+        capsys, train.COMMAND, ["--model.layout", "[]", "--model.kinds", "{}"]
+    )

@@ -367,3 +367,9 @@ def test_llama4s_query_scale_reads_the_schemes_positions_and_needs_a_dot_product
     for fields in ({"attention": "linear"}, {"attn_score": "additive"}):
         with pytest.raises(ConfigError, match="attn_temperature_floor"):
             dataclasses.replace(BASE, attn_temperature_floor=4, **fields)
+
+
+def test_a_config_recorded_with_an_empty_layout_reads_as_no_layout():
+    """Checkpoints before issue 57 could record `layout: []` (trained as a plain model): they load as one."""
+    recorded = {**GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16).to_dict(), "layout": []}
+    assert GPTConfig.from_dict(recorded).layout is None

@@ -227,6 +227,9 @@ class RunConfig:
         return dataclasses.replace(self.model, **self.train.switch_model)
 
     def __post_init__(self) -> None:
+        if self.model.layout == ():  # (): the config of one kind's layers (model/layout.py), never a model's
+            raise ValueError("model.layout [] names no kind: list each layer's kind, e.g. [local, global], or leave "
+                             "layout out.")  # fmt: skip
         if changes := self.train.switch_model:
             switchable = GPTConfig.fields_with(Role.SWITCH)
             fixed = sorted(set(changes) - set(switchable))
