@@ -94,3 +94,19 @@ def test_tensorboard_logger_writes_the_runs_events_beside_its_metrics_csv(tmp_pa
     capfd.readouterr()
     cli.run(plot_command, ["--run_dir", str(plot.parent)])
     assert plot.is_file() and "No path found" not in "".join(capfd.readouterr())
+
+
+def test_resume_auto_names_a_layouts_run_of_the_name_before_run_names_named_layouts(tmp_path, text_file, caplog):
+    """Run names now name a layout and the layer options (issue 57): a layout's run trained before sits under the
+    plain scheme's name, which `--train.resume auto` names when it finds nothing under the new one."""
+    import logging
+
+    argv = tiny_args(tmp_path, text_file, "--train.max_steps", "1", "--train.logger", "none", "--train.resume",
+                     "auto", "--model.pos_encoding", "rope", "--model.n_kv_head", "1")  # fmt: skip
+    del argv[argv.index("--train.run_name") : argv.index("--train.run_name") + 2]  # the name the model gives
+    old = tmp_path / "runs" / f"{text_file.stem}-char-rope"
+    old.mkdir(parents=True)
+    (old / "last.ckpt").write_bytes(b"")
+    with caplog.at_level(logging.INFO):
+        cli.run(train_script.COMMAND, argv)
+    assert f"--train.run_name {old.name} resumes it" in caplog.text

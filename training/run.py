@@ -150,6 +150,10 @@ def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
             ckpt_path = resume_path(t.resume, run_dir)
             if t.resume == "auto" and ckpt_path is None:
                 log.info("--train.resume auto: no checkpoint in %s, so this is a fresh run", run_dir)
+                old = run_dir.with_name(f"{data.name}-{cfg.model.pos_encoding}")  # layouts' name before issue 57
+                if not t.run_name and old != run_dir and (old / "last.ckpt").is_file():
+                    log.warning("%s may hold this model's run from before run names named layouts and layer options: "
+                                "--train.run_name %s resumes it", old, old.name)  # fmt: skip
             claim_run_dir(run_dir, ckpt_path, t.overwrite, used)
             return _fit(cfg, data, run_dir, precision, ckpt_path, deadline, used)
     except LockedError as error:
