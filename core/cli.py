@@ -229,12 +229,10 @@ def bool_options(command: Command) -> set[str]:
 def bare_flags(argv: Sequence[str], flags: set[str]) -> list[str]:
     """`argv` with a bool option written alone (`--quick`, the next token another option or none) as `--quick=true`;
     `--quick false` and `--quick=false` as they are (jsonargparse gives a bool one value, always)."""
-    out = list(argv)
-    for i, token in enumerate(argv):
-        alone = i + 1 == len(argv) or argv[i + 1].startswith("-")
-        if token.startswith("--") and token[2:] in flags and alone:
-            out[i] = f"{token}=true"
-    return out
+    return [
+        f"{token}=true" if token.startswith("--") and token[2:] in flags and following.startswith("-") else token
+        for token, following in pairwise([*argv, "-"])
+    ]
 
 
 def _members(kind: Any) -> tuple[Any, ...]:

@@ -229,10 +229,9 @@ def describe(plan: list[PlannedRun], progress: TrainingEstimate, shorter: tuple[
 
 def stopped_study(stop: TrainingStopped, what: str) -> TrainingStopped:
     """A run's (or the evaluation's) stop, told as the study's: the same command continues it."""
-    reason = str(stop).split(";")[0]
     return TrainingStopped(
-        f"{reason} ({what}). Run the same command again to continue: finished runs and evaluations are reused, "
-        "an interrupted run resumes from its last.ckpt.",
+        f"{str(stop).split(';')[0]} ({what}). Run the same command again to continue: finished runs and evaluations "
+        "are reused, an interrupted run resumes from its last.ckpt.",
         stop.exit_code,
     )
 
