@@ -148,8 +148,7 @@ def read_prompts(
             raise DataError(f"{option}: cannot read it ({error}).") from None
         if not lines:
             raise DataError(f"{option} is empty: write one prompt per line.")
-        empty = [n for n, line in enumerate(lines, 1) if not line]
-        if empty:
+        if empty := [n for n, line in enumerate(lines, 1) if not line]:
             raise DataError(f"{option}: line {empty[0]} is empty; write one prompt per line, with no empty lines.")
         sources = [(f"line {n} of {option}", line) for n, line in enumerate(lines, 1)]
     else:
@@ -176,8 +175,7 @@ def crop(prompts: list[Prompt], max_positions: int | None, limit: str = "the mod
     naming the `limit`."""
     if max_positions is None:
         return [p.ids for p in prompts]
-    long = [p for p in prompts if len(p.ids) > max_positions]
-    if long:
+    if long := [p for p in prompts if len(p.ids) > max_positions]:
         names = ", ".join(p.where for p in long[:3]) + (f" and {len(long) - 3} more" if len(long) > 3 else "")
         tokens = max(len(p.ids) for p in long)
         print(
