@@ -74,8 +74,7 @@ class Bench:
         """(seconds to the first item, seconds to the last) of an iterator (decoded tokens, training steps), timed
         from before its first step (a generator does nothing until asked)."""
         self.sync()
-        start = time.perf_counter()
-        first = None
+        start, first = time.perf_counter(), None
         for _ in tokens:
             if first is None:
                 self.sync()
