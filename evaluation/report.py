@@ -141,8 +141,7 @@ def _settings_lines(doc: dict[str, Any], groups: list[Group]) -> list[str]:
         mode = "non-overlapping windows: every token scored, so position i of a window sees i tokens of context"
     lines = [f"mode: {mode}", scored_line(doc)]
     sources = {(run["data"]["source"], run["data"]["tokens"], run["data"]["sha256"][:12]) for run in doc["runs"]}
-    for source, tokens, digest in sorted(sources):
-        lines.append(f"text: {source}, {tokens:,} tokens (sha256 {digest})")
+    lines += [f"text: {source}, {tokens:,} tokens (sha256 {digest})" for source, tokens, digest in sorted(sources)]
     tokenizers = sorted({run["tokenizer"] for run in doc["runs"]})
     if len(tokenizers) > 1:
         lines.append(
