@@ -17,7 +17,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 from posgpt.core.files import atomic_write_bytes
 from posgpt.evaluation.attention_stats import SINK_RATE_DEFINITION
 from posgpt.evaluation.figures import STATS_FIGURES, legend_below, line_style, plt, png_bytes, stats_pngs
-from posgpt.model.config import model_tags
+from posgpt.model.config import AS_TRAINED, model_tags
 
 MAX_PANELS = 6
 """Lengths shown in loss_by_position.png (evenly chosen, the longest among them)."""
@@ -149,7 +149,7 @@ def _settings_lines(doc: dict[str, Any], groups: list[Group]) -> list[str]:
             "length counts its own tokens and a perplexity is per token of its own; compare curves, not values "
             "across tokenizers"
         )
-    if any(run["rope_scaling"] not in (None, "none") for run in doc["runs"]):
+    if any(run["rope_scaling"] not in (None, AS_TRAINED) for run in doc["runs"]):
         factor = s["rope_scaling_factor"]
         how = "L / train length beyond the training length" if factor == "dynamic" else f"{factor}"
         lines.append(f"RoPE scaling factor ('+ linear / ntk / yarn' rows): {how}")

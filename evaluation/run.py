@@ -28,7 +28,7 @@ from posgpt.evaluation.checkpoint import (
     tokenizer_name,
 )
 from posgpt.evaluation.extrapolation import evaluate_length
-from posgpt.model.config import RopeScaling
+from posgpt.model.config import AS_TRAINED, RopeScaling
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class EvalSettings:
     """Stride S of the sliding mode, at most the smallest length."""
     token_budget: int = 65536
     """Tokens scored at every length, from the start of the text, so lengths compare on equal footing."""
-    rope_scaling: list[RopeScaling] = field(default_factory=lambda: ["none"])
+    rope_scaling: list[RopeScaling] = field(default_factory=lambda: [AS_TRAINED])
     """RoPE checkpoints are evaluated once per entry: none (as trained), linear (position interpolation), ntk, yarn."""
     rope_scaling_factor: float | Literal["dynamic"] = "dynamic"
     """A fixed factor (>= 1) for the scaled RoPE variants, or 'dynamic': max(1, L / block_size) at each length L."""
@@ -115,17 +115,16 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
     texts = load_texts(loaded, data, settings.lengths[-1])
     device, dtype = pick_device_dtype(settings.device, settings.dtype)
     autocast = None if dtype == torch.float32 else dtype
-    scaled = "/".join(s for s in settings.rope_scaling if s != "none")
+    scaled = "/".join(s for s in settings.rope_scaling if s != AS_TRAINED)
     for label, ckpt in zip(labels, loaded, strict=True):  # a RoPE model no scaling here stretches: said, not dropped
-        bases = sorted({k.config.rope_base for k in ckpt.model.kinds if ckpt.model.pe_of(k).rescalable})
-        if len(bases) > 1 and scaled:
-            turns = ", ".join(f"{b:,.0f}" for b in bases)
+        if len(ckpt.model.rope_bases) > 1 and scaled:
+            turns = ", ".join(f"{b:,.0f}" for b in ckpt.model.rope_bases)
             log.warning(f"{label}: its kinds turn RoPE at bases {turns}, which {scaled} does not stretch alike "
                         "(Gemma 3 scales its global layers only): evaluated as trained")  # fmt: skip
     plan = [
         (label, ckpt, text, scaling)
         for label, ckpt, text in zip(labels, loaded, texts, strict=True)
-        for scaling in (settings.rope_scaling if ckpt.model.rescalable else ["none"])
+        for scaling in (settings.rope_scaling if ckpt.model.rescalable else [AS_TRAINED])
     ]
     total = sum(
         int(window_starts(len(text[0]), n, settings.stride or n, settings.token_budget).size)
@@ -139,11 +138,11 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
         for name, ckpt, text, scaling in plan:  # rows labelled `name`, under one RoPE scaling ('none': as trained)
             trained = ckpt.model.to(device)
             config, rescalable = trained.config, trained.rescalable
-            label = name if scaling == "none" else f"{name} + {scaling}"
+            label = name if scaling == AS_TRAINED else f"{name} + {scaling}"
             rows = []
             for length in settings.lengths:
                 model = trained  # as trained, or a view of it with the scaling for this length
-                if scaling != "none":  # a fixed factor, or (dynamic) how far past the training length it is
+                if scaling != AS_TRAINED:  # a fixed factor, or (dynamic) how far past the training length it is
                     factor = settings.rope_scaling_factor
                     factor = max(1.0, length / config.block_size) if factor == "dynamic" else float(factor)
                     model = trained.rescaled(scaling, factor)
@@ -168,7 +167,7 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
                     "params": trained.num_params(),
                     "tokenizer": tokenizer_name(ckpt),
                     "rope_scaling": scaling if rescalable else None,
-                    "rope_scaling_factor": settings.rope_scaling_factor if scaling != "none" else None,
+                    "rope_scaling_factor": settings.rope_scaling_factor if scaling != AS_TRAINED else None,
                     "data": text[1],
                     "config": ckpt.config,
                     "results": rows,

@@ -13,6 +13,8 @@ from posgpt.model.roles import Role, role
 
 RopeScaling = Literal["none", "linear", "ntk", "yarn"]
 ROPE_SCALINGS: tuple[str, ...] = get_args(RopeScaling)
+AS_TRAINED: RopeScaling = "none"
+"""`rope_scaling`'s value that stretches nothing: RoPE's angles as trained."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -207,9 +207,13 @@ class GPT(nn.Module):
     def rescalable(self) -> bool:
         """Whether `rescaled` applies: a scheme whose angles stretch (RoPE) in every layer that reads positions, at
         one base (a layout whose kinds turn at several is not, as Gemma 3 scales its global layers only)."""
-        schemes = [(self.pe_of(kind), kind.config.rope_base) for kind in self.kinds]
-        every = all(pe.rescalable or not pe.uses_positions for pe, _ in schemes)
-        return every and len({base for pe, base in schemes if pe.rescalable}) == 1  # none rescalable: 0
+        every = all(self.pe_of(kind).rescalable or not self.pe_of(kind).uses_positions for kind in self.kinds)
+        return every and len(self.rope_bases) == 1  # none rescalable: 0
+
+    @property
+    def rope_bases(self) -> list[float]:
+        """The bases its rescalable layers turn at (RoPE's `rope_base`), each once, in order."""
+        return sorted({kind.config.rope_base for kind in self.kinds if self.pe_of(kind).rescalable})
 
     def rescaled(self, scaling: str, factor: float) -> GPT:
         """A view of this model, sharing every parameter and buffer, with its scheme's angles stretched
