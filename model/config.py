@@ -4,6 +4,7 @@ built (`model.validation.check_config`), before any data is prepared."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from itertools import groupby
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -146,32 +147,16 @@ class GPTConfig:
     def __post_init__(self) -> None:
         if isinstance(self.layout, list):  # YAML's and a checkpoint's list: the tuple the command line gives
             object.__setattr__(self, "layout", tuple(self.layout))
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "fire_width", "attn_sparse_block"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"GPTConfig.{name} must be a positive integer, got {value!r}.")
+        for name, (holds, what) in BOUNDS.items():
+            if not holds(value := getattr(self, name)):
+                raise ConfigError(f"GPTConfig.{name} must be {what}, got {value!r}.")
         if self.n_embd % self.n_head:
             raise ConfigError(
                 f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
                 f"pick n_head among the divisors of {self.n_embd} or change n_embd."
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}.")
-        for name, choices in LITERAL_FIELDS.items():
-            if getattr(self, name) not in choices:
-                raise ConfigError(f"GPTConfig.{name} must be one of {list(choices)}, got {getattr(self, name)!r}.")
-        if self.rope_scaling_factor < 1.0:
-            raise ConfigError(f"GPTConfig.rope_scaling_factor must be >= 1, got {self.rope_scaling_factor!r}.")
-        if self.cope_positions is not None and (isinstance(self.cope_positions, bool) or self.cope_positions < 2):
-            raise ConfigError(f"GPTConfig.cope_positions must be at least 2 (or None), got {self.cope_positions!r}.")
-        if self.attn_log_scale is not None and not self.attn_log_scale > 0:
-            raise ConfigError(f"GPTConfig.attn_log_scale must be positive (or None), got {self.attn_log_scale!r}.")
         if self.attn_log_scaling != "none" and self.attn_log_scale is None and self.block_size < 2:
             raise ConfigError("GPTConfig.attn_log_scaling needs block_size >= 2 or an explicit attn_log_scale.")
-        if isinstance(self.rope_fraction, bool) or not 0.0 < self.rope_fraction <= 1.0:
-            raise ConfigError(
-                f"GPTConfig.rope_fraction must be in (0, 1] (1: every dimension), got {self.rope_fraction!r}."
-            )
         if self.n_kv_head is not None and (
             isinstance(self.n_kv_head, bool) or not isinstance(self.n_kv_head, int) or self.n_kv_head < 1
             or self.n_head % self.n_kv_head
@@ -181,15 +166,6 @@ class GPTConfig:
                 f"GPTConfig.n_kv_head must divide n_head ({self.n_head}), each KV head serving as many query heads, "
                 f"got {self.n_kv_head!r}: pick one of {divisors}."
             )
-        if isinstance(self.attn_softcap, bool) or not self.attn_softcap >= 0:
-            raise ConfigError(f"GPTConfig.attn_softcap must be >= 0 (0: no cap), got {self.attn_softcap!r}.")
-        if self.rope_base <= 0:
-            raise ConfigError(f"GPTConfig.rope_base must be positive, got {self.rope_base!r}.")
-        for name in ("attn_window", "attn_sinks", "attn_random_blocks", "attn_random_seed", "attn_chunk",
-                     "attn_temperature_floor"):  # fmt: skip
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"GPTConfig.{name} must be an integer >= 0, got {value!r}.")
         for name, what in (("attn_sinks", "keeps the first tokens visible beyond a window"),
                            ("attn_random_blocks", "adds random blocks to a window's keys (BigBird)")):  # fmt: skip
             if getattr(self, name) and not self.attn_window:
@@ -255,10 +231,38 @@ REMOVED_FIELDS = frozenset({"linear_backend"})
 """Fields older configs record that no longer exist (and changed no result): read and dropped."""
 
 
-LITERAL_FIELDS = {
-    name: get_args(hint) for name, hint in get_type_hints(GPTConfig).items() if get_origin(hint) is Literal
+def _integer(least: int) -> Callable[[Any], bool]:
+    return lambda value: not isinstance(value, bool) and isinstance(value, int) and value >= least
+
+
+def _number(holds: Callable[[float], bool]) -> Callable[[Any], bool]:
+    return lambda value: not isinstance(value, bool) and isinstance(value, int | float) and holds(value)
+
+
+BOUNDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    **dict.fromkeys(
+        ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "fire_width", "attn_sparse_block"),
+        (_integer(1), "a positive integer"),
+    ),
+    **dict.fromkeys(
+        ("attn_window", "attn_sinks", "attn_random_blocks", "attn_random_seed", "attn_chunk", "attn_temperature_floor"),
+        (_integer(0), "an integer >= 0"),
+    ),
+    **{  # the fields typed `Literal[...]`
+        name: (get_args(hint).__contains__, f"one of {list(get_args(hint))}")
+        for name, hint in get_type_hints(GPTConfig).items()
+        if get_origin(hint) is Literal
+    },
+    "dropout": (_number(lambda v: 0 <= v < 1), "in [0, 1)"),
+    "rope_base": (_number(lambda v: v > 0), "positive"),
+    "rope_scaling_factor": (_number(lambda v: v >= 1), ">= 1"),
+    "rope_fraction": (_number(lambda v: 0 < v <= 1), "in (0, 1] (1: every dimension)"),
+    "cope_positions": (lambda v: v is None or _integer(2)(v), "at least 2 (or None)"),
+    "attn_log_scale": (lambda v: v is None or _number(lambda s: s > 0)(v), "positive (or None)"),
+    "attn_softcap": (_number(lambda v: v >= 0), ">= 0 (0: no cap)"),
 }
-"""The fields typed `Literal[...]` and their values: checked for a config built in code or from a checkpoint."""
+"""Each checked field's test and what the field must be, checked in this order for a config built in code, from a
+file or from a checkpoint (relations between fields are `__post_init__`'s)."""
 
 
 def model_tags(values: dict[str, Any]) -> list[str]:
