@@ -122,9 +122,7 @@ def sink_rate_table(entries: list[dict[str, Any]], lengths: list[int]) -> list[s
         "(statistics from before issue 33; evaluate again for Gu et al.'s sink rate)",
     }
     lines: list[str] = []
-    for gu in (True, False):
-        if not tables[gu]:
-            continue
+    for gu in sorted(threshold, reverse=True):  # the definitions found, Gu et al.'s first
         lines += ["", titles[gu].format(threshold[gu]), ""]
         lines += ["| model | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---:|" * len(lengths)]
         for label, by_length in tables[gu].items():
