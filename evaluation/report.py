@@ -195,8 +195,7 @@ def study_lines(doc: dict[str, Any]) -> list[str]:
         lines.append(f"trained on {corpus}" + (f" ({size:,} training tokens)" if size else "") + f": {len(of)} run(s)")
     steps, tokens = {run["steps"] for run in runs}, {run["tokens"] for run in runs}
     lines.append(f"each run: {_one_or_list(sorted(steps))} steps, {_one_or_list(sorted(tokens))} tokens")
-    seconds = [run["train_seconds"] for run in runs if run.get("train_seconds") is not None]
-    if seconds:
+    if seconds := [run["train_seconds"] for run in runs if run.get("train_seconds") is not None]:
         lines.append(f"training wall time: {sum(seconds):,.0f} s over {len(seconds)} run(s) (all launches); "
                      f"evaluation {study['eval_wall_s']:,.0f} s")  # fmt: skip
     return lines
