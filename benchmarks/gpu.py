@@ -278,8 +278,7 @@ def run_lightning(setup: Setup, row: Row) -> Row:
         torch._dynamo.reset()
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # its model summary and notices
             warnings.simplefilter("ignore")
-            result = train(run, data)
-        tokens_per_s = logged_tokens_per_s(result.run_dir)[-1]
+            tokens_per_s = logged_tokens_per_s(train(run, data).run_dir)[-1]
     with torch.device("meta"):  # counted on a model without storage
         flops = GPT(config).flops_per_token(row.context)
     return figures(setup, row, batch * row.context / tokens_per_s, flops, None)

@@ -24,11 +24,13 @@ READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "
 """Tensor methods that hand a value to the host."""
 
 
-class _Scalars(TorchDispatchMode):
+class _Counting:  # a mode that adds what it sees to `counts`
     def __init__(self, counts: Counter) -> None:
         super().__init__()
         self.counts = counts
 
+
+class _Scalars(_Counting, TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.counts["_local_scalar_dense"] += func is torch.ops.aten._local_scalar_dense.default
         self.counts["ops"] += 1
@@ -36,11 +38,7 @@ class _Scalars(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class _Reads(TorchFunctionMode):
-    def __init__(self, counts: Counter) -> None:
-        super().__init__()
-        self.counts = counts
-
+class _Reads(_Counting, TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if name in READS and args and isinstance(args[0], torch.Tensor):

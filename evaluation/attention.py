@@ -125,8 +125,7 @@ def run(cfg: MapsConfig) -> list[Path]:
     for ckpt in loaded:
         for what, asked, count in (("layer", cfg.layers, ckpt.model.config.n_layer),
                                    ("head", cfg.heads, ckpt.model.config.n_head)):  # fmt: skip
-            unknown = [i for i in asked or [] if i >= count]
-            if unknown:
+            if unknown := [i for i in asked or [] if i >= count]:
                 raise ConfigError(
                     f"{ckpt.path} has {count} {what}s (0..{count - 1}); there is no {what} {unknown[0]}. "
                     f"Pass --{what}s within 0..{count - 1}."

@@ -125,8 +125,7 @@ def rounded(values: np.ndarray, digits: int = 6) -> list:
 
 
 def runs_at(model: GPT, length: int) -> bool:
-    limit = model.pe.max_positions
-    return limit is None or length <= limit
+    return model.pe.max_positions is None or length <= model.pe.max_positions
 
 
 def long_context_stats(

@@ -179,8 +179,7 @@ def cache_error(model: GPT, length: int) -> float:
 
 
 def judge(case: str, check: str, error: float, dtype: torch.dtype, started: float) -> Result:
-    tolerance = TOLERANCE[dtype]
-    return Result(case, check, error, tolerance, error <= tolerance, time.perf_counter() - started)
+    return Result(case, check, error, TOLERANCE[dtype], error <= TOLERANCE[dtype], time.perf_counter() - started)
 
 
 def inputs(lengths: list[int], device: torch.device) -> list[torch.Tensor]:

@@ -72,8 +72,7 @@ def gpt_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> GPT:
 def weights_misfit(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> str:
     """Why `state` does not load into a model whose state dict is `expected`, in one clause ('' if it does);
     PyTorch's own message lists every mismatch where a user needs the first."""
-    wrong = [name for name, tensor in expected.items() if name in state and state[name].shape != tensor.shape]
-    if wrong:
+    if wrong := [name for name, tensor in expected.items() if name in state and state[name].shape != tensor.shape]:
         more = f"; {len(wrong) - 1} more tensor(s) differ" if len(wrong) > 1 else ""
         name = wrong[0]
         return f"{name} is {tuple(state[name].shape)} in the file, {tuple(expected[name].shape)} for the config{more}"

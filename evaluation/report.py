@@ -122,9 +122,7 @@ def sink_rate_table(entries: list[dict[str, Any]], lengths: list[int]) -> list[s
         "(statistics from before issue 33; evaluate again for Gu et al.'s sink rate)",
     }
     lines: list[str] = []
-    for gu in (True, False):
-        if not tables[gu]:
-            continue
+    for gu in sorted(threshold, reverse=True):  # the definitions found, Gu et al.'s first
         lines += ["", titles[gu].format(threshold[gu]), ""]
         lines += ["| model | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---:|" * len(lengths)]
         for label, by_length in tables[gu].items():
@@ -197,8 +195,7 @@ def study_lines(doc: dict[str, Any]) -> list[str]:
         lines.append(f"trained on {corpus}" + (f" ({size:,} training tokens)" if size else "") + f": {len(of)} run(s)")
     steps, tokens = {run["steps"] for run in runs}, {run["tokens"] for run in runs}
     lines.append(f"each run: {_one_or_list(sorted(steps))} steps, {_one_or_list(sorted(tokens))} tokens")
-    seconds = [run["train_seconds"] for run in runs if run.get("train_seconds") is not None]
-    if seconds:
+    if seconds := [run["train_seconds"] for run in runs if run.get("train_seconds") is not None]:
         lines.append(f"training wall time: {sum(seconds):,.0f} s over {len(seconds)} run(s) (all launches); "
                      f"evaluation {study['eval_wall_s']:,.0f} s")  # fmt: skip
     return lines

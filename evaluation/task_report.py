@@ -18,9 +18,7 @@ from posgpt.model.config import model_tags
 def length_accuracy(run: dict[str, Any], length: int, key: str = "accuracy") -> float | None:
     """A run's accuracy (or `token_accuracy`) at `length`, averaged over depths; None where not applicable."""
     rows = [r for r in run["results"] if r["length"] == length]
-    if not all(r["applicable"] for r in rows):
-        return None
-    return statistics.fmean(r[key] for r in rows)
+    return statistics.fmean(r[key] for r in rows) if all(r["applicable"] for r in rows) else None
 
 
 def _cell(values: list[float | None]) -> str:
