@@ -14,7 +14,7 @@ import sys
 import types
 import typing
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -83,7 +83,7 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
     argv = shipped_configs(list(sys.argv[1:] if argv is None else argv), command)
     parser = build_parser(command)
     try:
-        args = spread_lists(bare_flags(argv, bool_options(command)), sequence_options(command))
+        args = spread_lists(argv, sequence_options(command), bool_options(command))
         namespace = parser.parse_args(merged_fields(parser, args, command))
     except argparse.ArgumentError as error:
         message = usage_message(str(error), options(command), command.skip)
@@ -226,15 +226,6 @@ def bool_options(command: Command) -> set[str]:
     return {name for name, kind, group in _offered(command) if not group and bool in _members(kind)}
 
 
-def bare_flags(argv: Sequence[str], flags: set[str]) -> list[str]:
-    """`argv` with a bool option written alone (`--quick`, the next token another option or none) as `--quick=true`;
-    `--quick false` and `--quick=false` as they are (jsonargparse gives a bool one value, always)."""
-    return [
-        f"{token}=true" if token.startswith("--") and token[2:] in flags and following.startswith("-") else token
-        for token, following in pairwise([*argv, "-"])
-    ]
-
-
 def _members(kind: Any) -> tuple[Any, ...]:
     return typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
 
@@ -301,9 +292,11 @@ def spell(text: str, command: Command) -> str:
     return OPTION.sub(spelled, text)
 
 
-def spread_lists(argv: Sequence[str], sequences: Mapping[str, Any]) -> list[str]:
+def spread_lists(argv: Sequence[str], sequences: Mapping[str, Any], flags: Collection[str] = ()) -> list[str]:
     """`argv` with every `--x a b c` of a list option as jsonargparse reads it: `--x=[] --x+=a ...` (each value
-    parsed on its own), `--x=[a,b,c]` for a tuple; `--x [a,b,c]` and a single value that may be one pass through."""
+    parsed on its own), `--x=[a,b,c]` for a tuple; `--x [a,b,c]` and a single value that may be one pass through.
+    A bool option of `flags` written alone (`--quick`, the next token another option or none) as `--quick=true`;
+    `--quick false` and `--quick=false` as they are (jsonargparse gives a bool one value, always)."""
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -311,7 +304,8 @@ def spread_lists(argv: Sequence[str], sequences: Mapping[str, Any]) -> list[str]
         i += 1
         name, eq, inline = token[2:].partition("=") if token.startswith("--") else ("", "", "")
         if name not in sequences:
-            out.append(token)
+            bare = name in flags and not eq and (i == len(argv) or argv[i].startswith("-"))
+            out.append(f"{token}=true" if bare else token)
             continue
         values = [inline] if eq else []
         while i < len(argv) and not (argv[i].startswith("--") or (argv[i][:1] == "-" and argv[i][1:2].isalpha())):
