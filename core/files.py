@@ -93,7 +93,10 @@ def directory_lock(directory: Path, wait: bool = False, tidy: bool = False) -> I
                     raise error from None
                 log.info("%s; waiting for it to finish", error)
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            if not _same_file(fd, lock):  # its holder failed and removed it (tidy) while this one waited
+            try:  # `lock` is another file, or none, where its holder failed and removed it (tidy) while this one waited
+                if not os.path.samestat(os.fstat(fd), os.stat(lock)):
+                    continue
+            except FileNotFoundError:
                 continue
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -120,14 +123,6 @@ def _open_lock(lock: Path) -> tuple[int | None, bool]:
         return os.open(lock, os.O_RDWR), False
     except FileNotFoundError:
         return None, False
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    """Whether `path` is still the file open as `fd` (not removed, nor replaced by another)."""
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
-    except FileNotFoundError:
-        return False
 
 
 @contextlib.contextmanager
