@@ -28,6 +28,7 @@ from posgpt.data.prepare import (
     VAL_MAX_TOKENS,
     PrepareConfig,
     fingerprint,
+    incomplete_split,
     prepare_sources,
     resolve_sources,
 )
@@ -96,16 +97,13 @@ def load_prepared(path: str | Path) -> PreparedData:
         version = meta.get("format_version") if isinstance(meta, dict) else None
         raise DataError(f"{path} was prepared by another version (format {version}); re-run prepare.")
     try:
-        data = PreparedData(path, meta)
-        sizes = {split: meta[f"{split}_tokens"] * data.dtype.itemsize for split in ("train", "val")}
+        incomplete = incomplete_split(path, meta)
         _ = meta["tokenizer"]["kind"]
     except (KeyError, TypeError, ValueError) as error:
         raise DataError(f"{path}/meta.json lacks or garbles {error}; re-run `posgpt prepare`.") from None
-    for split, expected in sizes.items():
-        file = path / f"{split}.bin"
-        if not file.is_file() or file.stat().st_size != expected:
-            raise DataError(f"{file} is missing or incomplete; re-run `posgpt prepare`.")
-    return data
+    if incomplete is not None:
+        raise DataError(f"{incomplete} is missing or incomplete; re-run `posgpt prepare`.")
+    return PreparedData(path, meta)
 
 
 def prepare_dir(inputs: str | list[str] | list[Source], prepared: str | None, prepared_root: str, **options: Any
