@@ -181,17 +181,13 @@ class FixedWindows(Dataset):
         return _window_batch(self.data.tokens(self.split), offsets, self.block_size)
 
 
-def tiktoken_ranks(explicit: str | None, recorded: str | None) -> str | None:
-    """The GPT-2 ranks file: the one passed now, else $POSGPT_TIKTOKEN_RANKS, else the one recorded."""
-    return explicit or os.environ.get(RANKS_ENV) or recorded
-
-
 def checkpoint_tokenizer(
     meta: dict[str, Any], recorded_ranks: str | None, ranks_path: str | None, checkpoint: str | Path
 ) -> Tokenizer:
-    """The tokenizer a checkpoint recorded (`meta`); one that cannot be rebuilt is a `CheckpointError`."""
+    """The tokenizer a checkpoint recorded (`meta`), GPT-2's from the ranks file passed now, else
+    $POSGPT_TIKTOKEN_RANKS, else the one recorded; one that cannot be rebuilt is a `CheckpointError`."""
     try:
-        return tokenizer_from_meta(meta, tiktoken_ranks(ranks_path, recorded_ranks))
+        return tokenizer_from_meta(meta, ranks_path or os.environ.get(RANKS_ENV) or recorded_ranks)
     except DataError as error:
         raise CheckpointError(
             f"Cannot rebuild the tokenizer of {checkpoint}: {error} Pass the ranks file with --tiktoken_ranks PATH "
