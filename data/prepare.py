@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -267,8 +266,8 @@ class ReadProgress(AbstractContextManager):
         self.start = self._last_log = time.perf_counter()
         self.end: float | None = None
         self._tenth = 0
-        interactive = sys.stderr.isatty() if interactive is None else interactive
-        self.bar = tqdm(total=self.total, unit="B", unit_scale=True, desc=what, leave=False, disable=not interactive)
+        disable = None if interactive is None else not interactive  # None: tqdm's own, off where stderr is no tty
+        self.bar = tqdm(total=self.total, unit="B", unit_scale=True, desc=what, leave=False, disable=disable)
 
     def update(self, read: int, tokens: int) -> None:
         """The input is read up to byte `read` and `tokens` are written."""
