@@ -39,14 +39,10 @@ def shown_path(path: Path | str) -> str:
         return str(path)
 
 
-def tmp_path(path: Path, hidden: bool = False) -> Path:
-    return path.with_name(f"{'.' if hidden else ''}{path.name}{TMP_MARK}{os.getpid()}")
-
-
 @contextlib.contextmanager
 def atomic_file(path: Path, hidden: bool = False) -> Iterator[BinaryIO]:
     """A temporary file, fsynced and renamed to `path` on success, removed on any error: readers never see a part."""
-    tmp = tmp_path(path, hidden)
+    tmp = path.with_name(f"{'.' if hidden else ''}{path.name}{TMP_MARK}{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             yield f
