@@ -179,13 +179,11 @@ def _add_group(parser: ArgumentParser, cls: type, prefix: str, defaults: Any, co
     fields = [f for f in dataclasses.fields(cls) if f.init]
     nested = {f.name for f in fields if dataclasses.is_dataclass(hints[f.name])}
     left_out = {f.name for f in fields if prefix + f.name in command.skip | command.hidden}
-    parser.add_class_arguments(cls, prefix[:-1] or None, skip=nested | left_out)
+    values = None if defaults is None else {f.name: getattr(defaults, f.name) for f in fields}  # those skipped: unused
+    parser.add_class_arguments(cls, prefix[:-1] or None, default=values, skip=nested | left_out)
     group = parser.groups.get(prefix[:-1] or cls.__name__)
     if group is not None and group.title:  # the summary line: the defaults shown are the command's, not the class'
         group.title = group.title.split(". ")[0].rstrip(".")
-    own = [f.name for f in fields if f.name not in nested | left_out]
-    if defaults is not None and own:
-        parser.set_defaults({prefix + name: getattr(defaults, name) for name in own})
     for f in fields:
         if f.name in nested and prefix + f.name not in command.skip:
             default = getattr(defaults, f.name) if defaults is not None else f.default_factory()  # a nested group's
