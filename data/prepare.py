@@ -135,11 +135,10 @@ def prepare_sources(cfg: PrepareConfig, sources: list[Source]) -> dict[str, Any]
     out = Path(cfg.out_dir)
     settings = {"tokenizer": cfg.tokenizer, "val_fraction": cfg.val_fraction, "errors": cfg.errors}
     try:
-        with waiting_lock(out, tidy=True):  # a failed prepare into a new directory leaves nothing
+        with waiting_lock(out, tidy=True):  # made where missing; a failed prepare into a new one leaves nothing
             if (existing := _reusable(out, sources, settings, cfg.val_max_tokens)) is not None:
                 log.info("Reusing %s: sources and settings unchanged", out)
                 return existing
-            out.mkdir(parents=True, exist_ok=True)
             (out / "meta.json").unlink(missing_ok=True)  # from here on the directory is not trusted
             try:
                 return _write(sources, cfg, settings)
