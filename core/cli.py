@@ -296,19 +296,17 @@ def spread_lists(argv: Sequence[str], sequences: Mapping[str, Any], flags: Colle
     A bool option of `flags` written alone (`--quick`, the next token another option or none) as `--quick=true`;
     `--quick false` and `--quick=false` as they are (jsonargparse gives a bool one value, always)."""
     out: list[str] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        i += 1
+    tokens = list(argv)
+    while tokens:
+        token = tokens.pop(0)
         name, eq, inline = token[2:].partition("=") if token.startswith("--") else ("", "", "")
         if name not in sequences:
-            bare = name in flags and not eq and (i == len(argv) or argv[i].startswith("-"))
+            bare = name in flags and not eq and (not tokens or tokens[0].startswith("-"))
             out.append(f"{token}=true" if bare else token)
             continue
         values = [inline] if eq else []
-        while i < len(argv) and not (argv[i].startswith("--") or (argv[i][:1] == "-" and argv[i][1:2].isalpha())):
-            values.append(argv[i])
-            i += 1
+        while tokens and not (tokens[0].startswith("--") or (tokens[0][:1] == "-" and tokens[0][1:2].isalpha())):
+            values.append(tokens.pop(0))
         out += _sequence_args(name, values, sequences[name])
     return out
 
