@@ -116,10 +116,8 @@ def prepare_dir(inputs: str | list[str] | list[Source], prepared: str | None, pr
     cfg = PrepareConfig(inputs, "", **options)  # type: ignore[arg-type]
     sources = resolve_sources(inputs, cfg.glob, cfg.text_column)
     settings = [source.location for source in sources] + [cfg.tokenizer, str(cfg.val_fraction), cfg.errors, cfg.glob]
-    if cfg.text_column != "text":
-        settings.append(f"text_column={cfg.text_column}")
-    if cfg.val_max_tokens != VAL_MAX_TOKENS:
-        settings.append(f"val_max_tokens={cfg.val_max_tokens}")
+    later = {"text_column": "text", "val_max_tokens": VAL_MAX_TOKENS}  # their defaults keep the older keys
+    settings += [f"{name}={getattr(cfg, name)}" for name, default in later.items() if getattr(cfg, name) != default]
     key = hashlib.sha256("\n".join(settings).encode()).hexdigest()[:10]
     out = Path(prepared_root) / f"{corpus_name(sources)}-{cfg.tokenizer}-{key}"
     prepare_sources(dataclasses.replace(cfg, out_dir=str(out)), sources)
