@@ -76,9 +76,13 @@ def directory_lock(directory: Path, wait: bool = False, tidy: bool = False) -> I
         created = list(itertools.takewhile(lambda p: not p.exists(), (path, *path.parents)))  # deepest first
         directory.mkdir(parents=True, exist_ok=True)
         lock = directory / ".lock"
-        fd, new_lock = _open_lock(lock)
-        if fd is None:  # removed between two calls: look again
-            continue
+        try:  # and whether this call made it
+            fd, new_lock = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            try:
+                fd, new_lock = os.open(lock, os.O_RDWR), False
+            except FileNotFoundError:  # removed between two calls: look again
+                continue
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -109,16 +113,6 @@ def directory_lock(directory: Path, wait: bool = False, tidy: bool = False) -> I
             return
         finally:
             os.close(fd)  # closing releases the lock
-
-
-def _open_lock(lock: Path) -> tuple[int | None, bool]:
-    """(descriptor of `lock`, whether this call created it); None when it vanished meanwhile."""
-    with contextlib.suppress(FileExistsError):
-        return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
-    try:
-        return os.open(lock, os.O_RDWR), False
-    except FileNotFoundError:
-        return None, False
 
 
 @contextlib.contextmanager
