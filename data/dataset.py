@@ -28,7 +28,6 @@ from posgpt.data.prepare import (
     VAL_MAX_TOKENS,
     PrepareConfig,
     fingerprint,
-    incomplete_split,
     prepare_sources,
     resolve_sources,
 )
@@ -97,13 +96,16 @@ def load_prepared(path: str | Path) -> PreparedData:
         version = meta.get("format_version") if isinstance(meta, dict) else None
         raise DataError(f"{path} was prepared by another version (format {version}); re-run prepare.")
     try:
-        incomplete = incomplete_split(path, meta)
+        data = PreparedData(path, meta)
+        sizes = {split: meta[f"{split}_tokens"] * data.dtype.itemsize for split in ("train", "val")}
         _ = meta["tokenizer"]["kind"]
     except (KeyError, TypeError, ValueError) as error:
         raise DataError(f"{path}/meta.json lacks or garbles {error}; re-run `posgpt prepare`.") from None
-    if incomplete is not None:
-        raise DataError(f"{incomplete} is missing or incomplete; re-run `posgpt prepare`.")
-    return PreparedData(path, meta)
+    for split, expected in sizes.items():
+        file = path / f"{split}.bin"
+        if not file.is_file() or file.stat().st_size != expected:
+            raise DataError(f"{file} is missing or incomplete; re-run `posgpt prepare`.")
+    return data
 
 
 def prepare_dir(inputs: str | list[str] | list[Source], prepared: str | None, prepared_root: str, **options: Any

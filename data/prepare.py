@@ -236,14 +236,9 @@ def _reusable(out: Path, sources: list[Source], settings: dict[str, Any], cap: i
         return None  # prepared without a cap (or a larger one) that would bind now
     if meta.get("fingerprint") != fingerprint(sources, settings, cap if meta.get("val_capped") else None):
         return None
-    return meta if incomplete_split(out, meta) is None else None
-
-
-def incomplete_split(out: Path, meta: dict[str, Any]) -> Path | None:
-    """The token file of `out` that is missing or holds another count of tokens than `meta` says, if any."""
     itemsize = np.dtype(meta["dtype"]).itemsize
-    files = {out / f"{split}.bin": meta[f"{split}_tokens"] * itemsize for split in ("train", "val")}
-    return next((file for file, size in files.items() if not file.is_file() or file.stat().st_size != size), None)
+    sizes = {out / f"{split}.bin": meta[f"{split}_tokens"] * itemsize for split in ("train", "val")}
+    return meta if all(file.is_file() and file.stat().st_size == size for file, size in sizes.items()) else None
 
 
 class ReadProgress(AbstractContextManager):
