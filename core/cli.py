@@ -14,7 +14,7 @@ import sys
 import types
 import typing
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -83,7 +83,7 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
     argv = shipped_configs(list(sys.argv[1:] if argv is None else argv), command)
     parser = build_parser(command)
     try:
-        args = spread_lists(bare_flags(argv, bool_options(command)), sequence_options(command))
+        args = spread_lists(argv, sequence_options(command), bool_options(command))
         namespace = parser.parse_args(merged_fields(parser, args, command))
     except argparse.ArgumentError as error:
         message = usage_message(str(error), options(command), command.skip)
@@ -179,13 +179,11 @@ def _add_group(parser: ArgumentParser, cls: type, prefix: str, defaults: Any, co
     fields = [f for f in dataclasses.fields(cls) if f.init]
     nested = {f.name for f in fields if dataclasses.is_dataclass(hints[f.name])}
     left_out = {f.name for f in fields if prefix + f.name in command.skip | command.hidden}
-    parser.add_class_arguments(cls, prefix[:-1] or None, skip=nested | left_out)
+    values = None if defaults is None else {f.name: getattr(defaults, f.name) for f in fields}  # those skipped: unused
+    parser.add_class_arguments(cls, prefix[:-1] or None, default=values, skip=nested | left_out)
     group = parser.groups.get(prefix[:-1] or cls.__name__)
     if group is not None and group.title:  # the summary line: the defaults shown are the command's, not the class'
         group.title = group.title.split(". ")[0].rstrip(".")
-    own = [f.name for f in fields if f.name not in nested | left_out]
-    if defaults is not None and own:
-        parser.set_defaults({prefix + name: getattr(defaults, name) for name in own})
     for f in fields:
         if f.name in nested and prefix + f.name not in command.skip:
             default = getattr(defaults, f.name) if defaults is not None else f.default_factory()  # a nested group's
@@ -224,15 +222,6 @@ def sequence_options(command: Command) -> dict[str, Any]:
 def bool_options(command: Command) -> set[str]:
     """The dotted names of the command's bool options (`bool | None` too)."""
     return {name for name, kind, group in _offered(command) if not group and bool in _members(kind)}
-
-
-def bare_flags(argv: Sequence[str], flags: set[str]) -> list[str]:
-    """`argv` with a bool option written alone (`--quick`, the next token another option or none) as `--quick=true`;
-    `--quick false` and `--quick=false` as they are (jsonargparse gives a bool one value, always)."""
-    return [
-        f"{token}=true" if token.startswith("--") and token[2:] in flags and following.startswith("-") else token
-        for token, following in pairwise([*argv, "-"])
-    ]
 
 
 def _members(kind: Any) -> tuple[Any, ...]:
@@ -301,22 +290,23 @@ def spell(text: str, command: Command) -> str:
     return OPTION.sub(spelled, text)
 
 
-def spread_lists(argv: Sequence[str], sequences: Mapping[str, Any]) -> list[str]:
+def spread_lists(argv: Sequence[str], sequences: Mapping[str, Any], flags: Collection[str] = ()) -> list[str]:
     """`argv` with every `--x a b c` of a list option as jsonargparse reads it: `--x=[] --x+=a ...` (each value
-    parsed on its own), `--x=[a,b,c]` for a tuple; `--x [a,b,c]` and a single value that may be one pass through."""
+    parsed on its own), `--x=[a,b,c]` for a tuple; `--x [a,b,c]` and a single value that may be one pass through.
+    A bool option of `flags` written alone (`--quick`, the next token another option or none) as `--quick=true`;
+    `--quick false` and `--quick=false` as they are (jsonargparse gives a bool one value, always)."""
     out: list[str] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        i += 1
+    tokens = list(argv)
+    while tokens:
+        token = tokens.pop(0)
         name, eq, inline = token[2:].partition("=") if token.startswith("--") else ("", "", "")
         if name not in sequences:
-            out.append(token)
+            bare = name in flags and not eq and (not tokens or tokens[0].startswith("-"))
+            out.append(f"{token}=true" if bare else token)
             continue
         values = [inline] if eq else []
-        while i < len(argv) and not (argv[i].startswith("--") or (argv[i][:1] == "-" and argv[i][1:2].isalpha())):
-            values.append(argv[i])
-            i += 1
+        while tokens and not (tokens[0].startswith("--") or (tokens[0][:1] == "-" and tokens[0][1:2].isalpha())):
+            values.append(tokens.pop(0))
         out += _sequence_args(name, values, sequences[name])
     return out
 

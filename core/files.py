@@ -39,14 +39,10 @@ def shown_path(path: Path | str) -> str:
         return str(path)
 
 
-def tmp_path(path: Path, hidden: bool = False) -> Path:
-    return path.with_name(f"{'.' if hidden else ''}{path.name}{TMP_MARK}{os.getpid()}")
-
-
 @contextlib.contextmanager
 def atomic_file(path: Path, hidden: bool = False) -> Iterator[BinaryIO]:
     """A temporary file, fsynced and renamed to `path` on success, removed on any error: readers never see a part."""
-    tmp = tmp_path(path, hidden)
+    tmp = path.with_name(f"{'.' if hidden else ''}{path.name}{TMP_MARK}{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             yield f
@@ -80,9 +76,13 @@ def directory_lock(directory: Path, wait: bool = False, tidy: bool = False) -> I
         created = list(itertools.takewhile(lambda p: not p.exists(), (path, *path.parents)))  # deepest first
         directory.mkdir(parents=True, exist_ok=True)
         lock = directory / ".lock"
-        fd, new_lock = _open_lock(lock)
-        if fd is None:  # removed between two calls: look again
-            continue
+        try:  # and whether this call made it
+            fd, new_lock = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            try:
+                fd, new_lock = os.open(lock, os.O_RDWR), False
+            except FileNotFoundError:  # removed between two calls: look again
+                continue
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -93,7 +93,10 @@ def directory_lock(directory: Path, wait: bool = False, tidy: bool = False) -> I
                     raise error from None
                 log.info("%s; waiting for it to finish", error)
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            if not _same_file(fd, lock):  # its holder failed and removed it (tidy) while this one waited
+            try:  # `lock` is another file, or none, where its holder failed and removed it (tidy) while this one waited
+                if not os.path.samestat(os.fstat(fd), os.stat(lock)):
+                    continue
+            except FileNotFoundError:
                 continue
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -110,24 +113,6 @@ def directory_lock(directory: Path, wait: bool = False, tidy: bool = False) -> I
             return
         finally:
             os.close(fd)  # closing releases the lock
-
-
-def _open_lock(lock: Path) -> tuple[int | None, bool]:
-    """(descriptor of `lock`, whether this call created it); None when it vanished meanwhile."""
-    with contextlib.suppress(FileExistsError):
-        return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
-    try:
-        return os.open(lock, os.O_RDWR), False
-    except FileNotFoundError:
-        return None, False
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    """Whether `path` is still the file open as `fd` (not removed, nor replaced by another)."""
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
-    except FileNotFoundError:
-        return False
 
 
 @contextlib.contextmanager

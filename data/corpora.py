@@ -192,7 +192,6 @@ def build(roots: list[Path], out: Path, environment: dict[str, Any], exclude: It
             checked += 1
             kept.setdefault(hashlib.sha256(data).hexdigest(), (path, root))
     duplicates = checked - len(kept)
-    out.parent.mkdir(parents=True, exist_ok=True)
     whole, text_bytes = hashlib.sha256(), 0
     with atomic_file(out) as f:
         for digest, (path, root) in sorted(kept.items()):  # content-hash order: deterministic, packages scattered

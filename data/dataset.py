@@ -118,10 +118,8 @@ def prepare_dir(inputs: str | list[str] | list[Source], prepared: str | None, pr
     cfg = PrepareConfig(inputs, "", **options)  # type: ignore[arg-type]
     sources = resolve_sources(inputs, cfg.glob, cfg.text_column)
     settings = [source.location for source in sources] + [cfg.tokenizer, str(cfg.val_fraction), cfg.errors, cfg.glob]
-    if cfg.text_column != "text":
-        settings.append(f"text_column={cfg.text_column}")
-    if cfg.val_max_tokens != VAL_MAX_TOKENS:
-        settings.append(f"val_max_tokens={cfg.val_max_tokens}")
+    later = {"text_column": "text", "val_max_tokens": VAL_MAX_TOKENS}  # their defaults keep the older keys
+    settings += [f"{name}={getattr(cfg, name)}" for name, default in later.items() if getattr(cfg, name) != default]
     key = hashlib.sha256("\n".join(settings).encode()).hexdigest()[:10]
     out = Path(prepared_root) / f"{corpus_name(sources)}-{cfg.tokenizer}-{key}"
     prepare_sources(dataclasses.replace(cfg, out_dir=str(out)), sources)
@@ -183,17 +181,13 @@ class FixedWindows(Dataset):
         return _window_batch(self.data.tokens(self.split), offsets, self.block_size)
 
 
-def tiktoken_ranks(explicit: str | None, recorded: str | None) -> str | None:
-    """The GPT-2 ranks file: the one passed now, else $POSGPT_TIKTOKEN_RANKS, else the one recorded."""
-    return explicit or os.environ.get(RANKS_ENV) or recorded
-
-
 def checkpoint_tokenizer(
     meta: dict[str, Any], recorded_ranks: str | None, ranks_path: str | None, checkpoint: str | Path
 ) -> Tokenizer:
-    """The tokenizer a checkpoint recorded (`meta`); one that cannot be rebuilt is a `CheckpointError`."""
+    """The tokenizer a checkpoint recorded (`meta`), GPT-2's from the ranks file passed now, else
+    $POSGPT_TIKTOKEN_RANKS, else the one recorded; one that cannot be rebuilt is a `CheckpointError`."""
     try:
-        return tokenizer_from_meta(meta, tiktoken_ranks(ranks_path, recorded_ranks))
+        return tokenizer_from_meta(meta, ranks_path or os.environ.get(RANKS_ENV) or recorded_ranks)
     except DataError as error:
         raise CheckpointError(
             f"Cannot rebuild the tokenizer of {checkpoint}: {error} Pass the ranks file with --tiktoken_ranks PATH "

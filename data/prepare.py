@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -33,7 +32,7 @@ import numpy as np
 from tqdm import tqdm
 
 from posgpt.core.cli import Command
-from posgpt.core.files import atomic_file, atomic_write_bytes, tmp_path, waiting_lock
+from posgpt.core.files import atomic_file, atomic_write_bytes, waiting_lock
 from posgpt.data.corpora import NAMED
 from posgpt.data.errors import DataError
 from posgpt.data.readers import CHUNK_CHARS
@@ -136,11 +135,10 @@ def prepare_sources(cfg: PrepareConfig, sources: list[Source]) -> dict[str, Any]
     out = Path(cfg.out_dir)
     settings = {"tokenizer": cfg.tokenizer, "val_fraction": cfg.val_fraction, "errors": cfg.errors}
     try:
-        with waiting_lock(out, tidy=True):  # a failed prepare into a new directory leaves nothing
+        with waiting_lock(out, tidy=True):  # made where missing; a failed prepare into a new one leaves nothing
             if (existing := _reusable(out, sources, settings, cfg.val_max_tokens)) is not None:
                 log.info("Reusing %s: sources and settings unchanged", out)
                 return existing
-            out.mkdir(parents=True, exist_ok=True)
             (out / "meta.json").unlink(missing_ok=True)  # from here on the directory is not trusted
             try:
                 return _write(sources, cfg, settings)
@@ -165,10 +163,9 @@ def _write(sources: list[Source], cfg: PrepareConfig, settings: dict[str, Any]) 
     gpt2 = cfg.tokenizer == "gpt2"
     tok: Tokenizer = GPT2Tokenizer(cfg.tiktoken_ranks) if gpt2 else CharTokenizer(_char_set(sources, errors))
     dtype = token_dtype(tok.vocab_size)
-    tmp = tmp_path(out / "tokens.bin")
-    try:
-        total, n_chars = 0, 0  # tokens, and characters of text read (separators and <|endoftext|> not counted)
-        with ReadProgress("tokenizing", _total_size(sources)) as progress, open(tmp, "wb") as f:
+    total, n_chars = 0, 0  # tokens, and characters of text read (separators and <|endoftext|> not counted)
+    with atomic_file(out / "train.bin") as f:  # every token; the last ones are copied to val.bin, then cut off
+        with ReadProgress("tokenizing", _total_size(sources)) as progress:
             for ids, read, chars in _encoded(sources, tok, errors, cfg.workers or os.cpu_count() or 1):
                 array = np.asarray(ids, dtype=dtype)
                 f.write(array.tobytes())
@@ -179,9 +176,11 @@ def _write(sources: list[Source], cfg: PrepareConfig, settings: dict[str, Any]) 
         n_train, n_val, capped = split_sizes(total, val_fraction, cap)
         if n_train < 1 or (val_fraction > 0 and n_val < 1):
             raise DataError(f"The corpus has only {total} tokens, too few to split with val_fraction={val_fraction}.")
-        _split(tmp, out, n_train, dtype)
-    finally:
-        tmp.unlink(missing_ok=True)
+        f.flush()
+        with open(f.name, "rb") as tokens, atomic_file(out / "val.bin") as val:
+            tokens.seek(n_train * dtype.itemsize)
+            shutil.copyfileobj(tokens, val)
+        f.truncate(n_train * dtype.itemsize)
     if capped:
         log.info("Validation split capped at %s tokens (--data.val_max_tokens), %.2f%% of the %s tokens instead of "
                  "val_fraction %g", f"{n_val:,}", 100 * n_val / total, f"{total:,}", val_fraction)  # fmt: skip
@@ -213,17 +212,6 @@ def split_sizes(total: int, val_fraction: float, cap: int | None) -> tuple[int, 
     if cap is not None and total - n_train > cap:
         return total - cap, cap, True
     return n_train, total - n_train, False
-
-
-def _split(tokens: Path, out: Path, n_train: int, dtype: np.dtype) -> None:
-    """Last tokens -> val.bin; the file itself, truncated to the first n_train, -> train.bin."""
-    with open(tokens, "r+b") as f:
-        f.seek(n_train * dtype.itemsize)
-        with atomic_file(out / "val.bin") as val:
-            shutil.copyfileobj(f, val)
-        f.truncate(n_train * dtype.itemsize)
-        os.fsync(f.fileno())
-    os.replace(tokens, out / "train.bin")
 
 
 def fingerprint(sources: list[Source], settings: dict[str, Any], cap: int | None = None) -> str:
@@ -262,8 +250,8 @@ class ReadProgress(AbstractContextManager):
         self.start = self._last_log = time.perf_counter()
         self.end: float | None = None
         self._tenth = 0
-        interactive = sys.stderr.isatty() if interactive is None else interactive
-        self.bar = tqdm(total=self.total, unit="B", unit_scale=True, desc=what, leave=False, disable=not interactive)
+        disable = None if interactive is None else not interactive  # None: tqdm's own, off where stderr is no tty
+        self.bar = tqdm(total=self.total, unit="B", unit_scale=True, desc=what, leave=False, disable=disable)
 
     def update(self, read: int, tokens: int) -> None:
         """The input is read up to byte `read` and `tokens` are written."""

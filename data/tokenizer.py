@@ -37,15 +37,13 @@ class CharTokenizer:
     def encode(self, text: str, drop_unknown: bool = False) -> list[int]:
         """Ids of `text`; characters outside the vocabulary are an error naming them, or left out."""
         unknown = sorted(set(text) - self._ids.keys())
-        if unknown and drop_unknown:
-            text = "".join(c for c in text if c in self._ids)
-        elif unknown:
+        if unknown and not drop_unknown:
             raise DataError(
                 f"Characters not in the vocabulary: {''.join(unknown)!r} ({len(unknown)} distinct). "
                 "A char-level model only knows the characters of its training corpus; remove them "
                 "(sample.py: --drop_unknown true)."
             )
-        return [self._ids[c] for c in text]
+        return [self._ids[c] for c in (filter(self._ids.__contains__, text) if unknown else text)]
 
     def encode_pieces(self, texts: list[str], ends: list[bool], num_threads: int = 1) -> np.ndarray:
         """The ids of `texts` in order, a newline after those that end a document."""

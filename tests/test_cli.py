@@ -296,7 +296,7 @@ def test_an_unknown_variant_field_a_refused_value_and_a_per_run_field_name_the_v
 
 
 def test_every_bool_option_of_every_command_takes_a_bare_flag_as_true():
-    """`--quick` alone is `--quick true` (jsonargparse gives a bool one value, always: `core.cli.bare_flags`), and
+    """`--quick` alone is `--quick true` (jsonargparse gives a bool one value, always: `core.cli.spread_lists`), and
     `--quick false`, `--quick=false` and a bare flag before another option keep working; read from the parsers."""
     commands = [*COMMANDS.values(), *BENCH.values(), *(loaded(posgpt_cli.MODES)[m] for m in ("plot", "check"))]
     checked = 0
@@ -308,26 +308,26 @@ def test_every_bool_option_of_every_command_takes_a_bare_flag_as_true():
             for argv, expected in cases:
                 if expected is None:  # a bare flag followed by another option: true, and the other one refused
                     with pytest.raises(argparse.ArgumentError, match="help_never_given"):
-                        _parsed(command, parser, cli.bare_flags(argv, flags))
+                        _parsed(command, parser, argv, flags)
                     continue
-                assert _parsed(command, parser, cli.bare_flags(argv, flags))[flag] is expected, (command.prog, argv)
+                assert _parsed(command, parser, argv, flags)[flag] is expected, (command.prog, argv)
                 checked += 1
     assert checked > 3 * 40  # every command's: train's, sample's --stream (bool | None), check's --quick, ...
     check = loaded(posgpt_cli.MODES)["check"]
     assert cli.parse(check, ["--quick", "--only", "rope"]).quick is True  # as the commands parse
 
 
-def _parsed(command, parser, argv: list[str]):
+def _parsed(command, parser, argv: list[str], flags: set[str]):
     """The namespace of `argv`, with a placeholder for each required option it lacks (this checks flags only)."""
     sequences = cli.sequence_options(command)
     try:
-        return parser.parse_args(cli.spread_lists(argv, sequences))
+        return parser.parse_args(cli.spread_lists(argv, sequences, flags))
     except argparse.ArgumentError as error:
         missing = re.match(r"the following arguments are required: (.*)", str(error))
         if not missing:
             raise
         placeholders = [a for name in missing.group(1).split(", ") for a in (f"--{name}", "x")]
-        return parser.parse_args(cli.spread_lists([*argv, *placeholders], sequences))
+        return parser.parse_args(cli.spread_lists([*argv, *placeholders], sequences, flags))
 
 
 HELP = "Run 'train.py --help' for the options."

@@ -106,7 +106,7 @@ def test_an_interrupted_prepare_leaves_nothing_trusted(text_file, tmp_path, monk
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(prepare_module, "_split", crash)
+    monkeypatch.setattr(prepare_module, "split_sizes", crash)  # every token written, none split off yet
     with pytest.raises(KeyboardInterrupt):
         prepare(str(text_file), str(out), "char")
     assert not (out / "meta.json").exists() and not list(out.glob("*.tmp"))
@@ -222,7 +222,7 @@ def _fill_disk(monkeypatch, module, room: int = 10, skip: int = 0) -> None:
 
 
 # the three writes of a prepare: the token stream, the validation split, meta.json (module, writes before it)
-WRITERS = {"tokens": (prepare_module, 0), "split": (files_module, 0), "meta": (files_module, 1)}
+WRITERS = {"tokens": (files_module, 0), "split": (files_module, 1), "meta": (files_module, 2)}
 
 
 @pytest.mark.parametrize("writer", WRITERS)
@@ -242,7 +242,7 @@ def test_a_full_disk_in_a_directory_the_user_made_removes_only_what_the_prepare_
     (out / "notes.txt").write_text("mine")
     text_file.write_text(make_text(seed=3))
     before = {p.name for p in out.iterdir()}
-    _fill_disk(monkeypatch, prepare_module)
+    _fill_disk(monkeypatch, files_module)
     with pytest.raises(DataError, match="No space left on device"):
         prepare(str(text_file), str(out), "char")
     left = {p.name for p in out.iterdir()}

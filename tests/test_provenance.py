@@ -4,6 +4,7 @@ refusing data that changed since (on plain values, as a checkpoint records them)
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import pytest
 import evaluate as evaluate_script
 import train as train_script
 from posgpt.core import cli
-from posgpt.data.dataset import prepare_dir, recorded_data, tiktoken_ranks
+from posgpt.core.checkpoint import CheckpointError
+from posgpt.data.dataset import checkpoint_tokenizer, prepare_dir, recorded_data
 from posgpt.data.errors import DataError
 from posgpt.data.tokenizer import RANKS_ENV
 from posgpt.evaluation.checkpoint import load_checkpoint
@@ -79,8 +81,13 @@ def test_evaluation_rebuilds_a_deleted_split_from_unchanged_sources(tmp_path, te
 
 
 def test_the_ranks_file_passed_or_in_the_environment_wins_over_the_recorded_one(monkeypatch):
+    def tried(given: str | None) -> str:  # the ranks file a checkpoint's GPT-2 tokenizer is rebuilt from
+        with pytest.raises(CheckpointError, match="GPT-2 ranks file not found") as info:
+            checkpoint_tokenizer({"kind": "gpt2"}, "/old/r50k", given, "x.ckpt")
+        return re.search(r"not found: (\S+)", str(info.value)).group(1)
+
     monkeypatch.delenv(RANKS_ENV, raising=False)
-    assert tiktoken_ranks(None, "/old/r50k") == "/old/r50k"
+    assert tried(None) == "/old/r50k"
     monkeypatch.setenv(RANKS_ENV, "/env/r50k")
-    assert tiktoken_ranks(None, "/old/r50k") == "/env/r50k"
-    assert tiktoken_ranks("/given/r50k", "/old/r50k") == "/given/r50k"
+    assert tried(None) == "/env/r50k"
+    assert tried("/given/r50k") == "/given/r50k"
