@@ -152,25 +152,22 @@ class LastCheckpoint(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
-        if trainer.sanity_checking or trainer.state.fn != "fit":
-            return
         if reason := self._stop_reason(trainer, reserve=0.0):
             self._stop(reason, trainer.global_step, " during validation")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._step_ended = time.monotonic()  # validation is not a training step
         loss = trainer.callback_metrics.get("val/loss")
-        if not trainer.sanity_checking and loss is not None and not math.isfinite(float(loss)):
+        if loss is not None and not math.isfinite(float(loss)):
             raise self._diverged(trainer.global_step)
 
     def _stop(self, reason: int, step: int, where: str = "") -> None:
-        what = "Time limit (--train.max_minutes) reached"
-        if reason != DEADLINE:
-            what = f"Stopped by {signal.Signals(reason).name}"
+        timed_out = reason == DEADLINE
+        what = "Time limit (--train.max_minutes) reached" if timed_out else f"Stopped by {signal.Signals(reason).name}"
         saved = f"saved {self.path}" if self.saved_step == step else f"{self.path} holds step {self.saved_step}"
         raise TrainingStopped(
             f"{what} at step {step}{where}; {saved}. Continue with the same command and --train.resume auto.",
-            TIME_LIMIT_EXIT if reason == DEADLINE else 128 + reason,
+            TIME_LIMIT_EXIT if timed_out else 128 + reason,
         )
 
     def _stop_reason(self, trainer: L.Trainer, reserve: float, step: int | None = None) -> int:
@@ -314,8 +311,6 @@ class ProgressLines(L.Callback):
         self._val_started = time.perf_counter()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != "fit":
-            return
         self._val_seconds = time.perf_counter() - self._val_started
         self._val_total += self._val_seconds
         loss = trainer.callback_metrics.get("val/loss")
