@@ -98,19 +98,16 @@ class LastCheckpoint(L.Callback):
         started = time.monotonic()
         trainer.save_checkpoint(self.path, weights_only=False)
         self._longest_save = max(self._longest_save, time.monotonic() - started)
-        self.saved_step = trainer.global_step
-        if self.t.keep_every and self.saved_step % self.t.keep_every == 0 and trainer.is_global_zero:
-            self._keep(self.saved_step)
-
-    def _keep(self, step: int) -> None:
-        """last.ckpt as step-NNNNNNN.ckpt too (a hard link where it can), and only the latest `t.keep_last` of those."""
-        kept = self.path.with_name(f"step-{step:07d}.ckpt")
+        self.saved_step = step = trainer.global_step
+        if not self.t.keep_every or step % self.t.keep_every or not trainer.is_global_zero:
+            return
+        kept = self.path.with_name(f"step-{step:07d}.ckpt")  # last.ckpt kept under its step too
         kept.unlink(missing_ok=True)
         try:
-            os.link(self.path, kept)
+            os.link(self.path, kept)  # a hard link where it can
         except OSError:  # a file system without hard links
             shutil.copyfile(self.path, kept)
-        if self.t.keep_last:
+        if self.t.keep_last:  # only the latest keep_last of those
             for old in sorted(self.path.parent.glob("step-*.ckpt"))[: -self.t.keep_last]:
                 old.unlink(missing_ok=True)
 
