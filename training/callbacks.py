@@ -207,10 +207,13 @@ class LastCheckpoint(L.Callback):
         )
 
 
-class SpeedMonitor(L.Callback):
+class MetricsWriter(L.Callback):
     """Tokens per second and, on GPUs with a known peak, MFU (flops_per_token x tokens/s per device / peak), from
-    one step's end to the next: data loading counts, validation does not. Put it first, so that a step's
-    checkpoint is written after its reading."""
+    one step's end to the next: data loading counts, validation does not. Then a logging step's metrics
+    (`pl_module.pending`) read in one transfer from the device and handed to every logger as floats: no step syncs
+    the host but a logging step, once (Lightning's `self.log` reads each metric on its own, and re-reads those shown
+    in the bar every batch). Put it first, so that a step's checkpoint is written after its reading, and the
+    progress lines show its metrics."""
 
     def __init__(self, flops_per_token: int, log_every: int) -> None:
         self.flops_per_token, self.log_every = flops_per_token, log_every
@@ -226,6 +229,19 @@ class SpeedMonitor(L.Callback):
     ) -> None:
         if not optimizer_stepped(trainer, batch_idx):
             return
+        self._read_speed(trainer, pl_module)
+        if not (pending := pl_module.pending):
+            return
+        names = [name for name, value in pending.items() if isinstance(value, torch.Tensor)]
+        read = torch.stack([pending[n].float() for n in names]).tolist() if names else []  # the one sync
+        metrics = {n: float(v) for n, v in pending.items() if n not in names} | dict(zip(names, read, strict=True))
+        pending.clear()
+        pl_module.logged.update(metrics)
+        for logger in trainer.loggers:  # the step as Lightning numbers it: optimizer steps before this one
+            logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
+            logger.save()
+
+    def _read_speed(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._t0 is not None:  # else the first step (and the first after validation): warm-up, not timed
             self._steps += 1
             if self._steps < self.log_every:  # synchronise only to read: a sync every step would stall the GPU queue
@@ -235,34 +251,13 @@ class SpeedMonitor(L.Callback):
         now = time.perf_counter()
         if self._t0 is not None:
             tokens_per_s = (pl_module.tokens_seen - self._tokens0) / (now - self._t0)
-            pl_module.pending["perf/tokens_per_s"] = tokens_per_s  # floats: `MetricsWriter` writes them
+            pl_module.pending["perf/tokens_per_s"] = tokens_per_s  # floats: written with the step's other metrics
             if self._peak:
                 pl_module.pending["perf/mfu"] = tokens_per_s / trainer.world_size * self.flops_per_token / self._peak
         self._t0, self._steps, self._tokens0 = now, 0, pl_module.tokens_seen
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t0 = None
-
-
-class MetricsWriter(L.Callback):
-    """A logging step's metrics (`pl_module.pending`) read in one transfer from the device and handed to every logger
-    as floats: no step syncs the host but a logging step, once (Lightning's `self.log` reads each metric on its own,
-    and re-reads those shown in the bar every batch). After `SpeedMonitor`, before the progress lines that show them."""
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if not pl_module.pending or not optimizer_stepped(trainer, batch_idx):
-            return
-        pending = pl_module.pending
-        names = [name for name, value in pending.items() if isinstance(value, torch.Tensor)]
-        read = torch.stack([pending[n].float() for n in names]).tolist() if names else []  # the one sync
-        metrics = {n: float(v) for n, v in pending.items() if n not in names} | dict(zip(names, read, strict=True))
-        pending.clear()
-        pl_module.logged.update(metrics)
-        for logger in trainer.loggers:  # the step as Lightning numbers it: optimizer steps before this one
-            logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
-            logger.save()
 
 
 class ProgressLines(L.Callback):

@@ -28,14 +28,7 @@ from posgpt.model import GPT
 from posgpt.model.config import model_tags
 from posgpt.model.kernels import AUTO
 from posgpt.model.pretrained import check_pretrained, from_pretrained, weights_file
-from posgpt.training.callbacks import (
-    AtomicCheckpointIO,
-    LastCheckpoint,
-    MetricsWriter,
-    ProgressBar,
-    SpeedMonitor,
-    progress_callback,
-)
+from posgpt.training.callbacks import AtomicCheckpointIO, LastCheckpoint, MetricsWriter, ProgressBar, progress_callback
 from posgpt.training.config import EVAL_BATCHES, DataConfig, RunConfig
 from posgpt.training.curves import write_training_plot
 from posgpt.training.datamodule import TaskDataModule, TokenDataModule
@@ -187,8 +180,7 @@ def _fit(
 
     progress = progress_callback(t)
     callbacks = [
-        SpeedMonitor(module.model.flops_per_token(cfg.model.block_size), t.log_interval),  # first: before a save
-        MetricsWriter(),  # the step's metrics, read once: before the progress lines show them
+        MetricsWriter(module.model.flops_per_token(cfg.model.block_size), t.log_interval),  # first: before a save
         LastCheckpoint(run_dir, t, deadline),
         L.pytorch.callbacks.ModelCheckpoint(
             dirpath=run_dir, filename="best", monitor="val/loss", mode="min", enable_version_counter=False
