@@ -10,7 +10,6 @@ import math
 import os
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -261,11 +260,12 @@ class MetricsWriter(L.Callback):
 
 
 class ProgressLines(L.Callback):
-    """One log line every `every` optimizer steps and one after each validation. Step time leaves out a launch's
-    first step (warm-up) and validations; the ETA adds the validations to come at the last one's duration."""
+    """One log line every `t.print_interval` optimizer steps and one after each validation. Step time leaves out a
+    launch's first step (warm-up) and validations; the ETA adds the validations to come at the last one's duration."""
 
-    def __init__(self, every: int, eval_every: int) -> None:
-        self.every, self.eval_every = every, eval_every
+    def __init__(self, t: TrainConfig) -> None:
+        self.every = t.print_interval or max(1, round(t.max_steps / 20 / t.log_interval)) * t.log_interval  # ~20 lines
+        self.eval_every = t.eval_interval
         self._mark: tuple[float, int, int, float] | None = None  # (time, step, tokens, validation seconds) at a line
         self._train = [0.0, 0]  # seconds and steps of training timed in this launch
         self._val_started, self._val_seconds, self._val_total = 0.0, 0.0, 0.0  # the last validation's seconds, all
@@ -283,9 +283,7 @@ class ProgressLines(L.Callback):
         if step % self.every and step < trainer.max_steps:
             return
         seconds = mark[0] - self._mark[0] - (mark[3] - self._mark[3])  # the validations since left out
-        steps, tokens = step - self._mark[1], mark[2] - self._mark[2]
-        if steps <= 0:
-            return
+        steps, tokens = step - self._mark[1], mark[2] - self._mark[2]  # steps > 0: each call is a new step
         self._mark = mark
         self._train = [self._train[0] + seconds, self._train[1] + steps]
         metrics = pl_module.logged  # floats of the last logging step: no sync
@@ -321,11 +319,3 @@ class ProgressBar(TQDMProgressBar):
         return items | {
             short: f"{pl_module.logged[name]:.4g}" for name, short in shown.items() if name in pl_module.logged
         }
-
-
-def progress_callback(t: TrainConfig) -> L.Callback:
-    """The bar where it is wanted and stdout is a terminal, else the plain lines (every `print_interval` steps)."""
-    if t.progress_bar and sys.stdout.isatty():
-        return ProgressBar()
-    every = t.print_interval or max(1, round(t.max_steps / 20 / t.log_interval)) * t.log_interval  # about 20 lines
-    return ProgressLines(every, t.eval_interval)

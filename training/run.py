@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from posgpt.model import GPT
 from posgpt.model.config import model_tags
 from posgpt.model.kernels import AUTO
 from posgpt.model.pretrained import check_pretrained, from_pretrained, weights_file
-from posgpt.training.callbacks import AtomicCheckpointIO, LastCheckpoint, MetricsWriter, ProgressBar, progress_callback
+from posgpt.training.callbacks import AtomicCheckpointIO, LastCheckpoint, MetricsWriter, ProgressBar, ProgressLines
 from posgpt.training.config import EVAL_BATCHES, DataConfig, RunConfig
 from posgpt.training.curves import write_training_plot
 from posgpt.training.datamodule import TaskDataModule, TokenDataModule
@@ -178,14 +179,14 @@ def _fit(
     if t.compile:
         module.model.compile(mode=t.compile_mode)  # in place: state_dict keys keep their names
 
-    progress = progress_callback(t)
+    bar = t.progress_bar and sys.stdout.isatty()  # Lightning's bar where wanted in a terminal, else plain lines
     callbacks = [
         MetricsWriter(module.model.flops_per_token(cfg.model.block_size), t.log_interval),  # first: before a save
         LastCheckpoint(run_dir, t, deadline),
         L.pytorch.callbacks.ModelCheckpoint(
             dirpath=run_dir, filename="best", monitor="val/loss", mode="min", enable_version_counter=False
         ),
-        progress,
+        ProgressBar() if bar else ProgressLines(t),
     ]
     if t.model_summary:
         callbacks.append(L.pytorch.callbacks.ModelSummary(max_depth=2))
@@ -205,7 +206,7 @@ def _fit(
             logger=make_loggers(t.logger, run_dir, start_step, t.wandb_project, dataclasses.asdict(cfg)),
             callbacks=callbacks,
             plugins=[AtomicCheckpointIO()],
-            enable_progress_bar=isinstance(progress, ProgressBar),
+            enable_progress_bar=bar,
             enable_model_summary=t.model_summary,
             default_root_dir=str(run_dir),
         )
