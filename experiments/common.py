@@ -266,11 +266,6 @@ class Launch:
         self.train_wall: dict[str, float] = {}  # seconds of each run trained now
         self.eval_wall = 0.0  # seconds of the evaluations, over every launch
 
-    def minutes_left(self) -> float:
-        """What is left, in minutes: 0 for no limit (as `train.max_minutes` reads it), a tiny positive number
-        once it has passed (a run started then stops at its first step)."""
-        return 0.0 if self.end is None else max(1e-3, (self.end - time.monotonic()) / 60)
-
     def check_time(self, what: str, takes: float = 0.0) -> None:
         """Stop the study when too little time is left to begin `what` (`takes` seconds, as its likes took)."""
         reserve = max(min(STARTUP_RESERVE_S, 6 * self.study.max_minutes), takes)
@@ -310,8 +305,11 @@ class Launch:
             start = f" from step {planned.step}" if planned.step else ""
             log.info(progress_line(k, len(plan), [f"training {name}{start}"], None, "run"))
             resume = "auto" if planned.step else None  # a run with no checkpoint yet starts afresh, and quietly
+            # what is left of the time, in minutes: 0 for no limit (as train.max_minutes reads it), a tiny positive
+            # number once it has passed (the run then stops at its first step)
+            left = 0.0 if self.end is None else max(1e-3, (self.end - time.monotonic()) / 60)
             cfg = dataclasses.replace(planned.config, train=dataclasses.replace(
-                planned.config.train, max_minutes=self.minutes_left(), resume=resume))  # fmt: skip
+                planned.config.train, max_minutes=left, resume=resume))  # fmt: skip
             flops, t0 = progress.left(planned), time.perf_counter()
             try:
                 if data_for is None:  # the study's corpus, prepared (and said so) once

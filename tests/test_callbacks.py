@@ -62,11 +62,11 @@ def test_optimizer_stepped_is_true_exactly_when_the_optimizer_stepped(tmp_path, 
 
 def test_a_steps_speed_reading_is_taken_before_its_checkpoint_is_written(tmp_path, text_file, monkeypatch):
     """The tokens/s of an interval leave out the checkpoint written at its last step (the run's final
-    one put a 124M trainer at 0.25 of its bare step on an H200): SpeedMonitor reads the clock first."""
+    one put a 124M trainer at 0.25 of its bare step on an H200): MetricsWriter reads the clock first."""
     from posgpt.training import callbacks
 
     events: list[tuple[str, int]] = []
-    read, save = callbacks.SpeedMonitor.on_train_batch_end, callbacks.LastCheckpoint._save
+    read, save = callbacks.MetricsWriter.on_train_batch_end, callbacks.LastCheckpoint._save
 
     def reading(self, trainer, *args):
         events.append(("speed", trainer.global_step))
@@ -76,7 +76,7 @@ def test_a_steps_speed_reading_is_taken_before_its_checkpoint_is_written(tmp_pat
         events.append(("save", trainer.global_step))
         return save(self, trainer, *args)
 
-    monkeypatch.setattr(callbacks.SpeedMonitor, "on_train_batch_end", reading)
+    monkeypatch.setattr(callbacks.MetricsWriter, "on_train_batch_end", reading)
     monkeypatch.setattr(callbacks.LastCheckpoint, "_save", saving)
     argv = tiny_args(
         tmp_path, text_file, "--train.max_steps", "4", "--train.ckpt_interval", "2", "--train.logger", "none"

@@ -19,7 +19,7 @@ from posgpt.core.checkpoint import read_checkpoint
 from posgpt.data.dataset import load_prepared
 from posgpt.data.prepare import prepare
 from posgpt.training import hardware
-from posgpt.training.callbacks import SpeedMonitor
+from posgpt.training.callbacks import MetricsWriter
 from posgpt.training.datamodule import TokenDataModule
 from posgpt.training.logs import metrics_file
 
@@ -178,28 +178,29 @@ def test_mfu_peaks_are_dense_bf16_figures(monkeypatch, name, precision, peak):
     assert hardware.peak_flops(torch.device("cpu"), precision) is None
 
 
-def test_speed_monitor_on_cuda_syncs_only_when_it_measures_and_logs_mfu(monkeypatch):
+def test_speed_reading_on_cuda_syncs_only_when_it_measures_and_logs_mfu(monkeypatch):
     cuda = _StandInCuda(monkeypatch)
-    logged: dict[str, list[float]] = {"perf/tokens_per_s": [], "perf/mfu": []}
-    module = types.SimpleNamespace(tokens_seen=0, pending={})  # what MetricsWriter hands the loggers
+    written: list[dict[str, float]] = []  # what MetricsWriter hands the loggers
+    logger = types.SimpleNamespace(log_metrics=lambda metrics, step: written.append(metrics), save=lambda: None)
+    module = types.SimpleNamespace(tokens_seen=0, pending={}, logged={})
     trainer = types.SimpleNamespace(
         strategy=types.SimpleNamespace(root_device=torch.device("cuda", 0)),
         precision="bf16-mixed",
         world_size=2,
         accumulate_grad_batches=2,
+        loggers=[logger],
+        global_step=1,
+        current_epoch=0,
     )
-    monitor = SpeedMonitor(flops_per_token=6_000_000, log_every=5)
+    monitor = MetricsWriter(flops_per_token=6_000_000, log_every=5)
     monitor.setup(trainer, module, "fit")
     for batch_idx in range(2 * (1 + 10)):  # the first step starts the clock; then two measurements of 5 steps
         module.tokens_seen += 512
         monitor.on_train_batch_end(trainer, module, None, None, batch_idx)  # acts on every second micro-batch
-        for name, value in module.pending.items():
-            logged[name].append(value)
-        module.pending.clear()
     assert cuda.syncs == 3  # the start and each measurement, never every step
-    assert len(logged["perf/tokens_per_s"]) == 2 and len(logged["perf/mfu"]) == 2
-    for tokens_per_s, mfu in zip(logged["perf/tokens_per_s"], logged["perf/mfu"], strict=True):
-        assert mfu == pytest.approx(tokens_per_s / 2 * 6_000_000 / 989.4e12)  # per device
+    assert len(written) == 2
+    for metrics in written:  # MFU per device
+        assert metrics["perf/mfu"] == pytest.approx(metrics["perf/tokens_per_s"] / 2 * 6_000_000 / 989.4e12)
 
 
 def test_batches_are_pinned_for_cuda_only(tmp_path, text_file):

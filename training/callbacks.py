@@ -10,7 +10,6 @@ import math
 import os
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -98,19 +97,16 @@ class LastCheckpoint(L.Callback):
         started = time.monotonic()
         trainer.save_checkpoint(self.path, weights_only=False)
         self._longest_save = max(self._longest_save, time.monotonic() - started)
-        self.saved_step = trainer.global_step
-        if self.t.keep_every and self.saved_step % self.t.keep_every == 0 and trainer.is_global_zero:
-            self._keep(self.saved_step)
-
-    def _keep(self, step: int) -> None:
-        """last.ckpt as step-NNNNNNN.ckpt too (a hard link where it can), and only the latest `t.keep_last` of those."""
-        kept = self.path.with_name(f"step-{step:07d}.ckpt")
+        self.saved_step = step = trainer.global_step
+        if not self.t.keep_every or step % self.t.keep_every or not trainer.is_global_zero:
+            return
+        kept = self.path.with_name(f"step-{step:07d}.ckpt")  # last.ckpt kept under its step too
         kept.unlink(missing_ok=True)
         try:
-            os.link(self.path, kept)
+            os.link(self.path, kept)  # a hard link where it can
         except OSError:  # a file system without hard links
             shutil.copyfile(self.path, kept)
-        if self.t.keep_last:
+        if self.t.keep_last:  # only the latest keep_last of those
             for old in sorted(self.path.parent.glob("step-*.ckpt"))[: -self.t.keep_last]:
                 old.unlink(missing_ok=True)
 
@@ -148,29 +144,23 @@ class LastCheckpoint(L.Callback):
             self._save(trainer, pl_module)
         self._step_ended = time.monotonic()
 
-    def on_validation_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:  # fmt: skip
-        if trainer.sanity_checking or trainer.state.fn != "fit":
-            return
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:  # the module, outputs, batch, indices
         if reason := self._stop_reason(trainer, reserve=0.0):
             self._stop(reason, trainer.global_step, " during validation")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._step_ended = time.monotonic()  # validation is not a training step
         loss = trainer.callback_metrics.get("val/loss")
-        if not trainer.sanity_checking and loss is not None and not math.isfinite(float(loss)):
+        if loss is not None and not math.isfinite(float(loss)):
             raise self._diverged(trainer.global_step)
 
     def _stop(self, reason: int, step: int, where: str = "") -> None:
-        what = "Time limit (--train.max_minutes) reached"
-        if reason != DEADLINE:
-            what = f"Stopped by {signal.Signals(reason).name}"
+        timed_out = reason == DEADLINE
+        what = "Time limit (--train.max_minutes) reached" if timed_out else f"Stopped by {signal.Signals(reason).name}"
         saved = f"saved {self.path}" if self.saved_step == step else f"{self.path} holds step {self.saved_step}"
         raise TrainingStopped(
             f"{what} at step {step}{where}; {saved}. Continue with the same command and --train.resume auto.",
-            TIME_LIMIT_EXIT if reason == DEADLINE else 128 + reason,
+            TIME_LIMIT_EXIT if timed_out else 128 + reason,
         )
 
     def _stop_reason(self, trainer: L.Trainer, reserve: float, step: int | None = None) -> int:
@@ -213,10 +203,13 @@ class LastCheckpoint(L.Callback):
         )
 
 
-class SpeedMonitor(L.Callback):
+class MetricsWriter(L.Callback):
     """Tokens per second and, on GPUs with a known peak, MFU (flops_per_token x tokens/s per device / peak), from
-    one step's end to the next: data loading counts, validation does not. Put it first, so that a step's
-    checkpoint is written after its reading."""
+    one step's end to the next: data loading counts, validation does not. Then a logging step's metrics
+    (`pl_module.pending`) read in one transfer from the device and handed to every logger as floats: no step syncs
+    the host but a logging step, once (Lightning's `self.log` reads each metric on its own, and re-reads those shown
+    in the bar every batch). Put it first, so that a step's checkpoint is written after its reading, and the
+    progress lines show its metrics."""
 
     def __init__(self, flops_per_token: int, log_every: int) -> None:
         self.flops_per_token, self.log_every = flops_per_token, log_every
@@ -232,35 +225,9 @@ class SpeedMonitor(L.Callback):
     ) -> None:
         if not optimizer_stepped(trainer, batch_idx):
             return
-        if self._t0 is not None:  # else the first step (and the first after validation): warm-up, not timed
-            self._steps += 1
-            if self._steps < self.log_every:  # synchronise only to read: a sync every step would stall the GPU queue
-                return
-        if trainer.strategy.root_device.type == "cuda":
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        if self._t0 is not None:
-            tokens_per_s = (pl_module.tokens_seen - self._tokens0) / (now - self._t0)
-            pl_module.pending["perf/tokens_per_s"] = tokens_per_s  # floats: `MetricsWriter` writes them
-            if self._peak:
-                pl_module.pending["perf/mfu"] = tokens_per_s / trainer.world_size * self.flops_per_token / self._peak
-        self._t0, self._steps, self._tokens0 = now, 0, pl_module.tokens_seen
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._t0 = None
-
-
-class MetricsWriter(L.Callback):
-    """A logging step's metrics (`pl_module.pending`) read in one transfer from the device and handed to every logger
-    as floats: no step syncs the host but a logging step, once (Lightning's `self.log` reads each metric on its own,
-    and re-reads those shown in the bar every batch). After `SpeedMonitor`, before the progress lines that show them."""
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if not pl_module.pending or not optimizer_stepped(trainer, batch_idx):
+        self._read_speed(trainer, pl_module)
+        if not (pending := pl_module.pending):
             return
-        pending = pl_module.pending
         names = [name for name, value in pending.items() if isinstance(value, torch.Tensor)]
         read = torch.stack([pending[n].float() for n in names]).tolist() if names else []  # the one sync
         metrics = {n: float(v) for n, v in pending.items() if n not in names} | dict(zip(names, read, strict=True))
@@ -270,13 +237,32 @@ class MetricsWriter(L.Callback):
             logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
             logger.save()
 
+    def _read_speed(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._t0 is not None:  # else the first step (and the first after validation): warm-up, not timed
+            self._steps += 1
+            if self._steps < self.log_every:  # synchronise only to read: a sync every step would stall the GPU queue
+                return
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        if self._t0 is not None:
+            tokens_per_s = (pl_module.tokens_seen - self._tokens0) / (now - self._t0)
+            pl_module.pending["perf/tokens_per_s"] = tokens_per_s  # floats: written with the step's other metrics
+            if self._peak:
+                pl_module.pending["perf/mfu"] = tokens_per_s / trainer.world_size * self.flops_per_token / self._peak
+        self._t0, self._steps, self._tokens0 = now, 0, pl_module.tokens_seen
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._t0 = None
+
 
 class ProgressLines(L.Callback):
-    """One log line every `every` optimizer steps and one after each validation. Step time leaves out a launch's
-    first step (warm-up) and validations; the ETA adds the validations to come at the last one's duration."""
+    """One log line every `t.print_interval` optimizer steps and one after each validation. Step time leaves out a
+    launch's first step (warm-up) and validations; the ETA adds the validations to come at the last one's duration."""
 
-    def __init__(self, every: int, eval_every: int) -> None:
-        self.every, self.eval_every = every, eval_every
+    def __init__(self, t: TrainConfig) -> None:
+        self.every = t.print_interval or max(1, round(t.max_steps / 20 / t.log_interval)) * t.log_interval  # ~20 lines
+        self.eval_every = t.eval_interval
         self._mark: tuple[float, int, int, float] | None = None  # (time, step, tokens, validation seconds) at a line
         self._train = [0.0, 0]  # seconds and steps of training timed in this launch
         self._val_started, self._val_seconds, self._val_total = 0.0, 0.0, 0.0  # the last validation's seconds, all
@@ -294,9 +280,7 @@ class ProgressLines(L.Callback):
         if step % self.every and step < trainer.max_steps:
             return
         seconds = mark[0] - self._mark[0] - (mark[3] - self._mark[3])  # the validations since left out
-        steps, tokens = step - self._mark[1], mark[2] - self._mark[2]
-        if steps <= 0:
-            return
+        steps, tokens = step - self._mark[1], mark[2] - self._mark[2]  # steps > 0: each call is a new step
         self._mark = mark
         self._train = [self._train[0] + seconds, self._train[1] + steps]
         metrics = pl_module.logged  # floats of the last logging step: no sync
@@ -314,8 +298,6 @@ class ProgressLines(L.Callback):
         self._val_started = time.perf_counter()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != "fit":
-            return
         self._val_seconds = time.perf_counter() - self._val_started
         self._val_total += self._val_seconds
         loss = trainer.callback_metrics.get("val/loss")
@@ -334,11 +316,3 @@ class ProgressBar(TQDMProgressBar):
         return items | {
             short: f"{pl_module.logged[name]:.4g}" for name, short in shown.items() if name in pl_module.logged
         }
-
-
-def progress_callback(t: TrainConfig) -> L.Callback:
-    """The bar where it is wanted and stdout is a terminal, else the plain lines (every `print_interval` steps)."""
-    if t.progress_bar and sys.stdout.isatty():
-        return ProgressBar()
-    every = t.print_interval or max(1, round(t.max_steps / 20 / t.log_interval)) * t.log_interval  # about 20 lines
-    return ProgressLines(every, t.eval_interval)

@@ -95,12 +95,9 @@ def check_fp8(accelerator: str, precision: str, option: str = "--train.fp8") -> 
 
 def fp8_eligible(module: nn.Module, name: str) -> bool:
     """Whether the layer `name` trains in FP8: a block's linear layer with sizes multiples of 16."""
-    return (
-        isinstance(module, nn.Linear)
-        and name.startswith("blocks.")
-        and module.in_features % 16 == 0
-        and module.out_features % 16 == 0
-    )
+    if not isinstance(module, nn.Linear) or not name.startswith("blocks."):
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
 def convert_to_fp8(model: nn.Module) -> int:

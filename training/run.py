@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -28,14 +29,7 @@ from posgpt.model import GPT
 from posgpt.model.config import model_tags
 from posgpt.model.kernels import AUTO
 from posgpt.model.pretrained import check_pretrained, from_pretrained, weights_file
-from posgpt.training.callbacks import (
-    AtomicCheckpointIO,
-    LastCheckpoint,
-    MetricsWriter,
-    ProgressBar,
-    SpeedMonitor,
-    progress_callback,
-)
+from posgpt.training.callbacks import AtomicCheckpointIO, LastCheckpoint, MetricsWriter, ProgressBar, ProgressLines
 from posgpt.training.config import EVAL_BATCHES, DataConfig, RunConfig
 from posgpt.training.curves import write_training_plot
 from posgpt.training.datamodule import TaskDataModule, TokenDataModule
@@ -144,7 +138,7 @@ def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
     )
     if rank_zero_only.rank != 0:  # DDP/FSDP workers: rank 0 holds the directory and has checked it
         run_dir.mkdir(parents=True, exist_ok=True)
-        return _fit(cfg, data, run_dir, precision, resume_path(t.resume, run_dir), deadline)
+        return _fit(cfg, used, data, run_dir, resume_path(t.resume, run_dir), deadline)
     try:
         with directory_lock(run_dir, tidy=True):
             ckpt_path = resume_path(t.resume, run_dir)
@@ -155,7 +149,7 @@ def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
                     log.warning("%s may hold this model's run from before run names named layouts and layer options: "
                                 "--train.run_name %s resumes it", old, old.name)  # fmt: skip
             claim_run_dir(run_dir, ckpt_path, t.overwrite, used)
-            return _fit(cfg, data, run_dir, precision, ckpt_path, deadline, used)
+            return _fit(cfg, used, data, run_dir, ckpt_path, deadline)
     except LockedError as error:
         raise RunError(
             f"{error}: another run is training into it. Wait for it, or pass another --train.run_name."
@@ -163,15 +157,9 @@ def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
 
 
 def _fit(
-    cfg: RunConfig,
-    data: TrainingData,
-    run_dir: Path,
-    precision: str,
-    ckpt_path: Path | None,
-    deadline: float | None,
-    used: RunConfig | None = None,
+    cfg: RunConfig, used: RunConfig, data: TrainingData, run_dir: Path, ckpt_path: Path | None, deadline: float | None
 ) -> RunResult:
-    """Build the module and the Trainer and fit; `used` (rank 0) is written once the resume is allowed."""
+    """Build the module and the Trainer and fit; rank 0 writes `used` once the resume is allowed."""
     t = cfg.train
     start_step = 0
     if ckpt_path is not None:
@@ -179,7 +167,7 @@ def _fit(
         for change in check_resume(ckpt, ckpt_path, cfg, data.record):
             log.info("Resuming with %s", change)
         start_step = int(ckpt.get("global_step", 0))
-    if used is not None:
+    if rank_zero_only.rank == 0:
         write_configs(run_dir, cfg, used)
     module = GPTModule(cfg, data.tokenizer.meta(), data.record)
     if cfg.model.init_from and ckpt_path is None:  # a resume restores its own weights
@@ -191,15 +179,14 @@ def _fit(
     if t.compile:
         module.model.compile(mode=t.compile_mode)  # in place: state_dict keys keep their names
 
-    progress = progress_callback(t)
+    bar = t.progress_bar and sys.stdout.isatty()  # Lightning's bar where wanted in a terminal, else plain lines
     callbacks = [
-        SpeedMonitor(module.model.flops_per_token(cfg.model.block_size), t.log_interval),  # first: before a save
-        MetricsWriter(),  # the step's metrics, read once: before the progress lines show them
+        MetricsWriter(module.model.flops_per_token(cfg.model.block_size), t.log_interval),  # first: before a save
         LastCheckpoint(run_dir, t, deadline),
         L.pytorch.callbacks.ModelCheckpoint(
             dirpath=run_dir, filename="best", monitor="val/loss", mode="min", enable_version_counter=False
         ),
-        progress,
+        ProgressBar() if bar else ProgressLines(t),
     ]
     if t.model_summary:
         callbacks.append(L.pytorch.callbacks.ModelSummary(max_depth=2))
@@ -209,7 +196,7 @@ def _fit(
             devices=t.devices,
             strategy=t.strategy,
             num_nodes=t.num_nodes,
-            precision=precision,
+            precision=used.train.precision,
             max_steps=t.max_steps,
             accumulate_grad_batches=t.grad_accum,
             val_check_interval=t.eval_interval * t.grad_accum,
@@ -219,7 +206,7 @@ def _fit(
             logger=make_loggers(t.logger, run_dir, start_step, t.wandb_project, dataclasses.asdict(cfg)),
             callbacks=callbacks,
             plugins=[AtomicCheckpointIO()],
-            enable_progress_bar=isinstance(progress, ProgressBar),
+            enable_progress_bar=bar,
             enable_model_summary=t.model_summary,
             default_root_dir=str(run_dir),
         )
