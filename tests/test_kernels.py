@@ -353,7 +353,8 @@ def test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, fields):
     from torch.nn.attention.flex_attention import flex_attention
 
     from posgpt.model.kernels import Placement
-    from posgpt.model.kernels.flex import build_block_mask, score_mod_of
+    from posgpt.model.kernels.block_mask import eager_block_mask
+    from posgpt.model.kernels.flex import score_mod_of
 
     config = dataclasses.replace(tiny_config, **fields, fire_width=4)  # FIRE: 16 tensors read once, not 100
     pe, layer = GPT(config).pe, config.n_layer - 1
@@ -363,7 +364,7 @@ def test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, fields):
     step, weights = Placement(T, H, torch.device("cpu")), torch.randn(2, H, T, config.head_dim)
     checked = aot_autograd(fw_compiler=lambda gm, inputs: make_boxed_func(gm), bw_compiler=_checked_backward)
     flex = torch.compile(flex_attention, backend=checked, fullgraph=True)
-    score_mod, block_mask = score_mod_of(pe.bias(layer), step), build_block_mask(AttentionMask(), step, {})
+    score_mod, block_mask = score_mod_of(pe.bias(layer), step), eager_block_mask(AttentionMask(), step, {})
     (flex(q, k, v, score_mod=score_mod, block_mask=block_mask) * weights).sum().backward()
     got = {name: p.grad.clone() for name, p in pe.named_parameters() if p.grad is not None}
     pe.zero_grad(set_to_none=True)
