@@ -248,15 +248,9 @@ class GPT(nn.Module):
         return self.kind_pe[kind.name] if kind.name in self.kind_pe else self.pe
 
     @property
-    def kinds(self) -> list[LayerKind]:
-        """The kinds of the layers (`model.layout`): one without a layout."""
-        return self._kinds
-
-    @kinds.setter
-    def kinds(self, kinds: list[LayerKind]) -> None:
-        self._kinds = kinds
-        self.kind_of = [next(kind for kind in kinds if i in kind.layers) for i in range(self.config.n_layer)]
-        """Each layer's kind, in layer order."""
+    def kind_of(self) -> list[LayerKind]:
+        """Each layer's kind (`kinds`: those of the layers, `model.layout`; one without a layout), in layer order."""
+        return [kind for i in range(self.config.n_layer) for kind in self.kinds if i in kind.layers]
 
     def _hidden(
         self,

@@ -81,8 +81,7 @@ class AttentionMask:
         """Whether query position `q` sees key position `k` (broadcasting tensors of absolute positions)."""
         allowed = k <= q
         if self.chunk:
-            allowed = allowed & (torch.div(q, self.chunk, rounding_mode="floor") ==
-                                 torch.div(k, self.chunk, rounding_mode="floor"))  # fmt: skip
+            allowed = allowed & (q // self.chunk == k // self.chunk)
         if self.window:
             local = (q - k < self.window) | (k < self.sinks)
             key_block = k // self.sparse_block

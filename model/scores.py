@@ -164,8 +164,3 @@ class LogLengthScale(nn.Module):
 
 SCORES: dict[str, type[Score]] = {"scaled_dot": ScaledDot, "dot": Dot, "general": General, "additive": Additive}
 """The scoring functions by `attn_score` name (`Score.build` makes one for a model)."""
-
-
-def build_score(config: GPTConfig) -> Score:
-    """The scoring function `config.attn_score` names."""
-    return SCORES[config.attn_score].build(config)

@@ -127,15 +127,14 @@ def _alternatives(config: GPTConfig, field: str) -> str:
 
 def _refusal(config: GPTConfig, missing: list[Lack]) -> str:
     """One line: which setting cannot run which, why, and what would."""
-    host = "attn_backend" if config.attn_backend != AUTO else "attention"
     culprit = missing[0].setting or "attn_backend"
     if culprit == "attn_window" and config.attn_chunk:  # the mask beyond causal is the chunk's
         culprit = "attn_chunk"
     lacks = " and ".join(lack.words for lack in missing)
-    if host == "attn_backend":
-        why = f"kernel {config.attn_backend!r} lacks {lacks}"
+    if config.attn_backend != AUTO:
+        host, why = "attn_backend", f"kernel {config.attn_backend!r} lacks {lacks}"
     else:
-        why = f"none of its kernels ({', '.join(ATTENTIONS[config.attention].kernels)}) has {lacks}"
+        host, why = "attention", f"none of its kernels ({', '.join(ATTENTIONS[config.attention].kernels)}) has {lacks}"
     host_value, culprit_value = getattr(config, host), getattr(config, culprit)
     return (
         f"{host}={host_value!r} cannot run {culprit}={culprit_value!r}: {why}. With {host}={host_value!r}, "

@@ -15,7 +15,7 @@ from posgpt.core.errors import ConfigError
 from posgpt.model import ATTENTIONS, GPT, SCHEMES, GPTConfig
 from posgpt.model.kernels import KERNELS, Kernel, KernelError, Plan, causal_mask, eager_attention, sdpa_attention
 from posgpt.model.masks import AttentionMask
-from posgpt.model.scores import SCORES, build_score
+from posgpt.model.scores import SCORES
 from posgpt.model.terms import Term
 
 from helpers import (
@@ -353,7 +353,8 @@ def test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, fields):
     from torch.nn.attention.flex_attention import flex_attention
 
     from posgpt.model.kernels import Placement
-    from posgpt.model.kernels.flex import build_block_mask, score_mod_of
+    from posgpt.model.kernels.block_mask import eager_block_mask
+    from posgpt.model.kernels.flex import score_mod_of
 
     config = dataclasses.replace(tiny_config, **fields, fire_width=4)  # FIRE: 16 tensors read once, not 100
     pe, layer = GPT(config).pe, config.n_layer - 1
@@ -363,12 +364,13 @@ def test_flex_carries_the_gradient_of_every_learned_bias(tiny_config, fields):
     step, weights = Placement(T, H, torch.device("cpu")), torch.randn(2, H, T, config.head_dim)
     checked = aot_autograd(fw_compiler=lambda gm, inputs: make_boxed_func(gm), bw_compiler=_checked_backward)
     flex = torch.compile(flex_attention, backend=checked, fullgraph=True)
-    score_mod, block_mask = score_mod_of(pe.bias(layer), step), build_block_mask(AttentionMask(), step, {})
+    score_mod, block_mask = score_mod_of(pe.bias(layer), step), eager_block_mask(AttentionMask(), step, {})
     (flex(q, k, v, score_mod=score_mod, block_mask=block_mask) * weights).sum().backward()
     got = {name: p.grad.clone() for name, p in pe.named_parameters() if p.grad is not None}
     pe.zero_grad(set_to_none=True)
     context = KERNELS["eager"].context(pe.bias(layer), AttentionMask(), step, {})
-    (Plan(KERNELS["eager"], context, step).attend(q, k, v, build_score(config), 0.0) * weights).sum().backward()
+    score = SCORES[config.attn_score].build(config)
+    (Plan(KERNELS["eager"], context, step).attend(q, k, v, score, 0.0) * weights).sum().backward()
     assert got.keys() == {name for name, _ in pe.named_parameters()}  # a view would have none
     for name, p in pe.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)  # b2: 0 (softmax shift)
@@ -388,5 +390,5 @@ def test_flex_runs_t5_with_the_tiles_its_bias_declares(tiny_config, monkeypatch)
     for scheme in ("t5", "alibi"):
         pe = GPT(dataclasses.replace(tiny_config, pos_encoding=scheme)).pe
         context = KERNELS["flex"].context(pe.bias(0), AttentionMask(), step, {})
-        Plan(KERNELS["flex"], context, step).attend(q, q, q, build_score(tiny_config), 0.0)
+        Plan(KERNELS["flex"], context, step).attend(q, q, q, SCORES[tiny_config.attn_score].build(tiny_config), 0.0)
     assert [kw["kernel_options"] for kw in seen] == [T5_TILES, None]

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from posgpt.model.kernels import AUTO, Kernel, KernelError, Needs, Placement, Plan
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import PositionEncoding
-from posgpt.model.scores import Score, build_score
+from posgpt.model.scores import SCORES, Score
 from posgpt.model.terms import Term
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(config.n_embd, config.n_embd, config.bias)
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.score = build_score(config)
+        self.score = SCORES[config.attn_score].build(config)
         norm = QK_NORMS[config.qk_norm]  # before the rotation (on every layer) or after it (on rotating layers)
         self.q_norm, self.k_norm = (None if norm is None else nn.RMSNorm(
             self.head_dim, eps=norm.eps, elementwise_affine=norm.learned) for _ in range(2))  # fmt: skip

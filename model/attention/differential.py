@@ -47,33 +47,26 @@ class DifferentialAttention(SoftmaxAttention):
 
     @classmethod
     def check(cls, config: GPTConfig) -> None:
-        if config.head_dim % 4:
-            raise ConfigError(
-                f"attention='differential' splits each head in two halves of whole RoPE pairs, so the head size "
-                f"n_embd / n_head = {config.head_dim} must be a multiple of 4: change n_embd or n_head."
-            )
-        if Term.FROM_SCORES in SCHEMES[config.pos_encoding].terms:
-            raise ConfigError(
-                f"attention='differential' scores half-heads, and pos_encoding={config.pos_encoding!r} reads its "
-                "positions from whole heads' scores: use another pos_encoding, or an attention function that scores "
-                "whole heads."
-            )
-        if config.attn_sink_logits:
-            raise ConfigError(
-                "GPTConfig.attn_sink_logits adds a keyless logit to one softmax, and attention='differential' takes "
-                "the difference of two: use attention 'softmax' or 'forgetting', or attn_sink_logits false."
-            )
-        if not SCORES[config.attn_score].dot_product:
-            raise ConfigError(
-                f"attention='differential' scores half of each head per map, a dot product; attn_score="
-                f"{config.attn_score!r} is not one: use attn_score scaled_dot, dot or general."
-            )
-        if config.rope_fraction != 1.0 and config.rope_partial == "neox" and config.diff_split == "rope_pairs":
-            raise ConfigError(
-                "attention='differential' with diff_split='rope_pairs' splits heads by RoPE pairs of the whole head, "
-                "which rope_partial='neox' does not make: use diff_split='half_heads', rope_partial='p_rope', or "
-                "rope_fraction 1."
-            )
+        neox = config.rope_fraction != 1.0 and config.rope_partial == "neox"
+        refusals = {  # each refusal: whether it applies (the first that does is raised)
+            f"attention='differential' splits each head in two halves of whole RoPE pairs, so the head size n_embd / "
+            f"n_head = {config.head_dim} must be a multiple of 4: change n_embd or n_head.": config.head_dim % 4,
+            f"attention='differential' scores half-heads, and pos_encoding={config.pos_encoding!r} reads its "
+            "positions from whole heads' scores: use another pos_encoding, or an attention function that scores "
+            "whole heads.": Term.FROM_SCORES in SCHEMES[config.pos_encoding].terms,
+            "GPTConfig.attn_sink_logits adds a keyless logit to one softmax, and attention='differential' takes the "
+            "difference of two: use attention 'softmax' or 'forgetting', or "
+            "attn_sink_logits false.": config.attn_sink_logits,
+            f"attention='differential' scores half of each head per map, a dot product; attn_score="
+            f"{config.attn_score!r} is not one: use attn_score scaled_dot, dot or "
+            "general.": not SCORES[config.attn_score].dot_product,
+            "attention='differential' with diff_split='rope_pairs' splits heads by RoPE pairs of the whole head, "
+            "which rope_partial='neox' does not make: use diff_split='half_heads', rope_partial='p_rope', or "
+            "rope_fraction 1.": neox and config.diff_split == "rope_pairs",
+        }
+        for refusal, applies in refusals.items():
+            if applies:
+                raise ConfigError(refusal)
 
     @classmethod
     def kernel_head_size(cls, head_dim: int) -> int:

@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posgpt.model.attention.softmax import SoftmaxAttention
-from posgpt.model.kernels.base import Kernel
 from posgpt.model.kernels.eager import EagerKernel
 
 if TYPE_CHECKING:
@@ -46,14 +45,10 @@ class StickBreakingEager(EagerKernel):
     weigh = staticmethod(stick_breaking_weights)
 
 
-STICK_BREAKING_KERNELS: dict[str, Kernel] = {"eager": StickBreakingEager()}
-"""Stick-breaking attention's kernels by `attn_backend` name."""
-
-
 class StickBreakingAttention(SoftmaxAttention):
     """Stick-breaking attention (this module): softmax attention's layer with stick-breaking weights."""
 
-    kernels = STICK_BREAKING_KERNELS
+    kernels = {"eager": StickBreakingEager()}
     keys_in_order = True  # its KV cache never rolls (the window still masks)
 
     @classmethod

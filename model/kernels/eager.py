@@ -102,8 +102,7 @@ class EagerKernel(Kernel):
     def context(
         self, bias: ScoreBias | None, mask: AttentionMask, placement: Placement, memo: dict, **settings: Any
     ) -> DenseContext:
-        weigh = functools.partial(self.weigh, **settings) if settings else self.weigh
-        return dense_context(bias, mask, placement, shortcut=False, weigh=weigh)
+        return dense_context(bias, mask, placement, shortcut=False, weigh=functools.partial(self.weigh, **settings))
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
         """`eager_attention` with the context's weights, a block of query rows at a time."""

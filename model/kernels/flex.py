@@ -42,27 +42,16 @@ def compiled_flex_attention() -> Callable[..., Tensor]:
 def score_mod_of(bias: ScoreBias, placement: Placement) -> ScoreMod:
     """The scheme's bias as a FlexAttention score_mod: the same formula as the dense path's."""
     positions, formula = placement.positions, bias.formula  # not the frozen dataclass: dynamo 2.11 cannot call it
+    keys = placement.k_pos if placement.k_pos is not None else positions
     assert formula is not None
-    if positions is not None:  # each row at its own positions: its keys' in the cache, or its own
-        keys = placement.k_pos if placement.k_pos is not None else positions
-
-        def score_mod_rows(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            query = positions[b, q_idx]
-            return score + formula(h, query - keys[b, kv_idx], query)
-
-        return score_mod_rows
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return score + formula(h, q_idx - kv_idx, q_idx)
+        if positions is None:
+            return score + formula(h, q_idx - kv_idx, q_idx)
+        query = positions[b, q_idx]  # each row at its own positions: its keys' in the cache, or its own
+        return score + formula(h, query - keys[b, kv_idx], query)
 
     return score_mod
-
-
-def build_block_mask(mask: AttentionMask, placement: Placement, cache: dict | None) -> BlockMask:
-    """The block mask of `mask` for a forward pass (block_mask.py, imported here: it imports Dynamo, 2 s)."""
-    from posgpt.model.kernels.block_mask import eager_block_mask
-
-    return eager_block_mask(mask, placement, cache)
 
 
 @dataclass(frozen=True)
@@ -117,10 +106,12 @@ class FlexKernel(Kernel):
     def context(
         self, bias: ScoreBias | None, mask: AttentionMask, placement: Placement, memo: dict, **settings: Any
     ) -> FlexContext:
+        from posgpt.model.kernels.block_mask import eager_block_mask  # here: it imports Dynamo (2 s)
+
         options = bias.kernel_options if bias is not None else None
         positions = score_mod_of(bias, placement) if bias is not None else None
         weights = self.weights_mod(mask, placement, **settings)
-        return FlexContext(build_block_mask(mask, placement, memo), positions, weights, options)
+        return FlexContext(eager_block_mask(mask, placement, memo), positions, weights, options)
 
     def weights_mod(self, mask: AttentionMask, placement: Placement, **settings: Any) -> ScoreMod | None:
         """The attention function's weights of the scores as a score_mod, their log (None: the softmax's own)."""

@@ -174,11 +174,9 @@ def rope_cos_sin(
     return torch.cos(angles) * mscale, torch.sin(angles) * mscale
 
 
-def yarn_correction_range(
-    head_dim: int, base: float, trained_length: int, beta_fast: float = 32.0, beta_slow: float = 1.0
-) -> tuple[int, int]:
-    """The pairs between which YaRN ramps from keeping a frequency to interpolating it: floor(i(beta_fast))
-    and ceil(i(beta_slow)), i(r) = D ln(trained_length / (2 pi r)) / (2 ln b) the pair that turns r times
+def yarn_correction_range(head_dim: int, base: float, trained_length: int) -> tuple[int, int]:
+    """The pairs between which YaRN ramps from keeping a frequency to interpolating it: floor(i(beta_fast = 32))
+    and ceil(i(beta_slow = 1)), i(r) = D ln(trained_length / (2 pi r)) / (2 ln b) the pair that turns r times
     within the trained length, clamped to [0, D - 1] (the YaRN code's `find_correction_range`)."""
     if trained_length < 1:
         raise ValueError(f"YaRN needs the trained length (block_size), got {trained_length}.")
@@ -186,7 +184,7 @@ def yarn_correction_range(
     def pair_turning(rotations: float) -> float:
         return head_dim * math.log(trained_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-    return max(math.floor(pair_turning(beta_fast)), 0), min(math.ceil(pair_turning(beta_slow)), head_dim - 1)
+    return max(math.floor(pair_turning(32.0)), 0), min(math.ceil(pair_turning(1.0)), head_dim - 1)
 
 
 def apply_rope(x: Tensor, turn: Tensor) -> Tensor:
