@@ -144,7 +144,10 @@ class LastCheckpoint(L.Callback):
             self._save(trainer, pl_module)
         self._step_ended = time.monotonic()
 
-    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:  # the module, outputs, batch, indices
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
         if reason := self._stop_reason(trainer, reserve=0.0):
             self._stop(reason, trainer.global_step, " during validation")
 

@@ -145,7 +145,9 @@ class GPTModule(L.LightningModule):
         self.logged["val/loss"] = float(loss)
         self.log("val/ppl", torch.exp(loss), sync_dist=False)
 
-    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, *settings: Any, **named: Any) -> None:
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
+    ) -> None:
         """Clip the global gradient norm to `optim.grad_clip`: Lightning's clipping refuses the fused AdamW (even under
         bf16) and cannot clip FSDP by norm (docs/training.md)."""
         if not self.config.optim.grad_clip:
