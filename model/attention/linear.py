@@ -110,10 +110,6 @@ class LinearChunked(Kernel):
         return linear_attention_chunked(q, k, v)[0]
 
 
-LINEAR_KERNELS: dict[str, Kernel] = {"eager": LinearReference(), "chunked": LinearChunked()}
-"""Linear attention's kernels by `attn_backend` name: causal by construction, no context, mask or bias."""
-
-
 class LayerStateCache:
     """What decoding keeps of one layer of linear attention: its running sums, of constant size, updated in place
     once allocated (a compiled step keeps its tensors)."""
@@ -143,7 +139,7 @@ class LayerStateCache:
 class LinearAttention(Attention):
     """Causal linear attention (this module): no weights to drop, no scoring function, no score bias or window."""
 
-    kernels = LINEAR_KERNELS
+    kernels = {"eager": LinearReference(), "chunked": LinearChunked()}  # causal by construction: no mask or bias
     drops_weights = False
     scored = False
 

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest
 
 from posgpt.model.attention.softmax import SoftmaxAttention
-from posgpt.model.kernels.base import Kernel, Placement, Plan
+from posgpt.model.kernels.base import Placement, Plan
 from posgpt.model.kernels.eager import EagerKernel
 from posgpt.model.kernels.flex import FlexContext, FlexKernel, ScoreMod, compiled_flex_attention
 from posgpt.model.masks import AttentionMask
@@ -71,14 +71,10 @@ class SigmoidFlex(FlexKernel):
         return (out.float() * aux.lse.exp()[..., None]).to(q.dtype)
 
 
-SIGMOID_KERNELS: dict[str, Kernel] = {"eager": SigmoidEager(), "flex": SigmoidFlex()}
-"""Sigmoid attention's kernels by `attn_backend` name."""
-
-
 class SigmoidAttention(SoftmaxAttention):
     """Sigmoid attention (this module): softmax attention's layer and KV cache with sigmoid weights."""
 
-    kernels = SIGMOID_KERNELS
+    kernels = {"eager": SigmoidEager(), "flex": SigmoidFlex()}
 
     @classmethod
     def kernel_settings(cls, config: GPTConfig) -> dict[str, Any]:
