@@ -13,7 +13,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -133,15 +133,13 @@ def prompt_text(prompt: str, prompt_file: str | None = None) -> str:
         raise DataError(f"Cannot read the prompt file {source}: {error}") from None
 
 
-def read_prompts(
-    tokenizer: Tokenizer, prompt: str, prompt_file: str | None, prompts_file: str | None, drop_unknown: bool
-) -> list[Prompt]:
+def read_prompts(tokenizer: Tokenizer, args: SampleConfig) -> list[Prompt]:
     """Every prompt of the run, read and encoded, in order. An empty one is the tokenizer's start token, but one of
     which `--drop_unknown` leaves nothing is refused (the model would continue something the user did not write)."""
-    if prompts_file is not None:  # empty lines refused, not skipped: that would change which output row is which line
-        option = f"--prompts_file {prompts_file}"
+    if args.prompts_file is not None:  # empty lines refused, not skipped: that would change which row is which line
+        option = f"--prompts_file {args.prompts_file}"
         try:
-            lines = Path(prompts_file).read_text(encoding="utf-8").splitlines()
+            lines = Path(args.prompts_file).read_text(encoding="utf-8").splitlines()
         except FileNotFoundError:
             raise DataError(f"{option}: no such file.") from None
         except (OSError, UnicodeDecodeError) as error:
@@ -152,12 +150,13 @@ def read_prompts(
             raise DataError(f"{option}: line {empty[0]} is empty; write one prompt per line, with no empty lines.")
         sources = [(f"line {n} of {option}", line) for n, line in enumerate(lines, 1)]
     else:
-        sources = [(f"--prompt_file {prompt_file}" if prompt_file else "--prompt", prompt_text(prompt, prompt_file))]
+        where = f"--prompt_file {args.prompt_file}" if args.prompt_file else "--prompt"
+        sources = [(where, prompt_text(args.prompt, args.prompt_file))]
     chars = isinstance(tokenizer, CharTokenizer)
     prompts = []
     for where, text in sources:
         try:
-            ids = tokenizer.encode(text, drop_unknown) if chars else tokenizer.encode(text)
+            ids = tokenizer.encode(text, args.drop_unknown) if chars else tokenizer.encode(text)
         except DataError as error:
             raise DataError(f"{where}: {error}") from None
         if text and not ids:
@@ -258,17 +257,6 @@ def generate_rows(steps: Iterator[torch.Tensor], rows: Rows, live: bool) -> tupl
     return time.perf_counter() - start, first
 
 
-def compile_and_warm_up(model: GPT, steps: Callable[[torch.Generator], Iterator[torch.Tensor]], seed: int) -> float:
-    """Compile `model` for decoding; seconds to compile. The first tokens of `steps(generator)`, the timed run's
-    stream, trace the graphs it uses, so its clock counts decoding only; the warm-up's own generator (`seed`)
-    leaves the run's draws as they are."""
-    compile_for_decoding(model)
-    start = time.perf_counter()
-    generator = torch.Generator(device=model.wte.weight.device).manual_seed(seed)
-    list(itertools.islice(steps(generator), WARM_UP_TOKENS))[-1].cpu()  # the run's cache size; wait for the device
-    return time.perf_counter() - start
-
-
 def cache_in_words(model: GPT) -> str:
     """What decoding keeps per layer: 'kv cache: every key, 4 KV heads', or per kind of a layout
     'kv cache: local x5 16 keys, global x1 every key, 2 KV heads' (a rolling kind keeps its window and sinks or
@@ -286,7 +274,7 @@ def cache_in_words(model: GPT) -> str:
 def sample(args: SampleConfig) -> None:
     """Generate as `args` says: text to stdout, speed to stderr."""
     ckpt = load_checkpoint(args.ckpt, args.tiktoken_ranks)
-    prompts = read_prompts(ckpt.tokenizer, args.prompt, args.prompt_file, args.prompts_file, args.drop_unknown)
+    prompts = read_prompts(ckpt.tokenizer, args)
     if args.stream and len(prompts) > 1:
         raise ConfigError("--stream true prints one sample as it comes; leave it out with --prompts_file.")
     device, dtype = pick_device_dtype(args.device, args.dtype)
@@ -297,7 +285,13 @@ def sample(args: SampleConfig) -> None:
     batch, lengths = pad_prompts([ids for ids in crop(prompts, window, limit) for _ in range(args.num_samples)], device)
     steps = functools.partial(stream, model, batch, args.max_new_tokens, args.temperature, args.top_k or None,
                               args.top_p, not args.no_cache, args.max_context, lengths=lengths)  # fmt: skip
-    compiled = compile_and_warm_up(model, steps, args.seed) if args.compile else None
+    compiled = None  # seconds to compile
+    if args.compile:  # the first tokens of the timed run's stream trace the graphs it uses, so its clock counts
+        compile_for_decoding(model)  # decoding only; the warm-up's own generator leaves the run's draws as they are
+        start = time.perf_counter()
+        warm_up = steps(torch.Generator(device=device).manual_seed(args.seed))
+        list(itertools.islice(warm_up, WARM_UP_TOKENS))[-1].cpu()  # the run's cache size; wait for the device
+        compiled = time.perf_counter() - start
     rows = Rows(batch.size(0), ckpt.tokenizer, stop_text(args.stop), ckpt.tokenizer.end_id)
     heads = [ckpt.tokenizer.decode(p.ids) for p in prompts for _ in range(args.num_samples)]
     live = args.stream if args.stream is not None else (len(heads) == 1 and sys.stdout.isatty())
