@@ -336,19 +336,18 @@ def bench_gpu(args: GpuBenchConfig) -> None:
     if args.peer != "none":
         setup.load_peer(args.peer)
     print("\n".join(table_head(HEAD)), flush=True)
+    switches = ("chunked_loss", "activation_checkpointing", "fp8")  # what changes our rows' step, not nanoGPT's
+    options = {name: getattr(args, name) for name in ("compile", "compile_mode", "sdpa_backend", *switches)}
     for batch, context in setup.shapes:  # ours per scheme, the trainer's, nanoGPT's
         planned = [*(("posgpt", s) for s in args.schemes), *(("lightning", s) for s in args.trainer)]
         for model, scheme in [*planned, *([("nanoGPT", "learned")] if setup.peer else [])]:
             row = guarded(setup, Row(model, scheme, "sdpa" if model == "nanoGPT" else "", batch, context))
             setup.add(row, row_line(row), {"precision": setup.precision, "shape": setup.model, **MODELS[setup.model],
-                      **dataclasses.asdict(row), "compile": args.compile, "compile_mode": args.compile_mode,
-                      "sdpa_backend": args.sdpa_backend, "chunked_loss": args.chunked_loss,
-                      "activation_checkpointing": args.activation_checkpointing, "fp8": args.fp8, "steps": setup.steps,
-                      "warmup": args.warmup})  # fmt: skip
+                      **dataclasses.asdict(row), **options, "steps": setup.steps, "warmup": args.warmup})  # fmt: skip
     print("\n" + "\n".join(ratios(setup.rows)))
-    switches = [name for name in ("chunked_loss", "activation_checkpointing", "fp8") if getattr(args, name)]
-    if switches and setup.peer is not None:
-        print(f"note: our rows ran with {', '.join(switches)}, nanoGPT's without: its ratios compare unlike steps")
+    on = [name for name in switches if options[name]]
+    if on and setup.peer is not None:
+        print(f"note: our rows ran with {', '.join(on)}, nanoGPT's without: its ratios compare unlike steps")
 
 
 GPU = Command("bench.py gpu", GpuBenchConfig, bench_gpu, GpuBenchConfig.__doc__, logs=False)

@@ -188,9 +188,8 @@ class TrainingEstimate:
         return sum(self.left(r) for r in runs) * self.seconds_per_flop
 
     def finished(self, seconds: float, flops: float) -> None:
-        if flops > 0:
-            self.measured = [self.measured[0] + seconds, self.measured[1] + flops]
-            self.seconds_per_flop = self.measured[0] / max(1.0, self.measured[1])
+        self.measured = [self.measured[0] + seconds, self.measured[1] + flops]
+        self.seconds_per_flop = self.measured[0] / self.measured[1]
 
 
 def run_tokens(cfg: RunConfig) -> int:
