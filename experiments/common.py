@@ -158,13 +158,11 @@ def sustained_flops(device: torch.device, precision: str = "bf16-mixed") -> floa
     """FLOP/s a training step sustains on `device`, roughly: a GPU's peak, or a CPU's float32 matmul rate
     measured now, times `UTILISATION`."""
     peak = peak_flops(device, precision)
-    if peak is None:
-        a = torch.randn(512, 512)
-        a @ a  # warm-up
-        started, repeats = time.perf_counter(), 8
-        for _ in range(repeats):
-            a @ a
-        peak = 2 * 512**3 * repeats / (time.perf_counter() - started)
+    if peak is None:  # the timer warms up first; its default is one thread
+        from torch.utils import benchmark  # a tenth of a second: not for the command's --help
+
+        timer = benchmark.Timer("a @ a", globals={"a": torch.randn(512, 512)}, num_threads=torch.get_num_threads())
+        peak = 2 * 512**3 / timer.timeit(8).mean
     return peak * UTILISATION
 
 
