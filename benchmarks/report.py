@@ -215,12 +215,6 @@ def _judge(value: float, target: float) -> str:
     return f"{value:,.2f} (target >= {target:,.2f}: {'met' if value >= target else 'missed'})"
 
 
-def jobs_table(entries: list[dict[str, Any]]) -> list[str]:
-    lines = ["| job | status | wall s | peak GiB (process) |", "|---|---|---:|---:|"]
-    return lines + [table_line([e["job"], e["status"], f"{e['wall_s']:.0f}", cell(e.get("peak_mib"), ".2f", 1 / 1024)])
-                    for e in entries]  # fmt: skip
-
-
 def check_lines(entries: list[dict[str, Any]]) -> list[str]:
     lines = []
     for e in entries:
@@ -297,9 +291,12 @@ def render(entries: list[dict[str, Any]]) -> str:
     head = [f"# posgpt bench report: {first['device']}", "",
             f"torch {first['torch']}, CUDA {first['cuda'] or '-'}; {dates[0]}"
             f"{' to ' + dates[-1] if len(dates) > 1 else ''}; {len(entries)} jobs.", ""]  # fmt: skip
-    parts = [(title, lines(entries)) for title, _, lines in PARTS.values()]
+    jobs = [table_line([e["job"], e["status"], f"{e['wall_s']:.0f}", cell(e.get("peak_mib"), ".2f", 1 / 1024)])
+            for e in entries]  # fmt: skip
+    parts = [("Jobs", ["| job | status | wall s | peak GiB (process) |", "|---|---|---:|---:|", *jobs])]
+    parts += [(title, lines(entries)) for title, _, lines in PARTS.values()]
     body = [line for title, lines in parts if lines for line in (f"## {title}", "", *lines, "")]
-    return "\n".join([*head, "## Jobs", "", *jobs_table(entries), "", *body])
+    return "\n".join([*head, *body])
 
 
 PARTS = {
