@@ -275,8 +275,13 @@ class GPT(nn.Module):
         decoding = first is not None and not first.prefill
         if decoding:  # each row at its own positions, over the keys the cache holds (and the tables reserved)
             positions = first.positions
-        else:  # positions 0..T-1
-            self._check_length(T)
+        elif (limit := self.pe.max_positions) is not None and T > limit:  # positions 0..T-1, past a table's
+            unlimited = [name for name, scheme in SCHEMES.items() if scheme.longest(self.config) is None]
+            raise ValueError(
+                f"pos_encoding={self.config.pos_encoding!r} can encode at most {limit} positions "
+                f"(block_size={self.config.block_size}) but got a sequence of {T} tokens. Crop "
+                f"the input to its last {limit} tokens, or use a scheme without that limit ({', '.join(unlimited)})."
+            )
         x = self.drop(self.pe.embed(self.wte(idx), positions))  # (B, T, C)
         dropout = self.training and self.config.dropout > 0
         float64 = x.dtype == torch.float64 and not torch.is_autocast_enabled(idx.device.type)
@@ -337,16 +342,6 @@ class GPT(nn.Module):
     def constant_memory(self) -> bool:
         """Whether what decoding keeps stays the same size however long it runs (every kind's cache)."""
         return all(self.attention.constant_memory(kind.config, kind.mask) for kind in self.kinds)
-
-    def _check_length(self, length: int) -> None:
-        limit = self.pe.max_positions
-        if limit is not None and length > limit:
-            unlimited = [name for name, scheme in SCHEMES.items() if scheme.longest(self.config) is None]
-            raise ValueError(
-                f"pos_encoding={self.config.pos_encoding!r} can encode at most {limit} positions "
-                f"(block_size={self.config.block_size}) but got a sequence of {length} tokens. Crop "
-                f"the input to its last {limit} tokens, or use a scheme without that limit ({', '.join(unlimited)})."
-            )
 
     def num_params(self, exclude_embeddings: bool = True) -> int:
         """Number of parameters (tied weights counted once); `exclude_embeddings` leaves out the scheme's
