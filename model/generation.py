@@ -87,8 +87,6 @@ def _mix(x: Tensor) -> Tensor:
 def pad_prompts(prompts: list[list[int]], device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
     """Prompts of any lengths (at least one token each) as one batch: (B, T) ids, each row padded on
     the right to the longest (with token 0, which no real token attends to), and (B,) lengths."""
-    if not prompts or any(not p for p in prompts):
-        raise ValueError("Every prompt needs at least one token (e.g. a newline or <|endoftext|>).")
     longest = max(len(p) for p in prompts)
     idx = torch.tensor([p + [0] * (longest - len(p)) for p in prompts], dtype=torch.long, device=device)
     return idx, torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
