@@ -136,31 +136,26 @@ def config_heads(path: Path, source: str) -> int | None:
     return settings.get("n_head")
 
 
-def load_gpt2(model: GPT, weights: dict[str, Tensor]) -> None:
-    """Copy GPT-2's tensors into `model` (of GPT-2's scheme) in place, the position table cut to block_size.
+def from_pretrained(config: GPTConfig) -> GPT:
+    """A GPT of `config` holding the weights `config.init_from` names (see the module docstring): GPT-2's tensors
+    copied into a model of GPT-2's scheme, the position table cut to block_size, then switched to `config`'s.
     Padded vocabulary rows get the mean row: a zero row's logit 0 would be far above GPT-2's mostly negative
     logits, while a mean row adds at most 47/50257 to the softmax's normaliser (Jensen)."""
-    state = model.state_dict()  # views of the parameters
-    vocab = weights["wte.weight"].shape[0]
-    state["wte.weight"][:vocab] = weights["wte.weight"]
-    state["wte.weight"][vocab:] = weights["wte.weight"].to(torch.float64).mean(0)
-    rows = min(model.config.block_size, weights["wpe.weight"].shape[0])
-    state["pe.table.weight"][:rows] = weights["wpe.weight"][:rows]
-    for kind in ("weight", "bias"):
-        state[f"ln_f.{kind}"].copy_(weights[f"ln_f.{kind}"])
-        for layer in range(model.config.n_layer):
-            for theirs, ours in NAMES.items():
-                tensor = weights[f"h.{layer}.{theirs}.{kind}"]
-                state[f"blocks.{layer}.{ours}.{kind}"].copy_(tensor.t() if f"{theirs}.{kind}" in TRANSPOSED else tensor)
-
-
-def from_pretrained(config: GPTConfig) -> GPT:
-    """A GPT of `config` holding the weights `config.init_from` names (see the module docstring)."""
     weights = read_weights(check_pretrained(config))
     as_gpt2 = dataclasses.replace(config, pos_encoding="learned")  # GPT-2's: a table of 1024 positions
     model = GPT(as_gpt2)
-    with torch.no_grad():
-        load_gpt2(model, weights)
+    state = model.state_dict()  # detached views of the parameters, copied into in place
+    vocab = weights["wte.weight"].shape[0]
+    state["wte.weight"][:vocab] = weights["wte.weight"]
+    state["wte.weight"][vocab:] = weights["wte.weight"].to(torch.float64).mean(0)
+    rows = min(config.block_size, weights["wpe.weight"].shape[0])
+    state["pe.table.weight"][:rows] = weights["wpe.weight"][:rows]
+    for kind in ("weight", "bias"):
+        state[f"ln_f.{kind}"].copy_(weights[f"ln_f.{kind}"])
+        for layer in range(config.n_layer):
+            for theirs, ours in NAMES.items():
+                tensor = weights[f"h.{layer}.{theirs}.{kind}"]
+                state[f"blocks.{layer}.{ours}.{kind}"].copy_(tensor.t() if f"{theirs}.{kind}" in TRANSPOSED else tensor)
     if config.pos_encoding != as_gpt2.pos_encoding:
         model.switch(config)
     return model
