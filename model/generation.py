@@ -136,8 +136,7 @@ def stream(
             return next_token(logits, temperature, top_k, top_p, noise=hashed_noise(seed, count, logits.size(-1)))
         return next_token(logits, temperature, top_k, top_p, generator)
 
-    for _, token in decode(model, idx, max_new_tokens, pick, use_cache, max_context, lengths):
-        yield token
+    yield from (token for _, token in decode(model, idx, max_new_tokens, pick, use_cache, max_context, lengths))
 
 
 def decode(
