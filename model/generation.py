@@ -194,7 +194,7 @@ def _window(tokens: Tensor, count: Tensor, longest: int, window: int | None) -> 
     """A prefill's input: the last `window` of the first `count[b]` tokens of each row, as one batch padded on the
     right to a bucketed width, and each row's real length."""
     seen = torch.clamp(count, max=window) if window is not None else count
-    width = _bucket(min(longest, window) if window is not None else longest, window)  # few widths: few compiles
+    width = _bucket(longest, window)  # few widths: few compiles (at most the window: _bucket caps it)
     index = ((count - seen)[:, None] + torch.arange(width, device=tokens.device)).clamp(max=tokens.size(1) - 1)
     return tokens.gather(1, index), seen
 
