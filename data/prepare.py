@@ -230,12 +230,10 @@ def _reusable(out: Path, sources: list[Source], settings: dict[str, Any], cap: i
         meta = json.loads((out / "meta.json").read_text())
     except (OSError, ValueError):
         return None
-    if meta.get("val_capped") and meta.get("val_max_tokens") != cap:
-        return None
     if not meta.get("val_capped") and cap is not None and meta.get("val_tokens", 0) > cap:
         return None  # prepared without a cap (or a larger one) that would bind now
     if meta.get("fingerprint") != fingerprint(sources, settings, cap if meta.get("val_capped") else None):
-        return None
+        return None  # other sources or settings, or capped at another val_max_tokens (the fingerprint holds it)
     itemsize = np.dtype(meta["dtype"]).itemsize
     sizes = {out / f"{split}.bin": meta[f"{split}_tokens"] * itemsize for split in ("train", "val")}
     return meta if all(file.is_file() and file.stat().st_size == size for file, size in sizes.items()) else None

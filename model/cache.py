@@ -156,7 +156,17 @@ class KVCache(DecodingCache):
         if not self.rolling and end is not None and end > self.capacity:
             raise ValueError(f"The KV cache holds {self.capacity} positions; {end} do not fit (new_cache(capacity)).")
         start = write.end - write.real.sum(-1) if write.real is not None else write.end - new_tokens
-        position, incoming = self._incoming(start, write.end)
+        # for positions start[b]..end[b]-1 written into row b: the newest position each slot takes and whether it
+        # takes one, (B, C) each
+        slots = torch.arange(self.capacity, device=start.device)[None, :]
+        position = slots.expand(start.size(0), -1)
+        if self.rolling:  # slot s >= S holds the positions p >= S with p = s mod W: the newest is
+            last = write.end[:, None] - 1  # last - (last - s) mod W
+            rolled = last - torch.remainder(last - slots, self.mask.ring)
+            position = torch.where(slots < self.mask.sinks, position, rolled)
+        incoming = (position >= start[:, None]) & (position < write.end[:, None])
+        if self.rolling:  # a slot past the sinks takes no position below them (without rolling: position = slot)
+            incoming = incoming & ((slots < self.mask.sinks) | (position >= self.mask.sinks))
         held = self.slot_positions if not write.prefill else torch.full_like(self.slot_positions, -1)
         slot_pos = torch.where(incoming, position, held)
         if write.prefill:
@@ -173,20 +183,6 @@ class KVCache(DecodingCache):
         if write.slot_pos is not None:  # a decode step's were written at its begin
             self.slot_positions.copy_(write.slot_pos)
         super().commit(write)
-
-    def _incoming(self, start: Tensor, end: Tensor) -> tuple[Tensor, Tensor]:
-        """For positions start[b]..end[b]-1 written into row b: the newest position each slot takes and
-        whether it takes one, (B, C) each."""
-        slots = torch.arange(self.capacity, device=start.device)[None, :]
-        position = slots.expand(start.size(0), -1)
-        if self.rolling:  # slot s >= S holds the positions p >= S with p = s mod W: the newest is
-            last = end[:, None] - 1  # last - (last - s) mod W
-            rolled = last - torch.remainder(last - slots, self.mask.ring)
-            position = torch.where(slots < self.mask.sinks, position, rolled)
-        incoming = (position >= start[:, None]) & (position < end[:, None])
-        if self.rolling:  # a slot past the sinks takes no position below them (without rolling: position = slot)
-            incoming = incoming & ((slots < self.mask.sinks) | (position >= self.mask.sinks))
-        return position, incoming
 
     def slot_of(self, position: Tensor) -> Tensor:
         """The slot that holds each position."""
@@ -208,10 +204,6 @@ class LayerCache:
     @property
     def k(self) -> Tensor | None:
         return None if self.kv is None else self.kv[0]
-
-    @property
-    def v(self) -> Tensor | None:
-        return None if self.kv is None else self.kv[1]
 
     def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
                  n_kv_head: int | None = None) -> None:  # fmt: skip

@@ -87,8 +87,6 @@ def _mix(x: Tensor) -> Tensor:
 def pad_prompts(prompts: list[list[int]], device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
     """Prompts of any lengths (at least one token each) as one batch: (B, T) ids, each row padded on
     the right to the longest (with token 0, which no real token attends to), and (B,) lengths."""
-    if not prompts or any(not p for p in prompts):
-        raise ValueError("Every prompt needs at least one token (e.g. a newline or <|endoftext|>).")
     longest = max(len(p) for p in prompts)
     idx = torch.tensor([p + [0] * (longest - len(p)) for p in prompts], dtype=torch.long, device=device)
     return idx, torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
@@ -138,8 +136,7 @@ def stream(
             return next_token(logits, temperature, top_k, top_p, noise=hashed_noise(seed, count, logits.size(-1)))
         return next_token(logits, temperature, top_k, top_p, generator)
 
-    for _, token in decode(model, idx, max_new_tokens, pick, use_cache, max_context, lengths):
-        yield token
+    yield from (token for _, token in decode(model, idx, max_new_tokens, pick, use_cache, max_context, lengths))
 
 
 def decode(
@@ -197,7 +194,7 @@ def _window(tokens: Tensor, count: Tensor, longest: int, window: int | None) -> 
     """A prefill's input: the last `window` of the first `count[b]` tokens of each row, as one batch padded on the
     right to a bucketed width, and each row's real length."""
     seen = torch.clamp(count, max=window) if window is not None else count
-    width = _bucket(min(longest, window) if window is not None else longest, window)  # few widths: few compiles
+    width = _bucket(longest, window)  # few widths: few compiles (at most the window: _bucket caps it)
     index = ((count - seen)[:, None] + torch.arange(width, device=tokens.device)).clamp(max=tokens.size(1) - 1)
     return tokens.gather(1, index), seen
 

@@ -18,7 +18,7 @@ from posgpt.model.cache import DecodingCache, LayoutCache
 from posgpt.model.config import GPTConfig
 from posgpt.model.generation import stream
 from posgpt.model.kernels import Kernel, Placement, Plan, WeightsHook
-from posgpt.model.layout import KindPlan, LayerKind, layer_kinds, scheme_differs
+from posgpt.model.layout import LayerKind, layer_kinds, scheme_differs
 from posgpt.model.loss import linear_cross_entropy
 from posgpt.model.positions import SCHEMES, PositionEncoding, build_positions
 from posgpt.model.roles import Role
@@ -275,25 +275,36 @@ class GPT(nn.Module):
         decoding = first is not None and not first.prefill
         if decoding:  # each row at its own positions, over the keys the cache holds (and the tables reserved)
             positions = first.positions
-        else:  # positions 0..T-1
-            self._check_length(T)
+        elif (limit := self.pe.max_positions) is not None and T > limit:  # positions 0..T-1, past a table's
+            unlimited = [name for name, scheme in SCHEMES.items() if scheme.longest(self.config) is None]
+            raise ValueError(
+                f"pos_encoding={self.config.pos_encoding!r} can encode at most {limit} positions "
+                f"(block_size={self.config.block_size}) but got a sequence of {T} tokens. Crop "
+                f"the input to its last {limit} tokens, or use a scheme without that limit ({', '.join(unlimited)})."
+            )
         x = self.drop(self.pe.embed(self.wte(idx), positions))  # (B, T, C)
         dropout = self.training and self.config.dropout > 0
         float64 = x.dtype == torch.float64 and not torch.is_autocast_enabled(idx.device.type)
-        plans = {}
-        for kind in self.kinds:  # each kind's kernel, context and place in the cache, for all its layers
-            needs_grad, weights = x.requires_grad, visit is not None
-            kernel = self.kernel(idx.device, dropout, needs_grad, decoding, weights=weights, float64=float64, kind=kind)
-            write, pe = writes.get(kind.name), self.pe_of(kind)
-            placement = Placement(T, self.config.n_head, idx.device, positions, write.k_pos if decoding else None,
-                                  pe.rotation(T, positions))  # fmt: skip
-            plans[kind.name] = KindPlan(pe, kind, kernel, placement, self._kernel_memos[type(kernel)],
-                                         self.attention.kernel_settings(kind.config), write)  # fmt: skip
+        needs_grad, plans = x.requires_grad, {}
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, kind in enumerate(self.kind_of):
-            pe, layer_plan = plans[kind.name].pe, plans[kind.name].layer(i)
-            if visit:
-                layer_plan = dataclasses.replace(layer_plan, on_weights=visit(i))
+            pe, plan = self.pe_of(kind), plans.get(kind.name)
+            if plan is None or pe.bias_layers > 1:  # its context: once for the kind, or per layer for a bias per layer
+                if plan is None:  # the kind's kernel and place in the cache, for all its layers
+                    kernel = self.kernel(
+                        idx.device, dropout, needs_grad, decoding, weights=visit is not None, float64=float64, kind=kind
+                    )
+                    write = writes.get(kind.name)
+                    placement = Placement(T, self.config.n_head, idx.device, positions,
+                                          write.k_pos if decoding else None, pe.rotation(T, positions))  # fmt: skip
+                    plan = Plan(kernel, None, placement, cache_write=write)
+                bias = pe.bias(i) if pe.terms else None  # from the parameters as they are now
+                if bias is not None:  # and what the scheme declares of it
+                    bias = dataclasses.replace(bias, relative=pe.relative, learned=pe.learned_bias)
+                memo, settings = self._kernel_memos[type(plan.kernel)], self.attention.kernel_settings(kind.config)
+                context = plan.kernel.context(bias, kind.mask, plan.placement, memo, **settings)
+                plan = plans[kind.name] = dataclasses.replace(plan, context=context)
+            layer_plan = plan if visit is None else dataclasses.replace(plan, on_weights=visit(i))
             if recompute:
                 x = checkpoint(self.blocks[i], x, pe, layer_plan, use_reentrant=False)
             else:
@@ -331,16 +342,6 @@ class GPT(nn.Module):
     def constant_memory(self) -> bool:
         """Whether what decoding keeps stays the same size however long it runs (every kind's cache)."""
         return all(self.attention.constant_memory(kind.config, kind.mask) for kind in self.kinds)
-
-    def _check_length(self, length: int) -> None:
-        limit = self.pe.max_positions
-        if limit is not None and length > limit:
-            unlimited = [name for name, scheme in SCHEMES.items() if scheme.longest(self.config) is None]
-            raise ValueError(
-                f"pos_encoding={self.config.pos_encoding!r} can encode at most {limit} positions "
-                f"(block_size={self.config.block_size}) but got a sequence of {length} tokens. Crop "
-                f"the input to its last {limit} tokens, or use a scheme without that limit ({', '.join(unlimited)})."
-            )
 
     def num_params(self, exclude_embeddings: bool = True) -> int:
         """Number of parameters (tied weights counted once); `exclude_embeddings` leaves out the scheme's

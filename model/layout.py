@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from posgpt.core.errors import ConfigError, did_you_mean
-from posgpt.model.cache import CacheWrite
-from posgpt.model.kernels import Kernel, Placement, Plan
 from posgpt.model.masks import AttentionMask
-from posgpt.model.positions import SCHEMES, PositionEncoding
+from posgpt.model.positions import SCHEMES
 from posgpt.model.roles import Role
 
 if TYPE_CHECKING:
@@ -99,27 +97,3 @@ def check_layout(config: GPTConfig) -> None:
                 f"GPTConfig.kinds[{name!r}] sets pos_encoding={scheme!r}, which acts once on the embeddings, not per "
                 "layer: set it as the model's pos_encoding, or give the kind a scheme that acts in attention."
             )
-
-
-@dataclass
-class KindPlan:
-    """What the layers of one kind attend with in one forward pass; `layer(i)`: layer i's plan, its context built
-    once for the kind, or once per layer for a scheme with a bias per layer."""
-
-    pe: PositionEncoding
-    kind: LayerKind
-    kernel: Kernel
-    placement: Placement
-    memo: dict
-    settings: dict[str, Any]
-    write: CacheWrite | None
-    plan: Plan | None = None
-
-    def layer(self, i: int) -> Plan:
-        if self.plan is None or self.pe.bias_layers > 1:
-            bias = self.pe.bias(i) if self.pe.terms else None  # from the parameters as they are now
-            if bias is not None:  # and what the scheme declares of it
-                bias = dataclasses.replace(bias, relative=self.pe.relative, learned=self.pe.learned_bias)
-            context = self.kernel.context(bias, self.kind.mask, self.placement, self.memo, **self.settings)
-            self.plan = Plan(self.kernel, context, self.placement, cache_write=self.write)
-        return self.plan

@@ -66,10 +66,35 @@ def weights_file(source: str) -> Path:
 
 
 def check_pretrained(config: GPTConfig) -> Path:
-    """What `from_pretrained` would refuse, found from the file's header before any data is prepared; the file."""
+    """What `from_pretrained` would refuse, found from the file's header before any data is prepared, in one line
+    naming the settings: weights that are not GPT-2's layout, or a model whose shape is not the weights'; the file."""
     source = config.init_from or ""
     path = weights_file(source)
-    check_shape(config, read_weights(path, meta=True), source, config_heads(path, source))
+    weights = read_weights(path, meta=True)
+    heads = config_heads(path, source)  # read (and refused when unreadable) whatever the source
+    layers = sorted({int(m.group(1)) for name in weights if (m := re.match(r"h\.(\d+)\.", name))})
+    needed = ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"]
+    needed += [f"h.{i}.{theirs}.{kind}" for i in layers for theirs in NAMES for kind in ("weight", "bias")]
+    missing = [name for name in needed if name not in weights]
+    if missing or not layers:
+        raise PretrainedError(
+            f"--model.init_from {source}: not GPT-2's layout (GPT2LMHeadModel's tensor names), missing "
+            f"{', '.join(missing[:3]) or 'h.0.*'}{' ...' if len(missing) > 3 else ''}."
+        )
+    vocab, width = weights["wte.weight"].shape
+    positions = weights["wpe.weight"].shape[0]
+    heads = GPT2_SHAPES[source][1] if source in GPT2_SHAPES else heads or config.n_head
+    refuse_other_shape(config, source, (len(layers), heads, width), PretrainedError)
+    if config.vocab_size != vocab:
+        raise PretrainedError(
+            f"--model.init_from {source} has a vocabulary of {vocab} tokens, the data's tokenizer {config.vocab_size}: "
+            "pass --data.tokenizer gpt2."
+        )
+    if SCHEMES[config.pos_encoding].longest(config) is not None and config.block_size > positions:  # a table
+        raise PretrainedError(
+            f"--model.init_from {source} has {positions} learned positions: pass --model.block_size {positions} or "
+            "less, or another --model.pos_encoding (its table is then replaced)."
+        )
     return path
 
 
@@ -111,59 +136,26 @@ def config_heads(path: Path, source: str) -> int | None:
     return settings.get("n_head")
 
 
-def check_shape(config: GPTConfig, weights: dict[str, Tensor], source: str, heads: int | None) -> None:
-    """Refuse, in one line naming the settings, weights that are not GPT-2's layout or a model whose
-    shape is not the weights'."""
-    layers = sorted({int(m.group(1)) for name in weights if (m := re.match(r"h\.(\d+)\.", name))})
-    needed = ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"]
-    needed += [f"h.{i}.{theirs}.{kind}" for i in layers for theirs in NAMES for kind in ("weight", "bias")]
-    missing = [name for name in needed if name not in weights]
-    if missing or not layers:
-        raise PretrainedError(
-            f"--model.init_from {source}: not GPT-2's layout (GPT2LMHeadModel's tensor names), missing "
-            f"{', '.join(missing[:3]) or 'h.0.*'}{' ...' if len(missing) > 3 else ''}."
-        )
-    vocab, width = weights["wte.weight"].shape
-    positions = weights["wpe.weight"].shape[0]
-    heads = GPT2_SHAPES[source][1] if source in GPT2_SHAPES else heads or config.n_head
-    refuse_other_shape(config, source, (len(layers), heads, width), PretrainedError)
-    if config.vocab_size != vocab:
-        raise PretrainedError(
-            f"--model.init_from {source} has a vocabulary of {vocab} tokens, the data's tokenizer {config.vocab_size}: "
-            "pass --data.tokenizer gpt2."
-        )
-    if SCHEMES[config.pos_encoding].longest(config) is not None and config.block_size > positions:  # a table
-        raise PretrainedError(
-            f"--model.init_from {source} has {positions} learned positions: pass --model.block_size {positions} or "
-            "less, or another --model.pos_encoding (its table is then replaced)."
-        )
-
-
-def load_gpt2(model: GPT, weights: dict[str, Tensor]) -> None:
-    """Copy GPT-2's tensors into `model` (of GPT-2's scheme) in place, the position table cut to block_size.
+def from_pretrained(config: GPTConfig) -> GPT:
+    """A GPT of `config` holding the weights `config.init_from` names (see the module docstring): GPT-2's tensors
+    copied into a model of GPT-2's scheme, the position table cut to block_size, then switched to `config`'s.
     Padded vocabulary rows get the mean row: a zero row's logit 0 would be far above GPT-2's mostly negative
     logits, while a mean row adds at most 47/50257 to the softmax's normaliser (Jensen)."""
-    state = model.state_dict()  # views of the parameters
-    vocab = weights["wte.weight"].shape[0]
-    state["wte.weight"][:vocab] = weights["wte.weight"]
-    state["wte.weight"][vocab:] = weights["wte.weight"].to(torch.float64).mean(0)
-    rows = min(model.config.block_size, weights["wpe.weight"].shape[0])
-    state["pe.table.weight"][:rows] = weights["wpe.weight"][:rows]
-    for kind in ("weight", "bias"):
-        state[f"ln_f.{kind}"].copy_(weights[f"ln_f.{kind}"])
-        for layer in range(model.config.n_layer):
-            for theirs, ours in NAMES.items():
-                tensor = weights[f"h.{layer}.{theirs}.{kind}"]
-                state[f"blocks.{layer}.{ours}.{kind}"].copy_(tensor.t() if f"{theirs}.{kind}" in TRANSPOSED else tensor)
-
-
-def from_pretrained(config: GPTConfig) -> GPT:
-    """A GPT of `config` holding the weights `config.init_from` names (see the module docstring)."""
     weights = read_weights(check_pretrained(config))
     as_gpt2 = dataclasses.replace(config, pos_encoding="learned")  # GPT-2's: a table of 1024 positions
     model = GPT(as_gpt2)
-    with torch.no_grad():
-        load_gpt2(model, weights)
+    state = model.state_dict()  # detached views of the parameters, copied into in place
+    vocab = weights["wte.weight"].shape[0]
+    state["wte.weight"][:vocab] = weights["wte.weight"]
+    state["wte.weight"][vocab:] = weights["wte.weight"].to(torch.float64).mean(0)
+    rows = min(config.block_size, weights["wpe.weight"].shape[0])
+    state["pe.table.weight"][:rows] = weights["wpe.weight"][:rows]
+    for kind in ("weight", "bias"):
+        state[f"ln_f.{kind}"].copy_(weights[f"ln_f.{kind}"])
+        for layer in range(config.n_layer):
+            for theirs, ours in NAMES.items():
+                tensor = weights[f"h.{layer}.{theirs}.{kind}"]
+                state[f"blocks.{layer}.{ours}.{kind}"].copy_(tensor.t() if f"{theirs}.{kind}" in TRANSPOSED else tensor)
     if config.pos_encoding != as_gpt2.pos_encoding:
         model.switch(config)
     return model

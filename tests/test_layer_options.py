@@ -249,7 +249,7 @@ def test_a_grouped_model_keeps_its_kv_heads_in_the_cache():
     for kv in (None, 2, 1):
         model = GPT(dataclasses.replace(CONFIG, n_layer=2, n_kv_head=kv))
         cache = model.new_cache(32, batch=2)
-        sizes[kv] = sum(t.nbytes for layer in cache.layers for t in (layer.k, layer.v))
+        sizes[kv] = sum(layer.kv.nbytes for layer in cache.layers)  # keys and values
     assert sizes[None] == 2 * sizes[2] == 4 * sizes[1]
 
 

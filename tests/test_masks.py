@@ -75,7 +75,7 @@ def test_the_flex_block_mask_is_the_dense_mask(mask, q_len):
     description = AttentionMask(**{k.removeprefix("attn_"): v for k, v in MASKS[mask].items()})
     wide = {"window": 100} if description.window else {"chunk": 100}  # wider than a block
     description = dataclasses.replace(description, **wide)
-    block_mask = eager_block_mask(description, Placement(q_len, 1, torch.device("cpu")), None)
+    block_mask = eager_block_mask(description, Placement(q_len, 1, torch.device("cpu")), {})
     q_idx, kv_idx = torch.arange(q_len)[:, None], torch.arange(q_len)[None, :]
     dense = description.dense(torch.arange(q_len), torch.arange(q_len))
     zero = torch.zeros((), dtype=torch.int64)

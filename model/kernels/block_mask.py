@@ -16,7 +16,7 @@ BLOCK = 128
 
 
 @torch.compiler.disable  # built eagerly, also inside a compiled model: see `block_mask_in_chunks`
-def eager_block_mask(mask: AttentionMask, placement: Placement, cache: dict | None) -> BlockMask:
+def eager_block_mask(mask: AttentionMask, placement: Placement, cache: dict) -> BlockMask:
     """The block mask of `mask` for a forward pass, kept per shape in `cache`; decoding builds one per step."""
     q_len, device = placement.q_len, placement.device
     if placement.k_pos is not None:
@@ -27,8 +27,6 @@ def eager_block_mask(mask: AttentionMask, placement: Placement, cache: dict | No
             return mask.visible(q_pos[b, q_idx], k) & (k >= 0)
 
         return create_block_mask(mask_mod, q_pos.size(0), None, q_len, k_pos.size(-1), device=device)
-    if cache is None:
-        return block_mask_in_chunks(mask, q_len, device)
     key = (mask, q_len, str(device))
     if key not in cache:
         if len(cache) > 8:  # a handful of shapes per model (training, evaluation lengths)

@@ -178,8 +178,6 @@ def yarn_correction_range(head_dim: int, base: float, trained_length: int) -> tu
     """The pairs between which YaRN ramps from keeping a frequency to interpolating it: floor(i(beta_fast = 32))
     and ceil(i(beta_slow = 1)), i(r) = D ln(trained_length / (2 pi r)) / (2 ln b) the pair that turns r times
     within the trained length, clamped to [0, D - 1] (the YaRN code's `find_correction_range`)."""
-    if trained_length < 1:
-        raise ValueError(f"YaRN needs the trained length (block_size), got {trained_length}.")
 
     def pair_turning(rotations: float) -> float:
         return head_dim * math.log(trained_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
