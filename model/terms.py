@@ -72,7 +72,7 @@ class ScoreBias:
     from_scores: ScoresTerm | None = None
     """A term computed from the scores themselves, added where they are formed."""
     relative: bool = False
-    """The formula reads the distance alone (the scheme's `relative`: ALiBi, T5, Kerple), set by `KindPlan`."""
+    """The formula reads the distance alone (the scheme's `relative`: ALiBi, T5, Kerple), set by `GPT._hidden`."""
     learned: bool = False
     """It reads parameters, which a pass with gradients carries back (the scheme's `learned_bias`), set likewise."""
 
