@@ -118,9 +118,9 @@ def test_a_switch_that_adds_parameters_is_refused_on_several_devices():
         module._trainer = SimpleNamespace(world_size=2)
         if refused:
             with pytest.raises(ConfigError, match="replaces parameters, which a run on 2 devices cannot"):
-                module._check_switch()
+                module.on_train_start()
         else:
-            module._check_switch()
+            module.on_train_start()
 
 
 def test_a_compiled_model_follows_its_switch():

@@ -59,7 +59,14 @@ class GPTModule(L.LightningModule):
 
     def on_train_start(self) -> None:
         self._launch_started = (time.monotonic(), self.train_seconds)
-        self._check_switch()
+        # refuse, before the first step, a switch that replaces parameters on several devices
+        several = self.config.train.switch_model and self.switched_at is None and self.trainer.world_size > 1
+        if several and self.model.switch_replaces_parameters(self.config.switched_model()):
+            raise ConfigError(
+                f"train.switch_model {self.config.train.switch_model} replaces parameters, which a run on "
+                f"{self.trainer.world_size} devices cannot (DDP and FSDP fix them when they wrap the model): "
+                "switch to a scheme without parameters (none, rope, alibi; fixed log scaling), or train on one device."
+            )
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
         self._reserve_positions()
 
@@ -73,17 +80,6 @@ class GPTModule(L.LightningModule):
         step = self.config.train.switch_step()
         if step is not None and self.switched_at is None and self.global_step >= step:
             self.switch_model()
-
-    def _check_switch(self) -> None:
-        """Refuse, before the first step, a switch that replaces parameters on several devices."""
-        if not self.config.train.switch_model or self.switched_at is not None or self.trainer.world_size == 1:
-            return
-        if self.model.switch_replaces_parameters(self.config.switched_model()):
-            raise ConfigError(
-                f"train.switch_model {self.config.train.switch_model} replaces parameters, which a run on "
-                f"{self.trainer.world_size} devices cannot (DDP and FSDP fix them when they wrap the model): "
-                "switch to a scheme without parameters (none, rope, alibi; fixed log scaling), or train on one device."
-            )
 
     def switch_model(self) -> None:
         """Switch the model to `train.switch_model` now, keeping the optimizer's state of every parameter that stays."""
