@@ -87,18 +87,16 @@ class TaskDataModule(_ResumableDataModule):
     def __init__(self, task: TaskConfig, batch_size: int, seed: int) -> None:
         super().__init__(batch_size, seed)
         self.task, self.tokenizer = task, tokenizer_for(task)
-        self._val: list[tuple[torch.Tensor, ...]] | None = None
+        examples = validation_set(task)  # the same fixed set at every validation: made once
+        self._val = [
+            tuple(torch.from_numpy(a) for a in encode(self.tokenizer, examples[i : i + batch_size]))
+            for i in range(0, len(examples), batch_size)
+        ]
 
     def train_dataloader(self) -> DataLoader:
         return self._stream(task_batches(self.task, self.tokenizer, self.batch_size, self.seed, self.rank))
 
     def val_dataloader(self) -> DataLoader:
-        if self._val is None:  # the same fixed set at every validation: made once
-            examples = validation_set(self.task)
-            self._val = [
-                tuple(torch.from_numpy(a) for a in encode(self.tokenizer, examples[i : i + self.batch_size]))
-                for i in range(0, len(examples), self.batch_size)
-            ]
         return self._loader(self._val)
 
 
