@@ -238,21 +238,15 @@ TYPE_WORDS |= dict.fromkeys(("list", "tuple"), "a list ([a, b])")
 """How a value of a plain type is named in a message about a wrong one."""
 
 
-def _wrong_type(message: str) -> str | None:
-    """jsonargparse's 'Expected a <class 'int'>. Got value: abc' (or a union's list of them) as one line naming the
-    option and the type: '--train.max_steps takes an integer, got 'abc''; None for another message."""
-    key = re.match(r'Parser key "([\w.]+)":', message)
-    types = re.findall(r"Expected a <class '(\w+)'>", message)
-    value = re.search(r"(?:Got|Given) value: (.*)", message)
-    if key is None or value is None or not types or any(t not in TYPE_WORDS for t in types):
-        return None
-    return f"--{key[1]} takes {' or '.join(TYPE_WORDS[t] for t in types)}, got {value[1].strip()!r}"
-
-
 def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = frozenset()) -> str:
     """jsonargparse's message in a few lines, with the closest option to an unknown one (not to one `refused`)."""
-    if wrong := _wrong_type(message):
-        return wrong
+    # 'Expected a <class 'int'>. Got value: abc' (or a union's list of them) as one line naming the option and the
+    # type: '--train.max_steps takes an integer, got 'abc''
+    key = re.match(r'Parser key "([\w.]+)":', message)
+    expected = re.findall(r"Expected a <class '(\w+)'>", message)
+    value = re.search(r"(?:Got|Given) value: (.*)", message)
+    if key and value and expected and all(t in TYPE_WORDS for t in expected):
+        return f"--{key[1]} takes {' or '.join(TYPE_WORDS[t] for t in expected)}, got {value[1].strip()!r}"
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].endswith(":"):  # 'Parser key "x":' + the problem
         lines[:2] = [f"{lines[0]} {lines[1]}"]
