@@ -127,7 +127,10 @@ def shipped_configs(argv: list[str], command: Command) -> list[str]:
     out = []
     for before, token in pairwise(["", *argv]):
         inline = token.startswith("--config=")
-        path = _shipped(token.removeprefix("--config=")) if inline or before == "--config" else None
+        path = token.removeprefix("--config=") if inline or before == "--config" else None
+        if path and not Path(path).exists() and Path(path).parent.name == "configs":  # none here: a shipped one?
+            shipped = configs.shipped(Path(path).name)
+            path = str(shipped) if shipped.is_file() else path
         out.append(f"--config={path}" if inline else path or token)
         try:
             content = yaml.safe_load(Path(path).read_text(encoding="utf-8")) if path and Path(path).is_file() else {}
@@ -143,13 +146,6 @@ def shipped_configs(argv: list[str], command: Command) -> list[str]:
                 f"`{command.prog} --print_config` writes one.",
             )
     return out
-
-
-def _shipped(path: str) -> str:
-    if Path(path).exists() or Path(path).parent.name != "configs":
-        return path
-    shipped = configs.shipped(Path(path).name)
-    return str(shipped) if shipped.is_file() else path
 
 
 def build_parser(command: Command) -> ArgumentParser:
