@@ -127,7 +127,10 @@ def shipped_configs(argv: list[str], command: Command) -> list[str]:
     out = []
     for before, token in pairwise(["", *argv]):
         inline = token.startswith("--config=")
-        path = _shipped(token.removeprefix("--config=")) if inline or before == "--config" else None
+        path = token.removeprefix("--config=") if inline or before == "--config" else None
+        if path and not Path(path).exists() and Path(path).parent.name == "configs":  # none here: a shipped one?
+            shipped = configs.shipped(Path(path).name)
+            path = str(shipped) if shipped.is_file() else path
         out.append(f"--config={path}" if inline else path or token)
         try:
             content = yaml.safe_load(Path(path).read_text(encoding="utf-8")) if path and Path(path).is_file() else {}
@@ -143,13 +146,6 @@ def shipped_configs(argv: list[str], command: Command) -> list[str]:
                 f"`{command.prog} --print_config` writes one.",
             )
     return out
-
-
-def _shipped(path: str) -> str:
-    if Path(path).exists() or Path(path).parent.name != "configs":
-        return path
-    shipped = configs.shipped(Path(path).name)
-    return str(shipped) if shipped.is_file() else path
 
 
 def build_parser(command: Command) -> ArgumentParser:
@@ -238,21 +234,15 @@ TYPE_WORDS |= dict.fromkeys(("list", "tuple"), "a list ([a, b])")
 """How a value of a plain type is named in a message about a wrong one."""
 
 
-def _wrong_type(message: str) -> str | None:
-    """jsonargparse's 'Expected a <class 'int'>. Got value: abc' (or a union's list of them) as one line naming the
-    option and the type: '--train.max_steps takes an integer, got 'abc''; None for another message."""
-    key = re.match(r'Parser key "([\w.]+)":', message)
-    types = re.findall(r"Expected a <class '(\w+)'>", message)
-    value = re.search(r"(?:Got|Given) value: (.*)", message)
-    if key is None or value is None or not types or any(t not in TYPE_WORDS for t in types):
-        return None
-    return f"--{key[1]} takes {' or '.join(TYPE_WORDS[t] for t in types)}, got {value[1].strip()!r}"
-
-
 def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = frozenset()) -> str:
     """jsonargparse's message in a few lines, with the closest option to an unknown one (not to one `refused`)."""
-    if wrong := _wrong_type(message):
-        return wrong
+    # 'Expected a <class 'int'>. Got value: abc' (or a union's list of them) as one line naming the option and the
+    # type: '--train.max_steps takes an integer, got 'abc''
+    key = re.match(r'Parser key "([\w.]+)":', message)
+    expected = re.findall(r"Expected a <class '(\w+)'>", message)
+    value = re.search(r"(?:Got|Given) value: (.*)", message)
+    if key and value and expected and all(t in TYPE_WORDS for t in expected):
+        return f"--{key[1]} takes {' or '.join(TYPE_WORDS[t] for t in expected)}, got {value[1].strip()!r}"
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].endswith(":"):  # 'Parser key "x":' + the problem
         lines[:2] = [f"{lines[0]} {lines[1]}"]

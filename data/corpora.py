@@ -79,8 +79,12 @@ def python_docs_path() -> Path:
     try:
         from pydoc_data.topics import topics
     except ImportError:  # some distributions strip it
-        return _cached_text(f"python-stdlib-{version}.txt", _stdlib_source)
-    return _cached_text(f"python-docs-{version}.txt", lambda: "\n".join(topics[k] for k in sorted(topics)))
+        path, make = cache_dir() / f"python-stdlib-{version}.txt", _stdlib_source
+    else:
+        path, make = cache_dir() / f"python-docs-{version}.txt", lambda: "\n".join(topics[k] for k in sorted(topics))
+    if not path.is_file():
+        _write_to_cache(path, make().encode("utf-8"))
+    return path
 
 
 @functools.cache  # once per cache directory: a study of many runs tries the download and says so once
@@ -122,13 +126,6 @@ def _stdlib_source() -> str:
     if not text:
         raise DataError("This Python installation carries neither pydoc_data nor its library's source.")
     return text[:STDLIB_SOURCE_CHARS]
-
-
-def _cached_text(name: str, make: Callable[[], str]) -> Path:
-    path = cache_dir() / name
-    if not path.is_file():
-        _write_to_cache(path, make().encode("utf-8"))
-    return path
 
 
 def _write_to_cache(path: Path, payload: bytes) -> None:

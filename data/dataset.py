@@ -122,8 +122,7 @@ def prepare_dir(inputs: str | list[str] | list[Source], prepared: str | None, pr
     settings += [f"{name}={getattr(cfg, name)}" for name, default in later.items() if getattr(cfg, name) != default]
     key = hashlib.sha256("\n".join(settings).encode()).hexdigest()[:10]
     out = Path(prepared_root) / f"{corpus_name(sources)}-{cfg.tokenizer}-{key}"
-    prepare_sources(dataclasses.replace(cfg, out_dir=str(out)), sources)
-    return load_prepared(out)
+    return PreparedData(out, prepare_sources(dataclasses.replace(cfg, out_dir=str(out)), sources))
 
 
 def _window_batch(tokens: np.ndarray, offsets: np.ndarray, block_size: int) -> Batch:

@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from posgpt.data.errors import DataError
 
@@ -132,7 +132,10 @@ def parquet_pieces(path: Path, column: str) -> Iterator[Piece]:
     except (pa.ArrowException, OSError) as error:
         raise DataError(f"Cannot read {path} as Parquet ({first_line(error)}); pass a valid Parquet file.") from None
     schema = parquet.schema_arrow
-    strings = {name: _is_string(pa, schema.field(name).type) for name in schema.names}
+    kinds = {name: schema.field(name).type for name in schema.names}  # dictionary-encoded: its values' type
+    kinds = {name: kind.value_type if pa.types.is_dictionary(kind) else kind for name, kind in kinds.items()}
+    view = getattr(pa.types, "is_string_view", lambda _: False)
+    strings = {name: bool(pa.types.is_string(k) or pa.types.is_large_string(k) or view(k)) for name, k in kinds.items()}
     _check_column(path, column, strings, str(schema.field(column).type) if column in strings else "")
     batches = (b.column(0).to_pylist() for b in parquet.iter_batches(batch_size=ROWS_PER_BATCH, columns=[column]))
     try:
@@ -212,13 +215,6 @@ def _check_column(where: Path | HubSpec, column: str, strings: dict[str, bool], 
             f"Column {column!r} of {where} holds {kind}, not strings (its string columns: {text_columns}); "
             f"{COLUMN_HINT}."
         )
-
-
-def _is_string(pa: Any, kind: Any) -> bool:
-    if pa.types.is_dictionary(kind):
-        kind = kind.value_type
-    view = getattr(pa.types, "is_string_view", lambda _: False)
-    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind) or view(kind))
 
 
 def _no_documents(where: Path, column: str) -> DataError:

@@ -71,7 +71,21 @@ def check_pretrained(config: GPTConfig) -> Path:
     source = config.init_from or ""
     path = weights_file(source)
     weights = read_weights(path, meta=True)
-    heads = config_heads(path, source)  # read (and refused when unreadable) whatever the source
+    heads, config_json = None, path.parent / "config.json"  # n_head: the weights do not record the head count
+    if config_json.is_file():  # read (and refused when unreadable, not passed over) whatever the source
+        try:
+            settings = json.loads(config_json.read_text(encoding="utf-8"))
+            problem = "" if isinstance(settings, dict) else "not a JSON object"
+        except json.JSONDecodeError as error:
+            problem = f"not valid JSON ({error}; a download cut short?)"
+        except UnicodeDecodeError:
+            problem = "not valid JSON (not UTF-8 text)"
+        if problem:
+            raise PretrainedError(
+                f"--model.init_from {source}: {config_json} is {problem}. Fetch it again from where the weights came "
+                "from, or delete it and pass the head count as --model.n_head."
+            )
+        heads = settings.get("n_head")
     layers = sorted({int(m.group(1)) for name in weights if (m := re.match(r"h\.(\d+)\.", name))})
     needed = ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"]
     needed += [f"h.{i}.{theirs}.{kind}" for i in layers for theirs in NAMES for kind in ("weight", "bias")]
@@ -113,27 +127,6 @@ def read_weights(path: Path, meta: bool = False) -> dict[str, Tensor]:
     except Exception as error:  # safetensors raises its own SafetensorError for a damaged file
         raise PretrainedError(f"Cannot read {path}: {error}. Download it again (a download cut short?).") from None
     return {name.removeprefix("transformer."): t for name, t in tensors.items()}
-
-
-def config_heads(path: Path, source: str) -> int | None:
-    """n_head from the config.json beside the weights, if any; an unreadable one is refused, not passed over
-    (the weights do not record the head count)."""
-    config = path.parent / "config.json"
-    if not config.is_file():
-        return None
-    try:
-        settings = json.loads(config.read_text(encoding="utf-8"))
-        problem = "" if isinstance(settings, dict) else "not a JSON object"
-    except json.JSONDecodeError as error:
-        problem = f"not valid JSON ({error}; a download cut short?)"
-    except UnicodeDecodeError:
-        problem = "not valid JSON (not UTF-8 text)"
-    if problem:
-        raise PretrainedError(
-            f"--model.init_from {source}: {config} is {problem}. Fetch it again from where the weights came from, "
-            "or delete it and pass the head count as --model.n_head."
-        )
-    return settings.get("n_head")
 
 
 def from_pretrained(config: GPTConfig) -> GPT:

@@ -105,7 +105,7 @@ def test_a_build_removes_what_a_killed_build_left_in_the_cache(roots, tmp_path, 
     assert not any(path.exists() for path in stale)
     stale[1].write_bytes(b"partial")
     monkeypatch.setenv(corpora.CACHE_ENV, str(cache))
-    corpora._cached_text("made.txt", lambda: "made")
+    corpora._write_to_cache(cache / "made.txt", b"made")
     assert not stale[1].exists() and (cache / "made.txt").read_text() == "made"
 
 
