@@ -24,7 +24,6 @@ evaluates it inside its kernel).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,8 +32,6 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
-
-MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
@@ -134,14 +131,6 @@ class AttentionMask:
         for _ in range(2):
             x = ((x ^ (x >> 16)) * 0x45D9F3B) % (1 << 32)
         return x ^ (x >> 16)
-
-    def mask_mod(self) -> MaskMod:
-        """The FlexAttention `mask_mod` of tokens at positions 0.. attending to each other."""
-
-        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return self.visible(q_idx, kv_idx)
-
-        return mask_mod
 
     def dense(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """(Tq, Tk) bool, True where query at `q_pos[i]` sees key at `k_pos[j]`."""
