@@ -201,10 +201,6 @@ class LayerCache:
         self.owner = owner
         self.kv: Tensor | None = None
 
-    @property
-    def k(self) -> Tensor | None:
-        return None if self.kv is None else self.kv[0]
-
     def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
                  n_kv_head: int | None = None) -> None:  # fmt: skip
         shape = (2, batch, n_kv_head or n_head, self.owner.capacity, head_dim)
