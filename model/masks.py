@@ -98,14 +98,11 @@ class AttentionMask:
             earlier = query_block.clamp(min=1)
             draws = (self._hash(query_block, draw) % earlier for draw in range(self.random_blocks))
             return [torch.where(query_block > 0, block, -1) for block in draws]
-        return self._distinct_eligible(query_block)
-
-    def _distinct_eligible(self, query_block: Tensor) -> list[Tensor]:
-        """min(R, count) distinct blocks of the eligible range: draw r is uniform among the count - r
-        blocks not yet taken (the r-th hash modulo count - r, then moved past each earlier pick at or
-        below it, in ascending order), so no block is drawn twice; pointwise, R^2 comparisons."""
-        # the key blocks lo..lo + count - 1 that query block i may draw under BigBird's rule: no sink token in
-        # them, and wholly before the window of the block's first query
+        # min(R, count) distinct blocks of the eligible range: draw r is uniform among the count - r blocks not yet
+        # taken (the r-th hash modulo count - r, then moved past each earlier pick at or below it, in ascending
+        # order), so no block is drawn twice; pointwise, R^2 comparisons. The key blocks lo..lo + count - 1 that
+        # query block i may draw under BigBird's rule: no sink token in them, and wholly before the window of the
+        # block's first query
         lo = -(-self.sinks // self.sparse_block)  # the first block free of sinks
         hi = torch.div(query_block * self.sparse_block - self.window + 1, self.sparse_block, rounding_mode="floor")
         count = (hi - lo).clamp(min=0)
