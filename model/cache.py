@@ -185,7 +185,6 @@ class KVCache(DecodingCache):
         super().commit(write)
 
     def slot_of(self, position: Tensor) -> Tensor:
-        """The slot that holds each position."""
         if not self.rolling:
             return position
         sinks = self.mask.sinks

@@ -55,7 +55,6 @@ class AttentionMask:
 
     @classmethod
     def of(cls, config: GPTConfig) -> AttentionMask:
-        """The mask a model of `config` attends with."""
         return cls(config.attn_window, config.attn_sinks, config.attn_random_blocks, config.attn_sparse_block,
                    config.attn_random_seed, config.attn_random_draw, config.attn_chunk)  # fmt: skip
 

@@ -202,7 +202,6 @@ class Attention(nn.Module):
 
     @classmethod
     def kernel_name(cls, kernel: Kernel) -> str:
-        """The `attn_backend` name of one of this function's kernels."""
         return next(name for name, k in cls.kernels.items() if k is kernel)
 
     @classmethod

@@ -30,7 +30,6 @@ CHUNK = 64
 
 
 def _wide(x: Tensor) -> Tensor:
-    """In (at least) float32: float32, or float64 if given float64."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
