@@ -185,7 +185,6 @@ class KVCache(DecodingCache):
         super().commit(write)
 
     def slot_of(self, position: Tensor) -> Tensor:
-        """The slot that holds each position."""
         if not self.rolling:
             return position
         sinks = self.mask.sinks
@@ -200,10 +199,6 @@ class LayerCache:
     def __init__(self, owner: KVCache) -> None:
         self.owner = owner
         self.kv: Tensor | None = None
-
-    @property
-    def k(self) -> Tensor | None:
-        return None if self.kv is None else self.kv[0]
 
     def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
                  n_kv_head: int | None = None) -> None:  # fmt: skip

@@ -24,7 +24,6 @@ evaluates it inside its kernel).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,8 +32,6 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
-
-MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
@@ -58,7 +55,6 @@ class AttentionMask:
 
     @classmethod
     def of(cls, config: GPTConfig) -> AttentionMask:
-        """The mask a model of `config` attends with."""
         return cls(config.attn_window, config.attn_sinks, config.attn_random_blocks, config.attn_sparse_block,
                    config.attn_random_seed, config.attn_random_draw, config.attn_chunk)  # fmt: skip
 
@@ -101,14 +97,11 @@ class AttentionMask:
             earlier = query_block.clamp(min=1)
             draws = (self._hash(query_block, draw) % earlier for draw in range(self.random_blocks))
             return [torch.where(query_block > 0, block, -1) for block in draws]
-        return self._distinct_eligible(query_block)
-
-    def _distinct_eligible(self, query_block: Tensor) -> list[Tensor]:
-        """min(R, count) distinct blocks of the eligible range: draw r is uniform among the count - r
-        blocks not yet taken (the r-th hash modulo count - r, then moved past each earlier pick at or
-        below it, in ascending order), so no block is drawn twice; pointwise, R^2 comparisons."""
-        # the key blocks lo..lo + count - 1 that query block i may draw under BigBird's rule: no sink token in
-        # them, and wholly before the window of the block's first query
+        # min(R, count) distinct blocks of the eligible range: draw r is uniform among the count - r blocks not yet
+        # taken (the r-th hash modulo count - r, then moved past each earlier pick at or below it, in ascending
+        # order), so no block is drawn twice; pointwise, R^2 comparisons. The key blocks lo..lo + count - 1 that
+        # query block i may draw under BigBird's rule: no sink token in them, and wholly before the window of the
+        # block's first query
         lo = -(-self.sinks // self.sparse_block)  # the first block free of sinks
         hi = torch.div(query_block * self.sparse_block - self.window + 1, self.sparse_block, rounding_mode="floor")
         count = (hi - lo).clamp(min=0)
@@ -134,14 +127,6 @@ class AttentionMask:
         for _ in range(2):
             x = ((x ^ (x >> 16)) * 0x45D9F3B) % (1 << 32)
         return x ^ (x >> 16)
-
-    def mask_mod(self) -> MaskMod:
-        """The FlexAttention `mask_mod` of tokens at positions 0.. attending to each other."""
-
-        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return self.visible(q_idx, kv_idx)
-
-        return mask_mod
 
     def dense(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """(Tq, Tk) bool, True where query at `q_pos[i]` sees key at `k_pos[j]`."""

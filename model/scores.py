@@ -150,7 +150,6 @@ class LogLengthScale(nn.Module):
 
     @classmethod
     def of(cls, config: GPTConfig) -> LogLengthScale | None:
-        """The scaling `config` asks for, or None."""
         if config.attn_log_scaling == "none":
             return None
         s = config.attn_log_scale if config.attn_log_scale is not None else 1.0 / math.log(config.block_size)

@@ -93,7 +93,6 @@ def _unmet(config: GPTConfig) -> list[Lack]:
 
 
 def _runs_with(config: GPTConfig, field: str, value: Any) -> bool:
-    """Whether `config` with `field` set to `value` would run."""
     changes = {field: value}
     if field == "attn_window":
         changes.update(attn_sinks=0, attn_random_blocks=0)

@@ -135,7 +135,7 @@ def test_the_cache_holds_its_capacity_and_no_more(mask):
             model(prompt, cache=cache)
             for _ in range(25):
                 model(prompt[:, :1], cache=cache)
-        assert cache.layers[0].k.size(2) == expected
+        assert cache.layers[0].kv.size(3) == expected
         assert cache.slot_positions.min() >= 0 and cache.pos.tolist() == [34, 34]
 
 

@@ -171,7 +171,7 @@ def test_each_kind_keeps_its_own_keys_in_the_cache():
     model = GPT(config).eval()
     cache = model.new_cache(32, batch=2)
     assert isinstance(cache, LayoutCache)
-    assert [tuple(layer.k.shape) for layer in cache.layers] == [(2, 2, 5, 8), (2, 2, 5, 8), (2, 2, 32, 8)]
+    assert [tuple(layer.kv[0].shape) for layer in cache.layers] == [(2, 2, 5, 8), (2, 2, 5, 8), (2, 2, 32, 8)]
     idx = torch.randint(0, 64, (2, 23))
     with torch.no_grad():
         full, _ = model(idx)

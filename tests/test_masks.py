@@ -150,7 +150,7 @@ def test_the_block_mask_built_in_chunks_is_create_block_masks(monkeypatch, mask,
     from posgpt.model.kernels import block_mask
 
     monkeypatch.setattr(block_mask, "DENSE_ELEMENTS", limit)
-    expected = create_block_mask(mask.mask_mod(), None, None, length, length, device="cpu")
+    expected = create_block_mask(lambda b, h, q, k: mask.visible(q, k), None, None, length, length, device="cpu")
     built = block_mask.block_mask_in_chunks(mask, length, torch.device("cpu"))
     for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
         assert torch.equal(getattr(built, name), getattr(expected, name)), name

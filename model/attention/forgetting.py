@@ -45,9 +45,9 @@ class GateLayerCache(LayerCache):
         """The new tokens' sums c (B, H, T) from their ln f, and those of the keys they attend over (B, H, Tk)."""
         c = log_f.cumsum(-1)
         if not write.prefill:  # on from the token before: its c is in the cache
-            assert self.sums.k is not None
+            assert self.sums.kv is not None
             slot = self.owner.slot_of(write.positions[:, :1] - 1)  # (B, 1)
-            c = c + self.sums.k[torch.arange(c.size(0), device=c.device)[:, None], :, slot, 0].transpose(1, 2)
+            c = c + self.sums.kv[0][torch.arange(c.size(0), device=c.device)[:, None], :, slot, 0].transpose(1, 2)
         keys, _ = self.sums.update(c[..., None], c[..., None], write)  # (the values: a copy, as the store wants)
         return c, keys[..., 0]
 

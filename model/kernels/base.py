@@ -81,7 +81,6 @@ class Needs:
     """The kernel computes in float64 (float64 weights, no autocast)."""
 
     def unmet(self, kernel: Kernel) -> list[Lack]:
-        """What `kernel` cannot do of these needs."""
         missing = [Lack(*term.value) for term in TERMS if term in self.terms and term not in kernel.terms]
         if self.term_gradients and not kernel.term_gradients:
             missing.append(Lack("gradients through learned score terms", "pos_encoding"))

@@ -52,7 +52,8 @@ def block_mask_in_chunks(mask: AttentionMask, length: int, device: torch.device)
         partial.append((seen > 0) & (seen < BLOCK * BLOCK))
         full.append(seen == BLOCK * BLOCK)
     return BlockMask.from_kv_blocks(*_ordered(torch.cat(partial)), *_ordered(torch.cat(full)), BLOCK_SIZE=BLOCK,
-                                    mask_mod=mask.mask_mod(), seq_lengths=(length, length))  # fmt: skip
+                                    mask_mod=lambda b, h, q, k: mask.visible(q, k),  # tokens at 0.. seeing each other
+                                    seq_lengths=(length, length))  # fmt: skip
 
 
 def _ordered(tiles: Tensor) -> tuple[Tensor, Tensor]:

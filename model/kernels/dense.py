@@ -32,13 +32,17 @@ RECOMPUTE_ELEMENTS = 1 << 22
 block formed again in the backward pass (`torch.utils.checkpoint`): no O(T^2) activation is kept per layer (but a
 whole mask or unlearned bias, one for every layer), at the cost of the blocks' forward twice. Below it, as before."""
 
+Weigh = Callable[[Tensor, Tensor], Tensor]
+"""(scores (B, H, rows, Tk) with -inf where a key is not visible, visibility (.., rows, Tk) bool)
+-> attention weights: what makes an attention function of the scores (softmax, sigmoid, ...)."""
+
 
 @dataclass(frozen=True)
 class DenseContext:
     """What eager and SDPA need of one forward pass: the positions the mask sees (`q_pos` (Bq, Tq), `k_pos`
     (Bk, Tk), -1 an empty slot), those the bias sees (`q_ids`, `k_ids`), the whole mask and bias when small
     (`whole`); `plain`: causal with no bias, which SDPA runs with no mask at all; `weigh`: the eager kernel's
-    weights of the masked scores (`model.kernels.eager.Weigh`), options bound."""
+    weights of the masked scores (`Weigh`), options bound: None in SDPA's."""
 
     bias: ScoreBias | None
     mask: AttentionMask
@@ -49,7 +53,7 @@ class DenseContext:
     k_ids: Tensor
     plain: bool
     whole: tuple[Tensor | None, Tensor | None] | None = None
-    weigh: Callable[[Tensor, Tensor], Tensor] | None = None
+    weigh: Weigh | None = None
     recompute: bool = False
     """A pass with gradients past `RECOMPUTE_ELEMENTS`: blocks whose weights would be kept are formed again."""
     in_order: bool = False
@@ -114,14 +118,10 @@ class DenseContext:
 
 
 def dense_context(
-    bias: ScoreBias | None,
-    mask: AttentionMask,
-    placement: Placement,
-    shortcut: bool,
-    weigh: Callable[[Tensor, Tensor], Tensor] | None = None,
+    bias: ScoreBias | None, mask: AttentionMask, placement: Placement, weigh: Weigh | None = None
 ) -> DenseContext:
-    """The dense context of one forward pass; with `shortcut`, plain causal attention needs no mask; `weigh`: the
-    eager kernel's weights."""
+    """The dense context of one forward pass: the eager kernel's, with its weights `weigh`, or (None) SDPA's, for
+    which plain causal attention needs no mask."""
     device = placement.device
     if placement.k_pos is not None:  # decoding through a cache: each row's own positions
         assert placement.positions is not None
@@ -129,14 +129,14 @@ def dense_context(
     else:
         q_pos = k_pos = torch.arange(placement.q_len, device=device)[None]
         q_ids = k_ids = placement.positions if placement.positions is not None else q_pos
-    plain = shortcut and mask.causal_only and placement.k_pos is None
+    plain = weigh is None and mask.causal_only and placement.k_pos is None
     recompute = torch.is_grad_enabled() and placement.n_head * placement.q_len * k_pos.size(-1) > RECOMPUTE_ELEMENTS
     context = DenseContext(bias, mask, placement.n_head, q_pos, k_pos, q_ids, k_ids, plain, weigh=weigh,
                            recompute=recompute, in_order=placement.positions is None)  # fmt: skip
     if (context.recompute and context.keeps()) or context.rows_per_block() < placement.q_len:
         return context  # formed block by block
     visible, bias = context.block(slice(0, placement.q_len))
-    if shortcut and bias is None and visible is not None:  # SDPA: the mask as the additive term it makes, made once
+    if weigh is None and bias is None and visible is not None:  # SDPA: the mask as the additive term, made once
         visible, bias = None, torch.zeros(visible.shape, device=device).masked_fill(~visible, float("-inf"))
     return dataclasses.replace(context, whole=(visible, bias))
 

@@ -12,14 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Placement, Plan, WeightsHook
-from posgpt.model.kernels.dense import DenseContext, causal_mask, dense_context
+from posgpt.model.kernels.dense import DenseContext, Weigh, causal_mask, dense_context
 from posgpt.model.masks import AttentionMask
 from posgpt.model.scores import ScaledDot, Score
 from posgpt.model.terms import ScoreBias, ScoresTerm, Term
-
-Weigh = Callable[[Tensor, Tensor], Tensor]
-"""(scores (B, H, rows, Tk) with -inf where a key is not visible, visibility (.., rows, Tk) bool)
--> attention weights: what makes an attention function of the scores (softmax, sigmoid, ...)."""
 
 
 def softmax_weights(scores: Tensor, visible: Tensor, sinks: Tensor | None = None) -> Tensor:
@@ -102,7 +98,7 @@ class EagerKernel(Kernel):
     def context(
         self, bias: ScoreBias | None, mask: AttentionMask, placement: Placement, memo: dict, **settings: Any
     ) -> DenseContext:
-        return dense_context(bias, mask, placement, shortcut=False, weigh=functools.partial(self.weigh, **settings))
+        return dense_context(bias, mask, placement, functools.partial(self.weigh, **settings))
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
         """`eager_attention` with the context's weights, a block of query rows at a time."""

@@ -67,7 +67,7 @@ class SdpaKernel(Kernel):
     def context(
         self, bias: ScoreBias | None, mask: AttentionMask, placement: Placement, memo: dict, **settings: Any
     ) -> DenseContext:
-        return dense_context(bias, mask, placement, shortcut=True)
+        return dense_context(bias, mask, placement)
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
         context: DenseContext = plan.context
