@@ -53,7 +53,7 @@ def test_recurrent_decoding_equals_the_parallel_forward(tiny_config, scheme):
         full, _ = model(idx)
         steps = [model(idx[:, :5], cache=cache)[0]] + [model(idx[:, t : t + 1], cache=cache)[0] for t in range(5, 14)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
-    assert cache.layers[0].state[0].shape == (2, tiny_config.n_head, tiny_config.head_dim, tiny_config.head_dim)
+    assert cache.layers[0].state.S.shape == (2, tiny_config.n_head, tiny_config.head_dim, tiny_config.head_dim)
     prompt = idx[:, :3]
     assert torch.equal(
         model.generate(prompt, 30, temperature=0), model.generate(prompt, 30, temperature=0, use_cache=False)

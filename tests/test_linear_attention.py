@@ -44,12 +44,12 @@ def test_the_quadratic_form_by_hand():
 @pytest.mark.parametrize("T", [13, 70])
 def test_the_chunked_form_equals_the_quadratic_one(T, chunk):
     q2, k2, v = _inputs(T)
-    chunked, (S, z) = linear_attention_chunked(q2, k2, v, chunk=chunk)
+    chunked, state = linear_attention_chunked(q2, k2, v, chunk=chunk)
     torch.testing.assert_close(chunked, linear_attention_quadratic(q2, k2, v), rtol=1e-9, atol=1e-9)
     # the state is the running sums over every token
     rk, fk = k2.chunk(2, -1)
-    torch.testing.assert_close(z, fk.sum(-2))
-    torch.testing.assert_close(S, rk.transpose(-2, -1) @ v)
+    torch.testing.assert_close(state.z, fk.sum(-2))
+    torch.testing.assert_close(state.S, rk.transpose(-2, -1) @ v)
 
 
 def test_continuing_from_a_state_equals_one_pass():

@@ -9,7 +9,7 @@ form (running sums across chunks) trains and, one token at a time with its state
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,13 @@ def feature_map(x: Tensor) -> Tensor:
     return F.elu(_wide(x)) + 1.0
 
 
+class LinearState(NamedTuple):
+    """The running sums after some tokens: S (B, H, D, D) and z (B, H, D)."""
+
+    S: Tensor
+    z: Tensor
+
+
 def linear_attention_quadratic(q2: Tensor, k2: Tensor, v: Tensor, on_weights: WeightsHook | None = None) -> Tensor:
     """The reference: the masked (T, T) numerator and denominator written out, in (at least) float32;
     with `on_weights`, in chunks of queries, each chunk's normalised kernel products handed to it."""
@@ -60,16 +67,15 @@ def linear_attention_quadratic(q2: Tensor, k2: Tensor, v: Tensor, on_weights: We
 
 
 def linear_attention_chunked(
-    q2: Tensor, k2: Tensor, v: Tensor, state: tuple[Tensor, Tensor] | None = None, chunk: int = CHUNK
-) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """The chunked form, continuing from `state` (None: from the start); the output and the state after it, the
-    running sums S (B, H, D, D) and z (B, H, D)."""
+    q2: Tensor, k2: Tensor, v: Tensor, state: LinearState | None = None, chunk: int = CHUNK
+) -> tuple[Tensor, LinearState]:
+    """The chunked form, continuing from `state` (None: from the start); the output and the state after it."""
     rq, fq = _wide(q2).chunk(2, dim=-1)
     rk, fk = _wide(k2).chunk(2, dim=-1)
     vf = _wide(v)
     B, H, _, D = rq.shape
     if state is None:
-        state = rq.new_zeros(B, H, D, vf.size(-1)), rq.new_zeros(B, H, D)
+        state = LinearState(rq.new_zeros(B, H, D, vf.size(-1)), rq.new_zeros(B, H, D))
     S, z = state
     outputs = []
     # split once (its backward concatenates): slicing inside the loop would make each slice's
@@ -84,7 +90,7 @@ def linear_attention_chunked(
         outputs.append(numerator / denominator[..., None])
         S = S + rk_c.transpose(-2, -1) @ v_c
         z = z + fk_c.sum(-2)
-    return torch.cat(outputs, dim=2).to(v.dtype), (S, z)
+    return torch.cat(outputs, dim=2).to(v.dtype), LinearState(S, z)
 
 
 class LinearReference(Kernel):
@@ -108,20 +114,20 @@ class LayerStateCache:
     once allocated (a compiled step keeps its tensors)."""
 
     def __init__(self) -> None:
-        self.state: tuple[Tensor, Tensor] | None = None  # S and z (`linear_attention_chunked`)
+        self.state: LinearState | None = None
 
     def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
                  n_kv_head: int | None = None) -> None:  # fmt: skip
         """The sums per query head (`LinearAttention.forward` repeats each KV head into its group)."""
         S = torch.zeros(batch, n_head, head_dim, head_dim, device=device)
-        self.state = static_buffer(S), static_buffer(torch.zeros(batch, n_head, head_dim, device=device))
+        self.state = LinearState(static_buffer(S), static_buffer(torch.zeros(batch, n_head, head_dim, device=device)))
 
     def attend(self, q2: Tensor, k2: Tensor, v: Tensor, write: CacheWrite) -> Tensor:
         """The new tokens' outputs, continuing from the state (from zero in a prefill, padding zeroed out)."""
         if write.real is not None:
             k2, v = (t * write.real[:, None, :, None] for t in (k2, v))
         out, new = linear_attention_chunked(q2, k2, v, None if write.prefill else self.state)
-        if self.state is None or self.state[0].shape != new[0].shape or self.state[0].dtype != new[0].dtype:
+        if self.state is None or self.state.S.shape != new.S.shape or self.state.S.dtype != new.S.dtype:
             self.state = new
         else:
             for held, value in zip(self.state, new, strict=True):
