@@ -43,8 +43,6 @@ class TrainingDiverged(UserError):
 
 def did_you_mean(name: str, names: Sequence[str], dashes: str) -> str:
     """'; did you mean --x?' for the closest of `names` to `name` (a misspelling, or a field without its group)."""
-    if not name:
-        return ""
-    tail = [n for n in names if n.endswith("." + name)]
+    tail = [n for n in names if n.endswith("." + name)]  # '' (no mode given) matches none, nor is any name close
     close = tail if len(tail) == 1 else difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     return f"; did you mean {dashes}{close[0]}?" if close else ""
