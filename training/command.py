@@ -10,8 +10,6 @@ from posgpt.configs import shipped
 from posgpt.core.cli import Command
 from posgpt.training.config import RunConfig
 
-DEFAULT_CONFIG = shipped("shakespeare_char.yaml")  # `python train.py` with no options
-
 
 def main(cfg: RunConfig) -> None:
     """Train, then print the sample and where the checkpoints are (Lightning imported here, not for --help)."""
@@ -39,6 +37,6 @@ COMMAND = Command(
     main,
     "Train a GPT on any text; the position scheme is --model.pos_encoding. With no options: "
     "configs/shakespeare_char.yaml (Tiny Shakespeare, char-level, 4 layers x 128, RoPE, 2000 steps).",
-    default_config=str(DEFAULT_CONFIG),
+    default_config=str(shipped("shakespeare_char.yaml")),  # `python train.py` with no options
     skip=frozenset({"model.vocab_size"}),  # the tokenizer's, set from the data
 )
