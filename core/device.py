@@ -47,9 +47,5 @@ def pick_device(device: str) -> torch.device:
 
 def pick_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
     """The device and the dtype to run a loaded checkpoint in, for sampling and evaluation."""
-    dev = pick_device(device)
-    if dtype == "auto":
-        return dev, auto_dtype(dev.type, training=False)
-    if dtype not in DTYPES:
-        raise DeviceError(f"--dtype {dtype}: choose among auto, {', '.join(DTYPES)}.")
-    return dev, DTYPES[dtype]
+    dev = pick_device(device)  # every --dtype is typed Literal["auto", *DTYPES]: the parser refuses any other
+    return dev, auto_dtype(dev.type, training=False) if dtype == "auto" else DTYPES[dtype]
