@@ -57,8 +57,7 @@ def cell_number(cell: str | None) -> float | None:
 
 def read_metrics(run_dir: Path) -> Metrics:
     """The run's logged metrics as one series per column: its CSV metrics, else its TensorBoard events."""
-    files = metric_files(run_dir)
-    if files:  # oldest launch first: a resumed launch replaces the rows from its first step on
+    if files := metric_files(run_dir):  # oldest launch first: a resumed launch replaces the rows from its first step on
         merged: dict[int, dict[str, float]] = {}
         for rows in filter(None, map(read_launch, files)):
             first = min(rows)
