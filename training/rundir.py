@@ -146,7 +146,6 @@ def check_resume(ckpt: dict[str, Any], path: str | Path, config: RunConfig, data
 
 
 def learning_rate(optim: dict[str, Any], train: dict[str, Any], step: int) -> float:
-    """The learning rate at optimizer step `step` of a config's optim and train sections."""
     decay_steps = optim.get("decay_steps") or train["max_steps"]
     return optim["lr"] * lr_factor(step, optim["lr"], optim["min_lr"], optim["warmup_steps"], decay_steps)
 
