@@ -8,8 +8,7 @@ again only does what is left.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from posgpt.core import cli
@@ -55,7 +54,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     launch = Launch(cfg)
     quick = cli.parse(COMMAND, ["--config", QUICK_CONFIG])  # what the quick study trains, to judge this plan by
     launch.train(shorter=(QUICK_CONFIG, len(quick.models()) * len(quick.seeds) * run_tokens(quick.run)))
-    key = {"eval": dataclasses.asdict(cfg.eval), "eval_data": dataclasses.asdict(cfg.eval_data)}
+    key = {"eval": asdict(cfg.eval), "eval_data": asdict(cfg.eval_data)}
     docs = launch.evaluate(
         "extrapolation", key, lambda r: evaluate_checkpoints([r.ckpt], [r.label], cfg.eval, cfg.eval_data)
     )
