@@ -141,11 +141,9 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
             label = name if scaling == AS_TRAINED else f"{name} + {scaling}"
             rows = []
             for length in settings.lengths:
-                model = trained  # as trained, or a view of it with the scaling for this length
-                if scaling != AS_TRAINED:  # a fixed factor, or (dynamic) how far past the training length it is
-                    factor = settings.rope_scaling_factor
-                    factor = max(1.0, length / config.block_size) if factor == "dynamic" else float(factor)
-                    model = trained.rescaled(scaling, factor)
+                factor = settings.rope_scaling_factor  # a fixed one, or (dynamic) how far past the training length
+                factor = max(1.0, length / config.block_size) if factor == "dynamic" else float(factor)
+                model = trained if scaling == AS_TRAINED else trained.rescaled(scaling, factor)  # a view of it
                 bar.set_description(f"{label} L={length}")
                 result = evaluate_length(model, text[0], length, settings.stride, settings.token_budget,
                                          buckets=settings.buckets, batch_tokens=settings.batch_tokens,
@@ -175,7 +173,7 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
             )
     doc = {
         "format": FORMAT,
-        **results_header(device, autocast or torch.float32),
+        **results_header(device, dtype),
         "settings": dataclasses.asdict(settings),
         "data": dataclasses.asdict(data),
         "runs": runs,
