@@ -116,16 +116,13 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
     device, dtype = pick_device_dtype(settings.device, settings.dtype)
     autocast = None if dtype == torch.float32 else dtype
     scaled = "/".join(s for s in settings.rope_scaling if s != AS_TRAINED)
-    for label, ckpt in zip(labels, loaded, strict=True):  # a RoPE model no scaling here stretches: said, not dropped
+    plan = []  # (label, checkpoint, text, RoPE scaling) for every run
+    for label, ckpt, text in zip(labels, loaded, texts, strict=True):  # a RoPE model no scaling here stretches: said
         if len(ckpt.model.rope_bases) > 1 and scaled:
             turns = ", ".join(f"{b:,.0f}" for b in ckpt.model.rope_bases)
             log.warning(f"{label}: its kinds turn RoPE at bases {turns}, which {scaled} does not stretch alike "
                         "(Gemma 3 scales its global layers only): evaluated as trained")  # fmt: skip
-    plan = [
-        (label, ckpt, text, scaling)
-        for label, ckpt, text in zip(labels, loaded, texts, strict=True)
-        for scaling in (settings.rope_scaling if ckpt.model.rescalable else [AS_TRAINED])
-    ]
+        plan += [(label, ckpt, text, s) for s in (settings.rope_scaling if ckpt.model.rescalable else [AS_TRAINED])]
     total = sum(
         int(window_starts(len(text[0]), n, settings.stride or n, settings.token_budget).size)
         for _, ckpt, text, _ in plan
