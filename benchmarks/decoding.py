@@ -28,6 +28,8 @@ SHAPES: dict[str, dict[str, int]] = {
 }
 WARMUP_TOKENS = 4
 """Tokens decoded before each timed run: compilation and first-call costs (CUDA handles, oneDNN primitives)."""
+FIGURES = {"tokens_per_s": ",.1f", "first_token_ms": ",.1f", "compile_s": ",.1f", "peak_mib": ",.0f", "graphs": "d"}
+"""A row's figures and their formats, in the columns' order of the live table and the summary."""
 
 
 @dataclass
@@ -204,12 +206,8 @@ def summary(rows: list[Row], batches: list[int]) -> list[str]:
         groups.setdefault((row.model, row.scheme, row.mode), {})[row.batch] = row
     for key, by_batch in groups.items():
         got = [by_batch.get(b) for b in batches]
-        speeds = [cell(r.tokens_per_s if r else None, ",.1f") for r in got]
-        joined = [
-            " / ".join(cell(getattr(r, name) if r else None, f",.{digits}f") for r in got)
-            for name, digits in (("first_token_ms", 1), ("compile_s", 1), ("peak_mib", 0), ("graphs", 0))
-        ]
-        lines.append(table_line([*key, *speeds, *joined]))
+        columns = [[cell(getattr(r, name) if r else None, fmt) for r in got] for name, fmt in FIGURES.items()]
+        lines.append(table_line([*key, *columns[0], *(" / ".join(c) for c in columns[1:])]))  # tokens/s: one per batch
     return lines
 
 
@@ -227,9 +225,8 @@ def bench_decode(args: DecodeBenchConfig) -> None:
     if args.hf and not find_spec("transformers"):
         print("note: transformers is not installed: no Hugging Face rows (pip install transformers)")
     for row in itertools.chain(ours, nanogpt, hf if find_spec("transformers") else []):
-        line = table_line([row.model, row.scheme, row.mode, str(row.batch), cell(row.tokens_per_s, ",.1f"),
-                           cell(row.first_token_ms, ",.1f"), cell(row.compile_s, ",.1f"), cell(row.peak_mib, ",.0f"),
-                           cell(row.graphs, "d")])  # fmt: skip
+        figures = [cell(getattr(row, name), fmt) for name, fmt in FIGURES.items()]
+        line = table_line([row.model, row.scheme, row.mode, str(row.batch), *figures])
         setup.add(row, line, {"dtype": setup.dtype_name, "shape": setup.shape, **SHAPES[setup.shape],
                   "prompt_tokens": args.prompt_tokens, "new_tokens": setup.tokens, "temperature": args.temperature,
                   "top_k": args.top_k, **asdict(row)})  # fmt: skip

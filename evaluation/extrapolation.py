@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from posgpt.core.threads import revisit
 from posgpt.data.dataset import window_starts
+from posgpt.evaluation.attention_stats import runs_at
 from posgpt.model import GPT
 
 LOGIT_ELEMENTS = 1 << 25
@@ -61,9 +62,8 @@ def evaluate_length(
     loss in float32; `on_windows` gets the windows done after each batch."""
     stride = length if stride is None else stride
     mode = "nonoverlap" if stride == length else "sliding"
-    limit = model.pe.max_positions
-    if limit is not None and length > limit:
-        reason = f"{model.config.pos_encoding} positions exist up to block_size={limit}"
+    if not runs_at(model, length):
+        reason = f"{model.config.pos_encoding} positions exist up to block_size={model.pe.max_positions}"
         return LengthResult(length, mode, stride, applicable=False, reason=reason)
     starts = window_starts(len(tokens), length, stride, token_budget)
     if starts.size == 0:

@@ -88,13 +88,14 @@ def _centres(edges: list[int]) -> np.ndarray:
     return np.array([(lo + hi - 1) / 2 + 1 for lo, hi in zip(edges[:-1], edges[1:], strict=True)])
 
 
-def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | None = None) -> plt.Figure:
+def stats_figure(entries: list[dict[str, Any]], length: int) -> plt.Figure:
     """Rows = layers; columns = mass by distance, entropy and sink mass by query position; one colour
-    per label (mean over heads and seeds; each head thin for up to two labels). `order`: every label
-    of the report, so that a label keeps its colour in every figure."""
+    per label (mean over heads and seeds; each head thin for up to two labels). `entries`: every entry
+    of the report, so that a label keeps its colour in every figure; those at `length` are drawn."""
+    colour = {label: f"C{i % 10}" for i, label in enumerate(dict.fromkeys(e["label"] for e in entries))}
+    entries = [e for e in entries if e["length"] == length]
     n_layer = max(len(e["summary"]["distance"]["mean_weight"]) for e in entries)
     labels = list(dict.fromkeys(e["label"] for e in entries))
-    colour = {label: f"C{i % 10}" for i, label in enumerate(order or labels)}
     sinks = entries[0]["summary"]["sink_tokens"]
     fig, axes = plt.subplots(n_layer, 3, figsize=(12, 2.4 * n_layer + 0.9), dpi=72, squeeze=False,
                              layout="constrained")  # fmt: skip
@@ -113,8 +114,7 @@ def stats_figure(entries: list[dict[str, Any]], length: int, order: list[str] | 
                     ax.axvline(train_length + (1 if key == "position" else 0), color=colour[label], ls="--", lw=0.8)
         for layer in range(n_layer):
             ax = axes[layer, col]
-            ax.set_xscale("log")
-            ax.set_yscale("log" if key == "distance" else "linear")
+            ax.set(xscale="log", yscale="log" if key == "distance" else "linear")
             if key == "position":  # what uniform attention over the i + 1 visible keys gives, for reference
                 edges = entries[0]["summary"]["position"]["edges"]
                 i = np.arange(length) + 1.0
@@ -153,7 +153,4 @@ def legend_below(fig: plt.Figure, handles: Sequence[Any], labels: Sequence[str],
 
 def stats_pngs(entries: list[dict[str, Any]]) -> dict[str, bytes]:
     """{attention_L{length}.png: its figure} for every length of `entries`."""
-    lengths = sorted({e["length"] for e in entries})
-    order = list(dict.fromkeys(e["label"] for e in entries))
-    return {f"attention_L{n}.png": png_bytes(stats_figure([e for e in entries if e["length"] == n], n, order))
-            for n in lengths}  # fmt: skip
+    return {f"attention_L{n}.png": png_bytes(stats_figure(entries, n)) for n in sorted({e["length"] for e in entries})}

@@ -116,16 +116,13 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
     device, dtype = pick_device_dtype(settings.device, settings.dtype)
     autocast = None if dtype == torch.float32 else dtype
     scaled = "/".join(s for s in settings.rope_scaling if s != AS_TRAINED)
-    for label, ckpt in zip(labels, loaded, strict=True):  # a RoPE model no scaling here stretches: said, not dropped
+    plan = []  # (label, checkpoint, text, RoPE scaling) for every run
+    for label, ckpt, text in zip(labels, loaded, texts, strict=True):  # a RoPE model no scaling here stretches: said
         if len(ckpt.model.rope_bases) > 1 and scaled:
             turns = ", ".join(f"{b:,.0f}" for b in ckpt.model.rope_bases)
             log.warning(f"{label}: its kinds turn RoPE at bases {turns}, which {scaled} does not stretch alike "
                         "(Gemma 3 scales its global layers only): evaluated as trained")  # fmt: skip
-    plan = [
-        (label, ckpt, text, scaling)
-        for label, ckpt, text in zip(labels, loaded, texts, strict=True)
-        for scaling in (settings.rope_scaling if ckpt.model.rescalable else [AS_TRAINED])
-    ]
+        plan += [(label, ckpt, text, s) for s in (settings.rope_scaling if ckpt.model.rescalable else [AS_TRAINED])]
     total = sum(
         int(window_starts(len(text[0]), n, settings.stride or n, settings.token_budget).size)
         for _, ckpt, text, _ in plan
@@ -141,11 +138,9 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
             label = name if scaling == AS_TRAINED else f"{name} + {scaling}"
             rows = []
             for length in settings.lengths:
-                model = trained  # as trained, or a view of it with the scaling for this length
-                if scaling != AS_TRAINED:  # a fixed factor, or (dynamic) how far past the training length it is
-                    factor = settings.rope_scaling_factor
-                    factor = max(1.0, length / config.block_size) if factor == "dynamic" else float(factor)
-                    model = trained.rescaled(scaling, factor)
+                factor = settings.rope_scaling_factor  # a fixed one, or (dynamic) how far past the training length
+                factor = max(1.0, length / config.block_size) if factor == "dynamic" else float(factor)
+                model = trained if scaling == AS_TRAINED else trained.rescaled(scaling, factor)  # a view of it
                 bar.set_description(f"{label} L={length}")
                 result = evaluate_length(model, text[0], length, settings.stride, settings.token_budget,
                                          buckets=settings.buckets, batch_tokens=settings.batch_tokens,
@@ -175,7 +170,7 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
             )
     doc = {
         "format": FORMAT,
-        **results_header(device, autocast or torch.float32),
+        **results_header(device, dtype),
         "settings": dataclasses.asdict(settings),
         "data": dataclasses.asdict(data),
         "runs": runs,

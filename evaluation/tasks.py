@@ -12,6 +12,7 @@ import torch
 from posgpt.core.threads import revisit
 from posgpt.data.tasks import TASKS, Example, TaskConfig, eval_set
 from posgpt.data.tokenizer import CharTokenizer
+from posgpt.evaluation.attention_stats import runs_at
 from posgpt.model.gpt import GPT
 
 
@@ -52,11 +53,10 @@ def evaluate_task(
     for n, depth in itertools.product(task.eval_lengths, depths):
         examples = eval_set(task, n, depth)
         longest = max(len(e.prompt) + len(e.answer) for e in examples) - 1
-        limit = model.pe.max_positions
         row: dict[str, Any] = {"length": n, "depth": depth, "tokens": longest + 1, "examples": len(examples)}
-        if limit is not None and longest > limit:
+        if not runs_at(model, longest):
             row.update(accuracy=None, token_accuracy=None, applicable=False,
-                       reason=f"{longest} tokens > {limit} learned positions")  # fmt: skip
+                       reason=f"{longest} tokens > {model.pe.max_positions} learned positions")  # fmt: skip
         else:
             tokens = correct(model, tokenizer, examples, batch_size)
             row.update(
