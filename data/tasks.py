@@ -224,21 +224,17 @@ class Counting(Task):
         while True:  # their generator retries a sample that asks nothing (no variable set)
             values: dict[str, int] = {}
             text = []
-            for _ in range(n):
-                while True:
-                    op = rng.choices(list(self.WEIGHTS), list(self.WEIGHTS.values()))[0]
-                    if op == "set":
-                        name = rng.choice(names)
-                        values[name] = 0
-                        text.append(f"{name}=0;")
-                    elif op == "pass":
-                        text.append("p")
-                    elif values and values[name := rng.choice(sorted(values))] < self.MAX_VALUE:
-                        values[name] += 1
-                        text.append(f"{name}+")
-                    else:
-                        continue
-                    break
+            while len(text) < n:  # a draw that cannot be done adds no step: it is drawn again
+                op = rng.choices(list(self.WEIGHTS), list(self.WEIGHTS.values()))[0]
+                if op == "set":
+                    name = rng.choice(names)
+                    values[name] = 0
+                    text.append(f"{name}=0;")
+                elif op == "pass":
+                    text.append("p")
+                elif values and values[name := rng.choice(sorted(values))] < self.MAX_VALUE:
+                    values[name] += 1
+                    text.append(f"{name}+")
             if values:
                 name = rng.choice(sorted(values))
                 return Example("".join(text) + "?" + name, str(values[name]), n)
