@@ -89,7 +89,6 @@ class Example:
     prompt: str
     answer: str
     length: int
-    depth: float | None = None
     also: tuple[int, ...] = ()
     """Indices of prompt characters that are targets too in training (flip-flop's earlier reads)."""
 
@@ -164,7 +163,7 @@ class Passkey(Task):
         filler_len = n - len(line) - len(QUESTION) - len(key)  # n counts every character, the answer's too
         filler = (FILLER * (filler_len // len(FILLER) + 1))[:filler_len]
         cut = round(depth * filler_len)
-        return Example(filler[:cut] + line + filler[cut:] + QUESTION, key, n, depth)
+        return Example(filler[:cut] + line + filler[cut:] + QUESTION, key, n)
 
     def check(self, task: TaskConfig) -> None:
         shortest = len(KEY_LINE.format("0" * 5)) + len(QUESTION) + 5 + 1
@@ -200,7 +199,7 @@ class FlipFlop(Task):
             if op == "r":
                 also.append(2 * len(text) - 1)
         prompt = "".join(text)
-        return Example(prompt[:-1], prompt[-1], n, depth, tuple(also[:-1]))
+        return Example(prompt[:-1], prompt[-1], n, tuple(also[:-1]))
 
     def check(self, task: TaskConfig) -> None:
         if task.train_min < 2:
@@ -256,7 +255,7 @@ class SelectiveCopy(Task):
         cells = n + round(n * (1.0 if depth is None else depth))
         places = dict(zip(sorted(rng.sample(range(cells), n)), symbols, strict=True))  # the symbols' cells, in order
         row = "".join(places.get(cell, ".") for cell in range(cells))
-        return Example(BOS + row + SEP, "".join(symbols), n, depth)
+        return Example(BOS + row + SEP, "".join(symbols), n)
 
 
 TASKS: dict[str, Task] = {
