@@ -106,9 +106,7 @@ class Source:
         """What the fingerprint of prepared data takes from this source: its location and content hash (a Hub
         dataset: the pinned spec), with format and column except for text files (as before formats existed);
         hashed once per `Source`."""
-        if self.format == "text":
-            return self.location.encode() + b"\0" + sha256_file(self.path).encode()
-        tag = f"{self.format}:{self.column}:{self.location}".encode()
+        tag = (self.location if self.format == "text" else f"{self.format}:{self.column}:{self.location}").encode()
         if self.format == "hub":
             return tag
         if self.format != "saved-dataset":
