@@ -188,19 +188,13 @@ class FIRE(PositionEncoding):
             nn.init.uniform_(weight, -bound, bound)
             nn.init.uniform_(bias, -bound, bound)
 
-    def threshold(self, layer: int | None = None) -> Tensor:
-        """L = |m L0|, float32 (of layer `layer` with `fire_per_layer`)."""
-        scale = self.threshold_scale.float()
-        return (scale if layer is None else scale[layer]).abs() * self.initial_threshold.float()
-
     def bias(self, layer: int = 0) -> ScoreBias:
         # every value the formula reads, per head and on its own (`ScoreBias`): |c| twice, L, each hidden
         # unit's input weight and bias, each unit's output weights, the output bias
-        at = layer if self.per_layer else None
         units = slice(layer * self.width, (layer + 1) * self.width) if self.per_layer else slice(None)
         heads = slice(layer * self.n_head, (layer + 1) * self.n_head) if self.per_layer else slice(None)
-        c = (self.c.float() if at is None else self.c.float()[at]).abs()
-        scalars = torch.stack([c, c, self.threshold(at)])[:, None]
+        c, m = ((p.float()[layer] if self.per_layer else p.float()).abs() for p in (self.c, self.threshold_scale))
+        scalars = torch.stack([c, c, m * self.initial_threshold.float()])[:, None]  # L = |m L0|
         per_unit = torch.stack([self.w1.float()[units], self.b1.float()[units]])[..., None]
         rows = torch.cat([scalars.expand(3, self.n_head), per_unit.expand(2, self.width, self.n_head).flatten(0, 1),
                           self.w2.float()[:, heads], self.b2.float()[heads][None]])  # fmt: skip
