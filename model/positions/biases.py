@@ -26,18 +26,17 @@ class ALiBi(PositionEncoding):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
-        self.n_head = config.n_head
         self.register_buffer("slopes", torch.tensor(alibi_slopes(config.n_head), dtype=torch.float32), persistent=False)
 
     def bias(self, layer: int = 0) -> ScoreBias:
-        if self.slopes.dtype != torch.float32:  # e.g. after model.to(torch.bfloat16)
-            self.slopes = torch.tensor(alibi_slopes(self.n_head), dtype=torch.float32, device=self.slopes.device)
+        if self.slopes.dtype != torch.float32:  # e.g. after model.to(torch.bfloat16): one slope per head again
+            self.slopes = torch.tensor(alibi_slopes(len(self.slopes)), dtype=torch.float32, device=self.slopes.device)
         slopes = self.slopes
 
         def alibi(h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
             return -slopes[h] * distance
 
-        return ScoreBias(alibi, self.n_head)
+        return ScoreBias(alibi, len(slopes))
 
 
 T5_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
