@@ -220,6 +220,5 @@ def modified_after(location: str, stamp: float) -> bool:
     if location.startswith(HUB_PREFIX):
         return False  # pinned: never changes
     path = Path(location)
-    if path.is_dir():
-        return any(not p.is_file() or p.stat().st_mtime > stamp for p in saved_dataset_files(path))
-    return not path.is_file() or path.stat().st_mtime > stamp
+    files = saved_dataset_files(path) if path.is_dir() else [path]
+    return any(not p.is_file() or p.stat().st_mtime > stamp for p in files)
