@@ -241,8 +241,7 @@ class ContextualPositions(PositionEncoding):
         nn.init.zeros_(self.table)
 
     def bias(self, layer: int = 0) -> ScoreBias:
-        table = self.table[layer]
-        table, scale = table.to(torch.promote_types(table.dtype, torch.float32)), self.scale
+        table, scale = self.table[layer].to(torch.promote_types(self.table.dtype, torch.float32)), self.scale
         last = table.size(-1) - 1
 
         def cope(q: Tensor, scores: Tensor, visible: Tensor) -> Tensor:
