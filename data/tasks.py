@@ -88,7 +88,6 @@ class TaskConfig:
 class Example:
     prompt: str
     answer: str
-    length: int
     also: tuple[int, ...] = ()
     """Indices of prompt characters that are targets too in training (flip-flop's earlier reads)."""
 
@@ -125,7 +124,7 @@ class Copy(Task):
 
     def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
         s = "".join(rng.choice(SYMBOLS[: task.symbols]) for _ in range(n))
-        return Example(BOS + s + SEP, s[::-1] if self.reverse else s, n)
+        return Example(BOS + s + SEP, s[::-1] if self.reverse else s)
 
 
 class Recall(Task):
@@ -138,7 +137,7 @@ class Recall(Task):
         values = [rng.choice(DIGITS) for _ in keys]
         q = rng.randrange(n)
         pairs = "".join(k + v for k, v in zip(keys, values, strict=True))
-        return Example(BOS + pairs + QUERY + keys[q], values[q], n)
+        return Example(BOS + pairs + QUERY + keys[q], values[q])
 
     def check(self, task: TaskConfig) -> None:
         longest = max(task.train_max, *task.eval_lengths)
@@ -163,7 +162,7 @@ class Passkey(Task):
         filler_len = n - len(line) - len(QUESTION) - len(key)  # n counts every character, the answer's too
         filler = (FILLER * (filler_len // len(FILLER) + 1))[:filler_len]
         cut = round(depth * filler_len)
-        return Example(filler[:cut] + line + filler[cut:] + QUESTION, key, n)
+        return Example(filler[:cut] + line + filler[cut:] + QUESTION, key)
 
     def check(self, task: TaskConfig) -> None:
         shortest = len(KEY_LINE.format("0" * 5)) + len(QUESTION) + 5 + 1
@@ -199,7 +198,7 @@ class FlipFlop(Task):
             if op == "r":
                 also.append(2 * len(text) - 1)
         prompt = "".join(text)
-        return Example(prompt[:-1], prompt[-1], n, tuple(also[:-1]))
+        return Example(prompt[:-1], prompt[-1], tuple(also[:-1]))
 
     def check(self, task: TaskConfig) -> None:
         if task.train_min < 2:
@@ -236,7 +235,7 @@ class Counting(Task):
                     text.append(f"{name}+")
             if values:
                 name = rng.choice(sorted(values))
-                return Example("".join(text) + "?" + name, str(values[name]), n)
+                return Example("".join(text) + "?" + name, str(values[name]))
 
 
 class SelectiveCopy(Task):
@@ -255,7 +254,7 @@ class SelectiveCopy(Task):
         cells = n + round(n * (1.0 if depth is None else depth))
         places = dict(zip(sorted(rng.sample(range(cells), n)), symbols, strict=True))  # the symbols' cells, in order
         row = "".join(places.get(cell, ".") for cell in range(cells))
-        return Example(BOS + row + SEP, "".join(symbols), n)
+        return Example(BOS + row + SEP, "".join(symbols))
 
 
 TASKS: dict[str, Task] = {
