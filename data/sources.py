@@ -106,9 +106,7 @@ class Source:
         """What the fingerprint of prepared data takes from this source: its location and content hash (a Hub
         dataset: the pinned spec), with format and column except for text files (as before formats existed);
         hashed once per `Source`."""
-        if self.format == "text":
-            return self.location.encode() + b"\0" + sha256_file(self.path).encode()
-        tag = f"{self.format}:{self.column}:{self.location}".encode()
+        tag = (self.location if self.format == "text" else f"{self.format}:{self.column}:{self.location}").encode()
         if self.format == "hub":
             return tag
         if self.format != "saved-dataset":
@@ -222,6 +220,5 @@ def modified_after(location: str, stamp: float) -> bool:
     if location.startswith(HUB_PREFIX):
         return False  # pinned: never changes
     path = Path(location)
-    if path.is_dir():
-        return any(not p.is_file() or p.stat().st_mtime > stamp for p in saved_dataset_files(path))
-    return not path.is_file() or path.stat().st_mtime > stamp
+    files = saved_dataset_files(path) if path.is_dir() else [path]
+    return any(not p.is_file() or p.stat().st_mtime > stamp for p in files)

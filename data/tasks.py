@@ -88,8 +88,6 @@ class TaskConfig:
 class Example:
     prompt: str
     answer: str
-    length: int
-    depth: float | None = None
     also: tuple[int, ...] = ()
     """Indices of prompt characters that are targets too in training (flip-flop's earlier reads)."""
 
@@ -126,7 +124,7 @@ class Copy(Task):
 
     def example(self, task: TaskConfig, rng: random.Random, n: int, depth: float | None) -> Example:
         s = "".join(rng.choice(SYMBOLS[: task.symbols]) for _ in range(n))
-        return Example(BOS + s + SEP, s[::-1] if self.reverse else s, n)
+        return Example(BOS + s + SEP, s[::-1] if self.reverse else s)
 
 
 class Recall(Task):
@@ -139,7 +137,7 @@ class Recall(Task):
         values = [rng.choice(DIGITS) for _ in keys]
         q = rng.randrange(n)
         pairs = "".join(k + v for k, v in zip(keys, values, strict=True))
-        return Example(BOS + pairs + QUERY + keys[q], values[q], n)
+        return Example(BOS + pairs + QUERY + keys[q], values[q])
 
     def check(self, task: TaskConfig) -> None:
         longest = max(task.train_max, *task.eval_lengths)
@@ -164,7 +162,7 @@ class Passkey(Task):
         filler_len = n - len(line) - len(QUESTION) - len(key)  # n counts every character, the answer's too
         filler = (FILLER * (filler_len // len(FILLER) + 1))[:filler_len]
         cut = round(depth * filler_len)
-        return Example(filler[:cut] + line + filler[cut:] + QUESTION, key, n, depth)
+        return Example(filler[:cut] + line + filler[cut:] + QUESTION, key)
 
     def check(self, task: TaskConfig) -> None:
         shortest = len(KEY_LINE.format("0" * 5)) + len(QUESTION) + 5 + 1
@@ -200,7 +198,7 @@ class FlipFlop(Task):
             if op == "r":
                 also.append(2 * len(text) - 1)
         prompt = "".join(text)
-        return Example(prompt[:-1], prompt[-1], n, depth, tuple(also[:-1]))
+        return Example(prompt[:-1], prompt[-1], tuple(also[:-1]))
 
     def check(self, task: TaskConfig) -> None:
         if task.train_min < 2:
@@ -224,24 +222,20 @@ class Counting(Task):
         while True:  # their generator retries a sample that asks nothing (no variable set)
             values: dict[str, int] = {}
             text = []
-            for _ in range(n):
-                while True:
-                    op = rng.choices(list(self.WEIGHTS), list(self.WEIGHTS.values()))[0]
-                    if op == "set":
-                        name = rng.choice(names)
-                        values[name] = 0
-                        text.append(f"{name}=0;")
-                    elif op == "pass":
-                        text.append("p")
-                    elif values and values[name := rng.choice(sorted(values))] < self.MAX_VALUE:
-                        values[name] += 1
-                        text.append(f"{name}+")
-                    else:
-                        continue
-                    break
+            while len(text) < n:  # a draw that cannot be done adds no step: it is drawn again
+                op = rng.choices(list(self.WEIGHTS), list(self.WEIGHTS.values()))[0]
+                if op == "set":
+                    name = rng.choice(names)
+                    values[name] = 0
+                    text.append(f"{name}=0;")
+                elif op == "pass":
+                    text.append("p")
+                elif values and values[name := rng.choice(sorted(values))] < self.MAX_VALUE:
+                    values[name] += 1
+                    text.append(f"{name}+")
             if values:
                 name = rng.choice(sorted(values))
-                return Example("".join(text) + "?" + name, str(values[name]), n)
+                return Example("".join(text) + "?" + name, str(values[name]))
 
 
 class SelectiveCopy(Task):
@@ -260,7 +254,7 @@ class SelectiveCopy(Task):
         cells = n + round(n * (1.0 if depth is None else depth))
         places = dict(zip(sorted(rng.sample(range(cells), n)), symbols, strict=True))  # the symbols' cells, in order
         row = "".join(places.get(cell, ".") for cell in range(cells))
-        return Example(BOS + row + SEP, "".join(symbols), n, depth)
+        return Example(BOS + row + SEP, "".join(symbols))
 
 
 TASKS: dict[str, Task] = {

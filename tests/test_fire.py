@@ -124,14 +124,16 @@ def test_a_checkpoint_round_trips_every_fire_parameter(tmp_path):
     saved = torch.load(tmp_path / "f.pt")
     again = GPT(GPTConfig.from_dict(saved["config"]))
     again.load_state_dict(saved["state"])
-    assert again.pe.c.item() == pytest.approx(0.7) and again.pe.threshold().item() == pytest.approx(3.0)
+    assert again.pe.c.item() == pytest.approx(0.7)
+    assert (again.pe.threshold_scale * again.pe.initial_threshold).item() == pytest.approx(3.0)  # L = |m L0|
     idx = torch.randint(0, 64, (1, 24))
     torch.testing.assert_close(again(idx)[0], model(idx)[0])
 
 
 def test_fire_starts_at_c_0_1_and_l_a_quarter_of_the_block_and_refuses_a_bad_width():
     pe = GPT(dataclasses.replace(CONFIG, block_size=64)).pe
-    assert pe.c.item() == pytest.approx(0.1) and pe.threshold().item() == 16.0 and pe.threshold_scale.item() == 1.0
+    assert pe.c.item() == pytest.approx(0.1) and pe.threshold_scale.item() == 1.0  # L = |m L0| = 16
+    assert pe.initial_threshold.item() == 16.0
     assert pe.w1.numel() == 3
     with pytest.raises(ConfigError, match="fire_width must be a positive integer"):
         dataclasses.replace(CONFIG, fire_width=0)

@@ -26,18 +26,17 @@ class ALiBi(PositionEncoding):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
-        self.n_head = config.n_head
         self.register_buffer("slopes", torch.tensor(alibi_slopes(config.n_head), dtype=torch.float32), persistent=False)
 
     def bias(self, layer: int = 0) -> ScoreBias:
-        if self.slopes.dtype != torch.float32:  # e.g. after model.to(torch.bfloat16)
-            self.slopes = torch.tensor(alibi_slopes(self.n_head), dtype=torch.float32, device=self.slopes.device)
+        if self.slopes.dtype != torch.float32:  # e.g. after model.to(torch.bfloat16): one slope per head again
+            self.slopes = torch.tensor(alibi_slopes(len(self.slopes)), dtype=torch.float32, device=self.slopes.device)
         slopes = self.slopes
 
         def alibi(h: Tensor, distance: Tensor, query: Tensor) -> Tensor:
             return -slopes[h] * distance
 
-        return ScoreBias(alibi, self.n_head)
+        return ScoreBias(alibi, len(slopes))
 
 
 T5_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
@@ -188,19 +187,13 @@ class FIRE(PositionEncoding):
             nn.init.uniform_(weight, -bound, bound)
             nn.init.uniform_(bias, -bound, bound)
 
-    def threshold(self, layer: int | None = None) -> Tensor:
-        """L = |m L0|, float32 (of layer `layer` with `fire_per_layer`)."""
-        scale = self.threshold_scale.float()
-        return (scale if layer is None else scale[layer]).abs() * self.initial_threshold.float()
-
     def bias(self, layer: int = 0) -> ScoreBias:
         # every value the formula reads, per head and on its own (`ScoreBias`): |c| twice, L, each hidden
         # unit's input weight and bias, each unit's output weights, the output bias
-        at = layer if self.per_layer else None
         units = slice(layer * self.width, (layer + 1) * self.width) if self.per_layer else slice(None)
         heads = slice(layer * self.n_head, (layer + 1) * self.n_head) if self.per_layer else slice(None)
-        c = (self.c.float() if at is None else self.c.float()[at]).abs()
-        scalars = torch.stack([c, c, self.threshold(at)])[:, None]
+        c, m = ((p.float()[layer] if self.per_layer else p.float()).abs() for p in (self.c, self.threshold_scale))
+        scalars = torch.stack([c, c, m * self.initial_threshold.float()])[:, None]  # L = |m L0|
         per_unit = torch.stack([self.w1.float()[units], self.b1.float()[units]])[..., None]
         rows = torch.cat([scalars.expand(3, self.n_head), per_unit.expand(2, self.width, self.n_head).flatten(0, 1),
                           self.w2.float()[:, heads], self.b2.float()[heads][None]])  # fmt: skip
@@ -248,8 +241,7 @@ class ContextualPositions(PositionEncoding):
         nn.init.zeros_(self.table)
 
     def bias(self, layer: int = 0) -> ScoreBias:
-        table = self.table[layer]
-        table, scale = table.to(torch.promote_types(table.dtype, torch.float32)), self.scale
+        table, scale = self.table[layer].to(torch.promote_types(self.table.dtype, torch.float32)), self.scale
         last = table.size(-1) - 1
 
         def cope(q: Tensor, scores: Tensor, visible: Tensor) -> Tensor:
