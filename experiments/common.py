@@ -28,7 +28,7 @@ from posgpt.core.errors import TIME_LIMIT_EXIT, ConfigError, TrainingStopped, di
 from posgpt.core.files import atomic_write_bytes
 from posgpt.core.repo import git_sha
 from posgpt.core.units import format_seconds, progress_line
-from posgpt.model import GPT, GPTConfig
+from posgpt.model import GPT, POS_ENCODINGS, GPTConfig
 from posgpt.training.config import RunConfig
 from posgpt.training.hardware import peak_flops, resolve_precision, uses_cuda
 
@@ -75,8 +75,22 @@ class Variant:
     """Fields of the shared run's training (run.train) that this model sets otherwise (say, random_positions)."""
 
 
+@dataclass
 class Study:
-    """What the study configs share: their models (`schemes`, `variants`), checked before any training."""
+    """What the study configs share: their models (`schemes`, `variants`), checked before any training, and the
+    time the command may take."""
+
+    schemes: list[str] = field(default_factory=lambda: list(POS_ENCODINGS))
+    """Position schemes to train, one model each (per seed)."""
+    variants: list[Variant] = field(default_factory=list)
+    """Further models, each {name: N, model: {...}, train: {...}}: overrides of the shared run, scored alike."""
+    only: list[str] | None = None
+    """Only the models of these names, schemes and variants (--only rope hybrid); null: every one."""
+    seeds: list[int] = field(default_factory=lambda: [1337])
+    """Training seeds; with several, the table shows mean ± std across seeds."""
+    max_minutes: float = 0.0
+    """End this command cleanly within this many minutes (0: no limit): the run in progress saves its last.ckpt,
+    evaluations done are kept, and the command exits with status 75; the same command continues the study."""
 
     def __post_init__(self) -> None:
         """Refuse an empty or repeating experiment and a model whose overrides the config classes refuse, in one

@@ -14,8 +14,7 @@ from typing import Any
 from posgpt.core import cli
 from posgpt.evaluation.checkpoint import EvalData
 from posgpt.evaluation.run import EvalSettings, evaluate_checkpoints, merge_documents
-from posgpt.experiments.common import Launch, Study, Variant, experiment_command, run_tokens
-from posgpt.model import POS_ENCODINGS
+from posgpt.experiments.common import Launch, Study, experiment_command, run_tokens
 from posgpt.training.config import RunConfig
 
 QUICK_CONFIG = "configs/extrapolation_quick.yaml"
@@ -28,23 +27,12 @@ class ExperimentConfig(Study):
 
     out_dir: str = "reports/extrapolation"
     """Report directory; the runs are trained under <out_dir>/runs."""
-    schemes: list[str] = field(default_factory=lambda: list(POS_ENCODINGS))
-    """Position schemes to train, one model each (per seed)."""
-    variants: list[Variant] = field(default_factory=list)
-    """Further models, each {name: N, model: {...}, train: {...}}: overrides of the shared run, evaluated alike."""
-    only: list[str] | None = None
-    """Only the models of these names, schemes and variants (--only rope hybrid); null: every one."""
-    seeds: list[int] = field(default_factory=lambda: [1337])
-    """Training seeds; with several, the table shows mean ± std across seeds."""
     run: RunConfig = field(default_factory=RunConfig)
     """The training run shared by every scheme (model.pos_encoding and train.seed are set per run)."""
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(attention_stats=True))
     """The evaluation of every final checkpoint, attention statistics (entropy, sink mass, sink rate) on by default."""
     eval_data: EvalData = field(default_factory=EvalData)
     """Evaluation text (default: the validation split of the training data)."""
-    max_minutes: float = 0.0
-    """End this command cleanly within this many minutes (0: no limit): the run in progress saves its last.ckpt,
-    evaluations done are kept, and the command exits with status 75; the same command continues the study."""
 
 
 def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -19,8 +19,7 @@ from posgpt.core.device import pick_device
 from posgpt.data.tasks import TASKS, TaskConfig, eval_set, tokenizer_for
 from posgpt.evaluation.checkpoint import load_checkpoint, progress_bar, results_header
 from posgpt.evaluation.tasks import evaluate_task
-from posgpt.experiments.common import Launch, PlannedRun, Study, Variant, experiment_command
-from posgpt.model import POS_ENCODINGS
+from posgpt.experiments.common import Launch, PlannedRun, Study, experiment_command
 from posgpt.training.config import RunConfig
 
 FORMAT = "posgpt-synthetic/1"
@@ -34,23 +33,12 @@ class SyntheticConfig(Study):
     """Report directory; the runs are trained under <out_dir>/runs."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """The task, its training lengths and its test sets."""
-    schemes: list[str] = field(default_factory=lambda: list(POS_ENCODINGS))
-    """Position schemes to train, one model each (per seed)."""
-    variants: list[Variant] = field(default_factory=list)
-    """Further models, each {name: N, model: {...}, train: {...}}: overrides of the shared run, tested alike."""
-    only: list[str] | None = None
-    """Only the models of these names, schemes and variants (--only rope hybrid); null: every one."""
-    seeds: list[int] = field(default_factory=lambda: [1337])
-    """Training seeds; with several, the table shows mean ± std across seeds."""
     run: RunConfig = field(default_factory=RunConfig)
     """The run shared by every model (data from the task; model.block_size must hold its longest example)."""
     eval_batch: int = 50
     """Test examples decoded at once."""
     device: str = "auto"
     """Device of the evaluation: auto (cuda if available, else cpu), cpu, cuda, ..."""
-    max_minutes: float = 0.0
-    """End this command cleanly within this many minutes (0: no limit): the run in progress saves its last.ckpt,
-    evaluations done are kept, and the command exits with status 75; the same command continues the study."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
