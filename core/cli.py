@@ -206,10 +206,6 @@ def options(command: Command) -> list[str]:
     return [*BUILTIN_OPTIONS, *(name for name, _, _ in _offered(command))]
 
 
-def accepted(command: Command) -> set[str]:
-    return {*options(command), *command.hidden}
-
-
 def sequence_options(command: Command) -> dict[str, Any]:
     """{dotted name: type} of the command's list and tuple options."""
     return {name: kind for name, kind, group in _offered(command) if not group and _sequence(kind)}
@@ -268,7 +264,7 @@ OPTION = re.compile(r"(?<![\w-])--([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 def spell(text: str, command: Command) -> str:
     """`text` with every option spelled as this command takes it (`--device` is `--eval.device` in evaluate.py): as
     written if the command takes it, else as `command.aliases` rename it, else the one option ending in `.name`."""
-    known = accepted(command)
+    known = {*options(command), *command.hidden}  # the options it takes, those hidden from --help too
 
     def spelled(match: re.Match[str]) -> str:
         name = match.group(1)
