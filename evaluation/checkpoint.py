@@ -189,14 +189,12 @@ def _text_for(ckpt: LoadedCheckpoint, data: EvalData) -> tuple[np.ndarray, dict[
         except (OSError, UnicodeDecodeError) as error:
             raise DataError(f"Cannot read --eval_data.input {path} as UTF-8 text: {error}") from None
         tok = ckpt.tokenizer
-        if isinstance(tok, CharTokenizer):
-            unknown = sorted(set(text) - set(tok.chars))
-            if unknown and not data.drop_unknown:
-                raise DataError(
-                    f"{path} has {len(unknown)} distinct characters outside the vocabulary of {ckpt.path} "
-                    f"(a char-level model knows only its corpus' characters): {''.join(unknown[:40])!r}. "
-                    "Pass --eval_data.drop_unknown true to leave them out."
-                )
+        if isinstance(tok, CharTokenizer) and not data.drop_unknown and (unknown := sorted(set(text) - set(tok.chars))):
+            raise DataError(
+                f"{path} has {len(unknown)} distinct characters outside the vocabulary of {ckpt.path} "
+                f"(a char-level model knows only its corpus' characters): {''.join(unknown[:40])!r}. "
+                "Pass --eval_data.drop_unknown true to leave them out."
+            )
         ids = tok.encode(text, drop_unknown=True) if isinstance(tok, CharTokenizer) else tok.encode(text)
         tokens = np.asarray(ids, dtype=token_dtype(tok.vocab_size))
         info = {"source": str(path), "text_sha256": sha256_file(path)}

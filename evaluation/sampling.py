@@ -85,16 +85,14 @@ class SampleConfig:
     """Local r50k_base.tiktoken for offline GPT-2 BPE (or set POSGPT_TIKTOKEN_RANKS)."""
 
     def __post_init__(self) -> None:
-        for name, low in (("num_samples", 1), ("max_new_tokens", 1), ("top_k", 0)):
+        for name, low in (("num_samples", 1), ("max_new_tokens", 1), ("top_k", 0), ("max_context", 1)):
             value = getattr(self, name)
-            if value < low:
+            if value is not None and value < low:  # max_context None: block_size
                 raise ValueError(f"--{name} must be at least {low}, got {value}.")
         if self.temperature < 0:
             raise ValueError(f"--temperature must be >= 0 (0 is greedy), got {self.temperature}.")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"--top_p must be in (0, 1], got {self.top_p}.")
-        if self.max_context is not None and self.max_context < 1:
-            raise ValueError(f"--max_context must be at least 1, got {self.max_context}.")
         if self.prompt_file and self.prompt:
             raise ValueError("Pass either --prompt or --prompt_file, not both.")
         if self.prompts_file is not None and (self.prompt or self.prompt_file):
