@@ -234,4 +234,4 @@ def bench_decode(args: DecodeBenchConfig) -> None:
     print("\n".join(summary(setup.rows, args.batches)))
 
 
-DECODE = Command("bench.py decode", DecodeBenchConfig, bench_decode, DecodeBenchConfig.__doc__, logs=False)
+COMMAND = Command("bench.py decode", DecodeBenchConfig, bench_decode, DecodeBenchConfig.__doc__, logs=False)

@@ -350,4 +350,4 @@ def bench_gpu(args: GpuBenchConfig) -> None:
         print(f"note: our rows ran with {', '.join(on)}, nanoGPT's without: its ratios compare unlike steps")
 
 
-GPU = Command("bench.py gpu", GpuBenchConfig, bench_gpu, GpuBenchConfig.__doc__, logs=False)
+COMMAND = Command("bench.py gpu", GpuBenchConfig, bench_gpu, GpuBenchConfig.__doc__, logs=False)

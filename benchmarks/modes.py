@@ -18,25 +18,20 @@ DESCRIPTION = __doc__
 MODES: Modes = {
     "decode": Lazy(
         "posgpt.benchmarks.decoding",
-        "DECODE",
         "Decoding per scheme, eager and compiled, against nanoGPT's generate; CPU or GPU.",
     ),
     "gpu": Lazy(
         "posgpt.benchmarks.gpu",
-        "GPU",
         "Training tokens/s, MFU, peak memory and compile time per scheme and shape; the Lightning trainer's overhead; "
         "nanoGPT's step beside ours.",
     ),
-    "vs-nanogpt": Lazy(
-        "posgpt.benchmarks.nanogpt", "VS_NANOGPT", "Our train.py against nanoGPT's, per-step cost, CPU."
-    ),
+    "vs-nanogpt": Lazy("posgpt.benchmarks.nanogpt", "Our train.py against nanoGPT's, per-step cost, CPU."),
     "report": Lazy(
         "posgpt.benchmarks.report",
-        "REPORT",
         "What this machine does with posgpt: kernel checks, training, decoding and long-context speed, one job "
         "per process, each line of --out written as it finishes, and a markdown report of them.",
     ),
-    "memory": Lazy("posgpt.benchmarks.memory", "COMMAND", "Training memory per scheme against RoPE's, counted."),
-    "syncs": Lazy("posgpt.benchmarks.syncs", "COMMAND", "Host syncs per training step, ops a decoded token, counted."),
+    "memory": Lazy("posgpt.benchmarks.memory", "Training memory per scheme against RoPE's, counted."),
+    "syncs": Lazy("posgpt.benchmarks.syncs", "Host syncs per training step, ops a decoded token, counted."),
 }
 """Each mode's module, imported when it runs, and its line in `bench.py --help` (tests/test_entry_points.py)."""

@@ -124,4 +124,4 @@ def bench_vs_nanogpt(args: VsNanoGPTConfig) -> None:
     )
 
 
-VS_NANOGPT = Command("bench.py vs-nanogpt", VsNanoGPTConfig, bench_vs_nanogpt, VsNanoGPTConfig.__doc__, logs=False)
+COMMAND = Command("bench.py vs-nanogpt", VsNanoGPTConfig, bench_vs_nanogpt, VsNanoGPTConfig.__doc__, logs=False)

@@ -348,4 +348,4 @@ def report(cfg: ReportConfig) -> None:
         write_report(out)
 
 
-REPORT = Command("bench.py report", ReportConfig, report, ReportConfig.__doc__, logs=False)
+COMMAND = Command("bench.py report", ReportConfig, report, ReportConfig.__doc__, logs=False)

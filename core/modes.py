@@ -20,9 +20,9 @@ class Lazy:
     """A mode whose `Command` (or modes) is `module.attribute`, imported when the mode runs."""
 
     module: str
-    attribute: str
     summary: str
     """Its line in the modes' help: the command's `summary`, or its modes joined by ' | '."""
+    attribute: str = "COMMAND"
 
     def load(self) -> Command | Modes:
         return getattr(importlib.import_module(self.module), self.attribute)

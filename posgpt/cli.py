@@ -12,41 +12,36 @@ DESCRIPTION = (
 )
 
 
-def _lazy(module: str, summary: str) -> Lazy:
-    """The mode of `module.COMMAND`, imported when it runs."""
-    return Lazy(module, "COMMAND", summary)
-
-
 MODES: Modes = {
-    "train": _lazy("posgpt.training.command", "Train a GPT on any text; the position scheme is --model.pos_encoding."),
-    "sample": _lazy(
+    "train": Lazy("posgpt.training.command", "Train a GPT on any text; the position scheme is --model.pos_encoding."),
+    "sample": Lazy(
         "posgpt.evaluation.sampling", "Sample from a trained checkpoint: --ckpt runs/NAME/last.ckpt --prompt 'ROMEO:'."
     ),
-    "evaluate": _lazy(
+    "evaluate": Lazy(
         "posgpt.evaluation.run",
         "Perplexity against context length: --ckpt A.ckpt [B.ckpt ...] --eval.lengths 128 4096.",
     ),
-    "attention": _lazy(
+    "attention": Lazy(
         "posgpt.evaluation.attention", 'Look inside trained models: --ckpt A.ckpt --prompt "ROMEO:" --out maps.'
     ),
-    "prepare": _lazy("posgpt.data.prepare", "Tokenize text into train.bin / val.bin / meta.json."),
-    "plot": _lazy(
+    "prepare": Lazy("posgpt.data.prepare", "Tokenize text into train.bin / val.bin / meta.json."),
+    "plot": Lazy(
         "posgpt.training.curves",
         "Draw a run's training curves (train and validation loss against steps and tokens, learning rate) into "
         "<run dir>/training.png.",
     ),
     "study": {
-        "extrapolation": _lazy(
+        "extrapolation": Lazy(
             "posgpt.experiments.extrapolation",
             "Train one model per position scheme, evaluate them all at every length, write a report.",
         ),
-        "synthetic": _lazy(
+        "synthetic": Lazy(
             "posgpt.experiments.synthetic",
             "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
         ),
     },
-    "bench": Lazy("posgpt.benchmarks.modes", "MODES", "decode | gpu | vs-nanogpt | report | memory | syncs"),
-    "check": _lazy(
+    "bench": Lazy("posgpt.benchmarks.modes", "decode | gpu | vs-nanogpt | report | memory | syncs", "MODES"),
+    "check": Lazy(
         "posgpt.evaluation.check",
         "Check every attention kernel this device runs against the float32 reference: run it first on a new GPU or "
         "a new torch.",

@@ -180,11 +180,9 @@ def with_summaries(source: str, summaries: dict[str, str]) -> str:
     tree, lines = ast.parse(source), source.splitlines(keepends=True)
     edits = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("Lazy", "_lazy"):
-            module, *_, summary = node.args
-            if not isinstance(module, ast.Constant):  # `_lazy` itself
-                continue
-            attribute = node.args[1].value if len(node.args) == 3 else "COMMAND"
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Lazy":
+            module, summary = node.args[:2]
+            attribute = node.args[2].value if len(node.args) == 3 else "COMMAND"
             expected = summaries[module.value if attribute == "COMMAND" else f"{module.value}:{attribute}"]
             if summary.value != expected:
                 edits.append((summary, expected))
@@ -195,7 +193,7 @@ def with_summaries(source: str, summaries: dict[str, str]) -> str:
 
 
 def summaries() -> dict[str, str]:
-    """Each lazy mode's summary, from its command (`module` for posgpt's `_lazy`, `module:attribute` for Lazy)."""
+    """Each lazy mode's summary, from its command (`module`, or `module:attribute` for another attribute)."""
     import posgpt.benchmarks.modes as bench
     import posgpt.cli as cli
     from posgpt.core.modes import Lazy, mode_summary

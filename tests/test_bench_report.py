@@ -40,7 +40,7 @@ def test_a_second_run_skips_the_jobs_already_in_the_file(tmp_path, monkeypatch, 
     monkeypatch.setattr(report, "plan", lambda cfg, gpu, work: [QUICK])
     out = tmp_path / "r.jsonl"
     for _ in range(2):
-        run_modes("bench.py", "", {"report": report.REPORT}, ["report", "--out", str(out)])
+        run_modes("bench.py", "", {"report": report.COMMAND}, ["report", "--out", str(out)])
     lines = out.read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["job"] == "quick/platform"
     printed = capsys.readouterr().out
@@ -96,7 +96,7 @@ REFUSED = [(["--budget", "0"], "--budget must be positive"),
 @pytest.mark.parametrize(("argv", "needle"), REFUSED)
 def test_report_refuses_a_bad_option_in_one_line(argv, needle, capsys):
     with pytest.raises(SystemExit) as stop:
-        run_modes("bench.py", "", {"report": report.REPORT}, ["report", *argv])
+        run_modes("bench.py", "", {"report": report.COMMAND}, ["report", *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and needle in err[0], err
 
