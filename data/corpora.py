@@ -94,9 +94,11 @@ def _default_corpus(cache: Path) -> Path:
         return shakespeare_path()
     except DataError as error:
         path = python_docs_path()
-        log.warning("%s: training on Python's bundled documentation instead (%s, %d KB). Pass your own text as the "
-                    "data.input option (a file, or the path of tinyshakespeare.txt).",
-                    str(error).split(";")[0], path.name, path.stat().st_size // 1024)  # fmt: skip
+        log.warning(
+            "%s: training on Python's bundled documentation instead (%s, %d KB). Pass your own text as the "
+            "data.input option (a file, or the path of tinyshakespeare.txt).",
+            str(error).split(";")[0], path.name, path.stat().st_size // 1024,
+        )  # fmt: skip
         return path
 
 

@@ -233,8 +233,10 @@ def recorded_data(
         stamp = (prepared.path / "meta.json").stat().st_mtime
         edited = [source for source in record["sources"] if modified_after(source, stamp)]
         if edited and _unchanged_sources(record, glob, column, settings) is None:  # not merely touched
-            log.warning("%s changed since training; %s evaluates on the split prepared from it at training time (%s)",
-                        ", ".join(edited), checkpoint, prepared.path)  # fmt: skip
+            log.warning(
+                "%s changed since training; %s evaluates on the split prepared from it at training time (%s)",
+                ", ".join(edited), checkpoint, prepared.path,
+            )  # fmt: skip
         return prepared
     # gone, or prepared again from other text: prepare it anew from sources still holding what they held
     if (sources := _unchanged_sources(record, glob, column, settings)) is None:

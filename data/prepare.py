@@ -182,8 +182,11 @@ def _write(sources: list[Source], cfg: PrepareConfig, settings: dict[str, Any]) 
             shutil.copyfileobj(tokens, val)
         f.truncate(n_train * dtype.itemsize)
     if capped:
-        log.info("Validation split capped at %s tokens (--data.val_max_tokens), %.2f%% of the %s tokens instead of "
-                 "val_fraction %g", f"{n_val:,}", 100 * n_val / total, f"{total:,}", val_fraction)  # fmt: skip
+        log.info(
+            "Validation split capped at %s tokens (--data.val_max_tokens), %.2f%% of the %s tokens instead of "
+            "val_fraction %g",
+            f"{n_val:,}", 100 * n_val / total, f"{total:,}", val_fraction,
+        )  # fmt: skip
     meta = {
         "format_version": FORMAT_VERSION,
         "tokenizer": tok.meta(),
@@ -201,8 +204,10 @@ def _write(sources: list[Source], cfg: PrepareConfig, settings: dict[str, Any]) 
         "read": progress.record(),
     }
     atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode())
-    log.info("Wrote %s: %d train and %d val tokens (%s), %.1f MB read in %.1f s (%.1f MB/s)", out, n_train, n_val,
-             dtype.name, progress.read / 1e6, progress.seconds(), progress.mb_per_s())  # fmt: skip
+    log.info(
+        "Wrote %s: %d train and %d val tokens (%s), %.1f MB read in %.1f s (%.1f MB/s)",
+        out, n_train, n_val, dtype.name, progress.read / 1e6, progress.seconds(), progress.mb_per_s(),
+    )  # fmt: skip
     return meta
 
 

@@ -200,8 +200,10 @@ class LayerCache:
         self.owner = owner
         self.kv: Tensor | None = None
 
-    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 n_kv_head: int | None = None) -> None:  # fmt: skip
+    def allocate(
+        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+        n_kv_head: int | None = None,
+    ) -> None:  # fmt: skip
         shape = (2, batch, n_kv_head or n_head, self.owner.capacity, head_dim)
         self.kv = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
 

@@ -313,16 +313,20 @@ class GPT(nn.Module):
             part.commit(writes[name])
         return self.ln_f(x)
 
-    def kernel(self, device: torch.device, dropout: bool, needs_grad: bool, decoding: bool = False,
-               weights: bool = False, float64: bool = False, kind: LayerKind | None = None) -> Kernel:  # fmt: skip
+    def kernel(
+        self, device: torch.device, dropout: bool, needs_grad: bool, decoding: bool = False, weights: bool = False,
+        float64: bool = False, kind: LayerKind | None = None,
+    ) -> Kernel:  # fmt: skip
         """The kernel `config.attn_backend` resolves to for a forward pass on `device` with these needs (with
         `weights`: the one that forms the weights; `float64`: computed in float64) for the layers of `kind` (None:
         the first kind's, every layer's without a layout)."""
         kind = kind or self.kinds[0]
-        needs = self.attention.needs(self.pe_of(kind), kind.mask, SCORES[self.config.attn_score], device,
-                                     dropout_active=dropout, needs_grad=needs_grad, decoding=decoding,
-                                     head_size=self.attention.kernel_head_size(self.config.head_dim), float64=float64,
-                                     asked=self.attention.layer_terms(self.config))  # fmt: skip
+        needs = self.attention.needs(
+            self.pe_of(kind), kind.mask, SCORES[self.config.attn_score], device,
+            dropout_active=dropout, needs_grad=needs_grad, decoding=decoding,
+            head_size=self.attention.kernel_head_size(self.config.head_dim), float64=float64,
+            asked=self.attention.layer_terms(self.config),
+        )  # fmt: skip
         if weights:
             return self.attention.weights_kernel(needs)
         return self.attention.choose_kernel(self.config.attn_backend, needs, device)

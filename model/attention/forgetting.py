@@ -36,8 +36,10 @@ class GateLayerCache(LayerCache):
         super().__init__(owner)
         self.sums = LayerCache(owner)
 
-    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 n_kv_head: int | None = None) -> None:  # fmt: skip
+    def allocate(
+        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+        n_kv_head: int | None = None,
+    ) -> None:  # fmt: skip
         super().allocate(batch, n_head, head_dim, dtype, device, n_kv_head)
         self.sums.allocate(batch, n_head, 1, torch.float32, device)  # per query head
 

@@ -116,8 +116,10 @@ class LayerStateCache:
     def __init__(self) -> None:
         self.state: LinearState | None = None
 
-    def allocate(self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 n_kv_head: int | None = None) -> None:  # fmt: skip
+    def allocate(
+        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+        n_kv_head: int | None = None,
+    ) -> None:  # fmt: skip
         """The sums per query head (`LinearAttention.forward` repeats each KV head into its group)."""
         S = torch.zeros(batch, n_head, head_dim, head_dim, device=device)
         self.state = LinearState(static_buffer(S), static_buffer(torch.zeros(batch, n_head, head_dim, device=device)))

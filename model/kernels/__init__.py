@@ -19,6 +19,8 @@ from posgpt.model.kernels.sdpa import SdpaKernel, sdpa_attention
 KERNELS: dict[str, Kernel] = {"eager": SoftmaxEager(), "sdpa": SdpaKernel(), "flex": FlexKernel()}
 """Softmax attention's kernels by `attn_backend` name."""
 
-__all__ = ["AUTO", "KERNELS", "DenseContext", "EagerKernel", "FlexKernel", "Kernel", "KernelError", "Lack", "Needs",
-           "Placement", "Plan", "SdpaKernel", "SoftmaxEager", "WeightsHook", "causal_mask", "compiled_flex_attention",
-           "eager_attention", "sdpa_attention"]  # fmt: skip
+__all__ = [
+    "AUTO", "KERNELS", "DenseContext", "EagerKernel", "FlexKernel", "Kernel", "KernelError", "Lack", "Needs",
+    "Placement", "Plan", "SdpaKernel", "SoftmaxEager", "WeightsHook", "causal_mask", "compiled_flex_attention",
+    "eager_attention", "sdpa_attention",
+]  # fmt: skip

@@ -51,9 +51,10 @@ def block_mask_in_chunks(mask: AttentionMask, length: int, device: torch.device)
         seen = visible.view(-1, BLOCK, tiles, BLOCK).sum(dim=(1, 3))  # visible pairs per tile
         partial.append((seen > 0) & (seen < BLOCK * BLOCK))
         full.append(seen == BLOCK * BLOCK)
-    return BlockMask.from_kv_blocks(*_ordered(torch.cat(partial)), *_ordered(torch.cat(full)), BLOCK_SIZE=BLOCK,
-                                    mask_mod=lambda b, h, q, k: mask.visible(q, k),  # tokens at 0.. seeing each other
-                                    seq_lengths=(length, length))  # fmt: skip
+    return BlockMask.from_kv_blocks(
+        *_ordered(torch.cat(partial)), *_ordered(torch.cat(full)), BLOCK_SIZE=BLOCK,
+        mask_mod=lambda b, h, q, k: mask.visible(q, k), seq_lengths=(length, length),  # tokens at 0.. see each other
+    )  # fmt: skip
 
 
 def _ordered(tiles: Tensor) -> tuple[Tensor, Tensor]:

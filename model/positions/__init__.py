@@ -36,6 +36,8 @@ def build_positions(config: GPTConfig) -> PositionEncoding:
     return SCHEMES[config.pos_encoding](config)
 
 
-__all__ = ["ALiBi", "ContextualPositions", "FIRE", "Kerple", "LearnedPositions", "NoPositions", "PositionEncoding",
-           "RotaryPositions", "SCHEMES", "SinusoidalPositions", "T5Bias", "alibi_slopes", "build_positions",
-           "random_positions", "separate", "sinusoid_table", "t5_bucket", "take"]  # fmt: skip
+__all__ = [
+    "ALiBi", "ContextualPositions", "FIRE", "Kerple", "LearnedPositions", "NoPositions", "PositionEncoding",
+    "RotaryPositions", "SCHEMES", "SinusoidalPositions", "T5Bias", "alibi_slopes",
+    "build_positions", "random_positions", "separate", "sinusoid_table", "t5_bucket", "take",
+]  # fmt: skip
