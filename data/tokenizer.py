@@ -103,7 +103,8 @@ class GPT2Tokenizer:
         self.vocab_size = GPT2_VOCAB
         self.end_id: int = self._enc.eot_token
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, drop_unknown: bool = False) -> list[int]:
+        """Ids of `text`; `drop_unknown` as `CharTokenizer.encode`'s, where nothing is unknown (bytes)."""
         return self._enc.encode_ordinary(text)
 
     def encode_pieces(self, texts: list[str], ends: list[bool], num_threads: int = 1) -> np.ndarray:

@@ -195,8 +195,7 @@ def _text_for(ckpt: LoadedCheckpoint, data: EvalData) -> tuple[np.ndarray, dict[
                 f"(a char-level model knows only its corpus' characters): {''.join(unknown[:40])!r}. "
                 "Pass --eval_data.drop_unknown true to leave them out."
             )
-        ids = tok.encode(text, drop_unknown=True) if isinstance(tok, CharTokenizer) else tok.encode(text)
-        tokens = np.asarray(ids, dtype=token_dtype(tok.vocab_size))
+        tokens = np.asarray(tok.encode(text, drop_unknown=True), dtype=token_dtype(tok.vocab_size))
         info = {"source": str(path), "text_sha256": sha256_file(path)}
     else:
         if data.dir:

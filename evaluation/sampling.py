@@ -25,7 +25,7 @@ from posgpt.core.device import pick_device_dtype
 from posgpt.core.errors import ConfigError
 from posgpt.core.threads import revisit
 from posgpt.data.errors import DataError
-from posgpt.data.tokenizer import CharTokenizer, Tokenizer
+from posgpt.data.tokenizer import Tokenizer
 from posgpt.evaluation.checkpoint import load_checkpoint
 from posgpt.model.cache import KVCache
 from posgpt.model.generation import compile_for_decoding, context_window, pad_prompts, stream
@@ -150,11 +150,10 @@ def read_prompts(tokenizer: Tokenizer, args: SampleConfig) -> list[Prompt]:
     else:
         where = f"--prompt_file {args.prompt_file}" if args.prompt_file else "--prompt"
         sources = [(where, prompt_text(args.prompt, args.prompt_file))]
-    chars = isinstance(tokenizer, CharTokenizer)
     prompts = []
     for where, text in sources:
         try:
-            ids = tokenizer.encode(text, args.drop_unknown) if chars else tokenizer.encode(text)
+            ids = tokenizer.encode(text, args.drop_unknown)
         except DataError as error:
             raise DataError(f"{where}: {error}") from None
         if text and not ids:
