@@ -164,8 +164,7 @@ def flops_per_step(config: RunConfig, vocab_size: int | None) -> float:
     model_config = dataclasses.replace(config.model, vocab_size=vocab_size)
     with torch.device("meta"):
         model = GPT(model_config)
-    t = config.train
-    return float(model.flops_per_token(model_config.block_size)) * t.batch_size * t.grad_accum * model_config.block_size
+    return float(model.flops_per_token(model_config.block_size)) * run_tokens(config) / config.train.max_steps
 
 
 def sustained_flops(device: torch.device, precision: str = "bf16-mixed") -> float:
