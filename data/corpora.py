@@ -255,24 +255,19 @@ def _checked_bytes(path: Path, skipped: Counter[str]) -> bytes | None:
     """The file's bytes if it belongs in the corpus, else None (counting why not)."""
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
-            skipped["too_large"] += 1
-            return None
-        data = path.read_bytes()
+            reason = "too_large"
+        elif b"\x00" in (data := path.read_bytes()):
+            reason = "binary"
+        elif data.decode("utf-8").strip():
+            return data
+        else:
+            reason = "empty"
     except OSError:
-        skipped["unreadable"] += 1
-        return None
-    if b"\x00" in data:
-        skipped["binary"] += 1
-        return None
-    try:
-        text = data.decode("utf-8")
+        reason = "unreadable"
     except UnicodeDecodeError:
-        skipped["not_utf8"] += 1
-        return None
-    if not text.strip():
-        skipped["empty"] += 1
-        return None
-    return data
+        reason = "not_utf8"
+    skipped[reason] += 1
+    return None
 
 
 def _read_manifest(path: Path, corpus: Path) -> dict[str, Any] | None:
