@@ -95,9 +95,8 @@ class GPT(nn.Module):
         biases 0, the residual output projections normal(0, 0.02 / sqrt(2 L)): the 2L branches add to one stream,
         whose variance then does not grow with depth. The scheme initialises its own (`reset_parameters`); modules
         are visited in registration order, which fixes the weights a seed gives."""
-        schemes = [self.pe, *self.kind_pe.values()]
         for name, module in self.named_modules():
-            if any(module is pe for pe in schemes) or isinstance(module, nn.LayerNorm):
+            if isinstance(module, (PositionEncoding, nn.LayerNorm)):  # the schemes: the model's, each kind's
                 module.reset_parameters()
             if name.split(".")[0] in ("pe", "kind_pe"):
                 continue

@@ -91,13 +91,11 @@ def uncompiled_flex(monkeypatch) -> None:
     same computation, without seconds of tracing for every new model and length."""
     import torch.nn.attention.flex_attention as torch_flex
 
-    import posgpt.model.attention.sigmoid as sigmoid
     import posgpt.model.kernels.flex as flex
 
     monkeypatch.setattr(torch_flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
     flex_attention = torch_flex.flex_attention
-    for module in (flex, sigmoid):
-        monkeypatch.setattr(module, "compiled_flex_attention", lambda: flex_attention)
+    monkeypatch.setattr(flex, "compiled_flex_attention", lambda: flex_attention)  # sigmoid's flex calls it too
     for layer in ATTENTIONS.values():
         for kernel in layer.kernels.values():
             if is_flex(kernel):

@@ -14,6 +14,7 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 import posgpt.model.attention.sigmoid as sigmoid_module
+import posgpt.model.kernels.flex as flex_module
 from posgpt.model import GPT, GPTConfig
 from posgpt.model.kernels import KernelError
 
@@ -61,7 +62,7 @@ def test_the_weights_are_sigmoid_of_score_plus_bias_minus_log_n_by_hand(bias, T)
 def test_the_flex_kernels_lse_identity_gives_the_eager_output(monkeypatch, fields):
     """FlexAttention's own reference path (uncompiled) with the kernel's log-sigmoid score_mod, times
     exp(lse): the eager sigmoid output, with a bias, a window and sinks, at an odd length."""
-    monkeypatch.setattr(sigmoid_module, "compiled_flex_attention", lambda: flex_attention)
+    monkeypatch.setattr(flex_module, "compiled_flex_attention", lambda: flex_attention)  # SigmoidFlex calls it
     monkeypatch.setattr(sigmoid_module.SigmoidFlex, "devices", None)
     assert_flex_matches_eager(dataclasses.replace(CONFIG, n_layer=2, **fields), 21)
 

@@ -43,9 +43,8 @@ class GateLayerCache(LayerCache):
         super().allocate(batch, n_head, head_dim, dtype, device, n_kv_head)
         self.sums.allocate(batch, n_head, 1, torch.float32, device)  # per query head
 
-    def gate_sums(self, log_f: Tensor, write: CacheWrite) -> tuple[Tensor, Tensor]:
-        """The new tokens' sums c (B, H, T) from their ln f, and those of the keys they attend over (B, H, Tk)."""
-        c = log_f.cumsum(-1)
+    def gate_sums(self, c: Tensor, write: CacheWrite) -> tuple[Tensor, Tensor]:
+        """The new tokens' sums (B, H, T), `c` (of their ln f) on from the cache's; the attended keys' (B, H, Tk)."""
         if not write.prefill:  # on from the token before: its c is in the cache
             assert self.sums.kv is not None
             slot = self.owner.slot_of(write.positions[:, :1] - 1)  # (B, 1)
@@ -68,10 +67,7 @@ class ForgettingAttention(SoftmaxAttention):
         q, k, v = self.attended(x, pe, plan, cache)
         gate = self.fgate(x)
         log_f = F.logsigmoid(gate.to(torch.promote_types(gate.dtype, torch.float32))).transpose(1, 2)  # (B, H, T)
-        if cache is not None:
-            c_q, c_k = cache.gate_sums(log_f, plan.cache_write)
-        else:
-            c_q = log_f.cumsum(-1)
-            c_k = c_q.clone()  # two tensors (`TokenTerms`)
+        c = log_f.cumsum(-1)
+        c_q, c_k = cache.gate_sums(c, plan.cache_write) if cache is not None else (c, c.clone())  # two (`TokenTerms`)
         plan = dataclasses.replace(plan, tokens=TokenTerms(c_q, c_k))
         return self.output(self.attend(plan, q, k, v), x)

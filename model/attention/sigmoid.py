@@ -20,7 +20,7 @@ from torch.nn.attention.flex_attention import AuxRequest
 from posgpt.model.attention.softmax import SoftmaxAttention
 from posgpt.model.kernels.base import Placement, Plan
 from posgpt.model.kernels.eager import EagerKernel
-from posgpt.model.kernels.flex import FlexContext, FlexKernel, ScoreMod, compiled_flex_attention
+from posgpt.model.kernels.flex import FlexKernel, ScoreMod
 from posgpt.model.masks import AttentionMask
 from posgpt.model.scores import Score
 from posgpt.model.terms import Term
@@ -63,11 +63,7 @@ class SigmoidFlex(FlexKernel):
         return score_mod
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
-        context: FlexContext = plan.context
-        out, aux = compiled_flex_attention()(
-            q, k, v, score_mod=context.score_mod(plan), block_mask=context.block_mask, scale=score.scale,
-            return_aux=AuxRequest(lse=True), kernel_options=context.kernel_options, enable_gqa=k.size(1) != q.size(1),
-        )  # fmt: skip
+        out, aux = self.flex(q, k, v, plan, score, AuxRequest(lse=True))
         return (out.float() * aux.lse.exp()[..., None]).to(q.dtype)
 
 

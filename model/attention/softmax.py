@@ -27,8 +27,7 @@ class SoftmaxAttention(Attention):
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__(config, layer)
         self.log_scale = LogLengthScale.of(config)
-        self.mask = AttentionMask.of(config)
-        self.temperature_floor = config.attn_temperature_floor
+        self.reconfigure(config, config)  # the mask and Llama 4's query scale (the log-length scale: as built)
 
     def reconfigure(self, old: GPTConfig, config: GPTConfig) -> None:
         self.mask = AttentionMask.of(config)

@@ -117,15 +117,18 @@ class FlexKernel(Kernel):
         """The attention function's weights of the scores as a score_mod, their log (None: the softmax's own)."""
         return None
 
-    def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
+    def flex(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, aux: AuxRequest | None = None) -> Any:
+        """Compiled FlexAttention of the plan's context: the output, and with `aux` the output and what it asks."""
         context: FlexContext = plan.context
-        lse = AuxRequest(lse=True) if plan.sinks is not None else None
-        out = compiled_flex_attention()(q, k, v, score_mod=context.score_mod(plan), block_mask=context.block_mask,
-                                        scale=score.scale, kernel_options=context.kernel_options,
-                                        return_aux=lse, enable_gqa=k.size(1) != q.size(1))  # fmt: skip
+        return compiled_flex_attention()(q, k, v, score_mod=context.score_mod(plan), block_mask=context.block_mask,
+                                         scale=score.scale, kernel_options=context.kernel_options,
+                                         return_aux=aux, enable_gqa=k.size(1) != q.size(1))  # fmt: skip
+
+    def run(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, score: Score, dropout_p: float) -> Tensor:
         if plan.sinks is None:
-            return out
-        out, aux = out  # a keyless logit z_h in the normaliser Z: each weight times Z / (Z + e^z) = sigmoid(ln Z - z)
+            return self.flex(q, k, v, plan, score)
+        out, aux = self.flex(q, k, v, plan, score, AuxRequest(lse=True))
+        # a keyless logit z_h in the normaliser Z: each weight times Z / (Z + e^z) = sigmoid(ln Z - z)
         wide = torch.promote_types(q.dtype, torch.float32)
         share = torch.sigmoid(aux.lse.to(wide) - plan.sinks.to(wide)[:, None])
         return (out.to(wide) * share[..., None]).to(q.dtype)
