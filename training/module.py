@@ -68,12 +68,7 @@ class GPTModule(L.LightningModule):
                 "switch to a scheme without parameters (none, rope, alibi; fixed log scaling), or train on one device."
             )
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
-        self._reserve_positions()
-
-    def _reserve_positions(self) -> None:
-        """Grow the scheme's tables to every position `train.random_positions` draws (before a compiled step)."""
-        if self.config.train.random_positions:
-            self.model.reserve(self.config.train.random_positions)
+        self.model.reserve(self.config.train.random_positions)  # the tables random_positions reaches, before compiling
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         # global_step moves only when the optimizer steps: the first micro-batch of the switch step
@@ -86,7 +81,7 @@ class GPTModule(L.LightningModule):
         before = set(self.model.parameters())
         self.model.switch(self.config.switched_model())
         self.switched_at = self.global_step
-        self._reserve_positions()  # the new scheme's tables too
+        self.model.reserve(self.config.train.random_positions)  # the new scheme's tables too
         log.info("Step %d: the model switches to %s", self.global_step, self.config.train.switch_model)
         if set(self.model.parameters()) != before:  # AdamW's groups take the new parameters; those kept keep state
             optimizer = self.trainer.strategy.optimizers[0]
