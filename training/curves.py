@@ -25,15 +25,11 @@ Metrics = dict[str, list[tuple[int, float]]]  # {column: [(optimizer step, value
 
 
 def metric_files(run_dir: Path) -> list[Path]:
-    """The run's metrics files, oldest launch first: the `logs/version_N/` files of older runs, then the run's one."""
-    versions = sorted((run_dir / "logs").glob("version_*/metrics.csv"), key=_version)
+    """The run's metrics files, oldest launch first: the `logs/version_N/` files of older runs (by N: the shorter
+    name first), then the run's one."""
+    versions = sorted((run_dir / "logs").glob("version_*/metrics.csv"), key=lambda p: (len(str(p)), str(p)))
     single = run_dir / METRICS_FILE
     return versions + ([single] if single.is_file() else [])
-
-
-def _version(path: Path) -> int:
-    suffix = path.parent.name.removeprefix("version_")
-    return int(suffix) if suffix.isdigit() else -1
 
 
 def read_launch(path: Path) -> dict[int, dict[str, float]]:
