@@ -45,7 +45,7 @@ class GPTConfig:
     eager)."""
     attention: str = "softmax"
     """Attention function (model.attention.ATTENTIONS; docs/model.md): softmax | linear | sigmoid | differential |
-    stick_breaking | forgetting."""
+    stick_breaking | forgetting | gated_deltanet | kda."""
     diff_split: Literal["half_heads", "rope_pairs"] = role(
         "half_heads", before=("rope_pairs", lambda v: v.get("attention") == "differential")
     )
@@ -59,6 +59,15 @@ class GPTConfig:
     sb_remainder: Literal["current", "drop"] = "current"
     """attention='stick_breaking': what no key takes goes to the query's own value (current, the official code's) or
     is dropped (drop)."""
+    gdn_expand_k: float = 0.75
+    """attention='gated_deltanet': the keys' width over n_embd, split over n_head heads (NVlabs' 0.75)."""
+    gdn_expand_v: float = 1.5
+    """attention='gated_deltanet': the values' width over n_embd (NVlabs' 1.5)."""
+    kda_expand_v: float = 1.0
+    """attention='kda': each head's value size over its key size n_embd / n_head (fla's 1)."""
+    delta_neg_eigval: bool = False
+    """attention='gated_deltanet' or 'kda': beta in (0, 2), not (0, 1), so that the state's transition may have
+    negative eigenvalues (fla's allow_neg_eigval, Grazzi et al. 2025; NVlabs has no such option)."""
     rope_base: float = role(10000.0, scheme="rope")
     """RoPE frequency base (theta): pair i rotates by position * rope_base^(-2i/head_dim)."""
     rope_scaling: RopeScaling = role("none", Role.RESUME, scheme="rope")
@@ -260,6 +269,7 @@ BOUNDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "cope_positions": (lambda v: v is None or _integer(2)(v), "at least 2 (or None)"),
     "attn_log_scale": (lambda v: v is None or _number(lambda s: s > 0)(v), "positive (or None)"),
     "attn_softcap": (_number(lambda v: v >= 0), ">= 0 (0: no cap)"),
+    **dict.fromkeys(("gdn_expand_k", "gdn_expand_v", "kda_expand_v"), (_number(lambda v: v > 0), "positive")),
 }
 """Each checked field's test and what the field must be, checked in this order for a config built in code, from a
 file or from a checkpoint (relations between fields are `__post_init__`'s)."""

@@ -100,7 +100,7 @@ class GPT(nn.Module):
                 module.reset_parameters()
             if name.split(".")[0] in ("pe", "kind_pe"):
                 continue
-            if isinstance(module, (nn.Linear, nn.Embedding)):
+            if isinstance(module, (nn.Linear, nn.Embedding, nn.Conv1d)):  # Conv1d: fla's init of short convolutions
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)

@@ -5,6 +5,7 @@ asking which kernel it has; its class declares what the function is (see docs/ex
 """
 
 from posgpt.model.attention.base import QK_NORMS, Attention
+from posgpt.model.attention.delta import GatedDeltaNet, KimiDeltaAttention
 from posgpt.model.attention.differential import DifferentialAttention
 from posgpt.model.attention.forgetting import ForgettingAttention
 from posgpt.model.attention.linear import LinearAttention
@@ -19,8 +20,11 @@ ATTENTIONS: dict[str, type[Attention]] = {
     "differential": DifferentialAttention,
     "stick_breaking": StickBreakingAttention,
     "forgetting": ForgettingAttention,
+    "gated_deltanet": GatedDeltaNet,
+    "kda": KimiDeltaAttention,
 }
 """The attention functions by `attention` name: each a layer class with its own kernels."""
 
-__all__ = ["ATTENTIONS", "QK_NORMS", "Attention", "DifferentialAttention", "ForgettingAttention", "LinearAttention",
-           "SigmoidAttention", "SoftmaxAttention", "StickBreakingAttention"]  # fmt: skip
+__all__ = ["ATTENTIONS", "QK_NORMS", "Attention", "DifferentialAttention", "ForgettingAttention", "GatedDeltaNet",
+           "KimiDeltaAttention", "LinearAttention", "SigmoidAttention", "SoftmaxAttention",
+           "StickBreakingAttention"]  # fmt: skip
