@@ -162,7 +162,7 @@ and the next test that reads it fails with AttributeError."""
 
 
 COMPILE_CASES = [  # a sample (each case is a compile): each decoding path once: a full cache, a rolling one (window
-    # and sinks), linear attention's state, BigBird's full cache with a sparse mask; each kind of position code in the
+    # and sinks), linear attention's and the delta rule's states, BigBird's full cache with a sparse mask; each kind of position code in the
     # graph (a table with a longest position, a rotation with scaling, biases: T5's buckets, FIRE's MLP per layer,
     # none); each attention function (checked below); a score that is not a dot product. Every scheme, function and
     # score decodes uncompiled in the matrix above.
@@ -171,6 +171,8 @@ COMPILE_CASES = [  # a sample (each case is a compile): each decoding path once:
      "attention": "differential", "attn_log_scaling": "learned"},
     {"pos_encoding": "t5", "attn_score": "additive", "attention": "forgetting"},
     {"pos_encoding": "none", "attention": "linear"},
+    {"pos_encoding": "none", "attention": "gated_deltanet"},
+    {"pos_encoding": "sinusoidal", "attention": "kda"},
     {"pos_encoding": "fire", "fire_per_layer": True, "fire_width": 4, "n_layer": 2, **MASKS["bigbird"],
      "attention": "sigmoid"},
     {"pos_encoding": "rope", "n_layer": 2, "n_kv_head": 2, "qk_norm": "llama4", "attn_sink_logits": True,

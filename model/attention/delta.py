@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from posgpt.core.errors import ConfigError
 from posgpt.model.attention.base import Attention
 from posgpt.model.cache import DecodingCache, static_buffer
-from posgpt.model.kernels.base import Kernel, Needs, Plan
+from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Plan
 from posgpt.model.positions import SCHEMES
 
 if TYPE_CHECKING:
@@ -47,16 +48,20 @@ CONV = 4
 """The short convolution's kernel size (both official codes')."""
 
 
+def _wide(x: Tensor) -> Tensor:
+    """`x` in float32 at least (float64 stays)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def delta_rule_recurrent(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """The reference, token by token: queries and keys (B, H, T, d_k) (normalised and scaled), values (B, H, T, d_v),
     beta (B, H, T), log decays g (B, H, T, d_k or 1), from `state` (B, H, d_k, d_v; None: zeros). Returns the outputs
     (B, H, T, d_v) and the state after the last token, in the inputs' dtype (float32 at least)."""
-    wide = torch.promote_types(q.dtype, torch.float32)
-    q, k, v, beta, g = (t.to(wide) for t in (q, k, v, beta, g))
+    q, k, v, beta, g = (_wide(t) for t in (q, k, v, beta, g))
     B, H, T, d_k = k.shape
-    S = state.to(wide) if state is not None else k.new_zeros(B, H, d_k, v.size(-1))
+    S = state.to(k.dtype) if state is not None else k.new_zeros(B, H, d_k, v.size(-1))
     outputs = []
     for t in range(T):
         S = S * g[:, :, t, :, None].exp()
@@ -98,8 +103,7 @@ def delta_rule_chunked(
 ) -> tuple[Tensor, Tensor]:
     """The chunked form of `delta_rule_recurrent` (same arguments and results). Padding the length to whole chunks
     changes nothing: a padded token has k = v = 0, beta = 0 and g = 0."""
-    wide = torch.promote_types(q.dtype, torch.float32)
-    q, k, v, beta, g = (t.to(wide) for t in (q, k, v, beta, g))
+    q, k, v, beta, g = (_wide(t) for t in (q, k, v, beta, g))
     B, H, T, d_k = k.shape
     pad = -T % chunk
     if pad:
@@ -113,7 +117,7 @@ def delta_rule_chunked(
     W, U = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True).split([d_k, v.size(-1)], dim=-1)
     P = decayed_products(q, k, G, strict=False)
     q_decayed, k_rest, decay = q * G.exp(), k * (G[..., -1:, :] - G).exp(), G[..., -1, :].exp()[..., None]
-    S = state.to(wide) if state is not None else k.new_zeros(B, H, d_k, v.size(-1))
+    S = state.to(k.dtype) if state is not None else k.new_zeros(B, H, d_k, v.size(-1))
     outputs = []
     for n in range(k.size(2)):  # the state from chunk to chunk
         corrected = U[:, :, n] - W[:, :, n] @ S
@@ -123,18 +127,32 @@ def delta_rule_chunked(
 
 
 class DeltaRecurrent(Kernel):
-    """The recurrent form, token by token: the reference."""
+    """The recurrent form, token by token: the reference, which forms the maps' weights (`implicit_weights`)."""
 
+    weights = True
     rule = staticmethod(delta_rule_recurrent)
-
-    def rank(self, needs: Needs, device: torch.device) -> float:
-        return 2.0
 
 
 class DeltaChunked(Kernel):
-    """The chunked form (chunks of 64, the WY form within a chunk): the same outputs, in parallel within chunks."""
+    """The chunked form (chunks of 64, the WY form within a chunk): the same outputs, in parallel within chunks. With
+    gradients, recomputed in the backward pass, as fla's kernels do: its (64, 64) blocks per chunk (and KDA's
+    per-channel ones) are never kept, only its inputs."""
 
-    rule = staticmethod(delta_rule_chunked)
+    @staticmethod
+    def rule(
+        q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, beta, g)):
+            return checkpoint(delta_rule_chunked, q, k, v, beta, g, state, use_reentrant=False)
+        return delta_rule_chunked(q, k, v, beta, g, state)
+
+
+def implicit_weights(q: Tensor, k: Tensor, beta: Tensor, g: Tensor) -> Tensor:
+    """The (B, H, T, T) matrix A with o = A v: the recurrent form run on the values' basis vectors (each state row
+    holds the coefficients of the values in it). Lower-triangular; not a distribution (it may be negative)."""
+    B, H, T, _ = k.shape
+    basis = torch.eye(T, dtype=torch.promote_types(k.dtype, torch.float32), device=k.device).expand(B, H, T, T)
+    return delta_rule_recurrent(q, k, basis, beta, g)[0]
 
 
 class DeltaLayerCache:
@@ -223,7 +241,7 @@ class DeltaAttention(Attention):
         convolved = F.silu(self.conv(inputs.transpose(1, 2)).transpose(1, 2))  # causal: CONV - 1 inputs before each
         q, k, v = convolved.split([H * d_k, H * d_k, H * self.d_v], dim=-1)
         q, k, v = (t.view(B, T, H, -1).transpose(1, 2) for t in (q, k, v))
-        q, k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k, v))
+        q, k, v = (_wide(t) for t in (q, k, v))
         q, k = F.normalize(q, dim=-1, eps=1e-6) / math.sqrt(d_k), F.normalize(k, dim=-1, eps=1e-6)
         beta, g = self.gates(x)  # (B, H, T), (B, H, T, d_k or 1)
         beta = beta * 2 if self.neg_eigval else beta
@@ -233,6 +251,12 @@ class DeltaAttention(Attention):
         state = cache.state if write is not None and not write.prefill else None
         rule = delta_rule_recurrent if write is not None and T == 1 else plan.kernel.rule  # type: ignore[attr-defined]
         y, final = rule(q, k, v, beta, g, state)
+        if plan.on_weights is not None:  # the maps: o = A v, handed over in blocks of query rows
+            weights = implicit_weights(q, k, beta, g)
+            step = max(1, WEIGHTS_CHUNK_ELEMENTS // (B * H * T))
+            for start in range(0, T, step):
+                rows = slice(start, min(start + step, T))
+                plan.on_weights(rows, weights[:, :, rows].float())
         if write is not None:
             assert cache is not None
             ends = write.real.sum(-1) if write.real is not None else torch.full((B,), T, device=x.device)
@@ -243,7 +267,7 @@ class DeltaAttention(Attention):
         return self.resid_dropout(self.proj(y.flatten(2).to(x.dtype)))
 
     def gates(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """beta (B, H, T) and the log decay g (B, H, T, d_k or 1), in float32."""
+        """beta (B, H, T) and the log decay g (B, H, T, d_k or 1), in float32 at least."""
         raise NotImplementedError
 
     def gate(self, x: Tensor) -> Tensor:
@@ -283,8 +307,8 @@ class GatedDeltaNet(DeltaAttention):
         return (int(key_dim) // config.n_head, int(value_dim) // config.n_head) if whole else (0, 0)
 
     def gates(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        beta = torch.sigmoid(self.b_proj(x).float()).transpose(1, 2)
-        g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+        beta = torch.sigmoid(_wide(self.b_proj(x))).transpose(1, 2)
+        g = -_wide(self.A_log).exp() * F.softplus(_wide(self.a_proj(x)) + _wide(self.dt_bias))
         return beta, g.transpose(1, 2)[..., None]
 
     def gate(self, x: Tensor) -> Tensor:
@@ -312,9 +336,9 @@ class KimiDeltaAttention(DeltaAttention):
 
     def gates(self, x: Tensor) -> tuple[Tensor, Tensor]:
         B, T, _ = x.shape
-        beta = torch.sigmoid(self.b_proj(x).float()).transpose(1, 2)
-        f = (self.f_proj(x).float() + self.dt_bias.float()).view(B, T, self.n_head, self.d_k)
-        g = -self.A_log.float().exp()[:, None] * F.softplus(f)
+        beta = torch.sigmoid(_wide(self.b_proj(x))).transpose(1, 2)
+        f = (_wide(self.f_proj(x)) + _wide(self.dt_bias)).view(B, T, self.n_head, self.d_k)
+        g = -_wide(self.A_log).exp()[:, None] * F.softplus(f)
         return beta, g.transpose(1, 2)
 
     def gate(self, x: Tensor) -> Tensor:
