@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 CHUNK = 64
 """Tokens per chunk of the chunked form."""
-BLOCK = 16
+BLOCK = 4
 """Rows per block in which KDA's per-channel decays of a chunk's pairs are formed exactly."""
 CONV = 4
 """The short convolution's kernel size (both official codes')."""
@@ -72,19 +72,20 @@ def delta_rule_recurrent(
     return torch.stack(outputs, dim=2), S
 
 
-def decayed_products(x: Tensor, y: Tensor, G: Tensor, strict: bool) -> Tensor:
-    """M_tj = sum_c x_tc y_jc exp(G_tc - G_jc) for the pairs j < t (`strict`) or j <= t of each chunk, 0 elsewhere:
-    x, y (..., C, d), G (..., C, d or 1) non-increasing along C; (..., C, C)."""
+def decayed_products(x: Tensor, y: Tensor, G: Tensor) -> Tensor:
+    """M_tj = sum_c x_tc y_jc exp(G_tc - G_jc) for the pairs j <= t of each chunk, 0 elsewhere: x (E..., C, d)
+    (several stacked in front, E, share the decays), y (..., C, d), G (..., C, d or 1) non-increasing along C;
+    (E..., C, C)."""
     C = x.size(-2)
     rows = torch.arange(C, device=x.device)
-    keep = rows[None, :] < rows[:, None] if strict else rows[None, :] <= rows[:, None]
+    keep = rows[None, :] <= rows[:, None]
     if G.size(-1) == 1:  # one decay per head (GDN): a (C, C) factor
         G = G[..., 0]
         return (x @ y.transpose(-1, -2)) * (G[..., :, None] - G[..., None, :]).masked_fill(~keep, -math.inf).exp()
     n = C // BLOCK  # per channel (KDA): the diagonal blocks exactly, (..., n, BLOCK, BLOCK, d) ...
     xb, yb, Gb = (t.unflatten(-2, (n, BLOCK)) for t in (x, y, G))
     decay = (Gb[..., :, None, :] - Gb[..., None, :, :]).masked_fill(~keep[:BLOCK, :BLOCK, None], -math.inf).exp()
-    diagonal = (xb[..., :, None, :] * yb[..., None, :, :] * decay).sum(-1)
+    diagonal = (xb[..., :, None, :] * (yb[..., None, :, :] * decay)).sum(-1)
     blocks = []
     for b in range(n):  # ... the keys of earlier blocks through G at the position before the block: both factors <= 1
         start, end = b * BLOCK, (b + 1) * BLOCK
@@ -112,17 +113,21 @@ def delta_rule_chunked(
     q, k, v, g = (t.unflatten(2, (-1, chunk)) for t in (q, k, v, g))  # (B, H, N, C, d)
     beta = beta.unflatten(2, (-1, chunk))[..., None]
     G = g.cumsum(-2)
-    A = decayed_products(beta * k, k, G, strict=True)
-    rhs = torch.cat([beta * k * G.exp(), beta * v], dim=-1)  # (I + A) [W U] = rhs; A's diagonal is 0, I's is 1:
+    # A (its diagonal unread: the solve takes I's) and the outputs' pairs P, with one set of decays
+    A, P = decayed_products(torch.stack([beta * k, q]), k, G).unbind(0)
+    rhs = torch.cat([beta * k * G.exp(), beta * v], dim=-1)  # (I + A) [W U] = rhs, A strictly below the diagonal
     W, U = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True).split([d_k, v.size(-1)], dim=-1)
-    P = decayed_products(q, k, G, strict=False)
     q_decayed, k_rest, decay = q * G.exp(), k * (G[..., -1:, :] - G).exp(), G[..., -1, :].exp()[..., None]
     S = state.to(k.dtype) if state is not None else k.new_zeros(B, H, d_k, v.size(-1))
     outputs = []
-    for n in range(k.size(2)):  # the state from chunk to chunk
-        corrected = U[:, :, n] - W[:, :, n] @ S
-        outputs.append(q_decayed[:, :, n] @ S + P[:, :, n] @ corrected)
-        S = decay[:, :, n] * S + k_rest[:, :, n].transpose(-1, -2) @ corrected
+    # unbound once (its backward stacks): indexing in the loop would give each chunk's backward a gradient of the
+    # whole length, O(T^2 / C) in all
+    for U_n, W_n, q_n, P_n, decay_n, k_n in zip(
+        *(t.unbind(2) for t in (U, W, q_decayed, P, decay, k_rest)), strict=True
+    ):
+        corrected = U_n - W_n @ S  # the state from chunk to chunk
+        outputs.append(q_n @ S + P_n @ corrected)
+        S = decay_n * S + k_n.transpose(-1, -2) @ corrected
     return torch.cat(outputs, dim=2)[:, :, :T], S
 
 
