@@ -18,8 +18,8 @@ PROBE = GPTConfig(vocab_size=256, block_size=2048, n_layer=4, n_head=8, n_embd=2
 
 
 def variants(base: GPTConfig) -> dict[str, GPTConfig]:
-    """Every scheme with softmax attention, every function with RoPE (stick-breaking, GDN, KDA: none, their papers'), the
-    layer's soft-cap and sink logits (the eager kernel on a CPU); those `base` cannot run left out."""
+    """Every scheme with softmax attention, every function with RoPE (stick-breaking, GDN, KDA: none, their papers'),
+    the layer's soft-cap and sink logits (the eager kernel on a CPU); those `base` cannot run left out."""
     fields = {s: {"pos_encoding": s} for s in SCHEMES}
     nope = ("stick_breaking", "gated_deltanet", "kda")
     fields |= {f: {"attention": f, "pos_encoding": "none" if f in nope else "rope"} for f in ATTENTIONS}

@@ -6,6 +6,7 @@
     bench.py report [--part check train decode long] [--out bench-report.jsonl] [--render FILE]
     bench.py syncs --input ../shared/data/tinyshakespeare.txt
     bench.py memory [--lengths 1024 2048]
+    bench.py attention-cost [--functions softmax linear gated_deltanet kda --lengths 1024 4096 16384]
 
 `bench.py MODE --help` lists a mode's options and what it measures.
 """
@@ -32,6 +33,9 @@ MODES: Modes = {
         "per process, each line of --out written as it finishes, and a markdown report of them.",
     ),
     "memory": Lazy("posgpt.benchmarks.memory", "Training memory per scheme against RoPE's, counted."),
+    "attention-cost": Lazy(
+        "posgpt.benchmarks.attention_cost", "One attention call's forward and backward against T, CPU."
+    ),
     "syncs": Lazy("posgpt.benchmarks.syncs", "Host syncs per training step, ops a decoded token, counted."),
 }
 """Each mode's module, imported when it runs, and its line in `bench.py --help` (tests/test_entry_points.py)."""

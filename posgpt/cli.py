@@ -40,7 +40,9 @@ MODES: Modes = {
             "Train one model per position scheme on a synthetic task, test exact-match accuracy at every length.",
         ),
     },
-    "bench": Lazy("posgpt.benchmarks.modes", "decode | gpu | vs-nanogpt | report | memory | syncs", "MODES"),
+    "bench": Lazy(
+        "posgpt.benchmarks.modes", "decode | gpu | vs-nanogpt | report | memory | attention-cost | syncs", "MODES"
+    ),
     "check": Lazy(
         "posgpt.evaluation.check",
         "Check every attention kernel this device runs against the float32 reference: run it first on a new GPU or "

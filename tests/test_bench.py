@@ -95,3 +95,18 @@ def test_decode_refuses_a_bad_option_in_one_line(argv, needle, capsys):
         run_modes("bench.py", bench.__doc__, bench.MODES, ["decode", *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1 and needle in err[0], err
+
+
+def test_attention_cost_prints_each_functions_times_and_its_ratio_to_linear_attention(capsys):
+    lines = _decode(["attention-cost", "--lengths", "64", "128", "--repeats", "1", "--heads", "2"], capsys)
+    rows = {line.split(" | ")[0].strip("| "): line for line in lines if line.startswith("| ") and "---" not in line}
+    assert set(rows) == {"function", "softmax", "linear", "gated_deltanet", "kda"}, lines
+    assert rows["linear"].endswith("| 1.00 / 1.00 |") and all(float(c.replace(",", "")) > 0 for c in
+                                                              rows["kda"].split(" | ")[1:3])  # fmt: skip
+
+
+def test_attention_cost_refuses_an_unknown_function_in_one_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        run_modes("bench.py", bench.__doc__, bench.MODES, ["attention-cost", "--functions", "gdn"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and "no scheme 'gdn'" in err[0], err

@@ -162,10 +162,10 @@ and the next test that reads it fails with AttributeError."""
 
 
 COMPILE_CASES = [  # a sample (each case is a compile): each decoding path once: a full cache, a rolling one (window
-    # and sinks), linear attention's and the delta rule's states, BigBird's full cache with a sparse mask; each kind of position code in the
-    # graph (a table with a longest position, a rotation with scaling, biases: T5's buckets, FIRE's MLP per layer,
-    # none); each attention function (checked below); a score that is not a dot product. Every scheme, function and
-    # score decodes uncompiled in the matrix above.
+    # and sinks), linear attention's and the delta rule's states, BigBird's full cache with a sparse mask; each kind
+    # of position code in the graph (a table with a longest position, a rotation with scaling, biases: T5's buckets,
+    # FIRE's MLP per layer, none); each attention function (checked below); a score that is not a dot product. Every
+    # scheme, function and score decodes uncompiled in the matrix above.
     {"pos_encoding": "learned", "attention": "stick_breaking"},
     {"pos_encoding": "rope", "rope_scaling": "yarn", "rope_scaling_factor": 2.0, **MASKS["window+sinks"],
      "attention": "differential", "attn_log_scaling": "learned"},

@@ -43,7 +43,9 @@ if TYPE_CHECKING:
 CHUNK = 64
 """Tokens per chunk of the chunked form."""
 BLOCK = 4
-"""Rows per block in which KDA's per-channel decays of a chunk's pairs are formed exactly."""
+"""Rows per block in which KDA's per-channel decays of a chunk's pairs are formed pair by pair."""
+SPLIT = 4
+"""Blocks of rows a larger block of KDA's pairs is split into (64: 4 of 16, each 4 of 4)."""
 CONV = 4
 """The short convolution's kernel size (both official codes')."""
 
@@ -82,19 +84,20 @@ def decayed_products(x: Tensor, y: Tensor, G: Tensor) -> Tensor:
     if G.size(-1) == 1:  # one decay per head (GDN): a (C, C) factor
         G = G[..., 0]
         return (x @ y.transpose(-1, -2)) * (G[..., :, None] - G[..., None, :]).masked_fill(~keep, -math.inf).exp()
-    n = C // BLOCK  # per channel (KDA): the diagonal blocks exactly, (..., n, BLOCK, BLOCK, d) ...
-    xb, yb, Gb = (t.unflatten(-2, (n, BLOCK)) for t in (x, y, G))
-    decay = (Gb[..., :, None, :] - Gb[..., None, :, :]).masked_fill(~keep[:BLOCK, :BLOCK, None], -math.inf).exp()
-    diagonal = (xb[..., :, None, :] * (yb[..., None, :, :] * decay)).sum(-1)
+    if C <= BLOCK or C % SPLIT:  # per channel (KDA), a small block: every pair's decays, (..., C, C, d)
+        decay = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~keep[..., None], -math.inf).exp()
+        return (x[..., :, None, :] * (y[..., None, :, :] * decay)).sum(-1)
+    size = C // SPLIT  # else SPLIT blocks of rows: those on the diagonal as blocks of their own (recursively), ...
+    diagonal = decayed_products(*(t.unflatten(-2, (SPLIT, size)) for t in (x, y, G)))
     blocks = []
-    for b in range(n):  # ... the keys of earlier blocks through G at the position before the block: both factors <= 1
-        start, end = b * BLOCK, (b + 1) * BLOCK
+    for b in range(SPLIT):  # ... the keys of earlier blocks through G at the position before the block: factors <= 1
+        start, end = b * size, (b + 1) * size
         left = []
         if b:
             ref = G[..., start - 1 : start, :]
             xq = x[..., start:end, :] * (G[..., start:end, :] - ref).exp()
             left = [xq @ (y[..., :start, :] * (ref - G[..., :start, :]).exp()).transpose(-1, -2)]
-        right = x.new_zeros(*x.shape[:-2], BLOCK, C - end)
+        right = x.new_zeros(*x.shape[:-2], size, C - end)
         blocks.append(torch.cat([*left, diagonal[..., b, :, :], right], dim=-1))
     return torch.cat(blocks, dim=-2)
 
@@ -117,18 +120,22 @@ def delta_rule_chunked(
     A, P = decayed_products(torch.stack([beta * k, q]), k, G).unbind(0)
     rhs = torch.cat([beta * k * G.exp(), beta * v], dim=-1)  # (I + A) [W U] = rhs, A strictly below the diagonal
     W, U = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True).split([d_k, v.size(-1)], dim=-1)
-    q_decayed, k_rest, decay = q * G.exp(), k * (G[..., -1:, :] - G).exp(), G[..., -1, :].exp()[..., None]
+    # with S the state at a chunk's start: its corrections U - W S, its outputs q e^G S + P (U - W S), and the next
+    # chunk's state e^G_last S + k_rest^T (U - W S). All but one product per chunk are formed for every chunk at once:
+    k_rest = (k * (G[..., -1:, :] - G).exp()).transpose(-1, -2)
+    moves, inputs = k_rest @ W, k_rest @ U  # S_next = e^G_last S - moves S + inputs
+    decays = G[..., -1, :].exp()[..., None]
     S = state.to(k.dtype) if state is not None else k.new_zeros(B, H, d_k, v.size(-1))
-    outputs = []
-    # unbound once (its backward stacks): indexing in the loop would give each chunk's backward a gradient of the
-    # whole length, O(T^2 / C) in all
-    for U_n, W_n, q_n, P_n, decay_n, k_n in zip(
-        *(t.unbind(2) for t in (U, W, q_decayed, P, decay, k_rest)), strict=True
+    starts = []
+    # N first and contiguous, unbound once (its backward stacks: indexing in the loop would give each chunk's
+    # backward a gradient of the whole length, O(T^2 / C) in all)
+    for decay, move, add in zip(
+        *(t.movedim(2, 0).contiguous().unbind(0) for t in (decays, moves, inputs)), strict=True
     ):
-        corrected = U_n - W_n @ S  # the state from chunk to chunk
-        outputs.append(q_n @ S + P_n @ corrected)
-        S = decay_n * S + k_n.transpose(-1, -2) @ corrected
-    return torch.cat(outputs, dim=2)[:, :, :T], S
+        starts.append(S)
+        S = decay * S - move @ S + add
+    out = P @ U + (q * G.exp() - P @ W) @ torch.stack(starts, dim=2)
+    return out.flatten(2, 3)[:, :, :T], S
 
 
 class DeltaRecurrent(Kernel):
