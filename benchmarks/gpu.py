@@ -246,7 +246,7 @@ def run_step(setup: Setup, row: Row) -> Row:
     model.activation_checkpointing = setup.args.activation_checkpointing
     if setup.args.fp8:
         convert_to_fp8(model)
-    kernels = (model.attention.kernel_name(model.kernel(setup.device, False, True, kind=k)) for k in model.kinds)
+    kernels = (k.attention.kernel_name(model.kernel(setup.device, False, True, kind=k)) for k in model.kinds)
     row = dataclasses.replace(row, kernel="/".join(dict.fromkeys(kernels)))  # a layout's kinds: different kernels
     optimizer = adamw(model, OptimConfig(lr=6e-4, beta2=0.95), setup.device)
     return timed(setup, row, model, optimizer, config.vocab_size, model.flops_per_token(row.context))

@@ -260,7 +260,7 @@ def cache_in_words(model: GPT) -> str:
     its chunk), or linear attention's 'constant state'."""
     held = []
     for kind in model.kinds:
-        part = model.attention.new_cache(kind.config, kind.mask, 0, len(kind.layers))  # nothing allocated
+        part = kind.attention.new_cache(kind.config, kind.mask, 0, len(kind.layers))  # nothing allocated
         if not isinstance(part, KVCache):
             return "constant state"
         keys = f"{part.capacity} keys" if part.rolling else "every key"

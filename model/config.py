@@ -39,33 +39,33 @@ class GPTConfig:
     pos_encoding: str = role("learned", Role.SWITCH, Role.KIND)
     """Position scheme (model.positions.SCHEMES; docs/model.md): learned | sinusoidal | rope | alibi | t5 | kerple |
     fire | cope | none."""
-    attn_backend: str = role("auto", Role.SWITCH, Role.RESUME)
+    attn_backend: str = role("auto", Role.SWITCH, Role.RESUME, Role.KIND)
     """Attention kernel: auto (the fastest that runs the model), or one of its attention function's (softmax,
     differential, forgetting: eager | sdpa | flex; linear, gated_deltanet, kda: eager | chunked; sigmoid: eager | flex;
     stick_breaking: eager)."""
-    attention: str = "softmax"
+    attention: str = role("softmax", Role.KIND)
     """Attention function (model.attention.ATTENTIONS; docs/model.md): softmax | linear | sigmoid | differential |
     stick_breaking | forgetting | gated_deltanet | kda."""
     diff_split: Literal["half_heads", "rope_pairs"] = role(
-        "half_heads", before=("rope_pairs", lambda v: v.get("attention") == "differential")
+        "half_heads", Role.KIND, before=("rope_pairs", lambda v: v.get("attention") == "differential")
     )
     """attention='differential': half_heads (two half-heads, each with RoPE built for D / 2, the official code's) or
     rope_pairs (the whole head rotated, its even and odd pairs the two maps; checkpoints before this option)."""
     sigmoid_bias: Literal["train_length", "seen_keys"] = role(
-        "train_length", before=("seen_keys", lambda v: v.get("attention") == "sigmoid")
+        "train_length", Role.KIND, before=("seen_keys", lambda v: v.get("attention") == "sigmoid")
     )
     """attention='sigmoid': n of the bias -ln n: train_length (block_size, the paper's) or seen_keys (the keys each
     query sees; checkpoints before this option)."""
-    sb_remainder: Literal["current", "drop"] = "current"
+    sb_remainder: Literal["current", "drop"] = role("current", Role.KIND)
     """attention='stick_breaking': what no key takes goes to the query's own value (current, the official code's) or
     is dropped (drop)."""
-    gdn_expand_k: float = 0.75
+    gdn_expand_k: float = role(0.75, Role.KIND)
     """attention='gated_deltanet': the keys' width over n_embd, split over n_head heads (NVlabs' 0.75)."""
-    gdn_expand_v: float = 1.5
+    gdn_expand_v: float = role(1.5, Role.KIND)
     """attention='gated_deltanet': the values' width over n_embd (NVlabs' 1.5)."""
-    kda_expand_v: float = 1.0
+    kda_expand_v: float = role(1.0, Role.KIND)
     """attention='kda': each head's value size over its key size n_embd / n_head (fla's 1)."""
-    delta_neg_eigval: bool = False
+    delta_neg_eigval: bool = role(False, Role.KIND)
     """attention='gated_deltanet' or 'kda': beta in (0, 2), not (0, 1), so that the state's transition may have
     negative eigenvalues (fla's allow_neg_eigval, Grazzi et al. 2025; NVlabs has no such option)."""
     rope_base: float = role(10000.0, scheme="rope")
@@ -93,7 +93,7 @@ class GPTConfig:
     cope_divide: bool = role(True, scheme="cope")
     """pos_encoding='cope': the position term divided by sqrt(d) with q.k (the authors' training code); false adds
     it undivided (the paper's appendix code)."""
-    attn_score: str = "scaled_dot"
+    attn_score: str = role("scaled_dot", Role.KIND)
     """Scoring function (model.scores.SCORES; docs/model.md): scaled_dot | dot | general | additive."""
     attn_window: int = role(0, Role.SWITCH, Role.KIND)
     """Sliding window: each token sees itself and the W - 1 tokens before it (0: all earlier tokens)."""
@@ -124,20 +124,23 @@ class GPTConfig:
     """Each layer's kind, a pattern repeated over n_layer and cut where the layers end (Gemma 3: five local, one
     global); every name a key of `kinds` (None: every layer alike)."""
     kinds: dict[str, dict[str, Any]] | None = None
-    """What each kind of `layout` sets for its layers: attn_window, attn_sinks, attn_chunk, attn_temperature_floor,
-    pos_encoding (one that acts in attention; none: NoPE) and its scheme's fields (rope_base, ...)."""
+    """What each kind of `layout` sets for its layers: its attention function (attention, its own fields, attn_score,
+    attn_backend), the layer's options (qk_norm, attn_gate, attn_sink_logits, attn_softcap), its mask (attn_window,
+    attn_sinks, attn_chunk), attn_temperature_floor, and pos_encoding (one that acts in attention; none: NoPE) with
+    its scheme's fields (rope_base, ...). A kind whose function reads no positions (gated_deltanet, kda) takes none
+    of the model's scheme, mask, query options or KV heads."""
     n_kv_head: int | None = role(None, Role.LAYER)
     """Key/value heads (grouped-query attention, Ainslie et al. 2023; 1: multi-query): query head h reads KV head
     h // (n_head / n_kv_head), and the KV cache holds n_kv_head heads; must divide n_head (None: n_head)."""
-    qk_norm: str = role("none", Role.LAYER, Role.QUERY)
+    qk_norm: str = role("none", Role.LAYER, Role.QUERY, Role.KIND)
     """RMS-normalise each head's queries and keys (model.attention.QK_NORMS; docs/model.md): none | gemma3 | llama4."""
-    attn_gate: Literal["none", "elementwise", "headwise"] = role("none", Role.LAYER)
+    attn_gate: Literal["none", "elementwise", "headwise"] = role("none", Role.LAYER, Role.KIND)
     """Output gate (Qiu et al. 2025): the attention output times sigmoid(W x), x the normed layer input, per
     element or one gate per head, before the output projection."""
-    attn_sink_logits: bool = role(False, Role.LAYER)
+    attn_sink_logits: bool = role(False, Role.LAYER, Role.KIND)
     """A learned logit per head in the softmax's normaliser, with no key or value (gpt-oss): the weights sum to less
     than 1. Not attn_sinks, which keeps the first tokens visible."""
-    attn_softcap: float = role(0.0, Role.LAYER)
+    attn_softcap: float = role(0.0, Role.LAYER, Role.KIND)
     """Soft-cap c of the scaled scores, c tanh(s / c), before any position bias and the mask (Gemma 2; 0: none)."""
     chunked_loss: bool = role(False, Role.SWITCH, Role.RESUME)
     """Loss through the output layer in chunks of rows, never forming the (B, T, V) logits (forward returns none)."""

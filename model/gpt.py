@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from posgpt.model.attention import ATTENTIONS, Attention
+from posgpt.model.attention import Attention
 from posgpt.model.cache import DecodingCache, LayoutCache
 from posgpt.model.config import GPTConfig
 from posgpt.model.generation import stream
@@ -76,12 +76,11 @@ class GPT(nn.Module):
         # a scheme of its own for each kind of a layout whose scheme is not the model's
         own = {kind.name: build_positions(kind.config) for kind in self.kinds if scheme_differs(config, kind.config)}
         self.kind_pe = nn.ModuleDict(own)
-        self.attention = ATTENTIONS[config.attention]  # the attention function: its layer class and kernels
         # what each kernel keeps across forwards (flex: block masks), by kernel class (a copied model has copies
         # of the kernels); made now, so that a compiled forward never sees the dict change
-        self._kernel_memos: dict = {type(kernel): {} for kernel in self.attention.kernels.values()}
+        self._kernel_memos: dict = {type(k): {} for kind in self.kinds for k in kind.attention.kernels.values()}
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(kind.config, self.attention, i) for i, kind in enumerate(self.kind_of))
+        self.blocks = nn.ModuleList(Block(kind.config, kind.attention, i) for i, kind in enumerate(self.kind_of))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, False)
         self.lm_head.weight = self.wte.weight  # tied input/output embeddings (Press & Wolf 2017)
@@ -300,7 +299,7 @@ class GPT(nn.Module):
                 bias = pe.bias(i) if pe.terms else None  # from the parameters as they are now
                 if bias is not None:  # and what the scheme declares of it
                     bias = dataclasses.replace(bias, relative=pe.relative, learned=pe.learned_bias)
-                memo, settings = self._kernel_memos[type(plan.kernel)], self.attention.kernel_settings(kind.config)
+                memo, settings = self._kernel_memos[type(plan.kernel)], kind.attention.kernel_settings(kind.config)
                 context = plan.kernel.context(bias, kind.mask, plan.placement, memo, **settings)
                 plan = plans[kind.name] = dataclasses.replace(plan, context=context)
             layer_plan = plan if visit is None else dataclasses.replace(plan, on_weights=visit(i))
@@ -320,22 +319,22 @@ class GPT(nn.Module):
         `weights`: the one that forms the weights; `float64`: computed in float64) for the layers of `kind` (None:
         the first kind's, every layer's without a layout)."""
         kind = kind or self.kinds[0]
-        needs = self.attention.needs(
-            self.pe_of(kind), kind.mask, SCORES[self.config.attn_score], device,
+        function, c = kind.attention, kind.config
+        needs = function.needs(
+            self.pe_of(kind), kind.mask, SCORES[c.attn_score], device,
             dropout_active=dropout, needs_grad=needs_grad, decoding=decoding,
-            head_size=self.attention.kernel_head_size(self.config.head_dim), float64=float64,
-            asked=self.attention.layer_terms(self.config),
+            head_size=function.kernel_head_size(c.head_dim), float64=float64, asked=function.layer_terms(c),
         )  # fmt: skip
         if weights:
-            return self.attention.weights_kernel(needs)
-        return self.attention.choose_kernel(self.config.attn_backend, needs, device)
+            return function.weights_kernel(needs)
+        return function.choose_kernel(c.attn_backend, needs, device)
 
     def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> DecodingCache:
         """What decoding keeps (`Attention.new_cache`; a layout: each kind's, `LayoutCache`), allocated now for `batch`
         rows when given. Position tables grow now to the `longest` position decoding will reach (default
         `capacity`): a decode step never grows them (a rolling cache decodes past its capacity: give it `longest`)."""
         self.reserve(longest or capacity)
-        parts = {k.name: self.attention.new_cache(k.config, k.mask, capacity, len(k.layers)) for k in self.kinds}
+        parts = {k.name: k.attention.new_cache(k.config, k.mask, capacity, len(k.layers)) for k in self.kinds}
         cache = parts[""] if "" in parts else LayoutCache(parts, [kind.name for kind in self.kind_of])
         if batch is not None:
             c, weight = self.config, self.wte.weight
@@ -344,7 +343,7 @@ class GPT(nn.Module):
 
     def constant_memory(self) -> bool:
         """Whether what decoding keeps stays the same size however long it runs (every kind's cache)."""
-        return all(self.attention.constant_memory(kind.config, kind.mask) for kind in self.kinds)
+        return all(kind.attention.constant_memory(kind.config, kind.mask) for kind in self.kinds)
 
     def num_params(self, exclude_embeddings: bool = True) -> int:
         """Number of parameters (tied weights counted once); `exclude_embeddings` leaves out the scheme's
@@ -355,10 +354,10 @@ class GPT(nn.Module):
         return total
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token at context `seq_len`: 6N + 12 L H Q T, T the keys a token sees (PaLM
-        appendix B; 18 with differential attention's two weighted sums), for MFU; a layout sums its layers'."""
-        keys = sum(kind.mask.attended_keys(seq_len) * len(kind.layers) for kind in self.kinds)  # a window: W + S keys
-        return training_flops_per_token(self.num_params(), 1, self.config.n_embd, keys, self.attention.value_passes)
+        """Training FLOPs per token at context `seq_len`: 6N and each layer's mixing (`Attention.mixing_flops`: 12 H Q T
+        for softmax attention, T the keys a token sees, PaLM appendix B), for MFU; a layout sums its layers'."""
+        mixing = (k.attention.mixing_flops(k.config, k.mask, seq_len) * len(k.layers) for k in self.kinds)
+        return 6 * self.num_params() + sum(mixing)
 
     @torch.no_grad()
     def generate(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from posgpt.core.errors import ConfigError, did_you_mean
+from posgpt.model.attention import ATTENTIONS, Attention
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import SCHEMES
 from posgpt.model.roles import Role
@@ -25,12 +26,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LayerKind:
-    """The layers of one kind: its name, the config they are built from, their indices, their mask."""
+    """The layers of one kind: its name, the config they are built from, their indices, their mask, their attention
+    function's layer class."""
 
     name: str
     config: GPTConfig
     layers: tuple[int, ...]
     mask: AttentionMask
+    attention: type[Attention]
 
 
 def scheme_differs(old: GPTConfig, new: GPTConfig) -> bool:
@@ -43,18 +46,34 @@ def scheme_differs(old: GPTConfig, new: GPTConfig) -> bool:
 def layer_kinds(config: GPTConfig) -> list[LayerKind]:
     """The kinds of `config`'s layers in order of first use (no layout: one kind, the model's own config)."""
     if not config.layout:
-        return [LayerKind("", config, tuple(range(config.n_layer)), AttentionMask.of(config))]
+        return [
+            LayerKind("", config, tuple(range(config.n_layer)), AttentionMask.of(config), ATTENTIONS[config.attention])
+        ]
     pattern = [config.layout[i % len(config.layout)] for i in range(config.n_layer)]
     kinds = []
     for name in dict.fromkeys(pattern):
         settings = (config.kinds or {})[name] or {}
+        function = ATTENTIONS.get(settings.get("attention", config.attention))
+        inherited = unpositioned(config) if function is not None and not function.takes_positions else {}
         try:
-            built = dataclasses.replace(config, layout=(), kinds={}, **settings)  # (), {}: one kind's layers
+            built = dataclasses.replace(config, layout=(), kinds={}, **{**inherited, **settings})  # (), {}: a kind's
         except ConfigError as error:
             raise ConfigError(f"GPTConfig.kinds[{name!r}]: {error}") from None
         layers = tuple(i for i, kind in enumerate(pattern) if kind == name)
-        kinds.append(LayerKind(name, built, layers, AttentionMask.of(built)))
+        kinds.append(LayerKind(name, built, layers, AttentionMask.of(built), ATTENTIONS[built.attention]))
     return kinds
+
+
+def unpositioned(config: GPTConfig) -> dict[str, object]:
+    """What a kind whose function reads no positions takes instead of the model's: no scheme that acts in attention
+    (one on the embeddings acts before every layer), no mask, no query option, no KV heads; what it sets itself is
+    checked as a model's would be."""
+    fields = {f.name: f.default for f in dataclasses.fields(config)}
+    off = {
+        name: fields[name] for name in ("attn_window", "attn_sinks", "attn_chunk", "attn_random_blocks", "n_kv_head")
+    }
+    off |= {name: fields[name] for name in config.fields_with(Role.QUERY)}
+    return off | ({} if SCHEMES[config.pos_encoding].embeds else {"pos_encoding": "none"})
 
 
 def check_layout(config: GPTConfig) -> None:

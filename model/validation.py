@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from posgpt.core.errors import ConfigError, did_you_mean
 from posgpt.model.attention import ATTENTIONS, QK_NORMS
 from posgpt.model.kernels import AUTO, Lack
-from posgpt.model.layout import check_layout, layer_kinds, scheme_differs
+from posgpt.model.layout import LayerKind, check_layout, layer_kinds, scheme_differs
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import SCHEMES
 from posgpt.model.roles import Role
@@ -40,6 +40,10 @@ def check_config(config: GPTConfig) -> None:
             f"pos_encoding={config.pos_encoding!r} does not do: use pos_encoding='rope', or rope_fraction 1."
         )
     scheme.check(config)
+    kinds = layer_kinds(config)  # each kind's config, validated as a model's: a kind's refusal names it
+    if config.layout:  # the function's checks below are each kind's (its own function, options and kernels)
+        _check_kinds(config, kinds)
+        return
     layer = ATTENTIONS[config.attention]
     layer.check(config)
     scales = config.fields_with(Role.SCALE)
@@ -55,21 +59,8 @@ def check_config(config: GPTConfig) -> None:
                 f"GPTConfig.{field} scales the query of a dot-product score, and attn_score={config.attn_score!r} "
                 f"is not one: use attn_score scaled_dot, dot or general, or {field} {off!r}."
             )
-    kinds = layer_kinds(config)  # each kind's config, validated: a kind's refusal names it
-    if config.layout and scheme.learned_bias and all(scheme_differs(config, kind.config) for kind in kinds):
-        raise ConfigError(  # its parameters would train nowhere (and DDP refuses parameters without gradients)
-            f"GPTConfig.kinds each set their own position scheme, so no layer would use the model's "
-            f"pos_encoding={config.pos_encoding!r} and its parameters: set it as one kind's, or to 'none'."
-        )
-    rotates = any(SCHEMES[kind.config.pos_encoding].rotates for kind in kinds)
-    norm = QK_NORMS[config.qk_norm]
-    if norm and norm.after_rotation and not rotates and config.layout != ():  # (): one kind of a layout, checked whole
-        before = [name for name, other in QK_NORMS.items() if other and not other.after_rotation]
-        raise ConfigError(
-            f"GPTConfig.qk_norm={config.qk_norm!r} normalises rotated queries and keys, on rotating layers only, and "
-            f"no layer here rotates (pos_encoding={config.pos_encoding!r}): use pos_encoding='rope', or qk_norm "
-            f"{' or '.join(map(repr, before))}."
-        )
+    if config.layout is None:  # (): one kind of a layout, checked with the others (`_check_kinds`)
+        _check_kinds(config, kinds)
     if config.attn_backend != AUTO and config.attn_backend not in layer.kernels:
         raise ConfigError(
             f"attn_backend={config.attn_backend!r} is not a kernel of attention={config.attention!r}, whose "
@@ -78,6 +69,27 @@ def check_config(config: GPTConfig) -> None:
     missing = _unmet(config)
     if missing:
         raise ConfigError(_refusal(config, missing))
+
+
+def _check_kinds(config: GPTConfig, kinds: list[LayerKind]) -> None:
+    """What holds across a model's kinds: the model's scheme with parameters used by some layer, and Llama 4's
+    QK-norm on some layer that rotates."""
+    scheme = SCHEMES[config.pos_encoding]
+    if config.layout and scheme.learned_bias and all(scheme_differs(config, kind.config) for kind in kinds):
+        raise ConfigError(  # its parameters would train nowhere (and DDP refuses parameters without gradients)
+            f"GPTConfig.kinds each set their own position scheme, so no layer would use the model's "
+            f"pos_encoding={config.pos_encoding!r} and its parameters: set it as one kind's, or to 'none'."
+        )
+    rotates = any(SCHEMES[kind.config.pos_encoding].rotates for kind in kinds)
+    for kind in kinds:
+        norm = QK_NORMS[kind.config.qk_norm]
+        if norm and norm.after_rotation and not rotates:
+            before = [name for name, other in QK_NORMS.items() if other and not other.after_rotation]
+            raise ConfigError(
+                f"GPTConfig.qk_norm={kind.config.qk_norm!r} normalises rotated queries and keys, on rotating layers "
+                f"only, and no layer here rotates (pos_encoding={config.pos_encoding!r}): use pos_encoding='rope', "
+                f"or qk_norm {' or '.join(map(repr, before))}."
+            )
 
 
 def _unmet(config: GPTConfig) -> list[Lack]:

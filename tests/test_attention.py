@@ -32,7 +32,7 @@ def _linear(tiny_config: GPTConfig, scheme: str, **extra) -> GPTConfig:
 def test_blocks_are_built_from_the_attention_function(tiny_config):
     for name, layer in ATTENTIONS.items():
         model = GPT(dataclasses.replace(tiny_config, attention=name))
-        assert model.attention is layer and all(type(block.attn) is layer for block in model.blocks)
+        assert model.kinds[0].attention is layer and all(type(block.attn) is layer for block in model.blocks)
     assert isinstance(GPT(tiny_config).new_cache(8, batch=2), KVCache)
     state = GPT(_linear(tiny_config, "rope")).new_cache(8, batch=2)  # linear attention keeps a state, no keys
     assert type(state) is DecodingCache and all(type(layer) is LayerStateCache for layer in state.layers)
@@ -40,7 +40,8 @@ def test_blocks_are_built_from_the_attention_function(tiny_config):
     assert SoftmaxAttention.constant_memory(tiny_config, window)
     assert not SoftmaxAttention.constant_memory(tiny_config, AttentionMask())
     cope = GPT(dataclasses.replace(tiny_config, pos_encoding="cope", attn_window=4))  # counts its keys in order
-    assert not cope.attention.constant_memory(cope.config, cope.kinds[0].mask) and not cope.new_cache(8).rolling
+    kind = cope.kinds[0]
+    assert not kind.attention.constant_memory(cope.config, kind.mask) and not cope.new_cache(8).rolling
     assert LinearAttention.constant_memory(tiny_config, AttentionMask())
 
 

@@ -125,8 +125,8 @@ def test_auto_alibi_trains_through_compiled_flex_on_cuda(gpu_config):
     from posgpt.model.scores import SCORES
 
     model = GPT(dataclasses.replace(gpu_config, pos_encoding="alibi"))
-    needs = model.attention.needs(model.pe, model.kinds[0].mask, SCORES["scaled_dot"], CUDA, needs_grad=True)
-    assert model.attention.choose_kernel("auto", needs, CUDA) is KERNELS["flex"]
+    needs = model.kinds[0].attention.needs(model.pe, model.kinds[0].mask, SCORES["scaled_dot"], CUDA, needs_grad=True)
+    assert model.kinds[0].attention.choose_kernel("auto", needs, CUDA) is KERNELS["flex"]
     model = build(gpu_config, "alibi", "auto").to(CUDA)
     reference = build(gpu_config, "alibi", "eager").to(CUDA)
     reference.load_state_dict(model.state_dict())

@@ -261,7 +261,8 @@ def dropout_fallback(model: GPT, device: torch.device) -> str | None:
     c = model.config
     if c.dropout == 0 or c.attn_backend != AUTO:  # a named kernel is what runs, or a refusal at the forward
         return None
-    names = [model.attention.kernel_name(model.kernel(device, dropout, needs_grad=True)) for dropout in (True, False)]
+    first = model.kinds[0].attention  # the first kind's layers (every layer's without a layout)
+    names = [first.kernel_name(model.kernel(device, dropout, needs_grad=True)) for dropout in (True, False)]
     if names[0] == names[1]:
         return None
     with_dropout, without = names

@@ -53,6 +53,9 @@ class Attention(nn.Module):
     """Weighted sums of the values per query (the FLOP count's): two for differential attention."""
     terms: ClassVar[frozenset[Term]] = frozenset()
     """What it does to the scores itself (`model.terms`; FoX: `TOKENS`, its gate sums, learned)."""
+    takes_positions: ClassVar[bool] = True
+    """Its layers read a position scheme that acts in attention, a mask and KV heads (the delta rules read none: their
+    convolution and decay carry order); a kind of it takes none of the model's (`model.layout`)."""
 
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
@@ -110,6 +113,12 @@ class Attention(nn.Module):
     @classmethod
     def check(cls, config: GPTConfig) -> None:
         """Raise `ConfigError` when the function cannot work with `config` (called at its validation)."""
+
+    @classmethod
+    def mixing_flops(cls, config: GPTConfig, mask: AttentionMask, seq_len: int) -> int:
+        """Training FLOPs per token of one layer's mixing beyond its parameters' 6N: 6 C per key the token sees (the
+        scores) and as much per weighted sum of the values (PaLM appendix B; differential attention has two)."""
+        return 6 * config.n_embd * mask.attended_keys(seq_len) * (1 + cls.value_passes)
 
     @classmethod
     def kernel_head_size(cls, head_dim: int) -> int:

@@ -200,6 +200,7 @@ class DeltaAttention(Attention):
     kernels = {"eager": DeltaRecurrent(), "chunked": DeltaChunked()}
     drops_weights = False
     scored = False
+    takes_positions = False
     output_activation: ClassVar[str] = "silu"
     """The output gate's nonlinearity: SiLU (GDN) or sigmoid (KDA)."""
 
@@ -285,6 +286,13 @@ class DeltaAttention(Attention):
     def gate(self, x: Tensor) -> Tensor:
         """The output gate's activation (B, T, value dim)."""
         raise NotImplementedError
+
+    @classmethod
+    def mixing_flops(cls, config: GPTConfig, mask: AttentionMask, seq_len: int) -> int:
+        """The recurrent form's three products a token and head (S^T k, k u^T, S^T q: 2 d_k d_v each), forward and
+        backward: 18 H d_k d_v, whatever the length."""
+        d_k, d_v = cls.head_sizes(config)
+        return 18 * config.n_head * d_k * d_v
 
     @classmethod
     def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> DecodingCache:
