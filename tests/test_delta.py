@@ -210,3 +210,87 @@ def run_formula(attention: str) -> None:
         x = torch.randn(2, 70, 32, dtype=torch.float64)
         expected = torch.stack([layer_by_the_formula(layer, x[b]) for b in range(2)])
         torch.testing.assert_close(run_layer(model, x), expected, rtol=1e-9, atol=1e-10)
+
+
+QWEN3_NEXT = dataclasses.replace(
+    BASE, n_layer=4, n_head=4, n_embd=32, n_kv_head=2, pos_encoding="rope", rope_fraction=0.25, rope_partial="neox",
+    layout=("gdn", "gdn", "gdn", "attn"),
+    kinds={"gdn": {"attention": "gated_deltanet"}, "attn": {"qk_norm": "gemma3", "attn_gate": "elementwise"}},
+)  # fmt: skip
+KIMI = dataclasses.replace(
+    BASE, n_layer=4, layout=("kda", "kda", "kda", "nope"),
+    kinds={"kda": {"attention": "kda"}, "nope": {"pos_encoding": "none"}}, pos_encoding="rope",
+)  # fmt: skip
+
+
+def test_a_kind_chooses_its_function_and_a_delta_rule_kind_takes_none_of_the_models_positions():
+    model = GPT(QWEN3_NEXT)
+    gdn, attn = model.kinds
+    assert [type(block.attn).__name__ for block in model.blocks] == ["GatedDeltaNet"] * 3 + ["SoftmaxAttention"]
+    assert (gdn.config.pos_encoding, gdn.config.n_kv_head, gdn.mask.causal_only) == ("none", None, True)
+    assert (attn.config.pos_encoding, attn.config.n_kv_head, attn.config.rope_fraction) == ("rope", 2, 0.25)
+    softmax = model.blocks[3].attn
+    assert softmax.gate is not None and softmax.q_norm is not None and softmax.n_kv_head == 2
+    assert model.pe_of(gdn).uses_positions is False and model.pe_of(attn).rotates
+
+
+@pytest.mark.parametrize("config", [QWEN3_NEXT, KIMI], ids=["qwen3-next", "kimi"])
+def test_a_hybrids_padded_prefill_and_cached_steps_equal_its_full_forward(config):
+    torch.manual_seed(0)
+    model = GPT(config).double().eval()
+    idx = torch.randint(0, 50, (2, 9))
+    lengths = torch.tensor([4, 9])
+    cache = model.new_cache(capacity=32, batch=2)
+    rows = [idx[0, :4].tolist(), idx[1].tolist()]
+    with torch.no_grad():
+        model(idx, cache=cache, lengths=lengths)
+        for _ in range(3):
+            new = torch.randint(0, 50, (2, 1))
+            logits, _ = model(new, cache=cache)
+            for b in range(2):
+                rows[b].append(int(new[b]))
+                torch.testing.assert_close(logits[b, -1], model(torch.tensor([rows[b]]))[0][0, -1], rtol=1e-9,
+                                           atol=1e-9)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "model_wide", "words"),
+    [
+        ({"attention": "kda", "pos_encoding": "rope"}, {}, r"kinds\['k'\]: attention='kda' has no pair scores"),
+        ({"attention": "kda", "attn_window": 4}, {}, r"kinds\['k'\]: GPTConfig.attn_window belongs"),
+        ({"attention": "kda"}, {"attn_backend": "sdpa"}, r"kinds\['k'\]: attn_backend='sdpa' is not a kernel"),
+        ({"attention": "kda"}, {"attn_gate": "headwise"}, r"kinds\['k'\]: GPTConfig.attn_gate belongs"),
+    ],
+)
+def test_a_delta_rule_kind_refuses_what_a_model_of_it_refuses_in_one_line_naming_the_kind(kind, model_wide, words):
+    with pytest.raises(ConfigError, match=words):
+        dataclasses.replace(BASE, pos_encoding="rope", layout=("k", "s"), kinds={"k": kind, "s": {}}, **model_wide)
+
+
+def test_a_model_wide_kernel_reaches_the_kinds_whose_function_has_it():
+    model = GPT(dataclasses.replace(BASE, layout=("k", "s"), kinds={"k": {"attention": "kda"}, "s": {}},
+                                    attn_backend="eager"))  # fmt: skip
+    cpu = torch.device("cpu")
+    assert [type(model.kernel(cpu, False, True, kind=kind)).__name__ for kind in model.kinds] == [
+        "DeltaRecurrent", "SoftmaxEager"]  # fmt: skip
+
+
+def test_a_switch_never_changes_a_kinds_function():
+    model = GPT(KIMI)
+    with pytest.raises(ValueError, match="not kinds"):
+        model.switch(dataclasses.replace(KIMI, kinds={"kda": {"attention": "gated_deltanet"}, "nope": {}}))
+
+
+def test_the_maps_of_a_hybrid_show_every_layer_and_the_delta_layers_mix_is_their_output():
+    torch.manual_seed(0)
+    model = GPT(KIMI).double().eval()
+    seen = {}
+
+    def visit(layer):
+        return lambda rows, weights: seen.setdefault(layer, []).append(weights)
+
+    idx = torch.randint(0, 50, (1, 20))
+    logits = model.attention_weights(idx, visit)
+    torch.testing.assert_close(logits, model(idx)[0])
+    assert sorted(seen) == [0, 1, 2, 3] and all(torch.cat(w, 2).shape == (1, 2, 20, 20) for w in seen.values())
+    assert torch.cat(seen[0], 2).triu(1).abs().max() == 0  # causal
