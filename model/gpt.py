@@ -73,9 +73,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.pe = build_positions(config)  # one instance, shared by every block of the model's scheme
         self.kinds = layer_kinds(config)  # the layers of each kind, each with its mask, and `kind_of` each layer's
-        # a scheme of its own for each kind of a layout whose scheme is not the model's
-        own = {kind.name: build_positions(kind.config) for kind in self.kinds if scheme_differs(config, kind.config)}
-        self.kind_pe = nn.ModuleDict(own)
+        self.kind_pe = self._kind_schemes(config, self.kinds, {})
         # what each kernel keeps across forwards (flex: block masks), by kernel class (a copied model has copies
         # of the kernels); made now, so that a compiled forward never sees the dict change
         self._kernel_memos: dict = {type(k): {} for kind in self.kinds for k in kind.attention.kernels.values()}
@@ -171,21 +169,15 @@ class GPT(nn.Module):
                 "(the weights would change shape or meaning)."
             )
         old, old_kinds, self.config = self.config, self.kinds, config
-        old_schemes = {kind.name: self.pe_of(kind) for kind in old_kinds}
-        weight = self.wte.weight
+        held = {kind.name: (kind.config, self.pe_of(kind)) for kind in old_kinds}
         if scheme_differs(old, config):
+            weight = self.wte.weight
             self.pe = build_positions(config).to(device=weight.device, dtype=weight.dtype)
         self.kinds = layer_kinds(config)
-        schemes = {}  # a kind's own scheme: kept, with its parameters, while its settings stay; else built anew
         for kind, before in zip(self.kinds, old_kinds, strict=True):
-            if kind.name and not scheme_differs(before.config, kind.config):
-                if old_schemes[kind.name] is not self.pe:  # its own, or the model's old one the model just left
-                    schemes[kind.name] = old_schemes[kind.name]
-            elif kind.name and scheme_differs(config, kind.config):
-                schemes[kind.name] = build_positions(kind.config).to(device=weight.device, dtype=weight.dtype)
             for i in kind.layers:
                 self.blocks[i].attn.reconfigure(before.config, kind.config)
-        self.kind_pe = nn.ModuleDict(schemes)
+        self.kind_pe = self._kind_schemes(config, self.kinds, held)
         for memo in self._kernel_memos.values():
             memo.clear()  # block masks of the old mask
 
@@ -224,12 +216,28 @@ class GPT(nn.Module):
         view = copy.copy(self)  # a shallow copy: the same modules, parameters and buffers
         view._modules = dict(self._modules)  # ... but its own table of them, so that its schemes are its own
         view.config = dataclasses.replace(self.config, rope_scaling=scaling, rope_scaling_factor=float(factor))
-        view.kinds, device = layer_kinds(view.config), self.wte.weight.device  # only RoPE rebuilt: a table stays
-        view.pe = build_positions(view.config).to(device) if self.pe.rescalable else self.pe
-        configs = {kind.name: kind.config for kind in view.kinds}
-        view.kind_pe = nn.ModuleDict({name: build_positions(configs[name]).to(device) if pe.rescalable else pe
-                                      for name, pe in self.kind_pe.items()})  # fmt: skip
+        view.kinds, weight = layer_kinds(view.config), self.wte.weight  # only RoPE rebuilt: a table stays
+        view.pe = build_positions(view.config).to(weight.device) if self.pe.rescalable else self.pe
+        # a kind that pins its own rope_scaling keeps its scheme as it was, the model's too (OLMo 3: YaRN on the
+        # global layers only); the others are built scaled
+        held = {kind.name: (kind.config, self.pe_of(kind)) for kind in self.kinds}
+        view.kind_pe = view._kind_schemes(view.config, view.kinds, held)
         return view
+
+    def _kind_schemes(
+        self, config: GPTConfig, kinds: list[LayerKind], held: dict[str, tuple[GPTConfig, PositionEncoding]]
+    ) -> nn.ModuleDict:
+        """Each kind's own scheme: the one `held` for it (its config then, and the scheme it attended with), with its
+        parameters, while its scheme's settings stay and it is not the model's `pe` now; else, where the kind's
+        scheme is not the model's (`config`'s), one built anew. The other kinds attend with the model's."""
+        weight, schemes = self.wte.weight, {}
+        for kind in kinds:
+            before = held.get(kind.name)
+            if before is not None and not scheme_differs(before[0], kind.config) and before[1] is not self.pe:
+                schemes[kind.name] = before[1]
+            elif scheme_differs(config, kind.config):
+                schemes[kind.name] = build_positions(kind.config).to(device=weight.device, dtype=weight.dtype)
+        return nn.ModuleDict(schemes)
 
     def reserve(self, length: int) -> None:
         """Grow every position scheme's tables (the model's, each kind's) to `length` positions now."""

@@ -173,6 +173,8 @@ COMPILE_CASES = [  # a sample (each case is a compile): each decoding path once:
     {"pos_encoding": "none", "attention": "linear"},
     {"pos_encoding": "none", "attention": "gated_deltanet"},
     {"pos_encoding": "sinusoidal", "attention": "kda"},
+    {"pos_encoding": "rope", "n_layer": 2, "layout": ("delta", "softmax"),  # a hybrid: a state and a KV cache
+     "kinds": {"delta": {"attention": "gated_deltanet"}, "softmax": {"qk_norm": "gemma3"}}},
     {"pos_encoding": "fire", "fire_per_layer": True, "fire_width": 4, "n_layer": 2, **MASKS["bigbird"],
      "attention": "sigmoid"},
     {"pos_encoding": "rope", "n_layer": 2, "n_kv_head": 2, "qk_norm": "llama4", "attn_sink_logits": True,

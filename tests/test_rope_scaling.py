@@ -97,3 +97,19 @@ def test_rope_scaling_is_validated():
         GPTConfig(rope_scaling="dynamic")
     with pytest.raises(ValueError, match="rope_scaling_factor must be >= 1"):
         GPTConfig(rope_scaling="linear", rope_scaling_factor=0.5)
+
+
+def test_yarn_at_evaluation_reaches_only_the_kinds_that_do_not_pin_their_rope_scaling():
+    """OLMo 3's rule: YaRN on the global layers only. The local kind pins rope_scaling none; after `rescaled`, its
+    layers' actual rotation is the trained one, the global layers' is YaRN's (read from the schemes, not the config)."""
+    config = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, pos_encoding="rope",
+                       layout=("local", "global"), kinds={"local": {"attn_window": 4, "rope_scaling": "none"},
+                                                          "global": {}})  # fmt: skip
+    model = GPT(config)
+    view = model.rescaled("yarn", 4.0)
+    trained = model.pe_of(model.kinds[0]).rotation(48)
+    local, global_ = (view.pe_of(kind).rotation(48) for kind in view.kinds)
+    torch.testing.assert_close(local, trained)
+    assert not torch.allclose(global_, trained)
+    yarn = GPT(dataclasses.replace(config, layout=None, kinds=None, rope_scaling="yarn", rope_scaling_factor=4.0))
+    torch.testing.assert_close(global_, yarn.pe.rotation(48))
