@@ -257,15 +257,22 @@ def generate_rows(steps: Iterator[torch.Tensor], rows: Rows, live: bool) -> tupl
 def cache_in_words(model: GPT) -> str:
     """What decoding keeps per layer: 'kv cache: every key, 4 KV heads', or per kind of a layout
     'kv cache: local x5 16 keys, global x1 every key, 2 KV heads' (a rolling kind keeps its window and sinks or
-    its chunk), or linear attention's 'constant state'."""
-    held = []
+    its chunk), a running state's 'constant state' (linear attention, the delta rules), or both in a hybrid
+    ('kv cache: attn x1 every key, 2 KV heads; constant state: gdn x3')."""
+    held, states = [], []
     for kind in model.kinds:
         part = kind.attention.new_cache(kind.config, kind.mask, 0, len(kind.layers))  # nothing allocated
-        if not isinstance(part, KVCache):
-            return "constant state"
-        keys = f"{part.capacity} keys" if part.rolling else "every key"
-        held.append(f"{kind.name} x{len(kind.layers)} {keys}" if kind.name else keys)
-    return f"kv cache: {', '.join(held)}, {model.config.kv_heads} KV head{'s' * (model.config.kv_heads > 1)}"
+        name = f"{kind.name} x{len(kind.layers)}" if kind.name else ""
+        if isinstance(part, KVCache):
+            held.append(" ".join(filter(None, [name, f"{part.capacity} keys" if part.rolling else "every key"])))
+        else:
+            states.append(name)
+    heads, words = model.config.kv_heads, []
+    if held:
+        words.append(f"kv cache: {', '.join(held)}, {heads} KV head{'s' * (heads > 1)}")
+    if states:
+        words.append(f"constant state: {', '.join(states)}" if any(states) else "constant state")
+    return "; ".join(words)
 
 
 def sample(args: SampleConfig) -> None:

@@ -46,32 +46,56 @@ class CacheWrite:
     """A one-token step's (batch rows, their slots), (B,) each: every layer writes its key and value there at once."""
 
 
-class DecodingCache:
-    """What decoding keeps: each row's next position, in a tensor, and one store per layer (`layers`: keys and
-    values, or linear attention's running sums), each allocated with `allocate(batch, n_head, head_dim, ...)`."""
+class CachePart:
+    """What decoding keeps for the layers of one kind (`model.layout`; a model without one: every layer): a store per
+    layer (`layers`), each allocated with `allocate(batch, dtype, device)` in the shapes its part was built for. A
+    running state (linear attention's, the delta rule's) needs nothing of a step but its rows' positions."""
 
     def __init__(self, layers: list) -> None:
+        self.layers = layers
+
+    def allocate(self, batch: int, dtype: torch.dtype, device: torch.device) -> None:
+        for layer in self.layers:
+            layer.allocate(batch, dtype, device)
+
+    def begin(self, write: CacheWrite, pos: Tensor | None) -> CacheWrite:
+        """This part's view of a step (`DecodingCache.begin`'s `write`; `pos`: each row's next position before it)."""
+        return write
+
+    def commit(self, write: CacheWrite) -> None:
+        """After every layer took the step."""
+
+
+class DecodingCache:
+    """What decoding keeps: each row's next position (`pos`, one for every layer) and each kind's part (`parts`: its
+    keys and values in slots shaped by its mask, or its running states); `layers`: each layer's store, in order."""
+
+    def __init__(self, parts: dict[str, CachePart], order: list[str]) -> None:
         self.pos: Tensor | None = None
         """(B,) position of each row's next token."""
         self.empty = True
         """Nothing stored yet: the next forward is a prefill."""
-        self.layers = layers
+        self.parts = parts
+        stores = {name: iter(part.layers) for name, part in parts.items()}
+        self.layers = [next(stores[name]) for name in order]
 
     def reset(self) -> None:
         """Forget every position (the buffers are kept and overwritten by the next prefill)."""
         self.empty = True
 
-    def allocate(
-        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device, n_kv_head: int | None
-    ) -> None:
-        """Allocate every tensor decoding changes now, for `batch` rows (static for a CUDA graph); `n_kv_head`: key
-        and value heads (None: n_head)."""
+    def allocate(self, batch: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Allocate every tensor decoding changes now, for `batch` rows (static for a CUDA graph)."""
         self.pos = static_buffer(torch.zeros(batch, dtype=torch.long, device=device))
-        for layer in self.layers:
-            layer.allocate(batch, n_head, head_dim, dtype, device, n_kv_head)
+        for part in self.parts.values():
+            part.allocate(batch, dtype, device)
 
-    def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
-        """The step of a forward pass of `new_tokens` tokens per row (`lengths`: the real ones, in a prefill)."""
+    def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> dict[str, CacheWrite]:
+        """The step of a forward pass of `new_tokens` tokens per row (`lengths`: the real ones, in a prefill), as each
+        part sees it."""
+        return {name: part.begin(self._step(batch, new_tokens, lengths, device), self.pos) for name, part in
+                self.parts.items()}  # fmt: skip
+
+    def _step(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
         if not self.empty and new_tokens == 1 and lengths is None:  # a decode step: its positions a view of `pos`,
             assert self.pos is not None  # read by the layers only, before `commit` moves it
             return CacheWrite(False, self.pos[:, None], None, self.pos + 1)
@@ -85,69 +109,53 @@ class DecodingCache:
         assert self.pos is not None
         return CacheWrite(False, self.pos[:, None] + offsets, None, self.pos + new_tokens)
 
-    def commit(self, write: CacheWrite) -> None:
-        """After every layer took the step: the rows move on."""
-        if self.pos is None or self.pos.shape != write.end.shape:
-            self.pos = write.end.clone()
+    def commit(self, writes: dict[str, CacheWrite]) -> None:
+        """After every layer took the step: each part's, then the rows move on."""
+        for name, part in self.parts.items():
+            part.commit(writes[name])
+        end = next(iter(writes.values())).end
+        if self.pos is None or self.pos.shape != end.shape:
+            self.pos = end.clone()
         else:
-            self.pos.copy_(write.end)
+            self.pos.copy_(end)
         self.empty = False
 
 
-class LayoutCache(DecodingCache):
-    """A layout's cache (`model.layout`): each kind's own (`by_kind`, each shaped by its kind's mask), its layers
-    in the model's order. The model begins and commits each kind's part."""
-
-    def __init__(self, by_kind: dict[str, DecodingCache], order: list[str]) -> None:
-        self.by_kind = by_kind
-        layers = {name: iter(part.layers) for name, part in by_kind.items()}
-        super().__init__([next(layers[name]) for name in order])
-
-    def reset(self) -> None:
-        for part in self.by_kind.values():
-            part.reset()
-
-    def allocate(
-        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device, n_kv_head: int | None
-    ) -> None:
-        for part in self.by_kind.values():
-            part.allocate(batch, n_head, head_dim, dtype, device, n_kv_head)
-
-
-class KVCache(DecodingCache):
-    """Keys and values of every layer, in fixed buffers (see the module docstring); `layer`: a layer's store."""
+class KVCache(CachePart):
+    """Keys and values of a kind's layers, in fixed buffers (see the module docstring), `heads` KV heads of
+    `head_dim`; `layer`: a layer's store (`n_head`: the query heads, for what a store keeps per query head)."""
 
     def __init__(
-        self, n_layer: int, capacity: int, mask: AttentionMask | None = None, layer: type[LayerCache] | None = None
-    ) -> None:
+        self, n_layer: int, capacity: int, heads: int, head_dim: int, n_head: int, mask: AttentionMask | None = None,
+        layer: type[LayerCache] | None = None,
+    ) -> None:  # fmt: skip
         self.mask = mask or AttentionMask()
         self.rolling = self.mask.rolling
         self.capacity = self.mask.ring + self.mask.sinks if self.rolling else capacity
         """Keys held at most: a rolling cache's S + W (a chunked one's C), else the longest sequence it takes."""
+        self.heads, self.head_dim, self.n_head = heads, head_dim, n_head
         self.slot_positions: Tensor | None = None
         """(B, C) the position each slot holds (-1: empty)."""
         self.rows: Tensor | None = None
         """(B,) 0..B-1, made once: a decode step makes no tensor it can keep."""
         super().__init__([(layer or LayerCache)(self) for _ in range(n_layer)])
 
-    def allocate(
-        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device, n_kv_head: int | None
-    ) -> None:
-        super().allocate(batch, n_head, head_dim, dtype, device, n_kv_head)
+    def allocate(self, batch: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().allocate(batch, dtype, device)
         self.slot_positions = static_buffer(torch.full((batch, self.capacity), -1, dtype=torch.long, device=device))
         self.rows = static_buffer(torch.arange(batch, device=device))
 
-    def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
-        write = super().begin(batch, new_tokens, lengths, device)
+    def begin(self, write: CacheWrite, pos: Tensor | None) -> CacheWrite:
+        batch, new_tokens, device = write.end.size(0), write.positions.size(1), write.end.device
         if self.slot_positions is None or self.slot_positions.size(0) != batch:
             self.slot_positions = torch.full((batch, self.capacity), -1, dtype=torch.long, device=device)
             self.rows = torch.arange(batch, device=device)
         # one key per row, written first: its slot now holds it (not checked against the capacity: `generate` never
         # asks for a position past it, and a check would cost every step a device wait)
         if new_tokens == 1 and not write.prefill:
-            assert self.rows is not None and self.pos is not None
-            slot = self.slot_of(self.pos)
-            self.slot_positions[self.rows, slot] = self.pos
+            assert self.rows is not None and pos is not None
+            slot = self.slot_of(pos)
+            self.slot_positions[self.rows, slot] = pos
             return CacheWrite(False, write.positions, None, write.end, self.slot_positions, rows=(self.rows, slot))
         # refuse positions past a full cache's capacity, which it would drop
         end = new_tokens if write.prefill and write.real is None else None
@@ -182,7 +190,6 @@ class KVCache(DecodingCache):
         assert self.slot_positions is not None
         if write.slot_pos is not None:  # a decode step's were written at its begin
             self.slot_positions.copy_(write.slot_pos)
-        super().commit(write)
 
     def slot_of(self, position: Tensor) -> Tensor:
         if not self.rolling:
@@ -200,18 +207,18 @@ class LayerCache:
         self.owner = owner
         self.kv: Tensor | None = None
 
-    def allocate(
-        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-        n_kv_head: int | None = None,
-    ) -> None:  # fmt: skip
-        shape = (2, batch, n_kv_head or n_head, self.owner.capacity, head_dim)
-        self.kv = static_buffer(torch.zeros(shape, dtype=dtype, device=device))
+    def allocate(self, batch: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.buffer(batch, self.owner.heads, self.owner.head_dim, dtype, device)
+
+    def buffer(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """`kv` for `batch` rows of `heads` heads of `head_dim`."""
+        self.kv = static_buffer(torch.zeros(2, batch, heads, self.owner.capacity, head_dim, dtype=dtype, device=device))
 
     def update(self, k: Tensor, v: Tensor, write: CacheWrite) -> tuple[Tensor, Tensor]:
         """Store the (B, H_kv, T, D) new keys and values; those the new tokens attend over."""
         B, H, T, D = k.shape
-        if self.kv is None or self.kv.dtype != k.dtype or self.kv.shape[1:3] != (B, H):
-            self.allocate(B, H, D, k.dtype, k.device)
+        if self.kv is None or self.kv.dtype != k.dtype or self.kv.shape[1:3] != (B, H) or self.kv.size(-1) != D:
+            self.buffer(B, H, D, k.dtype, k.device)
         assert self.kv is not None
         if write.prefill and not self.owner.rolling and T <= self.kv.size(3):  # slot = position: the first T slots
             self.kv[:, :, :, :T] = torch.stack([k, v])  # a padded row's slots past its length stay unseen (-1)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from posgpt.model.attention import Attention
-from posgpt.model.cache import DecodingCache, LayoutCache
+from posgpt.model.cache import DecodingCache
 from posgpt.model.config import GPTConfig
 from posgpt.model.generation import stream
 from posgpt.model.kernels import Kernel, Placement, Plan, WeightsHook
@@ -275,8 +275,7 @@ class GPT(nn.Module):
             if lengths.shape != (B,) or shortest < 1 or longest > T:
                 raise ValueError(f"lengths must be (B,) = ({B},) counts in 1..{T}, got {tuple(lengths.shape)} in "
                                  f"{shortest}..{longest}.")  # fmt: skip
-        caches = cache.by_kind if isinstance(cache, LayoutCache) else {self.kinds[0].name: cache} if cache else {}
-        writes = {name: part.begin(B, T, lengths, idx.device) for name, part in caches.items()}
+        writes = cache.begin(B, T, lengths, idx.device) if cache is not None else {}  # each kind's view of the step
         first = next(iter(writes.values()), None)
         decoding = first is not None and not first.prefill
         if decoding:  # each row at its own positions, over the keys the cache holds (and the tables reserved)
@@ -315,8 +314,8 @@ class GPT(nn.Module):
                 x = checkpoint(self.blocks[i], x, pe, layer_plan, use_reentrant=False)
             else:
                 x = self.blocks[i](x, pe, layer_plan, cache.layers[i] if cache is not None else None)
-        for name, part in caches.items():
-            part.commit(writes[name])
+        if cache is not None:
+            cache.commit(writes)
         return self.ln_f(x)
 
     def kernel(
@@ -338,15 +337,14 @@ class GPT(nn.Module):
         return function.choose_kernel(c.attn_backend, needs, device)
 
     def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> DecodingCache:
-        """What decoding keeps (`Attention.new_cache`; a layout: each kind's, `LayoutCache`), allocated now for `batch`
-        rows when given. Position tables grow now to the `longest` position decoding will reach (default
+        """What decoding keeps: each kind's part (`Attention.new_cache`) and one position per row, allocated now for
+        `batch` rows when given. Position tables grow now to the `longest` position decoding will reach (default
         `capacity`): a decode step never grows them (a rolling cache decodes past its capacity: give it `longest`)."""
         self.reserve(longest or capacity)
         parts = {k.name: k.attention.new_cache(k.config, k.mask, capacity, len(k.layers)) for k in self.kinds}
-        cache = parts[""] if "" in parts else LayoutCache(parts, [kind.name for kind in self.kind_of])
+        cache = DecodingCache(parts, [kind.name for kind in self.kind_of])
         if batch is not None:
-            c, weight = self.config, self.wte.weight
-            cache.allocate(batch, c.n_head, c.head_dim, weight.dtype, weight.device, c.kv_heads)
+            cache.allocate(batch, self.wte.weight.dtype, self.wte.weight.device)
         return cache
 
     def constant_memory(self) -> bool:

@@ -14,7 +14,7 @@ from posgpt.core.errors import ConfigError
 from posgpt.model import ATTENTIONS, GPT, SCHEMES, GPTConfig
 from posgpt.model.attention import LinearAttention, SoftmaxAttention
 from posgpt.model.attention.linear import LayerStateCache
-from posgpt.model.cache import DecodingCache, KVCache
+from posgpt.model.cache import CachePart, KVCache
 from posgpt.model.kernels import KERNELS, Placement, Plan
 from posgpt.model.masks import AttentionMask
 
@@ -33,15 +33,15 @@ def test_blocks_are_built_from_the_attention_function(tiny_config):
     for name, layer in ATTENTIONS.items():
         model = GPT(dataclasses.replace(tiny_config, attention=name))
         assert model.kinds[0].attention is layer and all(type(block.attn) is layer for block in model.blocks)
-    assert isinstance(GPT(tiny_config).new_cache(8, batch=2), KVCache)
+    assert isinstance(GPT(tiny_config).new_cache(8, batch=2).parts[""], KVCache)
     state = GPT(_linear(tiny_config, "rope")).new_cache(8, batch=2)  # linear attention keeps a state, no keys
-    assert type(state) is DecodingCache and all(type(layer) is LayerStateCache for layer in state.layers)
+    assert type(state.parts[""]) is CachePart and all(type(layer) is LayerStateCache for layer in state.layers)
     window = AttentionMask(window=4)
     assert SoftmaxAttention.constant_memory(tiny_config, window)
     assert not SoftmaxAttention.constant_memory(tiny_config, AttentionMask())
     cope = GPT(dataclasses.replace(tiny_config, pos_encoding="cope", attn_window=4))  # counts its keys in order
     kind = cope.kinds[0]
-    assert not kind.attention.constant_memory(cope.config, kind.mask) and not cope.new_cache(8).rolling
+    assert not kind.attention.constant_memory(cope.config, kind.mask) and not cope.new_cache(8).parts[""].rolling
     assert LinearAttention.constant_memory(tiny_config, AttentionMask())
 
 

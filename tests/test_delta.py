@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from posgpt.core.errors import ConfigError
+from posgpt.evaluation.sampling import cache_in_words
 from posgpt.model import GPT, GPTConfig
 from posgpt.model.attention.delta import delta_rule_chunked, delta_rule_recurrent
 
@@ -232,6 +233,7 @@ def test_a_kind_chooses_its_function_and_a_delta_rule_kind_takes_none_of_the_mod
     softmax = model.blocks[3].attn
     assert softmax.gate is not None and softmax.q_norm is not None and softmax.n_kv_head == 2
     assert model.pe_of(gdn).uses_positions is False and model.pe_of(attn).rotates
+    assert cache_in_words(model) == "kv cache: attn x1 every key, 2 KV heads; constant state: gdn x3"
 
 
 @pytest.mark.parametrize("config", [QWEN3_NEXT, KIMI], ids=["qwen3-next", "kimi"])

@@ -17,7 +17,7 @@ from posgpt.model.scores import SCORES, Score
 from posgpt.model.terms import Term
 
 if TYPE_CHECKING:
-    from posgpt.model.cache import DecodingCache
+    from posgpt.model.cache import CachePart
     from posgpt.model.config import GPTConfig
 
 
@@ -222,7 +222,7 @@ class Attention(nn.Module):
         raise KernelError("No kernel here forms the attention weights of this model.")
 
     @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> DecodingCache:
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> CachePart:
         """What decoding keeps for `layers` layers of `config` (see `GPT.new_cache`)."""
         raise NotImplementedError
 

@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from posgpt.core.errors import ConfigError
 from posgpt.model.attention.base import Attention
-from posgpt.model.cache import DecodingCache, static_buffer
+from posgpt.model.cache import CachePart, static_buffer
 from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Plan
 from posgpt.model.positions import SCHEMES
 
@@ -176,11 +176,7 @@ class DeltaLayerCache:
         self.conv: Tensor | None = None
         self.state: Tensor | None = None
 
-    def allocate(
-        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-        n_kv_head: int | None = None,
-    ) -> None:  # fmt: skip
-        """Its own shapes (the model's head size and KV heads are the softmax layers')."""
+    def allocate(self, batch: int, dtype: torch.dtype, device: torch.device) -> None:
         H, d_k, d_v, channels = self.shape
         self.conv = static_buffer(torch.zeros(batch, CONV - 1, channels, dtype=dtype, device=device))
         self.state = static_buffer(torch.zeros(batch, H, d_k, d_v, device=device))
@@ -295,10 +291,10 @@ class DeltaAttention(Attention):
         return 18 * config.n_head * d_k * d_v
 
     @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> DecodingCache:
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> CachePart:
         d_k, d_v = cls.head_sizes(config)
         H = config.n_head
-        return DecodingCache([DeltaLayerCache(H, d_k, d_v, H * (2 * d_k + d_v)) for _ in range(layers)])
+        return CachePart([DeltaLayerCache(H, d_k, d_v, H * (2 * d_k + d_v)) for _ in range(layers)])
 
     @classmethod
     def constant_memory(cls, config: GPTConfig, mask: AttentionMask) -> bool:

@@ -36,12 +36,9 @@ class GateLayerCache(LayerCache):
         super().__init__(owner)
         self.sums = LayerCache(owner)
 
-    def allocate(
-        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-        n_kv_head: int | None = None,
-    ) -> None:  # fmt: skip
-        super().allocate(batch, n_head, head_dim, dtype, device, n_kv_head)
-        self.sums.allocate(batch, n_head, 1, torch.float32, device)  # per query head
+    def allocate(self, batch: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().allocate(batch, dtype, device)
+        self.sums.buffer(batch, self.owner.n_head, 1, torch.float32, device)  # per query head
 
     def gate_sums(self, c: Tensor, write: CacheWrite) -> tuple[Tensor, Tensor]:
         """The new tokens' sums (B, H, T), `c` (of their ln f) on from the cache's; the attended keys' (B, H, Tk)."""

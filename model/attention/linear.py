@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posgpt.model.attention.base import Attention
-from posgpt.model.cache import CacheWrite, DecodingCache, static_buffer
+from posgpt.model.cache import CachePart, CacheWrite, static_buffer
 from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Plan, WeightsHook
 from posgpt.model.scores import Score
 
@@ -113,16 +113,15 @@ class LayerStateCache:
     """What decoding keeps of one layer of linear attention: its running sums, of constant size, updated in place
     once allocated (a compiled step keeps its tensors)."""
 
-    def __init__(self) -> None:
+    def __init__(self, n_head: int, head_dim: int) -> None:
+        self.n_head, self.head_dim = n_head, head_dim
         self.state: LinearState | None = None
 
-    def allocate(
-        self, batch: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-        n_kv_head: int | None = None,
-    ) -> None:  # fmt: skip
+    def allocate(self, batch: int, dtype: torch.dtype, device: torch.device) -> None:
         """The sums per query head (`LinearAttention.forward` repeats each KV head into its group)."""
-        S = torch.zeros(batch, n_head, head_dim, head_dim, device=device)
-        self.state = LinearState(static_buffer(S), static_buffer(torch.zeros(batch, n_head, head_dim, device=device)))
+        H, D = self.n_head, self.head_dim
+        S = torch.zeros(batch, H, D, D, device=device)
+        self.state = LinearState(static_buffer(S), static_buffer(torch.zeros(batch, H, D, device=device)))
 
     def attend(self, q2: Tensor, k2: Tensor, v: Tensor, write: CacheWrite) -> Tensor:
         """The new tokens' outputs, continuing from the state (from zero in a prefill, padding zeroed out)."""
@@ -155,8 +154,8 @@ class LinearAttention(Attention):
         return self.output(y, x)
 
     @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> DecodingCache:
-        return DecodingCache([LayerStateCache() for _ in range(layers)])
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> CachePart:
+        return CachePart([LayerStateCache(config.n_head, config.head_dim) for _ in range(layers)])
 
     @classmethod
     def constant_memory(cls, config: GPTConfig, mask: AttentionMask) -> bool:

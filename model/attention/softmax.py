@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from posgpt.model.attention.base import Attention
-from posgpt.model.cache import DecodingCache, KVCache, LayerCache
+from posgpt.model.cache import CachePart, KVCache, LayerCache
 from posgpt.model.kernels import KERNELS, Plan
 from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import SCHEMES, PositionEncoding
@@ -74,9 +74,10 @@ class SoftmaxAttention(Attention):
     """Its weights run over the keys in position order (stick-breaking's product): the KV cache never rolls."""
 
     @classmethod
-    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> DecodingCache:
-        rolls = cls.constant_memory(config, mask)
-        return KVCache(layers, capacity, mask if rolls else None, cls.layer_cache)  # None: never rolled
+    def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> CachePart:
+        rolls = cls.constant_memory(config, mask)  # else no mask: never rolled
+        return KVCache(layers, capacity, config.kv_heads, config.head_dim, config.n_head, mask if rolls else None,
+                       cls.layer_cache)  # fmt: skip
 
     @classmethod
     def constant_memory(cls, config: GPTConfig, mask: AttentionMask) -> bool:
