@@ -296,3 +296,17 @@ def test_the_maps_of_a_hybrid_show_every_layer_and_the_delta_layers_mix_is_their
     torch.testing.assert_close(logits, model(idx)[0])
     assert sorted(seen) == [0, 1, 2, 3] and all(torch.cat(w, 2).shape == (1, 2, 20, 20) for w in seen.values())
     assert torch.cat(seen[0], 2).triu(1).abs().max() == 0  # causal
+
+
+@pytest.mark.parametrize("attention", ["gated_deltanet", "kda"])
+def test_under_bf16_autocast_the_state_stays_float32(attention):
+    """The rule runs outside autocast (its inputs widened), as fla's kernels keep the state: the cache's state is
+    float32 and the logits stay near float32's."""
+    torch.manual_seed(0)
+    model = GPT(dataclasses.replace(BASE, attention=attention)).eval()
+    idx = torch.randint(0, 50, (2, 80))
+    cache = model.new_cache(capacity=96, batch=2)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed, _ = model(idx, cache=cache)
+    assert cache.layers[0].state.dtype == torch.float32
+    torch.testing.assert_close(mixed.float(), model(idx)[0], atol=0.05, rtol=0.05)

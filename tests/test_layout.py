@@ -247,8 +247,17 @@ LAYOUT_CONFIGS = sorted(path.name for path in (ROOT / "configs").glob("*.yaml")
                         if "layout" in ((yaml.safe_load(path.read_text()) or {}).get("model") or {}))  # fmt: skip
 
 
-def test_four_layout_configs_ship():
-    assert LAYOUT_CONFIGS == ["gemma3_layout.yaml", "gpt_oss_layout.yaml", "irope.yaml", "rope_nope_hybrid.yaml"]
+def test_eight_layout_configs_ship():
+    assert LAYOUT_CONFIGS == [
+        "gemma3_layout.yaml",
+        "gpt_oss_layout.yaml",
+        "irope.yaml",
+        "kimi_linear.yaml",
+        "olmo3_yarn.yaml",
+        "olmo_hybrid.yaml",
+        "qwen3_next.yaml",
+        "rope_nope_hybrid.yaml",
+    ]
 
 
 def test_a_layout_and_the_layer_options_name_the_run_and_a_plain_models_name_stays():
@@ -262,6 +271,10 @@ def test_a_layout_and_the_layer_options_name_the_run_and_a_plain_models_name_sta
         "gpt_oss_layout.yaml": "tiny-char-rope-banded-dense-n_kv_head=1-attn_sink_logits",
         "irope.yaml": "tiny-char-rope-3local-global-n_kv_head=2-qk_norm=llama4",
         "rope_nope_hybrid.yaml": "tiny-char-rope-3local-global",
+        "kimi_linear.yaml": "tiny-char-none-3kda-attention",
+        "olmo3_yarn.yaml": "tiny-char-rope-3local-global",
+        "olmo_hybrid.yaml": "tiny-char-rope-3deltanet-attention",
+        "qwen3_next.yaml": "tiny-char-rope-3deltanet-attention-n_kv_head=2",
     }
 
 
@@ -280,14 +293,15 @@ def test_each_layout_config_trains_samples_and_draws_its_maps(name, tmp_path, te
     ])  # fmt: skip
     ckpt = tmp_path / "runs" / "layout" / "last.ckpt"
     model = load_checkpoint(str(ckpt)).model
-    words = ", ".join(["rope", *model_tags(model.config.to_dict())])  # the settings line names the layout too
+    words = ", ".join([model.config.pos_encoding, *model_tags(model.config.to_dict())])  # the layout too
     assert any(f"layers x 32, {words}, block 32)" in record.getMessage() for record in caplog.records), words
     capsys.readouterr()
     cli.run(sample_script.COMMAND, ["--ckpt", str(ckpt), "--prompt", "The", "--max_new_tokens", "40"])
     said = capsys.readouterr().err
-    for kind in model.kinds:
+    for kind in model.kinds:  # a delta rule's kinds keep a constant state
         held = f"{kind.mask.ring + kind.mask.sinks} keys" if kind.mask.rolling else "every key"
-        assert f"{kind.name} x{len(kind.layers)} {held}" in said, said
+        held = f" {held}" if kind.attention.takes_positions else ""
+        assert f"{kind.name} x{len(kind.layers)}{held}" in said, said
     assert f", {model.config.kv_heads} KV head" in said
     out = tmp_path / "maps"
     cli.run(maps_script.COMMAND, ["--ckpt", str(ckpt), "--prompt", "The cat sat.", "--lengths", "64", "--tokens", "64",

@@ -259,9 +259,10 @@ class DeltaAttention(Attention):
             k, v, beta, g = k * real[..., None], v * real[..., None], beta * real, g * real[..., None]
         state = cache.state if write is not None and not write.prefill else None
         rule = delta_rule_recurrent if write is not None and T == 1 else plan.kernel.rule  # type: ignore[attr-defined]
-        y, final = rule(q, k, v, beta, g, state)
-        if plan.on_weights is not None:  # the maps: o = A v, handed over in blocks of query rows
-            weights = implicit_weights(q, k, beta, g)
+        with torch.autocast(x.device.type, enabled=False):  # the state in float32 at least, as fla's kernels keep it
+            y, final = rule(q, k, v, beta, g, state)
+            weights = implicit_weights(q, k, beta, g) if plan.on_weights is not None else None
+        if weights is not None:  # the maps: o = A v, handed over in blocks of query rows
             step = max(1, WEIGHTS_CHUNK_ELEMENTS // (B * H * T))
             for start in range(0, T, step):
                 rows = slice(start, min(start + step, T))
