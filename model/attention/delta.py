@@ -22,7 +22,7 @@ order, and the decay carries distance. Decoding keeps the convolution's last 3 i
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -197,8 +197,6 @@ class DeltaAttention(Attention):
     drops_weights = False
     scored = False
     takes_positions = False
-    output_activation: ClassVar[str] = "silu"
-    """The output gate's nonlinearity: SiLU (GDN) or sigmoid (KDA)."""
 
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         nn.Module.__init__(self)  # none of Attention's projections: its own, below
