@@ -347,7 +347,7 @@ def assert_model_is_its_formula(
 def layer_variants(config: GPTConfig) -> dict[str, dict[str, Any]]:
     """Each of the layer's own options (the fields of role `LAYER`) at the values its type gives, each alone: every
     other value of a Literal or a table of names, True, one KV head and half the heads, a soft-cap of 2 (where scores
-    reach it)."""
+    reach it); and a recurrent hybrid layout, a Gated DeltaNet kind beside one of the model's own settings."""
     from typing import Literal, get_args, get_origin, get_type_hints
 
     from posgpt.model.roles import Role
@@ -366,6 +366,10 @@ def layer_variants(config: GPTConfig) -> dict[str, dict[str, Any]]:
         else:  # a head count
             values = sorted({1, config.n_head // 2})
         variants.update({f"{name}={value}": {name: value} for value in values})
+    variants["layout=delta,other"] = {  # a recurrent hybrid: a Gated DeltaNet kind beside the function's own
+        "layout": ("delta", "other"),
+        "kinds": {"delta": {"attention": "gated_deltanet", "attn_backend": "chunked"}, "other": {}},
+    }
     return variants
 
 

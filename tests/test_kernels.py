@@ -161,7 +161,7 @@ def test_future_tokens_never_change_past_logits(tiny_config, function, backend, 
     vocab = tiny_config.vocab_size
     # flex's uncompiled path forms the scores through its score_mod element-wise (seconds for FIRE's MLP at
     # 4 x block_size): one length here, both in the parity test
-    for T in [ODD_LEN] if is_flex(model.kinds[0].attention.kernels[backend]) else lengths(model.config, ODD_LEN):
+    for T in [ODD_LEN] if is_flex(ATTENTIONS[function].kernels[backend]) else lengths(model.config, ODD_LEN):
         idx = torch.randint(0, vocab, (2, T))
         for t in (1, T // 2, T - 1):
             changed = idx.clone()
