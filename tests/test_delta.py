@@ -3,10 +3,12 @@
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from posgpt.core.errors import ConfigError
 from posgpt.evaluation.sampling import cache_in_words
@@ -236,10 +238,21 @@ def test_a_kind_chooses_its_function_and_a_delta_rule_kind_takes_none_of_the_mod
     assert cache_in_words(model) == "kv cache: attn x1 every key, 2 KV heads; constant state: gdn x3"
 
 
-@pytest.mark.parametrize("config", [QWEN3_NEXT, KIMI], ids=["qwen3-next", "kimi"])
-def test_a_hybrids_padded_prefill_and_cached_steps_equal_its_full_forward(config):
+HYBRID_CONFIGS = ["qwen3_next.yaml", "kimi_linear.yaml", "olmo_hybrid.yaml"]
+
+
+def shipped(name: str) -> GPTConfig:
+    """A shipped config's model, 32 wide, on this test's vocabulary and block size."""
+    fields = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / name).read_text())["model"]
+    return GPTConfig(**{**fields, "layout": tuple(fields["layout"]), "n_embd": 32, "vocab_size": 50, "block_size": 32})
+
+
+@pytest.mark.parametrize("name", HYBRID_CONFIGS)
+def test_a_shipped_hybrids_padded_prefill_and_cached_steps_equal_its_full_forward(name):
+    """Every kind of each shipped recurrent hybrid, in float64: a right-padded prefill, then one token a step."""
     torch.manual_seed(0)
-    model = GPT(config).double().eval()
+    model = GPT(shipped(name)).double().eval()
+    assert {kind.attention.takes_positions for kind in model.kinds} == {True, False}
     idx = torch.randint(0, 50, (2, 9))
     lengths = torch.tensor([4, 9])
     cache = model.new_cache(capacity=32, batch=2)
