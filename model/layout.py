@@ -66,13 +66,12 @@ def layer_kinds(config: GPTConfig) -> list[LayerKind]:
 
 def unpositioned(config: GPTConfig) -> dict[str, object]:
     """What a kind whose function reads no positions takes instead of the model's: no scheme that acts in attention
-    (nor its fields; one on the embeddings acts before every layer), no mask, no query option, no KV heads; what it
-    sets itself is checked as a model's would be."""
+    (nor its fields; one on the embeddings acts before every layer), no mask or score, none of the layer options of
+    the pair-scoring layers (KV heads, QK-norm, output gate, sink logits, soft-cap) nor of their queries; what it sets
+    itself is checked as a model's would be."""
     fields = {f.name: f.default for f in dataclasses.fields(config)}
-    off = {
-        name: fields[name] for name in ("attn_window", "attn_sinks", "attn_chunk", "attn_random_blocks", "n_kv_head")
-    }
-    off |= {name: fields[name] for name in config.fields_with(Role.QUERY)}
+    masks = ("attn_window", "attn_sinks", "attn_chunk", "attn_random_blocks", "attn_score")
+    off = {name: fields[name] for name in (*masks, *config.fields_with(Role.LAYER), *config.fields_with(Role.QUERY))}
     if SCHEMES[config.pos_encoding].embeds:
         return off
     return off | {"pos_encoding": "none"} | {name: fields[name] for name in config.scheme_fields(config.pos_encoding)}

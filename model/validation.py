@@ -77,7 +77,7 @@ def _check_kinds(config: GPTConfig, kinds: list[LayerKind]) -> None:
     scheme = SCHEMES[config.pos_encoding]
     if config.layout and scheme.learned_bias and all(scheme_differs(config, kind.config) for kind in kinds):
         raise ConfigError(  # its parameters would train nowhere (and DDP refuses parameters without gradients)
-            f"GPTConfig.kinds each set their own position scheme, so no layer would use the model's "
+            f"GPTConfig.kinds each set their own position scheme or read none, so no layer would use the model's "
             f"pos_encoding={config.pos_encoding!r} and its parameters: set it as one kind's, or to 'none'."
         )
     rotates = any(SCHEMES[kind.config.pos_encoding].rotates for kind in kinds)

@@ -106,7 +106,7 @@ def test_cached_decoding_and_a_padded_prefill_equal_the_full_forward(attention):
         ({"attn_window": 8}, "attn_window belongs to the layers that score pairs"),
         ({"qk_norm": "gemma3"}, "qk_norm belongs"),
         ({"n_kv_head": 1}, "n_kv_head belongs"),
-        ({"gdn_expand_k": 0.7}, "whole heads"),
+        ({"gdn_expand_k": 0.7}, "n_head 2 must split keys 22.4 and values 48 wide into whole heads"),
     ],
 )
 def test_what_a_delta_rule_layer_refuses(change, words):
@@ -138,7 +138,7 @@ def layer_by_the_formula(layer, x: torch.Tensor) -> torch.Tensor:
             q = conv[t, h * d_k : (h + 1) * d_k]
             k = conv[t, H * d_k + h * d_k : H * d_k + (h + 1) * d_k]
             v = conv[t, 2 * H * d_k + h * d_v : 2 * H * d_k + (h + 1) * d_v]
-            q, k = q / q.norm() / math.sqrt(d_k), k / k.norm()
+            q, k = q / torch.sqrt(q @ q + 1e-6) / math.sqrt(d_k), k / torch.sqrt(k @ k + 1e-6)  # the official l2norm
             beta = torch.sigmoid(layer.b_proj(x[t])[h])
             if kda:
                 f = layer.f_proj(x[t])[h * d_k : (h + 1) * d_k] + layer.dt_bias[h * d_k : (h + 1) * d_k]
@@ -274,12 +274,33 @@ def test_a_shipped_hybrids_padded_prefill_and_cached_steps_equal_its_full_forwar
         ({"attention": "kda", "pos_encoding": "rope"}, {}, r"kinds\['k'\]: attention='kda' has no pair scores"),
         ({"attention": "kda", "attn_window": 4}, {}, r"kinds\['k'\]: GPTConfig.attn_window belongs"),
         ({"attention": "kda"}, {"attn_backend": "sdpa"}, r"kinds\['k'\]: attn_backend='sdpa' is not a kernel"),
-        ({"attention": "kda"}, {"attn_gate": "headwise"}, r"kinds\['k'\]: GPTConfig.attn_gate belongs"),
+        ({"attention": "kda", "attn_gate": "headwise"}, {}, r"kinds\['k'\]: GPTConfig.attn_gate belongs"),
     ],
 )
 def test_a_delta_rule_kind_refuses_what_a_model_of_it_refuses_in_one_line_naming_the_kind(kind, model_wide, words):
     with pytest.raises(ConfigError, match=words):
         dataclasses.replace(BASE, pos_encoding="rope", layout=("k", "s"), kinds={"k": kind, "s": {}}, **model_wide)
+
+
+def test_the_models_layer_options_stay_with_its_pair_scoring_kinds():
+    config = dataclasses.replace(
+        BASE,
+        pos_encoding="rope",
+        attn_gate="elementwise",
+        attn_softcap=30.0,
+        n_kv_head=1,
+        qk_norm="gemma3",
+        layout=("k", "s"),
+        kinds={"k": {"attention": "kda"}, "s": {}},
+    )
+    delta, softmax = GPT(config).kinds
+    assert (delta.config.attn_gate, delta.config.attn_softcap, delta.config.n_kv_head, delta.config.qk_norm) == (
+        "none",
+        0.0,
+        None,
+        "none",
+    )
+    assert (softmax.config.attn_gate, softmax.config.attn_softcap, softmax.config.n_kv_head) == ("elementwise", 30.0, 1)
 
 
 def test_a_model_wide_kernel_reaches_the_kinds_whose_function_has_it():

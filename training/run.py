@@ -261,12 +261,15 @@ def dropout_fallback(model: GPT, device: torch.device) -> str | None:
     c = model.config
     if c.dropout == 0 or c.attn_backend != AUTO:  # a named kernel is what runs, or a refusal at the forward
         return None
-    first = model.kinds[0].attention  # the first kind's layers (every layer's without a layout)
-    names = [first.kernel_name(model.kernel(device, dropout, needs_grad=True)) for dropout in (True, False)]
-    if names[0] == names[1]:
+    for kind in model.kinds:  # the first kind whose kernel dropout changes (a layout's; every layer without one)
+        kernels = (model.kernel(device, dropout, needs_grad=True, kind=kind) for dropout in (True, False))
+        with_dropout, without = (kind.attention.kernel_name(kernel) for kernel in kernels)
+        if with_dropout != without:
+            break
+    else:
         return None
-    with_dropout, without = names
-    what = f"pos_encoding={c.pos_encoding}" + (f", attn_window={c.attn_window}" if c.attn_window else "")
+    k = kind.config
+    what = f"pos_encoding={k.pos_encoding}" + (f", attn_window={k.attn_window}" if k.attn_window else "")
     return (
         f"model.dropout {c.dropout}: attention with {what} runs on {with_dropout} with a float mask, not {without} "
         "(which has no attention dropout); slower and more memory at long contexts. --model.dropout 0 keeps "

@@ -11,9 +11,9 @@ and the log decay g_t <= 0 one per head (GDN) or one per key channel (KDA). The 
 The chunked form takes chunks of 64 tokens: within a chunk, with G the chunk-local cumulative sum of g, the corrections
 solve one unit lower-triangular system (the WY form: U = (I + A)^-1 (beta V - beta K e^G S_0), A_tj = beta_t
 sum_c k_tc k_jc e^(G_tc - G_jc) for j < t), and the state passes from chunk to chunk. Every exponent is of a
-difference G_t - G_j with j <= t (at most 0): KDA's per-channel pairs are formed exactly in blocks of 16 on the
-diagonal and through the first position before each query block elsewhere (fla's sub-chunking), so nothing
-overflows however fast a channel decays.
+difference G_t - G_j with j <= t (at most 0): KDA's per-channel pairs are formed through the position before each
+block of rows for the keys of earlier blocks (fla's sub-chunking, here recursive: 64 rows in blocks of 16, those in
+blocks of 4) and pair by pair within the smallest blocks, so nothing overflows however fast a channel decays.
 
 Neither function scores pairs or reads positions: a short causal convolution (kernel 4) over q, k and v carries local
 order, and the decay carries distance. Decoding keeps the convolution's last 3 inputs and S: constant in the length.
@@ -138,6 +138,11 @@ def delta_rule_chunked(
     return out.flatten(2, 3)[:, :, :T], S
 
 
+def l2_normalized(x: Tensor) -> Tensor:
+    """x / sqrt(sum x^2 + 1e-6) over the last dimension, as both official codes' l2norm."""
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + 1e-6)
+
+
 class DeltaRecurrent(Kernel):
     """The recurrent form, token by token: the reference, which forms the maps' weights (`implicit_weights`)."""
 
@@ -220,7 +225,8 @@ class DeltaAttention(Attention):
 
     @classmethod
     def check(cls, config: GPTConfig) -> None:
-        d_k, d_v = (size * config.n_head for size in cls.head_sizes(config))
+        widths = {"gated_deltanet": (config.gdn_expand_k, config.gdn_expand_v), "kda": (1.0, config.kda_expand_v)}
+        d_k, d_v = (config.n_embd * expand for expand in widths[config.attention])
         name = f"attention={config.attention!r}"
         scheme = SCHEMES[config.pos_encoding]
         off = {f: config.__dataclass_fields__[f].default for f in ("qk_norm", "attn_gate", "attn_sink_logits",
@@ -229,8 +235,8 @@ class DeltaAttention(Attention):
             f"{name} has no pair scores for pos_encoding={config.pos_encoding!r} to act on (its short convolution and "
             "decay carry order): use pos_encoding 'none', or a scheme that acts on the embeddings (learned, "
             "sinusoidal).": not scheme.embeds and scheme.uses_positions,
-            f"{name} sets its own key and value sizes: n_head {config.n_head} must split keys of {d_k} and values of "
-            f"{d_v} into whole heads (change n_head, n_embd or the expansions).": not d_k or not d_v,
+            f"{name} sets its own key and value widths: n_head {config.n_head} must split keys {d_k:g} and values "
+            f"{d_v:g} wide into whole heads (change n_head, n_embd or the expansions).": 0 in cls.head_sizes(config),
             **{f"GPTConfig.{f} belongs to the layers that score pairs, which {name} does not: leave it at "
                f"{value!r}.": getattr(config, f) != value for f, value in off.items()},
         }  # fmt: skip
@@ -249,7 +255,7 @@ class DeltaAttention(Attention):
         q, k, v = convolved.split([H * d_k, H * d_k, H * self.d_v], dim=-1)
         q, k, v = (t.view(B, T, H, -1).transpose(1, 2) for t in (q, k, v))
         q, k, v = (_wide(t) for t in (q, k, v))
-        q, k = F.normalize(q, dim=-1, eps=1e-6) / math.sqrt(d_k), F.normalize(k, dim=-1, eps=1e-6)
+        q, k = l2_normalized(q) / math.sqrt(d_k), l2_normalized(k)
         beta, g = self.gates(x)  # (B, H, T), (B, H, T, d_k or 1)
         beta = beta * 2 if self.neg_eigval else beta
         if write is not None and write.real is not None:  # padding: no correction, no decay

@@ -154,6 +154,12 @@ class LinearAttention(Attention):
         return self.output(y, x)
 
     @classmethod
+    def mixing_flops(cls, config: GPTConfig, mask: AttentionMask, seq_len: int) -> int:
+        """The state's two products a token and head (S += phi(k) v^T, phi(q)^T S: 2 D^2 each), forward and backward:
+        12 C D, whatever the length."""
+        return 12 * config.n_embd * config.head_dim
+
+    @classmethod
     def new_cache(cls, config: GPTConfig, mask: AttentionMask, capacity: int, layers: int) -> CachePart:
         return CachePart([LayerStateCache(config.n_head, config.head_dim) for _ in range(layers)])
 
