@@ -247,6 +247,16 @@ def shipped(name: str) -> GPTConfig:
     return GPTConfig(**{**fields, "layout": tuple(fields["layout"]), "n_embd": 32, "vocab_size": 50, "block_size": 32})
 
 
+@fidelity(
+    "`kinds: {attention}` (recurrent hybrids)",
+    paper="Qwen3-Next (2025); Kimi Team 2025 (Kimi Linear); Ai2 2025 (OLMo Hybrid)",
+    code="transformers `Qwen3NextDecoderLayer` (`layer_types`); fla-org/flash-linear-attention `fla/layers`",
+    default=(
+        "a layout's kind sets its attention function; 3 Gated DeltaNet or KDA layers : 1 softmax layer in the shipped"
+        " configs, the recurrent kinds without the model's scheme, mask or KV heads"
+    ),
+    deviations="MLA (Kimi Linear's softmax layers), the MoE MLPs and Qwen3-Next's separate value heads left out",
+)
 @pytest.mark.parametrize("name", HYBRID_CONFIGS)
 def test_a_shipped_hybrids_padded_prefill_and_cached_steps_equal_its_full_forward(name):
     """Every kind of each shipped recurrent hybrid, in float64: a right-padded prefill, then one token a step."""
