@@ -262,7 +262,7 @@ def cache_in_words(model: GPT) -> str:
     held, states = [], []
     for kind in model.kinds:
         part = kind.attention.new_cache(kind.config, kind.mask, 0, len(kind.layers))  # nothing allocated
-        name = f"{kind.name} x{len(kind.layers)}" if kind.name else ""
+        name = f"{kind.name} x{len(kind.layers)}" if model.config.layout else ""  # a layout's kinds are named
         if isinstance(part, KVCache):
             held.append(" ".join(filter(None, [name, f"{part.capacity} keys" if part.rolling else "every key"])))
         else:
