@@ -30,7 +30,8 @@ from posgpt.core.errors import ConfigError
 from posgpt.data.dataset import SeededStream
 from posgpt.data.tokenizer import CharTokenizer
 from posgpt.model import GPT, POS_ENCODINGS, GPTConfig
-from posgpt.model.gpt import training_flops_per_token
+from posgpt.model.attention import SoftmaxAttention
+from posgpt.model.masks import AttentionMask
 from posgpt.training.config import DataConfig, OptimConfig, RunConfig, TrainConfig
 from posgpt.training.hardware import check_fp8, convert_to_fp8, peak_flops
 from posgpt.training.logs import metrics_file
@@ -236,8 +237,9 @@ def run_step(setup: Setup, row: Row) -> Row:
         model = setup.peer_model(shape, SEED, block_size=row.context)
         with contextlib.redirect_stdout(io.StringIO()):  # it prints its optimizer groups
             optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), setup.device.type)
-        n_params = model.get_num_params()  # without its position table, as our N
-        flops = training_flops_per_token(n_params, shape["n_layer"], shape["n_embd"], row.context)
+        n_params = model.get_num_params()  # without its position table, as our N; its layers: softmax attention's
+        mixing = SoftmaxAttention.mixing_flops(GPTConfig(**shape, block_size=row.context), AttentionMask(), row.context)
+        flops = 6 * n_params + shape["n_layer"] * mixing
         return timed(setup, row, model, optimizer, shape["vocab_size"], flops)
     config = setup.config(row.scheme, row.context)
     torch.manual_seed(SEED)

@@ -92,8 +92,8 @@ class DecodingCache:
     def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> dict[str, CacheWrite]:
         """The step of a forward pass of `new_tokens` tokens per row (`lengths`: the real ones, in a prefill), as each
         part sees it."""
-        return {name: part.begin(self._step(batch, new_tokens, lengths, device), self.pos) for name, part in
-                self.parts.items()}  # fmt: skip
+        write = self._step(batch, new_tokens, lengths, device)
+        return {name: part.begin(write, self.pos) for name, part in self.parts.items()}
 
     def _step(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
         if not self.empty and new_tokens == 1 and lengths is None:  # a decode step: its positions a view of `pos`,
@@ -239,6 +239,14 @@ class LayerCache:
         held_k.copy_(torch.where(take, k.gather(2, index), held_k))
         held_v.copy_(torch.where(take, v.gather(2, index), held_v))
         return attended
+
+
+def kept(held: Tensor | None, value: Tensor) -> Tensor:
+    """`value` copied into `held`, a buffer a compiled step keeps, where their shapes and dtypes agree (returns
+    `held`); else `value` itself, which takes its place."""
+    if held is None or held.shape != value.shape or held.dtype != value.dtype:
+        return value
+    return held.copy_(value)
 
 
 def static_buffer(tensor: Tensor) -> Tensor:

@@ -25,11 +25,6 @@ from posgpt.model.roles import Role
 from posgpt.model.scores import SCORES
 
 
-def training_flops_per_token(n_params: int, n_layer: int, n_embd: int, keys: int, value_passes: int = 1) -> int:
-    """Forward + backward FLOPs per token: 6N, 6 L C keys for the scores and as much per weighted sum of the values."""
-    return 6 * n_params + 6 * n_layer * n_embd * keys * (1 + value_passes)
-
-
 class MLP(nn.Module):
     """Position-wise feed-forward network: C -> 4C -> GELU -> C."""
 

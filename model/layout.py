@@ -70,8 +70,8 @@ def unpositioned(config: GPTConfig) -> dict[str, object]:
     the pair-scoring layers (KV heads, QK-norm, output gate, sink logits, soft-cap) nor of their queries; what it sets
     itself is checked as a model's would be."""
     fields = {f.name: f.default for f in dataclasses.fields(config)}
-    masks = ("attn_window", "attn_sinks", "attn_chunk", "attn_random_blocks", "attn_score")
-    off = {name: fields[name] for name in (*masks, *config.fields_with(Role.LAYER), *config.fields_with(Role.QUERY))}
+    pairs = ("attn_window", "attn_sinks", "attn_chunk", "attn_random_blocks", "attn_score")  # masks and the score
+    off = {name: fields[name] for name in (*pairs, *config.fields_with(Role.LAYER), *config.fields_with(Role.QUERY))}
     if SCHEMES[config.pos_encoding].embeds:
         return off
     return off | {"pos_encoding": "none"} | {name: fields[name] for name in config.scheme_fields(config.pos_encoding)}

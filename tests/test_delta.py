@@ -354,3 +354,17 @@ def test_under_bf16_autocast_the_state_stays_float32(attention):
         mixed, _ = model(idx, cache=cache)
     assert cache.layers[0].state.dtype == torch.float32
     torch.testing.assert_close(mixed.float(), model(idx)[0], atol=0.05, rtol=0.05)
+
+
+def test_the_flop_count_of_a_recurrent_layer_is_its_states_whatever_the_length():
+    """MFU's count: softmax attention's grows with the keys a token sees; the delta rule's and linear attention's
+    state products do not (18 H d_k d_v and 12 C D a layer)."""
+    counts = {}
+    for attention in ("softmax", "linear", "gated_deltanet"):
+        with torch.device("meta"):
+            model = GPT(dataclasses.replace(BASE, attention=attention))
+        counts[attention] = [model.flops_per_token(n) - 6 * model.num_params() for n in (64, 4096)]
+    d_k, d_v = 12, 24  # GDN's heads: keys 0.75 x 32 and values 1.5 x 32 over 2 heads
+    assert counts["gated_deltanet"] == [2 * 18 * 2 * d_k * d_v] * 2
+    assert counts["linear"] == [2 * 12 * 32 * 16] * 2
+    assert counts["softmax"] == [2 * 12 * 32 * n for n in (64, 4096)]

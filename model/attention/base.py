@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
 
 
+def wide(x: Tensor) -> Tensor:
+    """`x` in float32 at least (float64 stays): what sums and states are kept in."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 @dataclass(frozen=True)
 class QKNorm:
     """A variant of QK-norm (`GPTConfig.qk_norm`): each head's queries and keys RMS-normalised."""
@@ -97,7 +102,7 @@ class Attention(nn.Module):
         if self.softcap or self.sinks is not None:
             cap = self.softcap
             transform = (lambda scores: cap * torch.tanh(scores / cap)) if cap else None  # Gemma 2's soft-cap
-            sinks = None if self.sinks is None else self.sinks.to(torch.promote_types(self.sinks.dtype, torch.float32))
+            sinks = None if self.sinks is None else wide(self.sinks)
             plan = dataclasses.replace(plan, transform=transform, sinks=sinks)
         return plan.attend(q, k, v, self.score, self.dropout if self.training else 0.0)
 

@@ -30,8 +30,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from posgpt.core.errors import ConfigError
-from posgpt.model.attention.base import Attention
-from posgpt.model.cache import CachePart, static_buffer
+from posgpt.model.attention.base import Attention, wide
+from posgpt.model.cache import CachePart, kept, static_buffer
 from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Plan
 from posgpt.model.positions import SCHEMES
 
@@ -50,18 +50,13 @@ CONV = 4
 """The short convolution's kernel size (both official codes')."""
 
 
-def _wide(x: Tensor) -> Tensor:
-    """`x` in float32 at least (float64 stays)."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
 def delta_rule_recurrent(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """The reference, token by token: queries and keys (B, H, T, d_k) (normalised and scaled), values (B, H, T, d_v),
     beta (B, H, T), log decays g (B, H, T, d_k or 1), from `state` (B, H, d_k, d_v; None: zeros). Returns the outputs
     (B, H, T, d_v) and the state after the last token, in the inputs' dtype (float32 at least)."""
-    q, k, v, beta, g = (_wide(t) for t in (q, k, v, beta, g))
+    q, k, v, beta, g = (wide(t) for t in (q, k, v, beta, g))
     B, H, T, d_k = k.shape
     S = state.to(k.dtype) if state is not None else k.new_zeros(B, H, d_k, v.size(-1))
     outputs = []
@@ -107,7 +102,7 @@ def delta_rule_chunked(
 ) -> tuple[Tensor, Tensor]:
     """The chunked form of `delta_rule_recurrent` (same arguments and results). Padding the length to whole chunks
     changes nothing: a padded token has k = v = 0, beta = 0 and g = 0."""
-    q, k, v, beta, g = (_wide(t) for t in (q, k, v, beta, g))
+    q, k, v, beta, g = (wide(t) for t in (q, k, v, beta, g))
     B, H, T, d_k = k.shape
     pad = -T % chunk
     if pad:
@@ -186,13 +181,6 @@ class DeltaLayerCache:
         self.conv = static_buffer(torch.zeros(batch, CONV - 1, channels, dtype=dtype, device=device))
         self.state = static_buffer(torch.zeros(batch, H, d_k, d_v, device=device))
 
-    def store(self, name: str, value: Tensor) -> None:
-        held = getattr(self, name)
-        if held is None or held.shape != value.shape or held.dtype != value.dtype:
-            setattr(self, name, value)
-        else:
-            held.copy_(value)
-
 
 class DeltaAttention(Attention):
     """A gated delta rule layer (this module): its own projections, short convolutions, gates and output norm, none
@@ -254,7 +242,7 @@ class DeltaAttention(Attention):
         convolved = F.silu(self.conv(inputs.transpose(1, 2)).transpose(1, 2))  # causal: CONV - 1 inputs before each
         q, k, v = convolved.split([H * d_k, H * d_k, H * self.d_v], dim=-1)
         q, k, v = (t.view(B, T, H, -1).transpose(1, 2) for t in (q, k, v))
-        q, k, v = (_wide(t) for t in (q, k, v))
+        q, k, v = (wide(t) for t in (q, k, v))
         q, k = l2_normalized(q) / math.sqrt(d_k), l2_normalized(k)
         beta, g = self.gates(x)  # (B, H, T), (B, H, T, d_k or 1)
         beta = beta * 2 if self.neg_eigval else beta
@@ -275,8 +263,8 @@ class DeltaAttention(Attention):
             assert cache is not None
             ends = write.real.sum(-1) if write.real is not None else torch.full((B,), T, device=x.device)
             index = ends[:, None] + torch.arange(CONV - 1, device=x.device)  # each row's last inputs, at its end
-            cache.store("conv", inputs.gather(1, index[..., None].expand(-1, -1, inputs.size(-1))))
-            cache.store("state", final)
+            cache.conv = kept(cache.conv, inputs.gather(1, index[..., None].expand(-1, -1, inputs.size(-1))))
+            cache.state = kept(cache.state, final)
         y = self.o_norm(y.transpose(1, 2)) * self.gate(x).view(B, T, H, self.d_v).to(y.dtype)  # (B, T, H, d_v)
         return self.resid_dropout(self.proj(y.flatten(2).to(x.dtype)))
 
@@ -328,8 +316,8 @@ class GatedDeltaNet(DeltaAttention):
         return (int(key_dim) // config.n_head, int(value_dim) // config.n_head) if whole else (0, 0)
 
     def gates(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        beta = torch.sigmoid(_wide(self.b_proj(x))).transpose(1, 2)
-        g = -_wide(self.A_log).exp() * F.softplus(_wide(self.a_proj(x)) + _wide(self.dt_bias))
+        beta = torch.sigmoid(wide(self.b_proj(x))).transpose(1, 2)
+        g = -wide(self.A_log).exp() * F.softplus(wide(self.a_proj(x)) + wide(self.dt_bias))
         return beta, g.transpose(1, 2)[..., None]
 
     def gate(self, x: Tensor) -> Tensor:
@@ -357,9 +345,9 @@ class KimiDeltaAttention(DeltaAttention):
 
     def gates(self, x: Tensor) -> tuple[Tensor, Tensor]:
         B, T, _ = x.shape
-        beta = torch.sigmoid(_wide(self.b_proj(x))).transpose(1, 2)
-        f = (_wide(self.f_proj(x)) + _wide(self.dt_bias)).view(B, T, self.n_head, self.d_k)
-        g = -_wide(self.A_log).exp()[:, None] * F.softplus(f)
+        beta = torch.sigmoid(wide(self.b_proj(x))).transpose(1, 2)
+        f = (wide(self.f_proj(x)) + wide(self.dt_bias)).view(B, T, self.n_head, self.d_k)
+        g = -wide(self.A_log).exp()[:, None] * F.softplus(f)
         return beta, g.transpose(1, 2)
 
     def gate(self, x: Tensor) -> Tensor:

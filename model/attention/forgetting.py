@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posgpt.model.attention.base import wide
 from posgpt.model.attention.softmax import SoftmaxAttention
 from posgpt.model.cache import CacheWrite, KVCache, LayerCache
 from posgpt.model.kernels import Plan
@@ -63,7 +64,7 @@ class ForgettingAttention(SoftmaxAttention):
     def forward(self, x: Tensor, pe: PositionEncoding, plan: Plan, cache: GateLayerCache | None = None) -> Tensor:
         q, k, v = self.attended(x, pe, plan, cache)
         gate = self.fgate(x)
-        log_f = F.logsigmoid(gate.to(torch.promote_types(gate.dtype, torch.float32))).transpose(1, 2)  # (B, H, T)
+        log_f = F.logsigmoid(wide(gate)).transpose(1, 2)  # (B, H, T)
         c = log_f.cumsum(-1)
         c_q, c_k = cache.gate_sums(c, plan.cache_write) if cache is not None else (c, c.clone())  # two (`TokenTerms`)
         plan = dataclasses.replace(plan, tokens=TokenTerms(c_q, c_k))

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posgpt.model.attention.base import Attention
-from posgpt.model.cache import CachePart, CacheWrite, static_buffer
+from posgpt.model.attention.base import Attention, wide
+from posgpt.model.cache import CachePart, CacheWrite, kept, static_buffer
 from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Plan, WeightsHook
 from posgpt.model.scores import Score
 
@@ -29,13 +29,9 @@ CHUNK = 64
 """Queries per chunk of the chunked form."""
 
 
-def _wide(x: Tensor) -> Tensor:
-    return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
 def feature_map(x: Tensor) -> Tensor:
     """phi(x) = elu(x) + 1, in (at least) float32."""
-    return F.elu(_wide(x)) + 1.0
+    return F.elu(wide(x)) + 1.0
 
 
 class LinearState(NamedTuple):
@@ -48,8 +44,8 @@ class LinearState(NamedTuple):
 def linear_attention_quadratic(q2: Tensor, k2: Tensor, v: Tensor, on_weights: WeightsHook | None = None) -> Tensor:
     """The reference: the masked (T, T) numerator and denominator written out, in (at least) float32;
     with `on_weights`, in chunks of queries, each chunk's normalised kernel products handed to it."""
-    rq, fq = _wide(q2).chunk(2, dim=-1)  # rotated features, plain features
-    rk, fk = _wide(k2).chunk(2, dim=-1)
+    rq, fq = wide(q2).chunk(2, dim=-1)  # rotated features, plain features
+    rk, fk = wide(k2).chunk(2, dim=-1)
     B, H, T, _ = rq.shape
     step = T if on_weights is None else max(1, WEIGHTS_CHUNK_ELEMENTS // (B * H * T))
     k_pos = torch.arange(T, device=q2.device)
@@ -62,7 +58,7 @@ def linear_attention_quadratic(q2: Tensor, k2: Tensor, v: Tensor, on_weights: We
         weights = numerator / denominator
         if on_weights is not None:
             on_weights(rows, weights)
-        outs.append(weights @ _wide(v))  # (B, H, rows, D)
+        outs.append(weights @ wide(v))  # (B, H, rows, D)
     return torch.cat(outs, dim=2).to(v.dtype)
 
 
@@ -70,9 +66,9 @@ def linear_attention_chunked(
     q2: Tensor, k2: Tensor, v: Tensor, state: LinearState | None = None, chunk: int = CHUNK
 ) -> tuple[Tensor, LinearState]:
     """The chunked form, continuing from `state` (None: from the start); the output and the state after it."""
-    rq, fq = _wide(q2).chunk(2, dim=-1)
-    rk, fk = _wide(k2).chunk(2, dim=-1)
-    vf = _wide(v)
+    rq, fq = wide(q2).chunk(2, dim=-1)
+    rk, fk = wide(k2).chunk(2, dim=-1)
+    vf = wide(v)
     B, H, _, D = rq.shape
     if state is None:
         state = LinearState(rq.new_zeros(B, H, D, vf.size(-1)), rq.new_zeros(B, H, D))
@@ -128,11 +124,8 @@ class LayerStateCache:
         if write.real is not None:
             k2, v = (t * write.real[:, None, :, None] for t in (k2, v))
         out, new = linear_attention_chunked(q2, k2, v, None if write.prefill else self.state)
-        if self.state is None or self.state.S.shape != new.S.shape or self.state.S.dtype != new.S.dtype:
-            self.state = new
-        else:
-            for held, value in zip(self.state, new, strict=True):
-                held.copy_(value)
+        held = self.state if self.state is not None else (None, None)
+        self.state = LinearState(*(kept(h, value) for h, value in zip(held, new, strict=True)))
         return out
 
 
