@@ -2,6 +2,7 @@
 (outputs, final state, gradients), the layers' decoding cache against a full forward, and their refusals."""
 
 import dataclasses
+import functools
 import math
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import yaml
 from posgpt.core.errors import ConfigError
 from posgpt.evaluation.sampling import cache_in_words
 from posgpt.model import GPT, GPTConfig
-from posgpt.model.attention.delta import delta_rule_chunked, delta_rule_recurrent
+from posgpt.model.attention.delta import CHUNK, DeltaChunked, delta_rule_chunked, delta_rule_recurrent
 
 from helpers import fidelity
 
@@ -41,16 +42,19 @@ def inputs(per_channel: bool, T: int = 150, d_k: int = 8, d_v: int = 6, fast: bo
 @pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
 @pytest.mark.parametrize("fast", [False, True], ids=["decay", "fast-decay"])
 def test_the_chunked_rule_equals_the_recurrent_one_with_its_state_and_gradients(per_channel, fast):
+    """Also the kernel's form: in segments (here of one chunk, the last one partial), each recomputed in backward."""
     leaves = inputs(per_channel, fast=fast)
     weights = torch.randn(2, 3, 150, 6, dtype=torch.float64), torch.randn(2, 3, 8, 6, dtype=torch.float64)
     results = []
-    for rule in (delta_rule_recurrent, delta_rule_chunked):
+    for rule in (delta_rule_recurrent, delta_rule_chunked, functools.partial(DeltaChunked.rule, segment=CHUNK)):
         out, state = rule(*leaves)
         loss = (out * weights[0]).sum() + (state * weights[1]).sum()
         results.append([out, state, *torch.autograd.grad(loss, leaves)])
-    for name, ref, got in zip(["out", "state", "dq", "dk", "dv", "dbeta", "dg", "dstate"], *results, strict=True):
-        assert torch.isfinite(got).all(), name
-        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-10, msg=name)
+    names = ["out", "state", "dq", "dk", "dv", "dbeta", "dg", "dstate"]
+    for form in results[1:]:
+        for name, want, got in zip(names, results[0], form, strict=True):
+            assert torch.isfinite(got).all(), name
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10, msg=name)
 
 
 def test_a_chunk_of_another_size_and_a_length_under_one_chunk_change_nothing():

@@ -46,6 +46,8 @@ BLOCK = 4
 """Rows per block in which KDA's per-channel decays of a chunk's pairs are formed pair by pair."""
 SPLIT = 4
 """Blocks of rows a larger block of KDA's pairs is split into (64: 4 of 16, each 4 of 4)."""
+SEGMENT = 64 * CHUNK
+"""Tokens per segment of the chunked form: what a segment forms is held at once (recomputed in the backward pass)."""
 CONV = 4
 """The short convolution's kernel size (both official codes')."""
 
@@ -146,17 +148,27 @@ class DeltaRecurrent(Kernel):
 
 
 class DeltaChunked(Kernel):
-    """The chunked form (chunks of 64, the WY form within a chunk): the same outputs, in parallel within chunks. With
-    gradients, recomputed in the backward pass, as fla's kernels do: its (64, 64) blocks per chunk (and KDA's
-    per-channel ones) are never kept, only its inputs."""
+    """The chunked form (chunks of 64, the WY form within a chunk): the same outputs, in parallel within chunks, over
+    segments of SEGMENT tokens, the state passed from one to the next. With gradients, each segment is recomputed in
+    the backward pass, as fla's kernels recompute their chunks: only its inputs are kept, and the blocks it forms (64
+    x 64 per chunk, KDA's per channel) are held for one segment at a time, whatever the length."""
 
     @staticmethod
     def rule(
-        q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | None = None
+        q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | None = None, segment: int = SEGMENT
     ) -> tuple[Tensor, Tensor]:
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, beta, g)):
-            return checkpoint(delta_rule_chunked, q, k, v, beta, g, state, use_reentrant=False)
-        return delta_rule_chunked(q, k, v, beta, g, state)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, beta, g))
+        outputs = []
+        for start in range(0, k.size(2), segment):
+            part = [t[:, :, start : start + segment] for t in (q, k, v, beta, g)]
+            out, state = (
+                checkpoint(delta_rule_chunked, *part, state, use_reentrant=False)
+                if grad
+                else delta_rule_chunked(*part, state)
+            )
+            outputs.append(out)
+        assert state is not None
+        return torch.cat(outputs, dim=2), state
 
 
 def implicit_weights(q: Tensor, k: Tensor, beta: Tensor, g: Tensor) -> Tensor:
