@@ -67,17 +67,18 @@ class CachePart:
 
 
 class DecodingCache:
-    """What decoding keeps: each row's next position (`pos`, one for every layer) and each kind's part (`parts`: its
-    keys and values in slots shaped by its mask, or its running states); `layers`: each layer's store, in order."""
+    """What decoding keeps: each row's next position (`pos`, one for every layer) and each kind's part (`parts`, in the
+    order of the model's kinds: its keys and values in slots shaped by its mask, or its running states); `layers`:
+    each layer's store, in order (`order`: each layer's part)."""
 
-    def __init__(self, parts: dict[str, CachePart], order: list[str]) -> None:
+    def __init__(self, parts: list[CachePart], order: list[int]) -> None:
         self.pos: Tensor | None = None
         """(B,) position of each row's next token."""
         self.empty = True
         """Nothing stored yet: the next forward is a prefill."""
         self.parts = parts
-        stores = {name: iter(part.layers) for name, part in parts.items()}
-        self.layers = [next(stores[name]) for name in order]
+        stores = [iter(part.layers) for part in parts]
+        self.layers = [next(stores[part]) for part in order]
 
     def reset(self) -> None:
         """Forget every position (the buffers are kept and overwritten by the next prefill)."""
@@ -86,14 +87,14 @@ class DecodingCache:
     def allocate(self, batch: int, dtype: torch.dtype, device: torch.device) -> None:
         """Allocate every tensor decoding changes now, for `batch` rows (static for a CUDA graph)."""
         self.pos = static_buffer(torch.zeros(batch, dtype=torch.long, device=device))
-        for part in self.parts.values():
+        for part in self.parts:
             part.allocate(batch, dtype, device)
 
-    def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> dict[str, CacheWrite]:
+    def begin(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> list[CacheWrite]:
         """The step of a forward pass of `new_tokens` tokens per row (`lengths`: the real ones, in a prefill), as each
         part sees it."""
         write = self._step(batch, new_tokens, lengths, device)
-        return {name: part.begin(write, self.pos) for name, part in self.parts.items()}
+        return [part.begin(write, self.pos) for part in self.parts]
 
     def _step(self, batch: int, new_tokens: int, lengths: Tensor | None, device: torch.device) -> CacheWrite:
         if not self.empty and new_tokens == 1 and lengths is None:  # a decode step: its positions a view of `pos`,
@@ -109,11 +110,11 @@ class DecodingCache:
         assert self.pos is not None
         return CacheWrite(False, self.pos[:, None] + offsets, None, self.pos + new_tokens)
 
-    def commit(self, writes: dict[str, CacheWrite]) -> None:
+    def commit(self, writes: list[CacheWrite]) -> None:
         """After every layer took the step: each part's, then the rows move on."""
-        for name, part in self.parts.items():
-            part.commit(writes[name])
-        end = next(iter(writes.values())).end
+        for part, write in zip(self.parts, writes, strict=True):
+            part.commit(write)
+        end = writes[0].end
         if self.pos is None or self.pos.shape != end.shape:
             self.pos = end.clone()
         else:

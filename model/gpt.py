@@ -68,7 +68,8 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.pe = build_positions(config)  # one instance, shared by every block of the model's scheme
         self.kinds = layer_kinds(config)  # the layers of each kind, each with its mask, and `kind_of` each layer's
-        self.kind_pe = self._kind_schemes(config, self.kinds, {})
+        self.kind_pe = nn.ModuleDict()  # a kind's own scheme, by its name, where it is not the model's
+        self._take_schemes(config, self.kinds)
         # what each kernel keeps across forwards (flex: block masks), by kernel class (a copied model has copies
         # of the kernels); made now, so that a compiled forward never sees the dict change
         self._kernel_memos: dict = {type(k): {} for kind in self.kinds for k in kind.attention.kernels.values()}
@@ -163,29 +164,28 @@ class GPT(nn.Module):
                 f"A model can switch its position scheme, mask, log-length scaling and kernel, not {', '.join(fixed)} "
                 "(the weights would change shape or meaning)."
             )
-        old, old_kinds, self.config = self.config, self.kinds, config
-        held = {kind.name: (kind.config, self.pe_of(kind)) for kind in old_kinds}
-        if scheme_differs(old, config):
-            weight = self.wte.weight
-            self.pe = build_positions(config).to(device=weight.device, dtype=weight.dtype)
-        self.kinds = layer_kinds(config)
-        for kind, before in zip(self.kinds, old_kinds, strict=True):
+        old_kinds, kinds = self.kinds, layer_kinds(config)
+        self._take_schemes(config, kinds)
+        self.config, self.kinds = config, kinds
+        for kind, before in zip(kinds, old_kinds, strict=True):
             for i in kind.layers:
                 self.blocks[i].attn.reconfigure(before.config, kind.config)
-        self.kind_pe = self._kind_schemes(config, self.kinds, held)
         for memo in self._kernel_memos.values():
             memo.clear()  # block masks of the old mask
 
     def switch_replaces_parameters(self, config: GPTConfig) -> bool:
         """Whether `switch(config)` would replace parameters (a scheme's own, a learned log-length
         scale) by new ones: an optimizer must then be given them, and DDP or FSDP cannot follow."""
-        kinds = list(zip(self.kinds, layer_kinds(config), strict=True))
-        for before, after in [(self.config, config), *((b.config, k.config) for b, k in kinds)]:  # model's, kinds'
-            if scheme_differs(before, after):
-                with torch.device("meta"):
-                    if any(True for c in (before, after) for _ in build_positions(c).parameters()):
-                        return True
-        attns = [(self.blocks[i].attn, before, kind) for before, kind in kinds for i in kind.layers]
+        kinds = layer_kinds(config)
+        pe, own = self._schemes(config, kinds)
+        kept = [s for s in (pe, *own.values()) if isinstance(s, PositionEncoding)]
+        dropped = [s for s in (self.pe, *self.kind_pe.values()) if not any(s is k for k in kept)]
+        with torch.device("meta"):
+            built = [build_positions(s) for s in (pe, *own.values()) if isinstance(s, GPTConfig)]
+        if any(True for scheme in (*dropped, *built) for _ in scheme.parameters()):
+            return True
+        pairs = zip(self.kinds, kinds, strict=True)
+        attns = [(self.blocks[i].attn, before, kind) for before, kind in pairs for i in kind.layers]
         return any(attn.reconfigure_replaces_parameters(before.config, kind.config) for attn, before, kind in attns)
 
     @property
@@ -210,29 +210,44 @@ class GPT(nn.Module):
             )
         view = copy.copy(self)  # a shallow copy: the same modules, parameters and buffers
         view._modules = dict(self._modules)  # ... but its own table of them, so that its schemes are its own
-        view.config = dataclasses.replace(self.config, rope_scaling=scaling, rope_scaling_factor=float(factor))
-        view.kinds, weight = layer_kinds(view.config), self.wte.weight  # only RoPE rebuilt: a table stays
-        view.pe = build_positions(view.config).to(weight.device) if self.pe.rescalable else self.pe
-        # a kind that pins its own rope_scaling keeps its scheme as it was, the model's too (OLMo 3: YaRN on the
-        # global layers only); the others are built scaled
-        held = {kind.name: (kind.config, self.pe_of(kind)) for kind in self.kinds}
-        view.kind_pe = view._kind_schemes(view.config, view.kinds, held)
+        config = dataclasses.replace(self.config, rope_scaling=scaling, rope_scaling_factor=float(factor))
+        # only the schemes whose settings change are rebuilt (RoPE's: a table stays); a kind that pins its own
+        # rope_scaling keeps its scheme as it was (OLMo 3: YaRN on the global layers only)
+        kinds = layer_kinds(config)
+        view._take_schemes(config, kinds)
+        view.config, view.kinds = config, kinds
         return view
 
-    def _kind_schemes(
-        self, config: GPTConfig, kinds: list[LayerKind], held: dict[str, tuple[GPTConfig, PositionEncoding]]
-    ) -> nn.ModuleDict:
-        """Each kind's own scheme: the one `held` for it (its config then, and the scheme it attended with), with its
-        parameters, while its scheme's settings stay and it is not the model's `pe` now; else, where the kind's
-        scheme is not the model's (`config`'s), one built anew. The other kinds attend with the model's."""
-        weight, schemes = self.wte.weight, {}
-        for kind in kinds:
-            before = held.get(kind.name)
-            if before is not None and not scheme_differs(before[0], kind.config) and before[1] is not self.pe:
-                schemes[kind.name] = before[1]
+    def _schemes(
+        self, config: GPTConfig, kinds: list[LayerKind]
+    ) -> tuple[PositionEncoding | GPTConfig, dict[str, PositionEncoding | GPTConfig]]:
+        """The schemes this model would attend with as a model of `config` whose layers are `kinds` (aligned with its
+        own): the model's, and each kind's own (a kind missing attends with the model's), each a scheme that stays,
+        with its parameters, or the config to build one from. The model's stays while its settings do. A kind keeps
+        the scheme it attended with while its settings stay, unless that is the model's and stays the model's; else
+        a kind whose scheme is not the model's gets one built anew. The one rule for a model built, switched
+        (`switch`) or rescaled (`rescaled`)."""
+        pe = self.pe if not scheme_differs(self.config, config) else config
+        own: dict[str, PositionEncoding | GPTConfig] = {}
+        for kind, before in zip(kinds, self.kinds, strict=True):
+            scheme = self.pe_of(before)
+            if scheme is not pe and not scheme_differs(before.config, kind.config):
+                own[str(kind.name)] = scheme
             elif scheme_differs(config, kind.config):
-                schemes[kind.name] = build_positions(kind.config).to(device=weight.device, dtype=weight.dtype)
-        return nn.ModuleDict(schemes)
+                own[str(kind.name)] = kind.config
+        return pe, own
+
+    def _take_schemes(self, config: GPTConfig, kinds: list[LayerKind]) -> None:
+        """Attend with the schemes `_schemes` gives, those to build built on the model's device, in its dtype."""
+        pe, own = self._schemes(config, kinds)
+        weight = self.wte.weight
+
+        def built(source: PositionEncoding | GPTConfig) -> PositionEncoding:
+            if isinstance(source, PositionEncoding):
+                return source
+            return build_positions(source).to(device=weight.device, dtype=weight.dtype)
+
+        self.pe, self.kind_pe = built(pe), nn.ModuleDict({name: built(s) for name, s in own.items()})
 
     def reserve(self, length: int) -> None:
         """Grow every position scheme's tables (the model's, each kind's) to `length` positions now."""
@@ -246,12 +261,17 @@ class GPT(nn.Module):
 
     def pe_of(self, kind: LayerKind) -> PositionEncoding:
         """The position scheme the layers of `kind` attend with: the model's, or the kind's own."""
-        return self.kind_pe[kind.name] if kind.name in self.kind_pe else self.pe
+        return self.kind_pe[kind.name] if kind.name is not None and kind.name in self.kind_pe else self.pe
+
+    @property
+    def kind_index(self) -> list[int]:
+        """Each layer's kind, as its index in `kinds` (those of the layers, `model.layout`; one without a layout)."""
+        return [j for i in range(self.config.n_layer) for j, kind in enumerate(self.kinds) if i in kind.layers]
 
     @property
     def kind_of(self) -> list[LayerKind]:
-        """Each layer's kind (`kinds`: those of the layers, `model.layout`; one without a layout), in layer order."""
-        return [kind for i in range(self.config.n_layer) for kind in self.kinds if i in kind.layers]
+        """Each layer's kind, in layer order."""
+        return [self.kinds[j] for j in self.kind_index]
 
     def _hidden(
         self,
@@ -270,8 +290,8 @@ class GPT(nn.Module):
             if lengths.shape != (B,) or shortest < 1 or longest > T:
                 raise ValueError(f"lengths must be (B,) = ({B},) counts in 1..{T}, got {tuple(lengths.shape)} in "
                                  f"{shortest}..{longest}.")  # fmt: skip
-        writes = cache.begin(B, T, lengths, idx.device) if cache is not None else {}  # each kind's view of the step
-        first = next(iter(writes.values()), None)
+        writes = cache.begin(B, T, lengths, idx.device) if cache is not None else []  # each kind's view of the step
+        first = writes[0] if writes else None
         decoding = first is not None and not first.prefill
         if decoding:  # each row at its own positions, over the keys the cache holds (and the tables reserved)
             positions = first.positions
@@ -285,16 +305,18 @@ class GPT(nn.Module):
         x = self.drop(self.pe.embed(self.wte(idx), positions))  # (B, T, C)
         dropout = self.training and self.config.dropout > 0
         float64 = x.dtype == torch.float64 and not torch.is_autocast_enabled(idx.device.type)
-        needs_grad, plans = x.requires_grad, {}
+        needs_grad = x.requires_grad
+        plans: list[Plan | None] = [None for _ in self.kinds]  # each kind's, made at its first layer
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
-        for i, kind in enumerate(self.kind_of):
-            pe, plan = self.pe_of(kind), plans.get(kind.name)
+        for i, j in enumerate(self.kind_index):
+            kind = self.kinds[j]
+            pe, plan = self.pe_of(kind), plans[j]
             if plan is None or pe.bias_layers > 1:  # its context: once for the kind, or per layer for a bias per layer
                 if plan is None:  # the kind's kernel and place in the cache, for all its layers
                     kernel = self.kernel(
                         idx.device, dropout, needs_grad, decoding, weights=visit is not None, float64=float64, kind=kind
                     )
-                    write = writes.get(kind.name)
+                    write = writes[j] if writes else None
                     placement = Placement(T, self.config.n_head, idx.device, positions,
                                           write.k_pos if decoding else None, pe.rotation(T, positions))  # fmt: skip
                     plan = Plan(kernel, None, placement, cache_write=write)
@@ -303,7 +325,7 @@ class GPT(nn.Module):
                     bias = dataclasses.replace(bias, relative=pe.relative, learned=pe.learned_bias)
                 memo, settings = self._kernel_memos[type(plan.kernel)], kind.attention.kernel_settings(kind.config)
                 context = plan.kernel.context(bias, kind.mask, plan.placement, memo, **settings)
-                plan = plans[kind.name] = dataclasses.replace(plan, context=context)
+                plan = plans[j] = dataclasses.replace(plan, context=context)
             layer_plan = plan if visit is None else dataclasses.replace(plan, on_weights=visit(i))
             if recompute:
                 x = checkpoint(self.blocks[i], x, pe, layer_plan, use_reentrant=False)
@@ -336,8 +358,8 @@ class GPT(nn.Module):
         `batch` rows when given. Position tables grow now to the `longest` position decoding will reach (default
         `capacity`): a decode step never grows them (a rolling cache decodes past its capacity: give it `longest`)."""
         self.reserve(longest or capacity)
-        parts = {k.name: k.attention.new_cache(k.config, k.mask, capacity, len(k.layers)) for k in self.kinds}
-        cache = DecodingCache(parts, [kind.name for kind in self.kind_of])
+        parts = [kind.attention.new_cache(kind.config, kind.mask, capacity, len(kind.layers)) for kind in self.kinds]
+        cache = DecodingCache(parts, self.kind_index)
         if batch is not None:
             cache.allocate(batch, self.wte.weight.dtype, self.wte.weight.device)
         return cache

@@ -26,10 +26,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LayerKind:
-    """The layers of one kind: its name, the config they are built from, their indices, their mask, their attention
-    function's layer class."""
+    """The layers of one kind: its name (in a layout; None without one: every layer), the config they are built
+    from, their indices, their mask, their attention function's layer class."""
 
-    name: str
+    name: str | None
     config: GPTConfig
     layers: tuple[int, ...]
     mask: AttentionMask
@@ -46,9 +46,8 @@ def scheme_differs(old: GPTConfig, new: GPTConfig) -> bool:
 def layer_kinds(config: GPTConfig) -> list[LayerKind]:
     """The kinds of `config`'s layers in order of first use (no layout: one kind, the model's own config)."""
     if not config.layout:
-        return [
-            LayerKind("", config, tuple(range(config.n_layer)), AttentionMask.of(config), ATTENTIONS[config.attention])
-        ]
+        every = tuple(range(config.n_layer))
+        return [LayerKind(None, config, every, AttentionMask.of(config), ATTENTIONS[config.attention])]
     pattern = [config.layout[i % len(config.layout)] for i in range(config.n_layer)]
     kinds = []
     for name in dict.fromkeys(pattern):

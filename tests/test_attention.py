@@ -33,15 +33,15 @@ def test_blocks_are_built_from_the_attention_function(tiny_config):
     for name, layer in ATTENTIONS.items():
         model = GPT(dataclasses.replace(tiny_config, attention=name))
         assert model.kinds[0].attention is layer and all(type(block.attn) is layer for block in model.blocks)
-    assert isinstance(GPT(tiny_config).new_cache(8, batch=2).parts[""], KVCache)
+    assert isinstance(GPT(tiny_config).new_cache(8, batch=2).parts[0], KVCache)
     state = GPT(_linear(tiny_config, "rope")).new_cache(8, batch=2)  # linear attention keeps a state, no keys
-    assert type(state.parts[""]) is CachePart and all(type(layer) is LayerStateCache for layer in state.layers)
+    assert type(state.parts[0]) is CachePart and all(type(layer) is LayerStateCache for layer in state.layers)
     window = AttentionMask(window=4)
     assert SoftmaxAttention.constant_memory(tiny_config, window)
     assert not SoftmaxAttention.constant_memory(tiny_config, AttentionMask())
     cope = GPT(dataclasses.replace(tiny_config, pos_encoding="cope", attn_window=4))  # counts its keys in order
     kind = cope.kinds[0]
-    assert not kind.attention.constant_memory(cope.config, kind.mask) and not cope.new_cache(8).parts[""].rolling
+    assert not kind.attention.constant_memory(cope.config, kind.mask) and not cope.new_cache(8).parts[0].rolling
     assert LinearAttention.constant_memory(tiny_config, AttentionMask())
 
 

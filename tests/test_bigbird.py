@@ -121,7 +121,7 @@ def test_the_attention_maps_show_the_pattern():
 def test_decoding_keeps_every_key_and_memory_is_not_constant():
     model = GPT(CONFIG)
     assert not model.kinds[0].attention.constant_memory(model.config, model.kinds[0].mask)
-    assert model.new_cache(100).parts[""].capacity == 100
+    assert model.new_cache(100).parts[0].capacity == 100
     assert model.flops_per_token(32) < GPT(dataclasses.replace(CONFIG, attn_random_blocks=0, attn_window=0,
                                                                attn_sinks=0)).flops_per_token(32)  # fmt: skip
 

@@ -128,7 +128,7 @@ def test_the_cache_holds_its_capacity_and_no_more(mask):
     cache = model.new_cache(8, batch=2)
     prompt = torch.randint(0, 64, (2, 9))
     expected = model.kinds[0].mask.ring + model.kinds[0].mask.sinks if model.kinds[0].mask.rolling else 8
-    assert cache.parts[""].capacity == expected  # random blocks reach any earlier key: a full cache
+    assert cache.parts[0].capacity == expected  # random blocks reach any earlier key: a full cache
     if model.kinds[0].mask.rolling:
         assert context_window(model) is None  # constant memory: no window to slide
         with torch.no_grad():
@@ -136,7 +136,7 @@ def test_the_cache_holds_its_capacity_and_no_more(mask):
             for _ in range(25):
                 model(prompt[:, :1], cache=cache)
         assert cache.layers[0].kv.size(3) == expected
-        assert cache.parts[""].slot_positions.min() >= 0 and cache.pos.tolist() == [34, 34]
+        assert cache.parts[0].slot_positions.min() >= 0 and cache.pos.tolist() == [34, 34]
 
 
 def _counting_compile(model: GPT) -> list[object]:

@@ -75,4 +75,4 @@ def test_its_needs_are_declared_and_the_table_starts_at_zero():
         dataclasses.replace(CONFIG, attn_backend="sdpa")
     with pytest.raises(ConfigError, match="attention='differential' scores half-heads, and pos_encoding='cope'"):
         dataclasses.replace(CONFIG, attention="differential")
-    assert not GPT(dataclasses.replace(CONFIG, attn_window=4)).new_cache(32).parts[""].rolling  # keys in position order
+    assert not GPT(dataclasses.replace(CONFIG, attn_window=4)).new_cache(32).parts[0].rolling  # keys in position order

@@ -95,7 +95,7 @@ def test_with_cope_and_a_window_its_cache_keeps_the_sums_in_position_order():
     with torch.no_grad():
         model.pe.table.normal_()
     cache = model.new_cache(8)
-    assert type(cache.layers[0]).__name__ == "GateLayerCache" and not cache.parts[""].rolling
+    assert type(cache.layers[0]).__name__ == "GateLayerCache" and not cache.parts[0].rolling
     prompt = torch.randint(0, 64, (2, 5))
     cached, uncached = (model.generate(prompt, 20, temperature=0, use_cache=c) for c in (True, False))
     assert torch.equal(cached, uncached)

@@ -110,4 +110,4 @@ def test_only_the_eager_kernel_runs_it_and_a_window_keeps_a_full_cache():
         dataclasses.replace(CONFIG, attn_backend="sdpa")
     model = GPT(dataclasses.replace(CONFIG, attn_window=4))
     assert type(model.kernel(torch.device("cpu"), False, True)).__name__ == "StickBreakingEager"
-    assert not model.new_cache(32).parts[""].rolling  # the product runs over keys in position order
+    assert not model.new_cache(32).parts[0].rolling  # the product runs over keys in position order

@@ -20,6 +20,7 @@ from posgpt.training.config import RunConfig, TrainConfig
 from helpers import cli_error, tiny_args
 
 CONFIG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, bias=False, pos_encoding="rope")
+LAYOUT = {"layout": ("a", "b"), "kinds": {"a": {"pos_encoding": "t5"}, "b": {}}}
 DROPE = ("--train.switch_model", "{pos_encoding: none, attn_log_scaling: fixed}")
 
 
@@ -103,6 +104,24 @@ def test_resumed_before_and_after_the_switch_a_run_ends_where_an_uninterrupted_o
     loaded = load_checkpoint(tmp_path / "straight" / "runs" / "tiny" / "last.ckpt")
     assert loaded.model.config.pos_encoding == ("none" if switch == DROPE else "t5")
     assert loaded.model.config.attn_log_scaling != "none"
+
+
+@pytest.mark.parametrize(
+    ("start", "switch", "replaces"),
+    [({}, {"pos_encoding": "t5"}, True), ({"pos_encoding": "t5"}, {"pos_encoding": "none"}, True),
+     ({}, {"pos_encoding": "none"}, False), (LAYOUT, {"pos_encoding": "none"}, False),
+     (LAYOUT, {"pos_encoding": "fire"}, True), (LAYOUT, {"attn_log_scaling": "learned"}, True)],
+    ids=["gains", "drops", "neither", "kind-keeps-its-own", "kind-follows", "log-scale"],
+)  # fmt: skip
+def test_a_switch_is_said_to_replace_parameters_exactly_when_it_does(start, switch, replaces):
+    """What a run on several devices asks before the switch (`switch_replaces_parameters`), against the switch: a
+    scheme with parameters that comes or goes, the model's or a kind's (a kind that pins its own keeps it)."""
+    model = GPT(dataclasses.replace(CONFIG, **start))
+    target = dataclasses.replace(model.config, **switch)
+    assert model.switch_replaces_parameters(target) == replaces
+    before = {id(p) for p in model.parameters()}
+    model.switch(target)
+    assert ({id(p) for p in model.parameters()} != before) == replaces
 
 
 def test_a_switch_that_adds_parameters_is_refused_on_several_devices():
