@@ -3,6 +3,12 @@ section 4): `nonoverlap`, consecutive windows of L with every token scored, and 
 where only the last S tokens of each window are scored (each sees at least L - S tokens of context).
 Every length scores the same `token_budget` tokens from the start of the text. Memory stays bounded at
 any L: batches of about `batch_tokens` tokens, and logits formed a chunk of scored positions at a time.
+
+Key-token perplexity (LongPPL, Fang et al., ICLR 2025, arXiv 2410.23771; code PKU-ML/LongPPL `find_key_token`):
+the perplexity over the tokens whose prediction needs the long context. A token is key where its log-probability
+in the whole window beats the one with a short context (`short_window` tokens before each block of a quarter of
+it, their 4096 and 1024) by more than ALPHA, and is itself above BETA. The paper finds them with an evaluator
+model; here the evaluated model finds its own.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from posgpt.model import GPT
 
 LOGIT_ELEMENTS = 1 << 25
 """Most logits formed at once (128 MiB in float32)."""
+ALPHA, BETA = 2.0, -2.0
+"""LongPPL's thresholds: a key token's log-probability gain from the long context, and its least log-probability."""
 CPU_SCORE_ELEMENTS = 1 << 27
 """On CPU a biased attention forms the (B, H, L, L) scores: batches keep them under 512 MiB in float32."""
 
@@ -43,6 +51,9 @@ class LengthResult:
     bucket_starts: list[int] = field(default_factory=list)
     """Position in the window where each bucket of `by_position` begins."""
     ppl: float | None = None
+    key_tokens: int | None = None
+    """Key tokens found (LongPPL's; with a short window); `key_ppl`: the perplexity over them (None: none found)."""
+    key_ppl: float | None = None
 
 
 @torch.no_grad()
@@ -56,10 +67,12 @@ def evaluate_length(
     batch_tokens: int = 65536,
     autocast_dtype: torch.dtype | None = None,
     on_windows: Callable[[int], None] | None = None,
+    short_window: int | None = None,
 ) -> LengthResult:
     """Loss of `model` (on its device) on `tokens` at context `length`: non-overlapping windows, or sliding
     ones with `stride`; about `batch_tokens` per pass; the model runs under autocast to `autocast_dtype`, the
-    loss in float32; `on_windows` gets the windows done after each batch."""
+    loss in float32; `on_windows` gets the windows done after each batch; with `short_window` (non-overlapping
+    windows only), also key-token perplexity."""
     stride = length if stride is None else stride
     mode = "nonoverlap" if stride == length else "sliding"
     if not runs_at(model, length):
@@ -73,11 +86,14 @@ def evaluate_length(
         batch_size = min(batch_size, max(1, CPU_SCORE_ELEMENTS // (model.config.n_head * length * length)))
     model.eval()
     position_loss = torch.zeros(stride, dtype=torch.float64)  # summed over windows, scored positions only
-    i = 0
+    key_loss, key_count, i = 0.0, 0, 0
     while i < starts.size:
         rows = np.stack([tokens[s : s + length + 1] for s in starts[i : i + batch_size]]).astype(np.int64)
         try:
             losses = _window_losses(model, torch.from_numpy(rows), stride, autocast_dtype)  # (B, S)
+            if short_window is not None and short_window < length:
+                key = _key_tokens(model, torch.from_numpy(rows), losses, short_window, autocast_dtype)
+                key_loss, key_count = key_loss + losses[key].double().sum().item(), key_count + int(key.sum())
         except torch.OutOfMemoryError:
             if batch_size == 1:
                 raise
@@ -101,7 +117,24 @@ def evaluate_length(
         by_position=[chunk.mean().item() for chunk in chunks],
         bucket_starts=(length - stride + np.cumsum([0] + [len(c) for c in chunks[:-1]])).tolist(),
         ppl=math.exp(loss) if math.isfinite(loss) else None,
+        key_tokens=key_count if short_window is not None else None,
+        key_ppl=math.exp(key_loss / key_count) if key_count else None,
     )
+
+
+def _key_tokens(model: GPT, rows: torch.Tensor, losses: torch.Tensor, short: int, autocast_dtype: torch.dtype | None
+                ) -> torch.Tensor:  # fmt: skip
+    """(B, L) which of the windows' predictions are of key tokens (LongPPL): the tokens from position `short` on,
+    in blocks of `short` // 4, each block scored again with the `short` tokens before it as its only context;
+    `rows` (B, L + 1) the windows, `losses` (B, L) their whole-window losses."""
+    block = max(1, short // 4)
+    key = torch.zeros_like(losses, dtype=torch.bool)
+    for start in range(0, rows.size(1) - short, block):
+        end = min(start + short + block, rows.size(1))  # tokens start + short .. end - 1 are scored
+        brief = _window_losses(model, rows[:, start:end], end - start - short, autocast_dtype).to(losses.device)
+        full = losses[:, start + short - 1 : end - 1]
+        key[:, start + short - 1 : end - 1] = (brief - full > ALPHA) & (-full > BETA)
+    return key
 
 
 def _window_losses(model: GPT, rows: torch.Tensor, stride: int, autocast_dtype: torch.dtype | None) -> torch.Tensor:

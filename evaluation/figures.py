@@ -154,3 +154,31 @@ def legend_below(fig: plt.Figure, handles: Sequence[Any], labels: Sequence[str],
 def stats_pngs(entries: list[dict[str, Any]]) -> dict[str, bytes]:
     """{attention_L{length}.png: its figure} for every length of `entries`."""
     return {f"attention_L{n}.png": png_bytes(stats_figure(entries, n)) for n in sorted({e["length"] for e in entries})}
+
+
+def grid_figure(panels: dict[str, list[list[tuple[float, float] | None]]], columns: list[str], rows: list[str],
+                xlabel: str, ylabel: str, title: str) -> plt.Figure:  # fmt: skip
+    """Accuracy (%) heatmaps, a panel per model: `panels[label][row][column]` the (mean, sd) of a share in [0, 1],
+    None where not applicable (blank); the numbers written in, readable without the colour bar."""
+    cols = min(4, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols + 1, 2.6 * nrows + 0.6), dpi=90, squeeze=False,
+                             layout="constrained")  # fmt: skip
+    image = None
+    for ax, (label, cells) in zip(axes.flat, panels.items(), strict=False):
+        grid = np.array([[np.nan if c is None else 100 * c[0] for c in row] for row in cells], dtype=float)
+        image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto", origin="upper")
+        for (i, j), value in np.ndenumerate(grid):
+            if not np.isnan(value):
+                ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=6, color="k" if value > 60 else "w")
+        ax.set_xticks(range(len(columns)), columns, fontsize=7, rotation=45)
+        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.7, label="accuracy (%)")
+    fig.suptitle(title, fontsize=10)
+    return fig

@@ -16,7 +16,15 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from posgpt.core.files import atomic_write_bytes
 from posgpt.evaluation.attention_stats import SINK_RATE_DEFINITION
-from posgpt.evaluation.figures import STATS_FIGURES, legend_below, line_style, plt, png_bytes, stats_pngs
+from posgpt.evaluation.figures import (
+    STATS_FIGURES,
+    grid_figure,
+    legend_below,
+    line_style,
+    plt,
+    png_bytes,
+    stats_pngs,
+)
 from posgpt.model.config import AS_TRAINED, model_tags
 
 MAX_PANELS = 6
@@ -65,8 +73,9 @@ def write_report(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
         "loss_by_position.png": png_bytes(position_figure(doc, groups)),
     }
     files.update(stats_pngs(doc.get("attention", [])))  # with --eval.attention_stats
+    files.update(probe_pngs(groups))  # with --eval.probes
     paths = write_files(doc, files, out_dir)
-    for stale in set(Path(out_dir).glob(STATS_FIGURES)) - set(paths):  # an earlier report's lengths
+    for stale in {*Path(out_dir).glob(STATS_FIGURES), *Path(out_dir).glob("probe_*.png")} - set(paths):  # earlier
         stale.unlink()
     return paths
 
@@ -101,8 +110,73 @@ def markdown_table(doc: dict[str, Any], groups: list[Group]) -> str:
         params = _one_or_list([f"{n:,}" if n else "n/a" for n in g.column("params")])
         lines.append(f"| {g.label} | {pos} | {params} | {train} | {tokenizer} | {len(g.runs)} | " + " | ".join(cells)
                      + " |")  # fmt: skip
+    lines += key_ppl_table(groups, lengths) + probe_tables(groups)
     lines += sink_rate_table(doc.get("attention", []), lengths)
     return "\n".join(lines) + "\n"
+
+
+def _cells(values: list[float | None], scale: float = 1.0, digits: int = 1) -> str:
+    """mean ± sd over seeds of values, n/a where one is None."""
+    if (stat := mean_sd(values)) is None:
+        return "n/a"
+    return f"{scale * stat[0]:.{digits}f}" + (f" ± {scale * stat[1]:.{digits}f}" if len(values) > 1 else "")
+
+
+def key_ppl_table(groups: list[Group], lengths: list[int]) -> list[str]:
+    """Key-token perplexity (LongPPL, self-evaluated) at each length, with the key tokens' count, where asked."""
+    if not any(r.get("key_tokens") is not None for g in groups for run in g.runs for r in run["results"]):
+        return []
+    lines = ["", "## Key-token perplexity (LongPPL's key tokens, found by each model itself; docs/probes.md)", "",
+             "| model | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---:|" * len(lengths)]  # fmt: skip
+    for g in groups:
+        counts = [statistics.fmean(r.get("key_tokens") or 0 for r in g.rows_at(n)) for n in lengths]
+        cells = [f"{_cells([r.get('key_ppl') for r in g.rows_at(n)], digits=2)} ({count:,.0f})"
+                 for n, count in zip(lengths, counts, strict=True)]  # fmt: skip
+        lines.append(f"| {g.label} | " + " | ".join(cells) + " |")
+    return lines + ["", "Cells: perplexity over the key tokens (mean ± sd over seeds), and their number (mean)."]
+
+
+def probe_rows_of(g: Group, probe: str) -> list[dict[str, Any]]:
+    return [row for run in g.runs for row in run.get("probes", []) if row["probe"] == probe]
+
+
+def probe_at(g: Group, probe: str, length: int, depth: object = ...) -> list[float | None]:
+    """Each seed's score of `probe` at `length`, averaged over depths (or at `depth`); None where one is n/a."""
+    seeds = [[row["score"] for row in run.get("probes", []) if row["probe"] == probe and row["length"] == length
+              and depth in (..., row["depth"])] for run in g.runs]  # fmt: skip
+    return [None if not scores or None in scores else statistics.fmean(scores) for scores in seeds]
+
+
+def probe_names(groups: list[Group]) -> list[str]:
+    return list(dict.fromkeys(row["probe"] for g in groups for run in g.runs for row in run.get("probes", [])))
+
+
+def probe_tables(groups: list[Group]) -> list[str]:
+    """Each probe's accuracy (%) per model and length, averaged over depths (mean ± sd over seeds)."""
+    lines: list[str] = []
+    for probe in probe_names(groups):
+        lengths = sorted({row["length"] for g in groups for row in probe_rows_of(g, probe)})
+        lines += ["", f"## {probe}: accuracy (%) against length, zero-shot (docs/probes.md)", "",
+                  "| model | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---:|" * len(lengths)]  # fmt: skip
+        for g in groups:
+            lines.append(f"| {g.label} | " + " | ".join(_cells(probe_at(g, probe, n), 100) for n in lengths) + " |")
+        reasons = sorted({row["reason"] for g in groups for row in probe_rows_of(g, probe) if row["reason"]})
+        lines += [f"- n/a: {reason}" for reason in reasons]
+    return lines
+
+
+def probe_pngs(groups: list[Group]) -> dict[str, bytes]:
+    """probe_<name>.png: each probe's accuracy by length and depth, a panel per model."""
+    files = {}
+    for probe in probe_names(groups):
+        rows = [row for g in groups for row in probe_rows_of(g, probe)]
+        lengths, depths = sorted({r["length"] for r in rows}), list(dict.fromkeys(r["depth"] for r in rows))
+        panels = {g.label: [[mean_sd(probe_at(g, probe, n, d)) for n in lengths] for d in depths] for g in groups}
+        labels = ["uniform" if d is None else f"{d:g}" for d in depths]
+        fig = grid_figure(panels, [str(n) for n in lengths], labels, "length (tokens)", "depth",
+                          f"{probe}: accuracy by length and depth")  # fmt: skip
+        files[f"probe_{probe}.png"] = png_bytes(fig)
+    return files
 
 
 def sink_rate_table(entries: list[dict[str, Any]], lengths: list[int]) -> list[str]:

@@ -14,8 +14,9 @@ import torch
 
 from posgpt.core.cli import Command
 from posgpt.core.device import pick_device_dtype
-from posgpt.core.errors import UserError
+from posgpt.core.errors import UserError, did_you_mean
 from posgpt.data.dataset import window_starts
+from posgpt.data.probes import PROBES
 from posgpt.evaluation.attention_stats import long_context_stats, runs_at
 from posgpt.evaluation.checkpoint import (
     EvalData,
@@ -28,7 +29,9 @@ from posgpt.evaluation.checkpoint import (
     tokenizer_name,
 )
 from posgpt.evaluation.extrapolation import evaluate_length
+from posgpt.evaluation.probes import probe_rows
 from posgpt.model.config import AS_TRAINED, RopeScaling
+from posgpt.model.gpt import GPT
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,18 @@ class EvalSettings:
     """Show a progress bar (on a terminal only: a log file gets none)."""
     attention_stats: bool = False
     """Also the attention statistics of attention_maps.py at every length: entropy, sink mass, sink rate and figures."""
+    short_window: int | None = None
+    """Also key-token perplexity (LongPPL) at every length, key tokens found against a context of this many tokens
+    (0: a quarter of each checkpoint's block_size; docs/probes.md); non-overlapping windows only."""
+    probes: list[str] = field(default_factory=list)
+    """Retrieval probes, scored zero-shot (docs/probes.md): passkey, niah_single_1, niah_multikey_1/2/3,
+    niah_multivalue, niah_multiquery, vt."""
+    probe_lengths: list[int] | None = None
+    """Their lengths in tokens (default: 1, 2, 4 and 8 times each checkpoint's block_size)."""
+    probe_depths: list[float] | Literal["uniform"] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    """Where the needle sits (0 = start, 1 = end), or 'uniform': drawn as the references draw it."""
+    probe_trials: int = 10
+    """Prompts per cell (probe, length, depth), answered in one batch."""
 
     def __post_init__(self) -> None:
         if not self.lengths or any(not isinstance(n, int) or n < 1 for n in self.lengths):
@@ -83,6 +98,17 @@ class EvalSettings:
         if self.rope_scaling_factor != "dynamic" and float(self.rope_scaling_factor) < 1:
             raise ValueError(f"rope_scaling_factor must be >= 1 or 'dynamic', got {self.rope_scaling_factor!r}.")
         pick_device_dtype(self.device, self.dtype)  # a device this machine has
+        unknown = sorted(set(self.probes) - PROBES.keys())
+        if unknown:
+            raise ValueError(f"No probe {unknown[0]!r}: choose from {', '.join(PROBES)}"
+                             f"{did_you_mean(unknown[0], list(PROBES), '') or '.'}")  # fmt: skip
+        depths = [] if self.probe_depths == "uniform" else self.probe_depths
+        if self.probe_depths != "uniform" and (not depths or not all(0 <= d <= 1 for d in depths)):
+            raise ValueError(f"probe_depths must be in [0, 1] (or 'uniform'), got {self.probe_depths!r}.")
+        if self.probe_trials < 1 or any(n < 1 for n in self.probe_lengths or [1]):
+            raise ValueError("probe_trials and probe_lengths must be positive.")
+        if self.short_window is not None and (self.short_window < 0 or self.mode != "nonoverlap"):
+            raise ValueError("short_window (key-token perplexity) is 0 or more, with --eval.mode nonoverlap.")
         if not self.rope_scaling or len(set(self.rope_scaling)) != len(self.rope_scaling):
             raise ValueError(f"rope_scaling needs distinct entries (none = as trained), got {self.rope_scaling!r}.")
 
@@ -130,6 +156,9 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
         if runs_at(ckpt.model, n)
     )
 
+    depths = [None] if settings.probe_depths == "uniform" else list(settings.probe_depths)
+    cells = len(settings.probes) * len(depths) * (len(settings.probe_lengths) if settings.probe_lengths else 4)
+    total += cells * len(plan)
     runs = []
     with progress_bar(total, "window", settings.progress) as bar:
         for name, ckpt, text, scaling in plan:  # rows labelled `name`, under one RoPE scaling ('none': as trained)
@@ -137,18 +166,28 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
             config, rescalable = trained.config, trained.rescalable
             label = name if scaling == AS_TRAINED else f"{name} + {scaling}"
             rows = []
+            short = settings.short_window
+            short = config.block_size // 4 if short == 0 else short  # 0: a quarter of the training length
             for length in settings.lengths:
-                factor = settings.rope_scaling_factor  # a fixed one, or (dynamic) how far past the training length
-                factor = max(1.0, length / config.block_size) if factor == "dynamic" else float(factor)
-                model = trained if scaling == AS_TRAINED else trained.rescaled(scaling, factor)  # a view of it
+                model = at_length(trained, scaling, settings.rope_scaling_factor, length)
                 bar.set_description(f"{label} L={length}")
                 result = evaluate_length(model, text[0], length, settings.stride, settings.token_budget,
                                          buckets=settings.buckets, batch_tokens=settings.batch_tokens,
-                                         autocast_dtype=autocast, on_windows=bar.update)  # fmt: skip
+                                         autocast_dtype=autocast, on_windows=bar.update,
+                                         short_window=short)  # fmt: skip
                 row = dataclasses.asdict(result)
                 row["rope_scaling"] = model.config.rope_scaling if rescalable else None
                 row["rope_scaling_factor"] = model.config.rope_scaling_factor if rescalable else None
                 rows.append(row)
+            probes: list[dict[str, Any]] = []
+            probe_lengths = settings.probe_lengths or [n * config.block_size for n in (1, 2, 4, 8)]
+            haystack = ckpt.tokenizer.decode(text[0][: 2 * max(probe_lengths)]) if settings.probes else ""
+            for length in probe_lengths if settings.probes else []:
+                bar.set_description(f"{label} probes L={length}")
+                with torch.autocast(device.type, dtype, enabled=autocast is not None):
+                    model = at_length(trained, scaling, settings.rope_scaling_factor, length)
+                    probes += probe_rows(model, ckpt.tokenizer, settings.probes, [length], depths,
+                                         settings.probe_trials, haystack, on_cell=bar.update)  # fmt: skip
             trained.to("cpu")
             runs.append(
                 {
@@ -166,6 +205,7 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
                     "data": text[1],
                     "config": ckpt.config,
                     "results": rows,
+                    "probes": probes,
                 }
             )
     doc = {
@@ -180,6 +220,15 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
                                               min(settings.token_budget, ATTENTION_TOKENS), SINK_TOKENS, device,
                                               settings.progress)  # fmt: skip
     return doc
+
+
+def at_length(trained: GPT, scaling: str, factor: float | str, length: int) -> GPT:
+    """The model at `length` under a RoPE scaling: a view of it at a fixed factor, or (dynamic) at how far `length`
+    is past its training length; as trained for 'none'."""
+    if scaling == AS_TRAINED:
+        return trained
+    return trained.rescaled(scaling, max(1.0, length / trained.config.block_size) if factor == "dynamic" else
+                            float(factor))  # fmt: skip
 
 
 def merge_documents(docs: list[dict[str, Any]]) -> dict[str, Any]:

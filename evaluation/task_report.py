@@ -7,10 +7,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from posgpt.data.tasks import TASKS
-from posgpt.evaluation.figures import line_style, plt, png_bytes
+from posgpt.evaluation.figures import grid_figure, line_style, plt, png_bytes
 from posgpt.evaluation.report import group_runs, mean_sd, study_lines, write_files
 from posgpt.model.config import model_tags
 
@@ -76,33 +74,13 @@ def depth_figure(doc: dict[str, Any]) -> plt.Figure:
     """Accuracy by length x depth of a task with depths (passkey, flip-flop, selective copy): a panel per model."""
     task = doc["task"]
     lengths, depths, kind = task["eval_lengths"], task["depths"], TASKS[task["name"]]
-    groups = group_runs(doc)
-    cols = min(4, len(groups))
-    rows = -(-len(groups) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols + 1, 2.6 * rows + 0.6), dpi=90, squeeze=False,
-                             layout="constrained")  # fmt: skip
-    for ax, g in zip(axes.flat, groups, strict=False):
-        grid = np.full((len(depths), len(lengths)), np.nan)
+    panels = {}
+    for g in group_runs(doc):
         results = [r for run in g.runs for r in run["results"]]
-        for j, n in enumerate(lengths):
-            for i, d in enumerate(depths):
-                values = [r["accuracy"] for r in results if r["length"] == n and r["depth"] == d]
-                if values and (stat := mean_sd(values)) is not None:
-                    grid[i, j] = 100 * stat[0]
-        image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto", origin="upper")
-        for (i, j), value in np.ndenumerate(grid):  # the numbers, readable without the colour bar
-            if not np.isnan(value):
-                ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=6, color="k" if value > 60 else "w")
-        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
-        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
-        ax.set_title(g.label, fontsize=9)
-        ax.set_xlabel(f"length ({kind.unit})", fontsize=8)
-        ax.set_ylabel(kind.depth_label, fontsize=8)
-    for ax in list(axes.flat)[len(groups) :]:
-        ax.axis("off")
-    fig.colorbar(image, ax=axes, shrink=0.7, label="accuracy (%)")
-    fig.suptitle(f"{task['name']}: accuracy by length and {kind.depth_label}", fontsize=10)
-    return fig
+        panels[g.label] = [[mean_sd([r["accuracy"] for r in results if r["length"] == n and r["depth"] == d] or [None])
+                            for n in lengths] for d in depths]  # fmt: skip
+    return grid_figure(panels, [str(n) for n in lengths], [f"{d:g}" for d in depths], f"length ({kind.unit})",
+                       kind.depth_label, f"{task['name']}: accuracy by length and {kind.depth_label}")  # fmt: skip
 
 
 def write_task_report(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:

@@ -360,3 +360,21 @@ def test_the_training_length_is_marked_in_a_colour_and_style_no_model_has():
         assert np.linalg.norm(mark_rgb - matplotlib.colors.to_rgb(curve.get_color())) > 0.5
         assert marks[0].get_linestyle() != curve.get_linestyle()
     assert TRAIN_LENGTH_LINE["linestyle"] not in {line_style(i)["linestyle"] for i in range(30)}
+
+
+@pytest.mark.plot
+def test_probes_and_key_token_perplexity_in_the_report(runs, tmp_path):
+    """`--eval.probes` per checkpoint and length (n/a with the reason where a cell cannot run), a table and a
+    heatmap each in the report; `--eval.short_window 0` adds key-token perplexity at every length."""
+    doc = _evaluate(tmp_path, "--ckpt", str(runs["rope"]), str(runs["learned"]), "--eval.lengths", "[16,48]",
+                    "--eval.token_budget", "96", "--eval.short_window", "0", "--eval.probes", "[passkey,vt]",
+                    "--eval.probe_lengths", "[16,64]", "--eval.probe_depths", "[0.5]", "--eval.probe_trials",
+                    "2")  # fmt: skip
+    rope, learned = ({(r["probe"], r["length"]): r for r in run["probes"]} for run in doc["runs"])
+    assert len(rope) == 4 and not any(r["applicable"] for r in rope.values())
+    assert all("cannot encode" in r["reason"] for r in rope.values())  # no digits in this corpus
+    assert "positions exist up to 16" in learned["vt", 64]["reason"]
+    assert all(row["key_tokens"] is not None for run in doc["runs"] for row in run["results"] if row["applicable"])
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert "## passkey: accuracy (%) against length" in table and "## Key-token perplexity" in table
+    assert_png(tmp_path / "out" / "probe_vt.png")
