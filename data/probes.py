@@ -1,20 +1,10 @@
-"""Zero-shot retrieval probes: the prompts that extrapolation papers score a language model on, never trained on.
-
-- `passkey`: Mohtashami & Jaggi's (2023) prompt as the landmark-attention code (`llama/run_test.py`), YaRN's
-  `eval/passkey.py` and LongRoPE's `evaluation/passkey.py` build it: a task line, the filler cut to n characters
-  before and after the key's line, the question; a key from 1 to 50000; the first integer of the answer scored.
-- RULER's needles (NVIDIA/RULER, `scripts/data/synthetic/niah.py`, `constants.py`, `synthetic.yaml`): the
-  template, needle, query and the singular form of a one-answer template, as there. `niah_single_1` hides a
-  number for a word key among lines of the filler; `niah_multikey_2` a number for a word key, `niah_multikey_3` a
-  UUID for a UUID key, among lines of other needles. `niah_multikey_1` (4 keys, 1 asked), `niah_multivalue` (4
-  values) and `niah_multiquery` (4 keys asked) take the essays there and the user's own text (`haystack`) here.
-- `vt`: RULER's variable tracking (`variable_tracking.py`): one chain of 4 hops among lines of the filler, with
-  its one-shot example before the task.
-
-Every generator draws from a seeded `random.Random`, takes the haystack's size (characters, lines, words) and
-the depth at which the (first asked) needle sits, and returns the prompt and the answers; `fit` finds the largest
-haystack whose prompt leaves room for the answer in a length, as RULER's search does. Where this departs from the
-references (a needle at an asked depth, words from a list here, sentences split by a rule), docs/probes.md says.
+"""Zero-shot retrieval probes, as extrapolation papers score a language model never trained on them (docs/probes.md):
+`passkey`, Mohtashami & Jaggi's prompt as the landmark-attention code (`llama/run_test.py`) and YaRN's
+`eval/passkey.py` build it; RULER's needles (NVIDIA/RULER `scripts/data/synthetic/niah.py`, `constants.py`,
+`synthetic.yaml`; those on the essays there take the user's text here) and variable tracking (`vt`,
+`variable_tracking.py`). Each generator takes a seeded `random.Random`, the haystack's size (characters, lines or
+words) and the depth of the (first asked) needle (None: the reference's draw), and returns the prompt, the answers
+and the needles; `trials` fits prompts to a length, leaving room for the answer, as RULER's search does.
 """
 
 from __future__ import annotations

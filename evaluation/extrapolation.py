@@ -4,11 +4,9 @@ where only the last S tokens of each window are scored (each sees at least L - S
 Every length scores the same `token_budget` tokens from the start of the text. Memory stays bounded at
 any L: batches of about `batch_tokens` tokens, and logits formed a chunk of scored positions at a time.
 
-Key-token perplexity (LongPPL, Fang et al., ICLR 2025, arXiv 2410.23771; code PKU-ML/LongPPL `find_key_token`):
-the perplexity over the tokens whose prediction needs the long context. A token is key where its log-probability
-in the whole window beats the one with a short context (`short_window` tokens before each block of a quarter of
-it, their 4096 and 1024) by more than ALPHA, and is itself above BETA. The paper finds them with an evaluator
-model; here the evaluated model finds its own.
+Key-token perplexity (LongPPL, arXiv 2410.23771; PKU-ML/LongPPL `find_key_token`) is the perplexity over the tokens
+whose log-probability in the whole window beats the one from a short context by more than ALPHA and is above BETA;
+the evaluated model finds its own key tokens, where the paper uses an evaluator model (docs/probes.md).
 """
 
 from __future__ import annotations

@@ -123,17 +123,15 @@ def _cells(values: list[float | None], scale: float = 1.0, digits: int = 1) -> s
 
 
 def key_ppl_table(groups: list[Group], lengths: list[int]) -> list[str]:
-    """Key-token perplexity (LongPPL, self-evaluated) at each length, with the key tokens' count, where asked."""
+    """Key-token perplexity (LongPPL, self-evaluated) at each length, where asked."""
     if not any(r.get("key_tokens") is not None for g in groups for run in g.runs for r in run["results"]):
         return []
     lines = ["", "## Key-token perplexity (LongPPL's key tokens, found by each model itself; docs/probes.md)", "",
              "| model | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---:|" * len(lengths)]  # fmt: skip
     for g in groups:
-        counts = [statistics.fmean(r.get("key_tokens") or 0 for r in g.rows_at(n)) for n in lengths]
-        cells = [f"{_cells([r.get('key_ppl') for r in g.rows_at(n)], digits=2)} ({count:,.0f})"
-                 for n, count in zip(lengths, counts, strict=True)]  # fmt: skip
-        lines.append(f"| {g.label} | " + " | ".join(cells) + " |")
-    return lines + ["", "Cells: perplexity over the key tokens (mean ± sd over seeds), and their number (mean)."]
+        lines.append(f"| {g.label} | " + " | ".join(_cells([r["key_ppl"] for r in g.rows_at(n)], digits=2)
+                                                  for n in lengths) + " |")  # fmt: skip
+    return lines
 
 
 def probe_rows_of(g: Group, probe: str) -> list[dict[str, Any]]:

@@ -102,8 +102,7 @@ class EvalSettings:
         if unknown:
             raise ValueError(f"No probe {unknown[0]!r}: choose from {', '.join(PROBES)}"
                              f"{did_you_mean(unknown[0], list(PROBES), '') or '.'}")  # fmt: skip
-        depths = [] if self.probe_depths == "uniform" else self.probe_depths
-        if self.probe_depths != "uniform" and (not depths or not all(0 <= d <= 1 for d in depths)):
+        if self.probe_depths != "uniform" and not (self.probe_depths and all(0 <= d <= 1 for d in self.probe_depths)):
             raise ValueError(f"probe_depths must be in [0, 1] (or 'uniform'), got {self.probe_depths!r}.")
         if self.probe_trials < 1 or any(n < 1 for n in self.probe_lengths or [1]):
             raise ValueError("probe_trials and probe_lengths must be positive.")
