@@ -77,7 +77,7 @@ class Probe:
 def first_integer(prediction: str, answers: list[str]) -> float:
     """YaRN's and the landmark code's scoring: the first integer of the answer is the key."""
     found = re.search(r"\d+", prediction)
-    return float(found is not None and found.group() == answers[0])
+    return float(found is not None and int(found.group()) == int(answers[0]))
 
 
 def string_match_all(prediction: str, answers: list[str]) -> float:
@@ -123,7 +123,7 @@ def niah(haystack_kind: str, key_kind: str, value_kind: str, keys: int = 1, valu
         value_lists = [[draw(value_kind, rng) for _ in range(values)] for _ in key_list]
         needles = [NEEDLE.format(type_needle_v=value_kind, key=k, value=v)
                    for k, vs in zip(key_list, value_lists, strict=True) for v in vs]  # fmt: skip
-        asked = sorted(rng.sample(range(keys), queries))
+        asked = rng.sample(range(keys), queries)  # in the order the question names them
         first = needles[asked[0] * values]  # at the asked depth; the others where RULER draws them
         others = [n for n in needles if n != first]
         rng.shuffle(others)
@@ -141,8 +141,7 @@ def niah(haystack_kind: str, key_kind: str, value_kind: str, keys: int = 1, valu
                     units.append(NEEDLE.format(type_needle_v=value_kind, key=k, value=v))
         places = [at_depth(len(units), depth, rng)]
         places += [int(len(units) * d / 100) for d in rng.sample(RULER_DEPTHS, len(others))]
-        for place, needle in sorted(zip(places, [first, *others], strict=True), key=lambda p: -p[0]):
-            units.insert(place, needle)
+        placed = sorted(zip(places, [first, *others], strict=True), key=lambda p: p[0])
         query_keys = [key_list[i] for i in asked]
         query = ", ".join(query_keys[:-1]) + ", and " + query_keys[-1] if queries > 1 else query_keys[0]
         template, kind = NIAH_TEMPLATE + NIAH_ANSWER_PREFIX, value_kind
@@ -150,7 +149,15 @@ def niah(haystack_kind: str, key_kind: str, value_kind: str, keys: int = 1, valu
             for plural, singular in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
                 template = template.replace(plural, singular)
             kind = value_kind[:-1]
-        context = (" " if haystack_kind == "essay" else "\n").join(units)
+        if haystack_kind == "essay":  # RULER's: the text cut where the needles go, pieces and needles joined by spaces
+            cuts = [0, *(place for place, _ in placed), len(units)]
+            context = " ".join(units[: cuts[1]])
+            for (_, needle), start, end in zip(placed, cuts[1:-1], cuts[2:], strict=True):
+                context += f" {needle} {' '.join(units[start:end])}"
+        else:
+            for place, needle in reversed(placed):  # from the end: each place counts the haystack's units before it
+                units.insert(place, needle)
+            context = "\n".join(units)
         prompt = template.format(type_needle_v=kind, context=context, query=query)
         return prompt, [v for i in asked for v in value_lists[i]], needles
 
@@ -184,7 +191,7 @@ def with_example(rng: random.Random, size: int, depth: float | None, example_siz
     """`vt` with its one-shot example before the task (RULER's `add_fewshot`): the example's prompt and answer, its
     names and value drawn anew (RULER's `randomize_icl`)."""
     shown, names, _ = variable_tracking(rng, example_size, None, example=True)
-    shown = f"{shown} {' '.join(names)}\n"
+    shown = f"{shown} {' '.join(names)}\n\n"  # RULER's example ends in a new line, and another joins it
     for name in names:
         shown = shown.replace(name, "".join(rng.choices(string.ascii_uppercase, k=len(name))))
     shown = shown.replace("12345", str(rng.randint(10000, 99998)))
@@ -216,25 +223,20 @@ class Trial:
 
 
 def fit(make: Callable[[int], Made], encode: Callable[[str], list[int]], room: int) -> Trial | None:
-    """The prompt of the largest haystack `make(size)` gives whose tokens fit `room` (a binary search, as RULER's;
-    None: not even an empty haystack fits)."""
+    """The prompt of the largest haystack `make(size)` gives whose tokens fit `room` (a binary search, as RULER's);
+    None where not even an empty haystack fits, or where that prompt holds an answer outside its needles."""
     low, high = 0, 1
-    while len(encode(make(high)[0])) <= room:  # double until it no longer fits, then bisect
+    while high <= 8 * room and len(encode(make(high)[0])) <= room:  # double until it no longer fits, then bisect
         low, high = high, high * 2
-    best = None
-    while low <= high:
+    while low < high - 1:
         mid = (low + high) // 2
-        text, answers, needles = make(mid)
-        ids = encode(text)
-        if len(ids) <= room:
-            outside = text
-            for needle in needles:
-                outside = outside.replace(needle, "", 1)
-            best = Trial(ids, text, answers, mid) if not any(a in outside for a in answers) else best
-            low = mid + 1
-        else:
-            high = mid - 1
-    return best
+        low, high = (mid, high) if len(encode(make(mid)[0])) <= room else (low, mid)
+    text, answers, needles = make(low)
+    outside = text
+    for needle in needles:
+        outside = outside.replace(needle, "", 1)
+    ids = encode(text)
+    return Trial(ids, text, answers, low) if len(ids) <= room and not any(a in outside for a in answers) else None
 
 
 def trials(name: str, length: int, depth: float | None, count: int, encode: Callable[[str], list[int]], seed: int,
@@ -242,6 +244,8 @@ def trials(name: str, length: int, depth: float | None, count: int, encode: Call
     """`count` seeded prompts of probe `name`, each fitted to `length` tokens with room for its answer (a prompt
     with an answer outside its needles is drawn again); or why the cell cannot run."""
     probe, room = PROBES[name], length - PROBES[name].answer_tokens
+    if probe.haystack and not haystack.strip():
+        return "no text for its haystack"
     make = probe.make
     if name == "vt":  # the one-shot example: RULER's 500 tokens where the cell has room for them, else shrunk
         bare = len(encode(variable_tracking(random.Random(seed), 0, None)[0]))

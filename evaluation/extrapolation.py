@@ -115,7 +115,7 @@ def evaluate_length(
         by_position=[chunk.mean().item() for chunk in chunks],
         bucket_starts=(length - stride + np.cumsum([0] + [len(c) for c in chunks[:-1]])).tolist(),
         ppl=math.exp(loss) if math.isfinite(loss) else None,
-        key_tokens=key_count if short_window is not None else None,
+        key_tokens=key_count if short_window is not None and short_window < length else None,
         key_ppl=math.exp(key_loss / key_count) if key_count else None,
     )
 

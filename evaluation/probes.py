@@ -51,8 +51,6 @@ def probe_rows(
                                "applicable": False, "reason": None}  # fmt: skip
         if not runs_at(model, length):
             row["reason"] = f"{model.config.pos_encoding} positions exist up to {model.pe.max_positions}"
-        elif probe.haystack and not haystack.strip():
-            row["reason"] = "no text for its haystack"
         else:
             try:
                 cell = trials(name, length, depth, count, tokenizer.encode, SEED, haystack)

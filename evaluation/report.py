@@ -129,8 +129,8 @@ def key_ppl_table(groups: list[Group], lengths: list[int]) -> list[str]:
     lines = ["", "## Key-token perplexity (LongPPL's key tokens, found by each model itself; docs/probes.md)", "",
              "| model | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---:|" * len(lengths)]  # fmt: skip
     for g in groups:
-        cells = ["none found" if all(r["key_tokens"] == 0 for r in g.rows_at(n)) else
-                 _cells([r["key_ppl"] for r in g.rows_at(n)], digits=2) for n in lengths]  # fmt: skip
+        cells = ["none found" if all(r.get("key_tokens") == 0 for r in g.rows_at(n)) else
+                 _cells([r.get("key_ppl") for r in g.rows_at(n)], digits=2) for n in lengths]  # fmt: skip
         lines.append(f"| {g.label} | " + " | ".join(cells) + " |")
     return lines
 
