@@ -84,12 +84,13 @@ def evaluate_length(
         batch_size = min(batch_size, max(1, CPU_SCORE_ELEMENTS // (model.config.n_head * length * length)))
     model.eval()
     position_loss = torch.zeros(stride, dtype=torch.float64)  # summed over windows, scored positions only
+    keyed = short_window is not None and short_window < length  # key tokens need context beyond the short window
     key_loss, key_count, i = 0.0, 0, 0
     while i < starts.size:
         rows = np.stack([tokens[s : s + length + 1] for s in starts[i : i + batch_size]]).astype(np.int64)
         try:
             losses = _window_losses(model, torch.from_numpy(rows), stride, autocast_dtype)  # (B, S)
-            if short_window is not None and short_window < length:
+            if keyed:
                 key = _key_tokens(model, torch.from_numpy(rows), losses, short_window, autocast_dtype)
                 key_loss, key_count = key_loss + losses[key].double().sum().item(), key_count + int(key.sum())
         except torch.OutOfMemoryError:
@@ -115,7 +116,7 @@ def evaluate_length(
         by_position=[chunk.mean().item() for chunk in chunks],
         bucket_starts=(length - stride + np.cumsum([0] + [len(c) for c in chunks[:-1]])).tolist(),
         ppl=math.exp(loss) if math.isfinite(loss) else None,
-        key_tokens=key_count if short_window is not None and short_window < length else None,
+        key_tokens=key_count if keyed else None,
         key_ppl=math.exp(key_loss / key_count) if key_count else None,
     )
 

@@ -111,6 +111,10 @@ class EvalSettings:
         if not self.rope_scaling or len(set(self.rope_scaling)) != len(self.rope_scaling):
             raise ValueError(f"rope_scaling needs distinct entries (none = as trained), got {self.rope_scaling!r}.")
 
+    def lengths_of_probes(self, model: GPT) -> list[int]:
+        """The probes' lengths for `model`: those asked, else 1, 2, 4 and 8 times its training length."""
+        return self.probe_lengths or [n * model.config.block_size for n in (1, 2, 4, 8)]
+
 
 @dataclass
 class EvaluateConfig:
@@ -156,8 +160,7 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
     )
 
     depths = [None] if settings.probe_depths == "uniform" else list(settings.probe_depths)
-    cells = len(settings.probes) * len(depths) * (len(settings.probe_lengths) if settings.probe_lengths else 4)
-    total += cells * len(plan)
+    total += sum(len(settings.probes) * len(depths) * len(settings.lengths_of_probes(c.model)) for _, c, _, _ in plan)
     runs = []
     with progress_bar(total, "window", settings.progress) as bar:
         for name, ckpt, text, scaling in plan:  # rows labelled `name`, under one RoPE scaling ('none': as trained)
@@ -179,7 +182,7 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
                 row["rope_scaling_factor"] = model.config.rope_scaling_factor if rescalable else None
                 rows.append(row)
             probes: list[dict[str, Any]] = []
-            probe_lengths = settings.probe_lengths or [n * config.block_size for n in (1, 2, 4, 8)]
+            probe_lengths = settings.lengths_of_probes(trained)
             haystack = ckpt.tokenizer.decode(text[0][: 2 * max(probe_lengths)]) if settings.probes else ""
             for length in probe_lengths if settings.probes else []:
                 bar.set_description(f"{label} probes L={length}")

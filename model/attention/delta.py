@@ -168,7 +168,7 @@ class DeltaChunked(Kernel):
             )
             outputs.append(out)
         assert state is not None
-        return torch.cat(outputs, dim=2), state
+        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)), state  # one segment: no copy
 
 
 def implicit_weights(q: Tensor, k: Tensor, beta: Tensor, g: Tensor) -> Tensor:
