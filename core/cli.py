@@ -42,7 +42,6 @@ class Command(Generic[C]):
     main: Callable[[C], object]
     description: str = ""  # the text at the top of --help
     default_config: str | None = None  # a YAML file read before the command line (train.py's default run)
-    skip: frozenset[str] = frozenset()  # dotted fields not offered at all (model.vocab_size: the tokenizer's)
     hidden: frozenset[str] = frozenset()  # dotted fields accepted but not in --help (older config files hold them)
     aliases: Mapping[str, str] = field(default_factory=dict)
     """How this command spells options that shared code names in its messages: {prefix there: prefix here}."""
@@ -86,7 +85,7 @@ def parse(command: Command[C], argv: Sequence[str] | None = None) -> C:
         args = spread_lists(argv, sequence_options(command), bool_options(command))
         namespace = parser.parse_args(merged_fields(parser, args, command))
     except argparse.ArgumentError as error:
-        message = usage_message(str(error), options(command), command.skip)
+        message = usage_message(str(error), options(command))
         for text, hint in command.hints.items():
             message = f"{message.rstrip('.')}. {hint}" if text in str(error) else message
         raise UsageError(command.prog, message) from None
@@ -149,7 +148,7 @@ def shipped_configs(argv: list[str], command: Command) -> list[str]:
 
 
 def build_parser(command: Command) -> ArgumentParser:
-    """jsonargparse over the command's dataclass, group by group (so that `skip` and `hidden` reach nested fields)."""
+    """jsonargparse over the command's dataclass, group by group (so that `hidden` reaches nested fields)."""
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # field docstrings become --help text
     parser = ArgumentParser(
         prog=command.prog,
@@ -174,14 +173,14 @@ def _add_group(parser: ArgumentParser, cls: type, prefix: str, defaults: Any, co
     hints = typing.get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]
     nested = {f.name for f in fields if dataclasses.is_dataclass(hints[f.name])}
-    left_out = {f.name for f in fields if prefix + f.name in command.skip | command.hidden}
-    values = None if defaults is None else {f.name: getattr(defaults, f.name) for f in fields}  # those skipped: unused
+    left_out = {f.name for f in fields if prefix + f.name in command.hidden}
+    values = None if defaults is None else {f.name: getattr(defaults, f.name) for f in fields}  # those hidden: unused
     parser.add_class_arguments(cls, prefix[:-1] or None, default=values, skip=nested | left_out)
     group = parser.groups.get(prefix[:-1] or cls.__name__)
     if group is not None and group.title:  # the summary line: the defaults shown are the command's, not the class'
         group.title = group.title.split(". ")[0].rstrip(".")
     for f in fields:
-        if f.name in nested and prefix + f.name not in command.skip:
+        if f.name in nested:
             default = getattr(defaults, f.name) if defaults is not None else f.default_factory()  # a nested group's
             _add_group(parser, hints[f.name], f"{prefix}{f.name}.", default, command)
         elif prefix + f.name in command.hidden:
@@ -195,7 +194,7 @@ def _offered(command: Command, cls: type | None = None, prefix: str = "") -> Ite
     hints = typing.get_type_hints(cls or command.config)
     for f in dataclasses.fields(cls or command.config):
         name, kind = prefix + f.name, hints[f.name]
-        if f.init and name not in command.skip | command.hidden:
+        if f.init and name not in command.hidden:
             yield name, kind, dataclasses.is_dataclass(kind)
             if dataclasses.is_dataclass(kind):
                 yield from _offered(command, kind, name + ".")
@@ -230,8 +229,8 @@ TYPE_WORDS |= dict.fromkeys(("list", "tuple"), "a list ([a, b])")
 """How a value of a plain type is named in a message about a wrong one."""
 
 
-def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = frozenset()) -> str:
-    """jsonargparse's message in a few lines, with the closest option to an unknown one (not to one `refused`)."""
+def usage_message(message: str, names: Sequence[str]) -> str:
+    """jsonargparse's message in a few lines, with the closest option to an unknown one."""
     # 'Expected a <class 'int'>. Got value: abc' (or a union's list of them) as one line naming the option and the
     # type: '--train.max_steps takes an integer, got 'abc''
     key = re.match(r'Parser key "([\w.]+)":', message)
@@ -251,8 +250,6 @@ def usage_message(message: str, names: Sequence[str], refused: frozenset[str] = 
     unknown = re.findall(r"(?<![\w-])--([\w.]+)", message) if "unrecognized arguments" in message else []
     unknown += [".".join(pair) for pair in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)]
     for name in unknown + re.findall(r"^Option '([\w.]+)' is not accepted", message):  # command line, config file
-        if name in refused:
-            return f"{text}; --{name} is not an option of this command"
         if hint := did_you_mean(name, names, "--"):
             return text + hint
     return text

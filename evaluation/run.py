@@ -56,7 +56,8 @@ class EvalSettings:
     rope_scaling: list[RopeScaling] = field(default_factory=lambda: [AS_TRAINED])
     """RoPE checkpoints are evaluated once per entry: none (as trained), linear (position interpolation), ntk, yarn."""
     rope_scaling_factor: float | Literal["dynamic"] = "dynamic"
-    """A fixed factor (>= 1) for the scaled RoPE variants, or 'dynamic': max(1, L / block_size) at each length L."""
+    """A fixed factor (>= 1) for the scaled RoPE variants, or 'dynamic': max(1, L / L0) at each length L, L0 the
+    model's original length (`GPTConfig.original_block_size`, else its block_size)."""
     buckets: int = 16
     """Position buckets for the loss-by-position curves."""
     batch_tokens: int = 32768
@@ -226,10 +227,10 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
 
 def at_length(trained: GPT, scaling: str, factor: float | str, length: int) -> GPT:
     """The model at `length` under a RoPE scaling: a view of it at a fixed factor, or (dynamic) at how far `length`
-    is past its training length; as trained for 'none'."""
+    is past its original length (`GPTConfig.original_length`); as trained for 'none'."""
     if scaling == AS_TRAINED:
         return trained
-    return trained.rescaled(scaling, max(1.0, length / trained.config.block_size) if factor == "dynamic" else
+    return trained.rescaled(scaling, max(1.0, length / trained.config.original_length) if factor == "dynamic" else
                             float(factor))  # fmt: skip
 
 

@@ -73,6 +73,11 @@ class Variant:
     """Fields of the shared run's model (run.model) that this model sets otherwise."""
     train: dict[str, Any] = field(default_factory=dict)
     """Fields of the shared run's training (run.train) that this model sets otherwise (say, random_positions)."""
+    optim: dict[str, Any] = field(default_factory=dict)
+    """Fields of the shared run's optimizer (run.optim) that this model sets otherwise (say, a fine-tune's lr)."""
+    extends: str | None = None
+    """A model listed before this one whose final checkpoint of the same seed this one starts from (`init_from`: a
+    fine-tune, with a fresh optimizer, schedule and data)."""
 
 
 @dataclass
@@ -103,7 +108,8 @@ class Study:
             raise ConfigError(f"schemes, variant names and seeds must not repeat: {names}, {seeds}.")
         for variant in models:
             try:
-                for section, overrides in (("model", variant.model), ("train", variant.train)):
+                for section in ("model", "train", "optim"):
+                    overrides = getattr(variant, section)
                     known = [f.name for f in dataclasses.fields(getattr(self.run, section)) if f.init]
                     for name in overrides:
                         if name not in known:
@@ -130,9 +136,12 @@ class Study:
 def run_config_for(run: RunConfig, out_dir: str, variant: Variant, seed: int) -> RunConfig:
     """The shared run with this model and seed, trained under <out_dir>/runs/<name>-seed<seed>; the
     config classes check the result as they check any config."""
-    train = dataclasses.replace(run.train, **variant.train, seed=seed, out_dir=str(Path(out_dir) / "runs"),
+    runs = Path(out_dir) / "runs"
+    train = dataclasses.replace(run.train, **variant.train, seed=seed, out_dir=str(runs),
                                 run_name=f"{variant.name}-seed{seed}", resume="auto")  # fmt: skip
-    return dataclasses.replace(run, model=dataclasses.replace(run.model, **variant.model), train=train)
+    start = {"init_from": str(runs / f"{variant.extends}-seed{seed}" / "last.ckpt")} if variant.extends else {}
+    model = dataclasses.replace(run.model, **variant.model, **start)
+    return dataclasses.replace(run, model=model, train=train, optim=dataclasses.replace(run.optim, **variant.optim))
 
 
 @dataclass

@@ -8,17 +8,61 @@ again only does what is left.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from posgpt.core import cli
 from posgpt.evaluation.checkpoint import EvalData
 from posgpt.evaluation.run import EvalSettings, evaluate_checkpoints, merge_documents
-from posgpt.experiments.common import Launch, Study, experiment_command, run_tokens
+from posgpt.experiments.common import Launch, Study, Variant, experiment_command, run_tokens
+from posgpt.model import SCHEMES
 from posgpt.training.config import RunConfig
 
 QUICK_CONFIG = "configs/extrapolation_quick.yaml"
 """The study a newcomer runs first: three schemes in about 5 minutes on a 2-core CPU (the README's table)."""
+
+
+METHODS: dict[str, dict[str, Any]] = {"none": {}, "pi": {"rope_scaling": "linear"}, "ntk": {"rope_scaling": "ntk"},
+                                      "yarn": {"rope_scaling": "yarn"}, "drope": {"pos_encoding": "none"}}  # fmt: skip
+"""Each context-extension method: what it sets in the fine-tuned model (the scalings' factor is `Extension.factor`)."""
+
+
+@dataclass
+class Extension:
+    """Context extension as PI, YaRN and DroPE do it: every trained model fine-tuned from its final checkpoint (fresh
+    optimizer, schedule and data) at `factor` times its block_size, once per method: `none` (the length alone) for
+    every model but a learned table's; `pi`, `ntk` and `yarn` (RoPE scaled by `factor` from the original length) and
+    `drope` (RoPE dropped) for a model whose scheme rescales (RoPE). Each is a model of the report, named
+    <model>-x<factor>-<method>, trained after every other model of its seed."""
+
+    factor: int = 4
+    methods: list[Literal["none", "pi", "ntk", "yarn", "drope"]] = field(default_factory=lambda: ["none", "pi", "yarn"])
+    train: dict[str, Any] = field(default_factory=lambda: {"max_steps": 100})
+    """Fields of the shared run's training that the fine-tunes set otherwise (max_steps, batch_size, ...); a model's
+    own (a switch, random positions) are not repeated."""
+    optim: dict[str, Any] = field(default_factory=dict)
+    """Fields of the shared run's optimizer that the fine-tunes set otherwise (lr, warmup_steps, ...)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.factor, bool) or not isinstance(self.factor, int) or self.factor < 2 or not self.methods:
+            raise ValueError(f"extend needs a whole factor >= 2 and a method, got {self.factor!r}, {self.methods}.")
+
+    def variants(self, trained: list[Variant], run: RunConfig) -> list[Variant]:
+        """The fine-tunes of the `trained` models."""
+        out = []
+        for model in trained:
+            config = dataclasses.replace(run.model, **model.model)
+            scheme = SCHEMES[config.pos_encoding]
+            for method in self.methods if scheme.longest(config) is None else ():  # a learned table ends at its length
+                if method != "none" and not scheme.rescalable:
+                    continue
+                changes = {"block_size": self.factor * config.block_size, "original_block_size": config.original_length,
+                           **METHODS[method]}  # fmt: skip
+                changes |= {"rope_scaling_factor": float(self.factor)} if "rope_scaling" in changes else {}
+                out.append(Variant(f"{model.name}-x{self.factor}-{method}", {**model.model, **changes}, self.train,
+                                   {**model.optim, **self.optim}, extends=model.name))  # fmt: skip
+        return out
 
 
 @dataclass
@@ -33,6 +77,12 @@ class ExperimentConfig(Study):
     """The evaluation of every final checkpoint, attention statistics (entropy, sink mass, sink rate) on by default."""
     eval_data: EvalData = field(default_factory=EvalData)
     """Evaluation text (default: the validation split of the training data)."""
+    extend: Extension | None = None
+    """Fine-tune every trained model at a longer length with each context-extension method (null: none)."""
+
+    def models(self) -> list[Variant]:
+        trained = super().models()
+        return trained + (self.extend.variants(trained, self.run) if self.extend else [])
 
 
 def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:

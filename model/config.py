@@ -73,7 +73,11 @@ class GPTConfig:
     rope_scaling: RopeScaling = role("none", Role.RESUME, scheme="rope")
     """RoPE context extension, usually set at evaluation time: linear (position interpolation), ntk, yarn."""
     rope_scaling_factor: float = role(1.0, Role.RESUME, scheme="rope")
-    """How many times block_size the scaled RoPE should cover (1 changes nothing)."""
+    """How many times the original length the scaled RoPE should cover (1 changes nothing)."""
+    original_block_size: int | None = role(None, Role.RESUME, scheme="rope")
+    """The length the model was first trained at, which PI, NTK and YaRN scale from and `posgpt evaluate`'s dynamic
+    factor divides by (Hugging Face's original_max_position_embeddings); None: block_size. A fine-tune from a
+    checkpoint at another block_size (`init_from`) keeps the checkpoint's."""
     rope_fraction: float = role(1.0, scheme="rope")
     """Share of each head's dimensions RoPE rotates (1.0: all); `rope_partial` says which."""
     rope_partial: Literal["p_rope", "neox"] = role("p_rope", scheme="rope")
@@ -148,7 +152,8 @@ class GPTConfig:
     """The MLP's GELU: none (exact, erf; nanoGPT's) or tanh (the approximation GPT-2 was trained with)."""
     init_from: str | None = role(None, Role.RESUME)
     """Start from GPT-2 weights: gpt2 | gpt2-medium | gpt2-large | gpt2-xl (Hugging Face cache) or a directory with
-    model.safetensors; another pos_encoding replaces the position table. Read only when a run starts afresh."""
+    model.safetensors, another pos_encoding replacing the position table; or from a posgpt checkpoint (a .ckpt
+    file) at any block_size, scheme or scaling (a fine-tune: docs/training.md). Read only when a run starts afresh."""
 
     @property
     def padded_vocab_size(self) -> int:
@@ -193,6 +198,11 @@ class GPTConfig:
         from posgpt.model.validation import check_config  # the registries, and their kernels: at the first config
 
         check_config(self)  # the registries' half: names, each scheme's needs, a kernel for the combination
+
+    @property
+    def original_length(self) -> int:
+        """What RoPE's scalings stretch from: `original_block_size`, else block_size."""
+        return self.original_block_size or self.block_size
 
     @property
     def head_dim(self) -> int:
@@ -270,6 +280,7 @@ BOUNDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rope_scaling_factor": (_number(lambda v: v >= 1), ">= 1"),
     "rope_fraction": (_number(lambda v: 0 < v <= 1), "in (0, 1] (1: every dimension)"),
     "cope_positions": (lambda v: v is None or _integer(2)(v), "at least 2 (or None)"),
+    "original_block_size": (lambda v: v is None or _integer(1)(v), "a positive integer (or None: block_size)"),
     "attn_log_scale": (lambda v: v is None or _number(lambda s: s > 0)(v), "positive (or None)"),
     "attn_softcap": (_number(lambda v: v >= 0), ">= 0 (0: no cap)"),
     **dict.fromkeys(("gdn_expand_k", "gdn_expand_v", "kda_expand_v"), (_number(lambda v: v > 0), "positive")),

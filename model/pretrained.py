@@ -65,6 +65,11 @@ def weights_file(source: str) -> Path:
     )
 
 
+def names_checkpoint(source: str | None) -> bool:
+    """Whether `init_from` names a posgpt checkpoint to fine-tune: anything but one of GPT-2's names or a directory."""
+    return bool(source) and source not in GPT2_SHAPES and not Path(str(source)).expanduser().is_dir()
+
+
 def check_pretrained(config: GPTConfig) -> Path:
     """What `from_pretrained` would refuse, found from the file's header before any data is prepared, in one line
     naming the settings: weights that are not GPT-2's layout, or a model whose shape is not the weights'; the file."""

@@ -38,5 +38,5 @@ COMMAND = Command(
     "Train a GPT on any text; the position scheme is --model.pos_encoding. With no options: "
     "configs/shakespeare_char.yaml (Tiny Shakespeare, char-level, 4 layers x 128, RoPE, 2000 steps).",
     default_config=str(shipped("shakespeare_char.yaml")),  # `python train.py` with no options
-    skip=frozenset({"model.vocab_size"}),  # the tokenizer's, set from the data
+    hidden=frozenset({"model.vocab_size"}),  # the tokenizer's, set from the data: read in a run's config.yaml, unused
 )

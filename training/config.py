@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from posgpt.core.errors import ConfigError
 from posgpt.model import SCHEMES, GPTConfig
-from posgpt.model.pretrained import check_gpt2_shape
+from posgpt.model.pretrained import check_gpt2_shape, names_checkpoint
 from posgpt.model.roles import Role
 
 EVAL_BATCHES = 200  # of the default validation budget, as nanoGPT's eval_iters
@@ -245,7 +245,7 @@ class RunConfig:
             if self.train.switch_step() == 0:
                 raise ValueError(f"train.switch_at {self.train.switch_at} of {self.train.max_steps} steps is step 0: "
                                  "switch later, or train the switched model from the start.")  # fmt: skip
-        if self.model.init_from and self.data.tokenizer != "gpt2":
+        if self.model.init_from and not names_checkpoint(self.model.init_from) and self.data.tokenizer != "gpt2":
             raise ValueError(
                 f"model.init_from {self.model.init_from} is a GPT-2 model, which reads GPT-2's tokens: pass "
                 "--data.tokenizer gpt2."

@@ -25,10 +25,12 @@ from posgpt.data.corpora import AUTO as AUTO_CORPUS
 from posgpt.data.dataset import PreparedData, prepare_dir
 from posgpt.data.tasks import TaskConfig
 from posgpt.data.tokenizer import GPT2Tokenizer, Tokenizer
-from posgpt.model import GPT
+from posgpt.evaluation.checkpoint import gpt_from_checkpoint, weights_misfit
+from posgpt.model import GPT, SCHEMES, GPTConfig
 from posgpt.model.config import model_tags
 from posgpt.model.kernels import AUTO
-from posgpt.model.pretrained import check_pretrained, from_pretrained, weights_file
+from posgpt.model.pretrained import PretrainedError, check_pretrained, from_pretrained, names_checkpoint, weights_file
+from posgpt.model.roles import Role
 from posgpt.training.callbacks import AtomicCheckpointIO, LastCheckpoint, MetricsWriter, ProgressBar, ProgressLines
 from posgpt.training.config import EVAL_BATCHES, DataConfig, RunConfig
 from posgpt.training.curves import write_training_plot
@@ -39,6 +41,65 @@ from posgpt.training.module import GPTModule
 from posgpt.training.rundir import RunError, check_resume, check_writable, claim_run_dir, resume_path, write_configs
 
 log = logging.getLogger(__name__)
+
+
+def kept_original_length(cfg: RunConfig, resumed: Path | None) -> RunConfig:
+    """`cfg` fine-tuning from a checkpoint (`init_from`) with the original length RoPE's scalings stretch from filled
+    in: the checkpoint's own (`GPTConfig.original_length`), or where the run resumes, what it recorded."""
+    record = resumed or Path(str(cfg.model.init_from))
+    if not record.is_file():
+        raise PretrainedError(f"--model.init_from {record}: no such checkpoint file, nor a directory or a name of "
+                              "GPT-2's weights (gpt2, gpt2-medium, ...).")  # fmt: skip
+    ckpt = read_checkpoint(record, mmap=True)
+    saved = GPTConfig.from_dict(ckpt.get("model_config") or ckpt["hyper_parameters"]["config"]["model"])
+    length = saved.original_block_size if resumed else saved.original_length
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, original_block_size=length))
+
+
+def fine_tune_start(config: GPTConfig, tokenizer: Tokenizer) -> GPT:
+    """A model of `config` holding, exactly, the weights of the checkpoint `config.init_from` names (a fine-tune:
+    the optimizer, schedule and data start afresh): the checkpoint's model switched to `config`'s position settings
+    (scaling, DroPE's NoPE, ...) at its own length, then its weights loaded into a model of `config`'s length; a
+    learned table cut to it, refused past its end."""
+    path = str(config.init_from)
+    ckpt = read_checkpoint(path)
+    if (own := ckpt["hyper_parameters"]["tokenizer"]) != tokenizer.meta():
+        raise PretrainedError(
+            f"--model.init_from {path} reads text with its own tokenizer ({own['kind']}, {own['vocab_size']} tokens), "
+            "the data's is another: fine-tune on its corpus (its run's config.yaml names it) or, for GPT-2's BPE, any "
+            "text with --data.tokenizer gpt2."
+        )
+    model = gpt_from_checkpoint(ckpt, path)
+    saved, rows = model.config, SCHEMES[model.config.pos_encoding].longest(model.config)
+    if SCHEMES[config.pos_encoding].longest(config) is not None and rows is not None and config.block_size > rows:
+        raise PretrainedError(
+            f"--model.init_from {path} has {rows} learned positions: pass --model.block_size {rows} or less, or "
+            "another --model.pos_encoding (its table is then replaced; none drops positions, as DroPE)."
+        )
+    kept = [f for f in GPTConfig.fields_with(Role.RESUME) if f not in GPTConfig.fields_with(Role.SWITCH)]
+    at_saved_length = {f: getattr(saved, f) for f in ("block_size", *kept)}
+    try:
+        model.switch(dataclasses.replace(config, **at_saved_length))
+    except ValueError as error:
+        raise PretrainedError(
+            f"--model.init_from {path}: {error} Pass the checkpoint's model settings (--config with its run's "
+            "config.yaml), changing block_size and the position settings only."
+        ) from None
+    state = model.state_dict()
+    if "pe.table.weight" in state and rows is not None:
+        state["pe.table.weight"] = state["pe.table.weight"][: config.block_size]
+    start = GPT(config)
+    try:
+        start.load_state_dict(state)
+    except RuntimeError:  # a table sized by block_size (CoPE's counts)
+        raise PretrainedError(
+            f"--model.init_from {path}: its weights do not fit a model of block_size {config.block_size} "
+            f"({weights_misfit(start.state_dict(), state)}): keep its block_size, or give its scheme's sizes that "
+            "follow block_size (cope_positions) the checkpoint's values."
+        ) from None
+    log.info("Weights from %s (step %d, block_size %d, original length %d)", path, ckpt.get("global_step", 0),
+             saved.block_size, config.original_length)  # fmt: skip
+    return start
 
 
 @dataclass
@@ -65,7 +126,7 @@ def preflight(cfg: RunConfig, resuming: bool) -> None:
         model.kernel(device, cfg.model.dropout > 0, needs_grad=True, float64=float64, kind=kind)
     if cfg.data.tokenizer == "gpt2":
         vocab_size = GPT2Tokenizer(cfg.data.tiktoken_ranks).vocab_size
-        if cfg.model.init_from and not resuming:
+        if cfg.model.init_from and not resuming and not names_checkpoint(cfg.model.init_from):
             check_pretrained(dataclasses.replace(cfg.model, vocab_size=vocab_size))
 
 
@@ -162,15 +223,21 @@ def _fit(
     """Build the module and the Trainer and fit; rank 0 writes `used` once the resume is allowed."""
     t = cfg.train
     start_step = 0
+    if names_checkpoint(cfg.model.init_from) and cfg.model.original_block_size is None:
+        cfg, used = (kept_original_length(c, ckpt_path) for c in (cfg, used))
     if ckpt_path is not None:
         ckpt = read_checkpoint(ckpt_path, mmap=True)  # its settings and step; Lightning loads the weights
         for change in check_resume(ckpt, ckpt_path, cfg, data.record):
             log.info("Resuming with %s", change)
         start_step = int(ckpt.get("global_step", 0))
+    fine_tune = names_checkpoint(cfg.model.init_from) and ckpt_path is None  # a resume restores its own weights
+    start = fine_tune_start(cfg.model, data.tokenizer) if fine_tune else None  # refused before the run dir is written
     if rank_zero_only.rank == 0:
         write_configs(run_dir, cfg, used)
     module = GPTModule(cfg, data.tokenizer.meta(), data.record)
-    if cfg.model.init_from and ckpt_path is None:  # a resume restores its own weights
+    if start is not None:
+        module.model = start
+    elif cfg.model.init_from and ckpt_path is None:
         module.model = from_pretrained(cfg.model)
         log.info("Weights from %s (%s)", cfg.model.init_from, weights_file(cfg.model.init_from))
     module.model.activation_checkpointing = t.activation_checkpointing

@@ -88,7 +88,7 @@ class RotaryPositions(PositionEncoding):
         self.head_dim = config.rotary_dim  # the width of the vectors rotate() is handed
         self.rotated_dims, self.pairs = rotated_part(config)
         self.base = config.rope_base
-        self.scaling = (config.rope_scaling, config.rope_scaling_factor, config.block_size)  # rope_cos_sin's order
+        self.scaling = (config.rope_scaling, config.rope_scaling_factor, config.original_length)  # rope_cos_sin's order
         self.register_buffer("turn", self._turn(config.block_size), persistent=False)
         """(positions, 2, 2, D/2): per position what each half gives each, ((cos, sin), (-sin, cos)) (`apply_rope`)."""
 
