@@ -106,7 +106,10 @@ def markdown_table(doc: dict[str, Any], groups: list[Group]) -> str:
         spread = len(g.runs) > 1
         cells = [fmt(st[0]) + (f" ± {fmt(st[1])}" if spread else "") if (st := g.ppl_at(n)) else "n/a" for n in lengths]
         train, tokenizer = _one_or_list(g.column("train_length")), _one_or_list(g.column("tokenizer"))
-        pos = ", ".join([g.runs[0]["pos_encoding"], *model_tags(g.runs[0].get("config", {}).get("model", {}))])
+        model = g.runs[0].get("config", {}).get("model", {})
+        scaling = model.get("rope_scaling", "none")  # trained (fine-tuned) with a scaling: which
+        scaled = [] if scaling == "none" else [f"{scaling} x{model['rope_scaling_factor']:g}"]
+        pos = ", ".join([g.runs[0]["pos_encoding"], *model_tags(model), *scaled])
         params = _one_or_list([f"{n:,}" if n else "n/a" for n in g.column("params")])
         lines.append(f"| {g.label} | {pos} | {params} | {train} | {tokenizer} | {len(g.runs)} | " + " | ".join(cells)
                      + " |")  # fmt: skip

@@ -152,7 +152,8 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
             turns = ", ".join(f"{b:,.0f}" for b in ckpt.model.rope_bases)
             log.warning(f"{label}: its kinds turn RoPE at bases {turns}, which {scaled} does not stretch alike "
                         "(Gemma 3 scales its global layers only): evaluated as trained")  # fmt: skip
-        plan += [(label, ckpt, text, s) for s in (settings.rope_scaling if ckpt.model.rescalable else [AS_TRAINED])]
+        scalable = ckpt.model.rescalable and ckpt.model.config.rope_scaling == "none"  # one trained scaled stays so
+        plan += [(label, ckpt, text, s) for s in (settings.rope_scaling if scalable else [AS_TRAINED])]
     total = sum(
         int(window_starts(len(text[0]), n, settings.stride or n, settings.token_budget).size)
         for _, ckpt, text, _ in plan

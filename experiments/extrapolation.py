@@ -57,9 +57,9 @@ class Extension:
             for method in self.methods if scheme.longest(config) is None else ():  # a learned table ends at its length
                 if method != "none" and not scheme.rescalable:
                     continue
-                changes = {"block_size": self.factor * config.block_size, "original_block_size": config.original_length,
-                           **METHODS[method]}  # fmt: skip
-                changes |= {"rope_scaling_factor": float(self.factor)} if "rope_scaling" in changes else {}
+                changes = {"block_size": self.factor * config.block_size, **METHODS[method]}
+                if "rope_scaling" in changes:  # scaled by the factor from the length it was trained at
+                    changes |= {"rope_scaling_factor": self.factor, "original_block_size": config.original_length}
                 out.append(Variant(f"{model.name}-x{self.factor}-{method}", {**model.model, **changes}, self.train,
                                    {**model.optim, **self.optim}, extends=model.name))  # fmt: skip
         return out

@@ -44,7 +44,7 @@ def study(tmp_path_factory) -> tuple[extrapolation.ExperimentConfig, Path]:
             "--run.model.block_size", "16", "--run.model.n_layer", "2", "--run.model.n_embd", "32",
             "--run.train.max_steps", "6", "--run.train.eval_interval", "6", "--run.train.batch_size", "4",
             "--run.train.logger", "none", "--eval.lengths", "[16, 64, 128]", "--eval.token_budget", "64",
-            "--eval.progress", "false",
+            "--eval.progress", "false", "--eval.rope_scaling", "[none, yarn]",
             "--extend", f"{{factor: 4, methods: [none, yarn], train: {{max_steps: {STEPS}, eval_interval: {STEPS}}}, "
                         "optim: {lr: 1.0e-3}}"]  # fmt: skip
     cli.run(extrapolation.COMMAND, argv)
@@ -58,8 +58,12 @@ def test_the_study_fine_tunes_each_model_from_its_own_checkpoint_with_each_metho
     assert yarn.model.init_from == str(root / "report" / "runs" / "rope-seed1" / "last.ckpt")
     assert (yarn.model.block_size, yarn.model.original_block_size) == (64, 16)
     assert (yarn.model.rope_scaling, yarn.model.rope_scaling_factor, yarn.optim.lr) == ("yarn", 4.0, 1e-3)
+    unscaled = run_config_for(cfg.run, cfg.out_dir, cfg.models()[-2], 1).model  # its rotation is native to 64
+    assert (unscaled.block_size, unscaled.original_block_size, unscaled.original_length) == (64, None, 64)
     labels = [run["label"] for run in json.loads((root / "report" / "results.json").read_text())["runs"]]
-    assert {"rope-x4-none", "rope-x4-yarn"} <= set(labels) and not any(la.startswith("learned-x") for la in labels)
+    assert {"rope-x4-none", "rope-x4-none + yarn", "rope-x4-yarn"} <= set(labels)  # scaled at evaluation: unscaled
+    assert "rope-x4-yarn + yarn" not in labels and not any(la.startswith("learned-x") for la in labels)
+    assert "| rope-x4-yarn | rope, local-global, yarn x4 |" in (root / "report" / "results.md").read_text()
 
 
 def test_the_weights_load_exactly_and_optimizer_schedule_and_data_start_afresh(study):

@@ -44,16 +44,21 @@ log = logging.getLogger(__name__)
 
 
 def kept_original_length(cfg: RunConfig, resumed: Path | None) -> RunConfig:
-    """`cfg` fine-tuning from a checkpoint (`init_from`) with the original length RoPE's scalings stretch from filled
-    in: the checkpoint's own (`GPTConfig.original_length`), or where the run resumes, what it recorded."""
-    record = resumed or Path(str(cfg.model.init_from))
-    if not record.is_file():
-        raise PretrainedError(f"--model.init_from {record}: no such checkpoint file, nor a directory or a name of "
-                              "GPT-2's weights (gpt2, gpt2-medium, ...).")  # fmt: skip
-    ckpt = read_checkpoint(record, mmap=True)
+    """`cfg` fine-tuning from a checkpoint (`init_from`) with a RoPE scaling, with the original length the scaling
+    stretches from filled in: the checkpoint's own (`GPTConfig.original_length`), or where the run resumes, what it
+    recorded. (Without a scaling the fine-tuned rotation is native to the new block_size, which is then its own.)"""
+    ckpt = read_checkpoint(resumed, mmap=True) if resumed else starting_checkpoint(str(cfg.model.init_from), mmap=True)
     saved = GPTConfig.from_dict(ckpt.get("model_config") or ckpt["hyper_parameters"]["config"]["model"])
     length = saved.original_block_size if resumed else saved.original_length
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, original_block_size=length))
+
+
+def starting_checkpoint(source: str, mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint `init_from` names, read; one line where there is no such file."""
+    if not Path(source).is_file():
+        raise PretrainedError(f"--model.init_from {source}: no such checkpoint file, nor a directory or a name of "
+                              "GPT-2's weights (gpt2, gpt2-medium, ...).")  # fmt: skip
+    return read_checkpoint(source, mmap=mmap)
 
 
 def fine_tune_start(config: GPTConfig, tokenizer: Tokenizer) -> GPT:
@@ -62,7 +67,7 @@ def fine_tune_start(config: GPTConfig, tokenizer: Tokenizer) -> GPT:
     (scaling, DroPE's NoPE, ...) at its own length, then its weights loaded into a model of `config`'s length; a
     learned table cut to it, refused past its end."""
     path = str(config.init_from)
-    ckpt = read_checkpoint(path)
+    ckpt = starting_checkpoint(path)
     if (own := ckpt["hyper_parameters"]["tokenizer"]) != tokenizer.meta():
         raise PretrainedError(
             f"--model.init_from {path} reads text with its own tokenizer ({own['kind']}, {own['vocab_size']} tokens), "
@@ -223,7 +228,8 @@ def _fit(
     """Build the module and the Trainer and fit; rank 0 writes `used` once the resume is allowed."""
     t = cfg.train
     start_step = 0
-    if names_checkpoint(cfg.model.init_from) and cfg.model.original_block_size is None:
+    scaled = cfg.model.rope_scaling != "none" and cfg.model.original_block_size is None
+    if names_checkpoint(cfg.model.init_from) and scaled:
         cfg, used = (kept_original_length(c, ckpt_path) for c in (cfg, used))
     if ckpt_path is not None:
         ckpt = read_checkpoint(ckpt_path, mmap=True)  # its settings and step; Lightning loads the weights
