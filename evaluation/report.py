@@ -225,7 +225,7 @@ def _settings_lines(doc: dict[str, Any], groups: list[Group]) -> list[str]:
         )
     if any(run["rope_scaling"] not in (None, AS_TRAINED) for run in doc["runs"]):
         factor = s["rope_scaling_factor"]
-        how = "L / train length beyond the training length" if factor == "dynamic" else f"{factor}"
+        how = f"{factor}" if factor != "dynamic" else "L / the original length (`original_block_size`) past it"
         lines.append(f"RoPE scaling factor ('+ linear / ntk / yarn' rows): {how}")
     if any(row["reason"] for run in doc["runs"] for row in run["results"]):
         lines.append("n/a: the scheme cannot run at that length (learned positions exist up to block_size)")
