@@ -152,8 +152,11 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
             turns = ", ".join(f"{b:,.0f}" for b in ckpt.model.rope_bases)
             log.warning(f"{label}: its kinds turn RoPE at bases {turns}, which {scaled} does not stretch alike "
                         "(Gemma 3 scales its global layers only): evaluated as trained")  # fmt: skip
-        scalable = ckpt.model.rescalable and ckpt.model.config.rope_scaling == "none"  # one trained scaled stays so
-        plan += [(label, ckpt, text, s) for s in (settings.rope_scaling if scalable else [AS_TRAINED])]
+        trained = ckpt.model.config.rope_scaling  # trained scaled: as trained, or the same scaling stretched further
+        fit = [s for s in settings.rope_scaling if trained == "none" or s in (AS_TRAINED, trained)]
+        if ckpt.model.rescalable and len(fit) < len(settings.rope_scaling):
+            log.info(f"{label}: trained with rope_scaling {trained}, evaluated with it only (as trained and dynamic)")
+        plan += [(label, ckpt, text, s) for s in (fit if ckpt.model.rescalable else [AS_TRAINED])]
     total = sum(
         int(window_starts(len(text[0]), n, settings.stride or n, settings.token_budget).size)
         for _, ckpt, text, _ in plan
@@ -231,8 +234,9 @@ def at_length(trained: GPT, scaling: str, factor: float | str, length: int) -> G
     is past its original length (`GPTConfig.original_length`); as trained for 'none'."""
     if scaling == AS_TRAINED:
         return trained
-    return trained.rescaled(scaling, max(1.0, length / trained.config.original_length) if factor == "dynamic" else
-                            float(factor))  # fmt: skip
+    c = trained.config  # a model trained scaled is never scaled less than it trained
+    least = c.rope_scaling_factor if c.rope_scaling != "none" else 1.0
+    return trained.rescaled(scaling, max(least, length / c.original_length) if factor == "dynamic" else float(factor))
 
 
 def merge_documents(docs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -106,8 +106,10 @@ class Study:
         names = [m.name for m in models]
         if len(set(names)) != len(names) or len(set(seeds)) != len(seeds):
             raise ConfigError(f"schemes, variant names and seeds must not repeat: {names}, {seeds}.")
-        for variant in models:
+        for k, variant in enumerate(models):
             try:
+                if variant.extends is not None and variant.extends not in names[:k]:
+                    raise ConfigError(f"extends {variant.extends!r}, which is not a model listed before it.")
                 for section in ("model", "train", "optim"):
                     overrides = getattr(variant, section)
                     known = [f.name for f in dataclasses.fields(getattr(self.run, section)) if f.init]
@@ -122,15 +124,22 @@ class Study:
             except (TypeError, ValueError) as error:  # TypeError: a value of the wrong type met a check
                 raise ConfigError(f"{variant.name}: {error}") from None
 
+    def every_model(self) -> list[Variant]:
+        """Each scheme as it is (a variant that sets only model.pos_encoding), then the variants."""
+        return [Variant(s, {"pos_encoding": s}) for s in self.schemes] + list(self.variants)
+
     def models(self) -> list[Variant]:
-        """Every model, or those `only` names: each scheme as it is (a variant that sets only model.pos_encoding),
-        then the variants."""
-        every = [Variant(s, {"pos_encoding": s}) for s in self.schemes] + list(self.variants)
+        """Every model, or those `only` names and the models they start from (`extends`)."""
+        every = self.every_model()
         names = [m.name for m in every]
         for name in sorted(set(self.only or ()) - set(names)):
             hint = did_you_mean(name, names, "") or "."
             raise ConfigError(f"--only {name}: no such model; the models are {', '.join(names)}{hint}")
-        return [m for m in every if not self.only or m.name in self.only]
+        chosen = set(self.only or names)
+        for model in reversed(every):  # what a chosen model starts from is listed before it
+            if model.name in chosen and model.extends:
+                chosen.add(model.extends)
+        return [m for m in every if m.name in chosen]
 
 
 def run_config_for(run: RunConfig, out_dir: str, variant: Variant, seed: int) -> RunConfig:
@@ -140,7 +149,7 @@ def run_config_for(run: RunConfig, out_dir: str, variant: Variant, seed: int) ->
     train = dataclasses.replace(run.train, **variant.train, seed=seed, out_dir=str(runs),
                                 run_name=f"{variant.name}-seed{seed}", resume="auto")  # fmt: skip
     start = {"init_from": str(runs / f"{variant.extends}-seed{seed}" / "last.ckpt")} if variant.extends else {}
-    model = dataclasses.replace(run.model, **variant.model, **start)
+    model = dataclasses.replace(run.model, **{**variant.model, **start})
     return dataclasses.replace(run, model=model, train=train, optim=dataclasses.replace(run.optim, **variant.optim))
 
 

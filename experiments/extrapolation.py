@@ -8,24 +8,28 @@ again only does what is left.
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from posgpt.core import cli
 from posgpt.evaluation.checkpoint import EvalData
 from posgpt.evaluation.run import EvalSettings, evaluate_checkpoints, merge_documents
-from posgpt.experiments.common import Launch, Study, Variant, experiment_command, run_tokens
+from posgpt.experiments.common import Launch, Study, Variant, experiment_command, run_config_for, run_tokens
 from posgpt.model import SCHEMES
 from posgpt.training.config import RunConfig
+
+log = logging.getLogger(__name__)
 
 QUICK_CONFIG = "configs/extrapolation_quick.yaml"
 """The study a newcomer runs first: three schemes in about 5 minutes on a 2-core CPU (the README's table)."""
 
 
 METHODS: dict[str, dict[str, Any]] = {"none": {}, "pi": {"rope_scaling": "linear"}, "ntk": {"rope_scaling": "ntk"},
-                                      "yarn": {"rope_scaling": "yarn"}, "drope": {"pos_encoding": "none"}}  # fmt: skip
-"""Each context-extension method: what it sets in the fine-tuned model (the scalings' factor is `Extension.factor`)."""
+                                      "yarn": {"rope_scaling": "yarn"},
+                                      "drope": {"pos_encoding": "none", "attn_log_scaling": "fixed"}}  # fmt: skip
+"""Each context-extension method: what it sets in the fine-tuned model (the scalings' factor is `Extension.factor`;
+DroPE's is the switch of `configs/extrapolation_shakespeare.yaml`'s drope variant)."""
 
 
 @dataclass
@@ -38,7 +42,7 @@ class Extension:
 
     factor: int = 4
     methods: list[Literal["none", "pi", "ntk", "yarn", "drope"]] = field(default_factory=lambda: ["none", "pi", "yarn"])
-    train: dict[str, Any] = field(default_factory=lambda: {"max_steps": 100})
+    train: dict[str, Any] = field(default_factory=lambda: {"max_steps": 100, "eval_interval": 100})
     """Fields of the shared run's training that the fine-tunes set otherwise (max_steps, batch_size, ...); a model's
     own (a switch, random positions) are not repeated."""
     optim: dict[str, Any] = field(default_factory=dict)
@@ -49,19 +53,29 @@ class Extension:
             raise ValueError(f"extend needs a whole factor >= 2 and a method, got {self.factor!r}, {self.methods}.")
 
     def variants(self, trained: list[Variant], run: RunConfig) -> list[Variant]:
-        """The fine-tunes of the `trained` models."""
-        out = []
+        """The fine-tunes of the `trained` models (each from the model it ends as, after a `train.switch_at`); one
+        the config classes refuse (DroPE beside Llama 4's QK-norm, say) is left out, with a line that says so."""
+        out, train = [], {"switch_at": 0.0, "switch_model": {}, **self.train}
         for model in trained:
-            config = dataclasses.replace(run.model, **model.model)
-            scheme = SCHEMES[config.pos_encoding]
+            try:
+                config = run_config_for(run, ".", model, 0).switched_model()
+            except (TypeError, ValueError):  # its own check says why, naming it
+                continue
+            scheme, was = SCHEMES[config.pos_encoding], config.to_dict()
             for method in self.methods if scheme.longest(config) is None else ():  # a learned table ends at its length
                 if method != "none" and not scheme.rescalable:
                     continue
                 changes = {"block_size": self.factor * config.block_size, **METHODS[method]}
                 if "rope_scaling" in changes:  # scaled by the factor from the length it was trained at
                     changes |= {"rope_scaling_factor": self.factor, "original_block_size": config.original_length}
-                out.append(Variant(f"{model.name}-x{self.factor}-{method}", {**model.model, **changes}, self.train,
-                                   {**model.optim, **self.optim}, extends=model.name))  # fmt: skip
+                changes |= scheme.sized_settings(config)  # parameters sized by the old block_size keep their size
+                name, fields = f"{model.name}-x{self.factor}-{method}", {**was, **changes}
+                try:
+                    run_config_for(run, ".", Variant(name, fields, train), 0)
+                except (TypeError, ValueError) as error:
+                    log.warning("extend: %s left out: %s", name, error)
+                    continue
+                out.append(Variant(name, fields, train, {**model.optim, **self.optim}, extends=model.name))
         return out
 
 
@@ -80,8 +94,8 @@ class ExperimentConfig(Study):
     extend: Extension | None = None
     """Fine-tune every trained model at a longer length with each context-extension method (null: none)."""
 
-    def models(self) -> list[Variant]:
-        trained = super().models()
+    def every_model(self) -> list[Variant]:
+        trained = super().every_model()
         return trained + (self.extend.variants(trained, self.run) if self.extend else [])
 
 

@@ -75,9 +75,9 @@ class GPTConfig:
     rope_scaling_factor: float = role(1.0, Role.RESUME, scheme="rope")
     """How many times the original length the scaled RoPE should cover (1 changes nothing)."""
     original_block_size: int | None = role(None, Role.RESUME, scheme="rope")
-    """The length the model was first trained at, which PI, NTK and YaRN scale from and `posgpt evaluate`'s dynamic
-    factor divides by (Hugging Face's original_max_position_embeddings); None: block_size. A fine-tune from a
-    checkpoint at another block_size (`init_from`) keeps the checkpoint's."""
+    """With a rope_scaling: the length the model was first trained at, which PI, NTK and YaRN scale from and
+    `posgpt evaluate`'s dynamic factor divides by (Hugging Face's original_max_position_embeddings); None:
+    block_size. A scaled fine-tune from a checkpoint at another block_size (`init_from`) keeps the checkpoint's."""
     rope_fraction: float = role(1.0, scheme="rope")
     """Share of each head's dimensions RoPE rotates (1.0: all); `rope_partial` says which."""
     rope_partial: Literal["p_rope", "neox"] = role("p_rope", scheme="rope")
@@ -203,6 +203,12 @@ class GPTConfig:
     def original_length(self) -> int:
         """What RoPE's scalings stretch from: `original_block_size`, else block_size."""
         return self.original_block_size or self.block_size
+
+    @property
+    def scales_rope(self) -> bool:
+        """Whether a layer's RoPE is scaled: the model's `rope_scaling`, or a kind's own (model/layout.py)."""
+        kinds = (self.kinds or {}).values() if self.layout else [{}]
+        return any(kind.get("rope_scaling", self.rope_scaling) != "none" for kind in kinds)
 
     @property
     def head_dim(self) -> int:

@@ -49,7 +49,8 @@ def weights_file(source: str) -> Path:
             return path / WEIGHTS
         raise PretrainedError(f"--model.init_from {source}: the directory holds no {WEIGHTS}.")
     if source not in GPT2_SHAPES:
-        raise PretrainedError(f"--model.init_from {source}: neither a directory nor one of {', '.join(GPT2_SHAPES)}.")
+        raise PretrainedError(f"--model.init_from {source}: not a directory, a checkpoint (.ckpt) or one of "
+                              f"{', '.join(GPT2_SHAPES)}.")  # fmt: skip
     repo = hub_cache() / f"models--{source}"
     ref = repo / "refs" / "main"
     snapshots = [repo / "snapshots" / ref.read_text().strip()] if ref.is_file() else []
@@ -66,8 +67,8 @@ def weights_file(source: str) -> Path:
 
 
 def names_checkpoint(source: str | None) -> bool:
-    """Whether `init_from` names a posgpt checkpoint to fine-tune: anything but one of GPT-2's names or a directory."""
-    return bool(source) and source not in GPT2_SHAPES and not Path(str(source)).expanduser().is_dir()
+    """Whether `init_from` names a posgpt checkpoint to fine-tune: a file, or a name ending in .ckpt."""
+    return bool(source) and (str(source).endswith(".ckpt") or Path(str(source)).expanduser().is_file())
 
 
 def check_pretrained(config: GPTConfig) -> Path:

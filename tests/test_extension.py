@@ -17,11 +17,13 @@ from conftest import make_text
 import train as train_script
 from posgpt.core import cli
 from posgpt.core.checkpoint import read_checkpoint
+from posgpt.core.errors import ConfigError
 from posgpt.evaluation.checkpoint import load_checkpoint
 from posgpt.evaluation.run import at_length
 from posgpt.experiments import extrapolation
 from posgpt.experiments.common import run_config_for
 from posgpt.model import GPT, GPTConfig
+from posgpt.training.config import RunConfig
 from posgpt.training.run import fine_tune_start, train
 
 from helpers import cli_error
@@ -34,7 +36,8 @@ STEPS = 4
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> tuple[extrapolation.ExperimentConfig, Path]:
     """A learned-position model and a RoPE layout (its local kind pins rope_scaling none) trained at 16, and the
-    RoPE one fine-tuned at 4x without scaling and with YaRN (the learned one is not extended: its table ends)."""
+    RoPE one fine-tuned at 4x without scaling, with YaRN and as DroPE (the learned one is not extended: its table
+    ends)."""
     root = tmp_path_factory.mktemp("extension")
     (root / "corpus.txt").write_text(make_text(), encoding="utf-8")
     argv = ["--config", str(ROOT / "configs" / "extrapolation_quick.yaml"), "--out_dir", str(root / "report"),
@@ -45,7 +48,8 @@ def study(tmp_path_factory) -> tuple[extrapolation.ExperimentConfig, Path]:
             "--run.train.max_steps", "6", "--run.train.eval_interval", "6", "--run.train.batch_size", "4",
             "--run.train.logger", "none", "--eval.lengths", "[16, 64, 128]", "--eval.token_budget", "64",
             "--eval.progress", "false", "--eval.rope_scaling", "[none, yarn]",
-            "--extend", f"{{factor: 4, methods: [none, yarn], train: {{max_steps: {STEPS}, eval_interval: {STEPS}}}, "
+            "--extend", f"{{factor: 4, methods: [none, yarn, drope], train: {{max_steps: {STEPS}, "
+                        f"eval_interval: {STEPS}}}, "
                         "optim: {lr: 1.0e-3}}"]  # fmt: skip
     cli.run(extrapolation.COMMAND, argv)
     return cli.parse(extrapolation.COMMAND, argv), root
@@ -53,16 +57,18 @@ def study(tmp_path_factory) -> tuple[extrapolation.ExperimentConfig, Path]:
 
 def test_the_study_fine_tunes_each_model_from_its_own_checkpoint_with_each_method(study):
     cfg, root = study
-    assert [m.name for m in cfg.models()] == ["learned", "rope", "rope-x4-none", "rope-x4-yarn"]
-    yarn = run_config_for(cfg.run, cfg.out_dir, cfg.models()[-1], 1)
+    assert [m.name for m in cfg.models()] == ["learned", "rope", "rope-x4-none", "rope-x4-yarn", "rope-x4-drope"]
+    yarn = run_config_for(cfg.run, cfg.out_dir, cfg.models()[3], 1)
     assert yarn.model.init_from == str(root / "report" / "runs" / "rope-seed1" / "last.ckpt")
     assert (yarn.model.block_size, yarn.model.original_block_size) == (64, 16)
     assert (yarn.model.rope_scaling, yarn.model.rope_scaling_factor, yarn.optim.lr) == ("yarn", 4.0, 1e-3)
-    unscaled = run_config_for(cfg.run, cfg.out_dir, cfg.models()[-2], 1).model  # its rotation is native to 64
+    unscaled = run_config_for(cfg.run, cfg.out_dir, cfg.models()[2], 1).model  # its rotation is native to 64
     assert (unscaled.block_size, unscaled.original_block_size, unscaled.original_length) == (64, None, 64)
-    labels = [run["label"] for run in json.loads((root / "report" / "results.json").read_text())["runs"]]
-    assert {"rope-x4-none", "rope-x4-none + yarn", "rope-x4-yarn"} <= set(labels)  # scaled at evaluation: unscaled
-    assert "rope-x4-yarn + yarn" not in labels and not any(la.startswith("learned-x") for la in labels)
+    drope = load_checkpoint(root / "report" / "runs" / "rope-x4-drope-seed1" / "last.ckpt").model.config
+    assert (drope.pos_encoding, drope.attn_log_scaling, drope.block_size) == ("none", "fixed", 64)
+    labels = {run["label"] for run in json.loads((root / "report" / "results.json").read_text())["runs"]}
+    assert {"rope-x4-none", "rope-x4-none + yarn", "rope-x4-yarn", "rope-x4-yarn + yarn", "rope-x4-drope"} <= labels
+    assert not any(label.startswith("learned-x") for label in labels)
     assert "| rope-x4-yarn | rope, local-global, yarn x4 |" in (root / "report" / "results.md").read_text()
 
 
@@ -70,7 +76,7 @@ def test_the_weights_load_exactly_and_optimizer_schedule_and_data_start_afresh(s
     cfg, root = study
     runs = root / "report" / "runs"
     base = load_checkpoint(runs / "rope-seed1" / "last.ckpt")
-    fine = run_config_for(cfg.run, cfg.out_dir, cfg.models()[-1], 1).model
+    fine = run_config_for(cfg.run, cfg.out_dir, cfg.models()[3], 1).model
     start = fine_tune_start(dataclasses.replace(fine, vocab_size=base.tokenizer.vocab_size), base.tokenizer)
     for name, tensor in base.model.state_dict().items():
         assert torch.equal(start.state_dict()[name], tensor), name
@@ -83,7 +89,7 @@ def test_the_weights_load_exactly_and_optimizer_schedule_and_data_start_afresh(s
 
 def test_a_fine_tune_resumes_exactly_without_its_starting_checkpoint(study):
     cfg, root = study
-    fine = run_config_for(cfg.run, str(root / "split"), cfg.models()[-1], 1)
+    fine = run_config_for(cfg.run, str(root / "split"), cfg.models()[3], 1)
     base = str(root / "report" / "runs" / "rope-seed1" / "last.ckpt")  # the study's, not one under split/
     fine = dataclasses.replace(fine, model=dataclasses.replace(fine.model, init_from=base))
     train(dataclasses.replace(fine, train=dataclasses.replace(fine.train, max_steps=STEPS // 2, resume=None)))
@@ -135,6 +141,7 @@ def test_the_original_length_is_what_the_scalings_stretch_from(scaling):
     if scaling == "yarn":
         assert not torch.allclose(cos, _angles64(scaling, 200, 32, 1e4, 4.0, 64), atol=1e-2)
     assert at_length(model, "yarn", "dynamic", 128).config.rope_scaling_factor == 8.0
+    assert at_length(model, "yarn", "dynamic", 32).config.rope_scaling_factor == 4.0  # never less than it trained at
 
 
 def test_what_cannot_be_extended_is_refused_in_one_line(study, capsys):
@@ -154,3 +161,36 @@ def test_what_cannot_be_extended_is_refused_in_one_line(study, capsys):
     line = cli_error(capsys, train_script.COMMAND, [*rope, "--model.init_from", str(root / "none.ckpt")])
     assert "none.ckpt: no such checkpoint file, nor a directory or a name of GPT-2's weights" in line
     assert not list((root / "refused").glob("*/*"))  # nothing written for a start refused
+    pi = ["--model.rope_scaling", "linear", "--model.rope_scaling_factor", "4", "--train.out_dir", str(root / "pi")]
+    cli.run(train_script.COMMAND, [*rope, *pi, "--model.init_from", str(runs / "rope-seed1" / "last.ckpt")])
+    assert read_checkpoint(root / "pi" / "rope-seed1" / "last.ckpt")["model_config"]["original_block_size"] == 16
+
+
+def test_the_study_extends_what_each_model_ends_as():
+    """A model switched mid-training (DroPE's variant) is fine-tuned as the NoPE model it became, with its log
+    scaling, and does not switch again; CoPE keeps its count table's size; `--only` a fine-tune trains its model
+    too; `extends` names a model listed before."""
+    argv = ["--config", str(ROOT / "configs" / "extrapolation_quick.yaml"), "--schemes", "[cope]",
+            "--variants", "[{name: drope, model: {pos_encoding: rope}, train: {switch_at: 0.5, switch_model: "
+                          "{pos_encoding: none, attn_log_scaling: fixed}}}]",
+            "--extend", "{factor: 2, methods: [none, yarn]}"]  # fmt: skip
+    cfg = cli.parse(extrapolation.COMMAND, argv)
+    models = {m.name: m for m in cfg.models()}
+    assert list(models) == ["cope", "drope", "cope-x2-none", "drope-x2-none"]  # no RoPE left to scale in drope
+    fine = run_config_for(cfg.run, ".", models["drope-x2-none"], 1)
+    assert (fine.model.pos_encoding, fine.model.attn_log_scaling, fine.train.switch_at) == ("none", "fixed", 0.0)
+    cope = run_config_for(cfg.run, ".", models["cope-x2-none"], 1).model
+    assert (cope.block_size, cope.cope_positions) == (256, 129)
+    only = cli.parse(extrapolation.COMMAND, [*argv, "--only", "[drope-x2-none]"])
+    assert [m.name for m in only.models()] == ["drope", "drope-x2-none"]
+    with pytest.raises(ConfigError, match="late: extends 'drope', which is not a model listed before it"):
+        cli.parse(extrapolation.COMMAND, [*argv, "--variants", "[{name: late, extends: drope}, {name: drope}]"])
+
+
+def test_a_kind_that_scales_rope_counts_and_an_unscaled_model_has_no_original_length():
+    kinds = {"local": {"attn_window": 4, "rope_scaling": "none"}, "global": {"rope_scaling": "yarn"}}
+    olmo = GPTConfig(block_size=64, n_layer=2, pos_encoding="rope", layout=("local", "global"), kinds=kinds)
+    assert olmo.scales_rope and dataclasses.replace(olmo, original_block_size=16).original_length == 16
+    assert not dataclasses.replace(olmo, kinds={**kinds, "global": {}}).scales_rope
+    with pytest.raises(ValueError, match="original_block_size is the length a rope_scaling stretches from"):
+        RunConfig(model=GPTConfig(block_size=64, pos_encoding="rope", original_block_size=16))

@@ -250,6 +250,11 @@ class RunConfig:
                 f"model.init_from {self.model.init_from} is a GPT-2 model, which reads GPT-2's tokens: pass "
                 "--data.tokenizer gpt2."
             )
+        if self.model.original_block_size is not None and not self.model.scales_rope:
+            raise ValueError(
+                "model.original_block_size is the length a rope_scaling stretches from: set rope_scaling, or leave "
+                "original_block_size null (an unscaled rotation is native to block_size)."
+            )
         check_gpt2_shape(self.model)
         n, block = self.train.random_positions, self.model.block_size
         if n and n < block:

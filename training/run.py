@@ -55,10 +55,10 @@ def kept_original_length(cfg: RunConfig, resumed: Path | None) -> RunConfig:
 
 def starting_checkpoint(source: str, mmap: bool = False) -> dict[str, Any]:
     """The checkpoint `init_from` names, read; one line where there is no such file."""
-    if not Path(source).is_file():
+    if not Path(source).expanduser().is_file():
         raise PretrainedError(f"--model.init_from {source}: no such checkpoint file, nor a directory or a name of "
                               "GPT-2's weights (gpt2, gpt2-medium, ...).")  # fmt: skip
-    return read_checkpoint(source, mmap=mmap)
+    return read_checkpoint(Path(source).expanduser(), mmap=mmap)
 
 
 def fine_tune_start(config: GPTConfig, tokenizer: Tokenizer) -> GPT:
@@ -67,7 +67,7 @@ def fine_tune_start(config: GPTConfig, tokenizer: Tokenizer) -> GPT:
     (scaling, DroPE's NoPE, ...) at its own length, then its weights loaded into a model of `config`'s length; a
     learned table cut to it, refused past its end."""
     path = str(config.init_from)
-    ckpt = starting_checkpoint(path)
+    ckpt = starting_checkpoint(path, mmap=True)  # its weights are copied into the new model
     if (own := ckpt["hyper_parameters"]["tokenizer"]) != tokenizer.meta():
         raise PretrainedError(
             f"--model.init_from {path} reads text with its own tokenizer ({own['kind']}, {own['vocab_size']} tokens), "
@@ -97,13 +97,15 @@ def fine_tune_start(config: GPTConfig, tokenizer: Tokenizer) -> GPT:
     try:
         start.load_state_dict(state)
     except RuntimeError:  # a table sized by block_size (CoPE's counts)
+        keep = " ".join(f"--model.{k} {v}" for k, v in SCHEMES[saved.pos_encoding].sized_settings(saved).items())
         raise PretrainedError(
             f"--model.init_from {path}: its weights do not fit a model of block_size {config.block_size} "
-            f"({weights_misfit(start.state_dict(), state)}): keep its block_size, or give its scheme's sizes that "
-            "follow block_size (cope_positions) the checkpoint's values."
+            f"({weights_misfit(start.state_dict(), state)}): pass {keep or f'--model.block_size {saved.block_size}'}."
         ) from None
-    log.info("Weights from %s (step %d, block_size %d, original length %d)", path, ckpt.get("global_step", 0),
-             saved.block_size, config.original_length)  # fmt: skip
+    switched = [f"{f} {getattr(saved, f)} -> {getattr(config, f)}" for f in GPTConfig.fields_with(Role.SWITCH)
+                if getattr(saved, f) != getattr(config, f)]  # fmt: skip
+    log.info("Weights from %s (step %d, block_size %d -> %d%s)", path, ckpt.get("global_step", 0), saved.block_size,
+             config.block_size, "".join(f", {change}" for change in switched))  # fmt: skip
     return start
 
 
@@ -228,8 +230,7 @@ def _fit(
     """Build the module and the Trainer and fit; rank 0 writes `used` once the resume is allowed."""
     t = cfg.train
     start_step = 0
-    scaled = cfg.model.rope_scaling != "none" and cfg.model.original_block_size is None
-    if names_checkpoint(cfg.model.init_from) and scaled:
+    if names_checkpoint(cfg.model.init_from) and cfg.model.scales_rope and cfg.model.original_block_size is None:
         cfg, used = (kept_original_length(c, ckpt_path) for c in (cfg, used))
     if ckpt_path is not None:
         ckpt = read_checkpoint(ckpt_path, mmap=True)  # its settings and step; Lightning loads the weights

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -50,6 +50,12 @@ class PositionEncoding(nn.Module):
     def longest(cls, config: GPTConfig) -> int | None:
         """The longest sequence a model of `config` can encode with this scheme (None: no limit)."""
         return None
+
+    @classmethod
+    def sized_settings(cls, config: GPTConfig) -> dict[str, Any]:
+        """The settings that size its parameters from block_size, as `config` resolves them: what a fine-tune at
+        another block_size sets to keep them (CoPE's count table); none for most schemes."""
+        return {}
 
     @classmethod
     def check(cls, config: GPTConfig) -> None:

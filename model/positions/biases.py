@@ -4,7 +4,7 @@ computed from the scores."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -233,9 +233,13 @@ class ContextualPositions(PositionEncoding):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
         self.bias_layers, self.n_head = config.n_layer, config.n_head
-        positions = config.cope_positions or config.block_size + 1  # their default: every count up to block_size
+        positions = self.sized_settings(config)["cope_positions"]
         self.table = nn.Parameter(torch.zeros(config.n_layer, config.head_dim, positions))
         self.scale = 1 / math.sqrt(config.head_dim) if config.cope_divide else 1.0
+
+    @classmethod
+    def sized_settings(cls, config: GPTConfig) -> dict[str, Any]:
+        return {"cope_positions": config.cope_positions or config.block_size + 1}  # theirs: every count to block_size
 
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.table)
