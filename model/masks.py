@@ -64,6 +64,11 @@ class AttentionMask:
         return self.window == 0 and self.chunk == 0
 
     @property
+    def window_only(self) -> bool:
+        """A sliding window and nothing else beyond causal (no sinks, random blocks or chunks)."""
+        return self.window > 0 and not (self.sinks or self.random_blocks or self.chunk)
+
+    @property
     def rolling(self) -> bool:
         """Whether a decoding cache may drop keys: a window with no random blocks keeps S + W, a chunk C."""
         return (self.window > 0 and self.random_blocks == 0) or self.chunk > 0

@@ -177,6 +177,7 @@ class Attention(nn.Module):
             dot_score=score.dot_product or not cls.scored,
             head_size=head_size,
             float64=float64,
+            window_only=mask.window_only,
         )
 
     @staticmethod

@@ -22,7 +22,8 @@ from torch import Tensor, nn
 from posgpt.model.attention.base import wide
 from posgpt.model.attention.softmax import SoftmaxAttention
 from posgpt.model.cache import CacheWrite, KVCache, LayerCache
-from posgpt.model.kernels import Plan
+from posgpt.model.kernels import KERNELS, Plan
+from posgpt.model.kernels.fla import FlaForgetting
 from posgpt.model.positions import PositionEncoding
 from posgpt.model.terms import Term, TokenTerms
 
@@ -56,6 +57,7 @@ class ForgettingAttention(SoftmaxAttention):
 
     layer_cache = GateLayerCache
     terms = frozenset({Term.TOKENS})
+    kernels = {**KERNELS, "fla": FlaForgetting()}
 
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__(config, layer)

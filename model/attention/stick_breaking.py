@@ -18,6 +18,7 @@ from torch import Tensor
 
 from posgpt.model.attention.softmax import SoftmaxAttention
 from posgpt.model.kernels.eager import EagerKernel
+from posgpt.model.kernels.fla import FlaStickBreaking
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
@@ -48,7 +49,7 @@ class StickBreakingEager(EagerKernel):
 class StickBreakingAttention(SoftmaxAttention):
     """Stick-breaking attention (this module): softmax attention's layer with stick-breaking weights."""
 
-    kernels = {"eager": StickBreakingEager()}
+    kernels = {"eager": StickBreakingEager(), "fla": FlaStickBreaking()}
     keys_in_order = True  # its KV cache never rolls (the window still masks)
 
     @classmethod

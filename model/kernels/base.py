@@ -79,9 +79,14 @@ class Needs:
     """The head size the kernel sees (the model's; half of it for differential attention); None: any."""
     float64: bool = False
     """The kernel computes in float64 (float64 weights, no autocast)."""
+    window_only: bool = False
+    """The mask beyond causal is a window alone (no sinks, random blocks or chunks)."""
 
     def unmet(self, kernel: Kernel) -> list[Lack]:
-        missing = [Lack(*term.value) for term in TERMS if term in self.terms and term not in kernel.terms]
+        terms = self.terms - ({Term.MASK} if self.window_only and kernel.windows else set())
+        missing = [Lack(*term.value) for term in TERMS if term in terms and term not in kernel.terms]
+        if self.decoding and not kernel.decodes:
+            missing.append(Lack("decoding through a KV cache", None))
         if self.term_gradients and not kernel.term_gradients:
             missing.append(Lack("gradients through learned score terms", "pos_encoding"))
         if self.dropout and not kernel.dropout:
@@ -129,6 +134,10 @@ class Kernel:
     grouped_kv: bool = False
     """Takes fewer key/value heads than query heads itself (grouped-query attention; `Plan.attend` repeats them for
     the others)."""
+    decodes: bool = True
+    """Attends new queries over a KV cache's keys (decoding)."""
+    windows: bool = False
+    """Runs a window alone as its mask without declaring `Term.MASK` (fla's `window_size`)."""
 
     def rank(self, needs: Needs, device: torch.device) -> float:
         """Preference of `auto` among the kernels that can run `needs` on `device`: lowest first. A reference, which
