@@ -41,8 +41,8 @@ class GPTConfig:
     fire | cope | none."""
     attn_backend: str = role("auto", Role.SWITCH, Role.RESUME, Role.KIND)
     """Attention kernel: auto (the fastest that runs the model), or one of its attention function's (softmax,
-    differential: eager | sdpa | flex; linear, gated_deltanet, kda: eager | chunked; sigmoid: eager | flex;
-    stick_breaking: eager | fla; forgetting: eager | sdpa | flex | fla)."""
+    differential: eager | sdpa | flex; linear: eager | chunked; sigmoid: eager | flex; stick_breaking: eager | fla;
+    forgetting: eager | sdpa | flex | fla; gated_deltanet, kda: eager | chunked | fla)."""
     attention: str = role("softmax", Role.KIND)
     """Attention function (model.attention.ATTENTIONS; docs/model.md): softmax | linear | sigmoid | differential |
     stick_breaking | forgetting | gated_deltanet | kda."""

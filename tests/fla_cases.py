@@ -1,7 +1,7 @@
 """fla's kernels against posgpt's own, run by tests/test_fla.py in a process of their own under Triton's interpreter
 (`TRITON_INTERPRET=1`, set before Triton loads; each autotuner keeps its first configuration, which the interpreter
-cannot time): outputs and gradients in float32, with a window where the function takes one, and a compiled model
-on fla's path in one graph."""
+cannot time; the delta rule's loops yield indices with a `.to`): outputs and gradients in float32, with a window
+where the function takes one, and a compiled model on fla's path in one graph."""
 
 from __future__ import annotations
 
@@ -12,10 +12,25 @@ import pytest
 import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run by tests/test_fla.py, under Triton's interpreter"
+import builtins  # noqa: E402
+
 from triton.runtime import autotuner  # noqa: E402
 
 _init = autotuner.Autotuner.__init__
 autotuner.Autotuner.__init__ = lambda self, fn, names, configs, *a, **k: _init(self, fn, names, configs[:1], *a, **k)
+
+import fla.ops.common.chunk_delta_h as chunk_delta_h  # noqa: E402  (after the patch: its autotuners are made here)
+
+
+class _Index(int):
+    """A loop index the interpreter hands a kernel that calls `.to` on it (fla's chunk_delta_h), as compiled
+    Triton's are tensors."""
+
+    def to(self, *args: object, **kwargs: object) -> _Index:
+        return self
+
+
+chunk_delta_h.range = lambda *args: (_Index(i) for i in builtins.range(*args))  # its loops' `range`, not Python's
 
 from posgpt.model import GPT, GPTConfig  # noqa: E402
 
@@ -59,3 +74,28 @@ def test_a_compiled_model_on_fla_is_one_graph():
     idx = torch.randint(0, 64, (2, 32))
     model(idx, idx)[1].backward()
     assert not counters["graph_break"] and all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize(("attention", "heads", "length"), [("gated_deltanet", 2, 72), ("kda", 1, 24)])
+def test_fla_delta_rule_equals_the_chunked_form(attention, heads, length):
+    """Gated DeltaNet's and KDA's chunk kernels against posgpt's chunked form: outputs, final state and every gradient,
+    float32, from zeros as in training (fla's kernel never decodes) and, for GDN, past one chunk. KDA's kernels are
+    the slowest under the interpreter: one head, part of a chunk."""
+    from posgpt.model.attention.delta import DeltaChunked
+    from posgpt.model.kernels.fla import FlaDelta
+
+    torch.manual_seed(0)
+    B, H, T, d_k, d_v = 1, heads, length, 16, 24
+    q, k = (torch.nn.functional.normalize(torch.randn(B, H, T, d_k), dim=-1) for _ in range(2))
+    q = q / d_k**0.5
+    v, beta = torch.randn(B, H, T, d_v), torch.rand(B, H, T)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, H, T, 1 if attention == "gated_deltanet" else d_k)) * 0.3
+    given = [t.clone().requires_grad_() for t in (q, k, v, beta, g)]
+    ours = [t.detach().clone().requires_grad_() for t in given]
+    results = [FlaDelta.rule(*given), DeltaChunked.rule(*ours)]
+    for got, expected in zip(*results, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for out, final in results:
+        (out.square().sum() + final.sum()).backward()
+    for a, b in zip(given, ours, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)

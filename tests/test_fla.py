@@ -45,6 +45,11 @@ def test_auto_picks_fla_on_cuda_where_it_runs_and_todays_kernel_for_what_fla_lac
     fox, sb = {"attention": "forgetting"}, {"attention": "stick_breaking", "pos_encoding": "none"}
     assert _picked(**fox, pos_encoding="rope") == _picked(**fox, attn_window=16) == "fla"
     assert _picked(**sb) == "fla"
+    assert (
+        _picked(attention="gated_deltanet", pos_encoding="none")
+        == _picked(attention="kda", pos_encoding="none")
+        == "fla"
+    )
     assert _picked(**fox, attn_window=16, attn_sinks=2) == "flex"  # a mask beyond a window
     assert _picked(**fox, pos_encoding="alibi") == "flex"  # a position bias
     assert _picked(**fox, dropout=0.1) == "sdpa"
@@ -59,6 +64,7 @@ def test_without_fla_auto_keeps_todays_kernels_and_asking_for_it_says_how_to_ins
     monkeypatch.setattr(fla_kernels, "fla_runs_on", lambda: frozenset())
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fla" else _find(name, *a))
     assert _picked(attention="forgetting") == "flex" and _picked(attention="stick_breaking") == "eager"
+    assert _picked(attention="kda", pos_encoding="none") == "chunked"
     with pytest.raises(KernelError, match=r"needs fla-core: pip install 'posgpt\[fla\]'"):
         _picked(attention="forgetting", attn_backend="fla")
 

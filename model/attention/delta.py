@@ -33,6 +33,7 @@ from posgpt.core.errors import ConfigError
 from posgpt.model.attention.base import Attention, wide
 from posgpt.model.cache import CachePart, kept, static_buffer
 from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Plan
+from posgpt.model.kernels.fla import FlaDelta
 from posgpt.model.positions import SCHEMES
 
 if TYPE_CHECKING:
@@ -198,7 +199,7 @@ class DeltaAttention(Attention):
     """A gated delta rule layer (this module): its own projections, short convolutions, gates and output norm, none
     of the pair-scoring layers' (no scheme acting in attention, no mask, no QK-norm, gate, sinks or soft-cap)."""
 
-    kernels = {"eager": DeltaRecurrent(), "chunked": DeltaChunked()}
+    kernels = {"eager": DeltaRecurrent(), "chunked": DeltaChunked(), "fla": FlaDelta()}
     drops_weights = False
     scored = False
     takes_positions = False

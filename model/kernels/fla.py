@@ -1,12 +1,14 @@
 """flash-linear-attention's fused Triton kernels (`fla-core`, MIT; `pip install 'posgpt[fla]'`) behind forgetting
-attention (`fla.ops.attn.parallel`, the kernel of `parallel_forgetting_attn`) and stick-breaking attention
-(`fla.ops.stickbreaking_attn.parallel`): `attn_backend: fla`, picked by `auto` on CUDA where fla is installed.
+attention (`fla.ops.attn.parallel`, the kernel of `parallel_forgetting_attn`), stick-breaking attention
+(`fla.ops.stickbreaking_attn.parallel`), Gated DeltaNet (`chunk_gated_delta_rule`) and KDA (`chunk_kda`):
+`attn_backend: fla`, picked by `auto` on CUDA where fla is installed.
 
-Each is a custom op (`torch.library`) whose backward is fla's own, so a compiled model keeps one graph around it
-(fla wraps its own entry points in `torch.compiler.disable`). fla is imported inside the ops, never where it is
-absent. Its kernels run on CUDA, and on a CPU only under Triton's interpreter (`TRITON_INTERPRET=1`, which the
-tests use); no float64, no dropout, no decoding (the functions' own cached step runs there), and of the masks a
-window alone (forgetting attention's `window_size`).
+Each is a custom op (`torch.library`) whose backward is fla's own, an op too, so a compiled model keeps one graph
+around it (fla wraps its own entry points in `torch.compiler.disable`); the delta rule's backward runs fla's forward
+again first (its public autograd function: no internals of the chunk kernels are called). fla is imported inside
+the ops, never where it is absent. Its kernels run on CUDA, and on a CPU only under Triton's interpreter
+(`TRITON_INTERPRET=1`, which the tests use); no float64, no dropout, no decoding (the functions' own cached step runs
+there), and of the masks a window alone (forgetting attention's `window_size`).
 """
 
 from __future__ import annotations
@@ -117,6 +119,68 @@ def _stick_breaking_context(ctx: Any, inputs: tuple, output: tuple) -> None:
 fla_stick_breaking.register_autograd(_stick_breaking_backward, setup_context=_stick_breaking_context)
 
 
+def _delta_rule(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """fla's chunk kernel of the gated delta rule: Gated DeltaNet's for one decay per head (g (B, T, H)), KDA's for
+    one per key channel (g (B, T, H, d_k)); q already scaled."""
+    if g.dim() == 3:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as rule
+    else:
+        from fla.ops.kda import chunk_kda as rule
+    out, final = rule(q, k, v, g, beta, scale=1.0, initial_state=state, output_final_state=True)
+    return out.to(v.dtype), final
+
+
+@torch.library.custom_op("posgpt::fla_delta_rule", mutates_args=())
+def fla_delta_rule(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """The gated delta rule over (B, T, H, d) q, k, v and (B, T, H) beta from `state` (B, H, d_k, d_v; None: zeros):
+    the outputs and the final state."""
+    return _delta_rule(q, k, v, beta, g, state)
+
+
+@fla_delta_rule.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | None) -> tuple[Tensor, Tensor]:
+    B, T, H, d_k = k.shape
+    return torch.empty_like(v), k.new_empty(B, H, d_k, v.size(-1), dtype=torch.float32)
+
+
+@torch.library.custom_op("posgpt::fla_delta_rule_backward", mutates_args=())
+def fla_delta_rule_backward(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | None, dout: Tensor, dfinal: Tensor
+) -> list[Tensor]:
+    """The gradients of `fla_delta_rule`'s inputs (and of `state` where given), through fla's own backward after its
+    forward is run again (fla's chunk kernels recompute their chunks' blocks in the backward pass too)."""
+    given = [t.detach().requires_grad_() for t in (q, k, v, beta, g, *([state] if state is not None else []))]
+    with torch.enable_grad():
+        out, final = _delta_rule(*given[:5], given[5] if state is not None else None)
+        return list(torch.autograd.grad((out, final), given, (dout, dfinal)))
+
+
+@fla_delta_rule_backward.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | None, dout: Tensor,
+      dfinal: Tensor) -> list[Tensor]:  # fmt: skip
+    return [torch.empty_like(t) for t in (q, k, v, beta, g, *([state] if state is not None else []))]
+
+
+def _delta_backward(ctx: Any, dout: Tensor | None, dfinal: Tensor | None) -> tuple[Tensor | None, ...]:
+    out, final = ctx.outputs
+    dout = dout if dout is not None else torch.zeros_like(out)
+    dfinal = dfinal if dfinal is not None else torch.zeros_like(final)
+    grads = fla_delta_rule_backward(*ctx.saved_tensors[:5], ctx.state, dout, dfinal)
+    return (*grads[:5], grads[5] if ctx.state is not None else None)
+
+
+def _delta_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    ctx.save_for_backward(*inputs[:5])
+    ctx.state, ctx.outputs = inputs[5], output
+
+
+fla_delta_rule.register_autograd(_delta_backward, setup_context=_delta_context)
+
+
 def fla_runs_on() -> frozenset[str]:
     """Where fla's kernels run here: CUDA, and the CPU under Triton's interpreter; nowhere without fla."""
     if importlib.util.find_spec("fla") is None:
@@ -181,8 +245,23 @@ class FlaStickBreaking(FlaKernel):
     """flash-linear-attention's fused Triton kernels (`pip install 'posgpt[fla]'`), first for `auto` on CUDA: for
     stick-breaking its `parallel_stickbreaking_attn` (what no key takes goes to the query's own value with
     `sb_remainder: current`), for forgetting attention its `parallel_forgetting_attn` (a window as its
-    `window_size`); no position bias, dropout, decoding or float64 (today's kernels run those)."""
+    `window_size`), for Gated DeltaNet and KDA their chunk kernels; no position bias, dropout, decoding or float64
+    (today's kernels run those)."""
 
     def fused(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, scale: float, window: int, **settings: Any) -> Tensor:
         out, rest = fla_stick_breaking(q, k, v, scale)
         return out + rest[..., None].to(v.dtype) * v if settings["remainder"] else out
+
+
+class FlaDelta(FlaKernel):
+    """Gated DeltaNet's and KDA's chunk kernels from fla (`chunk_gated_delta_rule`, `chunk_kda`) as the delta rule's
+    `rule`, the state in float32; the backward runs fla's after its forward again."""
+
+    @staticmethod
+    def rule(
+        q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        q, k, v, beta = (t.transpose(1, 2).contiguous() for t in (q, k, v, beta))
+        g = g.transpose(1, 2)
+        out, final = fla_delta_rule(q, k, v, beta, (g[..., 0] if g.size(-1) == 1 else g).contiguous(), state)
+        return out.transpose(1, 2), final
