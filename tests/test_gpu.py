@@ -191,3 +191,18 @@ def test_randomized_positions_through_flex_match_eager_with_gradients_on_cuda(gp
         loss.backward()
     for (name, p), r in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, r.grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_masked_sdpa_gradients_stay_finite_on_the_cudnn_fault_shape():
+    """pytorch#196678: cuDNN's backward gave NaN grad_q with a bias at a length 64 past a multiple of 128 when a row's
+    log-sum-exp is very negative. posgpt's masked SDPA call with a gradient stays off cuDNN (`off_cudnn`)."""
+    from posgpt.model.kernels.sdpa import sdpa_attention
+
+    torch.manual_seed(0)
+    T = 192
+    q, k, v = (torch.randn(2, 4, T, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    visible = torch.ones(T, T, dtype=torch.bool, device="cuda").tril()
+    bias = torch.zeros(T, T, device="cuda").masked_fill(~visible, float("-inf"))
+    bias[:8] = bias[:8] - 1e4  # the first rows' every visible score very negative: their log-sum-exp too
+    sdpa_attention(q, k, v, bias=bias).float().square().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))

@@ -212,3 +212,30 @@ def test_batches_are_pinned_for_cuda_only(tmp_path, text_file):
         )
         assert datamodule.train_dataloader().pin_memory is pinned
         assert datamodule.val_dataloader().pin_memory is pinned
+
+
+def test_a_masked_sdpa_call_that_needs_a_gradient_on_cuda_stays_off_cudnn():
+    """pytorch#196678 (tests/test_gpu.py has its repro shape): where q is on CUDA and needs a gradient, a masked SDPA
+    call runs with cuDNN's backend off and the others on; elsewhere nothing changes (a stand-in for CUDA's q)."""
+    from posgpt.model.kernels.sdpa import off_cudnn
+
+    with off_cudnn(types.SimpleNamespace(is_cuda=True, requires_grad=True)):
+        assert not torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    for q in (types.SimpleNamespace(is_cuda=True, requires_grad=False), torch.ones(1, requires_grad=True)):
+        with off_cudnn(q):
+            assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_a_bias_reaches_sdpa_in_the_queries_dtype(monkeypatch):
+    """pytorch PR #191612: cuDNN read an fp32 mask as bf16 bits; posgpt hands SDPA the bias in q's dtype."""
+    from posgpt.model.kernels import sdpa
+
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        sdpa.F, "scaled_dot_product_attention", lambda *a, **k: seen.append(k["attn_mask"]) or real(*a, **k)
+    )
+    q = torch.randn(1, 2, 8, 16, dtype=torch.float64)
+    sdpa.sdpa_attention(q, q, q, bias=torch.zeros(8, 8))
+    assert seen[0].dtype == torch.float64

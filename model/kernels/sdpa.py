@@ -3,18 +3,31 @@ no bias and no mask beyond causal)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from posgpt.model.kernels.base import Kernel, Placement, Plan
 from posgpt.model.kernels.dense import DenseContext, causal_mask, dense_context
 from posgpt.model.masks import AttentionMask
 from posgpt.model.scores import Score
 from posgpt.model.terms import ScoreBias, Term
+
+NOT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""SDPA's backends but cuDNN's, for a masked call on CUDA that needs a gradient: cuDNN's backward gives NaN grad_q
+when a mask or bias is passed, the length is 64 past a multiple of 128 and a row's log-sum-exp is very negative
+(pytorch#196678, torch 2.13 with cuDNN 9.20); `is_causal=True` alone is clean and keeps every backend."""
+
+
+def off_cudnn(q: Tensor) -> contextlib.AbstractContextManager:
+    """Where a masked call needs a gradient on CUDA: SDPA without cuDNN (`NOT_CUDNN`); elsewhere, nothing."""
+    guard = q.is_cuda and torch.is_grad_enabled() and q.requires_grad
+    return sdpa_kernel(NOT_CUDNN) if guard else contextlib.nullcontext()
 
 
 def sdpa_attention(
@@ -40,10 +53,12 @@ def sdpa_attention(
         k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
     sdpa = functools.partial(F.scaled_dot_product_attention, dropout_p=dropout_p, scale=scale,
                              enable_gqa=k.size(1) != q.size(1))  # fmt: skip
-    if bias is not None:
-        return sdpa(q, k, v, attn_mask=bias.to(q.dtype))
+    if bias is not None:  # in q's dtype: cuDNN once read an fp32 mask as bf16 bits (pytorch PR #191612)
+        with off_cudnn(q):
+            return sdpa(q, k, v, attn_mask=bias.to(q.dtype))
     if mask is not None:
-        return sdpa(q, k, v, attn_mask=mask)
+        with off_cudnn(q):
+            return sdpa(q, k, v, attn_mask=mask)
     if q_len == k_len:
         return sdpa(q, k, v, is_causal=True)
     if q_len == 1:  # one new token attends to every cached key: no mask at all
