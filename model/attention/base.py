@@ -178,6 +178,7 @@ class Attention(nn.Module):
             head_size=head_size,
             float64=float64,
             window_only=mask.window_only,
+            table_gradients=pe.learned_bias and needs_grad,
         )
 
     @staticmethod

@@ -81,6 +81,8 @@ class Needs:
     """The kernel computes in float64 (float64 weights, no autocast)."""
     window_only: bool = False
     """The mask beyond causal is a window alone (no sinks, random blocks or chunks)."""
+    table_gradients: bool = False
+    """Gradients into a scheme's learned bias (T5's, Kerple's, FIRE's): flex's backward adds every pair's into it."""
 
     def unmet(self, kernel: Kernel) -> list[Lack]:
         terms = self.terms - ({Term.MASK} if self.window_only and kernel.windows else set())

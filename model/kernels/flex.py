@@ -100,8 +100,10 @@ class FlexKernel(Kernel):
     auto_devices = frozenset({"cuda"})
 
     def rank(self, needs: Needs, device: torch.device) -> float:
-        # first for a bias or a window on CUDA when the lengths repeat; after SDPA otherwise
-        return 0.0 if needs.terms and not needs.decoding else 1.5
+        # first for a bias or a window on CUDA when the lengths repeat; after SDPA otherwise, and where a learned table
+        # needs gradients: flex's backward adds every (query, key) pair's into its few entries with atomics (T5 at
+        # 0.02 of RoPE on an H100, BENCHMARKS.md), where SDPA takes the table's gradient back through its dense bias
+        return 0.0 if needs.terms and not needs.decoding and not needs.table_gradients else 1.5
 
     def context(
         self, bias: ScoreBias | None, mask: AttentionMask, placement: Placement, memo: dict, **settings: Any
