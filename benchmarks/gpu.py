@@ -61,7 +61,8 @@ SCHEMES: dict[str, dict[str, Any]] = {
                "kinds": {"local": {"attn_window": "window"}, "global": {"pos_encoding": "none"}}},
     "gpt-oss": {"pos_encoding": "rope", "attn_sink_logits": True, "layout": ("banded", "dense"),
                 "kinds": {"banded": {"attn_window": "window"}, "dense": {}}},
-    "qwen3-next": {"pos_encoding": "rope", "rope_fraction": 0.25, "rope_partial": "neox",  # configs/qwen3_next.yaml
+    "qwen3-next": {"pos_encoding": "rope", "rope_fraction": 0.25, "rope_partial": "neox",  # configs/qwen3_next.yaml's
+                   "n_kv_head": 2, "rope_base": 1e7,
                    "layout": ("deltanet",) * 3 + ("attention",), "kinds": {"deltanet": {"attention": "gated_deltanet"},
                    "attention": {"qk_norm": "gemma3", "attn_gate": "elementwise"}}},
 }  # fmt: skip

@@ -62,13 +62,14 @@ def test_fla_equals_posgpts_kernel_in_outputs_and_gradients(attention, settings,
 
 
 def test_a_compiled_model_on_fla_is_one_graph():
-    """Both functions' ops, forward and backward, in one compiled model (a layer of each)."""
+    """Every op, forward and backward, in one compiled model (a layer of FoX, stick-breaking and Gated DeltaNet)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    kinds = {"fox": {"attention": "forgetting"}, "sb": {"attention": "stick_breaking"}}
-    config = dataclasses.replace(_config("forgetting"), block_size=32, n_layer=2, layout=("fox", "sb"), kinds=kinds)
+    kinds = {"fox": {"attention": "forgetting"}, "sb": {"attention": "stick_breaking"},
+             "gdn": {"attention": "gated_deltanet"}}  # fmt: skip
+    config = dataclasses.replace(_config("forgetting"), block_size=32, n_layer=3, layout=tuple(kinds), kinds=kinds)
     model = GPT(config)
     model.compile(backend="aot_eager", fullgraph=True)  # a graph break would raise
     idx = torch.randint(0, 64, (2, 32))

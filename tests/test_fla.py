@@ -21,6 +21,7 @@ HERE = Path(__file__).resolve().parent
 INSTALLED = all(importlib.util.find_spec(name) is not None for name in ("fla", "triton"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not INSTALLED, reason="fla-core and triton are not installed (pip install 'posgpt[fla]')")
 def test_fla_kernels_equal_posgpts_under_the_interpreter():
     """tests/fla_cases.py in a process of its own: the interpreter's setting must reach Triton before it loads, and
@@ -33,7 +34,7 @@ def test_fla_kernels_equal_posgpts_under_the_interpreter():
 
 def _picked(**settings) -> str:
     """The kernel `auto` picks for a training step on CUDA of a model of `settings`, by its registry name."""
-    config = GPTConfig(vocab_size=64, block_size=64, n_layer=1, n_head=2, n_embd=64, **settings)
+    config = GPTConfig(**{"vocab_size": 64, "block_size": 64, "n_layer": 1, "n_head": 2, "n_embd": 64, **settings})
     with torch.device("meta"):
         model = GPT(config)
     function = model.kinds[0].attention
@@ -54,10 +55,12 @@ def test_auto_picks_fla_on_cuda_where_it_runs_and_todays_kernel_for_what_fla_lac
     assert _picked(**fox, pos_encoding="alibi") == "flex"  # a position bias
     assert _picked(**fox, dropout=0.1) == "sdpa"
     assert _picked(**sb, attn_window=16) == _picked(**{**sb, "pos_encoding": "alibi"}) == "eager"
-    config = GPTConfig(vocab_size=64, block_size=64, n_layer=1, n_head=2, n_embd=64, **fox)
-    with torch.device("meta"):
-        decoding = GPT(config).kernel(torch.device("cuda"), False, needs_grad=False, decoding=True)
-    assert not isinstance(decoding, fla_kernels.FlaKernel)  # the function's own cached step
+    assert _picked(**fox, n_embd=1024) == "flex"  # heads over 256 wide: fla holds a head's keys in one block
+    for backend in ("auto", "fla"):  # asked for by name too: decoding runs on the function's own kernels
+        config = GPTConfig(vocab_size=64, block_size=64, n_layer=1, n_head=2, n_embd=64, attn_backend=backend, **fox)
+        with torch.device("meta"):
+            decoding = GPT(config).kernel(torch.device("cuda"), False, needs_grad=False, decoding=True)
+        assert not isinstance(decoding, fla_kernels.FlaKernel)
 
 
 def test_without_fla_auto_keeps_todays_kernels_and_asking_for_it_says_how_to_install(monkeypatch):
@@ -65,7 +68,7 @@ def test_without_fla_auto_keeps_todays_kernels_and_asking_for_it_says_how_to_ins
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fla" else _find(name, *a))
     assert _picked(attention="forgetting") == "flex" and _picked(attention="stick_breaking") == "eager"
     assert _picked(attention="kda", pos_encoding="none") == "chunked"
-    with pytest.raises(KernelError, match=r"needs fla-core: pip install 'posgpt\[fla\]'"):
+    with pytest.raises(KernelError, match=r"needs fla-core 0.6.0: pip install 'posgpt\[fla\]'"):
         _picked(attention="forgetting", attn_backend="fla")
 
 

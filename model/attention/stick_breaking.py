@@ -4,8 +4,9 @@ A_ij = beta_ij * prod_{j<t<i} (1 - beta_it), computed in log space; the query's 
 (`attend_current=False`, the official default). What no key takes, 1 - sum_j A_ij, goes to the query's own
 value (`sb_remainder: current`, the paper-era training code's `sb_remainder=True`) or is dropped (`drop`).
 
-The weights of a row need all its scores at once, so the function runs on the eager kernel; its KV cache
-never rolls, so that cached keys stay in position order, the order the product runs over.
+The weights of a row need all its scores at once, so the function runs on the eager kernel, or on CUDA on fla's
+fused one (`model/kernels/fla.py`); its KV cache never rolls, so that cached keys stay in position order, the order
+the product runs over.
 """
 
 from __future__ import annotations

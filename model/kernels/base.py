@@ -102,6 +102,8 @@ class Needs:
             missing.append(Lack("a score other than a scaled dot product", "attn_score"))
         if self.float64 and self.runs_on in kernel.no_float64_on:
             missing.append(Lack(f"float64 on {self.runs_on} ({kernel.no_float64_on[self.runs_on]})", None))
+        if kernel.max_head_size and self.head_size is not None and self.head_size > kernel.max_head_size:
+            missing.append(Lack(f"heads over {kernel.max_head_size} wide (here {self.head_size})", "n_embd"))
         least = kernel.min_head_size.get(self.runs_on or "", 0)
         if self.head_size is not None and self.head_size < least:
             words = f"heads under {least} wide on {self.runs_on} (here {self.head_size}, from n_embd / n_head)"
@@ -137,7 +139,9 @@ class Kernel:
     """Takes fewer key/value heads than query heads itself (grouped-query attention; `Plan.attend` repeats them for
     the others)."""
     decodes: bool = True
-    """Attends new queries over a KV cache's keys (decoding)."""
+    """Attends new queries over a KV cache's keys (decoding); one that does not, named, gives decoding to `auto`."""
+    max_head_size: int | None = None
+    """The widest head it runs (None: any)."""
     windows: bool = False
     """Runs a window alone as its mask without declaring `Term.MASK` (fla's `window_size`)."""
 

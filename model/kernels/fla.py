@@ -13,6 +13,8 @@ there), and of the masks a window alone (forgetting attention's `window_size`).
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import importlib.util
 import math
 import os
@@ -26,9 +28,16 @@ from posgpt.model.masks import AttentionMask
 from posgpt.model.scores import Score
 from posgpt.model.terms import ScoreBias, Term
 
+FLA_VERSION = "0.6.0"
+"""The fla-core whose internals (`parallel_attn_fwd`, ...) these ops call."""
 LOG2_E = 1 / math.log(2)
 """fla's softmax runs on exp2: its forget-gate sums come in log2 units."""
-INSTALL = "needs fla-core: pip install 'posgpt[fla]'"
+INSTALL = f"needs fla-core {FLA_VERSION}: pip install 'posgpt[fla]'"
+
+
+def on_device(t: Tensor) -> contextlib.AbstractContextManager:
+    """t's CUDA device made current for fla's launches (fla's own entry points do so, its internals do not)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 @torch.library.custom_op("posgpt::fla_forgetting", mutates_args=())
@@ -37,7 +46,8 @@ def fla_forgetting(q: Tensor, k: Tensor, v: Tensor, c: Tensor, scale: float, win
     `window` (0: all): the output and fla's log-sum-exp (kept for the backward)."""
     from fla.ops.attn.parallel import parallel_attn_fwd
 
-    o, lse = parallel_attn_fwd(q, k, v, c * LOG2_E, None, scale, window or None)
+    with on_device(q):
+        o, lse = parallel_attn_fwd(q, k, v, c * LOG2_E, None, scale, window or None)
     return o.to(q.dtype), lse
 
 
@@ -54,7 +64,8 @@ def fla_forgetting_backward(
     holds it whole)."""
     from fla.ops.attn.parallel import parallel_attn_bwd
 
-    dq, dk, dv, dc, _ = parallel_attn_bwd(q, k, v, o, c * LOG2_E, lse, do.contiguous(), None, scale, window or None)
+    with on_device(q):
+        dq, dk, dv, dc, _ = parallel_attn_bwd(q, k, v, o, c * LOG2_E, lse, do.contiguous(), None, scale, window or None)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dc
 
 
@@ -82,7 +93,8 @@ def fla_stick_breaking(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[T
     stick no key takes, (B, T, H)."""
     from fla.ops.stickbreaking_attn.parallel import parallel_stickbreaking_attn_fwd
 
-    o, rest = parallel_stickbreaking_attn_fwd(q, k, v, scale, False)
+    with on_device(q):
+        o, rest = parallel_stickbreaking_attn_fwd(q, k, v, scale, False)
     return o.to(q.dtype), rest
 
 
@@ -98,7 +110,8 @@ def fla_stick_breaking_backward(
     """fla's backward of `fla_stick_breaking`: the gradients of q, k and v."""
     from fla.ops.stickbreaking_attn.parallel import parallel_stickbreaking_attn_bwd
 
-    dq, dk, dv = parallel_stickbreaking_attn_bwd(q, k, v, do.contiguous(), drest.contiguous(), scale, False)
+    with on_device(q):
+        dq, dk, dv = parallel_stickbreaking_attn_bwd(q, k, v, do.contiguous(), drest.contiguous(), scale, False)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -165,25 +178,30 @@ def _(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | 
     return [torch.empty_like(t) for t in (q, k, v, beta, g, *([state] if state is not None else []))]
 
 
-def _delta_backward(ctx: Any, dout: Tensor | None, dfinal: Tensor | None) -> tuple[Tensor | None, ...]:
-    out, final = ctx.outputs
-    dout = dout if dout is not None else torch.zeros_like(out)
-    dfinal = dfinal if dfinal is not None else torch.zeros_like(final)
-    grads = fla_delta_rule_backward(*ctx.saved_tensors[:5], ctx.state, dout, dfinal)
+def _delta_backward(ctx: Any, dout: Tensor, dfinal: Tensor) -> tuple[Tensor | None, ...]:
+    grads = fla_delta_rule_backward(*ctx.saved_tensors[:5], ctx.state, dout, dfinal)  # unused outputs': zeros
     return (*grads[:5], grads[5] if ctx.state is not None else None)
 
 
 def _delta_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.save_for_backward(*inputs[:5])
-    ctx.state, ctx.outputs = inputs[5], output
+    ctx.state = inputs[5]
 
 
 fla_delta_rule.register_autograd(_delta_backward, setup_context=_delta_context)
 
 
+def fla_installed() -> bool:
+    """Whether the fla-core these ops were written for is installed."""
+    try:
+        return importlib.util.find_spec("fla") is not None and importlib.metadata.version("fla-core") == FLA_VERSION
+    except importlib.metadata.PackageNotFoundError:  # fla from another distribution
+        return False
+
+
 def fla_runs_on() -> frozenset[str]:
     """Where fla's kernels run here: CUDA, and the CPU under Triton's interpreter; nowhere without fla."""
-    if importlib.util.find_spec("fla") is None:
+    if not fla_installed():
         return frozenset()
     return frozenset({"cuda", "cpu"}) if os.environ.get("TRITON_INTERPRET") == "1" else frozenset({"cuda"})
 
@@ -194,6 +212,7 @@ class FlaKernel(Kernel):
 
     term_gradients = True
     decodes = False
+    max_head_size = 256  # fla's kernels hold a head's keys in one block
     auto_devices = frozenset({"cuda"})
     no_float64_on = {"cuda": "fla's Triton kernels have no float64", "cpu": "fla's Triton kernels have no float64"}
 
@@ -207,7 +226,7 @@ class FlaKernel(Kernel):
 
     @property
     def device_notes(self) -> dict[str, str]:  # type: ignore[override]
-        if importlib.util.find_spec("fla") is None:
+        if not fla_installed():
             return {"cuda": INSTALL, "cpu": INSTALL}
         return {"cpu": "fla's Triton kernels run on a CPU only under TRITON_INTERPRET=1"}
 
