@@ -6,6 +6,7 @@ gradients are those of one pass (issue 50: FIRE kept 89x RoPE's peak at T = 1024
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -59,3 +60,18 @@ def test_recomputed_blocks_give_the_logits_and_gradients_of_one_pass(name, monke
     assert regrads.keys() == grads.keys()
     for n, grad in grads.items():
         torch.testing.assert_close(regrads[n], grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_the_resident_mode_runs_a_fresh_one_thread_process_per_run_and_reports_their_largest(monkeypatch):
+    """`bench.py memory --resident true`: each cell is the largest growth of `RESIDENT_RUNS` fresh processes, each
+    running one training step of the row's model with one thread (a real child once, then three stand-ins)."""
+    from posgpt.benchmarks import memory
+
+    tiny = dataclasses.replace(BASE, n_layer=1, n_embd=32, n_head=2, vocab_size=16)
+    monkeypatch.setattr(memory, "RESIDENT_RUNS", 1)
+    assert memory.resident_bytes(tiny, 1, 16) >= 0  # the child's code runs and prints a number
+    seen, growths = [], iter([3 << 20, 5 << 20, 4 << 20])
+    monkeypatch.setattr(memory, "RESIDENT_RUNS", 3)
+    monkeypatch.setattr(memory.subprocess, "run", lambda argv, env, **kw: seen.append(env["OMP_NUM_THREADS"]) or
+                        types.SimpleNamespace(stdout=f"{next(growths)}\n"))  # fmt: skip
+    assert memory.resident_bytes(tiny, 1, 16) == 5 << 20 and seen == ["1", "1", "1"]
