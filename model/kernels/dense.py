@@ -28,9 +28,12 @@ sizes its row blocks, of at most `DENSE_ELEMENTS` such values on a CPU, 32 times
 block costs launches: GPT-2 124M's blocks at B16 x T1024, as the issue-50 H100 run measured them)."""
 
 RECOMPUTE_ELEMENTS = 1 << 22
-"""Scores (heads x queries x keys of a batch row) past which a pass with gradients attends block by block, each
-block formed again in the backward pass (`torch.utils.checkpoint`): no O(T^2) activation is kept per layer (but a
-whole mask or unlearned bias, one for every layer), at the cost of the blocks' forward twice. Below it, as before."""
+"""Values per batch row (queries x keys x the larger of the heads and what the bias forms per pair, `ScoreBias.
+elements`: FIRE's MLP keeps its hidden units for every pair) past which a pass with gradients attends block by
+block, each block formed again in the backward pass (`torch.utils.checkpoint`): no O(T^2) activation is kept per
+layer (but a whole mask or unlearned bias, one for every layer), at the cost of the blocks' forward twice. Below
+it, as before. Counting the heads alone kept FIRE's pairs whole up to 724 tokens: 4.6 GB resident at 512, 0.7 at
+1024 (issue 62)."""
 
 Weigh = Callable[[Tensor, Tensor], Tensor]
 """(scores (B, H, rows, Tk) with -inf where a key is not visible, visibility (.., rows, Tk) bool)
@@ -130,7 +133,8 @@ def dense_context(
         q_pos = k_pos = torch.arange(placement.q_len, device=device)[None]
         q_ids = k_ids = placement.positions if placement.positions is not None else q_pos
     plain = weigh is None and mask.causal_only and placement.k_pos is None
-    recompute = torch.is_grad_enabled() and placement.n_head * placement.q_len * k_pos.size(-1) > RECOMPUTE_ELEMENTS
+    per_pair = max(placement.n_head, bias.elements if bias is not None else 0)  # FIRE's MLP forms ~36 per head
+    recompute = torch.is_grad_enabled() and per_pair * placement.q_len * k_pos.size(-1) > RECOMPUTE_ELEMENTS
     context = DenseContext(bias, mask, placement.n_head, q_pos, k_pos, q_ids, k_ids, plain, weigh=weigh,
                            recompute=recompute, in_order=placement.positions is None)  # fmt: skip
     if (context.recompute and context.keeps()) or context.rows_per_block() < placement.q_len:
