@@ -47,10 +47,15 @@ class LoadedCheckpoint:
     path: str
 
 
+def model_config_of(ckpt: dict[str, Any]) -> GPTConfig:
+    """The model config a checkpoint recorded (after `train.switch_at`, the one it switched to)."""
+    return GPTConfig.from_dict(ckpt.get("model_config") or ckpt["hyper_parameters"]["config"]["model"])
+
+
 def gpt_from_checkpoint(ckpt: dict[str, Any], path: str | Path) -> GPT:
     """The GPT that `ckpt` (read from `path`) holds (after `train.switch_at`, the one it switched to), on CPU
     in eval mode; weights that do not fit its config or are not finite are refused."""
-    model = GPT(GPTConfig.from_dict(ckpt.get("model_config") or ckpt["hyper_parameters"]["config"]["model"]))
+    model = GPT(model_config_of(ckpt))
     state = {k[len(PREFIX) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(PREFIX)}
     try:
         model.load_state_dict(state)

@@ -152,10 +152,10 @@ def evaluate_checkpoints(paths: list[str], labels: list[str], settings: EvalSett
             turns = ", ".join(f"{b:,.0f}" for b in ckpt.model.rope_bases)
             log.warning(f"{label}: its kinds turn RoPE at bases {turns}, which {scaled} does not stretch alike "
                         "(Gemma 3 scales its global layers only): evaluated as trained")  # fmt: skip
-        trained = ckpt.model.config.rope_scaling  # trained scaled: as trained, or the same scaling stretched further
-        fit = [s for s in settings.rope_scaling if trained == "none" or s in (AS_TRAINED, trained)]
+        c = ckpt.model.config  # trained scaled: as trained, or its own scaling stretched further
+        fit = [s for s in settings.rope_scaling if not c.scales_rope or s in (AS_TRAINED, c.rope_scaling)]
         if ckpt.model.rescalable and len(fit) < len(settings.rope_scaling):
-            log.info(f"{label}: trained with rope_scaling {trained}, evaluated with it only (as trained and dynamic)")
+            log.info(f"{label}: trained with rope_scaling {c.rope_scaling}: evaluated with it alone")
         plan += [(label, ckpt, text, s) for s in (fit if ckpt.model.rescalable else [AS_TRAINED])]
     total = sum(
         int(window_starts(len(text[0]), n, settings.stride or n, settings.token_budget).size)
@@ -235,7 +235,7 @@ def at_length(trained: GPT, scaling: str, factor: float | str, length: int) -> G
     if scaling == AS_TRAINED:
         return trained
     c = trained.config  # a model trained scaled is never scaled less than it trained
-    least = c.rope_scaling_factor if c.rope_scaling != "none" else 1.0
+    least = c.rope_scaling_factor if c.scales_rope else 1.0
     return trained.rescaled(scaling, max(least, length / c.original_length) if factor == "dynamic" else float(factor))
 
 

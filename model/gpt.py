@@ -17,7 +17,7 @@ from posgpt.model.attention import Attention
 from posgpt.model.cache import DecodingCache
 from posgpt.model.config import GPTConfig
 from posgpt.model.generation import stream
-from posgpt.model.kernels import AUTO, Kernel, Placement, Plan, WeightsHook
+from posgpt.model.kernels import Kernel, Placement, Plan, WeightsHook
 from posgpt.model.layout import LayerKind, layer_kinds, scheme_differs
 from posgpt.model.loss import linear_cross_entropy
 from posgpt.model.positions import SCHEMES, PositionEncoding, build_positions
@@ -351,10 +351,7 @@ class GPT(nn.Module):
         )  # fmt: skip
         if weights:
             return function.weights_kernel(needs)
-        named = c.attn_backend
-        if decoding and named != AUTO and not function.kernels[named].decodes:
-            named = AUTO  # a kernel that does not decode (fla's) leaves decoding to the others
-        return function.choose_kernel(named, needs, device)
+        return function.choose_kernel(c.attn_backend, needs, device)
 
     def new_cache(self, capacity: int, batch: int | None = None, longest: int | None = None) -> DecodingCache:
         """What decoding keeps: each kind's part (`Attention.new_cache`) and one position per row, allocated now for

@@ -65,11 +65,8 @@ def test_auto_picks_fla_on_cuda_where_it_runs_and_todays_kernel_for_what_fla_lac
 
 def test_without_fla_auto_keeps_todays_kernels_and_asking_for_it_says_how_to_install(monkeypatch):
     monkeypatch.setattr(fla_kernels, "fla_runs_on", lambda: frozenset())
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fla" else _find(name, *a))
+    monkeypatch.setattr(fla_kernels, "fla_installed", lambda: False)
     assert _picked(attention="forgetting") == "flex" and _picked(attention="stick_breaking") == "eager"
     assert _picked(attention="kda", pos_encoding="none") == "chunked"
     with pytest.raises(KernelError, match=r"needs fla-core 0.6.0: pip install 'posgpt\[fla\]'"):
         _picked(attention="forgetting", attn_backend="fla")
-
-
-_find = importlib.util.find_spec

@@ -226,18 +226,6 @@ def test_auto_picks_the_fused_kernel_and_never_flex_on_cpu(tiny_config, scheme, 
         assert layer.choose_kernel("auto", needs, torch.device(device)) is KERNELS[expected]
 
 
-@pytest.mark.parametrize("scheme", [name for name, scheme in SCHEMES.items() if scheme.learned_bias and
-                                    Term.POSITIONS in scheme.terms])  # fmt: skip
-def test_a_learned_table_trains_on_sdpa_on_cuda_not_through_flexs_atomics(scheme):
-    """T5, Kerple, FIRE: flex's backward adds every pair's gradient into a few table entries with atomics (T5 at 0.02
-    of RoPE's speed on an H100); training takes SDPA, whose dense bias carries the table's gradient back. Without
-    gradients (evaluation) flex runs them still."""
-    layer, pe, cuda = ATTENTIONS["softmax"], SCHEMES[scheme], torch.device("cuda")
-    for needs_grad, expected in ((True, "sdpa"), (False, "flex")):
-        needs = layer.needs(pe, AttentionMask(), SCORES["scaled_dot"], cuda, False, needs_grad)
-        assert layer.choose_kernel("auto", needs, cuda) is KERNELS[expected]
-
-
 def test_auto_picks_eager_for_the_additive_score_and_chunked_for_linear_attention():
     softmax, linear = ATTENTIONS["softmax"], ATTENTIONS["linear"]
     cuda = torch.device("cuda")

@@ -10,6 +10,7 @@ import torch
 
 from posgpt.model import ATTENTIONS, GPT, POS_ENCODINGS, SCHEMES, GPTConfig
 from posgpt.model.kernels import dense
+from posgpt.model.masks import AttentionMask
 from posgpt.model.positions import (
     ALiBi,
     RotaryPositions,
@@ -21,6 +22,7 @@ from posgpt.model.positions import (
     t5_bucket,
 )
 from posgpt.model.positions.tables import rope_cos_sin
+from posgpt.model.scores import SCORES
 from posgpt.model.terms import Term
 
 from helpers import fidelity
@@ -287,6 +289,18 @@ def test_contiguous_positions_give_exactly_todays_logits(tiny_config, scheme, ba
         torch.testing.assert_close(given, plain, rtol=1e-6, atol=1e-6)  # on a CPU) takes another path (rounding)
     else:
         assert torch.equal(given, plain)
+
+
+@pytest.mark.parametrize("scheme", [name for name, scheme in SCHEMES.items() if scheme.learned_bias and
+                                    Term.POSITIONS in scheme.terms])  # fmt: skip
+def test_a_learned_table_trains_on_sdpa_on_cuda_not_through_flexs_atomics(scheme):
+    """T5, Kerple, FIRE: flex's backward adds every pair's gradient into a few table entries with atomics (T5 at 0.02
+    of RoPE's speed on an H100); training takes SDPA, whose dense bias carries the table's gradient back. Without
+    gradients (evaluation) flex runs them still."""
+    layer, pe, cuda = ATTENTIONS["softmax"], SCHEMES[scheme], torch.device("cuda")
+    for needs_grad, expected in ((True, "sdpa"), (False, "flex")):
+        needs = layer.needs(pe, AttentionMask(), SCORES["scaled_dot"], cuda, False, needs_grad)
+        assert layer.choose_kernel("auto", needs, cuda) is KERNELS[expected]
 
 
 @pytest.mark.parametrize("whole", [True, False])

@@ -25,7 +25,7 @@ from posgpt.data.corpora import AUTO as AUTO_CORPUS
 from posgpt.data.dataset import PreparedData, prepare_dir
 from posgpt.data.tasks import TaskConfig
 from posgpt.data.tokenizer import GPT2Tokenizer, Tokenizer
-from posgpt.evaluation.checkpoint import gpt_from_checkpoint, weights_misfit
+from posgpt.evaluation.checkpoint import gpt_from_checkpoint, model_config_of, weights_misfit
 from posgpt.model import GPT, SCHEMES, GPTConfig
 from posgpt.model.config import model_tags
 from posgpt.model.kernels import AUTO
@@ -48,7 +48,7 @@ def kept_original_length(cfg: RunConfig, resumed: Path | None) -> RunConfig:
     stretches from filled in: the checkpoint's own (`GPTConfig.original_length`), or where the run resumes, what it
     recorded. (Without a scaling the fine-tuned rotation is native to the new block_size, which is then its own.)"""
     ckpt = read_checkpoint(resumed, mmap=True) if resumed else starting_checkpoint(str(cfg.model.init_from), mmap=True)
-    saved = GPTConfig.from_dict(ckpt.get("model_config") or ckpt["hyper_parameters"]["config"]["model"])
+    saved = model_config_of(ckpt)
     length = saved.original_block_size if resumed else saved.original_length
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, original_block_size=length))
 

@@ -190,8 +190,10 @@ class Attention(nn.Module):
     @classmethod
     def choose_kernel(cls, requested: str, needs: Needs, device: torch.device) -> Kernel:
         """The kernel `requested` names (an error if it cannot run `needs`), or for 'auto' the able one of lowest
-        `rank`."""
+        `rank`; decoding, a named kernel that does not decode (fla's) leaves it to 'auto'."""
         kernels = cls.kernels
+        if requested != AUTO and needs.decoding and not kernels[requested].decodes:
+            requested = AUTO
         if requested != AUTO:  # one of `kernels`: check_config refuses any other attn_backend
             missing = needs.unmet(kernels[requested])
             if missing:

@@ -139,7 +139,7 @@ class Kernel:
     """Takes fewer key/value heads than query heads itself (grouped-query attention; `Plan.attend` repeats them for
     the others)."""
     decodes: bool = True
-    """Attends new queries over a KV cache's keys (decoding); one that does not, named, gives decoding to `auto`."""
+    """Attends new queries over a KV cache's keys (decoding); one that does not, named, leaves decoding to `auto`."""
     max_head_size: int | None = None
     """The widest head it runs (None: any)."""
     windows: bool = False

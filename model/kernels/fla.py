@@ -14,6 +14,7 @@ there), and of the masks a window alone (forgetting attention's `window_size`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import importlib.util
 import math
@@ -191,6 +192,7 @@ def _delta_context(ctx: Any, inputs: tuple, output: tuple) -> None:
 fla_delta_rule.register_autograd(_delta_backward, setup_context=_delta_context)
 
 
+@functools.cache  # read once a process: every kernel choice asks
 def fla_installed() -> bool:
     """Whether the fla-core these ops were written for is installed."""
     try:
