@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from posgpt.core.errors import ConfigError
 from posgpt.model.attention.base import Attention, wide
@@ -35,6 +34,7 @@ from posgpt.model.cache import CachePart, kept, static_buffer
 from posgpt.model.kernels.base import WEIGHTS_CHUNK_ELEMENTS, Kernel, Plan
 from posgpt.model.kernels.fla import FlaDelta
 from posgpt.model.positions import SCHEMES
+from posgpt.model.recompute import recomputed
 
 if TYPE_CHECKING:
     from posgpt.model.config import GPTConfig
@@ -162,11 +162,7 @@ class DeltaChunked(Kernel):
         outputs = []
         for start in range(0, k.size(2), segment):
             part = [t[:, :, start : start + segment] for t in (q, k, v, beta, g)]
-            out, state = (
-                checkpoint(delta_rule_chunked, *part, state, use_reentrant=False)
-                if grad
-                else delta_rule_chunked(*part, state)
-            )
+            out, state = recomputed(delta_rule_chunked, *part, state) if grad else delta_rule_chunked(*part, state)
             outputs.append(out)
         assert state is not None
         return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)), state  # one segment: no copy

@@ -28,17 +28,47 @@ if TYPE_CHECKING:
 def stick_breaking_weights(scores: Tensor, visible: Tensor, remainder: bool) -> Tensor:
     """Weights (B, H, rows, Tk) of scores with -inf where a key is not visible. Keys are in position order, so
     the query's own key is the last one it sees: it takes no share, only the remainder (with `remainder`)."""
-    own = visible.size(-1) - 1 - visible.flip(-1).to(torch.int8).argmax(dim=-1, keepdim=True)
-    current = torch.zeros_like(visible).scatter(-1, own, True)
-    keys = visible & ~current
-    z = scores.masked_fill(~keys, 0.0)  # no -inf in the arithmetic (nor in its gradient)
-    log_rest = F.logsigmoid(-z).masked_fill(~keys, 0.0)  # ln(1 - beta), 0 where no key
-    suffix = log_rest.flip(-1).cumsum(-1).flip(-1)  # sum over keys t >= j
-    after = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], dim=-1)  # t > j: nearer the query
-    weights = torch.exp(F.logsigmoid(z) + after).masked_fill(~keys, 0.0)
-    if remainder:
-        weights = weights + torch.exp(suffix[..., :1]) * current  # prod of (1 - beta) over every key
-    return weights
+    return StickBreaking.apply(scores, visible, remainder)
+
+
+class StickBreaking(torch.autograd.Function):
+    """`stick_breaking_weights` with its gradient written out: the graph keeps the scores and weights alone, where
+    autograd's of the log-space sums kept a dozen (B, H, rows, Tk) tensors (issue 62). With beta = sigmoid(z),
+    A_j the weight of key j, G the weights' gradient and R the remainder:
+    dL/dz_j = G_j A_j (1 - beta_j) - beta_j (sum_{i<j} G_i A_i + G_own R)."""
+
+    @staticmethod
+    def keys(visible: Tensor) -> tuple[Tensor, Tensor]:
+        """The query's own key (the last it sees) as an index (.., rows, 1), and the keys that take a share."""
+        own = visible.size(-1) - 1 - visible.flip(-1).to(torch.int8).argmax(dim=-1, keepdim=True)
+        return own, visible & ~torch.zeros_like(visible).scatter(-1, own, True)
+
+    @staticmethod
+    def forward(ctx: Any, scores: Tensor, visible: Tensor, remainder: bool) -> Tensor:
+        own, keys = StickBreaking.keys(visible)
+        z = scores.masked_fill(~keys, 0.0)  # no -inf in the arithmetic (nor in its gradient)
+        suffix = F.logsigmoid(-z).masked_fill_(~keys, 0.0).flip(-1).cumsum(-1).flip(-1)  # sum of ln(1 - beta), t >= j
+        after = torch.zeros_like(suffix)
+        after[..., :-1] = suffix[..., 1:]  # t > j: the keys nearer the query
+        weights = after.add_(F.logsigmoid(z)).exp_().masked_fill_(~keys, 0.0)
+        if remainder:  # prod of (1 - beta) over every key, to the query's own value
+            weights.scatter_add_(-1, own.expand(*weights.shape[:-1], 1), suffix[..., :1].exp())
+        ctx.save_for_backward(z, weights, visible)
+        ctx.remainder = remainder
+        return weights
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        z, weights, visible = ctx.saved_tensors
+        own, keys = StickBreaking.keys(visible)
+        taken = (grad * weights).masked_fill_(~keys, 0.0)  # G_i A_i
+        before = torch.zeros_like(taken)
+        before[..., 1:] = taken.cumsum(-1)[..., :-1]  # sum over i < j
+        if ctx.remainder:  # G_own R
+            own = own.expand(*weights.shape[:-1], 1)
+            before += grad.gather(-1, own) * weights.gather(-1, own)
+        beta = torch.sigmoid(z)
+        return (taken - taken * beta - beta * before).masked_fill_(~keys, 0.0), None, None
 
 
 class StickBreakingEager(EagerKernel):

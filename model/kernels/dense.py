@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from posgpt.model.kernels.base import Placement
 from posgpt.model.masks import AttentionMask
+from posgpt.model.recompute import recomputed
 from posgpt.model.terms import ScoreBias, TokenTerms
 
 DENSE_ELEMENTS = 1 << 24
@@ -88,7 +88,7 @@ class DenseContext:
         for c in range(0, q.size(-2), step):
             rows = slice(c, min(c + step, q.size(-2)))
             block = (q[:, :, rows], k, v, rows)
-            outs.append(checkpoint(run, *block, use_reentrant=False) if recompute else run(*block))
+            outs.append(recomputed(run, *block, random=dropout) if recompute else run(*block))
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
     def block(self, rows: slice, tokens: TokenTerms | None = None) -> tuple[Tensor | None, Tensor | None]:

@@ -1,0 +1,95 @@
+"""Parts of a pass formed again in the backward pass, with no graph kept from the forward pass: the dense kernels'
+row blocks and the delta rule's segments.
+
+`torch.utils.checkpoint` (non-reentrant) records each part's graph in the forward pass, its saved tensors dropped:
+one node and a few small C++ objects per operation, kept until the backward pass. On a CPU, glibc serves those small
+objects from the large blocks the part has just freed, and each pinned block can no longer hold the next part's
+tensors, so the heap grows by about a block's tensors per part: stick-breaking's resident peak at 2,048 tokens was
+14x RoPE's, with 1.3x its saved bytes (issue 62). Here a part runs without a graph, recording which tensors it reads
+that need gradients (a `TorchFunctionMode`); one node per part forms it again in the backward pass and returns the
+gradients of those tensors. Inside a compiled graph the compiler plans the memory: `checkpoint` there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+from torch.utils.checkpoint import checkpoint
+
+
+class _Reads(TorchFunctionMode):
+    """Records the tensors needing gradients that any torch function is given: under `no_grad`, those a part reads
+    from outside (its inputs, parameters, and tensors its closures hold), as what it forms needs none. Given
+    `stand_ins` (by the id of what was read), gives the functions those instead."""
+
+    def __init__(self, stand_ins: dict[int, Tensor] | None = None) -> None:
+        super().__init__()
+        self.tensors: dict[int, Tensor] = {}
+        self.stand_ins = stand_ins
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if self.stand_ins is not None:
+            args, kwargs = pytree.tree_map_only(Tensor, lambda t: self.stand_ins.get(id(t), t), (args, kwargs))
+        else:
+            for leaf in pytree.tree_leaves((args, kwargs)):
+                if isinstance(leaf, Tensor) and leaf.requires_grad:
+                    self.tensors.setdefault(id(leaf), leaf)
+        return func(*args, **(kwargs or {}))
+
+
+class _Recomputed(torch.autograd.Function):
+    """One node for a part formed without a graph (`formed`): its backward pass forms it again with one, seeded as
+    the first time, from detached stand-ins of the tensors it read (`reads`), so that the graph ends there (a
+    parameter read by every layer would otherwise pull the layers below into this part's gradient), and returns their
+    gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, part: Callable[[], Any], formed: list, seeds: tuple | None, *reads: Tensor) -> Any:
+        ctx.part, ctx.seeds, ctx.reads = part, seeds, reads  # the objects the part reads, alive: their ids hold
+        ctx.save_for_backward(*reads)  # (unchanged until the backward pass: autograd checks their versions)
+        return formed.pop()
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
+        saved = zip(ctx.reads, ctx.saved_tensors, strict=True)
+        stand_ins = {id(read): tensor.detach().requires_grad_() for read, tensor in saved}
+        with torch.random.fork_rng(devices=[] if ctx.seeds is None else ctx.seeds[1], enabled=ctx.seeds is not None):
+            if ctx.seeds is not None:
+                _seed(ctx.seeds)
+            with torch.enable_grad(), _Reads(stand_ins):
+                outputs = pytree.tree_leaves(ctx.part())
+        pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True) if out.requires_grad]
+        if not pairs:
+            return (None,) * (3 + len(stand_ins))
+        outputs, grads = zip(*pairs, strict=True)
+        got = torch.autograd.grad(outputs, list(stand_ins.values()), grads, allow_unused=True)
+        return None, None, None, *got
+
+
+def _seeds(args: tuple) -> tuple:
+    """The random states a part with dropout draws from: the CPU's, and the CUDA devices' its tensors are on."""
+    devices = sorted({t.device.index for t in pytree.tree_leaves(args) if isinstance(t, Tensor) and t.is_cuda})
+    return torch.get_rng_state(), devices, [torch.cuda.get_rng_state(d) for d in devices]
+
+
+def _seed(seeds: tuple) -> None:
+    cpu, devices, states = seeds
+    torch.set_rng_state(cpu)
+    for device, state in zip(devices, states, strict=True):
+        torch.cuda.set_rng_state(state, device)
+
+
+def recomputed(part: Callable[..., Any], *args: Any, random: bool = False) -> Any:
+    """`part(*args)`, a tensor or a tuple of them, formed again in the backward pass (`random`: it draws random
+    numbers, dropout's, the same both times)."""
+    if torch.compiler.is_compiling():
+        return checkpoint(part, *args, use_reentrant=False, preserve_rng_state=random)
+    seeds, reads = (_seeds(args) if random else None), _Reads()
+    with torch.no_grad(), reads:
+        formed = part(*args)
+    return _Recomputed.apply(lambda: part(*args), [formed], seeds, *reads.tensors.values())
