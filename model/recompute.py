@@ -13,7 +13,7 @@ gradients of those tensors. Inside a compiled graph the compiler plans the memor
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -42,33 +42,41 @@ class _Reads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+class _Value(NamedTuple):
+    """A non-tensor argument of a part (None among them too), apart from the tensor ones, which are saved."""
+
+    value: Any
+
+
 class _Recomputed(torch.autograd.Function):
     """One node for a part formed without a graph (`formed`): its backward pass forms it again with one, seeded as
-    the first time, from detached stand-ins of the tensors it read (`reads`), so that the graph ends there (a
-    parameter read by every layer would otherwise pull the layers below into this part's gradient), and returns their
-    gradients."""
+    the first time, from detached stand-ins of its tensor arguments and of the tensors its closures hold that it read
+    (`held`), so that the graph ends there (a parameter read by every layer would otherwise pull the layers below
+    into this part's gradient), and returns their gradients. The arguments are saved tensors, not references: an
+    enclosing checkpoint (`activation_checkpointing`) still drops them."""
 
     @staticmethod
-    def forward(ctx: Any, part: Callable[[], Any], formed: list, seeds: tuple | None, *reads: Tensor) -> Any:
-        ctx.part, ctx.seeds, ctx.reads = part, seeds, reads  # the objects the part reads, alive: their ids hold
-        ctx.save_for_backward(*reads)  # (unchanged until the backward pass: autograd checks their versions)
+    def forward(ctx: Any, part: Callable, args: list, formed: list, seeds: tuple | None, *tensors: Tensor) -> Any:
+        ctx.part, ctx.args, ctx.seeds = part, args, seeds  # args: the non-tensor ones; tensors: then the held ones
+        ctx.held = [id(t) for t in tensors[sum(a is None for a in args) :]]  # alive in the part's closures
+        ctx.save_for_backward(*tensors)  # (unchanged until the backward pass: autograd checks their versions)
         return formed.pop()
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
-        saved = zip(ctx.reads, ctx.saved_tensors, strict=True)
-        stand_ins = {id(read): tensor.detach().requires_grad_() for read, tensor in saved}
+        stand_ins = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
+        given = iter(stand_ins)
+        args = [next(given) if a is None else a.value for a in ctx.args]
         with torch.random.fork_rng(devices=[] if ctx.seeds is None else ctx.seeds[1], enabled=ctx.seeds is not None):
             if ctx.seeds is not None:
                 _seed(ctx.seeds)
-            with torch.enable_grad(), _Reads(stand_ins):
-                outputs = pytree.tree_leaves(ctx.part())
+            with torch.enable_grad(), _Reads(dict(zip(ctx.held, given, strict=True))):
+                outputs = pytree.tree_leaves(ctx.part(*args))
         pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True) if out.requires_grad]
-        if not pairs:
-            return (None,) * (3 + len(stand_ins))
-        outputs, grads = zip(*pairs, strict=True)
-        got = torch.autograd.grad(outputs, list(stand_ins.values()), grads, allow_unused=True)
-        return None, None, None, *got
+        wanted = [t for t in stand_ins if t.requires_grad]
+        got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+                   if pairs and wanted else ())  # fmt: skip
+        return None, None, None, None, *(next(got, None) if t.requires_grad else None for t in stand_ins)
 
 
 def _seeds(args: tuple) -> tuple:
@@ -92,4 +100,7 @@ def recomputed(part: Callable[..., Any], *args: Any, random: bool = False) -> An
     seeds, reads = (_seeds(args) if random else None), _Reads()
     with torch.no_grad(), reads:
         formed = part(*args)
-    return _Recomputed.apply(lambda: part(*args), [formed], seeds, *reads.tensors.values())
+    tensors = [a for a in args if isinstance(a, Tensor)]
+    held = [t for t in reads.tensors.values() if not any(t is a for a in tensors)]
+    kept = [None if isinstance(a, Tensor) else _Value(a) for a in args]
+    return _Recomputed.apply(part, kept, [formed], seeds, *tensors, *held)

@@ -41,11 +41,13 @@ def test_differential_attention_with_a_mask_formed_once_keeps_no_scores(extra, m
     assert saved_bytes(dataclasses.replace(plain, **extra), 2, T) < 1.1 * saved_bytes(plain, 2, T)
 
 
-@pytest.mark.parametrize("name", ["t5", "fire", "cope", "forgetting", "stick_breaking", "sinks", "differential"])
+@pytest.mark.parametrize("name", sorted(variants(BASE)))
 def test_recomputed_blocks_give_the_logits_and_gradients_of_one_pass(name, monkeypatch):
-    """The kernels auto picks on a CPU for a learned bias (SDPA), scores-computed positions and gate sums, the eager
-    weights of stick-breaking and sink logits: smaller blocks, formed again, the same numbers; differential
-    attention's wider value heads in two halves (SDPA's flash kernel on a CPU takes equal heads only)."""
+    """Every row, in blocks of a few rows each formed again (`model.recompute`): the learned biases on SDPA (T5's
+    table read by every layer), scores-computed positions, gate sums, the eager weights of stick-breaking and sink
+    logits, the delta rule's segments; differential attention's wider value heads in two halves (SDPA's flash kernel
+    on a CPU takes equal heads only): the same numbers."""
+    monkeypatch.setattr(dense, "CPU_BLOCK_ELEMENTS", 1 << 14)
     config = variants(BASE)[name]
     results = []
     for threshold in (dense.RECOMPUTE_ELEMENTS, 0):
@@ -75,3 +77,43 @@ def test_the_resident_mode_runs_a_fresh_one_thread_process_per_run_and_reports_t
     monkeypatch.setattr(memory.subprocess, "run", lambda argv, env, **kw: seen.append(env["OMP_NUM_THREADS"]) or
                         types.SimpleNamespace(stdout=f"{next(growths)}\n"))  # fmt: skip
     assert memory.resident_bytes(tiny, 1, 16) == 5 << 20 and seen == ["1", "1", "1"]
+
+
+def test_a_recomputed_part_keeps_one_node_and_gives_every_reads_gradient():
+    """`model.recompute.recomputed`: the part's output and the gradients of what it reads (an input, a parameter
+    read through a closure and also outside it, a non-leaf tensor a closure holds) equal one pass's, in float64; the
+    graph holds one node for the part; dropout draws the same mask when formed again."""
+    from posgpt.model.recompute import recomputed
+
+    def run(once: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(6, 6, dtype=torch.float64))
+        x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+        held = (x * 2).tanh()  # non-leaf, read by the part through its closure
+
+        def part(y: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.dropout((y @ w).sigmoid() * held, 0.5) @ w.T
+
+        out = part(x) if once else recomputed(part, x, random=True)
+        assert once or type(out.grad_fn).__name__ == "_RecomputedBackward"
+        (out.sin().sum() + (w * w).sum()).backward()  # w also read outside the part
+        return out.detach(), [x.grad, w.grad]
+
+    (out, grads), (again, regrads) = run(True), run(False)
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+    for grad, regrad in zip(grads, regrads, strict=True):
+        torch.testing.assert_close(regrad, grad, rtol=1e-12, atol=1e-12)
+
+
+def test_a_recomputed_part_compiles_as_a_checkpoint():
+    """Inside a compiled graph the compiler plans the memory: the part is a `checkpoint` there, traced whole."""
+    from posgpt.model.recompute import recomputed
+
+    w = torch.randn(6, 6, requires_grad=True)
+    x = torch.randn(4, 6, requires_grad=True)
+    compiled = torch.compile(lambda x: recomputed(lambda y: (y @ w).sigmoid() @ w.T, x), backend="aot_eager",
+                             fullgraph=True)  # fmt: skip
+    compiled(x).sum().backward()
+    expected = torch.autograd.grad(((x @ w).sigmoid() @ w.T).sum(), [x, w])
+    torch.testing.assert_close(x.grad, expected[0])
+    torch.testing.assert_close(w.grad, expected[1])

@@ -82,23 +82,27 @@ def test_the_weights_of_a_model_are_the_papers_product(fields, remainder):
         assert torch.all(got.sum(-1) < 1) and torch.all(got.diagonal(dim1=-2, dim2=-1) == 0)
 
 
-def test_weights_and_gradients_in_float64_against_the_formula():
-    """The weights function alone, in float64, against the product and its gradients by autograd through it."""
+@pytest.mark.parametrize(("remainder", "window"), [(True, 0), (False, 0), (True, 4)])
+def test_weights_and_gradients_in_float64_against_the_formula(remainder, window):
+    """The weights function alone, in float64, against the product and its gradients by autograd through it (its
+    backward is written out), with and without the remainder, over all keys and a window's."""
     torch.manual_seed(1)
     T = 9
-    visible = visibility(T)
+    visible = visibility(T, window)
     scores = torch.randn(2, T, T, dtype=torch.float64) * 3
     mine = scores.clone().requires_grad_(True)
-    got = stick_breaking_weights(mine.masked_fill(~visible, float("-inf")), visible, remainder=True)
-    torch.testing.assert_close(got, formula_weights(scores, visible, True), rtol=1e-12, atol=1e-12)
+    got = stick_breaking_weights(mine.masked_fill(~visible, float("-inf")), visible, remainder=remainder)
+    torch.testing.assert_close(got, formula_weights(scores, visible, remainder), rtol=1e-12, atol=1e-12)
 
     ref = scores.clone().requires_grad_(True)
     beta, rest = torch.sigmoid(ref), torch.sigmoid(-ref)  # the product, as tensors for autograd
     expected = torch.zeros(2, T, T, dtype=torch.float64)
     for i in range(T):
-        for j in range(i):
-            expected[:, i, j] = beta[:, i, j] * torch.prod(rest[:, i, j + 1 : i], dim=-1)
-        expected[:, i, i] = 1 - expected[:, i, :i].sum(-1)
+        keys = [j for j in range(i) if visible[i, j]]
+        for j in keys:
+            expected[:, i, j] = beta[:, i, j] * torch.prod(rest[:, i, [t for t in keys if t > j]], dim=-1)
+        if remainder:
+            expected[:, i, i] = 1 - expected[:, i, :i].sum(-1)
     weight = torch.randn(2, T, T, dtype=torch.float64)
     (got * weight).sum().backward()
     (expected * weight).sum().backward()

@@ -19,21 +19,27 @@ from posgpt.model.terms import ScoreBias, TokenTerms
 
 DENSE_ELEMENTS = 1 << 24
 """Largest mask or bias (elements, over every batch row and head) formed at once: 64 MiB in float32; a recomputed
-block's, with what its graph keeps, on a GPU 32 times that (`KEPT_PER_HEAD`)."""
+block's, with what its graph keeps, on a GPU 32 times that (`KEPT_PER_HEAD`; on a CPU `CPU_BLOCK_ELEMENTS`)."""
+
+CPU_BLOCK_ELEMENTS = 1 << 22
+"""A recomputed block's values on a CPU: glibc keeps in its heaps what a step frees below its mmap threshold, so the
+process holds a few blocks' worth beyond the step's own (a quarter of `DENSE_ELEMENTS` keeps FIRE's and CoPE's
+resident peak at 256 tokens within 2.2x RoPE's, where 16M kept 4-5x; issue 62)."""
 
 KEPT_PER_HEAD = {"eager": 8, "sdpa": 4}
 """Values per head and query-key pair a recomputed block's graph keeps beyond its terms, the eager kernel's (scores,
-mask, weights and what the function forms for them: stick-breaking's log-space sums) and SDPA's math kernel's;
-sizes its row blocks, of at most `DENSE_ELEMENTS` such values on a CPU, 32 times that on a GPU (more memory, and each
-block costs launches: GPT-2 124M's blocks at B16 x T1024, as the issue-50 H100 run measured them)."""
+mask, weights and what the function forms for them) and SDPA's math kernel's; sizes its row blocks, of at most
+`CPU_BLOCK_ELEMENTS` such values on a CPU, 32 times `DENSE_ELEMENTS` on a GPU (more memory, and each block costs
+launches: GPT-2 124M's blocks at B16 x T1024, as the issue-50 H100 run measured them)."""
 
 RECOMPUTE_ELEMENTS = 1 << 22
-"""Values per batch row (queries x keys x the larger of the heads and what the bias forms per pair, `ScoreBias.
-elements`: FIRE's MLP keeps its hidden units for every pair) past which a pass with gradients attends block by
-block, each block formed again in the backward pass (`torch.utils.checkpoint`): no O(T^2) activation is kept per
-layer (but a whole mask or unlearned bias, one for every layer), at the cost of the blocks' forward twice. Below
-it, as before. Counting the heads alone kept FIRE's pairs whole up to 724 tokens: 4.6 GB resident at 512, 0.7 at
-1024 (issue 62)."""
+"""Values per batch row a pass keeps for its backward pass (queries x keys x the larger of what its kernel keeps per
+head, `KEPT_PER_HEAD`, and what the bias forms per pair, `ScoreBias.elements`: FIRE's MLP its hidden units) past
+which a pass with gradients attends block by block, each block formed again in the backward pass
+(`model.recompute`): no O(T^2) activation is kept per layer (but a whole mask or unlearned bias, one for every
+layer), at the cost of the blocks' forward twice. Counting the heads alone kept FIRE's pairs whole up to 724 tokens
+(4.6 GB resident at 512, 0.7 at 1024) and the eager kernel's weights likewise (soft-capping 3.9x RoPE's resident
+peak at 512; issue 62); the eager kernel now attends in recomputed blocks past 256 tokens of 8 heads."""
 
 Weigh = Callable[[Tensor, Tensor], Tensor]
 """(scores (B, H, rows, Tk) with -inf where a key is not visible, visibility (.., rows, Tk) bool)
@@ -68,7 +74,8 @@ class DenseContext:
         batch = max(self.q_pos.size(0), self.k_pos.size(0), self.q_ids.size(0), tokens.q.size(0) if tokens else 1)
         terms = batch * ((self.bias.elements if self.bias is not None else 1) + (self.n_head if tokens else 0))
         kept = queries * KEPT_PER_HEAD["sdpa" if self.weigh is None else "eager"] * self.n_head
-        budget = DENSE_ELEMENTS * (32 if queries and self.q_pos.device.type != "cpu" else 1)
+        cpu = self.q_pos.device.type == "cpu"
+        budget = DENSE_ELEMENTS if not queries else CPU_BLOCK_ELEMENTS if cpu else 32 * DENSE_ELEMENTS
         return max(1, budget // ((terms + kept) * self.k_pos.size(-1)))
 
     def keeps(self, tokens: TokenTerms | None = None, dropout: bool = False) -> bool:
@@ -133,7 +140,8 @@ def dense_context(
         q_pos = k_pos = torch.arange(placement.q_len, device=device)[None]
         q_ids = k_ids = placement.positions if placement.positions is not None else q_pos
     plain = weigh is None and mask.causal_only and placement.k_pos is None
-    per_pair = max(placement.n_head, bias.elements if bias is not None else 0)  # FIRE's MLP forms ~36 per head
+    kept = KEPT_PER_HEAD["eager"] if weigh else KEPT_PER_HEAD["sdpa"] if bias is not None and bias.learned else 1
+    per_pair = max(placement.n_head * kept, bias.elements if bias is not None else 0)  # FIRE's MLP: ~36 per head
     recompute = torch.is_grad_enabled() and per_pair * placement.q_len * k_pos.size(-1) > RECOMPUTE_ELEMENTS
     context = DenseContext(bias, mask, placement.n_head, q_pos, k_pos, q_ids, k_ids, plain, weigh=weigh,
                            recompute=recompute, in_order=placement.positions is None)  # fmt: skip

@@ -246,16 +246,46 @@ class ContextualPositions(PositionEncoding):
 
     def bias(self, layer: int = 0) -> ScoreBias:
         table, scale = self.table[layer].to(torch.promote_types(self.table.dtype, torch.float32)), self.scale
-        last = table.size(-1) - 1
 
         def cope(q: Tensor, scores: Tensor, visible: Tensor) -> Tensor:
-            gates = torch.sigmoid(scores)  # 0 where a key is not visible (a score of -inf)
-            p = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=last)  # the gates from key j on, up to the query
-            logits = q @ table.to(q.dtype)  # (B, H, rows, P): the query against every position
-            low = p.floor()
-            w = p - low  # the gradient reaches the gates through the interpolation only
-            below, above = logits.gather(-1, low.long()), logits.gather(-1, p.ceil().long())
-            return scale * (below + w * (above - below))
+            return ContextualTerm.apply(q, scores, table.to(q.dtype), scale)
 
         # elements: the gates, counts, interpolation and term it forms per query-key pair and head
         return ScoreBias(None, 12 * self.n_head, from_scores=cope)
+
+
+class ContextualTerm(torch.autograd.Function):
+    """CoPE's term of query rows q (B, H, rows, D) and their scores (-inf where not visible) with a layer's table
+    (D, P), its gradient written out: the graph keeps the gates alone, where autograd's kept the counts, weights
+    and two int64 indices per pair (issue 62). Gates g = sigmoid(s); counts p_j = min(sum_{t>=j} g_t, P - 1); logits
+    z = q e; the term scale * ((1 - w) z[floor p] + w z[ceil p]), w = p - floor p: the gradient reaches the gates
+    through w only."""
+
+    @staticmethod
+    def positions(gates: Tensor, last: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The counts before clamping, the neighbouring positions (int64) and the weight w of the upper one."""
+        counts = gates.flip(-1).cumsum(-1).flip(-1)
+        p = counts.clamp(max=last)
+        low = p.floor()
+        return counts, low.long(), p.ceil().long(), p - low
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, scores: Tensor, table: Tensor, scale: float) -> Tensor:
+        gates = torch.sigmoid(scores)  # 0 where a key is not visible (a score of -inf)
+        _, low, high, w = ContextualTerm.positions(gates, table.size(-1) - 1)
+        logits = q @ table  # (B, H, rows, P): the query against every position
+        below = logits.gather(-1, low)
+        ctx.save_for_backward(q, gates, table)
+        ctx.scale = scale
+        return scale * (below + w * (logits.gather(-1, high) - below))
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        q, gates, table = ctx.saved_tensors
+        last = table.size(-1) - 1
+        counts, low, high, w = ContextualTerm.positions(gates, last)
+        logits, grad = q @ table, grad * ctx.scale
+        d_counts = (grad * (logits.gather(-1, high) - logits.gather(-1, low))).masked_fill_(counts > last, 0)
+        d_scores = d_counts.cumsum(-1).mul_(gates * (1 - gates))  # each gate counts for the keys j up to it
+        d_logits = torch.zeros_like(logits).scatter_add_(-1, low, grad - grad * w).scatter_add_(-1, high, grad * w)
+        return d_logits @ table.mT, d_scores, (q.mT @ d_logits).sum((0, 1)), None
