@@ -12,6 +12,7 @@ gradients of those tensors. Inside a compiled graph the compiler plans the memor
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -33,13 +34,23 @@ class _Reads(TorchFunctionMode):
         self.stand_ins = stand_ins
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if self.stand_ins is not None:
-            args, kwargs = pytree.tree_map_only(Tensor, lambda t: self.stand_ins.get(id(t), t), (args, kwargs))
+        kwargs = kwargs or {}
+        if self.stand_ins is not None:  # torch.cat's list: one level down
+            args = tuple(self.swap(a) for a in args)
+            kwargs = {key: self.swap(a) for key, a in kwargs.items()}
         else:
-            for leaf in pytree.tree_leaves((args, kwargs)):
-                if isinstance(leaf, Tensor) and leaf.requires_grad:
-                    self.tensors.setdefault(id(leaf), leaf)
-        return func(*args, **(kwargs or {}))
+            for given in (*args, *kwargs.values()):
+                for t in given if isinstance(given, list | tuple) else (given,):
+                    if isinstance(t, Tensor) and t.requires_grad:
+                        self.tensors.setdefault(id(t), t)
+        return func(*args, **kwargs)
+
+    def swap(self, given: Any) -> Any:
+        """The stand-in of a tensor that was read, in a list or tuple too (torch.cat's), or what was given."""
+        if isinstance(given, list | tuple):
+            swapped = [self.swap(t) for t in given]
+            return given if all(a is b for a, b in zip(swapped, given, strict=True)) else type(given)(swapped)
+        return self.stand_ins.get(id(given), given) if self.stand_ins and isinstance(given, Tensor) else given
 
 
 class _Value(NamedTuple):
@@ -70,7 +81,8 @@ class _Recomputed(torch.autograd.Function):
         with torch.random.fork_rng(devices=[] if ctx.seeds is None else ctx.seeds[1], enabled=ctx.seeds is not None):
             if ctx.seeds is not None:
                 _seed(ctx.seeds)
-            with torch.enable_grad(), _Reads(dict(zip(ctx.held, given, strict=True))):
+            held = dict(zip(ctx.held, given, strict=True))
+            with torch.enable_grad(), _Reads(held) if held else contextlib.nullcontext():
                 outputs = pytree.tree_leaves(ctx.part(*args))
         pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True) if out.requires_grad]
         wanted = [t for t in stand_ins if t.requires_grad]

@@ -47,7 +47,7 @@ def test_recomputed_blocks_give_the_logits_and_gradients_of_one_pass(name, monke
     table read by every layer), scores-computed positions, gate sums, the eager weights of stick-breaking and sink
     logits, the delta rule's segments; differential attention's wider value heads in two halves (SDPA's flash kernel
     on a CPU takes equal heads only): the same numbers."""
-    monkeypatch.setattr(dense, "CPU_BLOCK_ELEMENTS", 1 << 14)
+    monkeypatch.setattr(dense, "CPU_BLOCK_KEY_ELEMENTS", 1 << 10)
     config = variants(BASE)[name]
     results = []
     for threshold in (dense.RECOMPUTE_ELEMENTS, 0):

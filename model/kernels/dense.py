@@ -19,18 +19,19 @@ from posgpt.model.terms import ScoreBias, TokenTerms
 
 DENSE_ELEMENTS = 1 << 24
 """Largest mask or bias (elements, over every batch row and head) formed at once: 64 MiB in float32; a recomputed
-block's, with what its graph keeps, on a GPU 32 times that (`KEPT_PER_HEAD`; on a CPU `CPU_BLOCK_ELEMENTS`)."""
+block's, with what its graph keeps, on a GPU 32 times that (`KEPT_PER_HEAD`; on a CPU `CPU_BLOCK_KEY_ELEMENTS`)."""
 
-CPU_BLOCK_ELEMENTS = 1 << 22
-"""A recomputed block's values on a CPU: glibc keeps in its heaps what a step frees below its mmap threshold, so the
-process holds a few blocks' worth beyond the step's own (a quarter of `DENSE_ELEMENTS` keeps FIRE's and CoPE's
-resident peak at 256 tokens within 2.2x RoPE's, where 16M kept 4-5x; issue 62)."""
+CPU_BLOCK_KEY_ELEMENTS = 1 << 14
+"""A recomputed block's values on a CPU per key (at 256 keys 4M, from 1,024 keys `DENSE_ELEMENTS`): glibc keeps in
+its heaps what a step frees, so the process holds a few blocks beyond the step's own, and a block that grows with
+the length keeps that in proportion to the step (16M at 256 tokens held 4-5x RoPE's resident peak for FIRE and
+CoPE, a quarter of it 2.2x; issue 62)."""
 
 KEPT_PER_HEAD = {"eager": 8, "sdpa": 4}
 """Values per head and query-key pair a recomputed block's graph keeps beyond its terms, the eager kernel's (scores,
 mask, weights and what the function forms for them) and SDPA's math kernel's; sizes its row blocks, of at most
-`CPU_BLOCK_ELEMENTS` such values on a CPU, 32 times `DENSE_ELEMENTS` on a GPU (more memory, and each block costs
-launches: GPT-2 124M's blocks at B16 x T1024, as the issue-50 H100 run measured them)."""
+`CPU_BLOCK_KEY_ELEMENTS` such values per key on a CPU, 32 times `DENSE_ELEMENTS` on a GPU (more memory, and each
+block costs launches: GPT-2 124M's blocks at B16 x T1024, as the issue-50 H100 run measured them)."""
 
 RECOMPUTE_ELEMENTS = 1 << 22
 """Values per batch row a pass keeps for its backward pass (queries x keys x the larger of what its kernel keeps per
@@ -74,9 +75,9 @@ class DenseContext:
         batch = max(self.q_pos.size(0), self.k_pos.size(0), self.q_ids.size(0), tokens.q.size(0) if tokens else 1)
         terms = batch * ((self.bias.elements if self.bias is not None else 1) + (self.n_head if tokens else 0))
         kept = queries * KEPT_PER_HEAD["sdpa" if self.weigh is None else "eager"] * self.n_head
-        cpu = self.q_pos.device.type == "cpu"
-        budget = DENSE_ELEMENTS if not queries else CPU_BLOCK_ELEMENTS if cpu else 32 * DENSE_ELEMENTS
-        return max(1, budget // ((terms + kept) * self.k_pos.size(-1)))
+        keys, cpu = self.k_pos.size(-1), self.q_pos.device.type == "cpu"
+        budget = min(DENSE_ELEMENTS, CPU_BLOCK_KEY_ELEMENTS * keys) if cpu else 32 * DENSE_ELEMENTS
+        return max(1, (budget if queries else DENSE_ELEMENTS) // ((terms + kept) * keys))
 
     def keeps(self, tokens: TokenTerms | None = None, dropout: bool = False) -> bool:
         """Whether the kernel keeps each block's weights for the backward pass: eager, or SDPA's math kernel, taken
@@ -140,7 +141,8 @@ def dense_context(
         q_pos = k_pos = torch.arange(placement.q_len, device=device)[None]
         q_ids = k_ids = placement.positions if placement.positions is not None else q_pos
     plain = weigh is None and mask.causal_only and placement.k_pos is None
-    kept = KEPT_PER_HEAD["eager"] if weigh else KEPT_PER_HEAD["sdpa"] if bias is not None and bias.learned else 1
+    learned = bias is not None and bias.learned  # SDPA's math kernel: it keeps the weights too
+    kept = KEPT_PER_HEAD["eager"] if weigh is not None else KEPT_PER_HEAD["sdpa"] if learned else 1
     per_pair = max(placement.n_head * kept, bias.elements if bias is not None else 0)  # FIRE's MLP: ~36 per head
     recompute = torch.is_grad_enabled() and per_pair * placement.q_len * k_pos.size(-1) > RECOMPUTE_ELEMENTS
     context = DenseContext(bias, mask, placement.n_head, q_pos, k_pos, q_ids, k_ids, plain, weigh=weigh,

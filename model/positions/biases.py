@@ -275,17 +275,20 @@ class ContextualTerm(torch.autograd.Function):
         _, low, high, w = ContextualTerm.positions(gates, table.size(-1) - 1)
         logits = q @ table  # (B, H, rows, P): the query against every position
         below = logits.gather(-1, low)
-        ctx.save_for_backward(q, gates, table)
+        step = logits.gather(-1, high).sub_(below)  # z[ceil p] - z[floor p], kept: no logits formed again
+        ctx.save_for_backward(q, gates, table, step)
         ctx.scale = scale
-        return scale * (below + w * (logits.gather(-1, high) - below))
+        return scale * (below + w * step)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        q, gates, table = ctx.saved_tensors
+        q, gates, table, step = ctx.saved_tensors
         last = table.size(-1) - 1
         counts, low, high, w = ContextualTerm.positions(gates, last)
-        logits, grad = q @ table, grad * ctx.scale
-        d_counts = (grad * (logits.gather(-1, high) - logits.gather(-1, low))).masked_fill_(counts > last, 0)
+        grad = grad * ctx.scale
+        d_counts = (grad * step).masked_fill_(counts > last, 0)
         d_scores = d_counts.cumsum(-1).mul_(gates * (1 - gates))  # each gate counts for the keys j up to it
-        d_logits = torch.zeros_like(logits).scatter_add_(-1, low, grad - grad * w).scatter_add_(-1, high, grad * w)
-        return d_logits @ table.mT, d_scores, (q.mT @ d_logits).sum((0, 1)), None
+        d_logits = q.new_zeros(*q.shape[:-1], table.size(-1))
+        d_logits.scatter_add_(-1, low, grad - grad * w).scatter_add_(-1, high, grad * w)
+        d_table = q.reshape(-1, q.size(-1)).mT @ d_logits.view(-1, d_logits.size(-1))
+        return d_logits @ table.mT, d_scores, d_table, None
