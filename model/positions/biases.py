@@ -285,7 +285,7 @@ class ContextualTerm(torch.autograd.Function):
         q, gates, table, step = ctx.saved_tensors
         last = table.size(-1) - 1
         counts, low, high, w = ContextualTerm.positions(gates, last)
-        grad = grad * ctx.scale
+        grad = grad.to(q.dtype) * ctx.scale  # (bf16 under autocast, as the scores)
         d_counts = (grad * step).masked_fill_(counts > last, 0)
         d_scores = d_counts.cumsum(-1).mul_(gates * (1 - gates))  # each gate counts for the keys j up to it
         d_logits = q.new_zeros(*q.shape[:-1], table.size(-1))
