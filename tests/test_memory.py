@@ -117,3 +117,33 @@ def test_a_recomputed_part_compiles_as_a_checkpoint():
     expected = torch.autograd.grad(((x @ w).sigmoid() @ w.T).sum(), [x, w])
     torch.testing.assert_close(x.grad, expected[0])
     torch.testing.assert_close(w.grad, expected[1])
+
+
+def test_recomputed_eager_blocks_with_dropout_draw_their_mask_again_and_a_hidden_read_is_refused(monkeypatch):
+    """The eager kernel's blocks with dropout are formed again from the first pass's random state; a tensor needing
+    gradients that a part hands a custom autograd Function directly (unseen by the mode) fails loudly in backward."""
+    from posgpt.model import recompute
+
+    seen = []
+    monkeypatch.setattr(dense, "recomputed", lambda *a, random=False: seen.append(random) or recompute.recomputed(
+        *a, random=random))  # fmt: skip
+    monkeypatch.setattr(dense, "RECOMPUTE_ELEMENTS", 0)
+    config = dataclasses.replace(variants(BASE)["stick_breaking"], dropout=0.1)
+    idx = torch.randint(0, config.vocab_size, (2, T))
+    GPT(config).train()(idx, idx)[1].backward()
+    assert seen and all(seen)
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return x * w
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, w = ctx.saved_tensors
+            return grad * w, grad * x
+
+    w, x = torch.nn.Parameter(torch.randn(3)), torch.randn(2, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="unseen"):
+        recompute.recomputed(lambda y: Scale.apply(y, w), x).sum().backward()

@@ -32,10 +32,9 @@ def stick_breaking_weights(scores: Tensor, visible: Tensor, remainder: bool) -> 
 
 
 class StickBreaking(torch.autograd.Function):
-    """`stick_breaking_weights` with its gradient written out: the graph keeps the scores and weights alone, where
-    autograd's of the log-space sums kept a dozen (B, H, rows, Tk) tensors (issue 62). With beta = sigmoid(z),
-    A_j the weight of key j, G the weights' gradient and R the remainder:
-    dL/dz_j = G_j A_j (1 - beta_j) - beta_j (sum_{i<j} G_i A_i + G_own R)."""
+    """`stick_breaking_weights` with its gradient written out: the graph keeps the scores and weights, where autograd's
+    kept a dozen (B, H, rows, Tk) tensors (issue 62). With beta = sigmoid(z), A_j key j's weight, G the weights'
+    gradient, R the remainder: dL/dz_j = G_j A_j (1 - beta_j) - beta_j (sum_{i<j} G_i A_i + G_own R)."""
 
     @staticmethod
     def keys(visible: Tensor) -> tuple[Tensor, Tensor]:
@@ -48,8 +47,7 @@ class StickBreaking(torch.autograd.Function):
         own, keys = StickBreaking.keys(visible)
         z = scores.masked_fill(~keys, 0.0)  # no -inf in the arithmetic (nor in its gradient)
         suffix = F.logsigmoid(-z).masked_fill_(~keys, 0.0).flip(-1).cumsum(-1).flip(-1)  # sum of ln(1 - beta), t >= j
-        after = torch.zeros_like(suffix)
-        after[..., :-1] = suffix[..., 1:]  # t > j: the keys nearer the query
+        after = F.pad(suffix[..., 1:], (0, 1))  # t > j: the keys nearer the query
         weights = after.add_(F.logsigmoid(z)).exp_().masked_fill_(~keys, 0.0)
         if remainder:  # prod of (1 - beta) over every key, to the query's own value
             weights.scatter_add_(-1, own.expand(*weights.shape[:-1], 1), suffix[..., :1].exp())
@@ -62,8 +60,7 @@ class StickBreaking(torch.autograd.Function):
         z, weights, visible = ctx.saved_tensors
         own, keys = StickBreaking.keys(visible)
         taken = (grad * weights).masked_fill_(~keys, 0.0)  # G_i A_i
-        before = torch.zeros_like(taken)
-        before[..., 1:] = taken.cumsum(-1)[..., :-1]  # sum over i < j
+        before = F.pad(taken.cumsum(-1)[..., :-1], (1, 0))  # sum over i < j
         if ctx.remainder:  # G_own R
             own = own.expand(*weights.shape[:-1], 1)
             before += grad.gather(-1, own) * weights.gather(-1, own)

@@ -22,10 +22,8 @@ DENSE_ELEMENTS = 1 << 24
 block's, with what its graph keeps, on a GPU 32 times that (`KEPT_PER_HEAD`; on a CPU `CPU_BLOCK_KEY_ELEMENTS`)."""
 
 CPU_BLOCK_KEY_ELEMENTS = 1 << 14
-"""A recomputed block's values on a CPU per key (at 256 keys 4M, from 1,024 keys `DENSE_ELEMENTS`): glibc keeps in
-its heaps what a step frees, so the process holds a few blocks beyond the step's own, and a block that grows with
-the length keeps that in proportion to the step (16M at 256 tokens held 4-5x RoPE's resident peak for FIRE and
-CoPE, a quarter of it 2.2x; issue 62)."""
+"""A recomputed block's values per key on a CPU (4M at 256 keys, 16M from 1,024): what glibc keeps of freed blocks
+then grows with the step (16M at 256 tokens held 4-5x RoPE's resident peak for FIRE and CoPE, 4M 2.2x; issue 62)."""
 
 KEPT_PER_HEAD = {"eager": 8, "sdpa": 4}
 """Values per head and query-key pair a recomputed block's graph keeps beyond its terms, the eager kernel's (scores,
@@ -35,12 +33,10 @@ block costs launches: GPT-2 124M's blocks at B16 x T1024, as the issue-50 H100 r
 
 RECOMPUTE_ELEMENTS = 1 << 22
 """Values per batch row a pass keeps for its backward pass (queries x keys x the larger of what its kernel keeps per
-head, `KEPT_PER_HEAD`, and what the bias forms per pair, `ScoreBias.elements`: FIRE's MLP its hidden units) past
-which a pass with gradients attends block by block, each block formed again in the backward pass
-(`model.recompute`): no O(T^2) activation is kept per layer (but a whole mask or unlearned bias, one for every
-layer), at the cost of the blocks' forward twice. Counting the heads alone kept FIRE's pairs whole up to 724 tokens
-(4.6 GB resident at 512, 0.7 at 1024) and the eager kernel's weights likewise (soft-capping 3.9x RoPE's resident
-peak at 512; issue 62); the eager kernel now attends in recomputed blocks past 256 tokens of 8 heads."""
+head, `KEPT_PER_HEAD`, and what the bias forms per pair, `ScoreBias.elements`) past which a pass with gradients
+attends in blocks, each formed again in the backward pass (`model.recompute`): no O(T^2) activation is kept per
+layer (but a whole mask or unlearned bias, one for every layer), at the cost of the blocks' forward twice. Counting
+heads alone kept FIRE's MLP and the eager weights whole: FIRE 4.6 GB resident at 512 tokens (issue 62)."""
 
 Weigh = Callable[[Tensor, Tensor], Tensor]
 """(scores (B, H, rows, Tk) with -inf where a key is not visible, visibility (.., rows, Tk) bool)
@@ -87,9 +83,9 @@ class DenseContext:
 
     def attend(self, run: Callable[[Tensor, Tensor, Tensor, slice], Tensor], q: Tensor, k: Tensor, v: Tensor,
                tokens: TokenTerms | None = None, dropout: bool = False) -> Tensor:  # fmt: skip
-        """`run(q rows, k, v, rows)` over blocks of query rows, each at most `rows_per_block` rows, each checkpointed
-        when `recompute`, unless the kernel keeps no weights and the mask is `whole`, formed once for every layer
-        (ALiBi's bias, a window's)."""
+        """`run(q rows, k, v, rows)` over blocks of query rows, each at most `rows_per_block` rows, each formed again
+        in the backward pass when `recompute` (`model.recompute`), unless the kernel keeps no weights and the mask is
+        `whole`, formed once for every layer (ALiBi's bias, a window's); `dropout`: the same mask both times."""
         recompute = self.recompute and (self.whole is None or self.keeps(tokens, dropout))
         step = min(self.rows_per_block(tokens, q.size(0) if recompute else 0), q.size(-2))
         outs = []

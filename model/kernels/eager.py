@@ -116,7 +116,7 @@ class EagerKernel(Kernel):
             return eager_attention(q_rows, k, v, bias, dropout_p, visible, score, on_block, weigh, term, plan.transform,
                                    plan.sinks)  # fmt: skip
 
-        return context.attend(rows_of, q, k, v, plan.tokens)
+        return context.attend(rows_of, q, k, v, plan.tokens, dropout_p > 0)
 
 
 class SoftmaxEager(EagerKernel):

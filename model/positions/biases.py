@@ -246,25 +246,21 @@ class ContextualPositions(PositionEncoding):
 
     def bias(self, layer: int = 0) -> ScoreBias:
         table, scale = self.table[layer].to(torch.promote_types(self.table.dtype, torch.float32)), self.scale
-
-        def cope(q: Tensor, scores: Tensor, visible: Tensor) -> Tensor:
-            return ContextualTerm.apply(q, scores, table.to(q.dtype), scale)
-
         # elements: the gates, counts, interpolation and term it forms per query-key pair and head
-        return ScoreBias(None, 12 * self.n_head, from_scores=cope)
+        return ScoreBias(None, 12 * self.n_head, from_scores=lambda q, scores, visible: ContextualTerm.apply(
+            q, scores, table.to(q.dtype), scale))  # fmt: skip
 
 
 class ContextualTerm(torch.autograd.Function):
     """CoPE's term of query rows q (B, H, rows, D) and their scores (-inf where not visible) with a layer's table
-    (D, P), its gradient written out: the graph keeps the gates alone, where autograd's kept the counts, weights
-    and two int64 indices per pair (issue 62). Gates g = sigmoid(s); counts p_j = min(sum_{t>=j} g_t, P - 1); logits
-    z = q e; the term scale * ((1 - w) z[floor p] + w z[ceil p]), w = p - floor p: the gradient reaches the gates
-    through w only."""
+    (D, P), its gradient written out: the graph keeps the gates and the logits' step, where autograd's kept counts,
+    weights and two int64 indices per pair (issue 62). Gates g = sigmoid(s); counts p_j = min(sum_{t>=j} g_t, P - 1)
+    in float32; logits z = q e; the term scale * ((1 - w) z[floor p] + w z[ceil p]), w = p - floor p."""
 
     @staticmethod
     def positions(gates: Tensor, last: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The counts before clamping, the neighbouring positions (int64) and the weight w of the upper one."""
-        counts = gates.flip(-1).cumsum(-1).flip(-1)
+        counts = gates.flip(-1).cumsum(-1, dtype=torch.promote_types(gates.dtype, torch.float32)).flip(-1)
         p = counts.clamp(max=last)
         low = p.floor()
         return counts, low.long(), p.ceil().long(), p - low
