@@ -46,11 +46,12 @@ class StickBreaking(torch.autograd.Function):
     def forward(ctx: Any, scores: Tensor, visible: Tensor, remainder: bool) -> Tensor:
         own, keys = StickBreaking.keys(visible)
         z = scores.masked_fill(~keys, 0.0)  # no -inf in the arithmetic (nor in its gradient)
-        suffix = F.logsigmoid(-z).masked_fill_(~keys, 0.0).flip(-1).cumsum(-1).flip(-1)  # sum of ln(1 - beta), t >= j
-        after = F.pad(suffix[..., 1:], (0, 1))  # t > j: the keys nearer the query
+        suffix = F.logsigmoid(-z).masked_fill_(~keys, 0.0).flip(-1).cumsum_(-1).flip(-1)  # sum of ln(1 - beta), t >= j
+        rest, after = suffix[..., :1].exp(), F.pad(suffix[..., 1:], (0, 1))  # every key; t > j: those nearer the query
+        del suffix
         weights = after.add_(F.logsigmoid(z)).exp_().masked_fill_(~keys, 0.0)
-        if remainder:  # prod of (1 - beta) over every key, to the query's own value
-            weights.scatter_add_(-1, own.expand(*weights.shape[:-1], 1), suffix[..., :1].exp())
+        if remainder:  # the product of (1 - beta) over every key, to the query's own value
+            weights.scatter_add_(-1, own.expand(*weights.shape[:-1], 1), rest)
         ctx.save_for_backward(z, weights, visible)
         ctx.remainder = remainder
         return weights
@@ -64,8 +65,7 @@ class StickBreaking(torch.autograd.Function):
         if ctx.remainder:  # G_own R
             own = own.expand(*weights.shape[:-1], 1)
             before += grad.gather(-1, own) * weights.gather(-1, own)
-        beta = torch.sigmoid(z)
-        return (taken - taken * beta - beta * before).masked_fill_(~keys, 0.0), None, None
+        return taken.sub_(before.add_(taken).mul_(torch.sigmoid(z))).masked_fill_(~keys, 0.0), None, None
 
 
 class StickBreakingEager(EagerKernel):

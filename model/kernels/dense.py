@@ -25,11 +25,11 @@ CPU_BLOCK_KEY_ELEMENTS = 1 << 14
 """A recomputed block's values per key on a CPU (4M at 256 keys, 16M from 1,024): what glibc keeps of freed blocks
 then grows with the step (16M at 256 tokens held 4-5x RoPE's resident peak for FIRE and CoPE, 4M 2.2x; issue 62)."""
 
-KEPT_PER_HEAD = {"eager": 8, "sdpa": 4}
+KEPT_PER_HEAD = {"eager": 12, "sdpa": 4}
 """Values per head and query-key pair a recomputed block's graph keeps beyond its terms, the eager kernel's (scores,
-mask, weights and what the function forms for them) and SDPA's math kernel's; sizes its row blocks, of at most
-`CPU_BLOCK_KEY_ELEMENTS` such values per key on a CPU, 32 times `DENSE_ELEMENTS` on a GPU (more memory, and each
-block costs launches: GPT-2 124M's blocks at B16 x T1024, as the issue-50 H100 run measured them)."""
+mask, weights, what the function forms: stick-breaking's backward the most) and SDPA's math kernel's; sizes its row
+blocks, of at most `CPU_BLOCK_KEY_ELEMENTS` values per key on a CPU, 32 times `DENSE_ELEMENTS` on a GPU (more memory,
+and each block costs launches: GPT-2 124M's blocks at B16 x T1024, as the issue-50 H100 run measured them)."""
 
 RECOMPUTE_ELEMENTS = 1 << 22
 """Values per batch row a pass keeps for its backward pass (queries x keys x the larger of what its kernel keeps per
