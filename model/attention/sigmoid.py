@@ -32,9 +32,9 @@ if TYPE_CHECKING:
 def sigmoid_weights(scores: Tensor, visible: Tensor, length: int | None) -> Tensor:
     """sigmoid(score - ln n), n = `length`, or with None the keys the query sees; 0 where the score is -inf."""
     if length is not None:
-        return torch.sigmoid(scores - math.log(length))
+        return (scores - math.log(length)).sigmoid_()
     seen = visible.sum(dim=-1, keepdim=True).clamp(min=1)
-    return torch.sigmoid(scores - torch.log(seen.to(scores.dtype)))
+    return (scores - torch.log(seen.to(scores.dtype))).sigmoid_()
 
 
 class SigmoidEager(EagerKernel):

@@ -72,9 +72,9 @@ def eager_attention(
             scores = transform(scores)
         if bias is not None:
             scores = scores + bias[..., rows, :].to(dtype)
-        scores = scores.masked_fill(~seen, float("-inf"))
+        scores = scores.masked_fill_(~seen, float("-inf"))  # (in place: no op before keeps its output)
         if term is not None:
-            scores = (scores + term(qw[:, :, rows], scores, seen)).masked_fill(~seen, float("-inf"))
+            scores = (scores + term(qw[:, :, rows], scores, seen)).masked_fill_(~seen, float("-inf"))
         weights = F.dropout(weigh(scores, seen) if sinks is None else weigh(scores, seen, sinks), p=dropout_p)
         outs.append(weights @ vw)  # (B, H, chunk, D)
         if on_weights is not None:
