@@ -30,9 +30,12 @@ class _Reads(TorchFunctionMode):
         self.stand_ins = stand_ins
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        swap = (self.stand_ins or {}).get  # (one inside a list is not swapped: `_ends_at` refuses what that loses)
-        args, kwargs = tuple(swap(id(a), a) for a in args), {k: swap(id(a), a) for k, a in (kwargs or {}).items()}
-        self.tensors |= {id(t): t for t in (*args, *kwargs.values()) if isinstance(t, Tensor) and t.requires_grad}
+        kwargs = kwargs or {}
+        if self.stand_ins:  # (one inside a list is not swapped: `_ends_at` refuses what that loses)
+            swap = self.stand_ins.get
+            args, kwargs = tuple([swap(id(a), a) for a in args]), {k: swap(id(a), a) for k, a in kwargs.items()}
+        elif self.stand_ins is None:
+            self.tensors |= {id(t): t for t in (*args, *kwargs.values()) if isinstance(t, Tensor) and t.requires_grad}
         return func(*args, **kwargs)
 
 
@@ -44,8 +47,7 @@ class _Recomputed(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, part: Callable, args: tuple, formed: list, state: tuple, *tensors: Tensor) -> Any:
         ctx.part, (ctx.seeds, ctx.autocast) = part, state  # tensors: the tensor arguments, then what closures hold
-        ctx.args = [None if isinstance(a, Tensor) else a for a in args]  # the tensor ones saved: an enclosing
-        # checkpoint (`activation_checkpointing`) still drops them
+        ctx.args = [None if isinstance(a, Tensor) else a for a in args]  # tensors saved (a checkpoint drops them)
         ctx.given = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
         ctx.held = [id(t) for t in tensors[len(ctx.given) :]]  # alive in the part's closures
         ctx.save_for_backward(*tensors)  # (unchanged until the backward pass: autograd checks their versions)
@@ -55,8 +57,7 @@ class _Recomputed(torch.autograd.Function):
     @once_differentiable  # (its gradient's own graph is not kept: a second derivative raises)
     def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
         stand_ins = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
-        given = iter(stand_ins)
-        args = [next(given) if i in ctx.given else a for i, a in enumerate(ctx.args)]
+        args = [stand_ins[ctx.given.index(i)] if i in ctx.given else a for i, a in enumerate(ctx.args)]
         held = dict(zip(ctx.held, stand_ins[len(ctx.given) :], strict=True))
         with torch.random.fork_rng(ctx.seeds[1] if ctx.seeds else [], enabled=ctx.seeds is not None):
             if ctx.seeds is not None:
