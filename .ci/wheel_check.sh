@@ -17,7 +17,7 @@ python -m pip wheel -q --no-deps -w "$tmp/wheel" "$tmp/src"
 python -m pip install -q --no-deps --no-compile --target "$tmp/site" "$tmp"/wheel/posgpt-*.whl
 cd "$tmp/work"
 export PYTHONPATH="$tmp/site" WANDB_MODE=disabled
-"$tmp/site/bin/posgpt" --help | grep -q "bench "
+"$tmp/site/bin/posgpt" --help | grep "bench " > /dev/null  # (not -q: grep reads it all, no broken pipe)
 python - "$tmp/site" <<'PY'
 import sys
 import time
