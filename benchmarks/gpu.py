@@ -115,6 +115,8 @@ class GpuBenchConfig:
     """Ours with --train.fp8 (torchao float8 linear layers; GPUs of compute capability 8.9+)."""
     trainer: list[str] = field(default_factory=lambda: ["rope"])
     """Schemes also timed through the Lightning trainer, at every shape (an empty list: none)."""
+    strategy: str = "auto"
+    """The trainer rows' --train.strategy (fsdp2: sharded, over the one device: what FSDP2 costs beside auto)."""
     peer: str | None = None
     """nanoGPT's directory (default: ../shared/peers/nanoGPT beside the repository); `none` skips its rows."""
     json: str | None = None
@@ -277,7 +279,7 @@ def run_lightning(setup: Setup, row: Row) -> Row:
             max_steps=1 + 2 * setup.steps, batch_size=batch, eval_interval=10**9, log_interval=setup.steps,
             ckpt_interval=10**9, out_dir=tmp, run_name="lightning", progress_bar=False, sample_tokens=0,
             precision=setup.precision, compile=args.compile, compile_mode=args.compile_mode,
-            activation_checkpointing=args.activation_checkpointing, fp8=args.fp8,
+            activation_checkpointing=args.activation_checkpointing, fp8=args.fp8, strategy=args.strategy,
             accelerator="gpu" if setup.cuda else "cpu", devices=f"{setup.device.index}," if setup.device.index else 1,
         )  # fmt: skip
         run = RunConfig(model=config, data=DataConfig(input=None, dir=tmp), optim=OptimConfig(), train=train_config)
@@ -337,13 +339,14 @@ def bench_gpu(args: GpuBenchConfig) -> None:
     print(f"{setup.name}, {setup.precision}, torch {torch.__version__}; model {setup.model} "
           f"{MODELS[setup.model]}, no biases; {args.warmup} warm-up + {setup.steps} timed steps; compile "
           f"{args.compile} ({args.compile_mode}), SDPA backend {args.sdpa_backend}, chunked loss {args.chunked_loss}, "
-          f"activation checkpointing {args.activation_checkpointing}, fp8 {args.fp8}; window row: RoPE, window "
+          f"activation checkpointing {args.activation_checkpointing}, fp8 {args.fp8}, trainer strategy "
+          f"{args.strategy}; window row: RoPE, window "
           f"{args.window}, {args.sinks} sinks; peak memory: {setup.memory}")  # fmt: skip
     if args.peer != "none":
         setup.load_peer(args.peer)
     print("\n".join(table_head(HEAD)), flush=True)
     switches = ("chunked_loss", "activation_checkpointing", "fp8")  # what changes our rows' step, not nanoGPT's
-    options = {name: getattr(args, name) for name in ("compile", "compile_mode", "sdpa_backend", *switches)}
+    options = {name: getattr(args, name) for name in ("compile", "compile_mode", "sdpa_backend", "strategy", *switches)}
     for batch, context in setup.shapes:  # ours per scheme, the trainer's, nanoGPT's
         planned = [*(("posgpt", s) for s in args.schemes), *(("lightning", s) for s in args.trainer)]
         for model, scheme in [*planned, *([("nanoGPT", "learned")] if setup.peer else [])]:

@@ -108,6 +108,8 @@ def train_jobs(gpu: bool, work: Path, cfg: ReportConfig) -> list[Job]:
     jobs = [bench_job(gpu, work, f"train/{s}", 240 if s == "rope" else 150, "gpu", "--schemes", s, *shape,
                       **(rope if s == "rope" else {})) for s in SCHEMES]  # fmt: skip
     jobs.append(bench_job(gpu, work, "train/fp8", 150, "gpu", "--schemes", "rope", *shape, "--fp8", "true"))
+    jobs.append(bench_job(gpu, work, "train/fsdp2", 240, "gpu", "--schemes", "rope", *shape, "--strategy", "fsdp2",
+                          trainer="rope"))  # fmt: skip
     fsdp = ["-q", "-p", "no:cacheprovider", "-m", "gpu", "-k", "fsdp", str(ROOT / "tests" / "test_gpu_runs.py")]
     return [*jobs, Job("train/fsdp-resume", "pytest", fsdp, 150)]
 

@@ -52,7 +52,7 @@ def test_the_plan_has_every_scheme_in_train_and_long_and_each_part_by_name(tmp_p
     assert names[:2] == ["check/pytest-gpu", "check/kernels"]
     for scheme in SCHEMES:
         assert f"train/{scheme}" in names and f"long/{scheme}" in names
-    assert {"train/fp8", "train/fsdp-resume", "decode/rope-compiled", "long/evaluate"} <= set(names)
+    assert {"train/fp8", "train/fsdp2", "train/fsdp-resume", "decode/rope-compiled", "long/evaluate"} <= set(names)
     only = plan(ReportConfig(part=["decode"], only=["decode/rope-*"]), True, tmp_path)
     assert [job.name for job in only] == ["decode/rope-eager", "decode/rope-compiled"]
 

@@ -1,7 +1,7 @@
 """What a GPU run exercises, run on the CPU: bf16-mixed training through the Trainer (compiled) with the fused
-optimizer, clipping and accumulation; the shipped GPU configs; FSDP's
-message; the precision `auto` picks; and the CUDA-only branches (MFU peaks, synchronisation,
-pinned memory), driven with a stand-in CUDA device. What can only fail on a GPU is in test_gpu.py."""
+optimizer, clipping and accumulation; the shipped GPU configs; the precision `auto` picks; and the CUDA-only
+branches (MFU peaks, synchronisation, pinned memory), driven with a stand-in CUDA device. What can only
+fail on a GPU is in test_gpu.py."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from posgpt.training.callbacks import MetricsWriter
 from posgpt.training.datamodule import TokenDataModule
 from posgpt.training.logs import metrics_file
 
-from helpers import cli_error, straight_and_resumed, tiny_args
+from helpers import straight_and_resumed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,13 +118,6 @@ def test_the_gpu_recipe_compiles_and_trains_in_bf16_on_cpu_clipping_before_every
     assert len(logged) == 3 and all(norm > 0.05 for norm in logged)  # the norm before clipping
     out = capsys.readouterr().out
     assert "--- sample ---" in out
-
-
-def test_fsdp_without_gpus_is_one_clear_message(tmp_path, text_file, capsys):
-    argv = tiny_args(tmp_path, text_file, "--train.strategy", "fsdp", "--train.accelerator", "cpu")
-    message = cli_error(capsys, train_script.COMMAND, argv)
-    assert "needs CUDA GPUs" in message and "ddp" in message
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "prepared").exists()
 
 
 def _capabilities(monkeypatch, **caps: bool) -> None:

@@ -65,20 +65,6 @@ def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, capture_output=True, text=True)
 
 
-@pytest.mark.slow
-def test_ddp_on_cpu_with_two_processes(tmp_path, text_file):
-    result = _run_cli(
-        *tiny_args(tmp_path, text_file, "--train.max_steps", "6", "--train.eval_interval", "3"),
-        "--train.logger", "none", "--train.accelerator", "cpu", "--train.devices", "2", "--train.strategy", "ddp",
-        "--train.switch_at", "4", "--train.switch_model", "{pos_encoding: none, attn_log_scaling: fixed}",
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    ckpt = read_checkpoint(tmp_path / "runs" / "tiny" / "last.ckpt")
-    assert ckpt["global_step"] == 6
-    assert ckpt["switched_at"] == 4 and ckpt["model_config"]["pos_encoding"] == "none"  # DroPE under DDP
-
-
 def _bad_input(kind: str, d: Path) -> Path:
     """A data source that is wrong in the way `kind` names."""
     contents = {

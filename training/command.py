@@ -13,6 +13,8 @@ from posgpt.training.config import RunConfig
 
 def main(cfg: RunConfig) -> None:
     """Train, then print the sample and where the checkpoints are (Lightning imported here, not for --help)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
     from posgpt.training.run import RunError, train
 
     try:
@@ -26,6 +28,8 @@ def main(cfg: RunConfig) -> None:
                 "is intact: free some space and continue with the same command and --train.resume auto."
             )
         raise RunError(message) from error
+    if rank_zero_only.rank != 0:  # another process of a run on several devices
+        return
     if result.sample is not None:
         print(f"\n--- sample ---\n{result.sample}\n--------------")
     print(json.dumps({k: v for k, v in dataclasses.asdict(result).items() if k != "sample"}, default=str))  # paths

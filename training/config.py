@@ -146,9 +146,12 @@ class TrainConfig:
     devices: int | str = "auto"
     """Devices per node (a count, 'auto', or a list such as '0,1')."""
     strategy: str = "auto"
-    """Lightning strategy: auto, ddp, fsdp, ..."""
+    """Lightning strategy: auto, ddp, fsdp2 (FSDP2: parameters, gradients and optimizer state sharded; fsdp is an
+    alias), ..."""
     num_nodes: int = 1
     """Number of machines."""
+    rank_timeout: float = 300.0
+    """Seconds a rank waits for the others in a collective before the run stops (a rank that died or hangs)."""
     logger: Literal["csv", "tensorboard", "wandb", "none"] = "csv"
     """What logs the metrics beside <run dir>/metrics.csv, which every run keeps (one file across resumes) and draws
     into training.png: csv (nothing more), tensorboard, wandb (offline without an API key); none: no metrics."""
@@ -182,6 +185,7 @@ class TrainConfig:
         positive = ("max_steps", "batch_size", "grad_accum", "eval_interval", "log_interval", "ckpt_interval")
         counts = ("eval_tokens", "max_minutes", "sample_tokens", "random_positions", "keep_every", "keep_last")
         bounds = dict.fromkeys(positive, 1) | dict.fromkeys(counts, 0) | {"num_nodes": 1, "print_interval": 0}
+        bounds["rank_timeout"] = 1
         check_ranges(self, "train", bounds)
         if self.keep_every and self.keep_every % self.ckpt_interval and self.keep_every % self.eval_interval:
             raise ValueError(

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from posgpt.core.device import DeviceError, auto_dtype
+from posgpt.training.distributed import SHARDED
 
 DENSE_BF16_PEAKS: tuple[tuple[str, float], ...] = (
     ("h200 nvl", 835.5e12),
@@ -45,11 +46,9 @@ def check_hardware(accelerator: str, strategy: str) -> None:
         )
     if accelerator == "mps" and not torch.backends.mps.is_available():
         raise DeviceError("--train.accelerator mps: MPS is not available here. Use --train.accelerator auto or cpu.")
-    if strategy.startswith("fsdp") and not uses_cuda(accelerator):
-        raise DeviceError(
-            f"--train.strategy {strategy} needs CUDA GPUs (Lightning runs FSDP only there) and none is used here. "
-            "On CPUs use --train.strategy ddp (or auto)."
-        )
+    if strategy.startswith("fsdp") and strategy not in SHARDED:
+        raise DeviceError(f"--train.strategy {strategy} is one of Lightning's FSDP1 strategies; posgpt shards with "
+                          "FSDP2: pass --train.strategy fsdp2.")  # fmt: skip
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from torch.distributed.tensor import DTensor
 
 from posgpt.core.errors import ConfigError
 from posgpt.core.threads import revisit
@@ -16,6 +17,7 @@ from posgpt.data.dataset import Batch
 from posgpt.model import GPT
 from posgpt.model.positions import random_positions
 from posgpt.training.config import OptimConfig, RunConfig, lr_factor
+from posgpt.training.distributed import shard
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,12 @@ class GPTModule(L.LightningModule):
         self.logged: dict[str, float] = {}
         """The metrics of the last logging step, as floats (the progress lines and bar read them, with no sync)."""
 
+    def configure_model(self) -> None:
+        """Under FSDP2 (`--train.strategy fsdp2`: Lightning sets a device mesh), shard the model over its ranks."""
+        if self.device_mesh is not None:
+            t = self.config.train
+            shard(self.model, self.device_mesh["data_parallel"], t.compile_mode if t.compile else None)
+
     def on_train_start(self) -> None:
         self._launch_started = (time.monotonic(), self.train_seconds)
         # refuse, before the first step, a switch that replaces parameters on several devices
@@ -96,7 +104,8 @@ class GPTModule(L.LightningModule):
         self.tokens_seen += x.numel() * self.trainer.world_size  # a shape: no synchronisation
         self.nonfinite |= ~torch.isfinite(loss.detach())
         if self._logging_step():  # read with the step's other metrics, in one transfer (`MetricsWriter`)
-            self.pending.update({"train/loss": loss.detach(), "lr": self.lr_schedulers().get_last_lr()[0],
+            seen = self.trainer.strategy.reduce(loss.detach().clone(), reduce_op="mean")  # over ranks: the step's
+            self.pending.update({"train/loss": seen, "lr": self.lr_schedulers().get_last_lr()[0],
                                  "train/tokens": float(self.tokens_seen)})  # fmt: skip
         return loss
 
@@ -179,8 +188,11 @@ class GPTModule(L.LightningModule):
         lr = o.lr * self.lr_factor(step)  # what LambdaLR sets after step `step`
         for scheduler in schedulers:
             scheduler["base_lrs"] = [o.lr] * len(scheduler["base_lrs"])
-        for state in checkpoint.get("optimizer_states") or []:
-            for group, weight_decay in zip(state["param_groups"], (o.weight_decay, 0.0), strict=True):
+        states = [state["param_groups"] for state in checkpoint.get("optimizer_states") or []]
+        if not self.trainer.strategy.lightning_restore_optimizer:  # FSDP2 has loaded them already: edit the optimizer
+            states = [optimizer.param_groups for optimizer in self.trainer.optimizers]
+        for groups in states:
+            for group, weight_decay in zip(groups, (o.weight_decay, 0.0), strict=True):
                 group.update(initial_lr=o.lr, lr=lr, betas=(o.beta1, o.beta2), weight_decay=weight_decay)
         self.tokens_seen = checkpoint.get("tokens_seen", 0)
         self.train_seconds = checkpoint.get("train_seconds", 0.0)
@@ -202,10 +214,5 @@ def clip_grad_norm(
         # fp16 with a fused optimizer: Lightning leaves unscaling to the optimizer's step, but a norm
         # of scaled gradients is meaningless. After unscale_, GradScaler.step passes no scale on.
         scaler.unscale_(optimizer)
-    wrapped = trainer.strategy.model
-    if torch.distributed.is_available():
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        if isinstance(wrapped, FullyShardedDataParallel):
-            return wrapped.clip_grad_norm_(max_norm)
-    return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm, foreach=True)
+    norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm, foreach=True)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm  # FSDP2: the norm over every rank's shards

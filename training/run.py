@@ -35,6 +35,7 @@ from posgpt.training.callbacks import AtomicCheckpointIO, LastCheckpoint, Metric
 from posgpt.training.config import EVAL_BATCHES, DataConfig, RunConfig
 from posgpt.training.curves import write_training_plot
 from posgpt.training.datamodule import TaskDataModule, TokenDataModule
+from posgpt.training.distributed import SHARDED, check_sharded, rank_stopped, strategy_for
 from posgpt.training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision, uses_cuda
 from posgpt.training.logs import make_loggers
 from posgpt.training.module import GPTModule
@@ -191,6 +192,7 @@ def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
     precision = resolve_precision(t.precision, t.accelerator)
     if t.fp8:
         check_fp8(t.accelerator, precision)
+    check_sharded(t, precision)
     check_writable(Path(t.out_dir), "--train.out_dir")
     L.seed_everything(t.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
@@ -250,7 +252,7 @@ def _fit(
     module.model.activation_checkpointing = t.activation_checkpointing
     if t.fp8:
         log.info("FP8 training: %d linear layers through torchao's float8", convert_to_fp8(module.model))
-    if t.compile:
+    if t.compile and t.strategy not in SHARDED:  # sharded: each block compiled after it is sharded
         module.model.compile(mode=t.compile_mode)  # in place: state_dict keys keep their names
 
     bar = t.progress_bar and sys.stdout.isatty()  # Lightning's bar where wanted in a terminal, else plain lines
@@ -268,7 +270,7 @@ def _fit(
         trainer = L.Trainer(
             accelerator=t.accelerator,
             devices=t.devices,
-            strategy=t.strategy,
+            strategy=strategy_for(t.strategy, t.rank_timeout),
             num_nodes=t.num_nodes,
             precision=used.train.precision,
             max_steps=t.max_steps,
@@ -307,7 +309,15 @@ def _fit(
         # config.yaml (and, on resume, the checkpoints) are meant to be in the run directory
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         warnings.filterwarnings("ignore", message=r"Precision .* is not supported by the model summary")
-        trainer.fit(module, datamodule=data.datamodule, ckpt_path=ckpt_path)
+        warnings.filterwarnings("ignore", message=r"It is recommended to use .* sync_dist=True")  # reduced already
+        try:
+            trainer.fit(module, datamodule=data.datamodule, ckpt_path=ckpt_path)
+        except RuntimeError as error:  # a rank that died or hangs: one line, naming it where this rank can
+            if (stopped := rank_stopped(trainer, error, t.rank_timeout)) is None:
+                raise
+            last = run_dir / "last.ckpt"
+            kept = f"the last complete checkpoint, {last}, is intact" if last.is_file() else "no checkpoint was written"
+            raise RunError(f"{stopped}; {kept}. Continue with the same command and --train.resume auto.") from None
 
     best = trainer.checkpoint_callback
     best_path = run_dir / Path(best.best_model_path).name if best and best.best_model_path else None
