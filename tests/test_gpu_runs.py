@@ -84,15 +84,15 @@ def test_fp16_mixed_unscales_before_clipping_through_the_trainer(tmp_path, text_
     assert finite and finite == pytest.approx([0.05] * len(finite), rel=1e-2)
 
 
-def test_fsdp_on_one_gpu_clips_through_the_sharded_module(tmp_path, text_file):
-    """Lightning runs FSDP only on GPUs; its own clipping refuses FSDP, ours calls the root module's
-    clip_grad_norm_."""
-    cli.run(train_script.COMMAND, _gpu_run(tmp_path, text_file, "--train.strategy", "fsdp", "--train.devices", "1"))
+def test_fsdp2_on_one_gpu_clips_through_the_sharded_module(tmp_path, text_file):
+    """FSDP2 on NCCL, its blocks compiled one by one: the clipping takes the norm of DTensor gradients."""
+    argv = _gpu_run(tmp_path, text_file, "--train.strategy", "fsdp2", "--train.devices", "1", "--train.compile", "true")
+    cli.run(train_script.COMMAND, argv)
     assert read_checkpoint(tmp_path / "runs" / "tiny" / "last.ckpt")["global_step"] == 12
 
 
 def test_fsdp_at_world_size_one_resumes_as_an_uninterrupted_run(tmp_path, text_file):
-    """FSDP's full state dicts restore weights, optimizer moments and the data stream: a run
+    """FSDP2's full state dicts (`fsdp`: its alias) restore weights, optimizer moments and the data stream: a run
     stopped halfway and resumed ends where the uninterrupted one does (float32: no bf16 rounding
     between the two orders of operations; the tolerance allows for non-deterministic kernels)."""
     common = ["--train.strategy", "fsdp", "--train.devices", "1", "--train.precision", "32-true",
