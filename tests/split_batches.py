@@ -1,7 +1,7 @@
 """train.py as the tests of several processes run it (tests/test_distributed.py): rank r of W draws the rows
 [r B, (r + 1) B) of the batch of W x B that one process draws (so that the ranks together see the batches of one
 process at W times the batch size), writes its parameters' shards and the modules compiled to
-<run dir>/shards-<rank>.json, and compiles with Inductor's graph pipeline without its C++ code generation."""
+<run dir>/shards-<rank>.json, and compiles through Dynamo and AOTAutograd without code generation (aot_eager)."""
 
 from __future__ import annotations
 

@@ -211,8 +211,8 @@ class MetricsWriter(L.Callback):
     one step's end to the next: data loading counts, validation does not. Then a logging step's metrics
     (`pl_module.pending`) read in one transfer from the device and handed to every logger as floats: no step syncs
     the host but a logging step, once (Lightning's `self.log` reads each metric on its own, and re-reads those shown
-    in the bar every batch). Put it first, so that a step's checkpoint is written after its reading, and the
-    progress lines show its metrics."""
+    in the bar every batch); on several ranks the loss is their mean. Put it first, so that a step's checkpoint is
+    written after its reading, and the progress lines show its metrics."""
 
     def __init__(self, flops_per_token: int, log_every: int) -> None:
         self.flops_per_token, self.log_every = flops_per_token, log_every
@@ -231,6 +231,10 @@ class MetricsWriter(L.Callback):
         self._read_speed(trainer, pl_module)
         if not (pending := pl_module.pending):
             return
+        if trainer.world_size > 1 and "train/loss" in pending:  # the mean over ranks (a sum: gloo has no mean)
+            total = pending["train/loss"].clone()
+            torch.distributed.all_reduce(total)
+            pending["train/loss"] = total / trainer.world_size
         names = [name for name, value in pending.items() if isinstance(value, torch.Tensor)]
         read = torch.stack([pending[n].float() for n in names]).tolist() if names else []  # the one sync
         metrics = {n: float(v) for n, v in pending.items() if n not in names} | dict(zip(names, read, strict=True))

@@ -12,6 +12,8 @@ from posgpt.model import SCHEMES, GPTConfig
 from posgpt.model.pretrained import check_gpt2_shape, names_checkpoint
 from posgpt.model.roles import Role
 
+SHARDED = ("fsdp2", "fsdp")
+"""The `train.strategy` names that shard with FSDP2 (`fsdp`: an alias; Lightning's FSDP1 strategies are refused)."""
 EVAL_BATCHES = 200  # of the default validation budget, as nanoGPT's eval_iters
 PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "64")
 
@@ -150,8 +152,9 @@ class TrainConfig:
     alias), ..."""
     num_nodes: int = 1
     """Number of machines."""
-    rank_timeout: float = 300.0
-    """Seconds a rank waits for the others in a collective before the run stops (a rank that died or hangs)."""
+    rank_timeout: float = 600.0
+    """Seconds a rank waits for the others (to start, in a collective, while rank 0 writes a checkpoint) before the
+    run stops: a rank that died or hangs, under ddp and fsdp2."""
     logger: Literal["csv", "tensorboard", "wandb", "none"] = "csv"
     """What logs the metrics beside <run dir>/metrics.csv, which every run keeps (one file across resumes) and draws
     into training.png: csv (nothing more), tensorboard, wandb (offline without an API key); none: no metrics."""

@@ -22,22 +22,19 @@ from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from torch import nn
 
 from posgpt.core.errors import ConfigError
-from posgpt.training.config import TrainConfig
-
-SHARDED = ("fsdp2", "fsdp")
-"""The names that shard with FSDP2 (`fsdp`: an alias; Lightning's FSDP1 strategies are refused)."""
+from posgpt.training.config import SHARDED, TrainConfig
 
 
 class WatchedRanks(_SubprocessScriptLauncher):
     """Lightning's launcher of a node's ranks with posgpt's watch over those it starts. Lightning's watch kills this
     process (SIGKILL) up to 5 s after a rank ends, its notice among the Lightning notices posgpt leaves out; here
     this rank meets the end at its next collective and stops with a line naming the rank (`rank_stopped`), and only
-    where it has not stopped `timeout_s` later (a collective that hangs) does the watch say so and end the node."""
+    where it has not begun to stop `timeout_s` later (a collective that hangs) does the watch say so and end the
+    node's processes."""
 
-    def __init__(self, strategy: ParallelStrategy, timeout_s: float) -> None:
-        assert strategy.cluster_environment is not None
-        super().__init__(strategy.cluster_environment, len(strategy.parallel_devices or []), strategy.num_nodes)
-        self.timeout_s = timeout_s
+    def __init__(self, launcher: _SubprocessScriptLauncher, timeout_s: float) -> None:
+        super().__init__(launcher.cluster_environment, launcher.num_processes, launcher.num_nodes)
+        self.timeout_s, self.stopping = timeout_s, threading.Event()
 
     def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
         self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
@@ -48,13 +45,14 @@ class WatchedRanks(_SubprocessScriptLauncher):
         return function(*args, **kwargs)
 
     def ended(self, wait: float = 0.0) -> list[str]:
-        """'rank R (PID P) ended, killed by SIGKILL' for each rank started here that ended in failure, waiting up to
-        `wait` s for those still running (a rank's sockets close as it exits, a moment before its exit is seen)."""
+        """'rank R (PID P) ended, killed by signal 9 (Killed)' for each rank started here that ended in failure,
+        waiting up to `wait` s for those still running (a rank's sockets close as it exits, a moment before its exit
+        is seen)."""
         deadline, lines = time.monotonic() + wait, []
         for local, proc in enumerate(self.procs, start=1):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 if (code := proc.wait(max(0.0, deadline - time.monotonic()))) != 0:
-                    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+                    how = f"exit status {code}" if code > 0 else f"killed by signal {-code} ({signal.strsignal(-code)})"
                     rank = self.cluster_environment.node_rank() * self.num_processes + local
                     lines.append(f"rank {rank} (PID {proc.pid}) ended, {how}")
         return lines
@@ -64,7 +62,8 @@ class WatchedRanks(_SubprocessScriptLauncher):
             if all(proc.returncode == 0 for proc in self.procs):
                 return
             time.sleep(1.0)
-        time.sleep(self.timeout_s)  # this rank stops at its next collective (`rank_stopped`): the process ends
+        if self.stopping.wait(self.timeout_s):  # this rank stops at its next collective (`rank_stopped`)
+            return
         print(f"error: {'; '.join(ended)}, and this rank did not stop within --train.rank_timeout {self.timeout_s:g} "
               "s: the node's ranks are ended. Continue with the same command and --train.resume auto.",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -73,15 +72,15 @@ class WatchedRanks(_SubprocessScriptLauncher):
 
 
 class Watched(ParallelStrategy):
-    """A strategy whose collectives time out after `timeout_s` (torch's default is 30 minutes) and whose launcher
+    """A strategy whose collectives time out after its `timeout` (torch's default is 30 minutes) and whose launcher
     is `WatchedRanks`."""
 
-    timeout_s: float
+    _timeout: timedelta | None
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
-        if type(self._launcher) is _SubprocessScriptLauncher:
-            self._launcher = WatchedRanks(self, self.timeout_s)
+        if type(self._launcher) is _SubprocessScriptLauncher and self._timeout is not None:
+            self._launcher = WatchedRanks(self._launcher, self._timeout.total_seconds())
 
 
 class ShardedStrategy(Watched, ModelParallelStrategy):
@@ -90,10 +89,9 @@ class ShardedStrategy(Watched, ModelParallelStrategy):
     batches), and checkpoints as one full state dict that rank 0 writes through the run's `CheckpointIO` (atomic:
     Lightning's sharded directory is written in place, after deleting the previous one)."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout: timedelta) -> None:
         super().__init__(data_parallel_size=1, tensor_parallel_size=1, save_distributed_checkpoint=False,
-                         timeout=timedelta(seconds=timeout_s))  # fmt: skip
-        self.timeout_s = timeout_s
+                         timeout=timeout)  # fmt: skip
 
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes  # the world size, known by now
@@ -101,17 +99,16 @@ class ShardedStrategy(Watched, ModelParallelStrategy):
 
 
 class WatchedDDP(Watched, DDPStrategy):
-    def __init__(self, timeout_s: float) -> None:
-        super().__init__(timeout=timedelta(seconds=timeout_s))
-        self.timeout_s = timeout_s
+    pass
 
 
 def strategy_for(name: str, timeout_s: float) -> Strategy | str:
     """What Lightning's Trainer gets for `--train.strategy name`: DDP and FSDP2 with posgpt's watch over the ranks
     (`train.rank_timeout`); other names as they are."""
+    timeout = timedelta(seconds=timeout_s)
     if name in SHARDED:
-        return ShardedStrategy(timeout_s)
-    return WatchedDDP(timeout_s) if name == "ddp" else name
+        return ShardedStrategy(timeout)
+    return WatchedDDP(timeout=timeout) if name == "ddp" else name
 
 
 def rank_stopped(trainer: L.Trainer, error: BaseException, timeout_s: float) -> str | None:
@@ -122,7 +119,10 @@ def rank_stopped(trainer: L.Trainer, error: BaseException, timeout_s: float) -> 
     if trainer.world_size < 2 or not isinstance(error, RuntimeError) or not collective:
         return None
     launcher = trainer.strategy.launcher
-    ended = launcher.ended(wait=2.0) if isinstance(launcher, WatchedRanks) else []
+    ended = []
+    if isinstance(launcher, WatchedRanks):
+        launcher.stopping.set()
+        ended = launcher.ended(wait=2.0)
     other = f"rank {1 - trainer.global_rank}" if trainer.world_size == 2 else "another rank"
     said = str(error).splitlines()[0][:160]
     who = "; ".join(ended) or f"{other} ended or did not answer within --train.rank_timeout {timeout_s:g} s ({said})"

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from posgpt.core.device import DeviceError, auto_dtype
-from posgpt.training.distributed import SHARDED
+from posgpt.training.config import SHARDED
 
 DENSE_BF16_PEAKS: tuple[tuple[str, float], ...] = (
     ("h200 nvl", 835.5e12),
@@ -47,8 +47,8 @@ def check_hardware(accelerator: str, strategy: str) -> None:
     if accelerator == "mps" and not torch.backends.mps.is_available():
         raise DeviceError("--train.accelerator mps: MPS is not available here. Use --train.accelerator auto or cpu.")
     if strategy.startswith("fsdp") and strategy not in SHARDED:
-        raise DeviceError(f"--train.strategy {strategy} is one of Lightning's FSDP1 strategies; posgpt shards with "
-                          "FSDP2: pass --train.strategy fsdp2.")  # fmt: skip
+        raise DeviceError(f"--train.strategy {strategy}: posgpt shards with FSDP2, not Lightning's FSDP1 strategies: "
+                          "pass --train.strategy fsdp2 (or its alias fsdp).")  # fmt: skip
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from posgpt.core.errors import ConfigError
@@ -61,7 +62,7 @@ class GPTModule(L.LightningModule):
 
     def configure_model(self) -> None:
         """Under FSDP2 (`--train.strategy fsdp2`: Lightning sets a device mesh), shard the model over its ranks."""
-        if self.device_mesh is not None:
+        if self.device_mesh is not None and not isinstance(self.model, FSDPModule):  # once: Lightning may call again
             t = self.config.train
             shard(self.model, self.device_mesh["data_parallel"], t.compile_mode if t.compile else None)
 
@@ -104,8 +105,7 @@ class GPTModule(L.LightningModule):
         self.tokens_seen += x.numel() * self.trainer.world_size  # a shape: no synchronisation
         self.nonfinite |= ~torch.isfinite(loss.detach())
         if self._logging_step():  # read with the step's other metrics, in one transfer (`MetricsWriter`)
-            seen = self.trainer.strategy.reduce(loss.detach().clone(), reduce_op="mean")  # over ranks: the step's
-            self.pending.update({"train/loss": seen, "lr": self.lr_schedulers().get_last_lr()[0],
+            self.pending.update({"train/loss": loss.detach(), "lr": self.lr_schedulers().get_last_lr()[0],
                                  "train/tokens": float(self.tokens_seen)})  # fmt: skip
         return loss
 

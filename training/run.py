@@ -32,10 +32,10 @@ from posgpt.model.kernels import AUTO
 from posgpt.model.pretrained import PretrainedError, check_pretrained, from_pretrained, names_checkpoint, weights_file
 from posgpt.model.roles import Role
 from posgpt.training.callbacks import AtomicCheckpointIO, LastCheckpoint, MetricsWriter, ProgressBar, ProgressLines
-from posgpt.training.config import EVAL_BATCHES, DataConfig, RunConfig
+from posgpt.training.config import EVAL_BATCHES, SHARDED, DataConfig, RunConfig
 from posgpt.training.curves import write_training_plot
 from posgpt.training.datamodule import TaskDataModule, TokenDataModule
-from posgpt.training.distributed import SHARDED, check_sharded, rank_stopped, strategy_for
+from posgpt.training.distributed import check_sharded, rank_stopped, strategy_for
 from posgpt.training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision, uses_cuda
 from posgpt.training.logs import make_loggers
 from posgpt.training.module import GPTModule
@@ -326,9 +326,12 @@ def _fit(
     if trainer.is_global_zero and t.sample_tokens:  # a short sample, from the tokenizer's start token
         start = data.tokenizer.start_ids()
         idx = torch.tensor([start], dtype=torch.long, device=module.device)
+        model = module.model  # sharded: its parameters are shards, the whole model is in last.ckpt
+        if t.strategy in SHARDED:
+            model = gpt_from_checkpoint(read_checkpoint(run_dir / "last.ckpt"), run_dir / "last.ckpt").to(idx.device)
         # eagerly, even for a compiled model: each new cache length would otherwise be a new compilation
         with torch.compiler.set_stance("force_eager"):
-            out = module.model.eval().generate(idx, t.sample_tokens, temperature=0.8, top_k=200)
+            out = model.eval().generate(idx, t.sample_tokens, temperature=0.8, top_k=200)
         sample = data.tokenizer.decode(out[0, len(start) :].tolist())
     if trainer.is_global_zero and t.logger != "none":  # every logger keeps the CSV record, drawn here
         for logger in trainer.loggers:
