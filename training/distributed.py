@@ -98,8 +98,7 @@ class ShardedStrategy(Watched, ModelParallelStrategy):
         super().setup_environment()
 
 
-class WatchedDDP(Watched, DDPStrategy):
-    pass
+class WatchedDDP(Watched, DDPStrategy): ...
 
 
 def strategy_for(name: str, timeout_s: float) -> Strategy | str:
@@ -129,8 +128,12 @@ def rank_stopped(trainer: L.Trainer, error: BaseException, timeout_s: float) -> 
     return f"{who}, so rank {trainer.global_rank} stopped too"
 
 
-def check_sharded(t: TrainConfig, precision: str) -> None:
-    """Refuse, in one line before any process starts, what a sharded run (`t.strategy` in SHARDED) cannot do."""
+def check_strategy(t: TrainConfig, precision: str) -> None:
+    """Refuse, in one line before any process starts, Lightning's FSDP1 strategies and what a sharded run (`t.strategy`
+    in SHARDED) cannot do."""
+    if t.strategy.startswith("fsdp") and t.strategy not in SHARDED:
+        raise ConfigError(f"--train.strategy {t.strategy}: posgpt shards with FSDP2, not Lightning's FSDP1 strategies: "
+                          "pass --train.strategy fsdp2 (or its alias fsdp).")  # fmt: skip
     if t.strategy not in SHARDED:
         return
     refused = f"--train.strategy {t.strategy} (FSDP2)"

@@ -1,4 +1,4 @@
-"""What the hardware decides: the precision `auto` picks, the peak FLOP/s behind MFU, the strategies it runs, and
+"""What the hardware decides: the precision `auto` picks, the peak FLOP/s behind MFU, the accelerators it has, and
 FP8 training of the blocks' linear layers (`train.fp8`) through torchao's `Float8Linear`: weights keep their dtype
 and names, each matmul casts to FP8 with a dynamic per-tensor scale; the tied output layer stays bf16."""
 
@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from posgpt.core.device import DeviceError, auto_dtype
-from posgpt.training.config import SHARDED
 
 DENSE_BF16_PEAKS: tuple[tuple[str, float], ...] = (
     ("h200 nvl", 835.5e12),
@@ -38,17 +37,14 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     return {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed"}.get(dtype, "32-true")
 
 
-def check_hardware(accelerator: str, strategy: str) -> None:
-    """Refuse, with the fix, an accelerator this machine lacks or a strategy Lightning cannot run on its devices."""
+def check_hardware(accelerator: str) -> None:
+    """Refuse, with the fix, an accelerator this machine lacks."""
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise DeviceError(
             f"--train.accelerator {accelerator}: no CUDA GPU is available here. Use --train.accelerator auto or cpu."
         )
     if accelerator == "mps" and not torch.backends.mps.is_available():
         raise DeviceError("--train.accelerator mps: MPS is not available here. Use --train.accelerator auto or cpu.")
-    if strategy.startswith("fsdp") and strategy not in SHARDED:
-        raise DeviceError(f"--train.strategy {strategy}: posgpt shards with FSDP2, not Lightning's FSDP1 strategies: "
-                          "pass --train.strategy fsdp2 (or its alias fsdp).")  # fmt: skip
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:

@@ -61,10 +61,14 @@ class GPTModule(L.LightningModule):
         """The metrics of the last logging step, as floats (the progress lines and bar read them, with no sync)."""
 
     def configure_model(self) -> None:
-        """Under FSDP2 (`--train.strategy fsdp2`: Lightning sets a device mesh), shard the model over its ranks."""
-        if self.device_mesh is not None and not isinstance(self.model, FSDPModule):  # once: Lightning may call again
-            t = self.config.train
-            shard(self.model, self.device_mesh["data_parallel"], t.compile_mode if t.compile else None)
+        """Under FSDP2 (Lightning sets a device mesh) shard the model, each block compiled after it is sharded
+        (`train.compile`); else compile it whole. In place (state_dict keys keep their names), once."""
+        t = self.config.train
+        mode = t.compile_mode if t.compile else None
+        if self.device_mesh is not None and not isinstance(self.model, FSDPModule):
+            shard(self.model, self.device_mesh["data_parallel"], mode)
+        elif self.device_mesh is None and mode is not None:
+            self.model.compile(mode=mode)
 
     def on_train_start(self) -> None:
         self._launch_started = (time.monotonic(), self.train_seconds)

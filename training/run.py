@@ -35,7 +35,7 @@ from posgpt.training.callbacks import AtomicCheckpointIO, LastCheckpoint, Metric
 from posgpt.training.config import EVAL_BATCHES, SHARDED, DataConfig, RunConfig
 from posgpt.training.curves import write_training_plot
 from posgpt.training.datamodule import TaskDataModule, TokenDataModule
-from posgpt.training.distributed import check_sharded, rank_stopped, strategy_for
+from posgpt.training.distributed import check_strategy, rank_stopped, strategy_for
 from posgpt.training.hardware import check_fp8, check_hardware, convert_to_fp8, resolve_precision, uses_cuda
 from posgpt.training.logs import make_loggers
 from posgpt.training.module import GPTModule
@@ -188,11 +188,11 @@ def train(cfg: RunConfig, data: TrainingData | None = None) -> RunResult:
     """Prepare data (unless `data` is given: a task), build model and Trainer, fit, sample; the clock starts here."""
     t = cfg.train
     deadline = time.monotonic() + 60 * t.max_minutes if t.max_minutes else None
-    check_hardware(t.accelerator, t.strategy)
+    check_hardware(t.accelerator)
     precision = resolve_precision(t.precision, t.accelerator)
     if t.fp8:
         check_fp8(t.accelerator, precision)
-    check_sharded(t, precision)
+    check_strategy(t, precision)
     check_writable(Path(t.out_dir), "--train.out_dir")
     L.seed_everything(t.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
@@ -252,8 +252,6 @@ def _fit(
     module.model.activation_checkpointing = t.activation_checkpointing
     if t.fp8:
         log.info("FP8 training: %d linear layers through torchao's float8", convert_to_fp8(module.model))
-    if t.compile and t.strategy not in SHARDED:  # sharded: each block compiled after it is sharded
-        module.model.compile(mode=t.compile_mode)  # in place: state_dict keys keep their names
 
     bar = t.progress_bar and sys.stdout.isatty()  # Lightning's bar where wanted in a terminal, else plain lines
     callbacks = [
